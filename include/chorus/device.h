@@ -1,0 +1,130 @@
+/* Chorus: initialisation, backends and devices. */
+#ifndef CHORUS_DEVICE_H
+#define CHORUS_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <chorus/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ch_device ch_device; /* opaque; owned by the library */
+
+/* Load the backends, discover the devices. Safe to call more than once (the
+ * later calls do nothing). A backend that cannot load (no CUDA driver, no
+ * OpenCL loader) is recorded as unavailable; ch_init still succeeds as long
+ * as the host backend works. Environment:
+ *   CHORUS_BACKEND_PATH  folders (':'-separated) searched for backend modules
+ *                        before the installed backend folder
+ *   CHORUS_DEVICES       a device list (see ch_device_list_parse): only these
+ *                        devices are visible */
+CH_API ch_status ch_init(void);
+
+/* Release every device and backend. Tensors must be freed before. */
+CH_API void ch_shutdown(void);
+
+/* ---- Backends ---------------------------------------------------------- */
+
+typedef struct ch_backend_info {
+    char name[16];      /* "host", "opencl", "cuda" */
+    int available;      /* 1 when loaded and initialised */
+    int device_count;   /* devices it exposes (before de-duplication) */
+    char detail[512];   /* module path when available; why not, otherwise */
+} ch_backend_info;
+
+CH_API int ch_backend_count(void);
+CH_API ch_status ch_backend_get_info(int index, ch_backend_info *info);
+
+/* ---- Devices ----------------------------------------------------------- */
+
+/* Number of visible devices; 0 before ch_init. */
+CH_API int ch_device_count(void);
+
+CH_API ch_status ch_device_get(ch_device **out, int index);
+
+/* "host", "cuda:N", "opencl:N". */
+CH_API ch_status ch_device_by_name(ch_device **out, const char *name);
+
+/* Parse "all" or a comma-separated list of names ("cuda:0,opencl:1,host").
+ * "all" gives every visible device except the OpenCL CPU devices (they are
+ * the host's own cores). Fills at most `capacity` entries of `out` and sets
+ * *n to the count. Duplicates and unknown names are errors. */
+CH_API ch_status ch_device_list_parse(ch_device **out, int capacity, int *n,
+                                      const char *list);
+
+typedef enum ch_device_kind {
+    CH_DEVICE_CPU = 0,
+    CH_DEVICE_GPU = 1,
+    CH_DEVICE_ACCELERATOR = 2
+} ch_device_kind;
+
+typedef struct ch_device_info {
+    int index;                /* position in the device list */
+    char id[32];              /* "host", "cuda:0", "opencl:1" */
+    char backend[16];         /* "host", "cuda", "opencl" */
+    char name[128];           /* the product name */
+    char vendor[64];
+    ch_device_kind kind;
+    uint64_t memory_bytes;    /* total device memory */
+    uint64_t max_alloc_bytes; /* the largest single allocation */
+    int compute_units;        /* SMs, compute units, or CPU cores */
+    char pci_bus_id[32];      /* "0000:65:00.0", "" when unknown */
+    int numa_node;            /* -1 when unknown */
+    char cpuset[128];         /* CPUs local to the device, "" when unknown */
+    int in_all;               /* 0 for devices that "all" leaves out */
+    char note[160];           /* why "all" leaves it out, or other remarks */
+} ch_device_info;
+
+CH_API ch_status ch_device_get_info(const ch_device *dev, ch_device_info *info);
+
+/* Free and total memory as the driver reports it now. */
+CH_API ch_status ch_device_memory(const ch_device *dev, uint64_t *free_bytes,
+                                  uint64_t *total_bytes);
+
+/* The device's id ("cuda:0"); never NULL for a valid device. */
+CH_API const char *ch_device_id(const ch_device *dev);
+
+/* 1 when a copy from src to dst can go device to device without host staging. */
+CH_API int ch_device_can_peer(const ch_device *src, const ch_device *dst);
+
+/* Wait until all work queued on the device's streams is done. */
+CH_API ch_status ch_device_sync(ch_device *dev);
+
+/* ---- Devices hidden by discovery --------------------------------------- */
+
+/* Devices a backend exposes that discovery hid (one GPU seen by two
+ * backends), and GPUs on the PCI bus that no backend drives. */
+typedef struct ch_hidden_device {
+    char id[32];         /* "opencl:2", or "pci:0000:65:00.0" with no driver */
+    char name[128];
+    char pci_bus_id[32];
+    char reason[256];    /* "same GPU as cuda:0", "no driver: install ..." */
+} ch_hidden_device;
+
+CH_API int ch_hidden_device_count(void);
+CH_API ch_status ch_hidden_device_get(int index, ch_hidden_device *out);
+
+/* ---- Memory ------------------------------------------------------------ */
+
+typedef struct ch_memory_stats {
+    uint64_t in_use_bytes;    /* held by live tensors */
+    uint64_t cached_bytes;    /* freed by tensors, kept for reuse */
+    uint64_t peak_bytes;      /* highest in_use_bytes so far */
+    uint64_t allocs;          /* allocations served */
+    uint64_t cache_hits;      /* ... of which from the cache */
+    uint64_t device_allocs;   /* calls to the driver's allocator */
+    uint64_t cache_flushes;   /* times the cache was emptied (request or pressure) */
+} ch_memory_stats;
+
+CH_API ch_status ch_device_memory_stats(const ch_device *dev, ch_memory_stats *stats);
+
+/* Give cached blocks back to the driver. */
+CH_API ch_status ch_device_empty_cache(ch_device *dev);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,167 @@
+/* Chorus: primitive tensor ops.
+ *
+ * Outputs come first, then inputs. All tensors of one call must live on the
+ * same device (ch_copy excepted); the op runs on that device's current stream
+ * and returns once it is queued. Arguments are checked before anything runs:
+ * a bad shape, dtype or device is a status and a message, never a crash.
+ * Unless said otherwise, tensors are f32 and an output may not overlap an
+ * input except where noted ("in place allowed"). */
+#ifndef CHORUS_OPS_H
+#define CHORUS_OPS_H
+
+#include <stdint.h>
+#include <chorus/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Data movement ------------------------------------------------------ */
+
+/* Set every element (f32 or i32) to `value`. */
+CH_API ch_status ch_fill(ch_tensor *y, double value);
+
+/* y = x, same dtype and element count; any two devices. Between devices it
+ * goes peer to peer where the backends allow it, through pinned host memory
+ * otherwise. */
+CH_API ch_status ch_copy(ch_tensor *y, const ch_tensor *x);
+
+/* x of shape [A, B, rest...] -> y of shape [B, A, rest...]. */
+CH_API ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x);
+
+/* ---- Linear algebra ----------------------------------------------------- */
+
+/* c = alpha * op(a) @ op(b) + beta * c, all 2-D, op(x) = x or x^T.
+ * c is [M, N], op(a) is [M, K], op(b) is [K, N]. */
+CH_API ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha,
+                         const ch_tensor *a, const ch_tensor *b, float beta);
+
+/* ---- Elementwise (same element count; in place allowed) ------------------ */
+
+CH_API ch_status ch_add(ch_tensor *y, const ch_tensor *a, const ch_tensor *b);
+CH_API ch_status ch_sub(ch_tensor *y, const ch_tensor *a, const ch_tensor *b);
+CH_API ch_status ch_mul(ch_tensor *y, const ch_tensor *a, const ch_tensor *b);
+/* y = alpha * x */
+CH_API ch_status ch_scale(ch_tensor *y, const ch_tensor *x, float alpha);
+/* y += alpha * x */
+CH_API ch_status ch_axpy(ch_tensor *y, float alpha, const ch_tensor *x);
+
+typedef enum ch_activation {
+    CH_ACT_RELU = 0,
+    CH_ACT_GELU = 1,   /* exact: x * Phi(x), with erf */
+    CH_ACT_TANH = 2,
+    CH_ACT_SIGMOID = 3
+} ch_activation;
+
+/* y = act(x) */
+CH_API ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x,
+                                       ch_activation act);
+/* dx = dy * act'(x). `x` is the forward input and `y` its output; relu and
+ * gelu read x, tanh and sigmoid read y (the other may be NULL). */
+CH_API ch_status ch_activation_backward(ch_tensor *dx, const ch_tensor *dy,
+                                        const ch_tensor *x, const ch_tensor *y,
+                                        ch_activation act);
+
+/* ---- Bias --------------------------------------------------------------- */
+
+/* y = x + bias broadcast along dimension `axis` of x: bias has x's size on
+ * that axis (axis 1 of [N, F] for a linear layer, of [N, C, H, W] for a
+ * convolution). In place allowed. */
+CH_API ch_status ch_bias_add(ch_tensor *y, const ch_tensor *x,
+                             const ch_tensor *bias, int axis);
+/* db = beta * db + (dy summed over every dimension but `axis`). */
+CH_API ch_status ch_bias_grad(ch_tensor *db, const ch_tensor *dy, int axis,
+                              float beta);
+
+/* ---- Loss --------------------------------------------------------------- */
+
+/* probs = softmax(logits) by row; loss (one element) = mean over the N rows
+ * of -log probs[i, labels[i]]. logits [N, C] f32, labels [N] i32 in [0, C).
+ * A label out of range makes the loss NaN on devices (the host backend also
+ * reports it). */
+CH_API ch_status ch_softmax_xent(ch_tensor *loss, ch_tensor *probs,
+                                 const ch_tensor *logits, const ch_tensor *labels);
+/* dlogits = scale * (probs - onehot(labels)) / N: the gradient of
+ * scale * mean loss. */
+CH_API ch_status ch_softmax_xent_backward(ch_tensor *dlogits, const ch_tensor *probs,
+                                          const ch_tensor *labels, float scale);
+
+/* ---- Convolution and pooling -------------------------------------------- */
+
+typedef struct ch_window2d {
+    int kh, kw; /* window */
+    int sh, sw; /* stride, >= 1 */
+    int ph, pw; /* zero padding on each side */
+} ch_window2d;
+
+/* x [N, C, H, W] -> col [C*kh*kw, N*OH*OW], OH = (H + 2ph - kh) / sh + 1:
+ * a convolution is then one GEMM W[O, C*kh*kw] @ col and a ch_transpose01. */
+CH_API ch_status ch_im2col(ch_tensor *col, const ch_tensor *x, const ch_window2d *w);
+/* The adjoint: dx [N, C, H, W] = sum of col's entries at the positions
+ * they were taken from (dx is overwritten). */
+CH_API ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2d *w);
+
+/* y [N, C, OH, OW] = max over each window of x [N, C, H, W] (padding never
+ * wins); idx (i32, y's shape) = the index within the H*W plane of the max. */
+CH_API ch_status ch_maxpool2d(ch_tensor *y, ch_tensor *idx, const ch_tensor *x,
+                              const ch_window2d *w);
+/* dx [N, C, H, W] = dy routed back to the positions idx names (overwrites). */
+CH_API ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy,
+                                       const ch_tensor *idx, const ch_window2d *w);
+
+/* ---- Reductions --------------------------------------------------------- */
+
+/* Along dimension `axis` of x. y has x's shape without that axis, or with it
+ * of size 1 (any shape of that element count is accepted). argmax gives i32
+ * (the first maximum). */
+CH_API ch_status ch_sum(ch_tensor *y, const ch_tensor *x, int axis);
+CH_API ch_status ch_mean(ch_tensor *y, const ch_tensor *x, int axis);
+CH_API ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis);
+
+/* ---- Optimizer updates (one fused op per parameter) --------------------- */
+
+typedef struct ch_sgd_params {
+    float lr;
+    float momentum;      /* 0 disables the momentum buffer */
+    float dampening;
+    float weight_decay;  /* L2: g += weight_decay * p */
+    int nesterov;
+} ch_sgd_params;
+
+/* PyTorch's SGD: g' = g + wd*p; m = momentum*m + (1-dampening)*g' (m = g' on
+ * the first step: pass first_step = 1); d = nesterov ? g' + momentum*m : m;
+ * p -= lr*d. m may be NULL when momentum is 0. */
+CH_API ch_status ch_sgd_step(ch_tensor *p, ch_tensor *m, const ch_tensor *g,
+                             const ch_sgd_params *params, int first_step);
+
+typedef struct ch_adam_params {
+    float lr, beta1, beta2, eps;
+    float weight_decay;
+    int decoupled;       /* 1: AdamW (p -= lr*wd*p); 0: Adam (g += wd*p) */
+    int64_t step;        /* 1 on the first step: for bias correction */
+} ch_adam_params;
+
+CH_API ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v,
+                              const ch_tensor *g, const ch_adam_params *params);
+
+/* ---- Random numbers ------------------------------------------------------
+ * Philox-4x32-10: element i of y takes the counter (offset + i) split into
+ * its low and high 32 bits as (c0, c1, 0, 0), the key (seed low, seed high);
+ * so the same (seed, offset) gives the same numbers on every backend and a
+ * slice of a tensor can be drawn on its own. u = (word0 >> 8) * 2^-24. */
+
+/* y = lo + (hi - lo) * u, in [lo, hi). */
+CH_API ch_status ch_rand_uniform(ch_tensor *y, uint64_t seed, uint64_t offset,
+                                 float lo, float hi);
+/* y = mean + std * z, z = sqrt(-2 ln u1) cos(2 pi u2) with
+ * u1 = ((word0 >> 8) + 1) * 2^-24 (never 0) and u2 = (word1 >> 8) * 2^-24. */
+CH_API ch_status ch_rand_normal(ch_tensor *y, uint64_t seed, uint64_t offset,
+                                float mean, float std);
+/* y = u >= p ? 1 / (1 - p) : 0 (inverted dropout mask), 0 <= p < 1. */
+CH_API ch_status ch_dropout_mask(ch_tensor *y, uint64_t seed, uint64_t offset, float p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

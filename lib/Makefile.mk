@@ -1,0 +1,31 @@
+# The core library: libchorus (shared and static). The host backend's
+# sources are added by backends/host/Makefile.mk.
+lib_LTLIBRARIES += libchorus.la
+libchorus_la_SOURCES = \
+	lib/error.c \
+	lib/registry.c \
+	lib/device.c \
+	lib/discover.c \
+	lib/topology.c \
+	lib/stream.c \
+	lib/alloc.c \
+	lib/tensor.c \
+	lib/ops.c \
+	lib/version.c \
+	lib/core.h \
+	lib/backend.h \
+	lib/discover.h \
+	lib/registry.h \
+	lib/philox.h
+libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS)
+libchorus_la_LIBADD = $(BLAS_LIBS) $(HWLOC_LIBS) $(PTHREAD_LIBS)
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 $(OPENMP_CFLAGS)
+
+nobase_include_HEADERS += \
+	include/chorus.h \
+	include/chorus/export.h \
+	include/chorus/status.h \
+	include/chorus/device.h \
+	include/chorus/stream.h \
+	include/chorus/tensor.h \
+	include/chorus/ops.h

@@ -1,0 +1,199 @@
+/* The backend interface: what a backend (host, OpenCL, CUDA) fills in.
+ *
+ * A backend is a table of function pointers (ch_backend_i) plus the contexts
+ * its functions return. The core owns validation: an op slot is only called
+ * with shapes, dtypes and devices already checked, sizes >= 1, and every
+ * buffer large enough. Slots marked "optional" may be NULL; the core then
+ * falls back (a copy between devices goes through pinned host memory, a
+ * missing pinned allocator uses malloc).
+ *
+ * Handles:
+ *   backend context  returned by init, passed to device_props/device_open
+ *   device context   returned by device_open ("dev" below)
+ *   stream           returned by stream_new; every op is queued on one and
+ *                    the backend finds the device through it
+ *   memory           ch_bmem: the allocation alloc returned plus a byte
+ *                    offset into it (views share an allocation)
+ *
+ * Errors: a failing slot returns a status and sets the message with
+ * chi_error() ("clEnqueueNDRangeKernel(gemm): CL_OUT_OF_RESOURCES").
+ *
+ * A loadable backend module exports one symbol, CH_BACKEND_ENTRY_SYMBOL, a
+ * function returning its table; the core checks abi_version before use. */
+#ifndef CHORUS_LIB_BACKEND_H
+#define CHORUS_LIB_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <chorus.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CH_BACKEND_ABI_VERSION 1
+#define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
+
+typedef struct ch_bmem {
+    void *ptr;   /* what alloc returned */
+    size_t off;  /* in bytes */
+} ch_bmem;
+
+/* What a backend tells the core about one of its devices. */
+typedef struct ch_bdev_props {
+    char name[128];
+    char vendor[64];
+    ch_device_kind kind;
+    uint64_t memory_bytes;
+    uint64_t max_alloc_bytes;
+    int compute_units;
+    char pci_bus_id[32];   /* "dddd:bb:dd.f" lower case, "" when unknown */
+    char detail[96];       /* "sm_90", "OpenCL 3.0 PoCL 3.1", ... */
+} ch_bdev_props;
+
+typedef enum ch_binary_op { CH_BIN_ADD = 0, CH_BIN_SUB = 1, CH_BIN_MUL = 2 } ch_binary_op;
+typedef enum ch_rand_kind { CH_RAND_UNIFORM = 0, CH_RAND_NORMAL = 1, CH_RAND_DROPOUT = 2 } ch_rand_kind;
+typedef enum ch_reduce_op { CH_REDUCE_SUM = 0, CH_REDUCE_MEAN = 1 } ch_reduce_op;
+
+/* Convolution geometry for im2col/col2im/maxpool, resolved by the core. */
+typedef struct ch_conv_geom {
+    int64_t n, c, h, w;    /* input [N, C, H, W] */
+    int64_t oh, ow;        /* output plane */
+    int kh, kw, sh, sw, ph, pw;
+} ch_conv_geom;
+
+typedef struct ch_backend_i {
+    uint32_t abi_version;  /* CH_BACKEND_ABI_VERSION */
+    const char *name;      /* "host", "opencl", "cuda" */
+
+    /* ---- lifetime ---- */
+    /* Find the devices. A backend with no usable driver fails here with
+     * CH_ERR_UNAVAILABLE and a message saying why. Leaves nothing sticky. */
+    ch_status (*init)(void **ctx, int *ndevices);
+    void (*shutdown)(void *ctx);
+    ch_status (*device_props)(void *ctx, int index, ch_bdev_props *props);
+    ch_status (*device_open)(void *ctx, int index, void **dev);
+    void (*device_close)(void *dev);
+    /* optional: free and total bytes now */
+    ch_status (*mem_info)(void *dev, uint64_t *free_bytes, uint64_t *total_bytes);
+
+    /* ---- memory ---- */
+    /* CH_ERR_DEVICE_OUT_OF_MEMORY when the device is full (the core then
+     * empties its cache and tries once more), CH_ERR_LIMIT when `bytes` is
+     * beyond what the device can allocate at once. */
+    ch_status (*alloc)(void *dev, size_t bytes, void **ptr);
+    void (*free)(void *dev, void *ptr);
+    /* optional: page-locked host memory */
+    ch_status (*host_alloc)(void *dev, size_t bytes, void **ptr);
+    void (*host_free)(void *dev, void *ptr);
+
+    /* ---- streams and events ---- */
+    ch_status (*stream_new)(void *dev, void **stream);
+    void (*stream_free)(void *stream);
+    ch_status (*stream_sync)(void *stream);
+    ch_status (*event_new)(void *dev, void **event);
+    void (*event_free)(void *event);
+    ch_status (*event_record)(void *event, void *stream);
+    /* The stream waits for an event of the same backend (may be another device). */
+    ch_status (*event_wait)(void *stream, void *event);
+    ch_status (*event_sync)(void *event);
+
+    /* ---- transfers ---- */
+    /* blocking = 1: return when the host side may be reused / holds the
+     * data. blocking = 0: `host` is pinned memory from host_alloc and stays
+     * untouched until the stream is synchronised. */
+    ch_status (*upload)(void *stream, ch_bmem dst, const void *host, size_t bytes,
+                        int blocking);
+    ch_status (*download)(void *stream, void *host, ch_bmem src, size_t bytes,
+                          int blocking);
+    /* Same device. Regions do not overlap. */
+    ch_status (*copy)(void *stream, ch_bmem dst, ch_bmem src, size_t bytes);
+    /* optional: 1 when peer_copy can move data from src_dev to dst_dev */
+    int (*can_peer)(void *src_dev, void *dst_dev);
+    /* optional: queued on `stream` (of dst's device) after the core made it
+     * wait for src's producers. */
+    ch_status (*peer_copy)(void *stream, ch_bmem dst, void *src_dev, ch_bmem src,
+                           size_t bytes);
+
+    /* ---- ops (f32 unless said) ---- */
+    /* dtype CH_F32 or CH_I32; value already representable */
+    ch_status (*fill)(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value);
+    /* Row-major: C[M,N] = alpha op(A) op(B) + beta C, lda/ldb/ldc are row
+     * strides of A, B, C as stored. */
+    ch_status (*gemm)(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
+                      int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
+                      int64_t ldb, float beta, ch_bmem c, int64_t ldc);
+    ch_status (*binary)(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
+                        ch_bmem b);
+    /* y = alpha * x + beta * y (beta 0: y is not read) */
+    ch_status (*axpby)(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
+                       float beta);
+    ch_status (*act_forward)(void *stream, ch_activation act, int64_t n, ch_bmem y,
+                             ch_bmem x);
+    /* x or y may have ptr NULL when the activation does not read it */
+    ch_status (*act_backward)(void *stream, ch_activation act, int64_t n, ch_bmem dx,
+                              ch_bmem dy, ch_bmem x, ch_bmem y);
+    /* x, y seen as [outer, c, inner]: y = x + bias[c] */
+    ch_status (*bias_add)(void *stream, int64_t outer, int64_t c, int64_t inner,
+                          ch_bmem y, ch_bmem x, ch_bmem bias);
+    /* db[c] = beta db[c] + sum over outer, inner of dy[outer, c, inner] */
+    ch_status (*bias_grad)(void *stream, int64_t outer, int64_t c, int64_t inner,
+                           ch_bmem db, ch_bmem dy, float beta);
+    /* labels i32 */
+    ch_status (*softmax_xent)(void *stream, int64_t n, int64_t c, ch_bmem loss,
+                              ch_bmem probs, ch_bmem logits, ch_bmem labels);
+    ch_status (*softmax_xent_backward)(void *stream, int64_t n, int64_t c,
+                                       ch_bmem dlogits, ch_bmem probs, ch_bmem labels,
+                                       float scale);
+    /* [a, b, inner] -> [b, a, inner]; dtype size 4 */
+    ch_status (*transpose01)(void *stream, int64_t a, int64_t b, int64_t inner,
+                             ch_bmem y, ch_bmem x);
+    ch_status (*im2col)(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x);
+    ch_status (*col2im)(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem col);
+    /* idx i32 */
+    ch_status (*maxpool_forward)(void *stream, const ch_conv_geom *g, ch_bmem y,
+                                 ch_bmem idx, ch_bmem x);
+    ch_status (*maxpool_backward)(void *stream, const ch_conv_geom *g, ch_bmem dx,
+                                  ch_bmem dy, ch_bmem idx);
+    /* x as [outer, n, inner] -> y [outer, inner] */
+    ch_status (*reduce)(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
+                        int64_t inner, ch_bmem y, ch_bmem x);
+    /* y i32 */
+    ch_status (*argmax)(void *stream, int64_t outer, int64_t n, int64_t inner,
+                        ch_bmem y, ch_bmem x);
+    /* m.ptr NULL when momentum is 0 */
+    ch_status (*sgd_step)(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
+                          const ch_sgd_params *params, int first_step);
+    ch_status (*adam_step)(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
+                           ch_bmem g, const ch_adam_params *params);
+    /* a, b: (lo, hi), (mean, std) or (p, unused) */
+    ch_status (*rand)(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
+                      uint64_t seed, uint64_t offset, float a, float b);
+
+    /* ---- collectives (optional) ---- */
+    /* In-place sum of `n` floats over `count` devices of this backend:
+     * bufs[i] lives on the device of streams[i] and the work is queued on
+     * streams[i]. Used by data parallelism (NCCL for CUDA). */
+    ch_status (*allreduce_sum)(int count, void *const *streams, const ch_bmem *bufs,
+                               int64_t n);
+} ch_backend_i;
+
+typedef const ch_backend_i *(*ch_backend_entry_fn)(void);
+
+/* ---- Services the core offers to backends -------------------------------- */
+
+/* Set this thread's error message (printf style) and return `status`. */
+CH_API ch_status chi_error(ch_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* The host backend's table (built into libchorus). */
+const ch_backend_i *chi_host_backend(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,118 @@
+/* The core's private structures. Backends see only backend.h. */
+#ifndef CHORUS_LIB_CORE_H
+#define CHORUS_LIB_CORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include "backend.h"
+
+#define CH_MAX_BACKENDS 4
+#define CH_MAX_DEVICES 64
+
+typedef struct chi_backend {
+    char name[16];
+    const ch_backend_i *iface;  /* NULL when unavailable */
+    void *ctx;
+    void *dl;                   /* dlopen handle, NULL for host */
+    int host_memory;            /* allocations are plain host pointers */
+    int ndevices;
+    char detail[512];           /* module path, or why it is unavailable */
+} chi_backend;
+
+/* A cached block of device memory. */
+typedef struct chi_block {
+    void *ptr;
+    size_t bytes;
+    void *ready;                /* event: the last use of the block, or NULL */
+    struct chi_block *next;
+} chi_block;
+
+/* The per-device caching allocator: freed blocks are kept in size classes
+ * (four per power of two from 512 bytes, so a block wastes under 19%) and reused. */
+#define CH_ALLOC_CLASSES 128
+typedef struct chi_allocator {
+    pthread_mutex_t lock;
+    chi_block *free_list[CH_ALLOC_CLASSES];
+    ch_memory_stats stats;
+} chi_allocator;
+
+struct ch_device {
+    int index;
+    char id[32];
+    chi_backend *be;
+    int be_index;
+    void *dev;                  /* the backend's device context */
+    ch_device_info info;
+    ch_stream *default_stream;
+    pthread_mutex_t streams_lock;
+    ch_stream *streams;         /* every live stream, for ch_device_sync */
+    chi_allocator alloc;
+    pthread_mutex_t staging_lock; /* guards the staging buffer */
+    void *staging;              /* pinned host memory for cross-device copies */
+    size_t staging_bytes;
+};
+
+struct ch_stream {
+    ch_device *dev;
+    void *handle;
+    int is_default;
+    ch_stream *next;            /* in dev->streams */
+};
+
+struct ch_event {
+    ch_device *dev;
+    void *handle;
+};
+
+struct ch_host_buffer {
+    ch_device *dev;
+    void *ptr;
+    size_t bytes;
+    int pinned;                 /* 0: malloc'd (backend has no host_alloc) */
+};
+
+/* Device memory shared by a tensor and its views. */
+typedef struct chi_buffer {
+    ch_device *dev;
+    void *ptr;
+    size_t bytes;
+    atomic_int refs;
+} chi_buffer;
+
+struct ch_tensor {
+    ch_device *dev;
+    chi_buffer *buf;
+    size_t off;                 /* bytes into buf */
+    ch_dtype dtype;
+    int ndim;
+    int64_t shape[CH_MAX_DIMS];
+    int64_t numel;
+};
+
+/* ---- core internals ---- */
+int chi_initialized(void);
+unsigned chi_generation(void);   /* changes with every ch_init */
+void *chi_topology(void);        /* hwloc topology or NULL */
+
+ch_status chi_stream_create(ch_stream **out, ch_device *dev, int is_default);
+void chi_stream_destroy(ch_stream *s);
+ch_status chi_stream_sync_all(ch_device *dev);
+/* The backend's stream to queue work for `dev` on, for this thread. */
+void *chi_current_stream(ch_device *dev);
+ch_bmem chi_mem(const ch_tensor *t);
+
+ch_status chi_alloc(ch_device *dev, size_t bytes, void **ptr);
+void chi_free(ch_device *dev, void *ptr, size_t bytes);
+void chi_alloc_init(chi_allocator *a);
+/* The size chi_alloc really allocates for a request of `bytes`. */
+size_t chi_alloc_round(size_t bytes);
+void chi_alloc_release(ch_device *dev);
+
+/* Counters of cross-device copies since ch_init, for tests that must prove
+ * which path a copy took. */
+CH_API void chi_copy_counters(uint64_t *peer_copies, uint64_t *staged_copies);
+
+/* Copy between tensors on different devices. */
+ch_status chi_copy_across(ch_tensor *dst, const ch_tensor *src);
+
+#endif

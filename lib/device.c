@@ -1,0 +1,466 @@
+/* Initialisation and the device list. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "discover.h"
+#include "registry.h"
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int initialized;
+static atomic_uint generation; /* bumped by every ch_init, for stale thread state */
+
+static ch_device *devices[CH_MAX_DEVICES];
+static int ndevices;
+static ch_hidden_device *hidden;
+static int nhidden;
+static void *topology;
+
+int chi_initialized(void) { return atomic_load(&initialized); }
+unsigned chi_generation(void) { return atomic_load(&generation); }
+void *chi_topology(void) { return topology; }
+
+static ch_status add_hidden(const ch_hidden_device *h)
+{
+    ch_hidden_device *grown = realloc(hidden, (size_t)(nhidden + 1) * sizeof *hidden);
+    if (!grown)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: out of memory");
+    hidden = grown;
+    hidden[nhidden++] = *h;
+    return CH_OK;
+}
+
+/* Every device of every loaded backend. */
+static ch_status gather_inputs(chi_disc_input **out, int *n)
+{
+    int total = 0;
+    for (int b = 0; b < chi_registry_count(); b++)
+        if (chi_registry_get(b)->iface)
+            total += chi_registry_get(b)->ndevices;
+    chi_disc_input *in = calloc(total ? (size_t)total : 1, sizeof *in);
+    if (!in)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: out of memory");
+    int k = 0;
+    for (int b = 0; b < chi_registry_count(); b++) {
+        chi_backend *be = chi_registry_get(b);
+        if (!be->iface)
+            continue;
+        for (int i = 0; i < be->ndevices; i++) {
+            if (be->iface->device_props(be->ctx, i, &in[k].props) != CH_OK) {
+                ch_hidden_device h = {0};
+                snprintf(h.id, sizeof h.id, "%s:%d", be->name, i);
+                snprintf(h.reason, sizeof h.reason, "cannot read its properties: %s",
+                         ch_last_error());
+                ch_status st = add_hidden(&h);
+                if (st != CH_OK) {
+                    free(in);
+                    return st;
+                }
+                continue;
+            }
+            snprintf(in[k].backend, sizeof in[k].backend, "%s", be->name);
+            in[k].backend_index = i;
+            k++;
+        }
+    }
+    *out = in;
+    *n = k;
+    return CH_OK;
+}
+
+static chi_backend *backend_named(const char *name)
+{
+    for (int b = 0; b < chi_registry_count(); b++)
+        if (strcmp(chi_registry_get(b)->name, name) == 0)
+            return chi_registry_get(b);
+    return NULL;
+}
+
+static void fill_info(ch_device *d, const chi_disc_input *in, const chi_disc_device *dd)
+{
+    ch_device_info *info = &d->info;
+    memset(info, 0, sizeof *info);
+    info->index = d->index;
+    snprintf(info->id, sizeof info->id, "%s", dd->id);
+    snprintf(info->backend, sizeof info->backend, "%s", in->backend);
+    snprintf(info->name, sizeof info->name, "%s", in->props.name);
+    snprintf(info->vendor, sizeof info->vendor, "%s", in->props.vendor);
+    info->kind = in->props.kind;
+    info->memory_bytes = in->props.memory_bytes;
+    info->max_alloc_bytes = in->props.max_alloc_bytes;
+    info->compute_units = in->props.compute_units;
+    snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "%s", in->props.pci_bus_id);
+    info->numa_node = dd->numa_node;
+    snprintf(info->cpuset, sizeof info->cpuset, "%s", dd->cpuset);
+    info->in_all = dd->in_all;
+    snprintf(info->note, sizeof info->note, "%s", dd->note);
+    snprintf(d->id, sizeof d->id, "%s", dd->id);
+}
+
+static ch_status open_device(const chi_disc_input *in, const chi_disc_device *dd)
+{
+    chi_backend *be = backend_named(in->backend);
+    if (!be)
+        return chi_error(CH_ERR_INTERNAL, "ch_init: no backend named %s", in->backend);
+    if (ndevices >= CH_MAX_DEVICES)
+        return chi_error(CH_ERR_LIMIT, "ch_init: more than %d devices", CH_MAX_DEVICES);
+    ch_device *d = calloc(1, sizeof *d);
+    if (!d)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: out of memory");
+    d->index = ndevices;
+    d->be = be;
+    d->be_index = in->backend_index;
+    fill_info(d, in, dd);
+    ch_status st = be->iface->device_open(be->ctx, in->backend_index, &d->dev);
+    if (st != CH_OK) {
+        ch_hidden_device h = {0};
+        snprintf(h.id, sizeof h.id, "%s", dd->id);
+        snprintf(h.name, sizeof h.name, "%s", in->props.name);
+        snprintf(h.pci_bus_id, sizeof h.pci_bus_id, "%s", in->props.pci_bus_id);
+        snprintf(h.reason, sizeof h.reason, "cannot open it: %s", ch_last_error());
+        free(d);
+        return add_hidden(&h);
+    }
+    chi_alloc_init(&d->alloc);
+    pthread_mutex_init(&d->staging_lock, NULL);
+    pthread_mutex_init(&d->streams_lock, NULL);
+    st = chi_stream_create(&d->default_stream, d, 1);
+    if (st != CH_OK) {
+        be->iface->device_close(d->dev);
+        free(d);
+        return st;
+    }
+    devices[ndevices++] = d;
+    return CH_OK;
+}
+
+static void close_device(ch_device *d)
+{
+    chi_stream_destroy(d->default_stream);
+    chi_alloc_release(d);
+    if (d->staging) {
+        if (d->be->iface->host_free)
+            d->be->iface->host_free(d->dev, d->staging);
+        else
+            free(d->staging);
+    }
+    pthread_mutex_destroy(&d->staging_lock);
+    pthread_mutex_destroy(&d->streams_lock);
+    pthread_mutex_destroy(&d->alloc.lock);
+    d->be->iface->device_close(d->dev);
+    free(d);
+}
+
+/* Is `id` named in the CHORUS_DEVICES list (already split at commas)? */
+static int listed(const char *list, const char *id)
+{
+    size_t n = strlen(id);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, id, n) == 0)
+            return 1;
+        p += len + (end ? 1 : 0);
+    }
+    return 0;
+}
+
+/* Names in CHORUS_DEVICES that match no device are an error, not a silent
+ * smaller machine. */
+static ch_status check_env_list(const char *env, const chi_disc_result *res)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", env);
+    for (char *save = NULL, *name = strtok_r(buf, ",", &save); name;
+         name = strtok_r(NULL, ",", &save)) {
+        if (strcmp(name, "all") == 0)
+            continue;
+        int found = 0;
+        for (int i = 0; i < res->ndevices && !found; i++)
+            found = strcmp(res->devices[i].id, name) == 0;
+        if (!found)
+            return chi_error(CH_ERR_NOT_FOUND,
+                             "ch_init: CHORUS_DEVICES names \"%s\", which is not a device "
+                             "here (run chorus-info)", name);
+    }
+    return CH_OK;
+}
+
+static int visible(const char *env, const chi_disc_device *dd)
+{
+    if (!env || !*env)
+        return 1;
+    if (listed(env, dd->id))
+        return 1;
+    return listed(env, "all") && dd->in_all;
+}
+
+static ch_status discover_and_open(void)
+{
+    chi_disc_input *in = NULL;
+    int nin = 0;
+    ch_status st = gather_inputs(&in, &nin);
+    if (st != CH_OK)
+        return st;
+    /* A machine without hwloc information still works, just unplaced. */
+    if (chi_topology_load(&topology, NULL) != CH_OK)
+        topology = NULL;
+    chi_disc_result res = {0};
+    st = chi_discover(in, nin, topology, &res);
+    const char *env = getenv("CHORUS_DEVICES");
+    if (st == CH_OK && env && *env)
+        st = check_env_list(env, &res);
+    for (int i = 0; st == CH_OK && i < res.nhidden; i++)
+        st = add_hidden(&res.hidden[i]);
+    for (int i = 0; st == CH_OK && i < res.ndevices; i++)
+        if (visible(env, &res.devices[i]))
+            st = open_device(&in[res.devices[i].input], &res.devices[i]);
+    chi_disc_result_free(&res);
+    free(in);
+    return st;
+}
+
+static void teardown(void)
+{
+    for (int i = ndevices - 1; i >= 0; i--)
+        close_device(devices[i]);
+    ndevices = 0;
+    free(hidden);
+    hidden = NULL;
+    nhidden = 0;
+    if (topology)
+        chi_topology_free(topology);
+    topology = NULL;
+    chi_registry_unload();
+}
+
+ch_status ch_init(void)
+{
+    pthread_mutex_lock(&init_lock);
+    ch_status st = CH_OK;
+    if (!atomic_load(&initialized)) {
+        st = chi_registry_load();
+        if (st == CH_OK)
+            st = discover_and_open();
+        if (st == CH_OK) {
+            atomic_fetch_add(&generation, 1);
+            atomic_store(&initialized, 1);
+        } else {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", ch_last_error());
+            teardown();
+            chi_error(st, "%s", msg);
+        }
+    }
+    pthread_mutex_unlock(&init_lock);
+    return st;
+}
+
+void ch_shutdown(void)
+{
+    pthread_mutex_lock(&init_lock);
+    if (atomic_load(&initialized)) {
+        atomic_store(&initialized, 0);
+        teardown();
+    }
+    pthread_mutex_unlock(&init_lock);
+}
+
+int ch_device_count(void) { return chi_initialized() ? ndevices : 0; }
+
+ch_status ch_device_get(ch_device **out, int index)
+{
+    if (!out)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_get: out is NULL");
+    *out = NULL;
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "ch_device_get: call ch_init first");
+    if (index < 0 || index >= ndevices)
+        return chi_error(CH_ERR_NOT_FOUND, "ch_device_get: index %d out of range (%d devices)",
+                         index, ndevices);
+    *out = devices[index];
+    return CH_OK;
+}
+
+/* Why a name that is not visible is not there: hidden as a duplicate,
+ * restricted by CHORUS_DEVICES, or simply unknown. */
+static ch_status not_found(const char *fn, const char *name)
+{
+    for (int i = 0; i < nhidden; i++)
+        if (strcmp(hidden[i].id, name) == 0)
+            return chi_error(CH_ERR_NOT_FOUND, "%s: device \"%s\" is hidden: %s", fn, name,
+                             hidden[i].reason);
+    const char *env = getenv("CHORUS_DEVICES");
+    if (env && *env)
+        return chi_error(CH_ERR_NOT_FOUND,
+                         "%s: no device named \"%s\" (CHORUS_DEVICES=%s restricts the list)",
+                         fn, name, env);
+    return chi_error(CH_ERR_NOT_FOUND, "%s: no device named \"%s\" (run chorus-info for the list)",
+                     fn, name);
+}
+
+static ch_device *find(const char *name)
+{
+    for (int i = 0; i < ndevices; i++)
+        if (strcmp(devices[i]->id, name) == 0)
+            return devices[i];
+    return NULL;
+}
+
+ch_status ch_device_by_name(ch_device **out, const char *name)
+{
+    if (!out)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_by_name: out is NULL");
+    *out = NULL;
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "ch_device_by_name: call ch_init first");
+    if (!name)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_by_name: name is NULL");
+    *out = find(name);
+    return *out ? CH_OK : not_found("ch_device_by_name", name);
+}
+
+static ch_status push_unique(ch_device **out, int capacity, int *n, ch_device *d,
+                             const char *name)
+{
+    for (int i = 0; i < *n; i++)
+        if (out[i] == d)
+            return chi_error(CH_ERR_INVALID_ARGUMENT,
+                             "ch_device_list_parse: device \"%s\" is listed twice", name);
+    if (*n >= capacity)
+        return chi_error(CH_ERR_LIMIT,
+                         "ch_device_list_parse: more than capacity %d devices in the list",
+                         capacity);
+    out[(*n)++] = d;
+    return CH_OK;
+}
+
+ch_status ch_device_list_parse(ch_device **out, int capacity, int *n, const char *list)
+{
+    if (!out || !n || !list)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_list_parse: %s is NULL",
+                         !out ? "out" : !n ? "n" : "list");
+    *n = 0;
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "ch_device_list_parse: call ch_init first");
+    if (capacity < 1)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_device_list_parse: capacity %d, expected at least 1", capacity);
+    if (!*list)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_device_list_parse: the list is empty (expected \"all\" or names)");
+    char buf[1024];
+    if (strlen(list) >= sizeof buf)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_list_parse: list too long");
+    snprintf(buf, sizeof buf, "%s", list);
+    ch_status st = CH_OK;
+    char *p = buf;
+    while (st == CH_OK) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        if (!*p) {
+            st = chi_error(CH_ERR_INVALID_ARGUMENT,
+                           "ch_device_list_parse: empty name in \"%s\"", list);
+        } else if (strcmp(p, "all") == 0) {
+            for (int i = 0; st == CH_OK && i < ndevices; i++)
+                if (devices[i]->info.in_all)
+                    st = push_unique(out, capacity, n, devices[i], devices[i]->id);
+        } else {
+            ch_device *d = find(p);
+            st = d ? push_unique(out, capacity, n, d, p) : not_found("ch_device_list_parse", p);
+        }
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    if (st == CH_OK && *n == 0)
+        st = chi_error(CH_ERR_NOT_FOUND, "ch_device_list_parse: \"%s\" names no device", list);
+    if (st != CH_OK)
+        *n = 0;
+    return st;
+}
+
+#define CHECK_DEVICE(fn, dev)                                                    \
+    do {                                                                         \
+        if (!chi_initialized())                                                  \
+            return chi_error(CH_ERR_STATE, fn ": call ch_init first");           \
+        if (!(dev))                                                              \
+            return chi_error(CH_ERR_INVALID_ARGUMENT, fn ": dev is NULL");       \
+    } while (0)
+
+ch_status ch_device_get_info(const ch_device *dev, ch_device_info *info)
+{
+    CHECK_DEVICE("ch_device_get_info", dev);
+    if (!info)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_get_info: info is NULL");
+    *info = dev->info;
+    return CH_OK;
+}
+
+ch_status ch_device_memory(const ch_device *dev, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    CHECK_DEVICE("ch_device_memory", dev);
+    if (!free_bytes || !total_bytes)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_memory: %s is NULL",
+                         !free_bytes ? "free_bytes" : "total_bytes");
+    if (!dev->be->iface->mem_info) {
+        *total_bytes = dev->info.memory_bytes;
+        *free_bytes = dev->info.memory_bytes;
+        return CH_OK;
+    }
+    return dev->be->iface->mem_info(dev->dev, free_bytes, total_bytes);
+}
+
+const char *ch_device_id(const ch_device *dev) { return dev ? dev->id : "(null)"; }
+
+int ch_device_can_peer(const ch_device *src, const ch_device *dst)
+{
+    if (!chi_initialized() || !src || !dst || src == dst || src->be != dst->be)
+        return 0;
+    return src->be->iface->can_peer ? src->be->iface->can_peer(src->dev, dst->dev) : 0;
+}
+
+ch_status ch_device_sync(ch_device *dev)
+{
+    CHECK_DEVICE("ch_device_sync", dev);
+    return chi_stream_sync_all(dev);
+}
+
+int ch_hidden_device_count(void) { return chi_initialized() ? nhidden : 0; }
+
+ch_status ch_hidden_device_get(int index, ch_hidden_device *out)
+{
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "ch_hidden_device_get: call ch_init first");
+    if (!out)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_hidden_device_get: out is NULL");
+    if (index < 0 || index >= nhidden)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_hidden_device_get: index %d out of range (%d hidden)", index,
+                         nhidden);
+    *out = hidden[index];
+    return CH_OK;
+}
+
+ch_status ch_device_memory_stats(const ch_device *dev, ch_memory_stats *stats)
+{
+    CHECK_DEVICE("ch_device_memory_stats", dev);
+    if (!stats)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_memory_stats: stats is NULL");
+    ch_device *d = (ch_device *)dev;
+    pthread_mutex_lock(&d->alloc.lock);
+    *stats = d->alloc.stats;
+    pthread_mutex_unlock(&d->alloc.lock);
+    return CH_OK;
+}
+
+ch_status ch_device_empty_cache(ch_device *dev)
+{
+    CHECK_DEVICE("ch_device_empty_cache", dev);
+    chi_alloc_release(dev);
+    return CH_OK;
+}

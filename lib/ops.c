@@ -1,0 +1,679 @@
+/* Op dispatch: every argument is checked here, once, so that backends only
+ * ever see valid shapes, dtypes and devices. */
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core.h"
+
+/* One tensor argument of an op: NULL is allowed only when `optional`. */
+typedef struct arg {
+    const char *name;
+    const ch_tensor *t;
+    int dtype;    /* a ch_dtype, or ANY */
+    int optional;
+} arg;
+
+#define ANY (-1)
+#define NARGS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* NULLs, dtypes, and every tensor on the device of the first. */
+static ch_status check_args(const char *fn, const arg *a, int n)
+{
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "%s: call ch_init first", fn);
+    const ch_tensor *first = NULL;
+    const char *first_name = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!a[i].t) {
+            if (a[i].optional)
+                continue;
+            return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, a[i].name);
+        }
+        if (a[i].dtype != ANY && a[i].t->dtype != (ch_dtype)a[i].dtype)
+            return chi_error(CH_ERR_DTYPE, "%s: %s is %s, expected %s", fn, a[i].name,
+                             ch_dtype_name(a[i].t->dtype), ch_dtype_name((ch_dtype)a[i].dtype));
+        if (!first) {
+            first = a[i].t;
+            first_name = a[i].name;
+        } else if (a[i].t->dev != first->dev) {
+            return chi_error(CH_ERR_DEVICE_MISMATCH, "%s: %s is on %s but %s is on %s", fn,
+                             a[i].name, a[i].t->dev->id, first_name, first->dev->id);
+        }
+    }
+    return CH_OK;
+}
+
+static ch_status same_numel(const char *fn, const char *yn, const ch_tensor *y, const char *xn,
+                            const ch_tensor *x)
+{
+    if (y->numel != x->numel)
+        return chi_error(CH_ERR_SHAPE, "%s: %s has %lld elements but %s has %lld", fn, yn,
+                         (long long)y->numel, xn, (long long)x->numel);
+    return CH_OK;
+}
+
+static int overlaps(const ch_tensor *a, const ch_tensor *b)
+{
+    if (a->buf != b->buf)
+        return 0;
+    size_t a_end = a->off + ch_tensor_nbytes(a), b_end = b->off + ch_tensor_nbytes(b);
+    return a->off < b_end && b->off < a_end;
+}
+
+/* Outputs that must not share memory with an input (GEMM, im2col, ...). */
+static ch_status no_alias(const char *fn, const char *yn, const ch_tensor *y, const char *xn,
+                          const ch_tensor *x)
+{
+    if (x && overlaps(y, x))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s overlaps %s in memory", fn, yn, xn);
+    return CH_OK;
+}
+
+/* In place is allowed (the same memory), partial overlap is not. */
+static ch_status same_or_apart(const char *fn, const char *yn, const ch_tensor *y,
+                               const char *xn, const ch_tensor *x)
+{
+    if (x && overlaps(y, x) && !(y->off == x->off && y->numel == x->numel))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s partly overlaps %s in memory", fn,
+                         yn, xn);
+    return CH_OK;
+}
+
+static ch_status check_finite(const char *fn, const char *name, double v)
+{
+    if (!isfinite(v))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is %g, expected a finite number", fn,
+                         name, v);
+    return CH_OK;
+}
+
+/* Resolve a possibly negative axis. */
+static ch_status check_axis(const char *fn, const ch_tensor *x, int *axis)
+{
+    int a = *axis < 0 ? *axis + x->ndim : *axis;
+    if (a < 0 || a >= x->ndim)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: axis %d out of range for %d dimensions",
+                         fn, *axis, x->ndim);
+    *axis = a;
+    return CH_OK;
+}
+
+static void split_at(const ch_tensor *x, int axis, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    *outer = 1;
+    *inner = 1;
+    for (int i = 0; i < axis; i++)
+        *outer *= x->shape[i];
+    for (int i = axis + 1; i < x->ndim; i++)
+        *inner *= x->shape[i];
+    *n = x->shape[axis];
+}
+
+#define BE(t) ((t)->dev->be->iface)
+#define STREAM(t) chi_current_stream((t)->dev)
+#define TRY(expr)                                                                \
+    do {                                                                         \
+        ch_status try_st_ = (expr);                                              \
+        if (try_st_ != CH_OK)                                                    \
+            return try_st_;                                                      \
+    } while (0)
+/* A backend may leave an op out; say so instead of crashing. */
+#define SLOT(fn, t, slot)                                                        \
+    do {                                                                         \
+        if (!BE(t)->slot)                                                        \
+            return chi_error(CH_ERR_UNSUPPORTED, "%s: not implemented by the %s backend", \
+                             fn, (t)->dev->be->name);                            \
+    } while (0)
+
+/* ---- Data movement ------------------------------------------------------- */
+
+ch_status ch_fill(ch_tensor *y, double value)
+{
+    static const char fn[] = "ch_fill";
+    arg a[] = {{"y", y, ANY, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    if (y->dtype != CH_F32 && y->dtype != CH_I32)
+        return chi_error(CH_ERR_DTYPE, "%s: y is %s, expected f32 or i32", fn,
+                         ch_dtype_name(y->dtype));
+    if (y->dtype == CH_I32 && (value != floor(value) || value < INT32_MIN || value > INT32_MAX))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: value %g is not an i32", fn, value);
+    SLOT(fn, y, fill);
+    return BE(y)->fill(STREAM(y), y->dtype, chi_mem(y), y->numel, value);
+}
+
+ch_status ch_copy(ch_tensor *y, const ch_tensor *x)
+{
+    static const char fn[] = "ch_copy";
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "%s: call ch_init first", fn);
+    if (!y || !x)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !y ? "y" : "x");
+    if (y->dtype != x->dtype)
+        return chi_error(CH_ERR_DTYPE, "%s: y is %s but x is %s", fn, ch_dtype_name(y->dtype),
+                         ch_dtype_name(x->dtype));
+    TRY(same_numel(fn, "y", y, "x", x));
+    if (y->dev != x->dev)
+        return chi_copy_across(y, x);
+    if (y->buf == x->buf && y->off == x->off)
+        return CH_OK;
+    TRY(no_alias(fn, "y", y, "x", x));
+    return BE(y)->copy(STREAM(y), chi_mem(y), chi_mem(x), ch_tensor_nbytes(x));
+}
+
+ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x)
+{
+    static const char fn[] = "ch_transpose01";
+    arg a[] = {{"y", y, ANY, 0}, {"x", x, ANY, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    if (y->dtype != x->dtype || ch_dtype_size(x->dtype) != 4)
+        return chi_error(CH_ERR_DTYPE, "%s: y is %s and x is %s, expected both f32 or both i32",
+                         fn, ch_dtype_name(y->dtype), ch_dtype_name(x->dtype));
+    if (x->ndim < 2 || y->ndim != x->ndim)
+        return chi_error(CH_ERR_SHAPE, "%s: x has %d dimensions and y %d, expected the same, >= 2",
+                         fn, x->ndim, y->ndim);
+    int ok = y->shape[0] == x->shape[1] && y->shape[1] == x->shape[0];
+    for (int i = 2; i < x->ndim; i++)
+        ok = ok && y->shape[i] == x->shape[i];
+    if (!ok)
+        return chi_error(CH_ERR_SHAPE, "%s: y's shape is not x's with the first two swapped", fn);
+    TRY(no_alias(fn, "y", y, "x", x));
+    SLOT(fn, y, transpose01);
+    return BE(y)->transpose01(STREAM(y), x->shape[0], x->shape[1],
+                              x->numel / (x->shape[0] * x->shape[1]), chi_mem(y), chi_mem(x));
+}
+
+/* ---- GEMM ------------------------------------------------------------------- */
+
+ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_tensor *a,
+                  const ch_tensor *b, float beta)
+{
+    static const char fn[] = "ch_gemm";
+    arg args[] = {{"c", c, CH_F32, 0}, {"a", a, CH_F32, 0}, {"b", b, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2)
+        return chi_error(CH_ERR_SHAPE, "%s: %s has %d dimensions, expected 2", fn,
+                         a->ndim != 2 ? "a" : b->ndim != 2 ? "b" : "c",
+                         a->ndim != 2 ? a->ndim : b->ndim != 2 ? b->ndim : c->ndim);
+    TRY(check_finite(fn, "alpha", alpha));
+    TRY(check_finite(fn, "beta", beta));
+    int64_t m = trans_a ? a->shape[1] : a->shape[0], k = trans_a ? a->shape[0] : a->shape[1];
+    int64_t kb = trans_b ? b->shape[1] : b->shape[0], n = trans_b ? b->shape[0] : b->shape[1];
+    if (k != kb)
+        return chi_error(CH_ERR_SHAPE, "%s: op(a) has %lld columns but op(b) has %lld rows", fn,
+                         (long long)k, (long long)kb);
+    if (c->shape[0] != m || c->shape[1] != n)
+        return chi_error(CH_ERR_SHAPE, "%s: c is [%lld, %lld], expected [%lld, %lld]", fn,
+                         (long long)c->shape[0], (long long)c->shape[1], (long long)m,
+                         (long long)n);
+    TRY(no_alias(fn, "c", c, "a", a));
+    TRY(no_alias(fn, "c", c, "b", b));
+    SLOT(fn, c, gemm);
+    return BE(c)->gemm(STREAM(c), trans_a != 0, trans_b != 0, m, n, k, alpha, chi_mem(a),
+                       a->shape[1], chi_mem(b), b->shape[1], beta, chi_mem(c), n);
+}
+
+/* ---- Elementwise ------------------------------------------------------------ */
+
+static ch_status binary(const char *fn, ch_binary_op op, ch_tensor *y, const ch_tensor *a,
+                        const ch_tensor *b)
+{
+    arg args[] = {{"y", y, CH_F32, 0}, {"a", a, CH_F32, 0}, {"b", b, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(same_numel(fn, "y", y, "a", a));
+    TRY(same_numel(fn, "y", y, "b", b));
+    TRY(same_or_apart(fn, "y", y, "a", a));
+    TRY(same_or_apart(fn, "y", y, "b", b));
+    SLOT(fn, y, binary);
+    return BE(y)->binary(STREAM(y), op, y->numel, chi_mem(y), chi_mem(a), chi_mem(b));
+}
+
+ch_status ch_add(ch_tensor *y, const ch_tensor *a, const ch_tensor *b)
+{
+    return binary("ch_add", CH_BIN_ADD, y, a, b);
+}
+
+ch_status ch_sub(ch_tensor *y, const ch_tensor *a, const ch_tensor *b)
+{
+    return binary("ch_sub", CH_BIN_SUB, y, a, b);
+}
+
+ch_status ch_mul(ch_tensor *y, const ch_tensor *a, const ch_tensor *b)
+{
+    return binary("ch_mul", CH_BIN_MUL, y, a, b);
+}
+
+static ch_status axpby(const char *fn, ch_tensor *y, float alpha, const ch_tensor *x,
+                       float beta)
+{
+    arg args[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(check_finite(fn, "alpha", alpha));
+    TRY(same_numel(fn, "y", y, "x", x));
+    TRY(same_or_apart(fn, "y", y, "x", x));
+    SLOT(fn, y, axpby);
+    return BE(y)->axpby(STREAM(y), y->numel, chi_mem(y), alpha, chi_mem(x), beta);
+}
+
+ch_status ch_scale(ch_tensor *y, const ch_tensor *x, float alpha)
+{
+    return axpby("ch_scale", y, alpha, x, 0.0f);
+}
+
+ch_status ch_axpy(ch_tensor *y, float alpha, const ch_tensor *x)
+{
+    return axpby("ch_axpy", y, alpha, x, 1.0f);
+}
+
+static ch_status check_act(const char *fn, ch_activation act)
+{
+    if (act != CH_ACT_RELU && act != CH_ACT_GELU && act != CH_ACT_TANH && act != CH_ACT_SIGMOID)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: act %d is not a ch_activation", fn,
+                         (int)act);
+    return CH_OK;
+}
+
+ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x, ch_activation act)
+{
+    static const char fn[] = "ch_activation_forward";
+    arg args[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(check_act(fn, act));
+    TRY(same_numel(fn, "y", y, "x", x));
+    TRY(same_or_apart(fn, "y", y, "x", x));
+    SLOT(fn, y, act_forward);
+    return BE(y)->act_forward(STREAM(y), act, y->numel, chi_mem(y), chi_mem(x));
+}
+
+ch_status ch_activation_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tensor *x,
+                                 const ch_tensor *y, ch_activation act)
+{
+    static const char fn[] = "ch_activation_backward";
+    TRY(check_act(fn, act));
+    int reads_x = act == CH_ACT_RELU || act == CH_ACT_GELU;
+    arg args[] = {{"dx", dx, CH_F32, 0},
+                  {"dy", dy, CH_F32, 0},
+                  {"x", x, CH_F32, !reads_x},
+                  {"y", y, CH_F32, reads_x}};
+    TRY(check_args(fn, args, NARGS(args)));
+    const ch_tensor *in = reads_x ? x : y;
+    TRY(same_numel(fn, "dx", dx, "dy", dy));
+    TRY(same_numel(fn, "dx", dx, reads_x ? "x" : "y", in));
+    TRY(same_or_apart(fn, "dx", dx, "dy", dy));
+    TRY(same_or_apart(fn, "dx", dx, reads_x ? "x" : "y", in));
+    ch_bmem none = {NULL, 0};
+    SLOT(fn, dx, act_backward);
+    return BE(dx)->act_backward(STREAM(dx), act, dx->numel, chi_mem(dx), chi_mem(dy),
+                                reads_x ? chi_mem(x) : none, reads_x ? none : chi_mem(y));
+}
+
+/* ---- Bias ----------------------------------------------------------------- */
+
+ch_status ch_bias_add(ch_tensor *y, const ch_tensor *x, const ch_tensor *bias, int axis)
+{
+    static const char fn[] = "ch_bias_add";
+    arg args[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}, {"bias", bias, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(check_axis(fn, x, &axis));
+    TRY(same_numel(fn, "y", y, "x", x));
+    TRY(same_or_apart(fn, "y", y, "x", x));
+    TRY(no_alias(fn, "y", y, "bias", bias));
+    int64_t outer, c, inner;
+    split_at(x, axis, &outer, &c, &inner);
+    if (bias->numel != c)
+        return chi_error(CH_ERR_SHAPE, "%s: bias has %lld elements, x has %lld on axis %d", fn,
+                         (long long)bias->numel, (long long)c, axis);
+    SLOT(fn, y, bias_add);
+    return BE(y)->bias_add(STREAM(y), outer, c, inner, chi_mem(y), chi_mem(x), chi_mem(bias));
+}
+
+ch_status ch_bias_grad(ch_tensor *db, const ch_tensor *dy, int axis, float beta)
+{
+    static const char fn[] = "ch_bias_grad";
+    arg args[] = {{"db", db, CH_F32, 0}, {"dy", dy, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(check_axis(fn, dy, &axis));
+    TRY(check_finite(fn, "beta", beta));
+    TRY(no_alias(fn, "db", db, "dy", dy));
+    int64_t outer, c, inner;
+    split_at(dy, axis, &outer, &c, &inner);
+    if (db->numel != c)
+        return chi_error(CH_ERR_SHAPE, "%s: db has %lld elements, dy has %lld on axis %d", fn,
+                         (long long)db->numel, (long long)c, axis);
+    SLOT(fn, db, bias_grad);
+    return BE(db)->bias_grad(STREAM(db), outer, c, inner, chi_mem(db), chi_mem(dy), beta);
+}
+
+/* ---- Loss ----------------------------------------------------------------- */
+
+static ch_status check_xent(const char *fn, const char *pn, const ch_tensor *probs,
+                            const ch_tensor *labels, int64_t *n, int64_t *c)
+{
+    if (probs->ndim != 2)
+        return chi_error(CH_ERR_SHAPE, "%s: %s has %d dimensions, expected 2 ([N, C])", fn, pn,
+                         probs->ndim);
+    *n = probs->shape[0];
+    *c = probs->shape[1];
+    if (labels->numel != *n)
+        return chi_error(CH_ERR_SHAPE, "%s: labels has %lld elements, expected N = %lld", fn,
+                         (long long)labels->numel, (long long)*n);
+    return CH_OK;
+}
+
+ch_status ch_softmax_xent(ch_tensor *loss, ch_tensor *probs, const ch_tensor *logits,
+                          const ch_tensor *labels)
+{
+    static const char fn[] = "ch_softmax_xent";
+    arg args[] = {{"loss", loss, CH_F32, 0},
+                  {"probs", probs, CH_F32, 0},
+                  {"logits", logits, CH_F32, 0},
+                  {"labels", labels, CH_I32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    int64_t n = 0, c = 0;
+    TRY(check_xent(fn, "logits", logits, labels, &n, &c));
+    TRY(same_numel(fn, "probs", probs, "logits", logits));
+    if (loss->numel != 1)
+        return chi_error(CH_ERR_SHAPE, "%s: loss has %lld elements, expected 1", fn,
+                         (long long)loss->numel);
+    TRY(same_or_apart(fn, "probs", probs, "logits", logits));
+    TRY(no_alias(fn, "loss", loss, "probs", probs));
+    TRY(no_alias(fn, "loss", loss, "logits", logits));
+    SLOT(fn, loss, softmax_xent);
+    return BE(loss)->softmax_xent(STREAM(loss), n, c, chi_mem(loss), chi_mem(probs),
+                                  chi_mem(logits), chi_mem(labels));
+}
+
+ch_status ch_softmax_xent_backward(ch_tensor *dlogits, const ch_tensor *probs,
+                                   const ch_tensor *labels, float scale)
+{
+    static const char fn[] = "ch_softmax_xent_backward";
+    arg args[] = {{"dlogits", dlogits, CH_F32, 0},
+                  {"probs", probs, CH_F32, 0},
+                  {"labels", labels, CH_I32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    int64_t n = 0, c = 0;
+    TRY(check_xent(fn, "probs", probs, labels, &n, &c));
+    TRY(same_numel(fn, "dlogits", dlogits, "probs", probs));
+    TRY(check_finite(fn, "scale", scale));
+    TRY(same_or_apart(fn, "dlogits", dlogits, "probs", probs));
+    SLOT(fn, dlogits, softmax_xent_backward);
+    return BE(dlogits)->softmax_xent_backward(STREAM(dlogits), n, c, chi_mem(dlogits),
+                                              chi_mem(probs), chi_mem(labels), scale);
+}
+
+/* ---- Convolution and pooling ---------------------------------------------- */
+
+/* Fill the geometry from an [N, C, H, W] tensor and a window. */
+static ch_status conv_geom(const char *fn, const char *xn, const ch_tensor *x,
+                           const ch_window2d *w, ch_conv_geom *g)
+{
+    if (!w)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: w is NULL", fn);
+    if (x->ndim != 4)
+        return chi_error(CH_ERR_SHAPE, "%s: %s has %d dimensions, expected 4 ([N, C, H, W])", fn,
+                         xn, x->ndim);
+    if (w->kh < 1 || w->kw < 1 || w->sh < 1 || w->sw < 1 || w->ph < 0 || w->pw < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: window %dx%d stride %dx%d padding %dx%d, expected window and "
+                         "stride >= 1, padding >= 0",
+                         fn, w->kh, w->kw, w->sh, w->sw, w->ph, w->pw);
+    *g = (ch_conv_geom){.n = x->shape[0], .c = x->shape[1], .h = x->shape[2], .w = x->shape[3],
+                        .kh = w->kh, .kw = w->kw, .sh = w->sh, .sw = w->sw, .ph = w->ph,
+                        .pw = w->pw};
+    if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw)
+        return chi_error(CH_ERR_SHAPE,
+                         "%s: window %dx%d is larger than the padded %s plane %lldx%lld", fn,
+                         w->kh, w->kw, xn, (long long)(g->h + 2 * g->ph),
+                         (long long)(g->w + 2 * g->pw));
+    g->oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
+    g->ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
+    return CH_OK;
+}
+
+static ch_status check_col(const char *fn, const char *cn, const ch_tensor *col,
+                           const ch_conv_geom *g)
+{
+    int64_t rows = g->c * g->kh * g->kw, cols = g->n * g->oh * g->ow;
+    if (col->ndim != 2 || col->shape[0] != rows || col->shape[1] != cols)
+        return chi_error(CH_ERR_SHAPE, "%s: %s must be [%lld, %lld] (C*kh*kw, N*OH*OW)", fn, cn,
+                         (long long)rows, (long long)cols);
+    return CH_OK;
+}
+
+ch_status ch_im2col(ch_tensor *col, const ch_tensor *x, const ch_window2d *w)
+{
+    static const char fn[] = "ch_im2col";
+    arg args[] = {{"col", col, CH_F32, 0}, {"x", x, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    ch_conv_geom g;
+    TRY(conv_geom(fn, "x", x, w, &g));
+    TRY(check_col(fn, "col", col, &g));
+    TRY(no_alias(fn, "col", col, "x", x));
+    SLOT(fn, col, im2col);
+    return BE(col)->im2col(STREAM(col), &g, chi_mem(col), chi_mem(x));
+}
+
+ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2d *w)
+{
+    static const char fn[] = "ch_col2im";
+    arg args[] = {{"dx", dx, CH_F32, 0}, {"col", col, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    ch_conv_geom g;
+    TRY(conv_geom(fn, "dx", dx, w, &g));
+    TRY(check_col(fn, "col", col, &g));
+    TRY(no_alias(fn, "dx", dx, "col", col));
+    SLOT(fn, dx, col2im);
+    return BE(dx)->col2im(STREAM(dx), &g, chi_mem(dx), chi_mem(col));
+}
+
+static ch_status pool_geom(const char *fn, const char *xn, const ch_tensor *x,
+                           const ch_window2d *w, ch_conv_geom *g)
+{
+    TRY(conv_geom(fn, xn, x, w, g));
+    /* Wider padding could give a window of padding only, with no maximum. */
+    if (2 * w->ph > w->kh || 2 * w->pw > w->kw)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: padding %dx%d is more than half the window %dx%d", fn, w->ph,
+                         w->pw, w->kh, w->kw);
+    return CH_OK;
+}
+
+static ch_status check_pooled(const char *fn, const char *yn, const ch_tensor *y,
+                              const ch_conv_geom *g)
+{
+    if (y->ndim != 4 || y->shape[0] != g->n || y->shape[1] != g->c || y->shape[2] != g->oh ||
+        y->shape[3] != g->ow)
+        return chi_error(CH_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld]", fn, yn,
+                         (long long)g->n, (long long)g->c, (long long)g->oh, (long long)g->ow);
+    return CH_OK;
+}
+
+ch_status ch_maxpool2d(ch_tensor *y, ch_tensor *idx, const ch_tensor *x, const ch_window2d *w)
+{
+    static const char fn[] = "ch_maxpool2d";
+    arg args[] = {{"y", y, CH_F32, 0}, {"idx", idx, CH_I32, 0}, {"x", x, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    ch_conv_geom g;
+    TRY(pool_geom(fn, "x", x, w, &g));
+    TRY(check_pooled(fn, "y", y, &g));
+    TRY(check_pooled(fn, "idx", idx, &g));
+    TRY(no_alias(fn, "y", y, "x", x));
+    TRY(no_alias(fn, "idx", idx, "x", x));
+    TRY(no_alias(fn, "idx", idx, "y", y));
+    SLOT(fn, y, maxpool_forward);
+    return BE(y)->maxpool_forward(STREAM(y), &g, chi_mem(y), chi_mem(idx), chi_mem(x));
+}
+
+ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tensor *idx,
+                                const ch_window2d *w)
+{
+    static const char fn[] = "ch_maxpool2d_backward";
+    arg args[] = {{"dx", dx, CH_F32, 0}, {"dy", dy, CH_F32, 0}, {"idx", idx, CH_I32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    ch_conv_geom g;
+    TRY(pool_geom(fn, "dx", dx, w, &g));
+    TRY(check_pooled(fn, "dy", dy, &g));
+    TRY(check_pooled(fn, "idx", idx, &g));
+    TRY(no_alias(fn, "dx", dx, "dy", dy));
+    TRY(no_alias(fn, "dx", dx, "idx", idx));
+    SLOT(fn, dx, maxpool_backward);
+    return BE(dx)->maxpool_backward(STREAM(dx), &g, chi_mem(dx), chi_mem(dy), chi_mem(idx));
+}
+
+/* ---- Reductions ------------------------------------------------------------ */
+
+static ch_status reduction(const char *fn, ch_tensor *y, const ch_tensor *x, int axis,
+                           ch_dtype ydtype, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    arg args[] = {{"y", y, ydtype, 0}, {"x", x, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(check_axis(fn, x, &axis));
+    split_at(x, axis, outer, n, inner);
+    if (y->numel != *outer * *inner)
+        return chi_error(CH_ERR_SHAPE, "%s: y has %lld elements, expected %lld (x without axis %d)",
+                         fn, (long long)y->numel, (long long)(*outer * *inner), axis);
+    return no_alias(fn, "y", y, "x", x);
+}
+
+static ch_status reduce(const char *fn, ch_reduce_op op, ch_tensor *y, const ch_tensor *x,
+                        int axis)
+{
+    int64_t outer, n, inner;
+    TRY(reduction(fn, y, x, axis, CH_F32, &outer, &n, &inner));
+    SLOT(fn, y, reduce);
+    return BE(y)->reduce(STREAM(y), op, outer, n, inner, chi_mem(y), chi_mem(x));
+}
+
+ch_status ch_sum(ch_tensor *y, const ch_tensor *x, int axis)
+{
+    return reduce("ch_sum", CH_REDUCE_SUM, y, x, axis);
+}
+
+ch_status ch_mean(ch_tensor *y, const ch_tensor *x, int axis)
+{
+    return reduce("ch_mean", CH_REDUCE_MEAN, y, x, axis);
+}
+
+ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis)
+{
+    static const char fn[] = "ch_argmax";
+    int64_t outer, n, inner;
+    TRY(reduction(fn, y, x, axis, CH_I32, &outer, &n, &inner));
+    SLOT(fn, y, argmax);
+    return BE(y)->argmax(STREAM(y), outer, n, inner, chi_mem(y), chi_mem(x));
+}
+
+/* ---- Optimizers ------------------------------------------------------------- */
+
+static ch_status check_param_set(const char *fn, const ch_tensor *p, const char *const *names,
+                                 const ch_tensor *const *ts, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (ts[i]) {
+            TRY(same_numel(fn, "p", p, names[i], ts[i]));
+            TRY(no_alias(fn, "p", p, names[i], ts[i]));
+        }
+    }
+    return CH_OK;
+}
+
+ch_status ch_sgd_step(ch_tensor *p, ch_tensor *m, const ch_tensor *g,
+                      const ch_sgd_params *params, int first_step)
+{
+    static const char fn[] = "ch_sgd_step";
+    if (!params)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+    int has_m = params->momentum != 0.0f;
+    arg args[] = {{"p", p, CH_F32, 0}, {"m", m, CH_F32, !has_m}, {"g", g, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(check_finite(fn, "params->lr", params->lr));
+    TRY(check_finite(fn, "params->momentum", params->momentum));
+    TRY(check_finite(fn, "params->dampening", params->dampening));
+    TRY(check_finite(fn, "params->weight_decay", params->weight_decay));
+    if (params->lr < 0 || params->momentum < 0 || params->weight_decay < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: lr %g, momentum %g, weight_decay %g: expected all >= 0", fn,
+                         params->lr, params->momentum, params->weight_decay);
+    if (params->nesterov && (!has_m || params->dampening != 0.0f))
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: nesterov needs momentum > 0 and dampening 0 (got %g and %g)", fn,
+                         params->momentum, params->dampening);
+    const char *names[] = {"m", "g"};
+    const ch_tensor *ts[] = {has_m ? m : NULL, g};
+    TRY(check_param_set(fn, p, names, ts, 2));
+    if (has_m)
+        TRY(no_alias(fn, "m", m, "g", g));
+    SLOT(fn, p, sgd_step);
+    ch_bmem none = {NULL, 0};
+    return BE(p)->sgd_step(STREAM(p), p->numel, chi_mem(p), has_m ? chi_mem(m) : none,
+                           chi_mem(g), params, first_step != 0);
+}
+
+ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_tensor *g,
+                       const ch_adam_params *params)
+{
+    static const char fn[] = "ch_adam_step";
+    if (!params)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+    arg args[] = {{"p", p, CH_F32, 0}, {"m", m, CH_F32, 0}, {"v", v, CH_F32, 0},
+                  {"g", g, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(check_finite(fn, "params->lr", params->lr));
+    TRY(check_finite(fn, "params->weight_decay", params->weight_decay));
+    TRY(check_finite(fn, "params->eps", params->eps));
+    if (!(params->beta1 >= 0 && params->beta1 < 1 && params->beta2 >= 0 && params->beta2 < 1))
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: params->beta1 %g and beta2 %g, expected both in [0, 1)", fn,
+                         params->beta1, params->beta2);
+    if (params->lr < 0 || params->weight_decay < 0 || params->eps <= 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: lr %g, weight_decay %g, eps %g: expected lr, weight_decay >= 0 "
+                         "and eps > 0", fn, params->lr, params->weight_decay, params->eps);
+    if (params->step < 1)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: params->step is %lld, expected >= 1", fn,
+                         (long long)params->step);
+    const char *names[] = {"m", "v", "g"};
+    const ch_tensor *ts[] = {m, v, g};
+    TRY(check_param_set(fn, p, names, ts, 3));
+    TRY(no_alias(fn, "m", m, "v", v));
+    TRY(no_alias(fn, "m", m, "g", g));
+    TRY(no_alias(fn, "v", v, "g", g));
+    SLOT(fn, p, adam_step);
+    return BE(p)->adam_step(STREAM(p), p->numel, chi_mem(p), chi_mem(m), chi_mem(v), chi_mem(g),
+                            params);
+}
+
+/* ---- Random numbers --------------------------------------------------------- */
+
+static ch_status rand_op(const char *fn, ch_rand_kind kind, ch_tensor *y, uint64_t seed,
+                         uint64_t offset, float a, float b)
+{
+    arg args[] = {{"y", y, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(check_finite(fn, "the first parameter", a));
+    TRY(check_finite(fn, "the second parameter", b));
+    SLOT(fn, y, rand);
+    return BE(y)->rand(STREAM(y), kind, y->numel, chi_mem(y), seed, offset, a, b);
+}
+
+ch_status ch_rand_uniform(ch_tensor *y, uint64_t seed, uint64_t offset, float lo, float hi)
+{
+    if (!(lo <= hi))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_rand_uniform: lo %g is above hi %g", lo, hi);
+    return rand_op("ch_rand_uniform", CH_RAND_UNIFORM, y, seed, offset, lo, hi);
+}
+
+ch_status ch_rand_normal(ch_tensor *y, uint64_t seed, uint64_t offset, float mean, float std)
+{
+    if (!(std >= 0))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_rand_normal: std %g, expected >= 0", std);
+    return rand_op("ch_rand_normal", CH_RAND_NORMAL, y, seed, offset, mean, std);
+}
+
+ch_status ch_dropout_mask(ch_tensor *y, uint64_t seed, uint64_t offset, float p)
+{
+    if (!(p >= 0 && p < 1))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dropout_mask: p %g, expected 0 <= p < 1", p);
+    return rand_op("ch_dropout_mask", CH_RAND_DROPOUT, y, seed, offset, p, 0.0f);
+}

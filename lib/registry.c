@@ -1,0 +1,144 @@
+/* The backend registry: the host backend built in, the others loaded as
+ * modules from CHORUS_BACKEND_PATH or the installed backend folder. */
+#include "config.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "registry.h"
+
+static chi_backend backends[CH_MAX_BACKENDS];
+static int nbackends;
+
+/* Modules the core knows how to look for, in list order. */
+static const char *const module_names[] = {"cuda", "opencl"};
+
+static void set_detail(chi_backend *be, const char *fmt, const char *a, const char *b)
+{
+    snprintf(be->detail, sizeof be->detail, fmt, a, b);
+}
+
+/* Find chorus-<name>.so in the search path; "" when it is nowhere. */
+static void find_module(const char *name, char *path, size_t size, char *searched,
+                        size_t searched_size)
+{
+    char dirs[4096];
+    const char *env = getenv("CHORUS_BACKEND_PATH");
+    snprintf(dirs, sizeof dirs, "%s%s%s", env ? env : "", env && *env ? ":" : "",
+             CH_BACKEND_DIR);
+    snprintf(searched, searched_size, "%s", dirs);
+    path[0] = '\0';
+    for (char *save = NULL, *dir = strtok_r(dirs, ":", &save); dir;
+         dir = strtok_r(NULL, ":", &save)) {
+        if (!*dir)
+            continue;
+        snprintf(path, size, "%s/chorus-%s.so", dir, name);
+        if (access(path, R_OK) == 0)
+            return;
+    }
+    path[0] = '\0';
+}
+
+static ch_status start_backend(chi_backend *be, const ch_backend_i *iface)
+{
+    if (iface->abi_version != CH_BACKEND_ABI_VERSION) {
+        char got[32], want[32];
+        snprintf(got, sizeof got, "%u", iface->abi_version);
+        snprintf(want, sizeof want, "%d", CH_BACKEND_ABI_VERSION);
+        set_detail(be, "module ABI version %s, expected %s (rebuild the module)", got, want);
+        return CH_ERR_UNAVAILABLE;
+    }
+    ch_clear_error();
+    int n = 0;
+    void *ctx = NULL;
+    if (iface->init(&ctx, &n) != CH_OK) {
+        set_detail(be, "%s%s", ch_last_error()[0] ? ch_last_error() : "init failed", "");
+        return CH_ERR_UNAVAILABLE;
+    }
+    be->iface = iface;
+    be->ctx = ctx;
+    be->ndevices = n;
+    return CH_OK;
+}
+
+static void load_module(chi_backend *be, const char *name)
+{
+    char path[1024], searched[4096];
+    snprintf(be->name, sizeof be->name, "%s", name);
+    find_module(name, path, sizeof path, searched, sizeof searched);
+    if (!path[0]) {
+        set_detail(be, "module chorus-%s.so not found in %s", name, searched);
+        return;
+    }
+    /* RTLD_LOCAL keeps each module's symbols to itself. Modules are never
+     * dlclose'd: driver runtimes (static cudart) register exit handlers that
+     * must still find their code at exit. */
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!dl) {
+        const char *why = dlerror();
+        set_detail(be, "cannot load module: %s%s", why ? why : path, "");
+        return;
+    }
+    ch_backend_entry_fn entry;
+    *(void **)&entry = dlsym(dl, CH_BACKEND_ENTRY_SYMBOL);
+    if (!entry) {
+        set_detail(be, "%s has no symbol %s", path, CH_BACKEND_ENTRY_SYMBOL);
+        return;
+    }
+    be->dl = dl;
+    if (start_backend(be, entry()) == CH_OK)
+        set_detail(be, "%s%s", path, "");
+}
+
+ch_status chi_registry_load(void)
+{
+    memset(backends, 0, sizeof backends);
+    nbackends = 0;
+    chi_backend *host = &backends[nbackends++];
+    snprintf(host->name, sizeof host->name, "host");
+    host->host_memory = 1;
+    if (start_backend(host, chi_host_backend()) != CH_OK)
+        return chi_error(CH_ERR_INTERNAL, "ch_init: the host backend failed: %s", host->detail);
+    set_detail(host, "built in%s%s", "", "");
+    for (size_t i = 0; i < sizeof module_names / sizeof module_names[0]; i++)
+        load_module(&backends[nbackends++], module_names[i]);
+    return CH_OK;
+}
+
+void chi_registry_unload(void)
+{
+    for (int i = 0; i < nbackends; i++)
+        if (backends[i].iface && backends[i].iface->shutdown)
+            backends[i].iface->shutdown(backends[i].ctx);
+    memset(backends, 0, sizeof backends);
+    nbackends = 0;
+}
+
+int chi_registry_count(void) { return nbackends; }
+
+chi_backend *chi_registry_get(int i) { return i >= 0 && i < nbackends ? &backends[i] : NULL; }
+
+int ch_backend_count(void) { return chi_initialized() ? nbackends : 0; }
+
+ch_status ch_backend_get_info(int index, ch_backend_info *info)
+{
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "ch_backend_get_info: call ch_init first");
+    if (!info)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_backend_get_info: info is NULL");
+    if (index < 0 || index >= nbackends)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_backend_get_info: index %d out of range (0 to %d)", index,
+                         nbackends - 1);
+    const chi_backend *be = &backends[index];
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "%s", be->name);
+    info->available = be->iface != NULL;
+    info->device_count = be->ndevices;
+    snprintf(info->detail, sizeof info->detail, "%s", be->detail);
+    return CH_OK;
+}

@@ -1,0 +1,25 @@
+# TAP tests under Automake's harness. The backend modules are found in the
+# build tree through CHORUS_BACKEND_PATH.
+LOG_DRIVER = env AM_TAP_AWK='$(AWK)' $(SHELL) $(top_srcdir)/build-aux/tap-driver.sh
+AM_TESTS_ENVIRONMENT = \
+	CHORUS_BACKEND_PATH='$(abs_top_builddir)/backends/opencl/.libs:$(abs_top_builddir)/backends/cuda/.libs'; \
+	POCL_DEVICES="$${POCL_DEVICES-pthread pthread}"; \
+	export CHORUS_BACKEND_PATH POCL_DEVICES;
+
+noinst_HEADERS += tests/tap.h
+check_LTLIBRARIES = tests/libtestutil.la
+tests_libtestutil_la_SOURCES = tests/tap.c tests/tap.h
+tests_libtestutil_la_LIBADD = libchorus.la
+
+TEST_LIBS = tests/libtestutil.la libchorus.la -lm
+
+check_PROGRAMS += tests/test-core
+tests_test_core_SOURCES = tests/test-core.c
+tests_test_core_LDADD = $(TEST_LIBS)
+
+TESTS += $(check_PROGRAMS)
+include tests/host.mk
+include tests/opencl.mk
+include tests/ops.mk
+include tests/discovery.mk
+include tests/cuda.mk

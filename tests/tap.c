@@ -1,0 +1,135 @@
+#include "tap.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int tap_count;
+static int tap_failed;
+static int tap_planned;
+
+void tap_plan(int n)
+{
+    printf("1..%d\n", n);
+    tap_planned = 1;
+}
+
+void tap_skip_all(const char *fmt, ...)
+{
+    va_list ap;
+    printf("1..0 # SKIP ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+    exit(0);
+}
+
+static void vline(int ok, const char *directive, const char *fmt, va_list ap)
+{
+    char msg[2048];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    for (char *p = msg; *p; p++)
+        if (*p == '\n' || *p == '#')
+            *p = (*p == '#') ? '_' : ' ';
+    tap_count++;
+    printf("%sok %d - %s%s\n", ok ? "" : "not ", tap_count, msg, directive ? directive : "");
+    if (!ok)
+        tap_failed++;
+    fflush(stdout);
+}
+
+int tap_ok(int cond, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vline(cond != 0, NULL, fmt, ap);
+    va_end(ap);
+    return cond != 0;
+}
+
+void tap_skip(const char *fmt, ...)
+{
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    tap_count++;
+    printf("ok %d # SKIP %s\n", tap_count, why);
+    fflush(stdout);
+}
+
+void tap_diag(const char *fmt, ...)
+{
+    va_list ap;
+    printf("# ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+}
+
+int tap_status_ok(ch_status st, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (st == CH_OK)
+        return tap_ok(1, "%s", msg);
+    return tap_ok(0, "%s: got %s (%s)", msg, ch_status_str(st), ch_last_error());
+}
+
+int tap_status_is(ch_status got, ch_status want, const char *needle, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *err = ch_last_error();
+    int msg_ok = needle ? strstr(err, needle) != NULL : err[0] != '\0';
+    if (got == want && msg_ok)
+        return tap_ok(1, "%s", msg);
+    return tap_ok(0, "%s: got %s \"%s\", want %s with \"%s\"", msg, ch_status_str(got), err,
+                  ch_status_str(want), needle ? needle : "a message");
+}
+
+int tap_done(void)
+{
+    if (!tap_planned)
+        printf("1..%d\n", tap_count);
+    fflush(stdout);
+    return tap_failed ? 1 : 0;
+}
+
+int tap_failures(void) { return tap_failed; }
+
+uint64_t tap_rng_next(tap_rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+float tap_rng_uniform(tap_rng *r, float lo, float hi)
+{
+    double u = (double)(tap_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(lo + (hi - lo) * u);
+}
+
+int tap_devices(ch_device **out, int capacity)
+{
+    int n = ch_device_count();
+    int k = 0;
+    for (int i = 0; i < n && k < capacity; i++)
+        if (ch_device_get(&out[k], i) == CH_OK)
+            k++;
+    return k;
+}

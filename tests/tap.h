@@ -1,0 +1,43 @@
+/* A small TAP producer for the tests: one line per claim, numbers in the
+ * message when a comparison fails. */
+#ifndef CHORUS_TESTS_TAP_H
+#define CHORUS_TESTS_TAP_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <chorus.h>
+
+#if defined(__GNUC__)
+#define TAP_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define TAP_PRINTF(a, b)
+#endif
+
+/* The plan is printed at the end (tap_done) unless tap_plan was called. */
+void tap_plan(int n);
+/* "1..0 # SKIP reason" and exit(0). */
+void tap_skip_all(const char *fmt, ...) TAP_PRINTF(1, 2);
+/* Returns cond. */
+int tap_ok(int cond, const char *fmt, ...) TAP_PRINTF(2, 3);
+void tap_skip(const char *fmt, ...) TAP_PRINTF(1, 2);
+void tap_diag(const char *fmt, ...) TAP_PRINTF(1, 2);
+/* A call that must succeed: not ok with the status and ch_last_error(). */
+int tap_status_ok(ch_status st, const char *fmt, ...) TAP_PRINTF(2, 3);
+/* A call that must fail with `want` and a message containing `needle`
+ * (NULL: any message that is not empty). */
+int tap_status_is(ch_status got, ch_status want, const char *needle,
+                  const char *fmt, ...) TAP_PRINTF(4, 5);
+/* Prints the plan if not done, returns the exit code (1 if any failed). */
+int tap_done(void);
+int tap_failures(void);
+
+/* Deterministic pseudo-random inputs for tests (splitmix64). */
+typedef struct tap_rng { uint64_t s; } tap_rng;
+uint64_t tap_rng_next(tap_rng *r);
+float tap_rng_uniform(tap_rng *r, float lo, float hi);
+
+/* Devices to run op tests on: every visible device (host included),
+ * including OpenCL CPU devices. */
+int tap_devices(ch_device **out, int capacity);
+
+#endif
