@@ -9,6 +9,8 @@
 #include <chorus/stream.h>
 #include <chorus/tensor.h>
 #include <chorus/ops.h>
+#include <chorus/data.h>
+#include <chorus/nn.h>
 
 #define CHORUS_VERSION_MAJOR 0
 #define CHORUS_VERSION_MINOR 1

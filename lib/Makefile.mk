@@ -17,8 +17,8 @@ libchorus_la_SOURCES = \
 	lib/discover.h \
 	lib/registry.h \
 	lib/philox.h
-libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS)
-libchorus_la_LIBADD = $(BLAS_LIBS) $(HWLOC_LIBS) $(PTHREAD_LIBS)
+libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
+libchorus_la_LIBADD = $(BLAS_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 $(OPENMP_CFLAGS)
 
 nobase_include_HEADERS += \
@@ -28,4 +28,6 @@ nobase_include_HEADERS += \
 	include/chorus/device.h \
 	include/chorus/stream.h \
 	include/chorus/tensor.h \
-	include/chorus/ops.h
+	include/chorus/ops.h \
+	include/chorus/data.h \
+	include/chorus/nn.h

@@ -30,7 +30,9 @@ static void find_module(const char *name, char *path, size_t size, char *searche
     const char *env = getenv("CHORUS_BACKEND_PATH");
     snprintf(dirs, sizeof dirs, "%s%s%s", env ? env : "", env && *env ? ":" : "",
              CH_BACKEND_DIR);
-    snprintf(searched, searched_size, "%s", dirs);
+    size_t len = strlen(dirs) < searched_size ? strlen(dirs) : searched_size - 1;
+    memcpy(searched, dirs, len); /* a long path list is cut, not an error */
+    searched[len] = '\0';
     path[0] = '\0';
     for (char *save = NULL, *dir = strtok_r(dirs, ":", &save); dir;
          dir = strtok_r(NULL, ":", &save)) {
@@ -67,7 +69,7 @@ static ch_status start_backend(chi_backend *be, const ch_backend_i *iface)
 
 static void load_module(chi_backend *be, const char *name)
 {
-    char path[1024], searched[4096];
+    char path[1024], searched[400];
     snprintf(be->name, sizeof be->name, "%s", name);
     find_module(name, path, sizeof path, searched, sizeof searched);
     if (!path[0]) {

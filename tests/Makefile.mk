@@ -17,9 +17,14 @@ check_PROGRAMS += tests/test-core
 tests_test_core_SOURCES = tests/test-core.c
 tests_test_core_LDADD = $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-nn
+tests_test_nn_SOURCES = tests/test-nn.c
+tests_test_nn_LDADD = $(TEST_LIBS)
+
 TESTS += $(check_PROGRAMS)
 include tests/host.mk
 include tests/opencl.mk
 include tests/ops.mk
 include tests/discovery.mk
 include tests/cuda.mk
+include tests/nn.mk

@@ -33,9 +33,9 @@ static void test_init(void)
 
 static void test_device_list(void)
 {
-    ch_device *list[CH_MAX_DEVICES];
+    ch_device *list[64];
     int n = 0;
-    tap_status_ok(ch_device_list_parse(list, CH_MAX_DEVICES, &n, "all"), "parse \"all\"");
+    tap_status_ok(ch_device_list_parse(list, 64, &n, "all"), "parse \"all\"");
     int cpu_in_all = 0;
     for (int i = 0; i < n; i++) {
         ch_device_info info;
@@ -43,11 +43,11 @@ static void test_device_list(void)
         cpu_in_all += info.kind == CH_DEVICE_CPU && strcmp(info.backend, "host") != 0;
     }
     tap_ok(cpu_in_all == 0, "\"all\" leaves out OpenCL CPU devices (found %d)", cpu_in_all);
-    tap_status_ok(ch_device_list_parse(list, CH_MAX_DEVICES, &n, "host"), "parse \"host\"");
+    tap_status_ok(ch_device_list_parse(list, 64, &n, "host"), "parse \"host\"");
     tap_ok(n == 1 && strcmp(ch_device_id(list[0]), "host") == 0, "\"host\" gives host (n=%d)", n);
     tap_status_is(ch_device_list_parse(list, 1, &n, "host,host"), CH_ERR_INVALID_ARGUMENT,
                   "twice", "a device listed twice is an error");
-    tap_status_is(ch_device_list_parse(list, CH_MAX_DEVICES, &n, "host,cuda:99"),
+    tap_status_is(ch_device_list_parse(list, 64, &n, "host,cuda:99"),
                   CH_ERR_NOT_FOUND, "cuda:99", "an unknown device in a list names it");
     tap_ok(n == 0, "a failed parse leaves n = 0 (got %d)", n);
 }
@@ -200,8 +200,8 @@ int main(void)
 {
     test_init();
     test_device_list();
-    ch_device *devs[CH_MAX_DEVICES];
-    int n = tap_devices(devs, CH_MAX_DEVICES);
+    ch_device *devs[64];
+    int n = tap_devices(devs, 64);
     for (int i = 0; i < n; i++) {
         test_tensors(devs[i]);
         test_streams(devs[i]);

@@ -1,0 +1,102 @@
+/* Chorus: data sets and the data loader. */
+#ifndef CHORUS_DATA_H
+#define CHORUS_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <chorus/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Data sets -------------------------------------------------------------
+ * A data set of images (f32) and integer class labels, held in host memory. */
+typedef struct ch_dataset ch_dataset;
+
+typedef struct ch_idx_options {
+    /* Pixels are scaled from bytes to [0, 1], then normalised:
+     * x = (x - mean) / std. mean 0 and std 1 keep [0, 1]. */
+    float mean;
+    float std;
+} ch_idx_options;
+
+/* Open an IDX image file (magic 0x00000803, unsigned bytes, [N, H, W]) and
+ * its IDX label file (0x00000801, [N]), each gzip-compressed or plain (told
+ * apart by content, not by name). Errors (CH_ERR_IO, CH_ERR_FORMAT) name the
+ * file and the problem: missing, wrong magic, truncated (sizes that disagree
+ * with the length), trailing bytes, image and label counts that differ, a
+ * label >= the class count given by `classes` (0: no check). */
+CH_API ch_status ch_dataset_idx_open(ch_dataset **out, const char *images_path,
+                                     const char *labels_path, int classes,
+                                     const ch_idx_options *options);
+
+/* The MNIST / Fashion-MNIST files in `dir` (train-images-idx3-ubyte[.gz], ...
+ * or t10k-*), 10 classes, normalised with the given options (NULL: the
+ * training set's mean and std of Fashion-MNIST, 0.2860 and 0.3530). */
+CH_API ch_status ch_dataset_mnist_open(ch_dataset **out, const char *dir, int train,
+                                       const ch_idx_options *options);
+
+CH_API void ch_dataset_free(ch_dataset *ds);
+CH_API int64_t ch_dataset_size(const ch_dataset *ds);
+/* Shape of one sample: [1, H, W] for IDX images. Returns ndim. */
+CH_API int ch_dataset_sample_shape(const ch_dataset *ds, int64_t shape[CH_MAX_DIMS]);
+CH_API int64_t ch_dataset_sample_numel(const ch_dataset *ds);
+CH_API int ch_dataset_classes(const ch_dataset *ds);
+/* Copy sample `index` into `image` (sample_numel floats) and `*label`. */
+CH_API ch_status ch_dataset_get(const ch_dataset *ds, int64_t index, float *image,
+                                int32_t *label);
+/* A data set of the first `count` samples of `ds` (sharing its memory; ds
+ * must outlive it): for short runs and tests. */
+CH_API ch_status ch_dataset_head(ch_dataset **out, const ch_dataset *ds, int64_t count);
+
+/* ---- Loader -----------------------------------------------------------------
+ * Batches assembled by worker threads into pinned host buffers, ahead of
+ * use. An epoch visits every sample of this process's share exactly once
+ * (the last short batch is dropped with drop_last). The order is a shuffle
+ * seeded by (seed, epoch): a new order each epoch, the same order for the
+ * same seed. With world > 1, process `rank` takes every world-th sample of
+ * the shuffled order (a distributed sampler: the shares are disjoint and
+ * cover the epoch; the share sizes differ by at most one unless drop_last). */
+typedef struct ch_loader ch_loader;
+
+typedef struct ch_loader_options {
+    int batch_size;      /* >= 1 */
+    int shuffle;         /* 0: the data set's order */
+    uint64_t seed;
+    int drop_last;
+    int workers;         /* assembling threads, >= 1 */
+    int prefetch;        /* batches ready ahead, >= 1 */
+    int rank, world;     /* 0 and 1 for a single process */
+    ch_device *pin_for;  /* pinned for this device's transfers; NULL: plain memory */
+} ch_loader_options;
+
+/* One batch: `count` samples (batch_size, or fewer for the last one). */
+typedef struct ch_batch {
+    ch_host_buffer *images;   /* count * sample_numel floats */
+    ch_host_buffer *labels;   /* count int32 */
+    const int64_t *indices;   /* the data set index of each sample */
+    int count;
+    int64_t epoch;
+    int64_t number;           /* batch number within the epoch, from 0 */
+} ch_batch;
+
+CH_API ch_status ch_loader_new(ch_loader **out, const ch_dataset *ds,
+                               const ch_loader_options *options);
+/* Stops the workers; returns after they have exited. */
+CH_API void ch_loader_free(ch_loader *loader);
+/* Start epoch `epoch` at batch `first_batch` (0, or a position saved in a
+ * checkpoint to resume exactly). */
+CH_API ch_status ch_loader_start(ch_loader *loader, int64_t epoch, int64_t first_batch);
+/* The next batch of the epoch, waiting for it if needed; *batch is NULL at
+ * the end of the epoch. Give each batch back with ch_loader_release. */
+CH_API ch_status ch_loader_next(ch_loader *loader, ch_batch **batch);
+CH_API void ch_loader_release(ch_loader *loader, ch_batch *batch);
+/* Batches in one epoch of this process's share. */
+CH_API int64_t ch_loader_batches(const ch_loader *loader);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

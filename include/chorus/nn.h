@@ -1,0 +1,171 @@
+/* Chorus: neural-network modules, losses and optimizers. */
+#ifndef CHORUS_NN_H
+#define CHORUS_NN_H
+
+#include <stdint.h>
+#include <chorus/ops.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Modules -----------------------------------------------------------------
+ * A module has explicit forward and backward passes built from the core's
+ * ops, so it runs on every backend. Modules are created on the host device
+ * with their parameters uninitialised; ch_module_init draws them from a seed
+ * (PyTorch's default scheme, from the Philox stream: the same numbers on every
+ * backend), ch_module_to moves them. Parameter names and layouts follow
+ * PyTorch's state_dict for the same nn.Sequential ("0.weight", "3.bias";
+ * Linear weight [out, in], Conv2d weight [out, in, kh, kw]). */
+typedef struct ch_module ch_module;
+
+CH_API ch_status ch_nn_linear(ch_module **out, int64_t in_features, int64_t out_features);
+CH_API ch_status ch_nn_conv2d(ch_module **out, int64_t in_channels, int64_t out_channels,
+                              int kernel, int stride, int padding);
+CH_API ch_status ch_nn_activation(ch_module **out, ch_activation act);
+CH_API ch_status ch_nn_maxpool2d(ch_module **out, int kernel, int stride);
+CH_API ch_status ch_nn_flatten(ch_module **out);
+CH_API ch_status ch_nn_dropout(ch_module **out, float p);
+CH_API ch_status ch_nn_sequential(ch_module **out);
+/* Append `child` (ownership passes to seq, also on failure). */
+CH_API ch_status ch_nn_sequential_add(ch_module *seq, ch_module *child);
+
+/* Frees the module, its children, parameters and buffers. NULL: no-op. */
+CH_API void ch_module_free(ch_module *m);
+
+/* "Linear", "Conv2d", "ReLU", ..., "Sequential". */
+CH_API const char *ch_module_kind(const ch_module *m);
+CH_API int ch_module_child_count(const ch_module *m);
+CH_API ch_module *ch_module_child(const ch_module *m, int index);
+
+/* Draw every parameter from `seed`: PyTorch's defaults (Kaiming-uniform
+ * weights with a = sqrt(5), biases uniform in +-1/sqrt(fan_in)). */
+CH_API ch_status ch_module_init(ch_module *m, uint64_t seed);
+
+/* Move the module (all its parameters and buffers) to `dev`. Called on one
+ * child of a Sequential, it moves only that layer: the Sequential then moves
+ * activations and gradients across at the boundaries. */
+CH_API ch_status ch_module_to(ch_module *m, ch_device *dev);
+/* The device of the module's first parameter or, for a module without
+ * parameters, where it last ran (NULL before). */
+CH_API ch_device *ch_module_device(const ch_module *m);
+
+/* A deep copy on `dev`, with the same parameter values (replicas). */
+CH_API ch_status ch_module_clone(ch_module **out, const ch_module *m, ch_device *dev);
+
+/* Training mode (dropout on) or evaluation mode. */
+CH_API void ch_module_train(ch_module *m, int training);
+
+/* The random stream of dropout layers: the mask of sample s of the batch
+ * is drawn at offset (first_sample + s) * sample_numel of stream
+ * (seed, step, layer), so how a batch is split does not change which
+ * numbers a sample sees. */
+CH_API void ch_module_set_rng(ch_module *m, uint64_t seed, int64_t step, int64_t first_sample);
+
+/* y = m(x). *y belongs to the module and stays valid until its next forward.
+ * x is kept for backward: it must not change before backward. */
+CH_API ch_status ch_module_forward(ch_module *m, ch_tensor **y, const ch_tensor *x);
+/* Given dL/dy, add dL/dparams to the parameters' gradients and set *dx to
+ * dL/dx (owned by the module; NULL may be passed when not needed). */
+CH_API ch_status ch_module_backward(ch_module *m, ch_tensor **dx, const ch_tensor *dy);
+CH_API ch_status ch_module_zero_grad(ch_module *m);
+
+/* Parameters in state_dict order, with their gradients. */
+CH_API int ch_module_param_count(const ch_module *m);
+CH_API ch_status ch_module_param(const ch_module *m, int index, const char **name,
+                                 ch_tensor **value, ch_tensor **grad);
+CH_API int64_t ch_module_param_numel(const ch_module *m);
+
+/* ---- Losses -------------------------------------------------------------------- */
+
+/* Mean cross-entropy of logits [N, C] against i32 labels [N]: forward gives
+ * the loss (1 element on the logits' device) and keeps the probabilities;
+ * backward gives dL/dlogits, scaled by `scale` (1 for the mean loss). */
+typedef struct ch_loss ch_loss;
+typedef enum ch_loss_kind { CH_LOSS_CROSS_ENTROPY = 0, CH_LOSS_MSE = 1 } ch_loss_kind;
+CH_API ch_status ch_loss_new(ch_loss **out, ch_loss_kind kind);
+CH_API void ch_loss_free(ch_loss *loss);
+/* target: i32 labels [N] for cross-entropy, f32 of the prediction's shape
+ * for MSE (mean over all elements). */
+CH_API ch_status ch_loss_forward(ch_loss *loss, ch_tensor **value, const ch_tensor *pred,
+                                 const ch_tensor *target);
+CH_API ch_status ch_loss_backward(ch_loss *loss, ch_tensor **dpred, float scale);
+
+/* ---- Optimizers ---------------------------------------------------------------- */
+
+typedef struct ch_optimizer ch_optimizer;
+typedef enum ch_optimizer_kind { CH_OPT_SGD = 0, CH_OPT_ADAM = 1, CH_OPT_ADAMW = 2 } ch_optimizer_kind;
+
+typedef struct ch_optimizer_options {
+    ch_optimizer_kind kind;
+    float lr;
+    float momentum, dampening;  /* SGD */
+    int nesterov;               /* SGD */
+    float beta1, beta2, eps;    /* Adam, AdamW */
+    float weight_decay;
+} ch_optimizer_options;
+
+/* Defaults like PyTorch's: SGD momentum 0; Adam(W) betas 0.9, 0.999, eps
+ * 1e-8; weight decay 0 (SGD, Adam) or 0.01 (AdamW). */
+CH_API ch_optimizer_options ch_optimizer_defaults(ch_optimizer_kind kind, float lr);
+
+/* The state (momentum, moments) lives beside each parameter, on its device. */
+CH_API ch_status ch_optimizer_new(ch_optimizer **out, ch_module *model,
+                                  const ch_optimizer_options *options);
+CH_API void ch_optimizer_free(ch_optimizer *opt);
+/* One update of every parameter from its gradient, at learning rate `lr`. */
+CH_API ch_status ch_optimizer_step(ch_optimizer *opt, float lr);
+CH_API int64_t ch_optimizer_steps(const ch_optimizer *opt);
+/* State tensors for checkpoints: for each parameter, "momentum" (SGD) or
+ * "exp_avg", "exp_avg_sq" (Adam); NULL when the state does not exist yet. */
+CH_API int ch_optimizer_state_count(const ch_optimizer *opt);
+CH_API ch_status ch_optimizer_state(const ch_optimizer *opt, int index, const char **name,
+                                    ch_tensor **value);
+CH_API ch_status ch_optimizer_set_steps(ch_optimizer *opt, int64_t steps);
+
+/* Scale every gradient so that their global L2 norm is at most max_norm;
+ * *norm gets the norm before clipping (may be NULL). */
+CH_API ch_status ch_clip_grad_norm(ch_module *model, float max_norm, float *norm);
+
+/* ---- Learning-rate schedules ------------------------------------------------- */
+
+typedef enum ch_lr_kind { CH_LR_CONSTANT = 0, CH_LR_STEP = 1, CH_LR_COSINE = 2 } ch_lr_kind;
+typedef struct ch_lr_schedule {
+    ch_lr_kind kind;
+    float base_lr;
+    int64_t warmup_steps;   /* linear warm-up from 0 (cosine; others too if > 0) */
+    int64_t step_size;      /* CH_LR_STEP: multiply by gamma every step_size steps */
+    float gamma;
+    int64_t total_steps;    /* CH_LR_COSINE: decays to min_lr at total_steps */
+    float min_lr;
+} ch_lr_schedule;
+
+CH_API float ch_lr_at(const ch_lr_schedule *s, int64_t step);
+
+/* ---- Checkpoints ---------------------------------------------------------------
+ * A safetensors file: the parameters under their state_dict names (PyTorch's
+ * safetensors.torch.load_file reads them), the optimizer's state under
+ * "optimizer.<parameter>.<state>", and the training state in the header's
+ * metadata. Written to "<path>.tmp", fsynced and renamed: a crash leaves
+ * the previous file intact. */
+typedef struct ch_train_state {
+    int64_t epoch;          /* the epoch to continue with */
+    int64_t batch;          /* the batch within that epoch to continue from */
+    int64_t step;           /* optimizer steps taken */
+    uint64_t seed;
+} ch_train_state;
+
+/* opt and state may be NULL. */
+CH_API ch_status ch_checkpoint_save(const char *path, const ch_module *model,
+                                    const ch_optimizer *opt, const ch_train_state *state);
+/* Checks every name, dtype and shape against the model (and the optimizer,
+ * when given) before changing anything, and reports the first mismatch.
+ * opt and state may be NULL. */
+CH_API ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *opt,
+                                    ch_train_state *state);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,482 @@
+/* Checkpoints as safetensors files: an 8-byte little-endian header length,
+ * a JSON header ({"name": {"dtype", "shape", "data_offsets"}, ...,
+ * "__metadata__": {string: string}}), then the raw little-endian tensors. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nn.h"
+
+#define TRY(expr)                                                                \
+    do {                                                                         \
+        ch_status try_st_ = (expr);                                              \
+        if (try_st_ != CH_OK)                                                    \
+            return try_st_;                                                      \
+    } while (0)
+
+/* Checkpoints are only read or written whole; a header beyond this is not
+ * one of ours (and would be an absurd allocation). */
+#define MAX_HEADER ((uint64_t)64 << 20)
+#define FORMAT "chorus-1"
+
+static const char *opt_kind_name(int kind)
+{
+    return kind == CH_OPT_SGD ? "sgd" : kind == CH_OPT_ADAM ? "adam" : "adamw";
+}
+
+/* One tensor to write or read: its name and where it lives. */
+typedef struct entry {
+    char name[160];
+    ch_tensor *t;
+} entry;
+
+/* Parameters, then the optimizer's existing state tensors. */
+static ch_status list_entries(const ch_module *model, const ch_optimizer *opt, entry **out,
+                              int *n)
+{
+    int np = ch_module_param_count(model), ns = opt ? ch_optimizer_state_count(opt) : 0;
+    entry *e = calloc((size_t)(np + ns) + 1, sizeof *e);
+    if (!e)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_save: out of memory");
+    int k = 0;
+    for (int i = 0; i < np; i++, k++) {
+        const char *name;
+        ch_module_param(model, i, &name, &e[k].t, NULL);
+        snprintf(e[k].name, sizeof e[k].name, "%s", name);
+    }
+    for (int i = 0; i < ns; i++) {
+        const char *sname, *pname;
+        ch_tensor *t;
+        ch_optimizer_state(opt, i, &sname, &t);
+        if (!t)
+            continue;
+        ch_module_param(model, i / (ns / np), &pname, NULL, NULL);
+        snprintf(e[k].name, sizeof e[k].name, "optimizer.%s.%s", pname, sname);
+        e[k++].t = t;
+    }
+    *out = e;
+    *n = k;
+    return CH_OK;
+}
+
+static json_t *shape_json(const ch_tensor *t)
+{
+    json_t *shape = json_array();
+    for (int d = 0; shape && d < ch_tensor_ndim(t); d++)
+        json_array_append_new(shape, json_integer(ch_tensor_dim(t, d)));
+    return shape;
+}
+
+static json_t *metadata_json(const ch_optimizer *opt, const ch_train_state *state)
+{
+    json_t *meta = json_object();
+    char buf[32];
+    json_object_set_new(meta, "format", json_string(FORMAT));
+    if (state) {
+        const int64_t vals[3] = {state->epoch, state->batch, state->step};
+        const char *keys[3] = {"epoch", "batch", "step"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(buf, sizeof buf, "%" PRId64, vals[i]);
+            json_object_set_new(meta, keys[i], json_string(buf));
+        }
+        snprintf(buf, sizeof buf, "%" PRIu64, state->seed);
+        json_object_set_new(meta, "seed", json_string(buf));
+    }
+    if (opt) {
+        json_object_set_new(meta, "optimizer", json_string(opt_kind_name(nn_optimizer_kind(opt))));
+        snprintf(buf, sizeof buf, "%" PRId64, ch_optimizer_steps(opt));
+        json_object_set_new(meta, "optimizer_steps", json_string(buf));
+    }
+    return meta;
+}
+
+/* The header text, padded with spaces to a multiple of 8 bytes. */
+static ch_status build_header(const entry *e, int n, const ch_optimizer *opt,
+                              const ch_train_state *state, char **text, size_t *len)
+{
+    json_t *root = json_object();
+    uint64_t off = 0;
+    for (int i = 0; root && i < n; i++) {
+        json_t *obj = json_object();
+        json_object_set_new(obj, "dtype", json_string("F32"));
+        json_object_set_new(obj, "shape", shape_json(e[i].t));
+        json_t *offs = json_array();
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += ch_tensor_nbytes(e[i].t);
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        json_object_set_new(obj, "data_offsets", offs);
+        json_object_set_new(root, e[i].name, obj);
+    }
+    if (root)
+        json_object_set_new(root, "__metadata__", metadata_json(opt, state));
+    char *s = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!s)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_save: cannot build the header");
+    size_t l = strlen(s), padded = (l + 7) / 8 * 8;
+    char *p = realloc(s, padded + 1);
+    if (!p) {
+        free(s);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_save: out of memory");
+    }
+    memset(p + l, ' ', padded - l);
+    p[padded] = '\0';
+    *text = p;
+    *len = padded;
+    return CH_OK;
+}
+
+static ch_status write_all(int fd, const void *buf, size_t n, const char *path)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return chi_error(CH_ERR_IO, "ch_checkpoint_save: writing %s: %s", path,
+                             strerror(errno));
+        p += w;
+        n -= (size_t)w;
+    }
+    return CH_OK;
+}
+
+static ch_status write_tensors(int fd, const entry *e, int n, const char *path)
+{
+    size_t cap = 0;
+    void *buf = NULL;
+    ch_status st = CH_OK;
+    for (int i = 0; st == CH_OK && i < n; i++) {
+        size_t bytes = ch_tensor_nbytes(e[i].t);
+        if (bytes > cap) {
+            void *grown = realloc(buf, bytes);
+            if (!grown) {
+                st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_save: out of memory");
+                break;
+            }
+            buf = grown;
+            cap = bytes;
+        }
+        st = ch_tensor_download(e[i].t, buf, bytes);
+        if (st == CH_OK)
+            st = write_all(fd, buf, bytes, path);
+    }
+    free(buf);
+    return st;
+}
+
+/* The rename is only durable once the folder is synced too. */
+static ch_status sync_dir(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_save: out of memory");
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    free(copy);
+    if (fd < 0)
+        return CH_OK; /* some file systems do not open folders; the data is synced */
+    fsync(fd);
+    close(fd);
+    return CH_OK;
+}
+
+static ch_status save_to(int fd, const char *tmp, const entry *e, int n,
+                         const ch_optimizer *opt, const ch_train_state *state)
+{
+    char *header = NULL;
+    size_t hlen = 0;
+    TRY(build_header(e, n, opt, state, &header, &hlen));
+    unsigned char lenbuf[8];
+    for (int i = 0; i < 8; i++)
+        lenbuf[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    ch_status st = write_all(fd, lenbuf, 8, tmp);
+    if (st == CH_OK)
+        st = write_all(fd, header, hlen, tmp);
+    free(header);
+    if (st == CH_OK)
+        st = write_tensors(fd, e, n, tmp);
+    if (st == CH_OK && fsync(fd) != 0)
+        st = chi_error(CH_ERR_IO, "ch_checkpoint_save: fsync %s: %s", tmp, strerror(errno));
+    return st;
+}
+
+ch_status ch_checkpoint_save(const char *path, const ch_module *model, const ch_optimizer *opt,
+                             const ch_train_state *state)
+{
+    if (!path || !model)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_checkpoint_save: %s is NULL",
+                         !path ? "path" : "model");
+    entry *e = NULL;
+    int n = 0;
+    TRY(list_entries(model, opt, &e, &n));
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        free(e);
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_checkpoint_save: path too long");
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        free(e);
+        return chi_error(CH_ERR_IO, "ch_checkpoint_save: cannot create %s: %s", tmp,
+                         strerror(errno));
+    }
+    ch_status st = save_to(fd, tmp, e, n, opt, state);
+    free(e);
+    if (close(fd) != 0 && st == CH_OK)
+        st = chi_error(CH_ERR_IO, "ch_checkpoint_save: closing %s: %s", tmp, strerror(errno));
+    if (st == CH_OK && rename(tmp, path) != 0)
+        st = chi_error(CH_ERR_IO, "ch_checkpoint_save: renaming %s to %s: %s", tmp, path,
+                       strerror(errno));
+    if (st != CH_OK) {
+        unlink(tmp);
+        return st;
+    }
+    return sync_dir(path);
+}
+
+/* ---- Loading ------------------------------------------------------------------ */
+
+typedef struct file {
+    const char *path;
+    FILE *f;
+    json_t *header;
+    uint64_t data_start, data_len;
+} file;
+
+static ch_status bad(const file *f, const char *what)
+{
+    return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: %s", f->path, what);
+}
+
+static ch_status open_file(file *f)
+{
+    f->f = fopen(f->path, "rb");
+    if (!f->f)
+        return chi_error(errno == ENOENT ? CH_ERR_NOT_FOUND : CH_ERR_IO,
+                         "ch_checkpoint_load: cannot open %s: %s", f->path, strerror(errno));
+    unsigned char lenbuf[8];
+    if (fread(lenbuf, 1, 8, f->f) != 8)
+        return bad(f, "shorter than the 8-byte header length");
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)lenbuf[i] << (8 * i);
+    if (fseeko(f->f, 0, SEEK_END) != 0)
+        return chi_error(CH_ERR_IO, "ch_checkpoint_load: seeking in %s: %s", f->path,
+                         strerror(errno));
+    uint64_t size = (uint64_t)ftello(f->f);
+    if (hlen > MAX_HEADER || hlen > size - 8)
+        return bad(f, "the header length is larger than the file");
+    char *text = malloc(hlen + 1);
+    if (!text)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_load: out of memory");
+    fseeko(f->f, 8, SEEK_SET);
+    size_t got = fread(text, 1, hlen, f->f);
+    text[got] = '\0';
+    json_error_t jerr;
+    f->header = got == hlen ? json_loadb(text, hlen, 0, &jerr) : NULL;
+    free(text);
+    if (!f->header || !json_is_object(f->header))
+        return bad(f, "the header is not a JSON object");
+    f->data_start = 8 + hlen;
+    f->data_len = size - f->data_start;
+    return CH_OK;
+}
+
+/* Check the header entry `name` against `t`; *offset gets its data. */
+static ch_status check_entry(const file *f, const char *name, const ch_tensor *t,
+                             uint64_t *offset)
+{
+    json_t *e = json_object_get(f->header, name);
+    if (!e)
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s has no tensor \"%s\"", f->path,
+                         name);
+    const char *dtype = json_string_value(json_object_get(e, "dtype"));
+    if (!dtype || strcmp(dtype, "F32") != 0)
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: \"%s\" is %s, expected F32",
+                         f->path, name, dtype ? dtype : "(no dtype)");
+    json_t *shape = json_object_get(e, "shape");
+    int ok = json_is_array(shape) && (int)json_array_size(shape) == ch_tensor_ndim(t);
+    for (int d = 0; ok && d < ch_tensor_ndim(t); d++)
+        ok = json_integer_value(json_array_get(shape, (size_t)d)) == ch_tensor_dim(t, d);
+    if (!ok) {
+        char *s = json_dumps(shape, JSON_COMPACT);
+        ch_status st = chi_error(CH_ERR_SHAPE, "ch_checkpoint_load: %s: \"%s\" has shape %s, "
+                                 "the model's has %d dimensions [%lld, ...]", f->path, name,
+                                 s ? s : "?", ch_tensor_ndim(t), (long long)ch_tensor_dim(t, 0));
+        free(s);
+        return st;
+    }
+    json_t *offs = json_object_get(e, "data_offsets");
+    json_int_t b = json_integer_value(json_array_get(offs, 0));
+    json_int_t end = json_integer_value(json_array_get(offs, 1));
+    if (!json_is_array(offs) || b < 0 || end - b != (json_int_t)ch_tensor_nbytes(t) ||
+        (uint64_t)end > f->data_len)
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: \"%s\" has data offsets "
+                         "outside the file or of the wrong size", f->path, name);
+    *offset = f->data_start + (uint64_t)b;
+    return CH_OK;
+}
+
+static ch_status read_into(const file *f, ch_tensor *t, uint64_t offset, void *buf)
+{
+    size_t bytes = ch_tensor_nbytes(t);
+    if (fseeko(f->f, (off_t)offset, SEEK_SET) != 0 || fread(buf, 1, bytes, f->f) != bytes)
+        return chi_error(CH_ERR_IO, "ch_checkpoint_load: reading %s: %s", f->path,
+                         ferror(f->f) ? strerror(errno) : "unexpected end of file");
+    return ch_tensor_upload(t, buf, bytes);
+}
+
+static const char *meta_str(const file *f, const char *key)
+{
+    return json_string_value(json_object_get(json_object_get(f->header, "__metadata__"), key));
+}
+
+static int64_t meta_int(const file *f, const char *key)
+{
+    const char *s = meta_str(f, key);
+    return s ? strtoll(s, NULL, 10) : 0;
+}
+
+/* A tensor in the file that the model does not have is a mismatch too. */
+static ch_status check_extra(const file *f, const ch_module *model)
+{
+    const char *key;
+    json_t *value;
+    int np = ch_module_param_count(model);
+    json_object_foreach(f->header, key, value) {
+        (void)value;
+        if (strcmp(key, "__metadata__") == 0 || strncmp(key, "optimizer.", 10) == 0)
+            continue;
+        int found = 0;
+        for (int i = 0; i < np && !found; i++) {
+            const char *name;
+            ch_module_param(model, i, &name, NULL, NULL);
+            found = strcmp(name, key) == 0;
+        }
+        if (!found)
+            return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s has a tensor \"%s\" that "
+                             "the model does not have", f->path, key);
+    }
+    return CH_OK;
+}
+
+/* Every model parameter and optimizer state in the file, checked before
+ * anything is changed. offs[i] = 0: that optimizer state is not there. */
+static ch_status check_all(const file *f, ch_module *model, ch_optimizer *opt, uint64_t *offs)
+{
+    int np = ch_module_param_count(model);
+    for (int i = 0; i < np; i++) {
+        const char *name;
+        ch_tensor *t;
+        ch_module_param(model, i, &name, &t, NULL);
+        TRY(check_entry(f, name, t, &offs[i]));
+    }
+    TRY(check_extra(f, model));
+    int ns = opt ? ch_optimizer_state_count(opt) : 0;
+    for (int i = 0; i < ns; i++) {
+        const char *sname, *pname;
+        ch_tensor **slot, *param;
+        TRY(nn_optimizer_state_slot(opt, i, &slot, &param));
+        ch_optimizer_state(opt, i, &sname, NULL);
+        ch_module_param(model, i / (ns / np), &pname, NULL, NULL);
+        char key[192];
+        snprintf(key, sizeof key, "optimizer.%s.%s", pname, sname);
+        offs[np + i] = 0;
+        if (json_object_get(f->header, key))
+            TRY(check_entry(f, key, param, &offs[np + i]));
+    }
+    return CH_OK;
+}
+
+static ch_status check_optimizer_kind(const file *f, const ch_optimizer *opt)
+{
+    json_t *meta = json_object_get(f->header, "__metadata__");
+    const char *kind = json_string_value(json_object_get(meta, "optimizer"));
+    if (!opt || !kind)
+        return CH_OK;
+    const char *ours = opt_kind_name(nn_optimizer_kind(opt));
+    if (strcmp(kind, ours) != 0)
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s holds %s state, the optimizer "
+                         "is %s", f->path, kind, ours);
+    return CH_OK;
+}
+
+static ch_status load_all(const file *f, ch_module *model, ch_optimizer *opt,
+                          const uint64_t *offs)
+{
+    int np = ch_module_param_count(model), ns = opt ? ch_optimizer_state_count(opt) : 0;
+    size_t cap = 0;
+    for (int i = 0; i < np; i++) {
+        ch_tensor *t;
+        ch_module_param(model, i, NULL, &t, NULL);
+        cap = ch_tensor_nbytes(t) > cap ? ch_tensor_nbytes(t) : cap;
+    }
+    void *buf = malloc(cap ? cap : 1);
+    if (!buf)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_load: out of memory");
+    ch_status st = CH_OK;
+    for (int i = 0; st == CH_OK && i < np; i++) {
+        ch_tensor *t;
+        ch_module_param(model, i, NULL, &t, NULL);
+        st = read_into(f, t, offs[i], buf);
+    }
+    for (int i = 0; st == CH_OK && i < ns; i++) {
+        ch_tensor **slot, *param;
+        if (offs[np + i] == 0)
+            continue;
+        st = nn_optimizer_state_slot(opt, i, &slot, &param);
+        if (st == CH_OK && !*slot) {
+            int64_t shape[CH_MAX_DIMS];
+            for (int d = 0; d < ch_tensor_ndim(param); d++)
+                shape[d] = ch_tensor_dim(param, d);
+            st = ch_tensor_new(slot, ch_tensor_device(param), CH_F32, ch_tensor_ndim(param),
+                               shape);
+        }
+        if (st == CH_OK)
+            st = read_into(f, *slot, offs[np + i], buf);
+    }
+    free(buf);
+    return st;
+}
+
+ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *opt,
+                             ch_train_state *state)
+{
+    if (!path || !model)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_checkpoint_load: %s is NULL",
+                         !path ? "path" : "model");
+    file f = {.path = path};
+    int n = ch_module_param_count(model) + (opt ? ch_optimizer_state_count(opt) : 0);
+    uint64_t *offs = calloc((size_t)n + 1, sizeof *offs);
+    ch_status st = offs ? open_file(&f)
+                        : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_load: out of memory");
+    if (st == CH_OK)
+        st = check_all(&f, model, opt, offs);
+    if (st == CH_OK)
+        st = check_optimizer_kind(&f, opt);
+    if (st == CH_OK)
+        st = load_all(&f, model, opt, offs);
+    if (st == CH_OK && opt)
+        st = ch_optimizer_set_steps(opt, meta_int(&f, "optimizer_steps"));
+    if (st == CH_OK && state) {
+        const char *seed = meta_str(&f, "seed");
+        state->epoch = meta_int(&f, "epoch");
+        state->batch = meta_int(&f, "batch");
+        state->step = meta_int(&f, "step");
+        state->seed = seed ? strtoull(seed, NULL, 10) : 0;
+    }
+    if (f.f)
+        fclose(f.f);
+    json_decref(f.header);
+    free(offs);
+    return st;
+}

@@ -1,0 +1,524 @@
+/* nn modules: gradients by finite differences on every device, layers on
+ * two devices, cloning, losses, optimizers, and checkpoints. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tap.h"
+
+static tap_rng rng = {12345};
+
+static ch_tensor *tensor_from(ch_device *dev, int ndim, const int64_t *shape, const float *v)
+{
+    ch_tensor *t = NULL;
+    if (ch_tensor_new(&t, dev, CH_F32, ndim, shape) != CH_OK)
+        return NULL;
+    ch_tensor_upload(t, v, ch_tensor_nbytes(t));
+    return t;
+}
+
+static float *download(const ch_tensor *t)
+{
+    float *v = malloc(ch_tensor_nbytes(t));
+    ch_tensor_download(t, v, ch_tensor_nbytes(t));
+    return v;
+}
+
+static void random_fill(float *v, int64_t n, float lo, float hi)
+{
+    for (int64_t i = 0; i < n; i++)
+        v[i] = tap_rng_uniform(&rng, lo, hi);
+}
+
+/* L = sum(m(x) * r), evaluated in double. */
+static double objective(ch_module *m, const ch_tensor *x, const float *r)
+{
+    ch_tensor *y = NULL;
+    if (ch_module_forward(m, &y, x) != CH_OK)
+        return NAN;
+    float *yv = download(y);
+    double s = 0;
+    for (int64_t i = 0; i < ch_tensor_numel(y); i++)
+        s += (double)yv[i] * r[i];
+    free(yv);
+    return s;
+}
+
+/* Perturb element i of tensor t by d (t's content mirrored in v). */
+static void nudge(ch_tensor *t, float *v, int64_t i, float d)
+{
+    v[i] += d;
+    ch_tensor_upload(t, v, ch_tensor_nbytes(t));
+}
+
+static double rel_err(double got, double want)
+{
+    return fabs(got - want) / fmax(fabs(want), 1e-1);
+}
+
+/* Check dL/dx and dL/dparams of m at x against central differences. */
+static void grad_check(const char *what, ch_module *m, ch_device *dev, int ndim,
+                       const int64_t *xshape, float xlo, float xhi)
+{
+    const char *id = ch_device_id(dev);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= xshape[i];
+    float *xv = malloc(sizeof(float) * (size_t)n);
+    random_fill(xv, n, xlo, xhi);
+    ch_tensor *x = tensor_from(dev, ndim, xshape, xv);
+    ch_tensor *y = NULL, *dx = NULL;
+    if (!tap_status_ok(ch_module_forward(m, &y, x), "%s on %s: forward", what, id)) {
+        free(xv);
+        ch_tensor_free(x);
+        return;
+    }
+    int64_t ny = ch_tensor_numel(y);
+    float *r = malloc(sizeof(float) * (size_t)ny);
+    random_fill(r, ny, -1, 1);
+    int64_t yshape[8];
+    for (int i = 0; i < ch_tensor_ndim(y); i++)
+        yshape[i] = ch_tensor_dim(y, i);
+    ch_tensor *dy = tensor_from(ch_tensor_device(y), ch_tensor_ndim(y), yshape, r);
+    ch_module_zero_grad(m);
+    tap_status_ok(ch_module_backward(m, &dx, dy), "%s on %s: backward", what, id);
+    float *dxv = dx ? download(dx) : NULL;
+    const float h = 2e-3f; /* small enough to rarely cross a ReLU or max-pool kink */
+    double worst = 0;
+    for (int k = 0; dxv && k < 6; k++) {
+        int64_t i = (int64_t)(tap_rng_next(&rng) % (uint64_t)n);
+        nudge(x, xv, i, h);
+        double lp = objective(m, x, r);
+        nudge(x, xv, i, -2 * h);
+        double lm = objective(m, x, r);
+        nudge(x, xv, i, h);
+        worst = fmax(worst, rel_err(dxv[i], (lp - lm) / (2 * h)));
+    }
+    tap_ok(dxv && worst < 5e-3, "%s on %s: dx matches finite differences (worst rel err %.2e)",
+           what, id, worst);
+    int np = ch_module_param_count(m);
+    for (int p = 0; p < np; p++) {
+        const char *name;
+        ch_tensor *w, *g;
+        ch_module_param(m, p, &name, &w, &g);
+        float *wv = download(w), *gv = download(g);
+        int64_t nw = ch_tensor_numel(w);
+        double werr = 0;
+        for (int k = 0; k < 4; k++) {
+            int64_t i = (int64_t)(tap_rng_next(&rng) % (uint64_t)nw);
+            nudge(w, wv, i, h);
+            double lp = objective(m, x, r);
+            nudge(w, wv, i, -2 * h);
+            double lm = objective(m, x, r);
+            nudge(w, wv, i, h);
+            werr = fmax(werr, rel_err(gv[i], (lp - lm) / (2 * h)));
+        }
+        tap_ok(werr < 5e-3, "%s on %s: d/d%s matches finite differences (worst %.2e)", what, id,
+               name, werr);
+        free(wv);
+        free(gv);
+    }
+    free(dxv);
+    free(xv);
+    free(r);
+    ch_tensor_free(x);
+    ch_tensor_free(dy);
+}
+
+static ch_module *small_cnn(void)
+{
+    ch_module *seq = NULL, *m = NULL;
+    ch_nn_sequential(&seq);
+    ch_nn_conv2d(&m, 2, 3, 3, 1, 1);
+    ch_nn_sequential_add(seq, m);
+    ch_nn_activation(&m, CH_ACT_RELU);
+    ch_nn_sequential_add(seq, m);
+    ch_nn_maxpool2d(&m, 2, 2);
+    ch_nn_sequential_add(seq, m);
+    ch_nn_flatten(&m);
+    ch_nn_sequential_add(seq, m);
+    ch_nn_linear(&m, 3 * 3 * 3, 4);
+    ch_nn_sequential_add(seq, m);
+    ch_nn_activation(&m, CH_ACT_TANH);
+    ch_nn_sequential_add(seq, m);
+    return seq;
+}
+
+static void test_gradients(ch_device *dev)
+{
+    ch_module *m = NULL;
+    int64_t x2[2] = {4, 5}, x4[4] = {2, 2, 6, 6}, x4b[4] = {2, 3, 7, 5};
+
+    ch_nn_linear(&m, 5, 3);
+    ch_module_init(m, 1);
+    ch_module_to(m, dev);
+    grad_check("Linear(5, 3)", m, dev, 2, x2, -1, 1);
+    ch_module_free(m);
+
+    ch_nn_conv2d(&m, 2, 3, 3, 1, 1);
+    ch_module_init(m, 2);
+    ch_module_to(m, dev);
+    grad_check("Conv2d(2, 3, 3, pad 1)", m, dev, 4, x4, -1, 1);
+    ch_module_free(m);
+
+    ch_nn_conv2d(&m, 3, 2, 3, 2, 0);
+    ch_module_init(m, 3);
+    ch_module_to(m, dev);
+    grad_check("Conv2d(3, 2, 3, stride 2)", m, dev, 4, x4b, -1, 1);
+    ch_module_free(m);
+
+    const ch_activation acts[4] = {CH_ACT_RELU, CH_ACT_GELU, CH_ACT_TANH, CH_ACT_SIGMOID};
+    for (int a = 0; a < 4; a++) {
+        ch_nn_activation(&m, acts[a]);
+        ch_module_to(m, dev);
+        grad_check(ch_module_kind(m), m, dev, 2, x2, -2, 2);
+        ch_module_free(m);
+    }
+
+    ch_nn_maxpool2d(&m, 2, 2);
+    ch_module_to(m, dev);
+    grad_check("MaxPool2d(2)", m, dev, 4, x4, -1, 1);
+    ch_module_free(m);
+
+    m = small_cnn();
+    ch_module_init(m, 4);
+    ch_module_to(m, dev);
+    grad_check("small cnn", m, dev, 4, x4, -1, 1);
+    ch_module_free(m);
+}
+
+static void test_dropout(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    ch_module *m = NULL;
+    ch_nn_dropout(&m, 0.5f);
+    ch_module_to(m, dev);
+    int64_t shape[2] = {8, 16};
+    float xv[128];
+    for (int i = 0; i < 128; i++)
+        xv[i] = 1.0f + (float)i;
+    ch_tensor *x = tensor_from(dev, 2, shape, xv), *y = NULL, *dx = NULL;
+    ch_module_set_rng(m, 77, 3, 0);
+    ch_module_forward(m, &y, x);
+    float *yv = download(y);
+    int zeros = 0, kept = 0;
+    for (int i = 0; i < 128; i++) {
+        zeros += yv[i] == 0.0f;
+        kept += yv[i] == 2.0f * xv[i];
+    }
+    tap_ok(zeros + kept == 128 && zeros > 30 && zeros < 98,
+           "Dropout(0.5) on %s: %d zeroed, %d scaled by 2", id, zeros, kept);
+    ch_module_backward(m, &dx, x);
+    float *dxv = download(dx);
+    tap_ok(memcmp(dxv, yv, sizeof(float) * 128) == 0, "Dropout on %s: backward uses the mask",
+           id);
+    /* Rows 4..7 drawn alone, as a replica holding them would, see the same mask. */
+    ch_tensor *half = NULL, *y2 = NULL;
+    ch_tensor_view(&half, x, 4, 4);
+    ch_module_set_rng(m, 77, 3, 4);
+    ch_module_forward(m, &y2, half);
+    float *y2v = download(y2);
+    tap_ok(memcmp(y2v, yv + 64, sizeof(float) * 64) == 0,
+           "Dropout on %s: a split batch sees each sample's own numbers", id);
+    ch_module_train(m, 0);
+    ch_module_forward(m, &y2, x);
+    free(y2v);
+    y2v = download(y2);
+    tap_ok(memcmp(y2v, xv, sizeof xv) == 0, "Dropout on %s: identity in evaluation mode", id);
+    free(yv);
+    free(dxv);
+    free(y2v);
+    ch_tensor_free(half);
+    ch_tensor_free(x);
+    ch_module_free(m);
+}
+
+/* The same cnn on host, and split over two devices, gives the same result. */
+static void test_model_parallel(ch_device *a, ch_device *b)
+{
+    ch_module *one = small_cnn(), *two = NULL;
+    ch_module_init(one, 9);
+    tap_status_ok(ch_module_clone(&two, one, a), "clone the cnn to %s", ch_device_id(a));
+    tap_status_ok(ch_module_to(ch_module_child(two, 4), b), "move its Linear layer to %s",
+                  ch_device_id(b));
+    int64_t shape[4] = {2, 2, 6, 6};
+    float xv[144];
+    random_fill(xv, 144, -1, 1);
+    ch_device *host = NULL;
+    ch_device_by_name(&host, "host");
+    ch_tensor *x1 = tensor_from(host, 4, shape, xv), *x2 = tensor_from(a, 4, shape, xv);
+    ch_tensor *y1 = NULL, *y2 = NULL, *dx1 = NULL, *dx2 = NULL;
+    ch_module_forward(one, &y1, x1);
+    tap_status_ok(ch_module_forward(two, &y2, x2), "forward across %s and %s", ch_device_id(a),
+                  ch_device_id(b));
+    float *v1 = download(y1), *v2 = y2 ? download(y2) : NULL;
+    double err = 0;
+    for (int i = 0; v2 && i < 8; i++)
+        err = fmax(err, fabs(v1[i] - v2[i]));
+    tap_ok(v2 && err < 1e-5 && ch_tensor_device(y2) == b,
+           "split model: output on %s matches the host's (max err %.2e)", ch_device_id(b), err);
+    float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    int64_t yshape[2] = {2, 4};
+    ch_tensor *d1 = tensor_from(host, 2, yshape, ones), *d2 = tensor_from(b, 2, yshape, ones);
+    ch_module_backward(one, &dx1, d1);
+    tap_status_ok(ch_module_backward(two, &dx2, d2), "backward across devices");
+    float *g1 = download(dx1), *g2 = dx2 ? download(dx2) : NULL;
+    err = 0;
+    for (int i = 0; g2 && i < 144; i++)
+        err = fmax(err, fabs(g1[i] - g2[i]));
+    tap_ok(g2 && err < 1e-5 && ch_tensor_device(dx2) == a,
+           "split model: dx back on %s matches the host's (max err %.2e)", ch_device_id(a), err);
+    free(v1);
+    free(v2);
+    free(g1);
+    free(g2);
+    ch_tensor_free(x1);
+    ch_tensor_free(x2);
+    ch_tensor_free(d1);
+    ch_tensor_free(d2);
+    ch_module_free(one);
+    ch_module_free(two);
+}
+
+static void test_names(void)
+{
+    ch_module *m = small_cnn();
+    const char *want[4] = {"0.weight", "0.bias", "4.weight", "4.bias"};
+    int ok = ch_module_param_count(m) == 4;
+    for (int i = 0; ok && i < 4; i++) {
+        const char *name;
+        ch_module_param(m, i, &name, NULL, NULL);
+        ok = strcmp(name, want[i]) == 0;
+    }
+    tap_ok(ok, "parameters are named like PyTorch's state_dict (0.weight ... 4.bias)");
+    ch_tensor *w;
+    ch_module_param(m, 0, NULL, &w, NULL);
+    tap_ok(ch_tensor_ndim(w) == 4 && ch_tensor_dim(w, 0) == 3 && ch_tensor_dim(w, 1) == 2,
+           "Conv2d weight is [out, in, kh, kw]");
+    ch_module_init(m, 5);
+    float *v = download(w);
+    double bound = 1.0 / sqrt(2 * 9), mx = 0;
+    for (int i = 0; i < 54; i++)
+        mx = fmax(mx, fabs(v[i]));
+    tap_ok(mx <= bound && mx > bound * 0.5, "init: |w| <= 1/sqrt(fan_in) = %.4f (max %.4f)",
+           bound, mx);
+    free(v);
+    ch_module_free(m);
+}
+
+/* Ten points per class around four corners: an MLP must learn them. */
+static void test_training(ch_device *dev, ch_optimizer_kind kind)
+{
+    const char *id = ch_device_id(dev);
+    enum { N = 64 };
+    float xv[N * 2];
+    int32_t lab[N];
+    for (int i = 0; i < N; i++) {
+        lab[i] = i % 4;
+        xv[2 * i] = (lab[i] & 1 ? 1.0f : -1.0f) + tap_rng_uniform(&rng, -0.4f, 0.4f);
+        xv[2 * i + 1] = (lab[i] & 2 ? 1.0f : -1.0f) + tap_rng_uniform(&rng, -0.4f, 0.4f);
+    }
+    ch_module *seq = NULL, *l = NULL;
+    ch_nn_sequential(&seq);
+    ch_nn_linear(&l, 2, 16);
+    ch_nn_sequential_add(seq, l);
+    ch_nn_activation(&l, CH_ACT_RELU);
+    ch_nn_sequential_add(seq, l);
+    ch_nn_linear(&l, 16, 4);
+    ch_nn_sequential_add(seq, l);
+    ch_module_init(seq, 11);
+    ch_module_to(seq, dev);
+    int64_t xs[2] = {N, 2}, ls[1] = {N};
+    ch_tensor *x = tensor_from(dev, 2, xs, xv), *labels = NULL, *y, *loss_v, *dy;
+    ch_tensor_new(&labels, dev, CH_I32, 1, ls);
+    ch_tensor_upload(labels, lab, sizeof lab);
+    ch_loss *loss = NULL;
+    ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY);
+    float lr = kind == CH_OPT_SGD ? 0.2f : 0.02f;
+    ch_optimizer_options o = ch_optimizer_defaults(kind, lr);
+    o.momentum = kind == CH_OPT_SGD ? 0.9f : 0.0f;
+    ch_optimizer *opt = NULL;
+    ch_optimizer_new(&opt, seq, &o);
+    float first = 0, last = 0;
+    ch_status st = CH_OK;
+    for (int step = 0; st == CH_OK && step < 60; step++) {
+        st = ch_module_zero_grad(seq);
+        if (st == CH_OK)
+            st = ch_module_forward(seq, &y, x);
+        if (st == CH_OK)
+            st = ch_loss_forward(loss, &loss_v, y, labels);
+        if (st == CH_OK)
+            st = ch_loss_backward(loss, &dy, 1.0f);
+        if (st == CH_OK)
+            st = ch_module_backward(seq, NULL, dy);
+        if (st == CH_OK)
+            st = ch_optimizer_step(opt, lr);
+        if (st == CH_OK)
+            ch_tensor_download(loss_v, step == 0 ? &first : &last, sizeof(float));
+    }
+    tap_status_ok(st, "train a 2-16-4 MLP on %s", id);
+    tap_ok(last < 0.25f * first, "%s optimizer on %s: loss %.4f -> %.4f (want < 25%%)",
+           kind == CH_OPT_SGD ? "SGD" : kind == CH_OPT_ADAM ? "Adam" : "AdamW", id, first, last);
+    ch_optimizer_free(opt);
+    ch_loss_free(loss);
+    ch_tensor_free(x);
+    ch_tensor_free(labels);
+    ch_module_free(seq);
+}
+
+static int params_equal(ch_module *a, ch_module *b)
+{
+    int n = ch_module_param_count(a);
+    if (n != ch_module_param_count(b))
+        return 0;
+    for (int i = 0; i < n; i++) {
+        ch_tensor *ta, *tb;
+        ch_module_param(a, i, NULL, &ta, NULL);
+        ch_module_param(b, i, NULL, &tb, NULL);
+        float *va = download(ta), *vb = download(tb);
+        int same = memcmp(va, vb, ch_tensor_nbytes(ta)) == 0;
+        free(va);
+        free(vb);
+        if (!same)
+            return 0;
+    }
+    return 1;
+}
+
+static void test_checkpoint(void)
+{
+    char dir[] = "/tmp/chorus-test-nn-XXXXXX", path[256], bad[256];
+    if (!mkdtemp(dir)) {
+        tap_ok(0, "mkdtemp");
+        return;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ch_module *a = small_cnn(), *b = small_cnn();
+    ch_module_init(a, 21);
+    ch_module_init(b, 22);
+    ch_optimizer_options o = ch_optimizer_defaults(CH_OPT_ADAMW, 0.01f);
+    ch_optimizer *opt = NULL;
+    ch_optimizer_new(&opt, a, &o);
+    ch_optimizer_step(opt, 0.01f);
+    ch_train_state st = {3, 17, 250, 0xFFFFFFFFFFFFFFF0ull}, back = {0};
+    tap_status_ok(ch_checkpoint_save(path, a, opt, &st), "save a checkpoint");
+    tap_ok(access(path, R_OK) == 0, "the checkpoint file is there");
+    ch_optimizer *opt_b = NULL;
+    ch_optimizer_new(&opt_b, b, &o);
+    tap_status_ok(ch_checkpoint_load(path, b, opt_b, &back), "load it into another model");
+    tap_ok(params_equal(a, b), "the loaded parameters equal the saved ones");
+    tap_ok(back.epoch == 3 && back.batch == 17 && back.step == 250 && back.seed == st.seed,
+           "training state round-trips (epoch %lld, batch %lld, step %lld)",
+           (long long)back.epoch, (long long)back.batch, (long long)back.step);
+    tap_ok(ch_optimizer_steps(opt_b) == 1, "optimizer steps round-trip (%lld)",
+           (long long)ch_optimizer_steps(opt_b));
+    ch_tensor *s1, *s2;
+    ch_optimizer_state(opt, 1, NULL, &s1);
+    ch_optimizer_state(opt_b, 1, NULL, &s2);
+    float *v1 = download(s1), *v2 = s2 ? download(s2) : NULL;
+    tap_ok(v2 && memcmp(v1, v2, ch_tensor_nbytes(s1)) == 0, "optimizer moments round-trip");
+    free(v1);
+    free(v2);
+
+    /* A model of another shape: the first mismatch is named. */
+    ch_module *c = NULL, *l = NULL;
+    ch_nn_sequential(&c);
+    ch_nn_conv2d(&l, 2, 5, 3, 1, 1);
+    ch_nn_sequential_add(c, l);
+    tap_status_is(ch_checkpoint_load(path, c, NULL, NULL), CH_ERR_SHAPE, "0.weight",
+                  "loading into a model of another shape names 0.weight");
+    ch_module_free(c);
+    ch_nn_sequential(&c);
+    ch_nn_activation(&l, CH_ACT_RELU);
+    ch_nn_sequential_add(c, l);
+    ch_nn_conv2d(&l, 2, 3, 3, 1, 1);
+    ch_nn_sequential_add(c, l);
+    tap_status_is(ch_checkpoint_load(path, c, NULL, NULL), CH_ERR_FORMAT, "\"1.weight\"",
+                  "a parameter missing from the file is named");
+    ch_module_free(c);
+    ch_optimizer *sgd = NULL;
+    ch_optimizer_options so = ch_optimizer_defaults(CH_OPT_SGD, 0.1f);
+    ch_optimizer_new(&sgd, b, &so);
+    tap_status_is(ch_checkpoint_load(path, b, sgd, NULL), CH_ERR_FORMAT, "adamw",
+                  "loading AdamW state into SGD is refused");
+    ch_optimizer_free(sgd);
+
+    tap_status_is(ch_checkpoint_load("/nonexistent/x.safetensors", b, NULL, NULL),
+                  CH_ERR_NOT_FOUND, "/nonexistent/x.safetensors", "a missing file is named");
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", dir);
+    FILE *f = fopen(bad, "wb");
+    fwrite("\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":", 1, 13, f);
+    fclose(f);
+    tap_status_is(ch_checkpoint_load(bad, b, NULL, NULL), CH_ERR_FORMAT, "header length",
+                  "a header longer than the file is refused");
+    f = fopen(bad, "wb");
+    fwrite("\x08\x00\x00\x00\x00\x00\x00\x00not json", 1, 16, f);
+    fclose(f);
+    tap_status_is(ch_checkpoint_load(bad, b, NULL, NULL), CH_ERR_FORMAT, "JSON",
+                  "a header that is not JSON is refused");
+    /* Truncate the real file: the data no longer fits its offsets. */
+    FILE *in = fopen(path, "rb");
+    fseek(in, 0, SEEK_END);
+    long size = ftell(in);
+    fseek(in, 0, SEEK_SET);
+    char *buf = malloc((size_t)size);
+    size_t got = fread(buf, 1, (size_t)size, in);
+    fclose(in);
+    f = fopen(bad, "wb");
+    fwrite(buf, 1, got - 16, f);
+    fclose(f);
+    free(buf);
+    ch_module_init(b, 23);
+    tap_status_is(ch_checkpoint_load(bad, b, opt_b, NULL), CH_ERR_FORMAT, "offsets",
+                  "a truncated checkpoint is refused");
+    tap_ok(!params_equal(a, b), "a failed load leaves the model as it was");
+    ch_checkpoint_load(path, b, NULL, NULL);
+    tap_status_is(ch_checkpoint_save("/nonexistent/dir/x.safetensors", a, NULL, NULL), CH_ERR_IO,
+                  "/nonexistent/dir", "an unwritable path is named");
+    unlink(bad);
+    unlink(path);
+    rmdir(dir);
+    ch_optimizer_free(opt);
+    ch_optimizer_free(opt_b);
+    ch_module_free(a);
+    ch_module_free(b);
+}
+
+static void test_schedules(void)
+{
+    ch_lr_schedule c = {CH_LR_COSINE, 1.0f, 10, 0, 0, 110, 0.0f};
+    tap_ok(fabsf(ch_lr_at(&c, 0) - 0.1f) < 1e-6 && fabsf(ch_lr_at(&c, 9) - 1.0f) < 1e-6,
+           "cosine: linear warm-up (%g, %g)", ch_lr_at(&c, 0), ch_lr_at(&c, 9));
+    tap_ok(fabsf(ch_lr_at(&c, 60) - 0.5f) < 1e-6 && ch_lr_at(&c, 110) == 0.0f,
+           "cosine: half way %g, end %g", ch_lr_at(&c, 60), ch_lr_at(&c, 110));
+    ch_lr_schedule s = {CH_LR_STEP, 1.0f, 0, 5, 0.5f, 0, 0};
+    tap_ok(ch_lr_at(&s, 4) == 1.0f && ch_lr_at(&s, 5) == 0.5f && ch_lr_at(&s, 12) == 0.25f,
+           "step: x0.5 every 5 steps");
+}
+
+int main(void)
+{
+    if (ch_init() != CH_OK)
+        tap_skip_all("ch_init failed: %s", ch_last_error());
+    ch_device *devs[64];
+    int n = tap_devices(devs, 64);
+    test_names();
+    test_schedules();
+    for (int i = 0; i < n; i++) {
+        test_gradients(devs[i]);
+        test_dropout(devs[i]);
+        test_training(devs[i], CH_OPT_SGD);
+        test_training(devs[i], CH_OPT_ADAMW);
+    }
+    if (n >= 3)
+        test_model_parallel(devs[1], devs[2]);
+    else if (n == 2)
+        test_model_parallel(devs[1], devs[0]);
+    else
+        tap_skip("model parallelism needs two devices (have %d)", n);
+    test_checkpoint();
+    ch_shutdown();
+    return tap_done();
+}
