@@ -206,8 +206,10 @@ static ch_status discover_and_open(void)
     if (st != CH_OK)
         return st;
     /* A machine without hwloc information still works, just unplaced. */
-    if (chi_topology_load(&topology, NULL) != CH_OK)
+    if (chi_topology_load(&topology, NULL) != CH_OK) {
         topology = NULL;
+        ch_clear_error();
+    }
     chi_disc_result res = {0};
     st = chi_discover(in, nin, topology, &res);
     const char *env = getenv("CHORUS_DEVICES");

@@ -24,7 +24,7 @@ typedef struct chi_disc_device {
     int input;            /* index into the input array */
     char id[32];          /* "host", "cuda:0", "opencl:1" */
     int numa_node;        /* -1 when unknown */
-    char cpuset[128];     /* hwloc list syntax ("0-15"), "" when unknown */
+    char cpuset[1024];    /* hwloc list syntax ("0-15"), "" when unknown */
     int in_all;           /* 0: "all" leaves it out */
     char note[160];       /* why it is left out of "all", or "" */
 } chi_disc_device;

@@ -72,7 +72,7 @@ typedef struct ch_device_info {
     int compute_units;        /* SMs, compute units, or CPU cores */
     char pci_bus_id[32];      /* "0000:65:00.0", "" when unknown */
     int numa_node;            /* -1 when unknown */
-    char cpuset[128];         /* CPUs local to the device, "" when unknown */
+    char cpuset[1024];        /* CPUs local to the device (hwloc list syntax), "" when unknown */
     int in_all;               /* 0 for devices that "all" leaves out */
     char note[160];           /* why "all" leaves it out, or other remarks */
 } ch_device_info;
