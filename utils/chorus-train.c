@@ -1,0 +1,503 @@
+/* chorus-train: train an MLP or a CNN on Fashion-MNIST (or MNIST). */
+#include "config.h"
+
+#include <chorus.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+#define EXIT_USAGE 2
+#define EXIT_RUNTIME 1
+
+typedef struct options {
+    const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log;
+    int64_t epochs, max_steps;
+    int batch, json, quiet;
+    float lr;
+    uint64_t seed;
+} options;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: chorus-train [options]\n"
+            "  --data DIR          IDX files (default " DEFAULT_DATA ")\n"
+            "  --model mlp|cnn     the network (default cnn)\n"
+            "  --devices LIST      device list, \"all\" (default): the fastest device\n"
+            "  --epochs N          epochs (default 5)\n"
+            "  --max-steps N       stop after N optimizer steps in all (default: no limit)\n"
+            "  --batch N           batch size (default 64)\n"
+            "  --lr X              learning rate (default 0.001; sgd 0.05)\n"
+            "  --optimizer NAME    sgd, adam (default) or adamw\n"
+            "  --seed N            seed of the initialisation and the shuffle (default 1)\n"
+            "  --checkpoint FILE   save a checkpoint (safetensors) after every epoch\n"
+            "  --resume FILE       continue from a checkpoint\n"
+            "  --log FILE          one JSON line per step\n"
+            "  --json              print the result as one JSON object\n"
+            "  --quiet             no progress output\n"
+            "  --help, --version\n");
+}
+
+static int fail_usage(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "chorus-train: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see --help)\n");
+    return EXIT_USAGE;
+}
+
+static int parse_int(const char *s, int64_t lo, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_options(int argc, char **argv, options *o)
+{
+    static const struct option longs[] = {
+        {"data", required_argument, 0, 'd'},    {"model", required_argument, 0, 'm'},
+        {"devices", required_argument, 0, 'D'}, {"epochs", required_argument, 0, 'e'},
+        {"max-steps", required_argument, 0, 'S'}, {"batch", required_argument, 0, 'b'},
+        {"lr", required_argument, 0, 'l'},      {"optimizer", required_argument, 0, 'o'},
+        {"seed", required_argument, 0, 's'},    {"checkpoint", required_argument, 0, 'c'},
+        {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
+        {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0}};
+    *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, 5, -1, 64, 0, 0, -1, 1};
+    opterr = 0;
+    int c;
+    int64_t v;
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        switch (c) {
+        case 'd': o->data = optarg; break;
+        case 'm': o->model = optarg; break;
+        case 'D': o->devices = optarg; break;
+        case 'o': o->optimizer = optarg; break;
+        case 'c': o->checkpoint = optarg; break;
+        case 'r': o->resume = optarg; break;
+        case 'L': o->log = optarg; break;
+        case 'j': o->json = 1; break;
+        case 'q': o->quiet = 1; break;
+        case 'e':
+            if (!parse_int(optarg, 1, &o->epochs))
+                return fail_usage("--epochs wants a whole number >= 1, not \"%s\"", optarg);
+            break;
+        case 'S':
+            if (!parse_int(optarg, 1, &o->max_steps))
+                return fail_usage("--max-steps wants a whole number >= 1, not \"%s\"", optarg);
+            break;
+        case 'b':
+            if (!parse_int(optarg, 1, &v) || v > 1 << 20)
+                return fail_usage("--batch wants a whole number from 1 to 1048576, not \"%s\"",
+                                  optarg);
+            o->batch = (int)v;
+            break;
+        case 's':
+            if (!parse_int(optarg, 0, &v))
+                return fail_usage("--seed wants a whole number >= 0, not \"%s\"", optarg);
+            o->seed = (uint64_t)v;
+            break;
+        case 'l': {
+            char *end;
+            o->lr = strtof(optarg, &end);
+            if (end == optarg || *end || !(o->lr > 0.0f) || !isfinite(o->lr))
+                return fail_usage("--lr wants a number > 0, not \"%s\"", optarg);
+            break;
+        }
+        case 'h': usage(stdout); exit(0);
+        case 'V': printf("chorus-train %s\n", ch_version()); exit(0);
+        default:
+            return fail_usage("unknown option or missing value: %s", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return fail_usage("unexpected argument \"%s\"", argv[optind]);
+    if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0)
+        return fail_usage("--model is mlp or cnn, not \"%s\"", o->model);
+    if (strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") && strcmp(o->optimizer, "adamw"))
+        return fail_usage("--optimizer is sgd, adam or adamw, not \"%s\"", o->optimizer);
+    if (o->lr < 0)
+        o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f : 0.001f;
+    return 0;
+}
+
+/* ---- The networks --------------------------------------------------------------- */
+
+static ch_status build_model(ch_module **out, const char *kind)
+{
+    ch_module *seq = NULL, *m = NULL;
+    ch_status st = ch_nn_sequential(&seq);
+#define ADD(call)                                                                \
+    do {                                                                         \
+        if (st == CH_OK)                                                         \
+            st = (call);                                                         \
+        if (st == CH_OK)                                                         \
+            st = ch_nn_sequential_add(seq, m);                                   \
+    } while (0)
+    if (strcmp(kind, "mlp") == 0) {
+        ADD(ch_nn_flatten(&m));
+        ADD(ch_nn_linear(&m, 784, 512));
+        ADD(ch_nn_activation(&m, CH_ACT_RELU));
+        ADD(ch_nn_linear(&m, 512, 512));
+        ADD(ch_nn_activation(&m, CH_ACT_RELU));
+        ADD(ch_nn_linear(&m, 512, 10));
+    } else {
+        ADD(ch_nn_conv2d(&m, 1, 32, 3, 1, 1));
+        ADD(ch_nn_activation(&m, CH_ACT_RELU));
+        ADD(ch_nn_maxpool2d(&m, 2, 2));
+        ADD(ch_nn_conv2d(&m, 32, 64, 3, 1, 1));
+        ADD(ch_nn_activation(&m, CH_ACT_RELU));
+        ADD(ch_nn_maxpool2d(&m, 2, 2));
+        ADD(ch_nn_flatten(&m));
+        ADD(ch_nn_linear(&m, 3136, 128));
+        ADD(ch_nn_activation(&m, CH_ACT_RELU));
+        ADD(ch_nn_linear(&m, 128, 10));
+    }
+#undef ADD
+    if (st != CH_OK) {
+        ch_module_free(seq);
+        return st;
+    }
+    *out = seq;
+    return CH_OK;
+}
+
+/* Until data parallelism lands, one device: a GPU with the most compute
+ * units, else the first of the list. */
+static ch_device *fastest(ch_device **devs, int n)
+{
+    ch_device *best = devs[0];
+    int best_cu = -1;
+    for (int i = 0; i < n; i++) {
+        ch_device_info info;
+        ch_device_get_info(devs[i], &info);
+        if (info.kind == CH_DEVICE_GPU && info.compute_units > best_cu) {
+            best = devs[i];
+            best_cu = info.compute_units;
+        }
+    }
+    return best;
+}
+
+/* ---- Training -------------------------------------------------------------------- */
+
+typedef struct trainer {
+    const options *o;
+    ch_device *dev;
+    ch_module *model;
+    ch_loss *loss;
+    ch_optimizer *opt;
+    ch_dataset *train, *test;
+    ch_loader *loader;
+    ch_tensor *x, *labels;   /* the batch on the device */
+    FILE *log;
+    int tty;
+    int64_t step;
+    double samples_per_s;
+} trainer;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The batch's tensors, resized for a short last batch. */
+static ch_status batch_tensors(trainer *t, int count)
+{
+    if (t->x && ch_tensor_dim(t->x, 0) == count)
+        return CH_OK;
+    ch_tensor_free(t->x);
+    ch_tensor_free(t->labels);
+    t->x = t->labels = NULL;
+    int64_t xs[4] = {count, 1, 28, 28}, ls[1] = {count};
+    ch_status st = ch_tensor_new(&t->x, t->dev, CH_F32, 4, xs);
+    return st == CH_OK ? ch_tensor_new(&t->labels, t->dev, CH_I32, 1, ls) : st;
+}
+
+static ch_status upload_batch(trainer *t, const ch_batch *b)
+{
+    ch_status st = batch_tensors(t, b->count);
+    if (st == CH_OK)
+        st = ch_tensor_upload_async(t->x, b->images, 0);
+    if (st == CH_OK)
+        st = ch_tensor_upload_async(t->labels, b->labels, 0);
+    return st;
+}
+
+static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out)
+{
+    ch_tensor *y, *lv, *dy;
+    ch_status st = upload_batch(t, b);
+    if (st == CH_OK)
+        st = ch_module_zero_grad(t->model);
+    if (st == CH_OK) {
+        ch_module_set_rng(t->model, t->o->seed, t->step, b->number * t->o->batch);
+        st = ch_module_forward(t->model, &y, t->x);
+    }
+    if (st == CH_OK)
+        st = ch_loss_forward(t->loss, &lv, y, t->labels);
+    if (st == CH_OK)
+        st = ch_loss_backward(t->loss, &dy, 1.0f);
+    if (st == CH_OK)
+        st = ch_module_backward(t->model, NULL, dy);
+    if (st == CH_OK)
+        st = ch_optimizer_step(t->opt, t->o->lr);
+    if (st == CH_OK)
+        st = ch_tensor_download(lv, loss_out, sizeof *loss_out);
+    return st;
+}
+
+static void progress(const trainer *t, int64_t epoch, int64_t batch, int64_t nbatches,
+                     float loss, double rate, double left)
+{
+    if (t->o->quiet || !t->tty)
+        return;
+    int width = 30, done = (int)(width * (batch + 1) / nbatches);
+    fprintf(stderr, "\repoch %lld/%lld [%.*s%*s] step %lld loss %.4f %6.0f samples/s %4.0fs left ",
+            (long long)epoch + 1, (long long)t->o->epochs, done,
+            "##############################", width - done, "", (long long)t->step, loss, rate,
+            left);
+    fflush(stderr);
+}
+
+static void log_step(const trainer *t, int64_t epoch, float loss, double rate, double secs)
+{
+    if (!t->log)
+        return;
+    fprintf(t->log,
+            "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_s\":%.1f,"
+            "\"devices\":[{\"id\":\"%s\",\"share\":1.0,\"time_s\":%.6f}]}\n",
+            (long long)t->step, (long long)epoch, loss, rate, ch_device_id(t->dev), secs);
+}
+
+/* One epoch from batch `first`; returns 1 in *stop when --max-steps is reached. */
+static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop,
+                             double *busy, int64_t *samples)
+{
+    ch_status st = ch_loader_start(t->loader, epoch, first);
+    int64_t nb = ch_loader_batches(t->loader);
+    double t0 = now();
+    float loss = 0.0f;
+    while (st == CH_OK) {
+        ch_batch *b = NULL;
+        st = ch_loader_next(t->loader, &b);
+        if (st != CH_OK || !b)
+            break;
+        double s0 = now();
+        st = train_step(t, b, &loss);
+        double secs = now() - s0;
+        *busy += secs;
+        *samples += b->count;
+        t->step++;
+        int64_t number = b->number;
+        ch_loader_release(t->loader, b);
+        double rate = (double)*samples / *busy;
+        log_step(t, epoch, loss, rate, secs);
+        double left = (now() - t0) / (double)(number + 1 - first) * (double)(nb - number - 1);
+        progress(t, epoch, number, nb, loss, rate, left);
+        if (t->o->max_steps > 0 && t->step >= t->o->max_steps) {
+            *stop = 1;
+            break;
+        }
+    }
+    if (st == CH_OK && !t->o->quiet && !t->tty)
+        fprintf(stderr, "epoch %lld: loss %.4f, %.0f samples/s\n", (long long)epoch + 1, loss,
+                *busy > 0 ? (double)*samples / *busy : 0.0);
+    return st;
+}
+
+/* Accuracy and mean loss over the test set, in evaluation mode. */
+static ch_status evaluate(trainer *t, double *accuracy, double *loss)
+{
+    ch_loader_options lo = {t->o->batch > 256 ? t->o->batch : 256, 0, 0, 0, 2, 2, 0, 1, t->dev};
+    ch_loader *ld = NULL;
+    ch_status st = ch_loader_new(&ld, t->test, &lo);
+    if (st == CH_OK)
+        st = ch_loader_start(ld, 0, 0);
+    ch_module_train(t->model, 0);
+    int64_t correct = 0, total = 0;
+    double loss_sum = 0;
+    int32_t *pred = NULL, *truth = NULL;
+    ch_tensor *am = NULL;
+    while (st == CH_OK) {
+        ch_batch *b = NULL;
+        ch_tensor *y, *lv;
+        float l = 0;
+        st = ch_loader_next(ld, &b);
+        if (st != CH_OK || !b)
+            break;
+        int64_t ps[1] = {b->count};
+        st = upload_batch(t, b);
+        if (st == CH_OK)
+            st = ch_module_forward(t->model, &y, t->x);
+        if (st == CH_OK)
+            st = ch_loss_forward(t->loss, &lv, y, t->labels);
+        if (st == CH_OK && (!am || ch_tensor_dim(am, 0) != b->count)) {
+            ch_tensor_free(am);
+            am = NULL;
+            st = ch_tensor_new(&am, t->dev, CH_I32, 1, ps);
+        }
+        if (st == CH_OK)
+            st = ch_argmax(am, y, 1);
+        int32_t *p2 = realloc(pred, sizeof *pred * (size_t)b->count);
+        if (p2)
+            pred = p2;
+        if (st == CH_OK && !p2)
+            st = CH_ERR_OUT_OF_MEMORY;
+        if (st == CH_OK)
+            st = ch_tensor_download(am, pred, sizeof *pred * (size_t)b->count);
+        if (st == CH_OK)
+            st = ch_tensor_download(lv, &l, sizeof l);
+        truth = ch_host_buffer_data(b->labels);
+        for (int i = 0; st == CH_OK && i < b->count; i++)
+            correct += pred[i] == truth[i];
+        loss_sum += (double)l * b->count;
+        total += b->count;
+        ch_loader_release(ld, b);
+    }
+    ch_module_train(t->model, 1);
+    ch_tensor_free(am);
+    free(pred);
+    ch_loader_free(ld);
+    *accuracy = total ? (double)correct / (double)total : 0.0;
+    *loss = total ? loss_sum / (double)total : 0.0;
+    return st;
+}
+
+static ch_status setup(trainer *t, ch_train_state *resume)
+{
+    ch_status st = build_model(&t->model, t->o->model);
+    if (st == CH_OK)
+        st = ch_module_init(t->model, t->o->seed);
+    if (st == CH_OK)
+        st = ch_module_to(t->model, t->dev);
+    if (st == CH_OK)
+        st = ch_loss_new(&t->loss, CH_LOSS_CROSS_ENTROPY);
+    ch_optimizer_kind kind = strcmp(t->o->optimizer, "sgd") == 0    ? CH_OPT_SGD
+                             : strcmp(t->o->optimizer, "adam") == 0 ? CH_OPT_ADAM
+                                                                    : CH_OPT_ADAMW;
+    ch_optimizer_options oo = ch_optimizer_defaults(kind, t->o->lr);
+    if (kind == CH_OPT_SGD)
+        oo.momentum = 0.9f;
+    if (st == CH_OK)
+        st = ch_optimizer_new(&t->opt, t->model, &oo);
+    if (st == CH_OK && t->o->resume)
+        st = ch_checkpoint_load(t->o->resume, t->model, t->opt, resume);
+    ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
+    if (st == CH_OK)
+        st = ch_loader_new(&t->loader, t->train, &lo);
+    return st;
+}
+
+static void teardown(trainer *t)
+{
+    ch_loader_free(t->loader);
+    ch_tensor_free(t->x);
+    ch_tensor_free(t->labels);
+    ch_optimizer_free(t->opt);
+    ch_loss_free(t->loss);
+    ch_module_free(t->model);
+    ch_dataset_free(t->train);
+    ch_dataset_free(t->test);
+    if (t->log)
+        fclose(t->log);
+}
+
+static int runtime_error(const char *what)
+{
+    fprintf(stderr, "\nchorus-train: %s: %s\n", what, ch_last_error());
+    return EXIT_RUNTIME;
+}
+
+static int run(trainer *t)
+{
+    const options *o = t->o;
+    ch_train_state state = {0, 0, 0, o->seed};
+    if (setup(t, &state) != CH_OK)
+        return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
+    t->step = state.step;
+    double busy = 0;
+    int64_t samples = 0, epoch = state.epoch;
+    int stop = 0;
+    for (; epoch < o->epochs && !stop; epoch++) {
+        int64_t first = epoch == state.epoch ? state.batch : 0, start_step = t->step;
+        if (train_epoch(t, epoch, first, &stop, &busy, &samples) != CH_OK)
+            return runtime_error("training failed");
+        if (t->tty && !o->quiet)
+            fprintf(stderr, "\n");
+        /* A checkpoint that stops mid-epoch records where to go on from. */
+        ch_train_state cs = {stop ? epoch : epoch + 1, stop ? first + t->step - start_step : 0,
+                             t->step, o->seed};
+        if (o->checkpoint && ch_checkpoint_save(o->checkpoint, t->model, t->opt, &cs) != CH_OK)
+            return runtime_error("cannot write the checkpoint");
+    }
+    double acc = 0, loss = 0;
+    if (evaluate(t, &acc, &loss) != CH_OK)
+        return runtime_error("evaluation failed");
+    double rate = busy > 0 ? (double)samples / busy : 0.0;
+    if (o->json)
+        printf("{\"test_accuracy\":%.4f,\"test_loss\":%.4f,\"samples_per_s\":%.1f,"
+               "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld}\n",
+               acc, loss, rate, (long long)epoch, ch_device_id(t->dev), (long long)t->step);
+    else
+        printf("result test_accuracy=%.4f test_loss=%.4f samples_per_s=%.1f epochs=%lld "
+               "devices=%s\n",
+               acc, loss, rate, (long long)epoch, ch_device_id(t->dev));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    int rc = parse_options(argc, argv, &o);
+    if (rc)
+        return rc;
+    if (ch_init() != CH_OK) {
+        fprintf(stderr, "chorus-train: %s\n", ch_last_error());
+        return EXIT_RUNTIME;
+    }
+    trainer t = {.o = &o, .tty = isatty(STDERR_FILENO)};
+    ch_device *devs[64];
+    int n = 0;
+    if (ch_device_list_parse(devs, 64, &n, o.devices) != CH_OK) {
+        fprintf(stderr, "chorus-train: --devices: %s\n", ch_last_error());
+        ch_shutdown();
+        return EXIT_USAGE;
+    }
+    t.dev = fastest(devs, n);
+    if (ch_dataset_mnist_open(&t.train, o.data, 1, NULL) != CH_OK ||
+        ch_dataset_mnist_open(&t.test, o.data, 0, NULL) != CH_OK) {
+        fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
+        ch_dataset_free(t.train);
+        ch_shutdown();
+        return EXIT_USAGE;
+    }
+    if (o.log && !(t.log = fopen(o.log, "w"))) {
+        fprintf(stderr, "chorus-train: --log: cannot write %s: %s\n", o.log, strerror(errno));
+        teardown(&t);
+        ch_shutdown();
+        return EXIT_USAGE;
+    }
+    rc = run(&t);
+    teardown(&t);
+    ch_shutdown();
+    return rc;
+}
