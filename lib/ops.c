@@ -647,33 +647,33 @@ ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_tensor
 /* ---- Random numbers --------------------------------------------------------- */
 
 static ch_status rand_op(const char *fn, ch_rand_kind kind, ch_tensor *y, uint64_t seed,
-                         uint64_t offset, float a, float b)
+                         uint64_t offset, const char *an, float a, const char *bn, float b)
 {
     arg args[] = {{"y", y, CH_F32, 0}};
     TRY(check_args(fn, args, NARGS(args)));
-    TRY(check_finite(fn, "the first parameter", a));
-    TRY(check_finite(fn, "the second parameter", b));
+    TRY(check_finite(fn, an, a));
+    TRY(check_finite(fn, bn, b));
     SLOT(fn, y, rand);
     return BE(y)->rand(STREAM(y), kind, y->numel, chi_mem(y), seed, offset, a, b);
 }
 
 ch_status ch_rand_uniform(ch_tensor *y, uint64_t seed, uint64_t offset, float lo, float hi)
 {
-    if (!(lo <= hi))
+    if (lo > hi)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_rand_uniform: lo %g is above hi %g", lo, hi);
-    return rand_op("ch_rand_uniform", CH_RAND_UNIFORM, y, seed, offset, lo, hi);
+    return rand_op("ch_rand_uniform", CH_RAND_UNIFORM, y, seed, offset, "lo", lo, "hi", hi);
 }
 
 ch_status ch_rand_normal(ch_tensor *y, uint64_t seed, uint64_t offset, float mean, float std)
 {
-    if (!(std >= 0))
+    if (std < 0)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_rand_normal: std %g, expected >= 0", std);
-    return rand_op("ch_rand_normal", CH_RAND_NORMAL, y, seed, offset, mean, std);
+    return rand_op("ch_rand_normal", CH_RAND_NORMAL, y, seed, offset, "mean", mean, "std", std);
 }
 
 ch_status ch_dropout_mask(ch_tensor *y, uint64_t seed, uint64_t offset, float p)
 {
     if (!(p >= 0 && p < 1))
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dropout_mask: p %g, expected 0 <= p < 1", p);
-    return rand_op("ch_dropout_mask", CH_RAND_DROPOUT, y, seed, offset, p, 0.0f);
+    return rand_op("ch_dropout_mask", CH_RAND_DROPOUT, y, seed, offset, "p", p, "p", 0.0f);
 }

@@ -134,6 +134,8 @@ typedef struct ch_sgd_params {
 CH_API ch_status ch_sgd_step(ch_tensor *p, ch_tensor *m, const ch_tensor *g,
                              const ch_sgd_params *params, int first_step);
 
+/* PyTorch's Adam/AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). */
 typedef struct ch_adam_params {
     float lr, beta1, beta2, eps;
     float weight_decay;

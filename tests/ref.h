@@ -1,0 +1,152 @@
+/* Double-precision reference implementations of every primitive op, computed
+ * on the host from the same f32 inputs the device ops read. The tests compare
+ * every backend (the host backend included) with these, never with another
+ * backend's output. Semantics follow include/chorus/ops.h exactly. */
+#ifndef CHORUS_TESTS_REF_H
+#define CHORUS_TESTS_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <chorus.h>
+
+#include "tap.h"
+
+/* Convolution geometry resolved from [N, C, H, W] and a window. */
+typedef struct ref_geom {
+    int64_t n, c, h, w, oh, ow;
+    int kh, kw, sh, sw, ph, pw;
+} ref_geom;
+
+ref_geom ref_geom_make(int64_t n, int64_t c, int64_t h, int64_t w, const ch_window2d *win);
+
+/* c[M,N] = alpha op(a) op(b) + beta c0 (c0 unread when beta is 0). a is
+ * [M,K] or [K,M] (trans_a), b is [K,N] or [N,K] (trans_b), row-major. */
+void ref_gemm(double *c, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+              double alpha, const float *a, const float *b, double beta, const float *c0);
+
+typedef enum ref_binop { REF_ADD, REF_SUB, REF_MUL } ref_binop;
+void ref_binary(double *y, ref_binop op, int64_t n, const float *a, const float *b);
+/* y = alpha x + beta y0 */
+void ref_axpby(double *y, int64_t n, double alpha, const float *x, double beta,
+               const float *y0);
+
+double ref_act(ch_activation act, double x);
+const char *ref_act_name(ch_activation act); /* "relu", ... */
+void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x);
+/* dx = dy * act'(x); tanh and sigmoid take the derivative from y. */
+void ref_act_backward(double *dx, ch_activation act, int64_t n, const float *dy,
+                      const float *x, const float *y);
+
+/* x, y as [outer, c, inner]. */
+void ref_bias_add(double *y, int64_t outer, int64_t c, int64_t inner, const float *x,
+                  const float *bias);
+void ref_bias_grad(double *db, int64_t outer, int64_t c, int64_t inner, const float *dy,
+                   double beta, const float *db0);
+
+/* Returns the mean loss; probs may be NULL. */
+double ref_softmax_xent(double *probs, int64_t n, int64_t c, const float *logits,
+                        const int32_t *labels);
+void ref_softmax_xent_backward(double *dlogits, int64_t n, int64_t c, const float *probs,
+                               const int32_t *labels, double scale);
+
+void ref_transpose01(float *y, int64_t a, int64_t b, int64_t inner, const float *x);
+
+void ref_im2col(double *col, const ref_geom *g, const float *x);
+void ref_col2im(double *dx, const ref_geom *g, const float *col);
+void ref_maxpool(double *y, int32_t *idx, const ref_geom *g, const float *x);
+void ref_maxpool_backward(double *dx, const ref_geom *g, const float *dy, const int32_t *idx);
+
+/* x as [outer, n, inner] -> y [outer, inner]. */
+void ref_sum(double *y, int64_t outer, int64_t n, int64_t inner, const float *x, int mean);
+void ref_argmax(int32_t *y, int64_t outer, int64_t n, int64_t inner, const float *x);
+
+void ref_sgd_step(double *p, double *m, int64_t n, const float *p0, const float *m0,
+                  const float *g, const ch_sgd_params *prm, int first_step);
+void ref_adam_step(double *p, double *m, double *v, int64_t n, const float *p0,
+                   const float *m0, const float *v0, const float *g,
+                   const ch_adam_params *prm);
+
+/* The Philox streams of ops.h, element i at counter offset + i. Uniform and
+ * dropout are computed in f32 exactly as specified (they must match bit for
+ * bit); normal in double. */
+void ref_rand_uniform(float *y, int64_t n, uint64_t seed, uint64_t offset, float lo, float hi);
+void ref_rand_normal(double *y, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                     double std);
+void ref_dropout_mask(float *y, int64_t n, uint64_t seed, uint64_t offset, float p);
+
+/* max_i |got_i - want_i| / max(|want_i|, 1); a NaN where want is a number
+ * (or the reverse) gives infinity. */
+double ref_err(const float *got, const double *want, int64_t n);
+/* max_i |got_i - want_i| / max(max_j |want_j|, floor): for gradients, whose
+ * scale can be far from 1. */
+double ref_err_scaled(const double *got, const double *want, int64_t n, double floor);
+
+/* ---- Test cases ----------------------------------------------------------
+ * A case owns its host arrays and tensors (freed by its tc_end_* line) and
+ * keeps the first call that failed; later calls are skipped, so a case never
+ * runs an op on the leftovers of a failed one and reports one TAP line. */
+
+/* A shape as two arguments: its rank and its dimensions. */
+#define SHAPE(...) \
+    (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+
+typedef struct tcase {
+    ch_device *dev;
+    char name[256];
+    tap_rng rng;       /* seeded from the name: every device gets the same inputs */
+    ch_status st;      /* the first call that failed */
+    char err[768];
+    ch_tensor *t[32];
+    int nt;
+    void *mem[64];
+    int nmem;
+} tcase;
+
+void tc_begin(tcase *c, ch_device *dev, const char *fmt, ...) TAP_PRINTF(3, 4);
+/* Adds to the case's name (the numbers worth printing on its line). */
+void tc_append(tcase *c, const char *fmt, ...) TAP_PRINTF(2, 3);
+/* Records a failed status with ch_last_error(), unless one is recorded. */
+void tc_check(tcase *c, ch_status st);
+void tc_fail(tcase *c, const char *fmt, ...) TAP_PRINTF(2, 3);
+
+/* Runs `call` unless an earlier call of the case failed. */
+#define TC(c, call)                \
+    do {                           \
+        if ((c)->st == CH_OK)      \
+            tc_check((c), (call)); \
+    } while (0)
+
+/* Zeroed host memory owned by the case. */
+void *tc_alloc(tcase *c, size_t bytes);
+float *tc_floats(tcase *c, int64_t n);
+double *tc_doubles(tcase *c, int64_t n);
+int32_t *tc_ints(tcase *c, int64_t n);
+float *tc_random(tcase *c, int64_t n, float lo, float hi);
+
+/* Tensors on the case's device; NULL once a call has failed. */
+void tc_track(tcase *c, ch_tensor *t);
+ch_tensor *tc_tensor(tcase *c, ch_dtype dtype, int ndim, const int64_t *shape,
+                     const void *data);
+ch_tensor *tc_view(tcase *c, ch_tensor *src, int64_t start, int64_t count);
+void tc_upload(tcase *c, ch_tensor *t, const void *data);
+/* The content of a tensor of n 4-byte elements (zeros if a call failed). */
+void *tc_fetch(tcase *c, const ch_tensor *t, int64_t n);
+/* The same into `host`, for loops that must not grow the case's memory. */
+void tc_download(tcase *c, const ch_tensor *t, void *host, int64_t n);
+
+/* One TAP line each, then everything of the case is freed. */
+int tc_end_err(tcase *c, double err, double tol);
+int tc_end_exact(tcase *c, int ok, const char *detail);
+/* Exact comparison of n 4-byte words (floats or int32). */
+int tc_end_words(tcase *c, const void *got, const void *want, int64_t n, int is_float);
+
+/* Counts differing 4-byte words; describes the first in `out`. */
+int64_t ref_diff_words(const void *got, const void *want, int64_t n, int is_float, char *out,
+                       size_t outlen);
+/* One "# SKIP" line per backend that is unavailable or has no device. */
+void tc_skip_missing_backends(void);
+
+int64_t ref_numel(int ndim, const int64_t *shape);
+void ref_shape_str(char *out, size_t len, int ndim, const int64_t *shape);
+
+#endif

@@ -1,0 +1,381 @@
+/* Every backward op on every device checked against the function it is the
+ * derivative of: central differences in double of the device's own f32
+ * forward ops, or, for the linear ops, the adjoint identity
+ * <A x, y> == <x, A^T y> evaluated in double. */
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+#include "ref.h"
+#include "tap.h"
+
+#define MAX_DEVICES 16
+
+/* Finite differences of f32 forwards: a relative error of 1e-2 leaves room
+ * for f32 rounding divided by the step. Adjoint identities only suffer
+ * rounding of the f32 outputs. */
+#define TOL_FD 1e-2
+#define TOL_ADJOINT 1e-5
+
+static double dot(const float *a, const float *b, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+static double dot_abs(const float *a, const float *b, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += fabs((double)a[i] * b[i]);
+    return s;
+}
+
+/* |<Ax, y> - <x, A^T y>| relative to the sum of |terms| of <Ax, y>. */
+static int end_adjoint(tcase *c, double lhs, double rhs, double scale)
+{
+    tc_append(c, " (<Ax,y> %.9g, <x,A^T y> %.9g)", lhs, rhs);
+    return tc_end_err(c, fabs(lhs - rhs) / fmax(scale, 1e-30), TOL_ADJOINT);
+}
+
+static double *widen(tcase *c, const float *x, int64_t n)
+{
+    double *d = tc_doubles(c, n);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+/* ---- Activations: elementwise, so one perturbation of every element ----- */
+
+static void grad_activation(ch_device *dev, ch_activation act)
+{
+    const int64_t n = 257;
+    const float h = 1e-2f;
+    tcase c;
+    tc_begin(&c, dev, "%s backward vs central differences, h %g", ref_act_name(act), h);
+    float *x = tc_random(&c, n, -3, 3);
+    for (int64_t i = 0; i < n; i++)
+        if (fabsf(x[i]) < 0.1f) /* away from relu's kink */
+            x[i] += x[i] < 0 ? -0.1f : 0.1f;
+    float *dy = tc_random(&c, n, -1, 1);
+    float *xp = tc_floats(&c, n), *xm = tc_floats(&c, n);
+    for (int64_t i = 0; i < n; i++) {
+        xp[i] = x[i] + h;
+        xm[i] = x[i] - h;
+    }
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n), x);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, SHAPE(n), dy);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    TC(&c, ch_activation_forward(ty, tx, act));
+    TC(&c, ch_activation_backward(tdx, tdy, tx, ty, act));
+    double *got = widen(&c, tc_fetch(&c, tdx, n), n);
+    tc_upload(&c, tx, xp);
+    TC(&c, ch_activation_forward(ty, tx, act));
+    float *yp = tc_fetch(&c, ty, n);
+    tc_upload(&c, tx, xm);
+    TC(&c, ch_activation_forward(ty, tx, act));
+    float *ym = tc_fetch(&c, ty, n);
+    double *want = tc_doubles(&c, n);
+    for (int64_t i = 0; i < n; i++)
+        want[i] = dy[i] * ((double)yp[i] - ym[i]) / ((double)xp[i] - xm[i]);
+    tc_end_err(&c, ref_err_scaled(got, want, n, 1e-6), TOL_FD);
+}
+
+/* ---- Softmax cross-entropy: the loss is a scalar of every logit ---------- */
+
+static double xent_loss(tcase *c, ch_tensor *loss, ch_tensor *probs, ch_tensor *logits,
+                        const ch_tensor *labels, const float *values)
+{
+    float value = 0.0f;
+    tc_upload(c, logits, values);
+    TC(c, ch_softmax_xent(loss, probs, logits, labels));
+    tc_download(c, loss, &value, 1);
+    return value;
+}
+
+static void grad_softmax_xent(ch_device *dev, float scale)
+{
+    const int64_t n = 4, classes = 6, nl = n * classes;
+    const float h = 1e-2f;
+    tcase c;
+    tc_begin(&c, dev, "softmax_xent_backward scale %g vs central differences, h %g", scale, h);
+    float *logits = tc_random(&c, nl, -2, 2);
+    int32_t *labels = tc_ints(&c, n);
+    for (int64_t i = 0; i < n; i++)
+        labels[i] = (int32_t)(tap_rng_next(&c.rng) % (uint64_t)classes);
+    ch_tensor *tl = tc_tensor(&c, CH_F32, SHAPE(n, classes), logits);
+    ch_tensor *tlab = tc_tensor(&c, CH_I32, SHAPE(n), labels);
+    ch_tensor *tp = tc_tensor(&c, CH_F32, SHAPE(n, classes), NULL);
+    ch_tensor *tloss = tc_tensor(&c, CH_F32, SHAPE(1), NULL);
+    ch_tensor *td = tc_tensor(&c, CH_F32, SHAPE(n, classes), NULL);
+    TC(&c, ch_softmax_xent(tloss, tp, tl, tlab));
+    TC(&c, ch_softmax_xent_backward(td, tp, tlab, scale));
+    double *got = widen(&c, tc_fetch(&c, td, nl), nl);
+    double *want = tc_doubles(&c, nl);
+    float *v = tc_floats(&c, nl);
+    for (int64_t i = 0; i < nl && c.st == CH_OK; i++) {
+        memcpy(v, logits, (size_t)nl * sizeof *v);
+        v[i] = logits[i] + h;
+        double up = xent_loss(&c, tloss, tp, tl, tlab, v), step = v[i];
+        v[i] = logits[i] - h;
+        double down = xent_loss(&c, tloss, tp, tl, tlab, v);
+        want[i] = scale * (up - down) / (step - v[i]);
+    }
+    tc_end_err(&c, ref_err_scaled(got, want, nl, 1e-6), TOL_FD);
+}
+
+/* ---- bias_grad is the adjoint of bias_add (with x = 0) ------------------- */
+
+static void grad_bias(ch_device *dev, int ndim, const int64_t *shape, int axis)
+{
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "bias_grad adjoint of bias_add %s axis %d", s, axis);
+    int64_t n = ref_numel(ndim, shape), ch = shape[axis];
+    float *bias = tc_random(&c, ch, -1, 1);
+    float *dy = tc_random(&c, n, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, ndim, shape, tc_floats(&c, n));
+    ch_tensor *ty = tc_tensor(&c, CH_F32, ndim, shape, NULL);
+    ch_tensor *tb = tc_tensor(&c, CH_F32, SHAPE(ch), bias);
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, ndim, shape, dy);
+    ch_tensor *tdb = tc_tensor(&c, CH_F32, SHAPE(ch), NULL);
+    TC(&c, ch_bias_add(ty, tx, tb, axis));
+    TC(&c, ch_bias_grad(tdb, tdy, axis, 0.0f));
+    float *y = tc_fetch(&c, ty, n), *db = tc_fetch(&c, tdb, ch);
+    end_adjoint(&c, dot(y, dy, n), dot(bias, db, ch), dot_abs(y, dy, n));
+}
+
+/* ---- col2im is the adjoint of im2col ------------------------------------- */
+
+static void grad_col2im(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
+                        const ch_window2d *win)
+{
+    tcase c;
+    tc_begin(&c, dev, "col2im adjoint of im2col x [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
+             "] k%dx%d s%dx%d p%dx%d", n, ch, h, w, win->kh, win->kw, win->sh, win->sw, win->ph,
+             win->pw);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t rows = ch * win->kh * win->kw, cols = n * g.oh * g.ow;
+    int64_t nx = n * ch * h * w, ncol = rows * cols;
+    float *x = tc_random(&c, nx, -1, 1);
+    float *col = tc_random(&c, ncol, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), x);
+    ch_tensor *tcol = tc_tensor(&c, CH_F32, SHAPE(rows, cols), col);
+    ch_tensor *tix = tc_tensor(&c, CH_F32, SHAPE(rows, cols), NULL);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), NULL);
+    TC(&c, ch_im2col(tix, tx, win));
+    TC(&c, ch_col2im(tdx, tcol, win));
+    float *ix = tc_fetch(&c, tix, ncol), *dx = tc_fetch(&c, tdx, nx);
+    end_adjoint(&c, dot(ix, col, ncol), dot(x, dx, nx), dot_abs(ix, col, ncol));
+}
+
+/* ---- transpose01 is its own adjoint (with the first two axes swapped) ---- */
+
+static void grad_transpose01(ch_device *dev, int64_t a, int64_t b, int64_t inner)
+{
+    tcase c;
+    tc_begin(&c, dev, "transpose01 adjoint [%" PRId64 ",%" PRId64 ",%" PRId64 "]", a, b, inner);
+    int64_t n = a * b * inner;
+    float *x = tc_random(&c, n, -1, 1);
+    float *y = tc_random(&c, n, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(a, b, inner), x);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, SHAPE(b, a, inner), y);
+    ch_tensor *ttx = tc_tensor(&c, CH_F32, SHAPE(b, a, inner), NULL);
+    ch_tensor *tty = tc_tensor(&c, CH_F32, SHAPE(a, b, inner), NULL);
+    TC(&c, ch_transpose01(ttx, tx));
+    TC(&c, ch_transpose01(tty, ty));
+    float *tx_host = tc_fetch(&c, ttx, n), *ty_host = tc_fetch(&c, tty, n);
+    end_adjoint(&c, dot(tx_host, y, n), dot(x, ty_host, n), dot_abs(tx_host, y, n));
+}
+
+/* ---- Max-pool: numeric derivative of <maxpool(x), dy> -------------------- */
+
+/* Distinct values 0.05 apart, shuffled, half of them negative (so padding
+ * would win if it were allowed to): a step of 1e-3 changes no argmax. */
+static float *distinct_values(tcase *c, int64_t n)
+{
+    float *x = tc_floats(c, n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = 0.05f * (float)(i - n / 2);
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(tap_rng_next(&c->rng) % (uint64_t)(i + 1));
+        float t = x[i];
+        x[i] = x[j];
+        x[j] = t;
+    }
+    return x;
+}
+
+/* <maxpool(x), dy>; `y` is scratch for the pooled values. */
+static double pool_objective(tcase *c, ch_tensor *ty, ch_tensor *tidx, ch_tensor *tx,
+                             const ch_window2d *win, const float *x, const float *dy, float *y,
+                             int64_t ny)
+{
+    tc_upload(c, tx, x);
+    TC(c, ch_maxpool2d(ty, tidx, tx, win));
+    tc_download(c, ty, y, ny);
+    return dot(y, dy, ny);
+}
+
+static void grad_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
+                         const ch_window2d *win)
+{
+    const float step = 1e-3f;
+    tcase c;
+    tc_begin(&c, dev, "maxpool2d_backward vs central differences x [%" PRId64 ",%" PRId64
+             ",%" PRId64 ",%" PRId64 "] k%dx%d s%dx%d p%dx%d", n, ch, h, w, win->kh, win->kw,
+             win->sh, win->sw, win->ph, win->pw);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t nx = n * ch * h * w, ny = n * ch * g.oh * g.ow;
+    float *x = distinct_values(&c, nx);
+    float *dy = tc_random(&c, ny, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), x);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, SHAPE(n, ch, g.oh, g.ow), NULL);
+    ch_tensor *tidx = tc_tensor(&c, CH_I32, SHAPE(n, ch, g.oh, g.ow), NULL);
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, SHAPE(n, ch, g.oh, g.ow), dy);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), NULL);
+    TC(&c, ch_maxpool2d(ty, tidx, tx, win));
+    TC(&c, ch_maxpool2d_backward(tdx, tdy, tidx, win));
+    double *got = widen(&c, tc_fetch(&c, tdx, nx), nx);
+    double *want = tc_doubles(&c, nx);
+    float *v = tc_floats(&c, nx), *y = tc_floats(&c, ny);
+    memcpy(v, x, (size_t)nx * sizeof *v);
+    for (int64_t i = 0; i < nx && c.st == CH_OK; i++) {
+        v[i] = x[i] + step;
+        double up = pool_objective(&c, ty, tidx, tx, win, v, dy, y, ny), hi = v[i];
+        v[i] = x[i] - step;
+        double down = pool_objective(&c, ty, tidx, tx, win, v, dy, y, ny);
+        want[i] = (up - down) / (hi - v[i]);
+        v[i] = x[i];
+    }
+    tc_end_err(&c, ref_err_scaled(got, want, nx, 1e-6), TOL_FD);
+}
+
+/* ---- GEMM: gradients of L = <alpha op(A) op(B), G> ----------------------- */
+
+typedef struct gemm_setup {
+    int ta, tb;
+    int64_t m, n, k;
+    float alpha;
+    ch_tensor *a, *b, *c, *g;
+    const float *gh;
+    float *ch;  /* scratch for c */
+} gemm_setup;
+
+static double gemm_objective(tcase *c, const gemm_setup *s, ch_tensor *t, const float *values)
+{
+    tc_upload(c, t, values);
+    TC(c, ch_gemm(s->c, s->ta, s->tb, s->alpha, s->a, s->b, 0.0f));
+    tc_download(c, s->c, s->ch, s->m * s->n);
+    return dot(s->ch, s->gh, s->m * s->n);
+}
+
+/* Central differences of L over every element of `t` (holding `x`). */
+static void gemm_numeric(tcase *c, const gemm_setup *s, ch_tensor *t, const float *x,
+                         int64_t count, double *want)
+{
+    const float h = 1e-2f;
+    float *v = tc_floats(c, count);
+    memcpy(v, x, (size_t)count * sizeof *v);
+    for (int64_t i = 0; i < count && c->st == CH_OK; i++) {
+        v[i] = x[i] + h;
+        double up = gemm_objective(c, s, t, v), hi = v[i];
+        v[i] = x[i] - h;
+        double down = gemm_objective(c, s, t, v);
+        want[i] = (up - down) / (hi - v[i]);
+        v[i] = x[i];
+    }
+    tc_upload(c, t, x);
+}
+
+/* The gradients the way a linear layer's backward computes them:
+ * dop(A) = alpha G op(B)^T and dop(B) = alpha op(A)^T G, transposed back
+ * when A or B was used transposed. */
+static void gemm_analytic(tcase *c, const gemm_setup *s, ch_tensor *da, ch_tensor *db)
+{
+    if (!s->ta)
+        TC(c, ch_gemm(da, 0, !s->tb, s->alpha, s->g, s->b, 0.0f));
+    else
+        TC(c, ch_gemm(da, s->tb, 1, s->alpha, s->b, s->g, 0.0f));
+    if (!s->tb)
+        TC(c, ch_gemm(db, !s->ta, 0, s->alpha, s->a, s->g, 0.0f));
+    else
+        TC(c, ch_gemm(db, 1, s->ta, s->alpha, s->g, s->a, 0.0f));
+}
+
+static void grad_gemm(ch_device *dev, int ta, int tb)
+{
+    tcase c;
+    gemm_setup s = {.ta = ta, .tb = tb, .m = 3, .n = 4, .k = 5, .alpha = 0.7f};
+    tc_begin(&c, dev, "gemm %c%c gradients of <alpha op(A) op(B), G> vs central differences",
+             ta ? 'T' : 'N', tb ? 'T' : 'N');
+    int64_t na = s.m * s.k, nb = s.k * s.n;
+    float *a = tc_random(&c, na, -1, 1), *b = tc_random(&c, nb, -1, 1);
+    float *g = tc_random(&c, s.m * s.n, -1, 1);
+    s.gh = g;
+    s.ch = tc_floats(&c, s.m * s.n);
+    s.a = ta ? tc_tensor(&c, CH_F32, SHAPE(s.k, s.m), a)
+             : tc_tensor(&c, CH_F32, SHAPE(s.m, s.k), a);
+    s.b = tb ? tc_tensor(&c, CH_F32, SHAPE(s.n, s.k), b)
+             : tc_tensor(&c, CH_F32, SHAPE(s.k, s.n), b);
+    s.c = tc_tensor(&c, CH_F32, SHAPE(s.m, s.n), NULL);
+    s.g = tc_tensor(&c, CH_F32, SHAPE(s.m, s.n), g);
+    ch_tensor *da = ta ? tc_tensor(&c, CH_F32, SHAPE(s.k, s.m), NULL)
+                       : tc_tensor(&c, CH_F32, SHAPE(s.m, s.k), NULL);
+    ch_tensor *db = tb ? tc_tensor(&c, CH_F32, SHAPE(s.n, s.k), NULL)
+                       : tc_tensor(&c, CH_F32, SHAPE(s.k, s.n), NULL);
+    gemm_analytic(&c, &s, da, db);
+    double *got = tc_doubles(&c, na + nb), *want = tc_doubles(&c, na + nb);
+    const float *gda = tc_fetch(&c, da, na), *gdb = tc_fetch(&c, db, nb);
+    for (int64_t i = 0; i < na + nb; i++)
+        got[i] = i < na ? gda[i] : gdb[i - na];
+    gemm_numeric(&c, &s, s.a, a, na, want);
+    gemm_numeric(&c, &s, s.b, b, nb, want + na);
+    tc_end_err(&c, ref_err_scaled(got, want, na + nb, 1e-6), TOL_FD);
+}
+
+/* ---- Main ---------------------------------------------------------------- */
+
+static void test_device(ch_device *dev)
+{
+    static const ch_window2d windows[] = {
+        {3, 3, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 3, 2, 2, 1, 1},
+        {2, 2, 2, 2, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0},
+    };
+    static const ch_window2d k2s2 = {2, 2, 2, 2, 0, 0}, k3s2p1 = {3, 3, 2, 2, 1, 1};
+    for (int act = CH_ACT_RELU; act <= CH_ACT_SIGMOID; act++)
+        grad_activation(dev, act);
+    grad_softmax_xent(dev, 1.0f);
+    grad_softmax_xent(dev, 2.5f);
+    grad_bias(dev, SHAPE(17, 33), 1);
+    grad_bias(dev, SHAPE(3, 5, 7, 9), 1);
+    grad_bias(dev, SHAPE(2, 3, 4, 5), 3);
+    grad_bias(dev, SHAPE(17, 33), 0);
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++)
+        grad_col2im(dev, 2, 3, 7, 8, &windows[i]);
+    grad_transpose01(dev, 17, 31, 1);
+    grad_transpose01(dev, 5, 7, 3);
+    grad_maxpool(dev, 1, 2, 6, 6, &k2s2);
+    grad_maxpool(dev, 1, 2, 7, 5, &k3s2p1);
+    for (int t = 0; t < 4; t++)
+        grad_gemm(dev, t >> 1, t & 1);
+}
+
+int main(void)
+{
+    ch_status st = ch_init();
+    if (!tap_status_ok(st, "ch_init"))
+        return tap_done();
+    tc_skip_missing_backends();
+    ch_device *devs[MAX_DEVICES];
+    int ndev = tap_devices(devs, MAX_DEVICES);
+    for (int i = 0; i < ndev; i++)
+        test_device(devs[i]);
+    ch_shutdown();
+    return tap_done();
+}

@@ -1,0 +1,929 @@
+/* Every primitive op on every visible device against the double-precision
+ * references of ref.c, on fresh random inputs. The host backend is checked
+ * like any other: nothing here compares two backends with each other. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "philox.h"
+#include "ref.h"
+#include "tap.h"
+
+/* Relative error bounds (ref_err): elementwise f32 ops, and ops that sum
+ * many terms (GEMM, reductions, softmax). */
+#define TOL_ELEM 1e-5
+#define TOL_SUM 1e-4
+
+#define MAX_DEVICES 16
+
+/* ---- Philox known answers (Random123's kat_vectors) ---------------------- */
+
+static void philox_kat(const uint32_t in[4], uint32_t k0, uint32_t k1, const uint32_t want[4])
+{
+    uint32_t ctr[4] = {in[0], in[1], in[2], in[3]};
+    ch_philox4x32_10(ctr, k0, k1);
+    tap_ok(memcmp(ctr, want, sizeof ctr) == 0,
+           "philox4x32-10 KAT ctr %08x %08x %08x %08x key %08x %08x: got %08x %08x %08x "
+           "%08x, want %08x %08x %08x %08x",
+           in[0], in[1], in[2], in[3], k0, k1, ctr[0], ctr[1], ctr[2], ctr[3], want[0],
+           want[1], want[2], want[3]);
+}
+
+static void test_philox_kat(void)
+{
+    philox_kat((uint32_t[]){0, 0, 0, 0}, 0, 0,
+               (uint32_t[]){0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+    philox_kat((uint32_t[]){0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, 0xffffffff,
+               0xffffffff, (uint32_t[]){0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+    philox_kat((uint32_t[]){0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, 0xa4093822,
+               0x299f31d0, (uint32_t[]){0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+}
+
+/* ---- Data movement ------------------------------------------------------- */
+
+static void test_fill(ch_device *dev, ch_dtype dtype, int ndim, const int64_t *shape,
+                      double value)
+{
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "fill %s %s value %g", ch_dtype_name(dtype), s, value);
+    int64_t n = ref_numel(ndim, shape);
+    ch_tensor *y = tc_tensor(&c, dtype, ndim, shape, tc_random(&c, n, -9, 9));
+    TC(&c, ch_fill(y, value));
+    void *got = tc_fetch(&c, y, n);
+    void *want = tc_alloc(&c, (size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        if (dtype == CH_F32)
+            ((float *)want)[i] = (float)value;
+        else
+            ((int32_t *)want)[i] = (int32_t)value;
+    }
+    tc_end_words(&c, got, want, n, dtype == CH_F32);
+}
+
+static void test_copy(ch_device *dev, ch_dtype dtype, int ndim, const int64_t *shape)
+{
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "copy %s %s", ch_dtype_name(dtype), s);
+    int64_t n = ref_numel(ndim, shape);
+    float *x = tc_random(&c, n, -100, 100);
+    ch_tensor *tx = tc_tensor(&c, dtype, ndim, shape, x);
+    ch_tensor *ty = tc_tensor(&c, dtype, ndim, shape, NULL);
+    TC(&c, ch_copy(ty, tx));
+    tc_end_words(&c, tc_fetch(&c, ty, n), x, n, dtype == CH_F32);
+}
+
+static void test_transpose01(ch_device *dev, int ndim, const int64_t *shape)
+{
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "transpose01 %s", s);
+    int64_t n = ref_numel(ndim, shape), inner = n / (shape[0] * shape[1]);
+    int64_t yshape[CH_MAX_DIMS];
+    memcpy(yshape, shape, (size_t)ndim * sizeof *shape);
+    yshape[0] = shape[1];
+    yshape[1] = shape[0];
+    float *x = tc_random(&c, n, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, ndim, shape, x);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, ndim, yshape, NULL);
+    TC(&c, ch_transpose01(ty, tx));
+    float *want = tc_floats(&c, n);
+    ref_transpose01(want, shape[0], shape[1], inner, x);
+    tc_end_words(&c, tc_fetch(&c, ty, n), want, n, 1);
+}
+
+static void test_data_movement(ch_device *dev)
+{
+    test_fill(dev, CH_F32, SHAPE(1), 0.0);
+    test_fill(dev, CH_F32, SHAPE(17, 31), -2.5);
+    test_fill(dev, CH_F32, SHAPE(3, 5, 7, 11), 1e30);
+    test_fill(dev, CH_I32, SHAPE(1), -7);
+    test_fill(dev, CH_I32, SHAPE(129, 33), 123456789);
+    test_copy(dev, CH_F32, SHAPE(1));
+    test_copy(dev, CH_F32, SHAPE(257, 129));
+    test_copy(dev, CH_I32, SHAPE(3, 5, 7));
+    test_transpose01(dev, SHAPE(1, 1));
+    test_transpose01(dev, SHAPE(17, 31));
+    test_transpose01(dev, SHAPE(33, 1));
+    test_transpose01(dev, SHAPE(65, 129));
+    test_transpose01(dev, SHAPE(5, 7, 3));
+    test_transpose01(dev, SHAPE(4, 3, 2, 5));
+}
+
+/* ---- GEMM ---------------------------------------------------------------- */
+
+static void test_gemm(ch_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                      int64_t k, float alpha, float beta)
+{
+    tcase c;
+    tc_begin(&c, dev, "gemm %c%c m %" PRId64 " n %" PRId64 " k %" PRId64 " alpha %g beta %g%s",
+             trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, beta,
+             beta == 0.0f ? " (c NaN before)" : "");
+    float *a = tc_random(&c, m * k, -1, 1);
+    float *b = tc_random(&c, k * n, -1, 1);
+    float *c0 = tc_random(&c, m * n, -1, 1);
+    for (int64_t i = 0; beta == 0.0f && i < m * n; i++)
+        c0[i] = NAN;
+    ch_tensor *ta = trans_a ? tc_tensor(&c, CH_F32, SHAPE(k, m), a)
+                            : tc_tensor(&c, CH_F32, SHAPE(m, k), a);
+    ch_tensor *tb = trans_b ? tc_tensor(&c, CH_F32, SHAPE(n, k), b)
+                            : tc_tensor(&c, CH_F32, SHAPE(k, n), b);
+    ch_tensor *tcc = tc_tensor(&c, CH_F32, SHAPE(m, n), c0);
+    TC(&c, ch_gemm(tcc, trans_a, trans_b, alpha, ta, tb, beta));
+    double *want = tc_doubles(&c, m * n);
+    ref_gemm(want, trans_a, trans_b, m, n, k, alpha, a, b, beta, c0);
+    tc_end_err(&c, ref_err(tc_fetch(&c, tcc, m * n), want, m * n), TOL_SUM);
+}
+
+static void test_gemms(ch_device *dev)
+{
+    static const int64_t sizes[][3] = {
+        {1, 1, 1}, {17, 31, 33}, {65, 3, 129}, {7, 257, 13}, {127, 129, 65},
+    };
+    static const float ab[][2] = {{1, 0}, {0.5f, 1}, {-1.25f, 0.5f}, {2, 0}, {1, 1}};
+    for (int t = 0; t < 4; t++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+            test_gemm(dev, t >> 1, t & 1, sizes[i][0], sizes[i][1], sizes[i][2], ab[i][0],
+                      ab[i][1]);
+}
+
+/* ---- Elementwise --------------------------------------------------------- */
+
+typedef enum alias_mode { SEPARATE, Y_IS_A, Y_IS_B, A_IS_B } alias_mode;
+
+static ch_status run_binary(ref_binop op, ch_tensor *y, const ch_tensor *a, const ch_tensor *b)
+{
+    switch (op) {
+    case REF_ADD: return ch_add(y, a, b);
+    case REF_SUB: return ch_sub(y, a, b);
+    case REF_MUL: return ch_mul(y, a, b);
+    }
+    return CH_ERR_INTERNAL;
+}
+
+static void test_binary(ch_device *dev, ref_binop op, int ndim, const int64_t *shape,
+                        alias_mode mode)
+{
+    static const char *names[] = {"add", "sub", "mul"};
+    static const char *modes[] = {"", " in place y=a", " in place y=b", " a=b"};
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "%s %s%s", names[op], s, modes[mode]);
+    int64_t n = ref_numel(ndim, shape);
+    float *a = tc_random(&c, n, -2, 2);
+    float *b = mode == A_IS_B ? a : tc_random(&c, n, -2, 2);
+    ch_tensor *ta = tc_tensor(&c, CH_F32, ndim, shape, a);
+    ch_tensor *tb = mode == A_IS_B ? ta : tc_tensor(&c, CH_F32, ndim, shape, b);
+    ch_tensor *ty = mode == Y_IS_A ? ta : mode == Y_IS_B ? tb
+                                        : tc_tensor(&c, CH_F32, ndim, shape, NULL);
+    TC(&c, run_binary(op, ty, ta, tb));
+    double *want = tc_doubles(&c, n);
+    ref_binary(want, op, n, a, b);
+    tc_end_err(&c, ref_err(tc_fetch(&c, ty, n), want, n), TOL_ELEM);
+}
+
+static void test_scale(ch_device *dev, int64_t n, float alpha, int in_place)
+{
+    tcase c;
+    tc_begin(&c, dev, "scale n %" PRId64 " alpha %g%s", n, alpha, in_place ? " in place" : "");
+    float *x = tc_random(&c, n, -3, 3);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n), x);
+    ch_tensor *ty = in_place ? tx : tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    TC(&c, ch_scale(ty, tx, alpha));
+    double *want = tc_doubles(&c, n);
+    ref_axpby(want, n, alpha, x, 0.0, NULL);
+    tc_end_err(&c, ref_err(tc_fetch(&c, ty, n), want, n), TOL_ELEM);
+}
+
+static void test_axpy(ch_device *dev, int64_t n, float alpha, int in_place)
+{
+    tcase c;
+    tc_begin(&c, dev, "axpy n %" PRId64 " alpha %g%s", n, alpha, in_place ? " x=y" : "");
+    float *x = tc_random(&c, n, -3, 3);
+    float *y0 = in_place ? x : tc_random(&c, n, -3, 3);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, SHAPE(n), y0);
+    ch_tensor *tx = in_place ? ty : tc_tensor(&c, CH_F32, SHAPE(n), x);
+    TC(&c, ch_axpy(ty, alpha, tx));
+    double *want = tc_doubles(&c, n);
+    ref_axpby(want, n, alpha, x, 1.0, y0);
+    tc_end_err(&c, ref_err(tc_fetch(&c, ty, n), want, n), TOL_ELEM);
+}
+
+static void test_elementwise(ch_device *dev)
+{
+    for (int op = REF_ADD; op <= REF_MUL; op++) {
+        test_binary(dev, op, SHAPE(1), SEPARATE);
+        test_binary(dev, op, SHAPE(17), SEPARATE);
+        test_binary(dev, op, SHAPE(31, 33), SEPARATE);
+        test_binary(dev, op, SHAPE(3, 5, 7, 129), SEPARATE);
+        test_binary(dev, op, SHAPE(257), Y_IS_A);
+        test_binary(dev, op, SHAPE(65), Y_IS_B);
+        test_binary(dev, op, SHAPE(127), A_IS_B);
+    }
+    test_scale(dev, 1, -1.5f, 0);
+    test_scale(dev, 4099, 0.3f, 0);
+    test_scale(dev, 129, 0.0f, 0);
+    test_scale(dev, 257, -2.0f, 1);
+    test_axpy(dev, 1, 0.75f, 0);
+    test_axpy(dev, 4099, -1.25f, 0);
+    test_axpy(dev, 65, 0.5f, 1);
+}
+
+/* ---- Activations --------------------------------------------------------- */
+
+static void test_act_forward(ch_device *dev, ch_activation act, int64_t n, int in_place)
+{
+    tcase c;
+    tc_begin(&c, dev, "%s forward n %" PRId64 "%s", ref_act_name(act), n,
+             in_place ? " in place" : "");
+    float *x = tc_random(&c, n, -6, 6);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n), x);
+    ch_tensor *ty = in_place ? tx : tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    TC(&c, ch_activation_forward(ty, tx, act));
+    double *want = tc_doubles(&c, n);
+    ref_act_forward(want, act, n, x);
+    tc_end_err(&c, ref_err(tc_fetch(&c, ty, n), want, n), TOL_ELEM);
+}
+
+/* relu and gelu get x only, tanh and sigmoid y only: ops.h lets the
+ * unused one be NULL. */
+static void test_act_backward(ch_device *dev, ch_activation act, int64_t n)
+{
+    tcase c;
+    int reads_x = act == CH_ACT_RELU || act == CH_ACT_GELU;
+    tc_begin(&c, dev, "%s backward n %" PRId64 " (%s NULL)", ref_act_name(act), n,
+             reads_x ? "y" : "x");
+    float *x = tc_random(&c, n, -6, 6);
+    float *y = tc_floats(&c, n);
+    float *dy = tc_random(&c, n, -2, 2);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = (float)ref_act(act, x[i]);
+    ch_tensor *tx = reads_x ? tc_tensor(&c, CH_F32, SHAPE(n), x) : NULL;
+    ch_tensor *ty = reads_x ? NULL : tc_tensor(&c, CH_F32, SHAPE(n), y);
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, SHAPE(n), dy);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    TC(&c, ch_activation_backward(tdx, tdy, tx, ty, act));
+    double *want = tc_doubles(&c, n);
+    ref_act_backward(want, act, n, dy, reads_x ? x : NULL, reads_x ? NULL : y);
+    tc_end_err(&c, ref_err(tc_fetch(&c, tdx, n), want, n), TOL_ELEM);
+}
+
+static void test_activations(ch_device *dev)
+{
+    for (int act = CH_ACT_RELU; act <= CH_ACT_SIGMOID; act++) {
+        test_act_forward(dev, act, 1, 0);
+        test_act_forward(dev, act, 4099, 0);
+        test_act_forward(dev, act, 129, 1);
+        test_act_backward(dev, act, 1);
+        test_act_backward(dev, act, 4099);
+    }
+}
+
+/* ---- Bias ---------------------------------------------------------------- */
+
+static void split_axis(int ndim, const int64_t *shape, int axis, int64_t *outer, int64_t *inner)
+{
+    *outer = ref_numel(axis, shape);
+    *inner = ref_numel(ndim - axis - 1, shape + axis + 1);
+}
+
+static void test_bias_add(ch_device *dev, int ndim, const int64_t *shape, int axis, int in_place)
+{
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "bias_add %s axis %d%s", s, axis, in_place ? " in place" : "");
+    int64_t n = ref_numel(ndim, shape), outer, inner, ch = shape[axis];
+    split_axis(ndim, shape, axis, &outer, &inner);
+    float *x = tc_random(&c, n, -2, 2);
+    float *bias = tc_random(&c, ch, -2, 2);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, ndim, shape, x);
+    ch_tensor *tb = tc_tensor(&c, CH_F32, SHAPE(ch), bias);
+    ch_tensor *ty = in_place ? tx : tc_tensor(&c, CH_F32, ndim, shape, NULL);
+    TC(&c, ch_bias_add(ty, tx, tb, axis));
+    double *want = tc_doubles(&c, n);
+    ref_bias_add(want, outer, ch, inner, x, bias);
+    tc_end_err(&c, ref_err(tc_fetch(&c, ty, n), want, n), TOL_ELEM);
+}
+
+/* beta 0 must not read db: it starts as NaN, like an unwritten gradient. */
+static void test_bias_grad(ch_device *dev, int ndim, const int64_t *shape, int axis, float beta)
+{
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "bias_grad %s axis %d beta %g%s", s, axis, beta,
+             beta == 0.0f ? " (db NaN before)" : "");
+    int64_t n = ref_numel(ndim, shape), outer, inner, ch = shape[axis];
+    split_axis(ndim, shape, axis, &outer, &inner);
+    float *dy = tc_random(&c, n, -2, 2);
+    float *db0 = tc_random(&c, ch, -2, 2);
+    for (int64_t i = 0; beta == 0.0f && i < ch; i++)
+        db0[i] = NAN;
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, ndim, shape, dy);
+    ch_tensor *tdb = tc_tensor(&c, CH_F32, SHAPE(ch), db0);
+    TC(&c, ch_bias_grad(tdb, tdy, axis, beta));
+    double *want = tc_doubles(&c, ch);
+    ref_bias_grad(want, outer, ch, inner, dy, beta, db0);
+    tc_end_err(&c, ref_err(tc_fetch(&c, tdb, ch), want, ch), TOL_SUM);
+}
+
+static void test_bias(ch_device *dev)
+{
+    test_bias_add(dev, SHAPE(17, 33), 1, 0);
+    test_bias_add(dev, SHAPE(1, 1), 1, 0);
+    test_bias_add(dev, SHAPE(3, 5, 7, 9), 1, 0);
+    test_bias_add(dev, SHAPE(2, 3, 4, 5), 3, 0);
+    test_bias_add(dev, SHAPE(17, 33), 0, 0);
+    test_bias_add(dev, SHAPE(31, 65), 1, 1);
+    for (int beta = 0; beta <= 1; beta++) {
+        test_bias_grad(dev, SHAPE(17, 33), 1, (float)beta);
+        test_bias_grad(dev, SHAPE(257, 3), 1, (float)beta);
+        test_bias_grad(dev, SHAPE(3, 5, 7, 9), 1, (float)beta);
+    }
+    test_bias_grad(dev, SHAPE(2, 3, 4, 5), 3, 0.0f);
+    test_bias_grad(dev, SHAPE(17, 33), 0, 1.0f);
+}
+
+/* ---- Softmax cross-entropy ----------------------------------------------- */
+
+static void random_labels(tcase *c, int32_t *labels, int64_t n, int64_t classes)
+{
+    for (int64_t i = 0; i < n; i++)
+        labels[i] = (int32_t)(tap_rng_next(&c->rng) % (uint64_t)classes);
+}
+
+static void test_softmax_xent(ch_device *dev, int64_t n, int64_t classes, float lo, float hi)
+{
+    tcase c;
+    tc_begin(&c, dev, "softmax_xent n %" PRId64 " c %" PRId64 " logits in [%g, %g)", n,
+             classes, lo, hi);
+    float *logits = tc_random(&c, n * classes, lo, hi);
+    int32_t *labels = tc_ints(&c, n);
+    random_labels(&c, labels, n, classes);
+    ch_tensor *tl = tc_tensor(&c, CH_F32, SHAPE(n, classes), logits);
+    ch_tensor *tlab = tc_tensor(&c, CH_I32, SHAPE(n), labels);
+    ch_tensor *tp = tc_tensor(&c, CH_F32, SHAPE(n, classes), NULL);
+    ch_tensor *tloss = tc_tensor(&c, CH_F32, SHAPE(1), NULL);
+    TC(&c, ch_softmax_xent(tloss, tp, tl, tlab));
+    double *want = tc_doubles(&c, n * classes + 1);
+    want[n * classes] = ref_softmax_xent(want, n, classes, logits, labels);
+    float *got = tc_floats(&c, n * classes + 1);
+    memcpy(got, tc_fetch(&c, tp, n * classes), (size_t)(n * classes) * sizeof *got);
+    memcpy(got + n * classes, tc_fetch(&c, tloss, 1), sizeof *got);
+    double e_loss = ref_err(got + n * classes, want + n * classes, 1);
+    double e_probs = ref_err(got, want, n * classes);
+    tc_append(&c, " (loss got %.7g want %.7g, probs err %.3g)", got[n * classes],
+              want[n * classes], e_probs);
+    tc_end_err(&c, fmax(e_loss, e_probs), TOL_SUM);
+}
+
+static void test_softmax_backward(ch_device *dev, int64_t n, int64_t classes, float scale)
+{
+    tcase c;
+    tc_begin(&c, dev, "softmax_xent_backward n %" PRId64 " c %" PRId64 " scale %g", n, classes,
+             scale);
+    float *logits = tc_random(&c, n * classes, -4, 4);
+    int32_t *labels = tc_ints(&c, n);
+    random_labels(&c, labels, n, classes);
+    double *p = tc_doubles(&c, n * classes);
+    ref_softmax_xent(p, n, classes, logits, labels);
+    float *probs = tc_floats(&c, n * classes);
+    for (int64_t i = 0; i < n * classes; i++)
+        probs[i] = (float)p[i];
+    ch_tensor *tp = tc_tensor(&c, CH_F32, SHAPE(n, classes), probs);
+    ch_tensor *tlab = tc_tensor(&c, CH_I32, SHAPE(n), labels);
+    ch_tensor *td = tc_tensor(&c, CH_F32, SHAPE(n, classes), NULL);
+    TC(&c, ch_softmax_xent_backward(td, tp, tlab, scale));
+    double *want = tc_doubles(&c, n * classes);
+    ref_softmax_xent_backward(want, n, classes, probs, labels, scale);
+    tc_end_err(&c, ref_err(tc_fetch(&c, td, n * classes), want, n * classes), TOL_ELEM);
+}
+
+static void test_softmax(ch_device *dev)
+{
+    test_softmax_xent(dev, 1, 1, -1, 1);
+    test_softmax_xent(dev, 1, 7, -3, 3);
+    test_softmax_xent(dev, 13, 10, -5, 5);
+    test_softmax_xent(dev, 33, 129, -8, 8);
+    test_softmax_xent(dev, 5, 17, 70, 90);
+    test_softmax_xent(dev, 3, 5, -80, 80);
+    test_softmax_backward(dev, 1, 1, 1.0f);
+    test_softmax_backward(dev, 13, 10, 1.0f);
+    test_softmax_backward(dev, 33, 129, 0.5f);
+}
+
+/* ---- Convolution helpers and pooling ------------------------------------- */
+
+static void window_str(char *out, size_t len, const ch_window2d *w)
+{
+    snprintf(out, len, "k%dx%d s%dx%d p%dx%d", w->kh, w->kw, w->sh, w->sw, w->ph, w->pw);
+}
+
+static void test_im2col(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
+                        const ch_window2d *win)
+{
+    char ws[64];
+    tcase c;
+    window_str(ws, sizeof ws, win);
+    tc_begin(&c, dev, "im2col x [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] %s", n, ch, h,
+             w, ws);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t rows = ch * win->kh * win->kw, cols = n * g.oh * g.ow;
+    float *x = tc_random(&c, n * ch * h * w, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), x);
+    ch_tensor *tcol = tc_tensor(&c, CH_F32, SHAPE(rows, cols), tc_random(&c, rows * cols, 5, 9));
+    TC(&c, ch_im2col(tcol, tx, win));
+    double *want = tc_doubles(&c, rows * cols);
+    ref_im2col(want, &g, x);
+    tc_end_err(&c, ref_err(tc_fetch(&c, tcol, rows * cols), want, rows * cols), TOL_ELEM);
+}
+
+static void test_col2im(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
+                        const ch_window2d *win)
+{
+    char ws[64];
+    tcase c;
+    window_str(ws, sizeof ws, win);
+    tc_begin(&c, dev, "col2im dx [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] %s", n, ch,
+             h, w, ws);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t rows = ch * win->kh * win->kw, cols = n * g.oh * g.ow, nx = n * ch * h * w;
+    float *col = tc_random(&c, rows * cols, -1, 1);
+    ch_tensor *tcol = tc_tensor(&c, CH_F32, SHAPE(rows, cols), col);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), tc_random(&c, nx, 5, 9));
+    TC(&c, ch_col2im(tdx, tcol, win));
+    double *want = tc_doubles(&c, nx);
+    ref_col2im(want, &g, col);
+    tc_end_err(&c, ref_err(tc_fetch(&c, tdx, nx), want, nx), TOL_ELEM);
+}
+
+static const ch_window2d conv_windows[] = {
+    {3, 3, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 3, 2, 2, 1, 1}, {2, 2, 2, 2, 0, 0},
+    {1, 1, 1, 1, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0},
+};
+
+static void test_conv(ch_device *dev)
+{
+    for (size_t i = 0; i < sizeof conv_windows / sizeof conv_windows[0]; i++) {
+        test_im2col(dev, 2, 3, 7, 8, &conv_windows[i]);
+        test_col2im(dev, 2, 3, 7, 8, &conv_windows[i]);
+    }
+    test_im2col(dev, 1, 2, 17, 31, &conv_windows[2]);
+    test_col2im(dev, 1, 2, 17, 31, &conv_windows[2]);
+}
+
+static void test_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
+                         const ch_window2d *win)
+{
+    char ws[64], detail[256];
+    tcase c;
+    window_str(ws, sizeof ws, win);
+    tc_begin(&c, dev, "maxpool2d x [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] %s", n, ch,
+             h, w, ws);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t ny = n * ch * g.oh * g.ow;
+    float *x = tc_random(&c, n * ch * h * w, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), x);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, SHAPE(n, ch, g.oh, g.ow), NULL);
+    ch_tensor *tidx = tc_tensor(&c, CH_I32, SHAPE(n, ch, g.oh, g.ow), NULL);
+    TC(&c, ch_maxpool2d(ty, tidx, tx, win));
+    double *want = tc_doubles(&c, ny);
+    int32_t *want_idx = tc_ints(&c, ny);
+    ref_maxpool(want, want_idx, &g, x);
+    double err = ref_err(tc_fetch(&c, ty, ny), want, ny);
+    int64_t bad = ref_diff_words(tc_fetch(&c, tidx, ny), want_idx, ny, 0, detail, sizeof detail);
+    tc_append(&c, " (idx: %s)", bad ? detail : "exact");
+    tc_end_err(&c, bad ? INFINITY : err, TOL_ELEM);
+}
+
+/* The backward gets the reference's indices, so it is checked on its own. */
+static void test_maxpool_backward(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
+                                  const ch_window2d *win)
+{
+    char ws[64];
+    tcase c;
+    window_str(ws, sizeof ws, win);
+    tc_begin(&c, dev, "maxpool2d_backward dx [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
+             "] %s", n, ch, h, w, ws);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t ny = n * ch * g.oh * g.ow, nx = n * ch * h * w;
+    float *x = tc_random(&c, nx, -1, 1);
+    float *dy = tc_random(&c, ny, -1, 1);
+    int32_t *idx = tc_ints(&c, ny);
+    ref_maxpool(tc_doubles(&c, ny), idx, &g, x);
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, SHAPE(n, ch, g.oh, g.ow), dy);
+    ch_tensor *tidx = tc_tensor(&c, CH_I32, SHAPE(n, ch, g.oh, g.ow), idx);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), tc_random(&c, nx, 5, 9));
+    TC(&c, ch_maxpool2d_backward(tdx, tdy, tidx, win));
+    double *want = tc_doubles(&c, nx);
+    ref_maxpool_backward(want, &g, dy, idx);
+    tc_end_err(&c, ref_err(tc_fetch(&c, tdx, nx), want, nx), TOL_ELEM);
+}
+
+static void test_pooling(ch_device *dev)
+{
+    static const ch_window2d k2s2 = {2, 2, 2, 2, 0, 0}, k3s2p1 = {3, 3, 2, 2, 1, 1};
+    test_maxpool(dev, 2, 3, 8, 8, &k2s2);
+    test_maxpool(dev, 1, 2, 7, 9, &k2s2);
+    test_maxpool(dev, 2, 3, 9, 9, &k3s2p1);
+    test_maxpool(dev, 1, 2, 6, 7, &k3s2p1);
+    test_maxpool_backward(dev, 2, 3, 8, 8, &k2s2);
+    test_maxpool_backward(dev, 1, 2, 7, 9, &k2s2);
+    test_maxpool_backward(dev, 2, 3, 9, 9, &k3s2p1);
+    test_maxpool_backward(dev, 1, 2, 6, 7, &k3s2p1);
+}
+
+/* ---- Reductions ---------------------------------------------------------- */
+
+typedef enum red_kind { RED_SUM, RED_MEAN, RED_ARGMAX } red_kind;
+
+/* y's shape: x's without `axis` ([1] for a 1-D x), or with it as 1. */
+static int reduced_shape(int64_t *y, int ndim, const int64_t *x, int axis, int keep)
+{
+    int k = 0;
+    for (int i = 0; i < ndim; i++)
+        if (i != axis || keep)
+            y[k++] = i == axis ? 1 : x[i];
+    if (k == 0)
+        y[k++] = 1;
+    return k;
+}
+
+static void test_reduce(ch_device *dev, red_kind kind, int ndim, const int64_t *shape, int axis,
+                        int keep, int constant)
+{
+    static const char *names[] = {"sum", "mean", "argmax"};
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "%s %s axis %d%s%s", names[kind], s, axis, keep ? " keepdim" : "",
+             constant ? " (all equal: first wins)" : "");
+    int64_t n = ref_numel(ndim, shape), outer, inner, yshape[CH_MAX_DIMS];
+    split_axis(ndim, shape, axis, &outer, &inner);
+    int yndim = reduced_shape(yshape, ndim, shape, axis, keep);
+    int64_t ny = outer * inner;
+    float *x = tc_random(&c, n, -1, 1);
+    for (int64_t i = 0; constant && i < n; i++)
+        x[i] = 0.25f;
+    ch_tensor *tx = tc_tensor(&c, CH_F32, ndim, shape, x);
+    ch_tensor *ty = tc_tensor(&c, kind == RED_ARGMAX ? CH_I32 : CH_F32, yndim, yshape, NULL);
+    if (kind == RED_ARGMAX) {
+        TC(&c, ch_argmax(ty, tx, axis));
+        int32_t *want = tc_ints(&c, ny);
+        ref_argmax(want, outer, shape[axis], inner, x);
+        tc_end_words(&c, tc_fetch(&c, ty, ny), want, ny, 0);
+        return;
+    }
+    TC(&c, kind == RED_SUM ? ch_sum(ty, tx, axis) : ch_mean(ty, tx, axis));
+    double *want = tc_doubles(&c, ny);
+    ref_sum(want, outer, shape[axis], inner, x, kind == RED_MEAN);
+    tc_end_err(&c, ref_err(tc_fetch(&c, ty, ny), want, ny), TOL_SUM);
+}
+
+static void test_reductions(ch_device *dev)
+{
+    for (int kind = RED_SUM; kind <= RED_ARGMAX; kind++) {
+        for (int axis = 0; axis < 3; axis++)
+            test_reduce(dev, kind, SHAPE(3, 17, 33), axis, 0, 0);
+        test_reduce(dev, kind, SHAPE(1, 129, 2), 1, 0, 0);
+        test_reduce(dev, kind, SHAPE(1031), 0, 0, 0);
+        test_reduce(dev, kind, SHAPE(5, 1, 7), 1, 0, 0);
+        test_reduce(dev, kind, SHAPE(3, 17, 33), 1, 1, 0);
+    }
+    test_reduce(dev, RED_ARGMAX, SHAPE(2, 4, 3), 1, 0, 1);
+    test_reduce(dev, RED_ARGMAX, SHAPE(2, 4, 3), 2, 0, 1);
+}
+
+/* ---- Optimizer updates --------------------------------------------------- */
+
+static void test_sgd(ch_device *dev, const ch_sgd_params *prm, int first_step)
+{
+    tcase c;
+    const int64_t n = 1031;
+    tc_begin(&c, dev, "sgd_step lr %g momentum %g dampening %g wd %g nesterov %d first %d%s",
+             prm->lr, prm->momentum, prm->dampening, prm->weight_decay, prm->nesterov,
+             first_step, first_step ? " (m NaN before)" : "");
+    float *p0 = tc_random(&c, n, -1, 1);
+    float *g = tc_random(&c, n, -1, 1);
+    float *m0 = tc_random(&c, n, -1, 1);
+    for (int64_t i = 0; first_step && i < n; i++)
+        m0[i] = NAN;
+    int has_m = prm->momentum != 0.0f;
+    ch_tensor *tp = tc_tensor(&c, CH_F32, SHAPE(n), p0);
+    ch_tensor *tm = has_m ? tc_tensor(&c, CH_F32, SHAPE(n), m0) : NULL;
+    ch_tensor *tg = tc_tensor(&c, CH_F32, SHAPE(n), g);
+    TC(&c, ch_sgd_step(tp, tm, tg, prm, first_step));
+    double *want_p = tc_doubles(&c, n), *want_m = tc_doubles(&c, n);
+    ref_sgd_step(want_p, want_m, n, p0, m0, g, prm, first_step);
+    double err = ref_err(tc_fetch(&c, tp, n), want_p, n);
+    if (has_m)
+        err = fmax(err, ref_err(tc_fetch(&c, tm, n), want_m, n));
+    tc_end_err(&c, err, TOL_ELEM);
+}
+
+static void test_adam(ch_device *dev, const ch_adam_params *prm)
+{
+    tcase c;
+    const int64_t n = 1031;
+    tc_begin(&c, dev, "adam_step %s lr %g wd %g step %" PRId64, prm->decoupled ? "AdamW" : "Adam",
+             prm->lr, prm->weight_decay, prm->step);
+    float *p0 = tc_random(&c, n, -1, 1);
+    float *g = tc_random(&c, n, -1, 1);
+    float *m0 = tc_random(&c, n, -0.5f, 0.5f);
+    float *v0 = tc_random(&c, n, 0, 0.5f);
+    for (int64_t i = 0; prm->step == 1 && i < n; i++)
+        m0[i] = v0[i] = 0.0f;
+    ch_tensor *tp = tc_tensor(&c, CH_F32, SHAPE(n), p0);
+    ch_tensor *tm = tc_tensor(&c, CH_F32, SHAPE(n), m0);
+    ch_tensor *tv = tc_tensor(&c, CH_F32, SHAPE(n), v0);
+    ch_tensor *tg = tc_tensor(&c, CH_F32, SHAPE(n), g);
+    TC(&c, ch_adam_step(tp, tm, tv, tg, prm));
+    double *wp = tc_doubles(&c, n), *wm = tc_doubles(&c, n), *wv = tc_doubles(&c, n);
+    ref_adam_step(wp, wm, wv, n, p0, m0, v0, g, prm);
+    double err = ref_err(tc_fetch(&c, tp, n), wp, n);
+    err = fmax(err, ref_err(tc_fetch(&c, tm, n), wm, n));
+    err = fmax(err, ref_err(tc_fetch(&c, tv, n), wv, n));
+    tc_end_err(&c, err, TOL_ELEM);
+}
+
+static void test_optimizers(ch_device *dev)
+{
+    test_sgd(dev, &(ch_sgd_params){.lr = 0.1f}, 0);
+    test_sgd(dev, &(ch_sgd_params){.lr = 0.1f, .weight_decay = 0.05f}, 0);
+    test_sgd(dev, &(ch_sgd_params){.lr = 0.1f, .momentum = 0.9f}, 1);
+    test_sgd(dev, &(ch_sgd_params){.lr = 0.1f, .momentum = 0.9f, .dampening = 0.1f}, 0);
+    test_sgd(dev, &(ch_sgd_params){.lr = 0.05f, .momentum = 0.9f, .nesterov = 1}, 0);
+    test_sgd(dev, &(ch_sgd_params){.lr = 0.1f, .momentum = 0.5f, .weight_decay = 0.01f}, 0);
+    test_sgd(dev, &(ch_sgd_params){.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f,
+                                   .nesterov = 1}, 1);
+    for (int decoupled = 0; decoupled <= 1; decoupled++)
+        for (int step = 1; step <= 5; step += 4)
+            test_adam(dev, &(ch_adam_params){.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
+                                             .eps = 1e-8f, .weight_decay = 0.1f,
+                                             .decoupled = decoupled, .step = step});
+}
+
+/* ---- Random numbers ------------------------------------------------------ */
+
+static void test_uniform(ch_device *dev, int64_t n, uint64_t seed, uint64_t offset, float lo,
+                         float hi)
+{
+    tcase c;
+    tc_begin(&c, dev, "rand_uniform n %" PRId64 " seed %#" PRIx64 " offset %#" PRIx64
+             " [%g, %g) bit-exact", n, seed, offset, lo, hi);
+    ch_tensor *y = tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    TC(&c, ch_rand_uniform(y, seed, offset, lo, hi));
+    float *want = tc_floats(&c, n);
+    ref_rand_uniform(want, n, seed, offset, lo, hi);
+    tc_end_words(&c, tc_fetch(&c, y, n), want, n, 1);
+}
+
+static void test_normal(ch_device *dev, int64_t n, uint64_t seed, uint64_t offset, float mean,
+                        float std)
+{
+    tcase c;
+    tc_begin(&c, dev, "rand_normal n %" PRId64 " seed %#" PRIx64 " offset %#" PRIx64
+             " mean %g std %g", n, seed, offset, mean, std);
+    ch_tensor *y = tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    TC(&c, ch_rand_normal(y, seed, offset, mean, std));
+    double *want = tc_doubles(&c, n);
+    ref_rand_normal(want, n, seed, offset, mean, std);
+    tc_end_err(&c, ref_err(tc_fetch(&c, y, n), want, n), TOL_ELEM);
+}
+
+static void test_dropout(ch_device *dev, int64_t n, uint64_t seed, uint64_t offset, float p)
+{
+    tcase c;
+    tc_begin(&c, dev, "dropout_mask n %" PRId64 " seed %#" PRIx64 " offset %#" PRIx64 " p %g",
+             n, seed, offset, p);
+    ch_tensor *y = tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    TC(&c, ch_dropout_mask(y, seed, offset, p));
+    float *want = tc_floats(&c, n);
+    ref_dropout_mask(want, n, seed, offset, p);
+    tc_end_words(&c, tc_fetch(&c, y, n), want, n, 1);
+}
+
+static void test_random(ch_device *dev)
+{
+    const uint64_t wrap = (1ull << 32) - 5; /* counters cross into the high word */
+    test_uniform(dev, 1031, 42, 0, 0.0f, 1.0f);
+    test_uniform(dev, 17, 0x123456789abcdef0ull, wrap, -1.0f, 1.0f);
+    test_uniform(dev, 1, 3, 0, 0.0f, 1.0f);
+    test_uniform(dev, 257, 7, 1000, -0.1f, 0.3f);
+    test_normal(dev, 1031, 42, 0, 0.0f, 1.0f);
+    test_normal(dev, 33, 0xdeadbeefcafef00dull, wrap, 0.5f, 2.0f);
+    test_dropout(dev, 1031, 9, 0, 0.5f);
+    test_dropout(dev, 257, 11, 77, 0.3f);
+    test_dropout(dev, 17, 0xffffffffffffffffull, wrap, 0.0f);
+}
+
+/* ---- Views: ops on rows [3, 10) of a 16-row tensor ----------------------- */
+
+#define VROWS 16
+#define VSTART 3
+#define VCOUNT 7
+#define VCOLS 33
+
+/* Checks the rows of `got` outside the view against `before` (unchanged) and
+ * those inside against `want`. */
+static void end_view_case(tcase *c, const float *got, const float *before, const double *want)
+{
+    int64_t inside = VSTART * VCOLS, end = (VSTART + VCOUNT) * VCOLS, touched = 0;
+    for (int64_t i = 0; i < VROWS * VCOLS; i++)
+        if ((i < inside || i >= end) && memcmp(&got[i], &before[i], sizeof *got) != 0)
+            touched++;
+    double err = ref_err(got + inside, want, VCOUNT * VCOLS);
+    tc_append(c, " (%" PRId64 " elements outside the view changed)", touched);
+    tc_end_err(c, touched ? INFINITY : err, TOL_SUM);
+}
+
+typedef enum view_op { V_FILL, V_ADD, V_GEMM, V_UNIFORM, V_ACT, V_SGD } view_op;
+
+static void run_view_op(tcase *c, view_op op, ch_tensor *view, const float *inside, double *want)
+{
+    const int64_t n = VCOUNT * VCOLS;
+    float *other = tc_random(c, n, -1, 1);
+    ch_tensor *t = tc_tensor(c, CH_F32, SHAPE(VCOUNT, VCOLS), other);
+    switch (op) {
+    case V_FILL:
+        TC(c, ch_fill(view, 2.5));
+        for (int64_t i = 0; i < n; i++)
+            want[i] = 2.5;
+        break;
+    case V_ADD:
+        TC(c, ch_add(view, view, t));
+        ref_binary(want, REF_ADD, n, inside, other);
+        break;
+    case V_GEMM: {
+        float *a = tc_random(c, VCOUNT * VCOUNT, -1, 1);
+        ch_tensor *ta = tc_tensor(c, CH_F32, SHAPE(VCOUNT, VCOUNT), a);
+        TC(c, ch_gemm(view, 0, 0, 0.5f, ta, t, 1.0f));
+        ref_gemm(want, 0, 0, VCOUNT, VCOLS, VCOUNT, 0.5, a, other, 1.0, inside);
+        break;
+    }
+    case V_UNIFORM: {
+        float *full = tc_floats(c, VROWS * VCOLS);
+        TC(c, ch_rand_uniform(view, 5, VSTART * VCOLS, -1.0f, 1.0f));
+        ref_rand_uniform(full, VROWS * VCOLS, 5, 0, -1.0f, 1.0f);
+        for (int64_t i = 0; i < n; i++)
+            want[i] = full[VSTART * VCOLS + i];
+        break;
+    }
+    case V_ACT:
+        TC(c, ch_activation_forward(view, view, CH_ACT_TANH));
+        ref_act_forward(want, CH_ACT_TANH, n, inside);
+        break;
+    case V_SGD: {
+        ch_sgd_params prm = {.lr = 0.5f};
+        TC(c, ch_sgd_step(view, NULL, t, &prm, 0));
+        ref_sgd_step(want, NULL, n, inside, NULL, other, &prm, 0);
+        break;
+    }
+    }
+}
+
+static void test_view_output(ch_device *dev, view_op op)
+{
+    static const char *names[] = {"fill", "add in place", "gemm beta 1", "rand_uniform",
+                                  "tanh in place", "sgd_step"};
+    tcase c;
+    tc_begin(&c, dev, "view rows [%d, %d) of %d as output: %s", VSTART, VSTART + VCOUNT, VROWS,
+             names[op]);
+    float *before = tc_random(&c, VROWS * VCOLS, -1, 1);
+    ch_tensor *base = tc_tensor(&c, CH_F32, SHAPE(VROWS, VCOLS), before);
+    ch_tensor *view = tc_view(&c, base, VSTART, VCOUNT);
+    double *want = tc_doubles(&c, VCOUNT * VCOLS);
+    run_view_op(&c, op, view, before + VSTART * VCOLS, want);
+    end_view_case(&c, tc_fetch(&c, base, VROWS * VCOLS), before, want);
+}
+
+/* A view as an input: copy, a reduction and GEMM must read the right rows. */
+static void test_view_input(ch_device *dev)
+{
+    tcase c;
+    tc_begin(&c, dev, "view rows [%d, %d) of %d as input: copy, sum axis 0, gemm", VSTART,
+             VSTART + VCOUNT, VROWS);
+    float *x = tc_random(&c, VROWS * VCOLS, -1, 1);
+    const float *inside = x + VSTART * VCOLS;
+    ch_tensor *base = tc_tensor(&c, CH_F32, SHAPE(VROWS, VCOLS), x);
+    ch_tensor *view = tc_view(&c, base, VSTART, VCOUNT);
+    ch_tensor *copy = tc_tensor(&c, CH_F32, SHAPE(VCOUNT, VCOLS), NULL);
+    ch_tensor *sum = tc_tensor(&c, CH_F32, SHAPE(VCOLS), NULL);
+    ch_tensor *gram = tc_tensor(&c, CH_F32, SHAPE(VCOUNT, VCOUNT), NULL);
+    TC(&c, ch_copy(copy, view));
+    TC(&c, ch_sum(sum, view, 0));
+    TC(&c, ch_gemm(gram, 0, 1, 1.0f, view, view, 0.0f));
+    double *want_copy = tc_doubles(&c, VCOUNT * VCOLS);
+    double *want_sum = tc_doubles(&c, VCOLS);
+    double *want_gram = tc_doubles(&c, VCOUNT * VCOUNT);
+    for (int64_t i = 0; i < VCOUNT * VCOLS; i++)
+        want_copy[i] = inside[i];
+    ref_sum(want_sum, 1, VCOUNT, VCOLS, inside, 0);
+    ref_gemm(want_gram, 0, 1, VCOUNT, VCOUNT, VCOLS, 1.0, inside, inside, 0.0, NULL);
+    double err = ref_err(tc_fetch(&c, copy, VCOUNT * VCOLS), want_copy, VCOUNT * VCOLS);
+    err = fmax(err, ref_err(tc_fetch(&c, sum, VCOLS), want_sum, VCOLS));
+    err = fmax(err, ref_err(tc_fetch(&c, gram, VCOUNT * VCOUNT), want_gram, VCOUNT * VCOUNT));
+    tc_end_err(&c, err, TOL_SUM);
+}
+
+static void test_views(ch_device *dev)
+{
+    for (int op = V_FILL; op <= V_SGD; op++)
+        test_view_output(dev, op);
+    test_view_input(dev);
+}
+
+/* ---- Copies between devices ---------------------------------------------- */
+
+static void test_cross_copy(ch_device *src, ch_device *dst, ch_dtype dtype, int64_t n, int use_to)
+{
+    tcase c;
+    tc_begin(&c, src, "-> %s %s %s n %" PRId64, ch_device_id(dst),
+             use_to ? "ch_tensor_to" : "ch_copy", ch_dtype_name(dtype), n);
+    float *x = tc_random(&c, n, -1000, 1000);
+    ch_tensor *tx = tc_tensor(&c, dtype, SHAPE(n), x);
+    ch_tensor *ty = NULL;
+    if (use_to) {
+        TC(&c, ch_tensor_to(&ty, tx, dst));
+        if (ty)
+            tc_track(&c, ty);
+        if (c.st == CH_OK && ch_tensor_device(ty) != dst)
+            tc_fail(&c, "the copy is on %s, want %s", ch_device_id(ch_tensor_device(ty)),
+                    ch_device_id(dst));
+    } else if (c.st == CH_OK) {
+        TC(&c, ch_tensor_new(&ty, dst, dtype, SHAPE(n)));
+        if (ty)
+            tc_track(&c, ty);
+        TC(&c, ch_copy(ty, tx));
+    }
+    tc_end_words(&c, tc_fetch(&c, ty, n), x, n, dtype == CH_F32);
+}
+
+static void test_cross_device(ch_device **devs, int ndev)
+{
+    if (ndev < 2) {
+        tap_skip("copies between devices: only %d device visible", ndev);
+        return;
+    }
+    for (int i = 0; i < ndev; i++)
+        for (int j = 0; j < ndev; j++) {
+            if (i == j)
+                continue;
+            for (int use_to = 0; use_to <= 1; use_to++) {
+                test_cross_copy(devs[i], devs[j], CH_F32, 1, use_to);
+                test_cross_copy(devs[i], devs[j], CH_F32, 100003, use_to);
+                test_cross_copy(devs[i], devs[j], CH_I32, 12345, use_to);
+            }
+        }
+}
+
+/* ---- Main ---------------------------------------------------------------- */
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void test_device(ch_device *dev)
+{
+    double t0 = seconds();
+    test_data_movement(dev);
+    test_gemms(dev);
+    test_elementwise(dev);
+    test_activations(dev);
+    test_bias(dev);
+    test_softmax(dev);
+    test_conv(dev);
+    test_pooling(dev);
+    test_reductions(dev);
+    test_optimizers(dev);
+    test_random(dev);
+    test_views(dev);
+    tap_diag("%s: %.1f s", ch_device_id(dev), seconds() - t0);
+}
+
+int main(void)
+{
+    test_philox_kat();
+    ch_status st = ch_init();
+    if (!tap_status_ok(st, "ch_init"))
+        return tap_done();
+    tc_skip_missing_backends();
+    ch_device *devs[MAX_DEVICES];
+    int ndev = tap_devices(devs, MAX_DEVICES);
+    for (int i = 0; i < ndev; i++)
+        test_device(devs[i]);
+    test_cross_device(devs, ndev);
+    ch_shutdown();
+    return tap_done();
+}
