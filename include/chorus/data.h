@@ -19,7 +19,7 @@ typedef struct ch_idx_options {
      * x = (x - mean) / std. mean 0 and std 1 keep [0, 1]. */
     float mean;
     float std;
-} ch_idx_options;
+} ch_idx_options; /* NULL options: mean 0, std 1 */
 
 /* Open an IDX image file (magic 0x00000803, unsigned bytes, [N, H, W]) and
  * its IDX label file (0x00000801, [N]), each gzip-compressed or plain (told
@@ -86,10 +86,12 @@ CH_API ch_status ch_loader_new(ch_loader **out, const ch_dataset *ds,
 /* Stops the workers; returns after they have exited. */
 CH_API void ch_loader_free(ch_loader *loader);
 /* Start epoch `epoch` at batch `first_batch` (0, or a position saved in a
- * checkpoint to resume exactly). */
+ * checkpoint to resume exactly). Must come before the first ch_loader_next;
+ * batches still held stay valid until released. */
 CH_API ch_status ch_loader_start(ch_loader *loader, int64_t epoch, int64_t first_batch);
 /* The next batch of the epoch, waiting for it if needed; *batch is NULL at
- * the end of the epoch. Give each batch back with ch_loader_release. */
+ * the end of the epoch. Give each batch back with ch_loader_release; a caller
+ * may hold at most `prefetch` batches at once (CH_ERR_STATE beyond). */
 CH_API ch_status ch_loader_next(ch_loader *loader, ch_batch **batch);
 CH_API void ch_loader_release(ch_loader *loader, ch_batch *batch);
 /* Batches in one epoch of this process's share. */
