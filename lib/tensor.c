@@ -111,6 +111,11 @@ ch_status ch_tensor_new(ch_tensor **out, ch_device *dev, ch_dtype dtype, int ndi
     }
     buf->dev = dev;
     buf->bytes = chi_alloc_round(bytes);
+    /* A size class above the device's largest allocation would turn a valid
+     * request into a failure: such a block is allocated exactly (and not
+     * cached). */
+    if (dev->info.max_alloc_bytes && buf->bytes > dev->info.max_alloc_bytes)
+        buf->bytes = bytes;
     st = chi_alloc(dev, buf->bytes, &buf->ptr);
     if (st != CH_OK) {
         free(buf);

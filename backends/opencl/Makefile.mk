@@ -1,0 +1,47 @@
+# The OpenCL backend module (chorus-opencl), loaded at ch_init.
+#
+# The kernels live in .cl files and are compiled into the module as C string
+# literals (kernels.c, generated below with sed), so nothing is looked up at
+# run time.
+opencl_kernels = \
+	backends/opencl/common.cl \
+	backends/opencl/elementwise.cl \
+	backends/opencl/gemm.cl \
+	backends/opencl/reduce.cl \
+	backends/opencl/loss.cl \
+	backends/opencl/conv.cl \
+	backends/opencl/rand.cl
+EXTRA_DIST += $(opencl_kernels)
+
+if HAVE_OPENCL
+backend_LTLIBRARIES += backends/opencl/chorus-opencl.la
+backends_opencl_chorus_opencl_la_SOURCES = \
+	backends/opencl/opencl.h \
+	backends/opencl/backend.c \
+	backends/opencl/error.c \
+	backends/opencl/memory.c \
+	backends/opencl/stream.c \
+	backends/opencl/program.c \
+	backends/opencl/ops.c \
+	backends/opencl/conv.c \
+	backends/opencl/gemm.c \
+	backends/opencl/allreduce.c
+nodist_backends_opencl_chorus_opencl_la_SOURCES = backends/opencl/kernels.c
+backends_opencl_chorus_opencl_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared
+backends_opencl_chorus_opencl_la_LIBADD = libchorus.la $(OPENCL_LIBS) $(CLBLAST_LIBS) \
+	$(PTHREAD_LIBS) -lm
+CLEANFILES += backends/opencl/kernels.c
+endif
+
+# Each .cl file becomes `const char chcl_src_<name>[]`: backslashes and
+# quotes escaped, every line a literal ending in "\n".
+backends/opencl/kernels.c: $(opencl_kernels) backends/opencl/Makefile.mk
+	$(AM_V_GEN)$(MKDIR_P) backends/opencl && { \
+	  echo '/* Generated from the .cl files by backends/opencl/Makefile.mk. */'; \
+	  for f in $(opencl_kernels); do \
+	    name=`basename $$f .cl`; \
+	    echo "const char chcl_src_$$name[] ="; \
+	    $(SED) -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' \
+	      $(srcdir)/$$f || exit 1; \
+	    echo ';'; \
+	  done; } > $@-t && mv $@-t $@

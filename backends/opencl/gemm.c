@@ -1,0 +1,122 @@
+/* GEMM: CLBlast's SGEMM when the module is built with it, our tiled kernel
+ * (gemm.cl) otherwise and for the shapes CLBlast refuses. The environment
+ * variable CHORUS_OPENCL_GEMM=own|clblast forces one of them (read at init). */
+#include "config.h"
+
+#include <string.h>
+
+#include "opencl.h"
+
+#ifdef HAVE_CLBLAST
+#include <clblast_c.h>
+#endif
+
+ch_status chcl_gemm_mode_parse(const char *value, chcl_gemm_mode *mode)
+{
+    if (!value || !*value) {
+        *mode = CHCL_GEMM_AUTO;
+    } else if (strcmp(value, "own") == 0) {
+        *mode = CHCL_GEMM_OWN;
+    } else if (strcmp(value, "clblast") == 0) {
+#ifdef HAVE_CLBLAST
+        *mode = CHCL_GEMM_CLBLAST;
+#else
+        return chi_error(CH_ERR_UNAVAILABLE,
+                         "CHORUS_OPENCL_GEMM=clblast, but the OpenCL backend was built "
+                         "without CLBlast (configure --with-clblast)");
+#endif
+    } else {
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "CHORUS_OPENCL_GEMM=%s: expected \"own\" or \"clblast\"", value);
+    }
+    return CH_OK;
+}
+
+/* The elements a kernel indexes in a matrix of `rows` rows of stride ld
+ * (ld >= its columns). */
+static ch_status check_matrix(const char *name, int64_t rows, int64_t ld)
+{
+    return chcl_check_count(name, rows * ld);
+}
+
+static ch_status gemm_own(chcl_stream *s, int trans_a, int trans_b, int64_t m, int64_t n,
+                          int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
+                          int64_t ldb, float beta, ch_bmem c, int64_t ldc)
+{
+    ch_status st = check_matrix("gemm A", trans_a ? k : m, lda);
+    if (st == CH_OK)
+        st = check_matrix("gemm B", trans_b ? n : k, ldb);
+    if (st == CH_OK)
+        st = check_matrix("gemm C", m, ldc);
+    if (st != CH_OK)
+        return st;
+    chcl_ref C = chcl_ref_of(c), A = chcl_ref_of(a), B = chcl_ref_of(b);
+    cl_int ic = (cl_int)ldc, ia = (cl_int)lda, ib = (cl_int)ldb, im = (cl_int)m,
+           in = (cl_int)n, ik = (cl_int)k, ta = trans_a != 0, tb = trans_b != 0;
+    chcl_arg args[] = {CHCL_REF(C),     CHCL_ARG(ic),    CHCL_REF(A),     CHCL_ARG(ia),
+                       CHCL_REF(B),     CHCL_ARG(ib),    CHCL_ARG(im),    CHCL_ARG(in),
+                       CHCL_ARG(ik),    CHCL_ARG(ta),    CHCL_ARG(tb),    CHCL_ARG(alpha),
+                       CHCL_ARG(beta)};
+    size_t tiles_n = (size_t)((n + CHCL_GEMM_TILE - 1) / CHCL_GEMM_TILE);
+    size_t tiles_m = (size_t)((m + CHCL_GEMM_TILE - 1) / CHCL_GEMM_TILE);
+    size_t global[2] = {tiles_n * CHCL_GEMM_WG, tiles_m * CHCL_GEMM_WG};
+    size_t local[2] = {CHCL_GEMM_WG, CHCL_GEMM_WG};
+    return chcl_launch(s, CHCL_K_GEMM, CHCL_COUNT_OF(args), args, 2, global, local);
+}
+
+#ifdef HAVE_CLBLAST
+static const char *clblast_name(CLBlastStatusCode code)
+{
+    switch (code) {
+    case CLBlastNotImplemented: return "CLBlastNotImplemented";
+    case CLBlastInvalidDimension: return "CLBlastInvalidDimension";
+    case CLBlastInvalidLeadDimA: return "CLBlastInvalidLeadDimA";
+    case CLBlastInvalidLeadDimB: return "CLBlastInvalidLeadDimB";
+    case CLBlastInvalidLeadDimC: return "CLBlastInvalidLeadDimC";
+    case CLBlastInsufficientMemoryA: return "CLBlastInsufficientMemoryA";
+    case CLBlastInsufficientMemoryB: return "CLBlastInsufficientMemoryB";
+    case CLBlastInsufficientMemoryC: return "CLBlastInsufficientMemoryC";
+    case CLBlastInvalidLocalMemUsage: return "CLBlastInvalidLocalMemUsage";
+    case CLBlastDatabaseError: return "CLBlastDatabaseError";
+    case CLBlastUnknownError: return "CLBlastUnknownError";
+    case CLBlastUnexpectedError: return "CLBlastUnexpectedError";
+    default: return chcl_err_name((cl_int)code);
+    }
+}
+
+static CLBlastStatusCode gemm_clblast(chcl_stream *s, int trans_a, int trans_b, int64_t m,
+                                      int64_t n, int64_t k, float alpha, ch_bmem a,
+                                      int64_t lda, ch_bmem b, int64_t ldb, float beta,
+                                      ch_bmem c, int64_t ldc)
+{
+    return CLBlastSgemm(CLBlastLayoutRowMajor,
+                        trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
+                        trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, (size_t)m,
+                        (size_t)n, (size_t)k, alpha, chcl_buf(a), a.off / 4, (size_t)lda,
+                        chcl_buf(b), b.off / 4, (size_t)ldb, beta, chcl_buf(c), c.off / 4,
+                        (size_t)ldc, &s->queue, NULL);
+}
+#endif
+
+ch_status chcl_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
+                    int64_t ldb, float beta, ch_bmem c, int64_t ldc)
+{
+    chcl_stream *s = stream;
+#ifdef HAVE_CLBLAST
+    chcl_gemm_mode mode = s->dev->be->gemm_mode;
+    if (mode != CHCL_GEMM_OWN) {
+        CLBlastStatusCode code = gemm_clblast(s, trans_a, trans_b, m, n, k, alpha, a, lda,
+                                              b, ldb, beta, c, ldc);
+        if (code == CLBlastSuccess)
+            return CH_OK;
+        if (mode == CHCL_GEMM_CLBLAST)
+            return chi_error(code == CLBlastTempBufferAllocFailure
+                                 ? CH_ERR_DEVICE_OUT_OF_MEMORY
+                                 : CH_ERR_DRIVER,
+                             "CLBlastSgemm(%lld x %lld x %lld): %s (%d)", (long long)m,
+                             (long long)n, (long long)k, clblast_name(code), (int)code);
+    }
+#endif
+    return gemm_own(s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}

@@ -1,0 +1,90 @@
+/* C[M,N] = alpha op(A) op(B) + beta C, row-major, with lda, ldb, ldc the row
+ * strides of A, B, C as stored. Our fallback where CLBlast is absent or
+ * refuses a shape.
+ *
+ * A work-group of 16 x 16 work-items computes a 64 x 64 tile of C, each
+ * work-item a 4 x 4 block strided by 16 so that neighbouring work-items
+ * touch neighbouring columns. The K dimension goes by slices of 16 staged in
+ * local memory; edges are padded with zeros, so any M, N, K works. The
+ * layout constants match CHCL_GEMM_WG and CHCL_GEMM_TILE in opencl.h. */
+
+/* Products summed with fused multiply-adds where the device has them, as
+ * BLAS libraries do. */
+#pragma OPENCL FP_CONTRACT ON
+
+#define WG 16
+#define TS 64
+#define TK 16
+#define WPT (TS / WG)
+#define LOADS (TS * TK / (WG * WG))
+
+__kernel __attribute__((reqd_work_group_size(WG, WG, 1)))
+void gemm(__global float *c, ulong co, int ldc, __global const float *a, ulong ao,
+          int lda, __global const float *b, ulong bo, int ldb, int m, int n, int k,
+          int trans_a, int trans_b, float alpha, float beta)
+{
+    /* One column of padding: the staging stores of a non-transposed A (or a
+     * transposed B) walk down a column, which would hit one bank 16 times. */
+    __local float as[TK][TS + 1];
+    __local float bs[TK][TS + 1];
+    int tx = get_local_id(0), ty = get_local_id(1);
+    int tid = ty * WG + tx;
+    int i0 = get_group_id(1) * TS, j0 = get_group_id(0) * TS;
+    float acc[WPT][WPT];
+    for (int r = 0; r < WPT; r++)
+        for (int q = 0; q < WPT; q++)
+            acc[r][q] = 0.0f;
+    a += ao;
+    b += bo;
+    c += co;
+
+    for (int p0 = 0; p0 < k; p0 += TK) {
+        /* Each work-item stages LOADS elements of each tile; the split of the
+         * element number follows the stored layout so reads are coalesced. */
+        for (int l = 0; l < LOADS; l++) {
+            int e = tid + l * WG * WG;
+            int ii = trans_a ? e % TS : e / TK;
+            int pa = trans_a ? e / TS : e % TK;
+            int i = i0 + ii, p = p0 + pa;
+            float va = 0.0f;
+            if (i < m && p < k)
+                va = trans_a ? a[p * lda + i] : a[i * lda + p];
+            as[pa][ii] = va;
+
+            int jj = trans_b ? e / TK : e % TS;
+            int pb = trans_b ? e % TK : e / TS;
+            int j = j0 + jj;
+            p = p0 + pb;
+            float vb = 0.0f;
+            if (j < n && p < k)
+                vb = trans_b ? b[j * ldb + p] : b[p * ldb + j];
+            bs[pb][jj] = vb;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int p = 0; p < TK; p++) {
+            float ar[WPT], br[WPT];
+            for (int r = 0; r < WPT; r++)
+                ar[r] = as[p][ty + r * WG];
+            for (int q = 0; q < WPT; q++)
+                br[q] = bs[p][tx + q * WG];
+            for (int r = 0; r < WPT; r++)
+                for (int q = 0; q < WPT; q++)
+                    acc[r][q] += ar[r] * br[q];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    for (int r = 0; r < WPT; r++) {
+        int i = i0 + ty + r * WG;
+        for (int q = 0; q < WPT; q++) {
+            int j = j0 + tx + q * WG;
+            if (i >= m || j >= n)
+                continue;
+            /* beta 0: C is not read (it may hold NaN), as in BLAS. */
+            float v = alpha * acc[r][q];
+            if (beta != 0.0f)
+                v += beta * c[i * ldc + j];
+            c[i * ldc + j] = v;
+        }
+    }
+}

@@ -1,0 +1,65 @@
+/* Fused softmax and cross-entropy. The forward pass writes each row's loss
+ * to a scratch buffer, then one work-group takes their mean in a fixed
+ * order, so the loss has the same bits on every run. */
+
+#pragma OPENCL FP_CONTRACT OFF
+
+/* One work-group per row of logits [rows, c]: probs = softmax(row),
+ * rowloss = logsumexp(row) - row[label], NaN for a label out of range. */
+__kernel void softmax_rows(__global float *probs, ulong po, __global float *rowloss,
+                           __global const float *logits, ulong lo,
+                           __global const int *labels, ulong lbo, int c,
+                           __local float *tmp)
+{
+    int r = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
+    __global const float *x = logits + lo + (long)r * c;
+    __global float *p = probs + po + (long)r * c;
+
+    float mx = -INFINITY;
+    for (int j = t; j < c; j += step)
+        mx = fmax(mx, x[j]);
+    tmp[t] = mx;
+    tree_max(tmp);
+    mx = tmp[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    float s = 0.0f;
+    for (int j = t; j < c; j += step)
+        s += exp(x[j] - mx);
+    tmp[t] = s;
+    tree_sum(tmp);
+    s = tmp[0];
+
+    for (int j = t; j < c; j += step)
+        p[j] = exp(x[j] - mx) / s;
+    if (t == 0) {
+        int lab = labels[lbo + r];
+        rowloss[r] = lab >= 0 && lab < c ? log(s) - (x[lab] - mx) : NAN;
+    }
+}
+
+/* y[0] = mean of x[0 .. n), one work-group. */
+__kernel void mean(__global float *y, ulong yo, __global const float *x, int n,
+                   __local float *tmp)
+{
+    int t = get_local_id(0), step = get_local_size(0);
+    float s = 0.0f;
+    for (int j = t; j < n; j += step)
+        s += x[j];
+    tmp[t] = s;
+    tree_sum(tmp);
+    if (t == 0)
+        y[yo] = tmp[0] / (float)n;
+}
+
+/* dlogits = scale (probs - onehot(labels)) / rows. */
+__kernel void softmax_backward(__global float *dl, ulong dlo, __global const float *probs,
+                               ulong po, __global const int *labels, ulong lbo,
+                               int total, int c, float scale, float rows)
+{
+    int i = get_global_id(0);
+    if (i >= total)
+        return;
+    float hot = labels[lbo + i / c] == i % c ? 1.0f : 0.0f;
+    dl[dlo + i] = scale * (probs[po + i] - hot) / rows;
+}

@@ -1,0 +1,263 @@
+/* The OpenCL backend's private structures and the helpers its files share.
+ *
+ * Object graph: one backend context (chcl_backend) holds one chcl_platform per
+ * OpenCL platform, each with one cl_context over all of its devices and the
+ * programs built for that context. device_open gives a chcl_device (its limits,
+ * an internal queue, its kernel objects); every stream is an in-order queue
+ * on one device. */
+#ifndef CHORUS_BACKENDS_OPENCL_H
+#define CHORUS_BACKENDS_OPENCL_H
+
+/* Stay on the OpenCL 1.2 API so older Intel and AMD drivers work, and so the
+ * headers do not flag the 1.2 calls as deprecated. */
+#define CL_TARGET_OPENCL_VERSION 120
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <CL/cl.h>
+#include <CL/cl_ext.h>
+
+#include "backend.h"
+
+/* The programs, one per .cl file, each built once per context on first use. */
+typedef enum chcl_prog_id {
+    CHCL_P_ELEMENTWISE,
+    CHCL_P_GEMM,
+    CHCL_P_REDUCE,
+    CHCL_P_LOSS,
+    CHCL_P_CONV,
+    CHCL_P_RAND,
+    CHCL_P_COUNT
+} chcl_prog_id;
+
+/* Every kernel, each created once per device on first use. */
+typedef enum chcl_kern_id {
+    CHCL_K_BINARY,
+    CHCL_K_AXPBY,
+    CHCL_K_ACT_FORWARD,
+    CHCL_K_ACT_BACKWARD,
+    CHCL_K_BIAS_ADD,
+    CHCL_K_TRANSPOSE01,
+    CHCL_K_SGD_STEP,
+    CHCL_K_ADAM_STEP,
+    CHCL_K_GEMM,
+    CHCL_K_REDUCE_ITEM,
+    CHCL_K_REDUCE_GROUP,
+    CHCL_K_ARGMAX_ITEM,
+    CHCL_K_ARGMAX_GROUP,
+    CHCL_K_BIAS_GRAD,
+    CHCL_K_SOFTMAX_ROWS,
+    CHCL_K_MEAN,
+    CHCL_K_SOFTMAX_BACKWARD,
+    CHCL_K_IM2COL,
+    CHCL_K_COL2IM,
+    CHCL_K_MAXPOOL_FORWARD,
+    CHCL_K_MAXPOOL_BACKWARD,
+    CHCL_K_RAND,
+    CHCL_K_COUNT
+} chcl_kern_id;
+
+/* The GEMM kernel's fixed work-group shape (gemm.cl: 16 x 16 work-items,
+ * each computing 4 x 4 outputs of a 64 x 64 tile). */
+#define CHCL_GEMM_WG 16
+#define CHCL_GEMM_TILE 64
+
+/* Which GEMM the gemm slot uses (CHORUS_OPENCL_GEMM). */
+typedef enum chcl_gemm_mode {
+    CHCL_GEMM_AUTO,  /* CLBlast when built with it, ours where it refuses */
+    CHCL_GEMM_OWN,
+    CHCL_GEMM_CLBLAST
+} chcl_gemm_mode;
+
+typedef struct chcl_platform {
+    cl_platform_id id;
+    cl_context ctx;
+    pthread_mutex_t lock;          /* guards progs */
+    cl_program progs[CHCL_P_COUNT];
+} chcl_platform;
+
+typedef struct chcl_backend {
+    int nplatforms;
+    chcl_platform *platforms;
+    int ndevices;
+    cl_device_id *devices;         /* backend index order */
+    chcl_platform **device_platform;  /* the platform of each device */
+    chcl_gemm_mode gemm_mode;
+} chcl_backend;
+
+typedef struct chcl_pinned {
+    void *host;
+    cl_mem mem;
+    struct chcl_pinned *next;
+} chcl_pinned;
+
+typedef struct chcl_device {
+    chcl_backend *be;
+    chcl_platform *plat;
+    cl_device_id id;
+    char name[128];
+    cl_ulong max_alloc;
+    cl_ulong global_mem;
+    size_t max_wg;                 /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    size_t max_item0;              /* CL_DEVICE_MAX_WORK_ITEM_SIZES[0] */
+    cl_command_queue queue;        /* for mapping pinned memory */
+    atomic_ullong allocated;       /* bytes in live buffers of this module */
+    pthread_mutex_t lock;          /* guards kernels and their arguments, pinned */
+    cl_kernel kernels[CHCL_K_COUNT];
+    size_t kernel_wg[CHCL_K_COUNT];   /* CL_KERNEL_WORK_GROUP_SIZE per kernel */
+    chcl_pinned *pinned;
+} chcl_device;
+
+typedef struct chcl_stream {
+    chcl_device *dev;
+    cl_command_queue queue;
+} chcl_stream;
+
+typedef struct chcl_event {
+    chcl_device *dev;
+    cl_event ev;                   /* NULL until recorded */
+} chcl_event;
+
+/* ---- error.c ---- */
+const char *chcl_err_name(cl_int err);
+/* chi_error with "<call>: <CL error name>" and the right status. */
+ch_status chcl_err(cl_int err, const char *call);
+/* The same naming what the call was on: "clCreateKernel(gemm): ...". */
+ch_status chcl_err_on(cl_int err, const char *call, const char *what);
+/* CH_ERR_LIMIT when a kernel would index `count` elements, beyond int. */
+ch_status chcl_check_count(const char *op, int64_t count);
+
+/* ---- program.c ---- */
+/* One kernel argument: its size and where its value is (value NULL with a
+ * size: that many bytes of local memory). */
+typedef struct chcl_arg {
+    size_t size;
+    const void *value;
+} chcl_arg;
+#define CHCL_ARG(x) ((chcl_arg){sizeof(x), &(x)})
+#define CHCL_LOCAL(bytes) ((chcl_arg){(bytes), NULL})
+
+/* The largest power-of-two work-group size, at most `cap`, the kernel
+ * allows on the stream's device (for tree reductions). */
+ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t *out);
+/* Set the arguments and enqueue `k` on the stream: `dims` dimensions of
+ * `global` work-items, rounded up to multiples of `local` (local NULL: one
+ * chosen by us, 1-D only). */
+ch_status chcl_launch(chcl_stream *s, chcl_kern_id k, int nargs, const chcl_arg *args,
+                      int dims, const size_t *global, const size_t *local);
+/* 1-D launch of n work-items. */
+ch_status chcl_launch1(chcl_stream *s, chcl_kern_id k, int nargs, const chcl_arg *args,
+                       int64_t n);
+/* `groups` work-groups of `group` work-items (a size from chcl_group_size). */
+ch_status chcl_launch_groups(chcl_stream *s, chcl_kern_id k, int nargs,
+                             const chcl_arg *args, int64_t groups, size_t group);
+void chcl_programs_release(chcl_platform *p);
+void chcl_kernels_release(chcl_device *d);
+
+/* A buffer as kernels take it: the cl_mem and an offset in 4-byte elements
+ * (the kernels' f32 and i32 alike). CHCL_REF gives its two arguments. */
+typedef struct chcl_ref {
+    cl_mem mem;
+    cl_ulong off;
+} chcl_ref;
+#define CHCL_REF(r) CHCL_ARG((r).mem), CHCL_ARG((r).off)
+
+static inline cl_mem chcl_buf(ch_bmem m) { return (cl_mem)m.ptr; }
+static inline chcl_ref chcl_ref_of(ch_bmem m)
+{
+    return (chcl_ref){(cl_mem)m.ptr, (cl_ulong)(m.off / 4)};
+}
+
+#define CHCL_COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* ---- The table's slots, by file (see lib/backend.h) ---- */
+
+/* memory.c */
+ch_status chcl_alloc(void *dev, size_t bytes, void **ptr);
+void chcl_free(void *dev, void *ptr);
+ch_status chcl_host_alloc(void *dev, size_t bytes, void **ptr);
+void chcl_host_free(void *dev, void *ptr);
+ch_status chcl_upload(void *stream, ch_bmem dst, const void *host, size_t bytes,
+                      int blocking);
+ch_status chcl_download(void *stream, void *host, ch_bmem src, size_t bytes,
+                        int blocking);
+ch_status chcl_copy(void *stream, ch_bmem dst, ch_bmem src, size_t bytes);
+int chcl_can_peer(void *src_dev, void *dst_dev);
+ch_status chcl_peer_copy(void *stream, ch_bmem dst, void *src_dev, ch_bmem src,
+                         size_t bytes);
+/* A temporary device buffer: the caller releases it once its last command is
+ * queued (OpenCL keeps it alive until those commands finish). */
+ch_status chcl_scratch_new(chcl_device *d, size_t bytes, cl_mem *out);
+
+/* stream.c */
+ch_status chcl_stream_new(void *dev, void **stream);
+void chcl_stream_free(void *stream);
+ch_status chcl_stream_sync(void *stream);
+ch_status chcl_event_new(void *dev, void **event);
+void chcl_event_free(void *event);
+ch_status chcl_event_record(void *event, void *stream);
+ch_status chcl_event_wait(void *stream, void *event);
+ch_status chcl_event_sync(void *event);
+/* Makes `waiter` wait for everything queued on `producer` so far. */
+ch_status chcl_stream_after(chcl_stream *waiter, chcl_stream *producer);
+
+/* ops.c */
+ch_status chcl_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value);
+ch_status chcl_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
+                      ch_bmem b);
+ch_status chcl_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
+                     float beta);
+ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
+                           ch_bmem x);
+ch_status chcl_act_backward(void *stream, ch_activation act, int64_t n, ch_bmem dx,
+                            ch_bmem dy, ch_bmem x, ch_bmem y);
+ch_status chcl_bias_add(void *stream, int64_t outer, int64_t c, int64_t inner, ch_bmem y,
+                        ch_bmem x, ch_bmem bias);
+ch_status chcl_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
+                         ch_bmem db, ch_bmem dy, float beta);
+ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
+                            ch_bmem probs, ch_bmem logits, ch_bmem labels);
+ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem dlogits,
+                                     ch_bmem probs, ch_bmem labels, float scale);
+ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch_bmem y,
+                           ch_bmem x);
+ch_status chcl_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
+                      int64_t inner, ch_bmem y, ch_bmem x);
+ch_status chcl_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_bmem y,
+                      ch_bmem x);
+ch_status chcl_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
+                        const ch_sgd_params *params, int first_step);
+ch_status chcl_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
+                         ch_bmem g, const ch_adam_params *params);
+ch_status chcl_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y, uint64_t seed,
+                    uint64_t offset, float a, float b);
+
+/* conv.c */
+ch_status chcl_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x);
+ch_status chcl_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem col);
+ch_status chcl_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
+                               ch_bmem idx, ch_bmem x);
+ch_status chcl_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
+                                ch_bmem dy, ch_bmem idx);
+
+/* gemm.c */
+ch_status chcl_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
+                    int64_t ldb, float beta, ch_bmem c, int64_t ldc);
+/* CHORUS_OPENCL_GEMM: NULL or "" (auto), "own" or "clblast". */
+ch_status chcl_gemm_mode_parse(const char *value, chcl_gemm_mode *mode);
+
+/* allreduce.c */
+ch_status chcl_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
+                             int64_t n);
+
+/* ---- kernels.c (generated from the .cl files by Makefile.mk) ---- */
+extern const char chcl_src_common[];
+extern const char chcl_src_elementwise[];
+extern const char chcl_src_gemm[];
+extern const char chcl_src_reduce[];
+extern const char chcl_src_loss[];
+extern const char chcl_src_conv[];
+extern const char chcl_src_rand[];
+
+#endif

@@ -1,0 +1,297 @@
+/* The op slots: each turns its arguments into kernel arguments (buffers as
+ * cl_mem plus element offset, sizes as int after a limit check) and queues
+ * one kernel, two for the softmax loss. The core has checked shapes, dtypes
+ * and devices already. */
+#include "config.h"
+
+#include <math.h>
+
+#include "opencl.h"
+
+/* Work-groups of reductions: a power of two covering `count` elements, at
+ * most 256 (the tree then has 8 levels). */
+static size_t group_cap(int64_t count)
+{
+    size_t g = 1;
+    while (g < 256 && (int64_t)g < count)
+        g *= 2;
+    return g;
+}
+
+/* The elements of [outer, c, inner] as one kernel indexes them (the
+ * product of a real tensor's sizes cannot overflow int64). */
+static ch_status check_3d(const char *op, int64_t outer, int64_t c, int64_t inner)
+{
+    return chcl_check_count(op, outer * c * inner);
+}
+
+ch_status chcl_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value)
+{
+    chcl_stream *s = stream;
+    cl_float f = (cl_float)value;
+    cl_int i = (cl_int)value;
+    const void *pattern = dtype == CH_I32 ? (const void *)&i : (const void *)&f;
+    cl_int err = clEnqueueFillBuffer(s->queue, chcl_buf(y), pattern, 4, y.off,
+                                     (size_t)n * 4, 0, NULL, NULL);
+    return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clEnqueueFillBuffer");
+}
+
+ch_status chcl_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
+                      ch_bmem b)
+{
+    chcl_ref Y = chcl_ref_of(y), A = chcl_ref_of(a), B = chcl_ref_of(b);
+    cl_int len = (cl_int)n, code = (cl_int)op;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(A), CHCL_REF(B), CHCL_ARG(len),
+                       CHCL_ARG(code)};
+    return chcl_launch1(stream, CHCL_K_BINARY, CHCL_COUNT_OF(args), args, n);
+}
+
+ch_status chcl_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
+                     float beta)
+{
+    chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
+    cl_int len = (cl_int)n;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(alpha),
+                       CHCL_ARG(beta)};
+    return chcl_launch1(stream, CHCL_K_AXPBY, CHCL_COUNT_OF(args), args, n);
+}
+
+ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
+                           ch_bmem x)
+{
+    chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
+    cl_int len = (cl_int)n, code = (cl_int)act;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(code)};
+    return chcl_launch1(stream, CHCL_K_ACT_FORWARD, CHCL_COUNT_OF(args), args, n);
+}
+
+ch_status chcl_act_backward(void *stream, ch_activation act, int64_t n, ch_bmem dx,
+                            ch_bmem dy, ch_bmem x, ch_bmem y)
+{
+    /* The buffer the activation does not read may be absent: dy stands in,
+     * the kernel never touches it. */
+    if (!x.ptr)
+        x = dy;
+    if (!y.ptr)
+        y = dy;
+    chcl_ref DX = chcl_ref_of(dx), DY = chcl_ref_of(dy), X = chcl_ref_of(x),
+             Y = chcl_ref_of(y);
+    cl_int len = (cl_int)n, code = (cl_int)act;
+    chcl_arg args[] = {CHCL_REF(DX), CHCL_REF(DY), CHCL_REF(X), CHCL_REF(Y),
+                       CHCL_ARG(len), CHCL_ARG(code)};
+    return chcl_launch1(stream, CHCL_K_ACT_BACKWARD, CHCL_COUNT_OF(args), args, n);
+}
+
+ch_status chcl_bias_add(void *stream, int64_t outer, int64_t c, int64_t inner, ch_bmem y,
+                        ch_bmem x, ch_bmem bias)
+{
+    ch_status st = check_3d("bias_add", outer, c, inner);
+    if (st != CH_OK)
+        return st;
+    chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x), B = chcl_ref_of(bias);
+    cl_int len = (cl_int)(outer * c * inner), cc = (cl_int)c, in = (cl_int)inner;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_REF(B), CHCL_ARG(len), CHCL_ARG(cc),
+                       CHCL_ARG(in)};
+    return chcl_launch1(stream, CHCL_K_BIAS_ADD, CHCL_COUNT_OF(args), args, len);
+}
+
+ch_status chcl_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
+                         ch_bmem db, ch_bmem dy, float beta)
+{
+    ch_status st = check_3d("bias_grad", outer, c, inner);
+    size_t group = 0;
+    if (st == CH_OK)
+        st = chcl_group_size(stream, CHCL_K_BIAS_GRAD, group_cap(outer * inner), &group);
+    if (st != CH_OK)
+        return st;
+    chcl_ref DB = chcl_ref_of(db), DY = chcl_ref_of(dy);
+    cl_int o = (cl_int)outer, cc = (cl_int)c, in = (cl_int)inner;
+    chcl_arg args[] = {CHCL_REF(DB), CHCL_REF(DY), CHCL_ARG(o), CHCL_ARG(cc), CHCL_ARG(in),
+                       CHCL_ARG(beta), CHCL_LOCAL(group * sizeof(cl_float))};
+    return chcl_launch_groups(stream, CHCL_K_BIAS_GRAD, CHCL_COUNT_OF(args), args, c,
+                              group);
+}
+
+/* Mean of the row losses in `rows` into loss[0], one work-group. */
+static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
+{
+    size_t group;
+    ch_status st = chcl_group_size(s, CHCL_K_MEAN, group_cap(n), &group);
+    if (st != CH_OK)
+        return st;
+    chcl_ref L = chcl_ref_of(loss);
+    cl_int len = (cl_int)n;
+    chcl_arg args[] = {CHCL_REF(L), CHCL_ARG(rows), CHCL_ARG(len),
+                       CHCL_LOCAL(group * sizeof(cl_float))};
+    return chcl_launch_groups(s, CHCL_K_MEAN, CHCL_COUNT_OF(args), args, 1, group);
+}
+
+static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem probs,
+                              cl_mem rows, ch_bmem logits, ch_bmem labels)
+{
+    size_t group;
+    ch_status st = chcl_group_size(s, CHCL_K_SOFTMAX_ROWS, group_cap(c), &group);
+    if (st != CH_OK)
+        return st;
+    chcl_ref P = chcl_ref_of(probs), X = chcl_ref_of(logits), LB = chcl_ref_of(labels);
+    cl_int cc = (cl_int)c;
+    chcl_arg args[] = {CHCL_REF(P), CHCL_ARG(rows), CHCL_REF(X), CHCL_REF(LB),
+                       CHCL_ARG(cc), CHCL_LOCAL(group * sizeof(cl_float))};
+    return chcl_launch_groups(s, CHCL_K_SOFTMAX_ROWS, CHCL_COUNT_OF(args), args, n, group);
+}
+
+ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
+                            ch_bmem probs, ch_bmem logits, ch_bmem labels)
+{
+    chcl_stream *s = stream;
+    ch_status st = check_3d("softmax_xent", n, c, 1);
+    cl_mem rows = NULL;
+    if (st == CH_OK)
+        st = chcl_scratch_new(s->dev, (size_t)n * sizeof(cl_float), &rows);
+    if (st != CH_OK)
+        return st;
+    st = softmax_rows(s, n, c, probs, rows, logits, labels);
+    if (st == CH_OK)
+        st = loss_mean(s, loss, rows, n);
+    clReleaseMemObject(rows);
+    return st;
+}
+
+ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem dlogits,
+                                     ch_bmem probs, ch_bmem labels, float scale)
+{
+    ch_status st = check_3d("softmax_xent_backward", n, c, 1);
+    if (st != CH_OK)
+        return st;
+    chcl_ref D = chcl_ref_of(dlogits), P = chcl_ref_of(probs), LB = chcl_ref_of(labels);
+    cl_int total = (cl_int)(n * c), cc = (cl_int)c;
+    cl_float rows = (cl_float)n;
+    chcl_arg args[] = {CHCL_REF(D), CHCL_REF(P), CHCL_REF(LB), CHCL_ARG(total),
+                       CHCL_ARG(cc), CHCL_ARG(scale), CHCL_ARG(rows)};
+    return chcl_launch1(stream, CHCL_K_SOFTMAX_BACKWARD, CHCL_COUNT_OF(args), args, total);
+}
+
+ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch_bmem y,
+                           ch_bmem x)
+{
+    ch_status st = check_3d("transpose01", a, b, inner);
+    if (st != CH_OK)
+        return st;
+    chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
+    cl_int len = (cl_int)(a * b * inner), aa = (cl_int)a, bb = (cl_int)b,
+           in = (cl_int)inner;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(aa), CHCL_ARG(bb),
+                       CHCL_ARG(in)};
+    return chcl_launch1(stream, CHCL_K_TRANSPOSE01, CHCL_COUNT_OF(args), args, len);
+}
+
+/* Short reductions get one work-item per output (sequential sum), long
+ * ones a work-group per output: both a fixed order. */
+#define REDUCE_ITEM_MAX 64
+
+ch_status chcl_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
+                      int64_t inner, ch_bmem y, ch_bmem x)
+{
+    ch_status st = check_3d("reduce", outer, n, inner);
+    if (st != CH_OK)
+        return st;
+    chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
+    cl_int outputs = (cl_int)(outer * inner), len = (cl_int)n, in = (cl_int)inner,
+           mean = op == CH_REDUCE_MEAN;
+    if (n <= REDUCE_ITEM_MAX) {
+        chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(outputs), CHCL_ARG(len),
+                           CHCL_ARG(in), CHCL_ARG(mean)};
+        return chcl_launch1(stream, CHCL_K_REDUCE_ITEM, CHCL_COUNT_OF(args), args, outputs);
+    }
+    size_t group;
+    st = chcl_group_size(stream, CHCL_K_REDUCE_GROUP, group_cap(n), &group);
+    if (st != CH_OK)
+        return st;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(in),
+                       CHCL_ARG(mean), CHCL_LOCAL(group * sizeof(cl_float))};
+    return chcl_launch_groups(stream, CHCL_K_REDUCE_GROUP, CHCL_COUNT_OF(args), args,
+                              outputs, group);
+}
+
+ch_status chcl_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_bmem y,
+                      ch_bmem x)
+{
+    ch_status st = check_3d("argmax", outer, n, inner);
+    if (st != CH_OK)
+        return st;
+    chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
+    cl_int outputs = (cl_int)(outer * inner), len = (cl_int)n, in = (cl_int)inner;
+    if (n <= REDUCE_ITEM_MAX) {
+        chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(outputs), CHCL_ARG(len),
+                           CHCL_ARG(in)};
+        return chcl_launch1(stream, CHCL_K_ARGMAX_ITEM, CHCL_COUNT_OF(args), args, outputs);
+    }
+    size_t group;
+    st = chcl_group_size(stream, CHCL_K_ARGMAX_GROUP, group_cap(n), &group);
+    if (st != CH_OK)
+        return st;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(in),
+                       CHCL_LOCAL(group * sizeof(cl_float)),
+                       CHCL_LOCAL(group * sizeof(cl_int))};
+    return chcl_launch_groups(stream, CHCL_K_ARGMAX_GROUP, CHCL_COUNT_OF(args), args,
+                              outputs, group);
+}
+
+ch_status chcl_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
+                        const ch_sgd_params *params, int first_step)
+{
+    /* Without momentum there is no buffer: p stands in, never touched. */
+    if (!m.ptr)
+        m = p;
+    chcl_ref P = chcl_ref_of(p), M = chcl_ref_of(m), G = chcl_ref_of(g);
+    cl_int len = (cl_int)n, nesterov = params->nesterov != 0, first = first_step != 0;
+    chcl_arg args[] = {CHCL_REF(P),
+                       CHCL_REF(M),
+                       CHCL_REF(G),
+                       CHCL_ARG(len),
+                       CHCL_ARG(params->lr),
+                       CHCL_ARG(params->momentum),
+                       CHCL_ARG(params->dampening),
+                       CHCL_ARG(params->weight_decay),
+                       CHCL_ARG(nesterov),
+                       CHCL_ARG(first)};
+    return chcl_launch1(stream, CHCL_K_SGD_STEP, CHCL_COUNT_OF(args), args, n);
+}
+
+ch_status chcl_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
+                         ch_bmem g, const ch_adam_params *params)
+{
+    chcl_ref P = chcl_ref_of(p), M = chcl_ref_of(m), V = chcl_ref_of(v), G = chcl_ref_of(g);
+    cl_int len = (cl_int)n, decoupled = params->decoupled != 0;
+    /* Bias corrections in double, as the host computes them. */
+    cl_float bc1 = (cl_float)(1.0 - pow(params->beta1, (double)params->step));
+    cl_float bc2 = (cl_float)(1.0 - pow(params->beta2, (double)params->step));
+    chcl_arg args[] = {CHCL_REF(P),
+                       CHCL_REF(M),
+                       CHCL_REF(V),
+                       CHCL_REF(G),
+                       CHCL_ARG(len),
+                       CHCL_ARG(params->lr),
+                       CHCL_ARG(params->beta1),
+                       CHCL_ARG(params->beta2),
+                       CHCL_ARG(params->eps),
+                       CHCL_ARG(params->weight_decay),
+                       CHCL_ARG(decoupled),
+                       CHCL_ARG(bc1),
+                       CHCL_ARG(bc2)};
+    return chcl_launch1(stream, CHCL_K_ADAM_STEP, CHCL_COUNT_OF(args), args, n);
+}
+
+ch_status chcl_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y, uint64_t seed,
+                    uint64_t offset, float a, float b)
+{
+    chcl_ref Y = chcl_ref_of(y);
+    cl_int len = (cl_int)n, code = (cl_int)kind;
+    cl_ulong key = seed, first = offset;
+    /* Dropout keeps with probability 1 - p and scales by its inverse,
+     * computed once here in float as the host does. */
+    cl_float lo = a, hi = kind == CH_RAND_DROPOUT ? 1.0f / (1.0f - a) : b;
+    chcl_arg args[] = {CHCL_REF(Y),    CHCL_ARG(len), CHCL_ARG(key), CHCL_ARG(first),
+                       CHCL_ARG(code), CHCL_ARG(lo),  CHCL_ARG(hi)};
+    return chcl_launch1(stream, CHCL_K_RAND, CHCL_COUNT_OF(args), args, n);
+}

@@ -1,0 +1,260 @@
+/* Programs and kernels: the embedded .cl sources built once per context on
+ * first use, kernel objects created once per device, and the launch helper
+ * every op goes through. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opencl.h"
+
+/* -cl-std=CL1.2 keeps the kernels to what every 1.2 device compiles; no
+ * fast-math option, so results (the Philox uniform bits above all) match the
+ * host's. */
+#define BUILD_OPTIONS "-cl-std=CL1.2"
+
+/* Work-group size of 1-D launches: a multiple of every GPU's SIMD width,
+ * and small enough for the devices that cap work-groups at 256. */
+#define GROUP_1D 256
+
+/* The most a build log adds to an error message. */
+#define LOG_MAX 700
+
+/* The sources of each program, in the order they are concatenated. */
+static const struct {
+    const char *name;
+    const char *const *sources;
+    int nsources;
+} programs[CHCL_P_COUNT] = {
+    [CHCL_P_ELEMENTWISE] = {"elementwise.cl", (const char *const[]){chcl_src_elementwise}, 1},
+    [CHCL_P_GEMM] = {"gemm.cl", (const char *const[]){chcl_src_gemm}, 1},
+    [CHCL_P_REDUCE] = {"reduce.cl", (const char *const[]){chcl_src_common, chcl_src_reduce}, 2},
+    [CHCL_P_LOSS] = {"loss.cl", (const char *const[]){chcl_src_common, chcl_src_loss}, 2},
+    [CHCL_P_CONV] = {"conv.cl", (const char *const[]){chcl_src_conv}, 1},
+    [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_rand}, 1},
+};
+
+static const struct {
+    const char *name;
+    chcl_prog_id prog;
+} kernels[CHCL_K_COUNT] = {
+    [CHCL_K_BINARY] = {"binary", CHCL_P_ELEMENTWISE},
+    [CHCL_K_AXPBY] = {"axpby", CHCL_P_ELEMENTWISE},
+    [CHCL_K_ACT_FORWARD] = {"act_forward", CHCL_P_ELEMENTWISE},
+    [CHCL_K_ACT_BACKWARD] = {"act_backward", CHCL_P_ELEMENTWISE},
+    [CHCL_K_BIAS_ADD] = {"bias_add", CHCL_P_ELEMENTWISE},
+    [CHCL_K_TRANSPOSE01] = {"transpose01", CHCL_P_ELEMENTWISE},
+    [CHCL_K_SGD_STEP] = {"sgd_step", CHCL_P_ELEMENTWISE},
+    [CHCL_K_ADAM_STEP] = {"adam_step", CHCL_P_ELEMENTWISE},
+    [CHCL_K_GEMM] = {"gemm", CHCL_P_GEMM},
+    [CHCL_K_REDUCE_ITEM] = {"reduce_item", CHCL_P_REDUCE},
+    [CHCL_K_REDUCE_GROUP] = {"reduce_group", CHCL_P_REDUCE},
+    [CHCL_K_ARGMAX_ITEM] = {"argmax_item", CHCL_P_REDUCE},
+    [CHCL_K_ARGMAX_GROUP] = {"argmax_group", CHCL_P_REDUCE},
+    [CHCL_K_BIAS_GRAD] = {"bias_grad", CHCL_P_REDUCE},
+    [CHCL_K_SOFTMAX_ROWS] = {"softmax_rows", CHCL_P_LOSS},
+    [CHCL_K_MEAN] = {"mean", CHCL_P_LOSS},
+    [CHCL_K_SOFTMAX_BACKWARD] = {"softmax_backward", CHCL_P_LOSS},
+    [CHCL_K_IM2COL] = {"im2col", CHCL_P_CONV},
+    [CHCL_K_COL2IM] = {"col2im", CHCL_P_CONV},
+    [CHCL_K_MAXPOOL_FORWARD] = {"maxpool_forward", CHCL_P_CONV},
+    [CHCL_K_MAXPOOL_BACKWARD] = {"maxpool_backward", CHCL_P_CONV},
+    [CHCL_K_RAND] = {"rand", CHCL_P_RAND},
+};
+
+/* The build failed: the message carries the device's build log. */
+static ch_status build_failure(cl_program prog, cl_device_id dev, const char *name,
+                               cl_int err)
+{
+    char log[LOG_MAX + 1] = "";
+    size_t len = 0;
+    cl_int e = clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &len);
+    char *full = e == CL_SUCCESS ? malloc(len + 1) : NULL;
+    if (full && clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, len, full, NULL) ==
+                    CL_SUCCESS) {
+        full[len] = '\0';
+        snprintf(log, sizeof log, "%s", full);
+    }
+    free(full);
+    return chi_error(CH_ERR_DRIVER, "clBuildProgram(%s): %s (%d); build log: %s", name,
+                     chcl_err_name(err), (int)err, log[0] ? log : "(none)");
+}
+
+static ch_status program_build(chcl_platform *p, cl_device_id dev, chcl_prog_id id)
+{
+    cl_int err;
+    cl_program prog = clCreateProgramWithSource(p->ctx, (cl_uint)programs[id].nsources,
+                                                (const char **)programs[id].sources,
+                                                NULL, &err);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clCreateProgramWithSource");
+    /* Built for every device of the context at once: that is what "once per
+     * context" buys when several devices of a platform are in use. */
+    err = clBuildProgram(prog, 0, NULL, BUILD_OPTIONS, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        ch_status st = build_failure(prog, dev, programs[id].name, err);
+        clReleaseProgram(prog);
+        return st;
+    }
+    p->progs[id] = prog;
+    return CH_OK;
+}
+
+static ch_status program_get(chcl_platform *p, cl_device_id dev, chcl_prog_id id,
+                             cl_program *out)
+{
+    ch_status st = CH_OK;
+    pthread_mutex_lock(&p->lock);
+    if (!p->progs[id])
+        st = program_build(p, dev, id);
+    *out = p->progs[id];
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+/* The device's kernel object `k`; the caller holds d->lock. */
+static ch_status kernel_get(chcl_device *d, chcl_kern_id k, cl_kernel *out)
+{
+    if (d->kernels[k]) {
+        *out = d->kernels[k];
+        return CH_OK;
+    }
+    cl_program prog;
+    ch_status st = program_get(d->plat, d->id, kernels[k].prog, &prog);
+    if (st != CH_OK)
+        return st;
+    cl_int err;
+    cl_kernel kern = clCreateKernel(prog, kernels[k].name, &err);
+    if (err != CL_SUCCESS)
+        return chcl_err_on(err, "clCreateKernel", kernels[k].name);
+    size_t wg;
+    err = clGetKernelWorkGroupInfo(kern, d->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
+                                   NULL);
+    if (err != CL_SUCCESS) {
+        clReleaseKernel(kern);
+        return chcl_err_on(err, "clGetKernelWorkGroupInfo", kernels[k].name);
+    }
+    d->kernels[k] = kern;
+    d->kernel_wg[k] = wg;
+    *out = kern;
+    return CH_OK;
+}
+
+/* The most work-items a 1-D work-group of kernel `k` may have. */
+static size_t group_max_1d(const chcl_device *d, chcl_kern_id k)
+{
+    return d->kernel_wg[k] < d->max_item0 ? d->kernel_wg[k] : d->max_item0;
+}
+
+ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t *out)
+{
+    chcl_device *d = s->dev;
+    cl_kernel kern;
+    pthread_mutex_lock(&d->lock);
+    ch_status st = kernel_get(d, k, &kern);
+    size_t max = st == CH_OK ? group_max_1d(d, k) : 0;
+    pthread_mutex_unlock(&d->lock);
+    if (st != CH_OK)
+        return st;
+    size_t g = 1;
+    while (g * 2 <= cap && g * 2 <= max)
+        g *= 2;
+    *out = g;
+    return CH_OK;
+}
+
+static ch_status args_set(cl_kernel kern, const char *name, int nargs, const chcl_arg *args)
+{
+    for (int i = 0; i < nargs; i++) {
+        cl_int err = clSetKernelArg(kern, (cl_uint)i, args[i].size, args[i].value);
+        if (err != CL_SUCCESS)
+            return chi_error(CH_ERR_INTERNAL, "clSetKernelArg(%s, %d): %s (%d)", name, i,
+                             chcl_err_name(err), (int)err);
+    }
+    return CH_OK;
+}
+
+/* A kernel that needs larger work-groups than the device allows (our GEMM's
+ * fixed 16 x 16) cannot run there: say so rather than let the launch fail
+ * with CL_INVALID_WORK_GROUP_SIZE. */
+static ch_status group_fits(chcl_device *d, chcl_kern_id k, size_t items)
+{
+    if (items <= d->kernel_wg[k])
+        return CH_OK;
+    return chi_error(CH_ERR_LIMIT,
+                     "opencl %s: needs work-groups of %zu work-items, %s allows %zu for "
+                     "this kernel",
+                     kernels[k].name, items, d->name, d->kernel_wg[k]);
+}
+
+static ch_status enqueue(chcl_stream *s, chcl_kern_id k, int nargs, const chcl_arg *args,
+                         int dims, const size_t *global, const size_t *local)
+{
+    chcl_device *d = s->dev;
+    cl_kernel kern;
+    ch_status st = kernel_get(d, k, &kern);
+    if (st != CH_OK)
+        return st;
+    size_t lsz[3], gsz[3], items = 1;
+    for (int i = 0; i < dims; i++) {
+        lsz[i] = local ? local[i] : (group_max_1d(d, k) < GROUP_1D ? group_max_1d(d, k) : GROUP_1D);
+        gsz[i] = (global[i] + lsz[i] - 1) / lsz[i] * lsz[i];
+        items *= lsz[i];
+    }
+    st = group_fits(d, k, items);
+    if (st == CH_OK)
+        st = args_set(kern, kernels[k].name, nargs, args);
+    if (st != CH_OK)
+        return st;
+    cl_int err = clEnqueueNDRangeKernel(s->queue, kern, (cl_uint)dims, NULL, gsz, lsz, 0,
+                                        NULL, NULL);
+    if (err != CL_SUCCESS)
+        return chcl_err_on(err, "clEnqueueNDRangeKernel", kernels[k].name);
+    return CH_OK;
+}
+
+ch_status chcl_launch(chcl_stream *s, chcl_kern_id k, int nargs, const chcl_arg *args,
+                      int dims, const size_t *global, const size_t *local)
+{
+    /* Arguments live in the kernel object until the enqueue copies them: the
+     * device lock keeps another thread from setting its own in between. */
+    pthread_mutex_lock(&s->dev->lock);
+    ch_status st = enqueue(s, k, nargs, args, dims, global, local);
+    pthread_mutex_unlock(&s->dev->lock);
+    return st;
+}
+
+ch_status chcl_launch1(chcl_stream *s, chcl_kern_id k, int nargs, const chcl_arg *args,
+                       int64_t n)
+{
+    ch_status st = chcl_check_count(kernels[k].name, n);
+    if (st != CH_OK)
+        return st;
+    size_t global = (size_t)n;
+    return chcl_launch(s, k, nargs, args, 1, &global, NULL);
+}
+
+ch_status chcl_launch_groups(chcl_stream *s, chcl_kern_id k, int nargs,
+                             const chcl_arg *args, int64_t groups, size_t group)
+{
+    ch_status st = chcl_check_count(kernels[k].name, groups);
+    if (st != CH_OK)
+        return st;
+    size_t global = (size_t)groups * group;
+    return chcl_launch(s, k, nargs, args, 1, &global, &group);
+}
+
+void chcl_programs_release(chcl_platform *p)
+{
+    for (int i = 0; i < CHCL_P_COUNT; i++)
+        if (p->progs[i])
+            clReleaseProgram(p->progs[i]);
+}
+
+void chcl_kernels_release(chcl_device *d)
+{
+    for (int i = 0; i < CHCL_K_COUNT; i++)
+        if (d->kernels[i])
+            clReleaseKernel(d->kernels[i]);
+}

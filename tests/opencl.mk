@@ -1,0 +1,12 @@
+# Tests of the opencl area. test-opencl skips itself (1..0 # SKIP) where no
+# OpenCL device is visible, so it is built in every configuration.
+check_PROGRAMS += tests/test-opencl
+tests_test_opencl_SOURCES = tests/test-opencl.c
+tests_test_opencl_LDADD = $(TEST_LIBS)
+
+# The same tests with our own GEMM kernel where CLBlast would otherwise
+# take every shape.
+EXTRA_DIST += tests/opencl-gemm-own.sh
+if HAVE_CLBLAST
+TESTS += tests/opencl-gemm-own.sh
+endif
