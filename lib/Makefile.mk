@@ -17,7 +17,7 @@ libchorus_la_SOURCES = \
 	lib/discover.h \
 	lib/registry.h \
 	lib/philox.h
-libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
+libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
 libchorus_la_LIBADD = $(BLAS_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 $(OPENMP_CFLAGS)
 

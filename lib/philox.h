@@ -6,12 +6,19 @@
 
 #include <stdint.h>
 
+/* The CUDA kernels call these same functions on the device. */
+#ifdef __CUDACC__
+#define CH_PHILOX_FN __host__ __device__ static inline
+#else
+#define CH_PHILOX_FN static inline
+#endif
+
 #define CH_PHILOX_M0 0xD2511F53u
 #define CH_PHILOX_M1 0xCD9E8D57u
 #define CH_PHILOX_W0 0x9E3779B9u
 #define CH_PHILOX_W1 0xBB67AE85u
 
-static inline void ch_philox4x32_10(uint32_t ctr[4], uint32_t k0, uint32_t k1)
+CH_PHILOX_FN void ch_philox4x32_10(uint32_t ctr[4], uint32_t k0, uint32_t k1)
 {
     for (int r = 0; r < 10; r++) {
         uint64_t p0 = (uint64_t)CH_PHILOX_M0 * ctr[0];
@@ -30,7 +37,7 @@ static inline void ch_philox4x32_10(uint32_t ctr[4], uint32_t k0, uint32_t k1)
 }
 
 /* The two words element `index` of a stream draws from. */
-static inline void ch_philox_words(uint64_t seed, uint64_t index, uint32_t *w0,
+CH_PHILOX_FN void ch_philox_words(uint64_t seed, uint64_t index, uint32_t *w0,
                                    uint32_t *w1)
 {
     uint32_t ctr[4] = {(uint32_t)index, (uint32_t)(index >> 32), 0u, 0u};
@@ -39,7 +46,7 @@ static inline void ch_philox_words(uint64_t seed, uint64_t index, uint32_t *w0,
     *w1 = ctr[1];
 }
 
-static inline float ch_philox_unit(uint32_t w) /* [0, 1) */
+CH_PHILOX_FN float ch_philox_unit(uint32_t w) /* [0, 1) */
 {
     return (float)(w >> 8) * (1.0f / 16777216.0f);
 }

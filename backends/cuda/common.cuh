@@ -1,0 +1,190 @@
+/* The CUDA backend's private structures and helpers, shared by its .cu files.
+ *
+ * Contexts: the backend context (chcu_backend) holds what init learnt about
+ * every device; a device context (chcu_device) holds the cuBLAS handle; a
+ * stream (chcu_stream) knows its device, so every slot can make that device
+ * current first (threads may have switched it). */
+#ifndef CHORUS_CUDA_COMMON_CUH
+#define CHORUS_CUDA_COMMON_CUH
+
+#include <pthread.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include "backend.h"
+
+/* Peer flags are kept per device pair in a fixed table. */
+#define CHCU_MAX_DEVICES 64
+/* Blocks per multiprocessor for grid-stride kernels: enough resident warps
+ * to hide memory latency on every supported architecture. */
+#define CHCU_BLOCKS_PER_SM 16
+#define CHCU_THREADS 256
+
+typedef struct chcu_dev_info {
+    char name[128];
+    uint64_t memory_bytes;
+    int sm_count;
+    int major, minor;
+    char pci_bus_id[32];
+} chcu_dev_info;
+
+typedef struct chcu_comm chcu_comm;
+
+typedef struct chcu_backend {
+    int ndevices;
+    chcu_dev_info *info;
+    pthread_mutex_t lock;   /* guards comms */
+    chcu_comm *comms;       /* all-reduce communicators, by device list */
+} chcu_backend;
+
+typedef struct chcu_device {
+    chcu_backend *be;
+    int index;
+    int sm_count;
+    uint64_t memory_bytes;
+    cublasHandle_t blas;
+    /* The handle's stream is shared state: held from cublasSetStream to the
+     * end of the call that uses it. Also guards peer[]. */
+    pthread_mutex_t lock;
+    /* peer[i]: 0 not asked yet, 1 this device reads cuda:i directly, 2 not */
+    unsigned char peer[CHCU_MAX_DEVICES];
+} chcu_device;
+
+typedef struct chcu_stream {
+    chcu_device *dev;
+    cudaStream_t s;
+    /* Device scratch for ops that need temporaries (row losses, partial
+     * sums). Held from acquire until the work using it is queued; work
+     * queued later on the same stream runs after, so it may then reuse it. */
+    pthread_mutex_t scratch_lock;
+    void *scratch;
+    size_t scratch_bytes;
+} chcu_stream;
+
+typedef struct chcu_event {
+    chcu_device *dev;
+    cudaEvent_t e;
+} chcu_event;
+
+/* ---- errors ---- */
+
+/* CH_OK, or a status and the message "call: error string (error name)". */
+ch_status chcu_check(cudaError_t err, const char *call);
+/* Like chcu_check, with the status chosen by the caller. */
+ch_status chcu_fail(ch_status status, cudaError_t err, const char *call);
+ch_status chcu_blas_check(cublasStatus_t st, const char *call);
+/* After a kernel launch: CH_OK or the launch error named after `kernel`. */
+ch_status chcu_launched(const char *kernel);
+ch_status chcu_enter(const chcu_device *dev);
+
+/* ---- scratch ---- */
+ch_status chcu_scratch_acquire(chcu_stream *s, size_t bytes, void **ptr);
+void chcu_scratch_release(chcu_stream *s);
+
+/* ---- launch shapes ---- */
+
+/* Blocks of CHCU_THREADS for a grid-stride loop over n items. */
+unsigned chcu_grid(const chcu_device *dev, int64_t n);
+
+/* A 2-D launch over `rows` rows of `cols` contiguous items: threads along
+ * a row are consecutive (coalesced); short rows stack several per block. */
+typedef struct chcu_shape2 {
+    dim3 grid, block;
+} chcu_shape2;
+chcu_shape2 chcu_rows(const chcu_device *dev, int64_t rows, int64_t cols);
+
+/* Grid-stride loops over the 2-D launch of chcu_rows. */
+#define CHCU_FOR_ROWS(r, rows)                                                   \
+    for (int64_t r = blockIdx.y * (int64_t)blockDim.y + threadIdx.y; r < (rows); \
+         r += (int64_t)gridDim.y * blockDim.y)
+#define CHCU_FOR_COLS(j, cols)                                                   \
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < (cols); \
+         j += (int64_t)gridDim.x * blockDim.x)
+#define CHCU_FOR_EACH(i, n)                                                      \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);    \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+template <typename T> static inline T *chcu_at(ch_bmem m)
+{
+    return (T *)((char *)m.ptr + m.off);
+}
+
+/* ---- deterministic reductions (reduce.cu) ---- */
+
+/* y[o, i] = sum over k < n of x[o, k, i] / divisor (+ beta * y[o, i] when
+ * beta != 0) for x seen as [outer, n, inner]. Summed in double, in an order
+ * fixed by the shape alone. `work` holds chcu_reduce_work() bytes. */
+ch_status chcu_reduce_sum(chcu_stream *s, float *y, const float *x, int64_t outer,
+                          int64_t n, int64_t inner, double divisor, float beta,
+                          void *work);
+size_t chcu_reduce_work(int64_t outer, int64_t n, int64_t inner);
+
+/* ---- slots ---- */
+
+ch_status chcu_alloc(void *dev, size_t bytes, void **ptr);
+void chcu_free(void *dev, void *ptr);
+ch_status chcu_host_alloc(void *dev, size_t bytes, void **ptr);
+void chcu_host_free(void *dev, void *ptr);
+
+ch_status chcu_stream_new(void *dev, void **stream);
+void chcu_stream_free(void *stream);
+ch_status chcu_stream_sync(void *stream);
+ch_status chcu_event_new(void *dev, void **event);
+void chcu_event_free(void *event);
+ch_status chcu_event_record(void *event, void *stream);
+ch_status chcu_event_wait(void *stream, void *event);
+ch_status chcu_event_sync(void *event);
+
+ch_status chcu_upload(void *stream, ch_bmem dst, const void *host, size_t bytes,
+                      int blocking);
+ch_status chcu_download(void *stream, void *host, ch_bmem src, size_t bytes,
+                        int blocking);
+ch_status chcu_copy(void *stream, ch_bmem dst, ch_bmem src, size_t bytes);
+int chcu_can_peer(void *src_dev, void *dst_dev);
+ch_status chcu_peer_copy(void *stream, ch_bmem dst, void *src_dev, ch_bmem src,
+                         size_t bytes);
+
+ch_status chcu_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value);
+ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
+                    int64_t ldb, float beta, ch_bmem c, int64_t ldc);
+ch_status chcu_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
+                      ch_bmem b);
+ch_status chcu_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
+                     float beta);
+ch_status chcu_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
+                           ch_bmem x);
+ch_status chcu_act_backward(void *stream, ch_activation act, int64_t n, ch_bmem dx,
+                            ch_bmem dy, ch_bmem x, ch_bmem y);
+ch_status chcu_bias_add(void *stream, int64_t outer, int64_t c, int64_t inner,
+                        ch_bmem y, ch_bmem x, ch_bmem bias);
+ch_status chcu_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
+                         ch_bmem db, ch_bmem dy, float beta);
+ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
+                            ch_bmem probs, ch_bmem logits, ch_bmem labels);
+ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c,
+                                     ch_bmem dlogits, ch_bmem probs, ch_bmem labels,
+                                     float scale);
+ch_status chcu_transpose01(void *stream, int64_t a, int64_t b, int64_t inner,
+                           ch_bmem y, ch_bmem x);
+ch_status chcu_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x);
+ch_status chcu_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem col);
+ch_status chcu_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
+                               ch_bmem idx, ch_bmem x);
+ch_status chcu_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
+                                ch_bmem dy, ch_bmem idx);
+ch_status chcu_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
+                      int64_t inner, ch_bmem y, ch_bmem x);
+ch_status chcu_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
+                      ch_bmem y, ch_bmem x);
+ch_status chcu_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
+                        const ch_sgd_params *params, int first_step);
+ch_status chcu_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
+                         ch_bmem g, const ch_adam_params *params);
+ch_status chcu_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
+                    uint64_t seed, uint64_t offset, float a, float b);
+ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
+                             int64_t n);
+void chcu_comms_free(chcu_backend *be);
+
+#endif

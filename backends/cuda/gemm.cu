@@ -1,0 +1,41 @@
+/* GEMM through cuBLAS.
+ *
+ * cuBLAS is column-major. A row-major matrix with row stride ld is, read
+ * column-major, its transpose with the same ld. So row-major
+ * C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B goes first, A
+ * second, each keeping its own transpose flag and stride, and the shape is
+ * N x M (times K). */
+#include <limits.h>
+#include "common.cuh"
+
+static int chcu_fits_int(int64_t v)
+{
+    return v <= INT_MAX;
+}
+
+ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, ch_bmem a, int64_t lda, ch_bmem b, int64_t ldb, float beta,
+                    ch_bmem c, int64_t ldc)
+{
+    if (!chcu_fits_int(m) || !chcu_fits_int(n) || !chcu_fits_int(k) || !chcu_fits_int(lda) ||
+        !chcu_fits_int(ldb) || !chcu_fits_int(ldc))
+        return chi_error(CH_ERR_LIMIT,
+                         "cublasSgemm: a size or stride beyond INT_MAX (m %lld, n %lld, k %lld)",
+                         (long long)m, (long long)n, (long long)k);
+    chcu_stream *s = (chcu_stream *)stream;
+    chcu_device *d = s->dev;
+    ch_status st = chcu_enter(d);
+    if (st)
+        return st;
+    pthread_mutex_lock(&d->lock);
+    st = chcu_blas_check(cublasSetStream(d->blas, s->s), "cublasSetStream");
+    if (!st)
+        st = chcu_blas_check(cublasSgemm(d->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
+                                         (int)k, &alpha, chcu_at<float>(b), (int)ldb,
+                                         chcu_at<float>(a), (int)lda, &beta, chcu_at<float>(c),
+                                         (int)ldc),
+                             "cublasSgemm");
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}

@@ -1,0 +1,216 @@
+/* The CUDA backend module: its entry point, the slot table, and the
+ * lifetime of the backend and its devices. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common.cuh"
+
+static ch_status chcu_read_info(int index, chcu_dev_info *info)
+{
+    cudaDeviceProp p;
+    ch_status st = chcu_check(cudaGetDeviceProperties(&p, index), "cudaGetDeviceProperties");
+    if (st)
+        return st;
+    snprintf(info->name, sizeof info->name, "%.*s", (int)sizeof info->name - 1, p.name);
+    info->memory_bytes = p.totalGlobalMem;
+    info->sm_count = p.multiProcessorCount;
+    info->major = p.major;
+    info->minor = p.minor;
+
+    char bus[64];
+    st = chcu_check(cudaDeviceGetPCIBusId(bus, (int)sizeof bus, index), "cudaDeviceGetPCIBusId");
+    if (st)
+        return st;
+    /* The driver may print an 8-digit domain and upper-case hex; discovery
+     * matches the "dddd:bb:dd.f" lower-case form. */
+    unsigned domain, b, d, f;
+    if (sscanf(bus, "%x:%x:%x.%x", &domain, &b, &d, &f) != 4)
+        return chi_error(CH_ERR_DRIVER, "cudaDeviceGetPCIBusId: unexpected bus id \"%s\"", bus);
+    snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "%04x:%02x:%02x.%x", domain, b, d, f);
+    return CH_OK;
+}
+
+static void chcu_shutdown(void *ctx)
+{
+    chcu_backend *be = (chcu_backend *)ctx;
+    if (!be)
+        return;
+    chcu_comms_free(be);
+    pthread_mutex_destroy(&be->lock);
+    free(be->info);
+    free(be);
+}
+
+static ch_status chcu_count(int *count)
+{
+    /* With no driver the runtime returns without writing the count. */
+    *count = 0;
+    cudaError_t err = cudaGetDeviceCount(count);
+    if (err == cudaSuccess)
+        return *count > 0 ? CH_OK : chi_error(CH_ERR_UNAVAILABLE, "no CUDA device");
+    (void)cudaGetLastError();
+    const char *what = err == cudaErrorInsufficientDriver ? "no CUDA driver"
+                       : err == cudaErrorNoDevice        ? "no CUDA device"
+                                                         : "CUDA driver unusable";
+    return chi_error(CH_ERR_UNAVAILABLE, "%s (cudaGetDeviceCount: %s)", what,
+                     cudaGetErrorString(err));
+}
+
+static ch_status chcu_init(void **ctx, int *ndevices)
+{
+    *ctx = NULL;
+    *ndevices = 0;
+    int count;
+    ch_status st = chcu_count(&count);
+    if (st)
+        return st;
+    /* Peer flags live in a fixed table; more GPUs than that in one process
+     * is beyond any machine we target. */
+    if (count > CHCU_MAX_DEVICES)
+        count = CHCU_MAX_DEVICES;
+
+    chcu_backend *be = (chcu_backend *)calloc(1, sizeof *be);
+    chcu_dev_info *info = (chcu_dev_info *)calloc((size_t)count, sizeof *info);
+    if (!be || !info) {
+        free(be);
+        free(info);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "cuda init: out of host memory");
+    }
+    if (pthread_mutex_init(&be->lock, NULL) != 0) {
+        free(be);
+        free(info);
+        return chi_error(CH_ERR_INTERNAL, "cuda init: pthread_mutex_init failed");
+    }
+    be->info = info;
+    be->ndevices = count;
+    for (int i = 0; i < count; i++) {
+        st = chcu_read_info(i, &info[i]);
+        if (st) {
+            chcu_shutdown(be);
+            return st;
+        }
+    }
+    *ctx = be;
+    *ndevices = count;
+    return CH_OK;
+}
+
+static ch_status chcu_device_props(void *ctx, int index, ch_bdev_props *props)
+{
+    const chcu_dev_info *info = &((chcu_backend *)ctx)->info[index];
+    memset(props, 0, sizeof *props);
+    snprintf(props->name, sizeof props->name, "%s", info->name);
+    snprintf(props->vendor, sizeof props->vendor, "NVIDIA");
+    props->kind = CH_DEVICE_GPU;
+    props->memory_bytes = info->memory_bytes;
+    props->max_alloc_bytes = info->memory_bytes;
+    props->compute_units = info->sm_count;
+    snprintf(props->pci_bus_id, sizeof props->pci_bus_id, "%s", info->pci_bus_id);
+    snprintf(props->detail, sizeof props->detail, "sm_%d%d", info->major, info->minor);
+    return CH_OK;
+}
+
+static void chcu_device_close(void *dev)
+{
+    chcu_device *d = (chcu_device *)dev;
+    if (!d)
+        return;
+    if (d->blas && chcu_enter(d) == CH_OK)
+        (void)chcu_blas_check(cublasDestroy(d->blas), "cublasDestroy");
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}
+
+static ch_status chcu_device_open(void *ctx, int index, void **dev)
+{
+    chcu_backend *be = (chcu_backend *)ctx;
+    chcu_device *d = (chcu_device *)calloc(1, sizeof *d);
+    if (!d)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "cuda device_open: out of host memory");
+    if (pthread_mutex_init(&d->lock, NULL) != 0) {
+        free(d);
+        return chi_error(CH_ERR_INTERNAL, "cuda device_open: pthread_mutex_init failed");
+    }
+    d->be = be;
+    d->index = index;
+    d->sm_count = be->info[index].sm_count;
+    d->memory_bytes = be->info[index].memory_bytes;
+    ch_status st = chcu_enter(d);
+    if (!st)
+        st = chcu_blas_check(cublasCreate(&d->blas), "cublasCreate");
+    if (st) {
+        d->blas = NULL;
+        chcu_device_close(d);
+        return st;
+    }
+    *dev = d;
+    return CH_OK;
+}
+
+static ch_status chcu_mem_info(void *dev, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    ch_status st = chcu_enter((chcu_device *)dev);
+    if (st)
+        return st;
+    size_t fb = 0, tb = 0;
+    st = chcu_check(cudaMemGetInfo(&fb, &tb), "cudaMemGetInfo");
+    if (st)
+        return st;
+    *free_bytes = fb;
+    *total_bytes = tb;
+    return CH_OK;
+}
+
+static const ch_backend_i chcu_table = {
+    .abi_version = CH_BACKEND_ABI_VERSION,
+    .name = "cuda",
+    .init = chcu_init,
+    .shutdown = chcu_shutdown,
+    .device_props = chcu_device_props,
+    .device_open = chcu_device_open,
+    .device_close = chcu_device_close,
+    .mem_info = chcu_mem_info,
+    .alloc = chcu_alloc,
+    .free = chcu_free,
+    .host_alloc = chcu_host_alloc,
+    .host_free = chcu_host_free,
+    .stream_new = chcu_stream_new,
+    .stream_free = chcu_stream_free,
+    .stream_sync = chcu_stream_sync,
+    .event_new = chcu_event_new,
+    .event_free = chcu_event_free,
+    .event_record = chcu_event_record,
+    .event_wait = chcu_event_wait,
+    .event_sync = chcu_event_sync,
+    .upload = chcu_upload,
+    .download = chcu_download,
+    .copy = chcu_copy,
+    .can_peer = chcu_can_peer,
+    .peer_copy = chcu_peer_copy,
+    .fill = chcu_fill,
+    .gemm = chcu_gemm,
+    .binary = chcu_binary,
+    .axpby = chcu_axpby,
+    .act_forward = chcu_act_forward,
+    .act_backward = chcu_act_backward,
+    .bias_add = chcu_bias_add,
+    .bias_grad = chcu_bias_grad,
+    .softmax_xent = chcu_softmax_xent,
+    .softmax_xent_backward = chcu_softmax_xent_backward,
+    .transpose01 = chcu_transpose01,
+    .im2col = chcu_im2col,
+    .col2im = chcu_col2im,
+    .maxpool_forward = chcu_maxpool_forward,
+    .maxpool_backward = chcu_maxpool_backward,
+    .reduce = chcu_reduce,
+    .argmax = chcu_argmax,
+    .sgd_step = chcu_sgd_step,
+    .adam_step = chcu_adam_step,
+    .rand = chcu_rand,
+    .allreduce_sum = chcu_allreduce_sum,
+};
+
+extern "C" CH_API const ch_backend_i *chorus_backend_entry(void)
+{
+    return &chcu_table;
+}

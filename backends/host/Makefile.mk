@@ -1,0 +1,10 @@
+# The host backend: plain C, OpenBLAS for GEMM when configured; built into
+# libchorus as the reference every other backend is tested against.
+libchorus_la_SOURCES += \
+	backends/host/host.h \
+	backends/host/host.c \
+	backends/host/gemm.c \
+	backends/host/elementwise.c \
+	backends/host/reduce.c \
+	backends/host/conv.c \
+	backends/host/optim.c

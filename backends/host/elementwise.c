@@ -1,0 +1,249 @@
+/* Host ops that touch each element on its own: fill, arithmetic,
+ * activations, bias add, transposition and random numbers. An output is
+ * either the very same array as an input (in place) or apart from it, so
+ * element i only ever depends on element i: that makes `omp simd` valid
+ * where the pointers cannot be restrict.
+ * Transcendental functions run in double: the host is the reference the
+ * other backends are measured against. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <math.h>
+#include <string.h>
+
+#include "host.h"
+#include "philox.h"
+
+#define SQRT1_2 0.70710678118654752440
+#define INV_SQRT_2PI 0.39894228040143267794
+#define TWO_PI_F 6.28318530717958647692f
+
+ch_status chi_host_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value)
+{
+    (void)stream;
+    if (dtype == CH_I32) {
+        int32_t *p = chi_host_i32(y), v = (int32_t)value;
+        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+        for (int64_t i = 0; i < n; i++)
+            p[i] = v;
+        return CH_OK;
+    }
+    float *p = chi_host_f32(y), v = (float)value;
+    CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+    for (int64_t i = 0; i < n; i++)
+        p[i] = v;
+    return CH_OK;
+}
+
+ch_status chi_host_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y,
+                          ch_bmem a, ch_bmem b)
+{
+    (void)stream;
+    float *py = chi_host_f32(y);
+    const float *pa = chi_host_f32(a), *pb = chi_host_f32(b);
+    switch (op) {
+    case CH_BIN_ADD:
+        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = pa[i] + pb[i];
+        return CH_OK;
+    case CH_BIN_SUB:
+        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = pa[i] - pb[i];
+        return CH_OK;
+    case CH_BIN_MUL:
+        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = pa[i] * pb[i];
+        return CH_OK;
+    }
+    return chi_error(CH_ERR_INTERNAL, "host binary: unknown op %d", (int)op);
+}
+
+ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
+                         float beta)
+{
+    (void)stream;
+    float *py = chi_host_f32(y);
+    const float *px = chi_host_f32(x);
+    if (beta == 0.0f) {
+        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = alpha * px[i];
+        return CH_OK;
+    }
+    CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+    for (int64_t i = 0; i < n; i++)
+        py[i] = alpha * px[i] + beta * py[i];
+    return CH_OK;
+}
+
+/* ---- activations ------------------------------------------------------------ */
+
+/* x * Phi(x), with erfc so that large negative x keeps its precision
+ * (1 + erf(x) cancels). */
+static double gelu(double x)
+{
+    return 0.5 * x * erfc(-x * SQRT1_2);
+}
+
+static double gelu_grad(double x)
+{
+    return 0.5 * erfc(-x * SQRT1_2) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
+}
+
+static float act_one(ch_activation act, float x)
+{
+    switch (act) {
+    case CH_ACT_RELU:
+        return x > 0.0f ? x : 0.0f;
+    case CH_ACT_GELU:
+        return (float)gelu(x);
+    case CH_ACT_TANH:
+        return (float)tanh(x);
+    case CH_ACT_SIGMOID:
+        return (float)(1.0 / (1.0 + exp(-(double)x)));
+    }
+    return NAN;
+}
+
+/* x is read by relu and gelu, y by tanh and sigmoid (the other may be
+ * absent). */
+static float act_grad_one(ch_activation act, float dy, const float *x,
+                          const float *y, int64_t i)
+{
+    switch (act) {
+    case CH_ACT_RELU:
+        return x[i] > 0.0f ? dy : 0.0f;
+    case CH_ACT_GELU:
+        return (float)(dy * gelu_grad(x[i]));
+    case CH_ACT_TANH:
+        return (float)(dy * (1.0 - (double)y[i] * y[i]));
+    case CH_ACT_SIGMOID:
+        return (float)(dy * (double)y[i] * (1.0 - y[i]));
+    }
+    return NAN;
+}
+
+static int act_known(ch_activation act)
+{
+    return act == CH_ACT_RELU || act == CH_ACT_GELU || act == CH_ACT_TANH ||
+           act == CH_ACT_SIGMOID;
+}
+
+ch_status chi_host_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
+                               ch_bmem x)
+{
+    (void)stream;
+    if (!act_known(act))
+        return chi_error(CH_ERR_INTERNAL, "host activation: unknown kind %d", (int)act);
+    float *py = chi_host_f32(y);
+    const float *px = chi_host_f32(x);
+    if (act == CH_ACT_RELU) {
+        /* The one activation cheap enough to be memory bound: its own loop
+         * so that it vectorises. */
+        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = px[i] > 0.0f ? px[i] : 0.0f;
+        return CH_OK;
+    }
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+    for (int64_t i = 0; i < n; i++)
+        py[i] = act_one(act, px[i]);
+    return CH_OK;
+}
+
+ch_status chi_host_act_backward(void *stream, ch_activation act, int64_t n, ch_bmem dx,
+                                ch_bmem dy, ch_bmem x, ch_bmem y)
+{
+    (void)stream;
+    if (!act_known(act))
+        return chi_error(CH_ERR_INTERNAL, "host activation: unknown kind %d", (int)act);
+    float *pdx = chi_host_f32(dx);
+    const float *pdy = chi_host_f32(dy);
+    const float *px = x.ptr ? chi_host_f32(x) : NULL;
+    const float *py = y.ptr ? chi_host_f32(y) : NULL;
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+    for (int64_t i = 0; i < n; i++)
+        pdx[i] = act_grad_one(act, pdy[i], px, py, i);
+    return CH_OK;
+}
+
+/* ---- bias and layout ------------------------------------------------------- */
+
+ch_status chi_host_bias_add(void *stream, int64_t outer, int64_t c, int64_t inner,
+                            ch_bmem y, ch_bmem x, ch_bmem bias)
+{
+    (void)stream;
+    float *py = chi_host_f32(y);
+    const float *px = chi_host_f32(x), *pb = chi_host_f32(bias);
+    CHI_OMP(omp parallel for collapse(2) if (outer * c * inner > CHI_HOST_PAR_MIN))
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t ci = 0; ci < c; ci++) {
+            int64_t base = (o * c + ci) * inner;
+            for (int64_t i = 0; i < inner; i++)
+                py[base + i] = px[base + i] + pb[ci];
+        }
+    return CH_OK;
+}
+
+/* Elements are moved as 32-bit words (f32 or i32: the bits, untouched). */
+ch_status chi_host_transpose01(void *stream, int64_t a, int64_t b, int64_t inner,
+                               ch_bmem y, ch_bmem x)
+{
+    (void)stream;
+    uint32_t *py = (uint32_t *)chi_host_f32(y);
+    const uint32_t *px = (const uint32_t *)chi_host_f32(x);
+    if (inner == 1) {
+        /* A plain matrix transpose: element moves, not a memcpy call each. */
+        CHI_OMP(omp parallel for if (a * b > CHI_HOST_PAR_MIN))
+        for (int64_t j = 0; j < b; j++)
+            for (int64_t i = 0; i < a; i++)
+                py[j * a + i] = px[i * b + j];
+        return CH_OK;
+    }
+    CHI_OMP(omp parallel for collapse(2) if (a * b * inner > CHI_HOST_PAR_MIN))
+    for (int64_t j = 0; j < b; j++)
+        for (int64_t i = 0; i < a; i++)
+            memcpy(py + (j * a + i) * inner, px + (i * b + j) * inner,
+                   (size_t)inner * sizeof *py);
+    return CH_OK;
+}
+
+/* ---- random numbers -------------------------------------------------------
+ * Exactly the recipe of ops.h, in float, so that every backend that follows
+ * it draws the same numbers. */
+
+static float rand_one(ch_rand_kind kind, uint64_t seed, uint64_t index, float a,
+                      float b)
+{
+    uint32_t w0, w1;
+    ch_philox_words(seed, index, &w0, &w1);
+    switch (kind) {
+    case CH_RAND_UNIFORM:
+        return a + (b - a) * ch_philox_unit(w0);
+    case CH_RAND_NORMAL: {
+        float u1 = (float)((w0 >> 8) + 1u) * (1.0f / 16777216.0f);
+        float u2 = ch_philox_unit(w1);
+        return a + b * (sqrtf(-2.0f * logf(u1)) * cosf(TWO_PI_F * u2));
+    }
+    case CH_RAND_DROPOUT:
+        return ch_philox_unit(w0) >= a ? 1.0f / (1.0f - a) : 0.0f;
+    }
+    return NAN;
+}
+
+ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
+                        uint64_t seed, uint64_t offset, float a, float b)
+{
+    (void)stream;
+    if (kind != CH_RAND_UNIFORM && kind != CH_RAND_NORMAL && kind != CH_RAND_DROPOUT)
+        return chi_error(CH_ERR_INTERNAL, "host rand: unknown kind %d", (int)kind);
+    float *py = chi_host_f32(y);
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+    for (int64_t i = 0; i < n; i++)
+        py[i] = rand_one(kind, seed, offset + (uint64_t)i, a, b);
+    return CH_OK;
+}

@@ -1,0 +1,106 @@
+/* The host backend's private interface: what its source files share, and
+ * the blocked C GEMM that tests and benchmarks call directly (it is the
+ * fallback when OpenBLAS is absent, so it must be tested even when the
+ * build uses OpenBLAS). */
+#ifndef CHORUS_HOST_H
+#define CHORUS_HOST_H
+
+#include <stdint.h>
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C with op(A) [M,K] and
+ * op(B) [K,N]; lda/ldb/ldc are the row strides as stored. beta == 0 does
+ * not read C, alpha == 0 does not read A or B (as BLAS does).
+ * CH_ERR_OUT_OF_MEMORY when the packing buffers cannot be allocated. */
+CH_API ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m,
+                                        int64_t n, int64_t k, float alpha,
+                                        const float *a, int64_t lda,
+                                        const float *b, int64_t ldb, float beta,
+                                        float *c, int64_t ldc);
+
+/* OpenMP pragmas through a macro, so a build without OpenMP compiles them
+ * away instead of warning about unknown pragmas. */
+#ifdef _OPENMP
+#define CHI_OMP(x) _Pragma(#x)
+#else
+#define CHI_OMP(x)
+#endif
+
+/* Below this many elements an op runs on one thread: starting the team
+ * costs more than it saves. */
+#define CHI_HOST_PAR_MIN 32768
+
+/* The address a ch_bmem names, typed. */
+static inline float *chi_host_f32(ch_bmem m)
+{
+    return (float *)((char *)m.ptr + m.off);
+}
+
+static inline int32_t *chi_host_i32(ch_bmem m)
+{
+    return (int32_t *)((char *)m.ptr + m.off);
+}
+
+/* ---- op slots, one file per family ---- */
+
+/* gemm.c */
+ch_status chi_host_gemm(void *stream, int trans_a, int trans_b, int64_t m,
+                        int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                        ch_bmem b, int64_t ldb, float beta, ch_bmem c, int64_t ldc);
+
+/* elementwise.c */
+ch_status chi_host_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n,
+                        double value);
+ch_status chi_host_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y,
+                          ch_bmem a, ch_bmem b);
+ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
+                         float beta);
+ch_status chi_host_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
+                               ch_bmem x);
+ch_status chi_host_act_backward(void *stream, ch_activation act, int64_t n,
+                                ch_bmem dx, ch_bmem dy, ch_bmem x, ch_bmem y);
+ch_status chi_host_bias_add(void *stream, int64_t outer, int64_t c, int64_t inner,
+                            ch_bmem y, ch_bmem x, ch_bmem bias);
+ch_status chi_host_transpose01(void *stream, int64_t a, int64_t b, int64_t inner,
+                               ch_bmem y, ch_bmem x);
+ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
+                        uint64_t seed, uint64_t offset, float a, float b);
+
+/* reduce.c */
+ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
+                             ch_bmem db, ch_bmem dy, float beta);
+ch_status chi_host_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
+                          int64_t inner, ch_bmem y, ch_bmem x);
+ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
+                          ch_bmem y, ch_bmem x);
+ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
+                                ch_bmem probs, ch_bmem logits, ch_bmem labels);
+ch_status chi_host_softmax_xent_backward(void *stream, int64_t n, int64_t c,
+                                         ch_bmem dlogits, ch_bmem probs,
+                                         ch_bmem labels, float scale);
+
+/* conv.c */
+ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col,
+                          ch_bmem x);
+ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx,
+                          ch_bmem col);
+ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
+                                   ch_bmem idx, ch_bmem x);
+ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
+                                    ch_bmem dy, ch_bmem idx);
+
+/* optim.c */
+ch_status chi_host_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
+                            const ch_sgd_params *params, int first_step);
+ch_status chi_host_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
+                             ch_bmem g, const ch_adam_params *params);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

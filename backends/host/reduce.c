@@ -1,0 +1,234 @@
+/* Host ops that combine many elements: sums, means, argmax, bias
+ * gradients and the fused softmax-cross-entropy.
+ *
+ * Every result is the same bits whatever the thread count: each output
+ * element is summed by one thread in a fixed order, and a long sum is cut
+ * into chunks of a fixed length whose partial sums are added in order.
+ * Sums run in double. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "host.h"
+
+#define SUM_CHUNK 8192 /* elements per partial sum of a long reduction */
+#define LANES 8        /* independent accumulators inside a chunk */
+#define COL_BLOCK 64   /* outputs one task sums side by side (strided sums) */
+
+/* x[0..len) in double, LANES interleaved accumulators added pairwise:
+ * a fixed order that still lets the compiler vectorise. */
+static double chunk_sum(const float *x, int64_t len)
+{
+    double lane[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= len; i += LANES)
+        for (int l = 0; l < LANES; l++)
+            lane[l] += x[i + l];
+    for (int l = 0; i < len; i++, l++)
+        lane[l] += x[i];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++)
+            lane[l] += lane[l + w];
+    return lane[0];
+}
+
+/* The sum of x[0..n) as the chunks in order; one thread. */
+static double sum_contig(const float *x, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i += SUM_CHUNK)
+        s += chunk_sum(x + i, n - i < SUM_CHUNK ? n - i : SUM_CHUNK);
+    return s;
+}
+
+/* The same sum with the chunks spread over the threads: the same bits as
+ * sum_contig. */
+static ch_status sum_contig_parallel(const float *x, int64_t n, double *out)
+{
+    int64_t chunks = (n + SUM_CHUNK - 1) / SUM_CHUNK;
+    double *part = malloc((size_t)chunks * sizeof *part);
+    if (!part)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "host reduce: malloc(%zu) failed",
+                         (size_t)chunks * sizeof *part);
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN))
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i = c * SUM_CHUNK;
+        part[c] = chunk_sum(x + i, n - i < SUM_CHUNK ? n - i : SUM_CHUNK);
+    }
+    double s = 0.0;
+    for (int64_t c = 0; c < chunks; c++)
+        s += part[c];
+    free(part);
+    *out = s;
+    return CH_OK;
+}
+
+/* y[t] = scale * sum over j of x[j * stride + t], t < count <= COL_BLOCK:
+ * count neighbouring strided sums at once, reading x row by row. */
+static void sum_strided_block(float *y, const float *x, int64_t n, int64_t stride,
+                              int64_t count, double scale)
+{
+    double acc[COL_BLOCK] = {0};
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t t = 0; t < count; t++)
+            acc[t] += x[j * stride + t];
+    for (int64_t t = 0; t < count; t++)
+        y[t] = (float)(acc[t] * scale);
+}
+
+ch_status chi_host_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
+                          int64_t inner, ch_bmem y, ch_bmem x)
+{
+    (void)stream;
+    float *py = chi_host_f32(y);
+    const float *px = chi_host_f32(x);
+    double scale = op == CH_REDUCE_MEAN ? 1.0 / (double)n : 1.0;
+    if (inner == 1 && outer == 1) {
+        double s = 0.0;
+        ch_status st = sum_contig_parallel(px, n, &s);
+        if (st == CH_OK)
+            py[0] = (float)(s * scale);
+        return st;
+    }
+    if (inner == 1) {
+        CHI_OMP(omp parallel for if (outer * n > CHI_HOST_PAR_MIN))
+        for (int64_t o = 0; o < outer; o++)
+            py[o] = (float)(sum_contig(px + o * n, n) * scale);
+        return CH_OK;
+    }
+    int64_t blocks = (inner + COL_BLOCK - 1) / COL_BLOCK;
+    CHI_OMP(omp parallel for collapse(2) if (outer * n * inner > CHI_HOST_PAR_MIN))
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t t0 = b * COL_BLOCK;
+            int64_t count = inner - t0 < COL_BLOCK ? inner - t0 : COL_BLOCK;
+            sum_strided_block(py + o * inner + t0, px + o * n * inner + t0, n, inner,
+                              count, scale);
+        }
+    return CH_OK;
+}
+
+/* The first maximum wins: only a strictly greater value moves the index. */
+ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
+                          ch_bmem y, ch_bmem x)
+{
+    (void)stream;
+    int32_t *py = chi_host_i32(y);
+    const float *px = chi_host_f32(x);
+    CHI_OMP(omp parallel for collapse(2) if (outer * n * inner > CHI_HOST_PAR_MIN))
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t t = 0; t < inner; t++) {
+            const float *col = px + o * n * inner + t;
+            int64_t best = 0;
+            for (int64_t j = 1; j < n; j++)
+                if (col[j * inner] > col[best * inner])
+                    best = j;
+            py[o * inner + t] = (int32_t)best;
+        }
+    return CH_OK;
+}
+
+/* db[c] = beta db[c] + sum of dy[o, c, i]; beta == 0 does not read db.
+ * Each task owns COL_BLOCK channels and walks dy in memory order. */
+ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
+                             ch_bmem db, ch_bmem dy, float beta)
+{
+    (void)stream;
+    float *pdb = chi_host_f32(db);
+    const float *pdy = chi_host_f32(dy);
+    int64_t blocks = (c + COL_BLOCK - 1) / COL_BLOCK;
+    CHI_OMP(omp parallel for if (outer * c * inner > CHI_HOST_PAR_MIN))
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t c0 = b * COL_BLOCK, count = c - c0 < COL_BLOCK ? c - c0 : COL_BLOCK;
+        double acc[COL_BLOCK] = {0};
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t t = 0; t < count; t++) {
+                const float *row = pdy + (o * c + c0 + t) * inner;
+                acc[t] += inner == 1 ? row[0] : chunk_sum(row, inner);
+            }
+        for (int64_t t = 0; t < count; t++) {
+            double old = beta != 0.0f ? (double)beta * pdb[c0 + t] : 0.0;
+            pdb[c0 + t] = (float)(old + acc[t]);
+        }
+    }
+    return CH_OK;
+}
+
+/* ---- softmax cross-entropy --------------------------------------------------- */
+
+/* The host reports labels outside [0, C) (devices give NaN instead). */
+static ch_status check_labels(const char *fn, const int32_t *labels, int64_t n,
+                              int64_t c)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (labels[i] < 0 || labels[i] >= c)
+            return chi_error(CH_ERR_INVALID_ARGUMENT,
+                             "%s: labels[%lld] = %d is out of [0, %lld)", fn,
+                             (long long)i, (int)labels[i], (long long)c);
+    return CH_OK;
+}
+
+/* One row: probs = softmax(logits) after subtracting the row's max (so exp
+ * never overflows); returns -log probs[label]. */
+static double softmax_row(float *probs, const float *logits, int64_t c, int32_t label)
+{
+    float max = logits[0];
+    for (int64_t j = 1; j < c; j++)
+        if (logits[j] > max)
+            max = logits[j];
+    double sum = 0.0;
+    for (int64_t j = 0; j < c; j++)
+        sum += exp((double)logits[j] - max);
+    for (int64_t j = 0; j < c; j++)
+        probs[j] = (float)(exp((double)logits[j] - max) / sum);
+    return log(sum) - ((double)logits[label] - max);
+}
+
+ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
+                                ch_bmem probs, ch_bmem logits, ch_bmem labels)
+{
+    (void)stream;
+    const int32_t *pl = chi_host_i32(labels);
+    ch_status st = check_labels("softmax_xent", pl, n, c);
+    if (st != CH_OK)
+        return st;
+    double *row_loss = malloc((size_t)n * sizeof *row_loss);
+    if (!row_loss)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "softmax_xent: malloc(%zu) failed",
+                         (size_t)n * sizeof *row_loss);
+    float *pp = chi_host_f32(probs);
+    const float *px = chi_host_f32(logits);
+    CHI_OMP(omp parallel for if (n * c > CHI_HOST_PAR_MIN / 16))
+    for (int64_t i = 0; i < n; i++)
+        row_loss[i] = softmax_row(pp + i * c, px + i * c, c, pl[i]);
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        total += row_loss[i];
+    free(row_loss);
+    chi_host_f32(loss)[0] = (float)(total / (double)n);
+    return CH_OK;
+}
+
+ch_status chi_host_softmax_xent_backward(void *stream, int64_t n, int64_t c,
+                                         ch_bmem dlogits, ch_bmem probs,
+                                         ch_bmem labels, float scale)
+{
+    (void)stream;
+    const int32_t *pl = chi_host_i32(labels);
+    ch_status st = check_labels("softmax_xent_backward", pl, n, c);
+    if (st != CH_OK)
+        return st;
+    float *pd = chi_host_f32(dlogits);
+    const float *pp = chi_host_f32(probs);
+    double k = (double)scale / (double)n;
+    CHI_OMP(omp parallel for if (n * c > CHI_HOST_PAR_MIN))
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < c; j++) {
+            double onehot = j == pl[i] ? 1.0 : 0.0;
+            pd[i * c + j] = (float)(k * ((double)pp[i * c + j] - onehot));
+        }
+    return CH_OK;
+}

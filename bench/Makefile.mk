@@ -1,0 +1,9 @@
+# Benchmarks: built with everything else so they cannot rot, run by hand
+# (`make bench` builds just them), never by `make check`.
+noinst_PROGRAMS += bench/bench-ops
+bench_bench_ops_SOURCES = bench/bench-ops.c
+bench_bench_ops_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) -I$(top_srcdir)/backends/host
+bench_bench_ops_LDADD = libchorus.la $(BLAS_LIBS) -lm
+
+.PHONY: bench
+bench: bench/bench-ops

@@ -1,0 +1,8 @@
+# Tests of the host area.
+
+# The blocked C GEMM is tested on its own: the op tests reach it only in
+# builds without OpenBLAS.
+check_PROGRAMS += tests/test-host-gemm
+tests_test_host_gemm_SOURCES = tests/test-host-gemm.c
+tests_test_host_gemm_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
+tests_test_host_gemm_LDADD = $(TEST_LIBS)

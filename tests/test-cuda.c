@@ -1,0 +1,480 @@
+/* The CUDA backend: what test-ops does not reach. Device properties, memory,
+ * pinned asynchronous transfers, streams and events, out-of-memory that is
+ * not sticky, the split paths of the deterministic reductions, the
+ * all-reduce, and peer copies. Where the module was built but no GPU is
+ * there, it must say why (no driver, no device) and leave the rest of the
+ * library working. */
+#include <ctype.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "tap.h"
+
+#define MAX_CUDA 16
+
+static ch_tensor *upload(ch_device *dev, int ndim, const int64_t *shape, const void *data)
+{
+    ch_tensor *t = NULL;
+    if (!tap_status_ok(ch_tensor_new(&t, dev, CH_F32, ndim, shape), "ch_tensor_new on %s",
+                       ch_device_id(dev)))
+        return NULL;
+    if (data && !tap_status_ok(ch_tensor_upload(t, data, ch_tensor_nbytes(t)), "ch_tensor_upload")) {
+        ch_tensor_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static float *download(const ch_tensor *t)
+{
+    float *h = malloc(ch_tensor_nbytes(t));
+    if (h && ch_tensor_download(t, h, ch_tensor_nbytes(t)) != CH_OK) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+static float *random_floats(int64_t n, uint64_t seed)
+{
+    tap_rng r = {seed};
+    float *x = malloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; x && i < n; i++)
+        x[i] = tap_rng_uniform(&r, -1.0f, 1.0f);
+    return x;
+}
+
+/* ---- no GPU here ---------------------------------------------------------- */
+
+static int find_backend(const char *name, ch_backend_info *out)
+{
+    for (int i = 0; i < ch_backend_count(); i++)
+        if (ch_backend_get_info(i, out) == CH_OK && strcmp(out->name, name) == 0)
+            return 1;
+    return 0;
+}
+
+static void test_unavailable(const ch_backend_info *cu)
+{
+#ifdef CH_TEST_HAVE_CUDA
+    /* Built with CUDA: the module must load, and its init must say why it
+     * found nothing (not a loader error). */
+    tap_ok(strstr(cu->detail, "no CUDA driver") || strstr(cu->detail, "no CUDA device") ||
+               strstr(cu->detail, "CUDA driver unusable"),
+           "cuda module loaded and init said why it is unavailable: \"%s\"", cu->detail);
+#else
+    tap_ok(cu->detail[0] != '\0', "cuda backend unavailable with a reason: \"%s\"", cu->detail);
+#endif
+    /* Nothing sticky: the host still runs ops. */
+    ch_device *host = NULL;
+    int64_t shape[1] = {5};
+    if (!tap_status_ok(ch_device_by_name(&host, "host"), "host device after cuda failed"))
+        return;
+    ch_tensor *t = upload(host, 1, shape, NULL);
+    if (!t)
+        return;
+    float got[5] = {0};
+    tap_status_ok(ch_fill(t, 1.5), "ch_fill on host after cuda failed");
+    tap_status_ok(ch_tensor_download(t, got, sizeof got), "download on host");
+    tap_ok(got[4] == 1.5f, "host fill after cuda failed: got %g, want 1.5", got[4]);
+    ch_tensor_free(t);
+}
+
+/* ---- properties and memory ------------------------------------------------ */
+
+static int bus_id_ok(const char *id)
+{
+    unsigned d, b, s, f;
+    char tail;
+    if (strlen(id) != 12 || sscanf(id, "%4x:%2x:%2x.%1x%c", &d, &b, &s, &f, &tail) != 4)
+        return 0;
+    for (const char *p = id; *p; p++)
+        if (isupper((unsigned char)*p))
+            return 0;
+    return 1;
+}
+
+static void test_info(ch_device *dev)
+{
+    ch_device_info info;
+    if (!tap_status_ok(ch_device_get_info(dev, &info), "%s: ch_device_get_info", ch_device_id(dev)))
+        return;
+    tap_ok(strcmp(info.vendor, "NVIDIA") == 0, "%s: vendor \"%s\", want NVIDIA", info.id,
+           info.vendor);
+    tap_ok(info.kind == CH_DEVICE_GPU, "%s: kind %d, want GPU", info.id, (int)info.kind);
+    tap_ok(info.name[0] != '\0', "%s: name \"%s\"", info.id, info.name);
+    tap_ok(info.compute_units > 0, "%s: %d SMs", info.id, info.compute_units);
+    tap_ok(info.memory_bytes > 0 && info.max_alloc_bytes == info.memory_bytes,
+           "%s: memory %" PRIu64 ", max alloc %" PRIu64 " (want equal)", info.id,
+           info.memory_bytes, info.max_alloc_bytes);
+    tap_ok(bus_id_ok(info.pci_bus_id), "%s: PCI bus id \"%s\" is dddd:bb:dd.f, lower case",
+           info.id, info.pci_bus_id);
+    uint64_t fb = 0, tb = 0;
+    if (tap_status_ok(ch_device_memory(dev, &fb, &tb), "%s: ch_device_memory", info.id))
+        tap_ok(tb == info.memory_bytes && fb > 0 && fb <= tb,
+               "%s: free %" PRIu64 " <= total %" PRIu64 " == memory %" PRIu64, info.id, fb, tb,
+               info.memory_bytes);
+}
+
+/* Filling the device ends in CH_ERR_DEVICE_OUT_OF_MEMORY, and once the
+ * blocks are freed ops run again (the failed cudaMalloc left nothing behind).
+ * Blocks are a power of two, a size the caching allocator does not round. */
+#define OOM_MAX_BLOCKS 64
+static void test_oom(ch_device *dev)
+{
+    ch_device_info info;
+    if (ch_device_get_info(dev, &info) != CH_OK)
+        return;
+    ch_tensor *t = NULL;
+    int64_t too_big[1] = {(int64_t)(info.memory_bytes / 4) + 1};
+    tap_status_is(ch_tensor_new(&t, dev, CH_F32, 1, too_big), CH_ERR_LIMIT, NULL,
+                  "%s: a tensor larger than the device", info.id);
+    ch_tensor_free(t);
+
+    uint64_t block = 1;
+    while (block * 2 <= info.memory_bytes / 8)
+        block *= 2;
+    ch_tensor *held[OOM_MAX_BLOCKS];
+    int nheld = 0;
+    ch_status st = CH_OK;
+    int64_t shape[1] = {(int64_t)(block / 4)};
+    while (nheld < OOM_MAX_BLOCKS &&
+           (st = ch_tensor_new(&held[nheld], dev, CH_F32, 1, shape)) == CH_OK)
+        nheld++;
+    tap_status_is(st, CH_ERR_DEVICE_OUT_OF_MEMORY, "cudaMalloc",
+                  "%s: out of memory after %d blocks of %" PRIu64 " bytes", info.id, nheld, block);
+    for (int i = 0; i < nheld; i++)
+        ch_tensor_free(held[i]);
+    tap_status_ok(ch_device_empty_cache(dev), "%s: ch_device_empty_cache", info.id);
+
+    int64_t small[1] = {1000};
+    float want[1000], got[1000];
+    for (int i = 0; i < 1000; i++)
+        want[i] = (float)i;
+    ch_tensor *s = upload(dev, 1, small, want);
+    if (!s)
+        return;
+    int ok = tap_status_ok(ch_scale(s, s, 2.0f), "%s: an op after out of memory", info.id) &&
+             tap_status_ok(ch_tensor_download(s, got, sizeof got), "download after out of memory");
+    tap_ok(ok && got[999] == 1998.0f, "%s: scale after out of memory: got %g, want 1998",
+           info.id, ok ? got[999] : NAN);
+    ch_tensor_free(s);
+}
+
+/* ---- transfers, streams, events -------------------------------------------- */
+
+static void test_roundtrip(ch_device *dev, int64_t n)
+{
+    float *x = random_floats(n, (uint64_t)n);
+    int64_t shape[1] = {n};
+    ch_tensor *t = upload(dev, 1, shape, x);
+    float *y = t ? download(t) : NULL;
+    tap_ok(y && memcmp(x, y, (size_t)n * 4) == 0, "%s: upload and download of %" PRId64
+           " floats are exact", ch_device_id(dev), n);
+    free(y);
+    ch_tensor_free(t);
+    free(x);
+}
+
+/* Pinned buffers, queued on a second stream, ordered by an event against
+ * the default stream. */
+static void test_async(ch_device *dev)
+{
+    const int64_t n = (1 << 20) + 3;
+    const size_t bytes = (size_t)n * 4;
+    int64_t shape[1] = {n};
+    ch_host_buffer *in = NULL, *out = NULL;
+    ch_stream *side = NULL, *main_stream = NULL;
+    ch_event *done = NULL;
+    ch_tensor *a = NULL, *b = NULL;
+    if (!tap_status_ok(ch_host_buffer_new(&in, dev, bytes), "%s: ch_host_buffer_new", ch_device_id(dev)) ||
+        !tap_status_ok(ch_host_buffer_new(&out, dev, bytes), "ch_host_buffer_new") ||
+        !tap_status_ok(ch_stream_new(&side, dev), "ch_stream_new") ||
+        !tap_status_ok(ch_device_default_stream(&main_stream, dev), "ch_device_default_stream") ||
+        !tap_status_ok(ch_event_new(&done, dev), "ch_event_new") ||
+        !(a = upload(dev, 1, shape, NULL)) || !(b = upload(dev, 1, shape, NULL)))
+        goto out;
+    float *src = ch_host_buffer_data(in), *dst = ch_host_buffer_data(out);
+    for (int64_t i = 0; i < n; i++)
+        src[i] = (float)(i % 1000);
+    int ok = tap_status_ok(ch_stream_set_current(side), "ch_stream_set_current") &&
+             tap_status_ok(ch_tensor_upload_async(a, in, 0), "ch_tensor_upload_async") &&
+             tap_status_ok(ch_scale(a, a, 3.0f), "scale on the side stream") &&
+             tap_status_ok(ch_event_record(done, side), "ch_event_record") &&
+             tap_status_ok(ch_stream_reset_current(dev), "ch_stream_reset_current") &&
+             tap_status_ok(ch_event_wait(main_stream, done), "ch_event_wait") &&
+             tap_status_ok(ch_add(b, a, a), "add on the default stream after the event") &&
+             tap_status_ok(ch_tensor_download_async(b, out, 0), "ch_tensor_download_async") &&
+             tap_status_ok(ch_stream_sync(main_stream), "ch_stream_sync");
+    int64_t bad = 0;
+    for (int64_t i = 0; ok && i < n; i++)
+        if (dst[i] != 6.0f * (float)(i % 1000))
+            bad++;
+    tap_ok(ok && bad == 0, "%s: pinned async upload, two streams and an event: %" PRId64
+           " of %" PRId64 " wrong", ch_device_id(dev), bad, n);
+out:
+    ch_stream_reset_current(dev);
+    ch_tensor_free(a);
+    ch_tensor_free(b);
+    ch_event_free(done);
+    ch_stream_free(side);
+    ch_host_buffer_free(in);
+    ch_host_buffer_free(out);
+}
+
+/* ---- reductions long enough to be split ------------------------------------ */
+
+static double sum_ref(const float *x, int64_t n, int64_t stride)
+{
+    double s = 0.0;
+    for (int64_t k = 0; k < n; k++)
+        s += x[k * stride];
+    return s;
+}
+
+static void check_close(const char *what, const float *got, const double *want, int64_t n,
+                        double tol)
+{
+    double worst = 0.0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(got[i] - want[i]) / fmax(fabs(want[i]), 1.0);
+        if (!(e <= worst)) {
+            worst = e;
+            at = i;
+        }
+    }
+    tap_ok(worst <= tol, "%s: got %.7g, want %.7g +- %g (element %" PRId64 ")", what, got[at],
+           want[at], tol, at);
+}
+
+/* sum over axis 1 of [outer, n, inner], twice: same bits both times. */
+static void test_sum(ch_device *dev, int64_t outer, int64_t n, int64_t inner)
+{
+    char what[128];
+    snprintf(what, sizeof what, "%s: sum of [%" PRId64 ", %" PRId64 ", %" PRId64 "] over axis 1",
+             ch_device_id(dev), outer, n, inner);
+    float *x = random_floats(outer * n * inner, 7);
+    int64_t xs[3] = {outer, n, inner}, ys[2] = {outer, inner};
+    ch_tensor *tx = upload(dev, 3, xs, x), *ty = upload(dev, 2, ys, NULL);
+    float *y1 = NULL, *y2 = NULL;
+    double *want = malloc((size_t)(outer * inner) * sizeof *want);
+    if (tx && ty && want && tap_status_ok(ch_sum(ty, tx, 1), "%s", what) && (y1 = download(ty)) &&
+        tap_status_ok(ch_sum(ty, tx, 1), "%s again", what) && (y2 = download(ty))) {
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t i = 0; i < inner; i++)
+                want[o * inner + i] = sum_ref(x + o * n * inner + i, n, inner);
+        check_close(what, y1, want, outer * inner, 1e-5);
+        tap_ok(memcmp(y1, y2, (size_t)(outer * inner) * 4) == 0, "%s: same bits twice", what);
+    }
+    free(want);
+    free(y1);
+    free(y2);
+    ch_tensor_free(tx);
+    ch_tensor_free(ty);
+    free(x);
+}
+
+static void test_bias_grad(ch_device *dev, int64_t outer, int64_t c, int64_t inner)
+{
+    char what[128];
+    snprintf(what, sizeof what, "%s: bias_grad of [%" PRId64 ", %" PRId64 ", %" PRId64 "], beta 0.5",
+             ch_device_id(dev), outer, c, inner);
+    float *dy = random_floats(outer * c * inner, 11), *db0 = random_floats(c, 13);
+    int64_t xs[3] = {outer, c, inner}, bs[1] = {c};
+    ch_tensor *tdy = upload(dev, 3, xs, dy), *tdb = upload(dev, 1, bs, db0);
+    double *want = malloc((size_t)c * sizeof *want);
+    float *got = NULL;
+    if (tdy && tdb && want && tap_status_ok(ch_bias_grad(tdb, tdy, 1, 0.5f), "%s", what) &&
+        (got = download(tdb))) {
+        for (int64_t j = 0; j < c; j++) {
+            double s = 0.5 * db0[j];
+            for (int64_t o = 0; o < outer; o++)
+                s += sum_ref(dy + (o * c + j) * inner, inner, 1);
+            want[j] = s;
+        }
+        check_close(what, got, want, c, 1e-5);
+    }
+    free(got);
+    free(want);
+    ch_tensor_free(tdy);
+    ch_tensor_free(tdb);
+    free(dy);
+    free(db0);
+}
+
+/* Many rows: the mean loss goes through the split reduction. */
+static void test_softmax_rows(ch_device *dev, int64_t n, int64_t c)
+{
+    char what[96];
+    snprintf(what, sizeof what, "%s: softmax_xent mean loss of %" PRId64 " rows of %" PRId64,
+             ch_device_id(dev), n, c);
+    float *x = random_floats(n * c, 17);
+    int32_t *labels = malloc((size_t)n * sizeof *labels);
+    for (int64_t i = 0; labels && i < n; i++)
+        labels[i] = (int32_t)((i * 7) % c);
+    int64_t xs[2] = {n, c}, ls[1] = {n}, one[1] = {1};
+    ch_tensor *tx = upload(dev, 2, xs, x), *tp = upload(dev, 2, xs, NULL);
+    ch_tensor *tl = NULL, *loss = upload(dev, 1, one, NULL);
+    float got = NAN;
+    if (tx && tp && loss && labels &&
+        tap_status_ok(ch_tensor_new(&tl, dev, CH_I32, 1, ls), "labels") &&
+        tap_status_ok(ch_tensor_upload(tl, labels, (size_t)n * 4), "upload labels") &&
+        tap_status_ok(ch_softmax_xent(loss, tp, tx, tl), "%s", what) &&
+        tap_status_ok(ch_tensor_download(loss, &got, sizeof got), "download loss")) {
+        double total = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *r = x + i * c;
+            double m = r[0], s = 0.0;
+            for (int64_t j = 1; j < c; j++)
+                m = fmax(m, r[j]);
+            for (int64_t j = 0; j < c; j++)
+                s += exp(r[j] - m);
+            total += log(s) - (r[labels[i]] - m);
+        }
+        double want = total / (double)n;
+        check_close(what, &got, &want, 1, 1e-5);
+    }
+    ch_tensor_free(tx);
+    ch_tensor_free(tp);
+    ch_tensor_free(tl);
+    ch_tensor_free(loss);
+    free(labels);
+    free(x);
+}
+
+/* ---- several devices ------------------------------------------------------- */
+
+static ch_bmem bmem_of(const ch_tensor *t)
+{
+    ch_bmem m = {t->buf->ptr, t->off};
+    return m;
+}
+
+/* The backend's all-reduce (data parallelism calls it through the core):
+ * buffer i holds i + 1 everywhere; each must end with the sum. With one
+ * GPU this still runs NCCL's (or the fallback's) path for one device. */
+static void test_allreduce(ch_device **devs, int count)
+{
+    const int64_t n = 100003;
+    const ch_backend_i *be = devs[0]->be->iface;
+    if (!be->allreduce_sum) {
+        tap_skip("cuda allreduce_sum: slot not filled");
+        return;
+    }
+    ch_tensor *t[MAX_CUDA] = {0};
+    void *streams[MAX_CUDA];
+    ch_bmem bufs[MAX_CUDA];
+    int64_t shape[1] = {n};
+    int ok = 1;
+    for (int i = 0; i < count && ok; i++) {
+        ok = (t[i] = upload(devs[i], 1, shape, NULL)) != NULL &&
+             tap_status_ok(ch_fill(t[i], (double)(i + 1)), "fill on %s", ch_device_id(devs[i]));
+        if (ok) {
+            streams[i] = devs[i]->default_stream->handle;
+            bufs[i] = bmem_of(t[i]);
+        }
+    }
+    float want = (float)(count * (count + 1) / 2);
+    if (ok && tap_status_ok(be->allreduce_sum(count, streams, bufs, n),
+                            "cuda allreduce_sum over %d devices", count)) {
+        for (int i = 0; i < count; i++) {
+            float *y = download(t[i]);
+            int64_t bad = 0;
+            for (int64_t k = 0; y && k < n; k++)
+                bad += y[k] != want;
+            tap_ok(y && bad == 0, "allreduce_sum on %s: %" PRId64 " of %" PRId64
+                   " elements differ from %g (first %g)", ch_device_id(devs[i]), bad, n, want,
+                   y ? y[0] : NAN);
+            free(y);
+        }
+    }
+    for (int i = 0; i < count; i++)
+        ch_tensor_free(t[i]);
+}
+
+static void test_peer(ch_device *src, ch_device *dst)
+{
+    const int64_t n = 3 * 1000003;
+    float *x = random_floats(n, 23);
+    int64_t shape[1] = {n};
+    ch_tensor *a = upload(src, 1, shape, x), *b = upload(dst, 1, shape, NULL);
+    uint64_t peer0, staged0, peer1, staged1;
+    chi_copy_counters(&peer0, &staged0);
+    float *y = NULL;
+    if (a && b && tap_status_ok(ch_copy(b, a), "ch_copy %s -> %s", ch_device_id(src),
+                                ch_device_id(dst)))
+        y = download(b);
+    chi_copy_counters(&peer1, &staged1);
+    tap_ok(y && memcmp(x, y, (size_t)n * 4) == 0, "copy %s -> %s is exact", ch_device_id(src),
+           ch_device_id(dst));
+    int can = ch_device_can_peer(src, dst);
+    tap_ok(can ? peer1 == peer0 + 1 : staged1 == staged0 + 1,
+           "copy %s -> %s took the %s path (peer %" PRIu64 " -> %" PRIu64 ", staged %" PRIu64
+           " -> %" PRIu64 ")", ch_device_id(src), ch_device_id(dst), can ? "peer" : "staged",
+           peer0, peer1, staged0, staged1);
+    free(y);
+    free(x);
+    ch_tensor_free(a);
+    ch_tensor_free(b);
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+static void test_device(ch_device *dev)
+{
+    test_info(dev);
+    test_roundtrip(dev, 1);
+    test_roundtrip(dev, 1000003);
+    test_async(dev);
+    test_sum(dev, 1, 3000017, 1);
+    test_sum(dev, 3, 100003, 5);
+    test_sum(dev, 2, 50000, 40);
+    test_bias_grad(dev, 100003, 3, 1);
+    test_bias_grad(dev, 7, 5, 30011);
+    test_bias_grad(dev, 64, 16, 1024);
+    test_softmax_rows(dev, 20011, 10);
+    test_oom(dev);
+}
+
+int main(void)
+{
+    if (!tap_status_ok(ch_init(), "ch_init"))
+        return tap_done();
+    ch_backend_info cu;
+    if (!find_backend("cuda", &cu)) {
+        tap_ok(0, "the cuda backend is registered");
+        return tap_done();
+    }
+    if (!cu.available) {
+        test_unavailable(&cu);
+        tap_skip("no CUDA device (%s)", cu.detail);
+        ch_shutdown();
+        return tap_done();
+    }
+    ch_device *devs[MAX_CUDA];
+    int count = 0;
+    for (int i = 0; i < ch_device_count() && count < MAX_CUDA; i++) {
+        ch_device *d;
+        if (ch_device_get(&d, i) == CH_OK && strncmp(ch_device_id(d), "cuda:", 5) == 0)
+            devs[count++] = d;
+    }
+    tap_ok(count == cu.device_count || getenv("CHORUS_DEVICES"),
+           "every CUDA device is visible: %d of %d", count, cu.device_count);
+    for (int i = 0; i < count; i++)
+        test_device(devs[i]);
+    if (count > 0)
+        test_allreduce(devs, count);
+    if (count < 2)
+        tap_skip("peer copies: %d CUDA device", count);
+    for (int i = 0; i < count; i++)
+        for (int j = 0; j < count; j++)
+            if (i != j)
+                test_peer(devs[i], devs[j]);
+    ch_shutdown();
+    return tap_done();
+}
