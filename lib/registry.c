@@ -14,8 +14,23 @@
 static chi_backend backends[CH_MAX_BACKENDS];
 static int nbackends;
 
-/* Modules the core knows how to look for, in list order. */
-static const char *const module_names[] = {"cuda", "opencl"};
+/* Modules the core knows how to look for, in list order, and whether this
+ * build made them (a module may still be installed from another build). */
+static const struct {
+    const char *name;
+    int built;
+} modules[] = {
+#ifdef CH_BUILT_CUDA
+    {"cuda", 1},
+#else
+    {"cuda", 0},
+#endif
+#ifdef CH_BUILT_OPENCL
+    {"opencl", 1},
+#else
+    {"opencl", 0},
+#endif
+};
 
 static void set_detail(chi_backend *be, const char *fmt, const char *a, const char *b)
 {
@@ -67,11 +82,16 @@ static ch_status start_backend(chi_backend *be, const ch_backend_i *iface)
     return CH_OK;
 }
 
-static void load_module(chi_backend *be, const char *name)
+static void load_module(chi_backend *be, const char *name, int built)
 {
     char path[1024], searched[400];
     snprintf(be->name, sizeof be->name, "%s", name);
     find_module(name, path, sizeof path, searched, sizeof searched);
+    if (!path[0] && !built) {
+        set_detail(be, "not built: configure found no %s toolkit or was told --without-%s",
+                   name, name);
+        return;
+    }
     if (!path[0]) {
         set_detail(be, "module chorus-%s.so not found in %s", name, searched);
         return;
@@ -106,8 +126,8 @@ ch_status chi_registry_load(void)
     if (start_backend(host, chi_host_backend()) != CH_OK)
         return chi_error(CH_ERR_INTERNAL, "ch_init: the host backend failed: %s", host->detail);
     set_detail(host, "built in%s%s", "", "");
-    for (size_t i = 0; i < sizeof module_names / sizeof module_names[0]; i++)
-        load_module(&backends[nbackends++], module_names[i]);
+    for (size_t i = 0; i < sizeof modules / sizeof modules[0]; i++)
+        load_module(&backends[nbackends++], modules[i].name, modules[i].built);
     return CH_OK;
 }
 

@@ -163,9 +163,9 @@ ch_status ch_tensor_view(ch_tensor **out, ch_tensor *src, int64_t start, int64_t
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_tensor_view: src is NULL");
     if (start < 0 || count < 1 || start > src->shape[0] - count)
         return chi_error(CH_ERR_INVALID_ARGUMENT,
-                         "ch_tensor_view: rows [%lld, %lld) out of range for a first dimension "
-                         "of %lld (expected count >= 1 inside it)",
-                         (long long)start, (long long)(start + count), (long long)src->shape[0]);
+                         "ch_tensor_view: %lld rows from row %lld are out of range for a first "
+                         "dimension of %lld (expected count >= 1 inside it)",
+                         (long long)count, (long long)start, (long long)src->shape[0]);
     int64_t row = src->numel / src->shape[0];
     int64_t shape[CH_MAX_DIMS];
     memcpy(shape, src->shape, sizeof shape);

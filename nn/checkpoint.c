@@ -15,13 +15,6 @@
 
 #include "nn.h"
 
-#define TRY(expr)                                                                \
-    do {                                                                         \
-        ch_status try_st_ = (expr);                                              \
-        if (try_st_ != CH_OK)                                                    \
-            return try_st_;                                                      \
-    } while (0)
-
 /* Checkpoints are only read or written whole; a header beyond this is not
  * one of ours (and would be an absurd allocation). */
 #define MAX_HEADER ((uint64_t)64 << 20)

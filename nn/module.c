@@ -9,13 +9,6 @@
 
 #include "nn.h"
 
-#define TRY(expr)                                                                \
-    do {                                                                         \
-        ch_status try_st_ = (expr);                                              \
-        if (try_st_ != CH_OK)                                                    \
-            return try_st_;                                                      \
-    } while (0)
-
 static int same_shape(const ch_tensor *t, ch_device *dev, ch_dtype dtype, int ndim,
                       const int64_t *shape)
 {

@@ -8,6 +8,14 @@
 
 #include "backend.h" /* chi_error only */
 
+/* Return the status of `expr` unless it is CH_OK. */
+#define TRY(expr)                                                                \
+    do {                                                                         \
+        ch_status try_st_ = (expr);                                              \
+        if (try_st_ != CH_OK)                                                    \
+            return try_st_;                                                      \
+    } while (0)
+
 typedef struct nn_param {
     char name[64];      /* "3.weight" */
     ch_tensor *value;

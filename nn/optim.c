@@ -7,13 +7,6 @@
 
 #include "nn.h"
 
-#define TRY(expr)                                                                \
-    do {                                                                         \
-        ch_status try_st_ = (expr);                                              \
-        if (try_st_ != CH_OK)                                                    \
-            return try_st_;                                                      \
-    } while (0)
-
 /* ---- Losses ------------------------------------------------------------------- */
 
 struct ch_loss {
