@@ -5,5 +5,10 @@ bench_bench_ops_SOURCES = bench/bench-ops.c
 bench_bench_ops_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) -I$(top_srcdir)/backends/host
 bench_bench_ops_LDADD = libchorus.la $(BLAS_LIBS) -lm
 
+noinst_PROGRAMS += bench/bench-train
+bench_bench_train_SOURCES = bench/bench-train.c
+bench_bench_train_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS)
+bench_bench_train_LDADD = libchorus.la $(BLAS_LIBS) -lm
+
 .PHONY: bench
-bench: bench/bench-ops
+bench: bench/bench-ops bench/bench-train

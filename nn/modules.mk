@@ -4,4 +4,5 @@ libchorus_la_SOURCES += \
 	nn/nn.h \
 	nn/module.c \
 	nn/optim.c \
-	nn/checkpoint.c
+	nn/checkpoint.c \
+	nn/presets.c

@@ -137,47 +137,6 @@ static int parse_options(int argc, char **argv, options *o)
     return 0;
 }
 
-/* ---- The networks --------------------------------------------------------------- */
-
-static ch_status build_model(ch_module **out, const char *kind)
-{
-    ch_module *seq = NULL, *m = NULL;
-    ch_status st = ch_nn_sequential(&seq);
-#define ADD(call)                                                                \
-    do {                                                                         \
-        if (st == CH_OK)                                                         \
-            st = (call);                                                         \
-        if (st == CH_OK)                                                         \
-            st = ch_nn_sequential_add(seq, m);                                   \
-    } while (0)
-    if (strcmp(kind, "mlp") == 0) {
-        ADD(ch_nn_flatten(&m));
-        ADD(ch_nn_linear(&m, 784, 512));
-        ADD(ch_nn_activation(&m, CH_ACT_RELU));
-        ADD(ch_nn_linear(&m, 512, 512));
-        ADD(ch_nn_activation(&m, CH_ACT_RELU));
-        ADD(ch_nn_linear(&m, 512, 10));
-    } else {
-        ADD(ch_nn_conv2d(&m, 1, 32, 3, 1, 1));
-        ADD(ch_nn_activation(&m, CH_ACT_RELU));
-        ADD(ch_nn_maxpool2d(&m, 2, 2));
-        ADD(ch_nn_conv2d(&m, 32, 64, 3, 1, 1));
-        ADD(ch_nn_activation(&m, CH_ACT_RELU));
-        ADD(ch_nn_maxpool2d(&m, 2, 2));
-        ADD(ch_nn_flatten(&m));
-        ADD(ch_nn_linear(&m, 3136, 128));
-        ADD(ch_nn_activation(&m, CH_ACT_RELU));
-        ADD(ch_nn_linear(&m, 128, 10));
-    }
-#undef ADD
-    if (st != CH_OK) {
-        ch_module_free(seq);
-        return st;
-    }
-    *out = seq;
-    return CH_OK;
-}
-
 /* Until data parallelism lands, one device: a GPU with the most compute
  * units, else the first of the list. */
 static ch_device *fastest(ch_device **devs, int n)
@@ -384,7 +343,7 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
 
 static ch_status setup(trainer *t, ch_train_state *resume)
 {
-    ch_status st = build_model(&t->model, t->o->model);
+    ch_status st = ch_nn_preset(&t->model, t->o->model);
     if (st == CH_OK)
         st = ch_module_init(t->model, t->o->seed);
     if (st == CH_OK)

@@ -30,6 +30,12 @@ CH_API ch_status ch_nn_sequential(ch_module **out);
 /* Append `child` (ownership passes to seq, also on failure). */
 CH_API ch_status ch_nn_sequential_add(ch_module *seq, ch_module *child);
 
+/* The reference networks for 1x28x28 images and 10 classes, as Sequentials:
+ *   "mlp": Flatten, Linear(784, 512), ReLU, Linear(512, 512), ReLU, Linear(512, 10)
+ *   "cnn": Conv2d(1, 32, 3, pad 1), ReLU, MaxPool2d(2), Conv2d(32, 64, 3, pad 1),
+ *          ReLU, MaxPool2d(2), Flatten, Linear(3136, 128), ReLU, Linear(128, 10) */
+CH_API ch_status ch_nn_preset(ch_module **out, const char *name);
+
 /* Frees the module, its children, parameters and buffers. NULL: no-op. */
 CH_API void ch_module_free(ch_module *m);
 

@@ -1,0 +1,212 @@
+/* bench-train: training samples/s of the mlp and the cnn on each device,
+ * and, for the mlp on the host, the ratio to the rate its GEMMs alone would
+ * allow at OpenBLAS's speed on the same shapes, measured in the same run.
+ *
+ * The data are random images in device memory: this measures the training
+ * step (forward, loss, backward, optimizer), not the loader. */
+#include "config.h"
+
+#include <chorus.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef HAVE_BLAS
+#include <cblas.h>
+#endif
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define CHECK(call)                                                              \
+    do {                                                                         \
+        ch_status st_ = (call);                                                  \
+        if (st_ != CH_OK) {                                                      \
+            fprintf(stderr, "bench-train: %s: %s\n", #call, ch_last_error());    \
+            exit(1);                                                             \
+        }                                                                        \
+    } while (0)
+
+/* Median of `steps` timed training steps of `model` on `dev` after warm-up:
+ * samples per second. */
+static double train_rate(const char *model, ch_device *dev, int batch, int steps)
+{
+    ch_module *m = NULL;
+    ch_loss *loss = NULL;
+    ch_optimizer *opt = NULL;
+    CHECK(ch_nn_preset(&m, model));
+    CHECK(ch_module_init(m, 1));
+    CHECK(ch_module_to(m, dev));
+    CHECK(ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY));
+    ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f);
+    CHECK(ch_optimizer_new(&opt, m, &oo));
+    int64_t xs[4] = {batch, 1, 28, 28}, ls[1] = {batch};
+    ch_tensor *x = NULL, *labels = NULL, *y, *lv, *dy;
+    CHECK(ch_tensor_new(&x, dev, CH_F32, 4, xs));
+    CHECK(ch_tensor_new(&labels, dev, CH_I32, 1, ls));
+    CHECK(ch_rand_normal(x, 7, 0, 0.0f, 1.0f));
+    int32_t *lab = malloc(sizeof *lab * (size_t)batch);
+    for (int i = 0; i < batch; i++)
+        lab[i] = i % 10;
+    CHECK(ch_tensor_upload(labels, lab, sizeof *lab * (size_t)batch));
+    free(lab);
+    double *t = malloc(sizeof *t * (size_t)steps);
+    for (int s = -3; s < steps; s++) {
+        double t0 = now();
+        CHECK(ch_module_zero_grad(m));
+        CHECK(ch_module_forward(m, &y, x));
+        CHECK(ch_loss_forward(loss, &lv, y, labels));
+        CHECK(ch_loss_backward(loss, &dy, 1.0f));
+        CHECK(ch_module_backward(m, NULL, dy));
+        CHECK(ch_optimizer_step(opt, 1e-3f));
+        CHECK(ch_device_sync(dev));
+        if (s >= 0)
+            t[s] = now() - t0;
+    }
+    for (int i = 1; i < steps; i++) /* insertion sort: steps is small */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double tmp = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = tmp;
+        }
+    double median = t[steps / 2];
+    free(t);
+    ch_tensor_free(x);
+    ch_tensor_free(labels);
+    ch_optimizer_free(opt);
+    ch_loss_free(loss);
+    ch_module_free(m);
+    return batch / median;
+}
+
+#ifdef HAVE_BLAS
+/* One GEMM of the mlp's step, row-major: C[M,N] = op(A) op(B). */
+typedef struct gemm_shape {
+    int ta, tb, m, n, k;
+} gemm_shape;
+
+/* Seconds for the mlp step's GEMMs at OpenBLAS's speed: forward y = x W^T,
+ * backward dW = dy^T x and dx = dy W, for each Linear layer (the first
+ * layer's dx is not needed). Median of `reps` runs of the whole set. */
+static double mlp_gemm_seconds(int batch, int reps)
+{
+    const int dims[4] = {784, 512, 512, 10};
+    gemm_shape g[9];
+    int n = 0;
+    for (int l = 0; l < 3; l++) {
+        int in = dims[l], out = dims[l + 1];
+        g[n++] = (gemm_shape){0, 1, batch, out, in};
+        g[n++] = (gemm_shape){1, 0, out, in, batch};
+        if (l > 0)
+            g[n++] = (gemm_shape){0, 0, batch, in, out};
+    }
+    size_t big = (size_t)784 * 512;
+    float *a = malloc(sizeof(float) * big * 2), *b = malloc(sizeof(float) * big * 2),
+          *c = malloc(sizeof(float) * big * 2);
+    for (size_t i = 0; i < big * 2; i++)
+        a[i] = b[i] = c[i] = 0.001f * (float)(i % 1000);
+    double *t = malloc(sizeof *t * (size_t)reps);
+    for (int r = -3; r < reps; r++) {
+        double t0 = now();
+        for (int i = 0; i < n; i++) {
+            int lda = g[i].ta ? g[i].m : g[i].k, ldb = g[i].tb ? g[i].k : g[i].n;
+            cblas_sgemm(CblasRowMajor, g[i].ta ? CblasTrans : CblasNoTrans,
+                        g[i].tb ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, 1.0f, a, lda,
+                        b, ldb, g[i].ta ? 1.0f : 0.0f, c, g[i].n); /* dW accumulates */
+        }
+        if (r >= 0)
+            t[r] = now() - t0;
+    }
+    for (int i = 1; i < reps; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double tmp = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = tmp;
+        }
+    double median = t[reps / 2];
+    free(t);
+    free(a);
+    free(b);
+    free(c);
+    return median;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    const char *devices = NULL;
+    int batch = 64, steps = 20, json = 0;
+    static const struct option longs[] = {{"devices", required_argument, 0, 'd'},
+                                          {"batch", required_argument, 0, 'b'},
+                                          {"steps", required_argument, 0, 's'},
+                                          {"json", no_argument, 0, 'j'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        switch (c) {
+        case 'd': devices = optarg; break;
+        case 'b': batch = atoi(optarg); break;
+        case 's': steps = atoi(optarg); break;
+        case 'j': json = 1; break;
+        case 'h':
+            printf("usage: bench-train [--devices LIST] [--batch N] [--steps N] [--json]\n");
+            return 0;
+        default: fprintf(stderr, "bench-train: bad option (see --help)\n"); return 2;
+        }
+    }
+    if (batch < 1 || steps < 1) {
+        fprintf(stderr, "bench-train: --batch and --steps must be >= 1\n");
+        return 2;
+    }
+    CHECK(ch_init());
+    ch_device *devs[64];
+    int n = 0;
+    if (devices)
+        CHECK(ch_device_list_parse(devs, 64, &n, devices));
+    else
+        for (int i = 0; i < ch_device_count() && n < 64; i++)
+            CHECK(ch_device_get(&devs[n++], i));
+    const char *models[2] = {"mlp", "cnn"};
+    if (json)
+        printf("[");
+    else
+        printf("%-10s %-5s %6s %14s\n", "device", "model", "batch", "samples/s");
+    int first = 1;
+    for (int d = 0; d < n; d++) {
+        for (int mi = 0; mi < 2; mi++) {
+            double rate = train_rate(models[mi], devs[d], batch, steps);
+            const char *id = ch_device_id(devs[d]);
+            double ratio = -1, bound = -1;
+#ifdef HAVE_BLAS
+            if (mi == 0 && strcmp(id, "host") == 0) {
+                bound = batch / mlp_gemm_seconds(batch, steps);
+                ratio = rate / bound;
+            }
+#endif
+            if (json) {
+                printf("%s{\"device\":\"%s\",\"model\":\"%s\",\"batch\":%d,\"samples_per_s\":%.1f",
+                       first ? "" : ",", id, models[mi], batch, rate);
+                if (ratio >= 0)
+                    printf(",\"gemm_bound_samples_per_s\":%.1f,\"ratio\":%.3f", bound, ratio);
+                printf("}");
+            } else {
+                printf("%-10s %-5s %6d %14.1f\n", id, models[mi], batch, rate);
+                if (ratio >= 0)
+                    printf("%-10s %-5s %6d %14.1f  GEMM-bound rate at OpenBLAS speed; "
+                           "ratio %.3f\n",
+                           id, "mlp", batch, bound, ratio);
+            }
+            first = 0;
+        }
+    }
+    if (json)
+        printf("]\n");
+    ch_shutdown();
+    return 0;
+}
