@@ -139,11 +139,12 @@ static double mlp_gemm_seconds(int batch, int reps)
 
 int main(int argc, char **argv)
 {
-    const char *devices = NULL;
+    const char *devices = NULL, *only = NULL;
     int batch = 64, steps = 20, json = 0;
     static const struct option longs[] = {{"devices", required_argument, 0, 'd'},
                                           {"batch", required_argument, 0, 'b'},
                                           {"steps", required_argument, 0, 's'},
+                                          {"model", required_argument, 0, 'm'},
                                           {"json", no_argument, 0, 'j'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -153,9 +154,11 @@ int main(int argc, char **argv)
         case 'd': devices = optarg; break;
         case 'b': batch = atoi(optarg); break;
         case 's': steps = atoi(optarg); break;
+        case 'm': only = optarg; break;
         case 'j': json = 1; break;
         case 'h':
-            printf("usage: bench-train [--devices LIST] [--batch N] [--steps N] [--json]\n");
+            printf("usage: bench-train [--devices LIST] [--model mlp|cnn] [--batch N] [--steps N] "
+                   "[--json]\n");
             return 0;
         default: fprintf(stderr, "bench-train: bad option (see --help)\n"); return 2;
         }
@@ -180,6 +183,8 @@ int main(int argc, char **argv)
     int first = 1;
     for (int d = 0; d < n; d++) {
         for (int mi = 0; mi < 2; mi++) {
+            if (only && strcmp(only, models[mi]) != 0)
+                continue;
             double rate = train_rate(models[mi], devs[d], batch, steps);
             const char *id = ch_device_id(devs[d]);
             double ratio = -1, bound = -1;

@@ -21,7 +21,9 @@ check_PROGRAMS += tests/test-nn
 tests_test_nn_SOURCES = tests/test-nn.c
 tests_test_nn_LDADD = $(TEST_LIBS)
 
-TESTS += $(check_PROGRAMS)
+TESTS += $(check_PROGRAMS) tests/test-train.sh
+EXTRA_DIST += tests/test-train.sh
+AM_TESTS_ENVIRONMENT += CHORUS_TRAIN='$(abs_top_builddir)/utils/chorus-train'; export CHORUS_TRAIN;
 include tests/host.mk
 include tests/opencl.mk
 include tests/ops.mk

@@ -88,5 +88,20 @@ status=$?
 test "$status" -eq 0 && grep -q -- '--json' "$tmp.out"
 ok $? "--help exits 0 and describes --json: got status $status"
 
+# With no OpenCL driver installed (an ICD loader that finds no vendor), the
+# OpenCL backend is reported unavailable with the reason, and the rest works.
+if grep -Eq '^ +opencl +loaded' "$tmp.txt"; then
+    mkdir -p "$tmp.noicd"
+    OCL_ICD_VENDORS="$tmp.noicd" "$info" >"$tmp.out" 2>&1
+    status=$?
+    rmdir "$tmp.noicd"
+    test "$status" -eq 0 && grep -Eq '^ +opencl +unavailable +no OpenCL platform' "$tmp.out" &&
+        grep -Eq '^ +host ' "$tmp.out"
+    ok $? "with no OpenCL driver, OpenCL is unavailable with the reason and host still runs: status $status, $(grep -E '^ +opencl ' "$tmp.out" | tr -s ' ')"
+else
+    n=$((n + 1))
+    echo "ok $n # SKIP the OpenCL backend is not loaded here"
+fi
+
 echo "1..$n"
 exit $failed

@@ -17,8 +17,8 @@
 #define EXIT_RUNTIME 1
 
 typedef struct options {
-    const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log;
-    int64_t epochs, max_steps;
+    const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log, *schedule;
+    int64_t epochs, max_steps, limit;
     int batch, json, quiet;
     float lr;
     uint64_t seed;
@@ -33,9 +33,12 @@ static void usage(FILE *f)
             "  --devices LIST      device list, \"all\" (default): the fastest device\n"
             "  --epochs N          epochs (default 5)\n"
             "  --max-steps N       stop after N optimizer steps in all (default: no limit)\n"
+            "  --limit N           train on the first N samples only (quick runs)\n"
             "  --batch N           batch size (default 64)\n"
             "  --lr X              learning rate (default 0.001; sgd 0.05)\n"
             "  --optimizer NAME    sgd, adam (default) or adamw\n"
+            "  --schedule NAME     learning rate: cosine (default, decays to 0 over the\n"
+            "                      epochs), step (x0.1 every 2 epochs) or constant\n"
             "  --seed N            seed of the initialisation and the shuffle (default 1)\n"
             "  --checkpoint FILE   save a checkpoint (safetensors) after every epoch\n"
             "  --resume FILE       continue from a checkpoint\n"
@@ -73,13 +76,15 @@ static int parse_options(int argc, char **argv, options *o)
         {"data", required_argument, 0, 'd'},    {"model", required_argument, 0, 'm'},
         {"devices", required_argument, 0, 'D'}, {"epochs", required_argument, 0, 'e'},
         {"max-steps", required_argument, 0, 'S'}, {"batch", required_argument, 0, 'b'},
+        {"limit", required_argument, 0, 'N'},   {"schedule", required_argument, 0, 'C'},
         {"lr", required_argument, 0, 'l'},      {"optimizer", required_argument, 0, 'o'},
         {"seed", required_argument, 0, 's'},    {"checkpoint", required_argument, 0, 'c'},
         {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
         {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
-    *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, 5, -1, 64, 0, 0, -1, 1};
+    *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", 5, -1, 0, 64,
+                   0, 0, -1, 1};
     opterr = 0;
     int c;
     int64_t v;
@@ -92,6 +97,7 @@ static int parse_options(int argc, char **argv, options *o)
         case 'c': o->checkpoint = optarg; break;
         case 'r': o->resume = optarg; break;
         case 'L': o->log = optarg; break;
+        case 'C': o->schedule = optarg; break;
         case 'j': o->json = 1; break;
         case 'q': o->quiet = 1; break;
         case 'e':
@@ -101,6 +107,10 @@ static int parse_options(int argc, char **argv, options *o)
         case 'S':
             if (!parse_int(optarg, 1, &o->max_steps))
                 return fail_usage("--max-steps wants a whole number >= 1, not \"%s\"", optarg);
+            break;
+        case 'N':
+            if (!parse_int(optarg, 1, &o->limit))
+                return fail_usage("--limit wants a whole number >= 1, not \"%s\"", optarg);
             break;
         case 'b':
             if (!parse_int(optarg, 1, &v) || v > 1 << 20)
@@ -132,6 +142,9 @@ static int parse_options(int argc, char **argv, options *o)
         return fail_usage("--model is mlp or cnn, not \"%s\"", o->model);
     if (strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") && strcmp(o->optimizer, "adamw"))
         return fail_usage("--optimizer is sgd, adam or adamw, not \"%s\"", o->optimizer);
+    if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "step") &&
+        strcmp(o->schedule, "constant"))
+        return fail_usage("--schedule is cosine, step or constant, not \"%s\"", o->schedule);
     if (o->lr < 0)
         o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f : 0.001f;
     return 0;
@@ -163,12 +176,13 @@ typedef struct trainer {
     ch_loss *loss;
     ch_optimizer *opt;
     ch_dataset *train, *test;
+    ch_dataset *full;        /* the whole training set when --limit takes its head */
     ch_loader *loader;
     ch_tensor *x, *labels;   /* the batch on the device */
     FILE *log;
     int tty;
     int64_t step;
-    double samples_per_s;
+    ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
 } trainer;
 
 static double now(void)
@@ -218,7 +232,7 @@ static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out)
     if (st == CH_OK)
         st = ch_module_backward(t->model, NULL, dy);
     if (st == CH_OK)
-        st = ch_optimizer_step(t->opt, t->o->lr);
+        st = ch_optimizer_step(t->opt, ch_lr_at(&t->lr, t->step));
     if (st == CH_OK)
         st = ch_tensor_download(lv, loss_out, sizeof *loss_out);
     return st;
@@ -363,6 +377,14 @@ static ch_status setup(trainer *t, ch_train_state *resume)
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
     if (st == CH_OK)
         st = ch_loader_new(&t->loader, t->train, &lo);
+    /* The schedule depends only on the step and the planned epochs, so a
+     * resumed run follows the same curve. */
+    int64_t total = t->o->epochs * (st == CH_OK ? ch_loader_batches(t->loader) : 0);
+    ch_lr_kind lr_kind = strcmp(t->o->schedule, "cosine") == 0 ? CH_LR_COSINE
+                      : strcmp(t->o->schedule, "step") == 0 ? CH_LR_STEP
+                                                            : CH_LR_CONSTANT;
+    t->lr = (ch_lr_schedule){lr_kind, t->o->lr, 0, 2 * total / (t->o->epochs ? t->o->epochs : 1),
+                             0.1f, total, 0.0f};
     return st;
 }
 
@@ -375,6 +397,7 @@ static void teardown(trainer *t)
     ch_loss_free(t->loss);
     ch_module_free(t->model);
     ch_dataset_free(t->train);
+    ch_dataset_free(t->full);
     ch_dataset_free(t->test);
     if (t->log)
         fclose(t->log);
@@ -448,6 +471,15 @@ int main(int argc, char **argv)
         ch_dataset_free(t.train);
         ch_shutdown();
         return EXIT_USAGE;
+    }
+    if (o.limit > 0 && o.limit < ch_dataset_size(t.train)) {
+        t.full = t.train;
+        if (ch_dataset_head(&t.train, t.full, o.limit) != CH_OK) {
+            fprintf(stderr, "chorus-train: --limit: %s\n", ch_last_error());
+            teardown(&t);
+            ch_shutdown();
+            return EXIT_RUNTIME;
+        }
     }
     if (o.log && !(t.log = fopen(o.log, "w"))) {
         fprintf(stderr, "chorus-train: --log: cannot write %s: %s\n", o.log, strerror(errno));

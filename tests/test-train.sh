@@ -1,0 +1,103 @@
+#!/bin/sh
+# chorus-train end to end on a subset of Fashion-MNIST: it learns, its
+# output and log are well formed, resuming equals training straight through,
+# and bad input gives the documented exit codes.
+train=${CHORUS_TRAIN:-./utils/chorus-train}
+data=${CHORUS_TEST_DATA:-/usr/share/datasets/fashion-mnist}
+tmp=${TMPDIR:-/tmp}/test-train.$$
+mkdir -p "$tmp"
+trap 'rm -rf "$tmp"' EXIT
+
+if [ ! -r "$data/train-images-idx3-ubyte.gz" ] && [ ! -r "$data/train-images-idx3-ubyte" ]; then
+    echo "1..0 # SKIP no Fashion-MNIST in $data (install dataset-fashion-mnist)"
+    exit 0
+fi
+
+n=0
+failed=0
+ok() {
+    n=$((n + 1))
+    if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi
+}
+
+# Quick settings shared by every run: the mlp on 2000 samples, host only.
+quick="--data $data --devices host --model mlp --limit 2000 --batch 50 --quiet"
+
+# shellcheck disable=SC2086
+"$train" $quick --epochs 2 --checkpoint "$tmp/straight.st" --log "$tmp/log.jsonl" \
+    >"$tmp/out" 2>"$tmp/err"
+status=$?
+ok $status "2 epochs on 2000 samples run (stderr: $(head -c 200 "$tmp/err" | tr '\n#' '  '))"
+acc=$(sed -n 's/^result test_accuracy=\([0-9.]*\) .*/\1/p' "$tmp/out")
+awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.70) }'
+ok $? "it learns: test accuracy $acc >= 0.70 after 80 steps"
+grep -Eq '^result test_accuracy=[0-9.]+ test_loss=[0-9.]+ samples_per_s=[0-9.]+ epochs=2 devices=host$' "$tmp/out"
+ok $? "the result line has every key: $(cat "$tmp/out")"
+lines=$(wc -l <"$tmp/log.jsonl")
+test "$lines" -eq 80 && python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    assert {"step", "epoch", "loss", "samples_per_s", "devices"} <= d.keys(), d
+    assert d["devices"][0]["id"] == "host" and d["devices"][0]["time_s"] > 0
+' "$tmp/log.jsonl"
+ok $? "--log writes one JSON line per step with its keys ($lines lines, want 80)"
+
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --json >"$tmp/json" 2>/dev/null
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert {"test_accuracy", "test_loss", "samples_per_s", "epochs", "devices"} <= d.keys(), d
+' "$tmp/json"
+ok $? "--json prints one object with the result keys: $(head -c 200 "$tmp/json")"
+
+# One epoch, save, resume, one more: the same bits as two epochs straight.
+# The default cosine schedule spans the planned epochs, so this plain
+# "--epochs 1, then --epochs 2" case uses a constant learning rate.
+# shellcheck disable=SC2086
+"$train" $quick --schedule constant --epochs 2 --checkpoint "$tmp/straight-c.st" >/dev/null 2>&1 &&
+    "$train" $quick --schedule constant --epochs 1 --checkpoint "$tmp/one.st" >/dev/null 2>&1 &&
+    "$train" $quick --schedule constant --epochs 2 --resume "$tmp/one.st" \
+        --checkpoint "$tmp/resumed.st" >/dev/null 2>&1
+ok $? "train 2 epochs; train 1 epoch, then resume for the second"
+cmp -s "$tmp/straight-c.st" "$tmp/resumed.st"
+ok $? "resuming at an epoch boundary gives a checkpoint identical to training straight through"
+
+# Stopped in the middle of an epoch (step 57 of 80), then resumed, with the
+# default cosine schedule.
+# shellcheck disable=SC2086
+"$train" $quick --epochs 2 --max-steps 57 --checkpoint "$tmp/mid.st" >/dev/null 2>&1 &&
+    "$train" $quick --epochs 2 --resume "$tmp/mid.st" --checkpoint "$tmp/mid-resumed.st" >/dev/null 2>&1
+ok $? "stop at step 57, then resume"
+cmp -s "$tmp/straight.st" "$tmp/mid-resumed.st"
+ok $? "resuming mid-epoch gives a checkpoint identical to training straight through"
+
+# Bad input: one line on stderr and exit 2; runtime failures exit 1.
+"$train" --epochs zero >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--epochs' "$tmp/err"
+ok $? "a bad option value: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
+"$train" --devices cuda:99 --data "$data" >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q 'cuda:99' "$tmp/err"
+ok $? "an unknown device: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
+"$train" --data "$tmp/nowhere" --devices host >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q "$tmp/nowhere" "$tmp/err"
+ok $? "missing data: exit 2 and one line naming the folder (got $status: $(cat "$tmp/err"))"
+cp "$tmp/one.st" "$tmp/keep.st"
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --checkpoint "$tmp/no/such/dir/x.st" >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 1 && grep -q 'checkpoint' "$tmp/err"
+ok $? "an unwritable checkpoint: exit 1 with a message (got $status: $(tr '\n' ' ' <"$tmp/err"))"
+printf 'garbage' >"$tmp/bad.st"
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --resume "$tmp/bad.st" --checkpoint "$tmp/keep.st" >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 1 && cmp -s "$tmp/one.st" "$tmp/keep.st"
+ok $? "a corrupt --resume file: exit 1, the existing checkpoint untouched (got $status)"
+
+echo "1..$n"
+exit $failed
