@@ -105,19 +105,28 @@ static double mlp_gemm_seconds(int batch, int reps)
         if (l > 0)
             g[n++] = (gemm_shape){0, 0, batch, in, out};
     }
-    size_t big = (size_t)784 * 512;
-    float *a = malloc(sizeof(float) * big * 2), *b = malloc(sizeof(float) * big * 2),
-          *c = malloc(sizeof(float) * big * 2);
-    for (size_t i = 0; i < big * 2; i++)
-        a[i] = b[i] = c[i] = 0.001f * (float)(i % 1000);
+    /* Each GEMM gets operands of its own, as in the model (weights,
+     * activations and gradients are different memory): one shared set would
+     * stay in cache and flatter the bound. */
+    float *buf[9][3];
+    for (int i = 0; i < n; i++) {
+        size_t sizes[3] = {(size_t)g[i].m * g[i].k, (size_t)g[i].k * g[i].n,
+                           (size_t)g[i].m * g[i].n};
+        for (int j = 0; j < 3; j++) {
+            buf[i][j] = malloc(sizeof(float) * sizes[j]);
+            for (size_t e = 0; e < sizes[j]; e++)
+                buf[i][j][e] = 0.001f * (float)(e % 1000);
+        }
+    }
     double *t = malloc(sizeof *t * (size_t)reps);
     for (int r = -3; r < reps; r++) {
         double t0 = now();
         for (int i = 0; i < n; i++) {
             int lda = g[i].ta ? g[i].m : g[i].k, ldb = g[i].tb ? g[i].k : g[i].n;
             cblas_sgemm(CblasRowMajor, g[i].ta ? CblasTrans : CblasNoTrans,
-                        g[i].tb ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, 1.0f, a, lda,
-                        b, ldb, g[i].ta ? 1.0f : 0.0f, c, g[i].n); /* dW accumulates */
+                        g[i].tb ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, 1.0f,
+                        buf[i][0], lda, buf[i][1], ldb, g[i].ta ? 1.0f : 0.0f, buf[i][2],
+                        g[i].n); /* dW accumulates */
         }
         if (r >= 0)
             t[r] = now() - t0;
@@ -130,9 +139,9 @@ static double mlp_gemm_seconds(int batch, int reps)
         }
     double median = t[reps / 2];
     free(t);
-    free(a);
-    free(b);
-    free(c);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 3; j++)
+            free(buf[i][j]);
     return median;
 }
 #endif
