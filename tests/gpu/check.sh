@@ -30,12 +30,12 @@ if [ $# -ne 1 ]; then
     exit 2
 fi
 mkdir -p "$1" || exit 2
-OUT=$(cd "$1" && pwd)
+outdir=$(cd "$1" && pwd)
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 B=${CHECK_BUILD:-/tmp/chorus-gpu-check}
 BUDGET=${CHECK_BUDGET:-540}
 START=$(date +%s)
-SUMMARY="$OUT/summary.txt"
+SUMMARY="$outdir/summary.txt"
 FAILED=0
 ROWS=()
 
@@ -292,7 +292,7 @@ run_tap() {
     else
         row "$step" ok "$secs" "$counts"
     fi
-    grep '^not ok' "$own" | head -n 20 >>"$OUT/failures.tmp"
+    grep '^not ok' "$own" | head -n 20 >>"$outdir/failures.tmp"
 }
 
 run_prog() { # step log program [args]: a plain program, exit status decides
@@ -317,10 +317,10 @@ run_prog() { # step log program [args]: a plain program, exit status decides
 
 main() {
     local t0 secs
-    : >"$OUT/failures.tmp"
+    : >"$outdir/failures.tmp"
 
     t0=$(date +%s)
-    if probe >"$OUT/probe.log" 2>&1; then
+    if probe >"$outdir/probe.log" 2>&1; then
         row probe ok $(($(date +%s) - t0)) "sm_$CUDA_ARCH, NCCL: $([ -n "$NCCL_SO" ] && echo yes || echo no)"
     else
         row probe FAILED $(($(date +%s) - t0)) "no nvcc, cuBLAS or cudart: see probe.log"
@@ -329,7 +329,7 @@ main() {
     t0=$(date +%s)
     if [ -z "$NVCC" ] || [ -z "$CUBLAS_SO" ] || [ -z "$CUDART" ]; then
         row build skipped 0 "nothing to build with"
-    elif build >"$OUT/build.log" 2>&1; then
+    elif build >"$outdir/build.log" 2>&1; then
         row build ok $(($(date +%s) - t0)) "${BUILT[*]}"
     else
         row build FAILED $(($(date +%s) - t0)) "see build.log; built: ${BUILT[*]:-nothing}"
@@ -338,34 +338,34 @@ main() {
     export CHORUS_BACKEND_PATH="$B/mod"
     export LD_LIBRARY_PATH="$B$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     unset CHORUS_DEVICES
-    log "CHORUS_BACKEND_PATH=$CHORUS_BACKEND_PATH" >>"$OUT/tests-more.log"
-    log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/tests-more.log"
+    log "CHORUS_BACKEND_PATH=$CHORUS_BACKEND_PATH" >>"$outdir/tests-more.log"
+    log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$outdir/tests-more.log"
 
-    run_prog chorus-info "$OUT/tests-more.log" chorus-info
-    run_tap test-cuda "$OUT/test-cuda.log" test-cuda
-    run_tap test-ops "$OUT/test-ops.log" test-ops
-    run_tap test-core "$OUT/tests-more.log" test-core
-    run_tap test-errors "$OUT/tests-more.log" test-errors
-    run_tap test-ops-grad "$OUT/tests-more.log" test-ops-grad
-    run_prog bench-cublas "$OUT/bench.log" bench-cublas 1024 2048 4096
-    run_prog bench-ops "$OUT/bench.log" bench-ops --devices cuda:0 --sizes 1024,4096
+    run_prog chorus-info "$outdir/tests-more.log" chorus-info
+    run_tap test-cuda "$outdir/test-cuda.log" test-cuda
+    run_tap test-ops "$outdir/test-ops.log" test-ops
+    run_tap test-core "$outdir/tests-more.log" test-core
+    run_tap test-errors "$outdir/tests-more.log" test-errors
+    run_tap test-ops-grad "$outdir/tests-more.log" test-ops-grad
+    run_prog bench-cublas "$outdir/bench.log" bench-cublas 1024 2048 4096
+    run_prog bench-ops "$outdir/bench.log" bench-ops --devices cuda:0 --sizes 1024,4096
 
     {
         log "Chorus GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(elapsed) s"
         log "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
         printf '%-16s %-7s %5s  %s\n' step result secs detail
         printf '%s\n' "${ROWS[@]}"
-        if [ -s "$OUT/failures.tmp" ]; then
+        if [ -s "$outdir/failures.tmp" ]; then
             log ""
             log "First failures:"
-            cat "$OUT/failures.tmp"
+            cat "$outdir/failures.tmp"
         fi
         if [ -f "$B/bench-cublas.out" ]; then
             log ""
             cat "$B/bench-cublas.out"
         fi
     } >"$SUMMARY"
-    rm -f "$OUT/failures.tmp"
+    rm -f "$outdir/failures.tmp"
     cat "$SUMMARY"
     return $FAILED
 }
