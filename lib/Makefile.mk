@@ -30,4 +30,5 @@ nobase_include_HEADERS += \
 	include/chorus/tensor.h \
 	include/chorus/ops.h \
 	include/chorus/data.h \
-	include/chorus/nn.h
+	include/chorus/nn.h \
+	include/chorus/dp.h

@@ -5,4 +5,5 @@ libchorus_la_SOURCES += \
 	nn/module.c \
 	nn/optim.c \
 	nn/checkpoint.c \
-	nn/presets.c
+	nn/presets.c \
+	nn/dp.c

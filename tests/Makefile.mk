@@ -21,6 +21,10 @@ check_PROGRAMS += tests/test-nn
 tests_test_nn_SOURCES = tests/test-nn.c
 tests_test_nn_LDADD = $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-dp
+tests_test_dp_SOURCES = tests/test-dp.c
+tests_test_dp_LDADD = $(TEST_LIBS)
+
 TESTS += $(check_PROGRAMS) tests/test-train.sh
 EXTRA_DIST += tests/test-train.sh
 AM_TESTS_ENVIRONMENT += CHORUS_TRAIN='$(abs_top_builddir)/utils/chorus-train'; export CHORUS_TRAIN;
