@@ -55,6 +55,7 @@ struct ch_dp {
     const ch_batch *batch;
     float lr;
     int64_t step;
+    int fail_replica;         /* test hook: this replica fails its next step */
 };
 
 /* ---- Phases run by each worker --------------------------------------------------- */
@@ -112,6 +113,8 @@ static ch_status compute(replica *r)
     size_t sample = ch_host_buffer_size(b->images) / (size_t)b->count;
     ch_tensor *y, *lv, *dy;
     TRY(batch_tensors(r));
+    if (dp->fail_replica == r->index)
+        return chi_error(CH_ERR_INTERNAL, "failure injected by a test");
     TRY(ch_tensor_upload_async(r->x, b->images, (size_t)r->start * sample));
     TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)r->start * sizeof(int32_t)));
     TRY(ch_module_zero_grad(r->model));
@@ -260,6 +263,7 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
     dp->n = n;
     dp->o = *options;
+    dp->fail_replica = -1;
     dp->numel = ch_module_param_numel(model);
     dp->r = calloc((size_t)n, sizeof *dp->r);
     dp->weights = calloc((size_t)n, sizeof *dp->weights);
@@ -359,6 +363,7 @@ ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss)
         pthread_cond_wait(&dp->done, &dp->lock);
     pthread_mutex_unlock(&dp->lock);
     dp->step++;
+    dp->fail_replica = -1;
     double total = 0;
     for (int i = 0; i < dp->n; i++) {
         replica *r = &dp->r[i];
@@ -403,4 +408,10 @@ ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model)
         TRY(ch_copy(b, a));
     }
     return CH_OK;
+}
+
+void chi_dp_fail_next(ch_dp *dp, int replica)
+{
+    if (dp)
+        dp->fail_replica = replica;
 }

@@ -68,6 +68,11 @@ ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *
 
 /* The slot of optimizer state `index` (see ch_optimizer_state) and the
  * parameter it belongs to: for loading checkpoints. */
+/* Test hook: replica `replica` of `dp` fails in the middle of its next
+ * step (after its batch is on the device, before forward). */
+struct ch_dp;
+CH_API void chi_dp_fail_next(struct ch_dp *dp, int replica);
+
 ch_optimizer_kind nn_optimizer_kind(const ch_optimizer *opt);
 ch_status nn_optimizer_state_slot(ch_optimizer *opt, int index, ch_tensor ***slot,
                                   ch_tensor **param);

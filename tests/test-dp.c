@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "tap.h"
+#include "../nn/nn.h" /* chi_dp_fail_next, the fault-injection hook */
+#include <time.h>
 
 enum { BATCH = 24, STEPS = 20 };
 
@@ -171,8 +173,28 @@ int main(void)
     ch_module_free(a);
     ch_module_free(b);
 
+    /* A replica that fails mid-step: the step returns its error quickly, and
+     * the next step and the teardown neither hang nor fail. */
     ch_dp *dp = NULL;
     ch_dp_options o = options(NULL);
+    if (tap_status_ok(ch_dp_new(&dp, single, three, 3, &o), "a dp over %s", names)) {
+        float loss = 0;
+        struct timespec t0, t1;
+        chi_dp_fail_next(dp, 1);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        ch_status st = ch_dp_step(dp, &bs.b[0], 0.05f, &loss);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        tap_status_is(st, CH_ERR_INTERNAL, "replica 1", "a failing replica's error is returned, "
+                      "naming it");
+        tap_ok(secs < 1.0, "... within a second (%.3f s)", secs);
+        st = ch_dp_step(dp, &bs.b[1], 0.05f, &loss);
+        tap_status_ok(st, "the next step runs");
+        tap_ok(loss > 1.0f && loss < 4.0f, "... with a sensible loss (%.4f)", loss);
+        ch_dp_free(dp);
+        tap_ok(1, "teardown after a failure returns");
+        dp = NULL;
+    }
     tap_status_is(ch_dp_new(&dp, single, three, 0, &o), CH_ERR_INVALID_ARGUMENT, "device",
                   "zero devices is an error");
     const float bad[3] = {1, 0, 2};
