@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nn.h"
 #include <chorus/dp.h>
@@ -34,6 +35,7 @@ typedef struct replica {
     int started;
     int start, count;         /* its slice of the batch */
     float loss_value;
+    double seconds;           /* its last step */
     ch_status st;
     char error[1024];
 } replica;
@@ -164,9 +166,17 @@ static ch_status update(replica *r)
 
 /* ---- The workers ----------------------------------------------------------------- */
 
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void run_step(replica *r)
 {
     ch_dp *dp = r->dp;
+    double t0 = now();
     r->st = CH_OK;
     r->error[0] = '\0';
     ch_clear_error();
@@ -177,6 +187,7 @@ static void run_step(replica *r)
     pthread_barrier_wait(&dp->barrier);
     if (!atomic_load(&dp->failed))
         fail(r, update(r));
+    r->seconds = now() - t0;
 }
 
 static void *worker(void *arg)
@@ -375,15 +386,23 @@ ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss)
     return CH_OK;
 }
 
-ch_status ch_dp_shares(const ch_dp *dp, int *counts, int n)
+ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n)
 {
-    if (!dp || !counts || n != dp->n)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_shares: %s",
-                         !dp ? "dp is NULL" : !counts ? "counts is NULL" : "n is not the "
-                         "number of replicas");
-    for (int i = 0; i < n; i++)
-        counts[i] = dp->r[i].count;
+    if (!dp || n != dp->n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_last_step: %s",
+                         !dp ? "dp is NULL" : "n is not the number of replicas");
+    for (int i = 0; i < n; i++) {
+        if (counts)
+            counts[i] = dp->r[i].count;
+        if (seconds)
+            seconds[i] = dp->r[i].seconds;
+    }
     return CH_OK;
+}
+
+ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index)
+{
+    return dp && index >= 0 && index < dp->n ? dp->r[index].opt : NULL;
 }
 
 ch_module *ch_dp_replica(const ch_dp *dp, int index)

@@ -73,6 +73,30 @@ ok $? "stop at step 57, then resume"
 cmp -s "$tmp/straight.st" "$tmp/mid-resumed.st"
 ok $? "resuming mid-epoch gives a checkpoint identical to training straight through"
 
+# Data parallel over host and the two PoCL devices: it learns and reports
+# every device's share.
+if "$train" --devices host,opencl:0,opencl:1 --help >/dev/null 2>&1 &&
+    CHORUS_DEVICES=host,opencl:0,opencl:1 "$train" --data "$tmp/nowhere" 2>&1 | grep -q -- '--data'; then
+    dp="--data $data --devices host,opencl:0,opencl:1 --model mlp --limit 2000 --batch 40 --quiet"
+    # shellcheck disable=SC2086
+    "$train" $dp --split 2,1,1 --epochs 2 --checkpoint "$tmp/dp.st" --log "$tmp/dp.jsonl" \
+        >"$tmp/out" 2>"$tmp/err"
+    status=$?
+    acc=$(sed -n 's/^result test_accuracy=\([0-9.]*\) .*/\1/p' "$tmp/out")
+    test "$status" -eq 0 && awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.70) }'
+    ok $? "data parallel over host,opencl:0,opencl:1 learns: accuracy $acc (status $status $(head -c 200 "$tmp/err"))"
+    python3 -c '
+import json, sys
+d = json.loads(open(sys.argv[1]).readline())["devices"]
+assert [x["id"] for x in d] == ["host", "opencl:0", "opencl:1"], d
+assert [x["share"] for x in d] == [0.5, 0.25, 0.25], d
+' "$tmp/dp.jsonl"
+    ok $? "the log gives each device its share of the batch (2:1:1) and time: $(head -n 1 "$tmp/dp.jsonl" | head -c 300)"
+else
+    n=$((n + 1))
+    echo "ok $n # SKIP no opencl:0 and opencl:1 for data parallel training"
+fi
+
 # Bad input: one line on stderr and exit 2; runtime failures exit 1.
 "$train" --epochs zero >/dev/null 2>"$tmp/err"
 status=$?

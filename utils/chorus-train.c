@@ -18,6 +18,9 @@
 
 typedef struct options {
     const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log, *schedule;
+    const char *split, *reduce;
+    float weights[64];       /* --split W1,W2,...; nweights 0: equal */
+    int nweights;
     int64_t epochs, max_steps, limit;
     int batch, json, quiet;
     float lr;
@@ -30,7 +33,10 @@ static void usage(FILE *f)
             "usage: chorus-train [options]\n"
             "  --data DIR          IDX files (default " DEFAULT_DATA ")\n"
             "  --model mlp|cnn     the network (default cnn)\n"
-            "  --devices LIST      device list, \"all\" (default): the fastest device\n"
+            "  --devices LIST      devices to train on, \"all\" (default); with several,\n"
+            "                      data parallel: one replica each, the batch split\n"
+            "  --split equal|W1,W2,...  shares of the batch per device (default equal)\n"
+            "  --reduce host       gradient reduction (host: pinned memory, fixed order)\n"
             "  --epochs N          epochs (default 5)\n"
             "  --max-steps N       stop after N optimizer steps in all (default: no limit)\n"
             "  --limit N           train on the first N samples only (quick runs)\n"
@@ -70,6 +76,22 @@ static int parse_int(const char *s, int64_t lo, int64_t *out)
     return 1;
 }
 
+/* "1,2,5" into o->weights. */
+static int parse_weights(options *o)
+{
+    const char *p = o->split;
+    o->nweights = 0;
+    while (*p && o->nweights < 64) {
+        char *end;
+        float w = strtof(p, &end);
+        if (end == p || !(w > 0.0f) || !isfinite(w) || (*end && *end != ','))
+            return 0;
+        o->weights[o->nweights++] = w;
+        p = *end ? end + 1 : end;
+    }
+    return o->nweights > 0 && !*p;
+}
+
 static int parse_options(int argc, char **argv, options *o)
 {
     static const struct option longs[] = {
@@ -77,14 +99,15 @@ static int parse_options(int argc, char **argv, options *o)
         {"devices", required_argument, 0, 'D'}, {"epochs", required_argument, 0, 'e'},
         {"max-steps", required_argument, 0, 'S'}, {"batch", required_argument, 0, 'b'},
         {"limit", required_argument, 0, 'N'},   {"schedule", required_argument, 0, 'C'},
+        {"split", required_argument, 0, 'P'},   {"reduce", required_argument, 0, 'R'},
         {"lr", required_argument, 0, 'l'},      {"optimizer", required_argument, 0, 'o'},
         {"seed", required_argument, 0, 's'},    {"checkpoint", required_argument, 0, 'c'},
         {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
         {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
-    *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", 5, -1, 0, 64,
-                   0, 0, -1, 1};
+    *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "equal", "host",
+                   {0}, 0, 5, -1, 0, 64, 0, 0, -1, 1};
     opterr = 0;
     int c;
     int64_t v;
@@ -98,6 +121,8 @@ static int parse_options(int argc, char **argv, options *o)
         case 'r': o->resume = optarg; break;
         case 'L': o->log = optarg; break;
         case 'C': o->schedule = optarg; break;
+        case 'P': o->split = optarg; break;
+        case 'R': o->reduce = optarg; break;
         case 'j': o->json = 1; break;
         case 'q': o->quiet = 1; break;
         case 'e':
@@ -145,33 +170,24 @@ static int parse_options(int argc, char **argv, options *o)
     if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "step") &&
         strcmp(o->schedule, "constant"))
         return fail_usage("--schedule is cosine, step or constant, not \"%s\"", o->schedule);
+    if (strcmp(o->reduce, "host") != 0)
+        return fail_usage("--reduce %s is not available yet: use host", o->reduce);
+    if (strcmp(o->split, "equal") != 0 && !parse_weights(o))
+        return fail_usage("--split is equal or positive weights W1,W2,..., not \"%s\"",
+                          o->split);
     if (o->lr < 0)
         o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f : 0.001f;
     return 0;
-}
-
-/* Until data parallelism lands, one device: a GPU with the most compute
- * units, else the first of the list. */
-static ch_device *fastest(ch_device **devs, int n)
-{
-    ch_device *best = devs[0];
-    int best_cu = -1;
-    for (int i = 0; i < n; i++) {
-        ch_device_info info;
-        ch_device_get_info(devs[i], &info);
-        if (info.kind == CH_DEVICE_GPU && info.compute_units > best_cu) {
-            best = devs[i];
-            best_cu = info.compute_units;
-        }
-    }
-    return best;
 }
 
 /* ---- Training -------------------------------------------------------------------- */
 
 typedef struct trainer {
     const options *o;
-    ch_device *dev;
+    ch_device *dev;          /* the first device: evaluation and pinned buffers */
+    ch_device *devs[64];
+    int ndev;
+    ch_dp *dp;               /* data parallel over devs when ndev > 1 */
     ch_module *model;
     ch_loss *loss;
     ch_optimizer *opt;
@@ -217,6 +233,8 @@ static ch_status upload_batch(trainer *t, const ch_batch *b)
 
 static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out)
 {
+    if (t->dp)
+        return ch_dp_step(t->dp, b, ch_lr_at(&t->lr, t->step), loss_out);
     ch_tensor *y, *lv, *dy;
     ch_status st = upload_batch(t, b);
     if (st == CH_OK)
@@ -238,27 +256,57 @@ static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out)
     return st;
 }
 
+static void last_step(const trainer *t, double secs, int *counts, double *times);
+
 static void progress(const trainer *t, int64_t epoch, int64_t batch, int64_t nbatches,
                      float loss, double rate, double left)
 {
     if (t->o->quiet || !t->tty)
         return;
     int width = 30, done = (int)(width * (batch + 1) / nbatches);
-    fprintf(stderr, "\repoch %lld/%lld [%.*s%*s] step %lld loss %.4f %6.0f samples/s %4.0fs left ",
+    fprintf(stderr, "\repoch %lld/%lld [%.*s%*s] step %lld loss %.4f %6.0f samples/s %4.0fs left",
             (long long)epoch + 1, (long long)t->o->epochs, done,
             "##############################", width - done, "", (long long)t->step, loss, rate,
             left);
+    if (t->dp) {
+        int counts[64];
+        double times[64];
+        last_step(t, 0, counts, times);
+        for (int i = 0; i < t->ndev; i++)
+            fprintf(stderr, " | %s %d %.0fms", ch_device_id(t->devs[i]), counts[i],
+                    1e3 * times[i]);
+    }
+    fprintf(stderr, " ");
     fflush(stderr);
+}
+
+/* Each device's share of the last batch and its time. */
+static void last_step(const trainer *t, double secs, int *counts, double *times)
+{
+    if (t->dp) {
+        ch_dp_last_step(t->dp, counts, times, t->ndev);
+        return;
+    }
+    counts[0] = t->x ? (int)ch_tensor_dim(t->x, 0) : 0;
+    times[0] = secs;
 }
 
 static void log_step(const trainer *t, int64_t epoch, float loss, double rate, double secs)
 {
     if (!t->log)
         return;
-    fprintf(t->log,
-            "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_s\":%.1f,"
-            "\"devices\":[{\"id\":\"%s\",\"share\":1.0,\"time_s\":%.6f}]}\n",
-            (long long)t->step, (long long)epoch, loss, rate, ch_device_id(t->dev), secs);
+    int counts[64];
+    double times[64];
+    last_step(t, secs, counts, times);
+    int total = 0;
+    for (int i = 0; i < t->ndev; i++)
+        total += counts[i];
+    fprintf(t->log, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_s\":%.1f,"
+            "\"devices\":[", (long long)t->step, (long long)epoch, loss, rate);
+    for (int i = 0; i < t->ndev; i++)
+        fprintf(t->log, "%s{\"id\":\"%s\",\"share\":%.4f,\"time_s\":%.6f}", i ? "," : "",
+                ch_device_id(t->devs[i]), total ? (double)counts[i] / total : 0.0, times[i]);
+    fprintf(t->log, "]}\n");
 }
 
 /* One epoch from batch `first`; returns 1 in *stop when --max-steps is reached. */
@@ -305,6 +353,8 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
     ch_status st = ch_loader_new(&ld, t->test, &lo);
     if (st == CH_OK)
         st = ch_loader_start(ld, 0, 0);
+    if (st == CH_OK && t->dp)
+        st = ch_dp_sync_to(t->dp, t->model);
     ch_module_train(t->model, 0);
     int64_t correct = 0, total = 0;
     double loss_sum = 0;
@@ -355,6 +405,24 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
     return st;
 }
 
+/* Replicas of the (initialised or resumed) model on every device; each
+ * replica's optimizer takes the checkpoint's state too. */
+static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo, ch_train_state *resume)
+{
+    ch_dp_options d = {0};
+    d.reduce = CH_DP_REDUCE_HOST;
+    d.weights = t->o->nweights ? t->o->weights : NULL;
+    d.loss = CH_LOSS_CROSS_ENTROPY;
+    d.optimizer = *oo;
+    d.sample_ndim = ch_dataset_sample_shape(t->train, d.sample_shape);
+    d.seed = t->o->seed;
+    ch_status st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
+    for (int i = 0; st == CH_OK && t->o->resume && i < t->ndev; i++)
+        st = ch_checkpoint_load(t->o->resume, ch_dp_replica(t->dp, i), ch_dp_optimizer(t->dp, i),
+                                resume);
+    return st;
+}
+
 static ch_status setup(trainer *t, ch_train_state *resume)
 {
     ch_status st = ch_nn_preset(&t->model, t->o->model);
@@ -374,6 +442,8 @@ static ch_status setup(trainer *t, ch_train_state *resume)
         st = ch_optimizer_new(&t->opt, t->model, &oo);
     if (st == CH_OK && t->o->resume)
         st = ch_checkpoint_load(t->o->resume, t->model, t->opt, resume);
+    if (st == CH_OK && t->ndev > 1)
+        st = setup_dp(t, &oo, resume);
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
     if (st == CH_OK)
         st = ch_loader_new(&t->loader, t->train, &lo);
@@ -399,6 +469,7 @@ static void teardown(trainer *t)
     ch_dataset_free(t->train);
     ch_dataset_free(t->full);
     ch_dataset_free(t->test);
+    ch_dp_free(t->dp);
     if (t->log)
         fclose(t->log);
 }
@@ -428,21 +499,28 @@ static int run(trainer *t)
         /* A checkpoint that stops mid-epoch records where to go on from. */
         ch_train_state cs = {stop ? epoch : epoch + 1, stop ? first + t->step - start_step : 0,
                              t->step, o->seed};
-        if (o->checkpoint && ch_checkpoint_save(o->checkpoint, t->model, t->opt, &cs) != CH_OK)
+        const ch_module *m = t->dp ? ch_dp_replica(t->dp, 0) : t->model;
+        const ch_optimizer *op = t->dp ? ch_dp_optimizer(t->dp, 0) : t->opt;
+        if (o->checkpoint && ch_checkpoint_save(o->checkpoint, m, op, &cs) != CH_OK)
             return runtime_error("cannot write the checkpoint");
     }
     double acc = 0, loss = 0;
     if (evaluate(t, &acc, &loss) != CH_OK)
         return runtime_error("evaluation failed");
     double rate = busy > 0 ? (double)samples / busy : 0.0;
+    char ids[1024] = "";
+    for (int i = 0; i < t->ndev; i++) {
+        size_t len = strlen(ids);
+        snprintf(ids + len, sizeof ids - len, "%s%s", i ? "," : "", ch_device_id(t->devs[i]));
+    }
     if (o->json)
         printf("{\"test_accuracy\":%.4f,\"test_loss\":%.4f,\"samples_per_s\":%.1f,"
                "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld}\n",
-               acc, loss, rate, (long long)epoch, ch_device_id(t->dev), (long long)t->step);
+               acc, loss, rate, (long long)epoch, ids, (long long)t->step);
     else
         printf("result test_accuracy=%.4f test_loss=%.4f samples_per_s=%.1f epochs=%lld "
                "devices=%s\n",
-               acc, loss, rate, (long long)epoch, ch_device_id(t->dev));
+               acc, loss, rate, (long long)epoch, ids);
     return 0;
 }
 
@@ -464,7 +542,15 @@ int main(int argc, char **argv)
         ch_shutdown();
         return EXIT_USAGE;
     }
-    t.dev = fastest(devs, n);
+    if (o.nweights && o.nweights != n) {
+        fprintf(stderr, "chorus-train: --split has %d weights for %d devices\n", o.nweights, n);
+        ch_shutdown();
+        return EXIT_USAGE;
+    }
+    t.ndev = n;
+    for (int i = 0; i < n; i++)
+        t.devs[i] = devs[i];
+    t.dev = devs[0];
     if (ch_dataset_mnist_open(&t.train, o.data, 1, NULL) != CH_OK ||
         ch_dataset_mnist_open(&t.test, o.data, 0, NULL) != CH_OK) {
         fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());

@@ -3,6 +3,8 @@
  * variable CHORUS_OPENCL_GEMM=own|clblast forces one of them (read at init). */
 #include "config.h"
 
+#include <pthread.h>
+
 #include <string.h>
 
 #include "opencl.h"
@@ -84,17 +86,25 @@ static const char *clblast_name(CLBlastStatusCode code)
     }
 }
 
+/* CLBlast builds its tuning database on the first call per device without
+ * a lock: two threads driving two devices crash in it (seen with two PoCL
+ * devices under data parallelism). The calls only queue work, so one lock
+ * around them costs little. */
+static pthread_mutex_t clblast_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static CLBlastStatusCode gemm_clblast(chcl_stream *s, int trans_a, int trans_b, int64_t m,
                                       int64_t n, int64_t k, float alpha, ch_bmem a,
                                       int64_t lda, ch_bmem b, int64_t ldb, float beta,
                                       ch_bmem c, int64_t ldc)
 {
-    return CLBlastSgemm(CLBlastLayoutRowMajor,
-                        trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
-                        trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, (size_t)m,
-                        (size_t)n, (size_t)k, alpha, chcl_buf(a), a.off / 4, (size_t)lda,
-                        chcl_buf(b), b.off / 4, (size_t)ldb, beta, chcl_buf(c), c.off / 4,
-                        (size_t)ldc, &s->queue, NULL);
+    pthread_mutex_lock(&clblast_lock);
+    CLBlastStatusCode code = CLBlastSgemm(
+        CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
+        trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, (size_t)m, (size_t)n, (size_t)k,
+        alpha, chcl_buf(a), a.off / 4, (size_t)lda, chcl_buf(b), b.off / 4, (size_t)ldb, beta,
+        chcl_buf(c), c.off / 4, (size_t)ldc, &s->queue, NULL);
+    pthread_mutex_unlock(&clblast_lock);
+    return code;
 }
 #endif
 

@@ -26,7 +26,7 @@ typedef struct ch_dp_options {
     /* Shape of one input sample ([1, 28, 28] for the IDX images): see
      * ch_dataset_sample_shape. */
     int sample_ndim;
-    int64_t sample_shape[CH_MAX_DIMS - 1];
+    int64_t sample_shape[CH_MAX_DIMS];
     uint64_t seed;         /* the dropout stream */
 } ch_dp_options;
 
@@ -48,8 +48,13 @@ CH_API void ch_dp_free(ch_dp *dp);
  * them and is returned. */
 CH_API ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss);
 
-/* How the last step split the batch: samples per replica. */
-CH_API ch_status ch_dp_shares(const ch_dp *dp, int *counts, int n);
+/* How the last step went: samples per replica and each replica's seconds
+ * (its whole step, waiting included); either array may be NULL. */
+CH_API ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n);
+
+/* The optimizer of replica `index` (for checkpoints: every replica's state
+ * is the same). */
+CH_API ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index);
 
 /* Copy the parameters of replica 0 into `model` (same structure). */
 CH_API ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model);
