@@ -10,5 +10,9 @@ bench_bench_train_SOURCES = bench/bench-train.c
 bench_bench_train_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS)
 bench_bench_train_LDADD = libchorus.la $(BLAS_LIBS) -lm
 
+noinst_PROGRAMS += bench/bench-dp
+bench_bench_dp_SOURCES = bench/bench-dp.c
+bench_bench_dp_LDADD = libchorus.la
+
 .PHONY: bench
-bench: bench/bench-ops bench/bench-train
+bench: bench/bench-ops bench/bench-train bench/bench-dp

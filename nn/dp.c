@@ -129,7 +129,8 @@ static ch_status compute(replica *r)
     TRY(ch_loss_backward(r->loss, &dy, (float)r->count / (float)b->count));
     TRY(ch_module_backward(r->model, NULL, dy));
     TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
-    return grads_to_host(r);
+    /* One replica holds the whole gradient already: nothing to reduce. */
+    return dp->n > 1 ? grads_to_host(r) : CH_OK;
 }
 
 /* Sum elements [lo, hi) over the replicas, always in replica order. */
@@ -153,7 +154,7 @@ static ch_status update(replica *r)
 {
     ch_dp *dp = r->dp;
     size_t off = 0;
-    int np = ch_module_param_count(r->model);
+    int np = dp->n > 1 ? ch_module_param_count(r->model) : 0;
     for (int i = 0; i < np; i++) {
         ch_tensor *g;
         TRY(ch_module_param(r->model, i, NULL, NULL, &g));
@@ -182,7 +183,7 @@ static void run_step(replica *r)
     ch_clear_error();
     fail(r, compute(r));
     pthread_barrier_wait(&dp->barrier);
-    if (!atomic_load(&dp->failed))
+    if (!atomic_load(&dp->failed) && dp->n > 1)
         reduce_chunk(r);
     pthread_barrier_wait(&dp->barrier);
     if (!atomic_load(&dp->failed))
