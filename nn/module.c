@@ -312,11 +312,17 @@ static ch_status seq_forward(ch_module *m, const ch_tensor *x)
 
 static ch_status seq_backward(ch_module *m, const ch_tensor *dy, int want_dx)
 {
+    /* Child i's input gradient is needed when the caller wants dx or a
+     * child before it has parameters; otherwise (the first Linear of an
+     * mlp, behind a Flatten) it would be computed for nothing. */
+    int first = 0;
+    while (first < m->nchild && ch_module_param_count(m->child[first]) == 0)
+        first++;
     const ch_tensor *g = dy;
     for (int i = m->nchild - 1; i >= 0; i--) {
         ch_module *c = m->child[i];
         TRY(on_device(&m->moved_grad[i], g, ch_tensor_device(c->y), &g));
-        int need = want_dx || i > 0;
+        int need = want_dx || i > first;
         TRY(module_backward(c, g, need));
         if (!need)
             return CH_OK;
@@ -621,33 +627,38 @@ ch_module *ch_module_child(const ch_module *m, int i)
     return m && i >= 0 && i < m->nchild ? m->child[i] : NULL;
 }
 
-/* Every parameter of the tree in state_dict order. */
-static int collect(const ch_module *m, nn_param **out, int cap, int n)
+/* Parameters of the tree, in state_dict order: own, then each child's. */
+static int count_params(const ch_module *m)
 {
-    for (int i = 0; i < m->nparams; i++) {
-        if (n < cap)
-            out[n] = (nn_param *)&m->params[i];
-        n++;
-    }
+    int n = m->nparams;
     for (int i = 0; i < m->nchild; i++)
-        n = collect(m->child[i], out, cap, n);
+        n += count_params(m->child[i]);
     return n;
 }
 
-int ch_module_param_count(const ch_module *m) { return m ? collect(m, NULL, 0, 0) : 0; }
+int ch_module_param_count(const ch_module *m) { return m ? count_params(m) : 0; }
+
+/* Parameter *index of the tree in state_dict order, found without an
+ * allocation (the optimizer asks for every parameter on every step);
+ * *index is what is left past m's parameters when m has too few. */
+static nn_param *find_param(const ch_module *m, int *index)
+{
+    if (*index < m->nparams)
+        return (nn_param *)&m->params[*index];
+    *index -= m->nparams;
+    for (int i = 0; i < m->nchild; i++) {
+        nn_param *p = find_param(m->child[i], index);
+        if (p)
+            return p;
+    }
+    return NULL;
+}
 
 static nn_param *param_at(const ch_module *m, int index)
 {
-    int n = ch_module_param_count(m);
-    if (index < 0 || index >= n)
+    if (index < 0)
         return NULL;
-    nn_param **all = malloc((size_t)n * sizeof *all);
-    if (!all)
-        return NULL;
-    collect(m, all, n, 0);
-    nn_param *p = all[index];
-    free(all);
-    return p;
+    return find_param(m, &index);
 }
 
 ch_status ch_module_param(const ch_module *m, int index, const char **name, ch_tensor **value,

@@ -5,6 +5,7 @@
  * POCL_DEVICES="pthread pthread" (the harness sets it) for two devices in
  * one platform. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

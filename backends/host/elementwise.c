@@ -165,6 +165,15 @@ ch_status chi_host_act_backward(void *stream, ch_activation act, int64_t n, ch_b
     const float *pdy = chi_host_f32(dy);
     const float *px = x.ptr ? chi_host_f32(x) : NULL;
     const float *py = y.ptr ? chi_host_f32(y) : NULL;
+    if (act == CH_ACT_RELU) {
+        /* Memory bound like its forward: a loop of its own that vectorises. */
+        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
+        for (int64_t i = 0; i < n; i++) {
+            float d = pdy[i]; /* read unconditionally, so the select vectorises */
+            pdx[i] = px[i] > 0.0f ? d : 0.0f;
+        }
+        return CH_OK;
+    }
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
     for (int64_t i = 0; i < n; i++)
         pdx[i] = act_grad_one(act, pdy[i], px, py, i);
@@ -179,6 +188,19 @@ ch_status chi_host_bias_add(void *stream, int64_t outer, int64_t c, int64_t inne
     (void)stream;
     float *py = chi_host_f32(y);
     const float *px = chi_host_f32(x), *pb = chi_host_f32(bias);
+    if (inner == 1) {
+        /* A [outer, c] matrix plus a row vector (Linear): vectorise along
+         * the row. */
+        CHI_OMP(omp parallel for if (outer * c > CHI_HOST_PAR_MIN))
+        for (int64_t o = 0; o < outer; o++) {
+            float *yr = py + o * c;
+            const float *xr = px + o * c;
+            CHI_OMP(omp simd)
+            for (int64_t ci = 0; ci < c; ci++)
+                yr[ci] = xr[ci] + pb[ci];
+        }
+        return CH_OK;
+    }
     CHI_OMP(omp parallel for collapse(2) if (outer * c * inner > CHI_HOST_PAR_MIN))
     for (int64_t o = 0; o < outer; o++)
         for (int64_t ci = 0; ci < c; ci++) {

@@ -31,8 +31,13 @@ CH_API ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m,
 #endif
 
 /* Below this many elements an op runs on one thread: starting the team
- * costs more than it saves. */
-#define CHI_HOST_PAR_MIN 32768
+ * (and waking threads that went to sleep) costs more than it saves for a
+ * memory-bound pass over fewer elements than this. */
+#define CHI_HOST_PAR_MIN 131072
+
+/* The same for the fused optimizer updates, which do more arithmetic per
+ * element (Adam: a square root and two divisions). */
+#define CHI_HOST_OPT_PAR_MIN 65536
 
 /* The address a ch_bmem names, typed. */
 static inline float *chi_host_f32(ch_bmem m)

@@ -144,11 +144,19 @@ ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inn
     for (int64_t b = 0; b < blocks; b++) {
         int64_t c0 = b * COL_BLOCK, count = c - c0 < COL_BLOCK ? c - c0 : COL_BLOCK;
         double acc[COL_BLOCK] = {0};
-        for (int64_t o = 0; o < outer; o++)
-            for (int64_t t = 0; t < count; t++) {
-                const float *row = pdy + (o * c + c0 + t) * inner;
-                acc[t] += inner == 1 ? row[0] : chunk_sum(row, inner);
+        if (inner == 1) {
+            /* dy is [outer, c] (Linear): rows in order, side by side. */
+            for (int64_t o = 0; o < outer; o++) {
+                const float *row = pdy + o * c + c0;
+                CHI_OMP(omp simd)
+                for (int64_t t = 0; t < count; t++)
+                    acc[t] += row[t];
             }
+        } else {
+            for (int64_t o = 0; o < outer; o++)
+                for (int64_t t = 0; t < count; t++)
+                    acc[t] += chunk_sum(pdy + (o * c + c0 + t) * inner, inner);
+        }
         for (int64_t t = 0; t < count; t++) {
             double old = beta != 0.0f ? (double)beta * pdb[c0 + t] : 0.0;
             pdb[c0 + t] = (float)(old + acc[t]);
