@@ -486,6 +486,59 @@ static void test_checkpoint(void)
     ch_module_free(b);
 }
 
+/* MSE against a hand computation, and its gradient; clipping by global norm. */
+static void test_mse_and_clip(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    int64_t shape[2] = {2, 3};
+    float p[6] = {1, 2, 3, 4, 5, 6}, t[6] = {1, 0, 3, 2, 5, 9};
+    ch_tensor *pt = tensor_from(dev, 2, shape, p), *tt = tensor_from(dev, 2, shape, t);
+    ch_tensor *v = NULL, *g = NULL;
+    ch_loss *loss = NULL;
+    ch_loss_new(&loss, CH_LOSS_MSE);
+    float got = 0, grad[6] = {0};
+    tap_status_ok(ch_loss_forward(loss, &v, pt, tt), "MSE forward on %s", id);
+    if (v)
+        ch_tensor_download(v, &got, sizeof got);
+    tap_ok(fabsf(got - (0 + 4 + 0 + 4 + 0 + 9) / 6.0f) < 1e-6f, "MSE on %s: %.6f, want %.6f", id,
+           got, 17 / 6.0);
+    tap_status_ok(ch_loss_backward(loss, &g, 1.0f), "MSE backward on %s", id);
+    if (g)
+        ch_tensor_download(g, grad, sizeof grad);
+    int ok = 1;
+    for (int i = 0; i < 6; i++)
+        ok = ok && fabsf(grad[i] - 2.0f * (p[i] - t[i]) / 6.0f) < 1e-6f;
+    tap_ok(ok, "MSE gradient on %s is 2 (p - t) / n (got %g %g %g ...)", id, grad[0], grad[1],
+           grad[2]);
+    ch_loss_free(loss);
+    ch_tensor_free(pt);
+    ch_tensor_free(tt);
+
+    ch_module *m = NULL;
+    ch_nn_linear(&m, 3, 2);
+    ch_module_to(m, dev);
+    ch_tensor *gw, *gb;
+    ch_module_param(m, 0, NULL, NULL, &gw);
+    ch_module_param(m, 1, NULL, NULL, &gb);
+    ch_fill(gw, 2.0); /* 6 elements of 2, 2 of 2: norm sqrt(8 * 4) */
+    ch_fill(gb, 2.0);
+    float norm = 0, after[6];
+    tap_status_ok(ch_clip_grad_norm(m, 1.0f, &norm), "clip_grad_norm on %s", id);
+    ch_tensor_download(gw, after, sizeof after);
+    double want = sqrt(32.0), clipped = 2.0 / want;
+    tap_ok(fabs(norm - want) < 1e-5 && fabs(after[0] - clipped) < 1e-5,
+           "clip_grad_norm on %s: norm %.5f (want %.5f), scaled to %.5f (want %.5f)", id, norm,
+           want, after[0], clipped);
+    ch_fill(gw, 0.1);
+    ch_tensor_download(gw, after, sizeof after);
+    ch_clip_grad_norm(m, 10.0f, &norm);
+    float kept[6];
+    ch_tensor_download(gw, kept, sizeof kept);
+    tap_ok(memcmp(kept, after, sizeof kept) == 0, "clip_grad_norm on %s leaves a small norm (%.4f) "
+           "alone", id, norm);
+    ch_module_free(m);
+}
+
 static void test_schedules(void)
 {
     ch_lr_schedule c = {CH_LR_COSINE, 1.0f, 10, 0, 0, 110, 0.0f};
@@ -509,6 +562,7 @@ int main(void)
     for (int i = 0; i < n; i++) {
         test_gradients(devs[i]);
         test_dropout(devs[i]);
+        test_mse_and_clip(devs[i]);
         test_training(devs[i], CH_OPT_SGD);
         test_training(devs[i], CH_OPT_ADAMW);
     }
