@@ -6,12 +6,12 @@ bench_bench_ops_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) -I$(top_srcdir)/backend
 bench_bench_ops_LDADD = libchorus.la $(BLAS_LIBS) -lm
 
 noinst_PROGRAMS += bench/bench-train
-bench_bench_train_SOURCES = bench/bench-train.c
+bench_bench_train_SOURCES = bench/bench-train.c bench/bench.h
 bench_bench_train_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS)
 bench_bench_train_LDADD = libchorus.la $(BLAS_LIBS) -lm
 
 noinst_PROGRAMS += bench/bench-dp
-bench_bench_dp_SOURCES = bench/bench-dp.c
+bench_bench_dp_SOURCES = bench/bench-dp.c bench/bench.h
 bench_bench_dp_LDADD = libchorus.la
 
 .PHONY: bench

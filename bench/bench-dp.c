@@ -5,33 +5,13 @@
 #include "config.h"
 
 #include <chorus.h>
+
+#include "bench.h"
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-#define CHECK(call)                                                              \
-    do {                                                                         \
-        ch_status st_ = (call);                                                  \
-        if (st_ != CH_OK) {                                                      \
-            fprintf(stderr, "bench-dp: %s: %s\n", #call, ch_last_error());       \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static ch_optimizer_options adam(void) { return ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f); }
 
@@ -43,33 +23,32 @@ static double plain_rate(const char *model, ch_device *dev, const ch_batch *b, i
     ch_loss *loss;
     ch_optimizer *opt;
     ch_optimizer_options oo = adam();
-    CHECK(ch_nn_preset(&m, model));
-    CHECK(ch_module_init(m, 1));
-    CHECK(ch_module_to(m, dev));
-    CHECK(ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY));
-    CHECK(ch_optimizer_new(&opt, m, &oo));
+    BENCH_CHECK(ch_nn_preset(&m, model));
+    BENCH_CHECK(ch_module_init(m, 1));
+    BENCH_CHECK(ch_module_to(m, dev));
+    BENCH_CHECK(ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY));
+    BENCH_CHECK(ch_optimizer_new(&opt, m, &oo));
     int64_t xs[4] = {b->count, 1, 28, 28}, ls[1] = {b->count};
     ch_tensor *x, *labels, *y, *lv, *dy;
-    CHECK(ch_tensor_new(&x, dev, CH_F32, 4, xs));
-    CHECK(ch_tensor_new(&labels, dev, CH_I32, 1, ls));
+    BENCH_CHECK(ch_tensor_new(&x, dev, CH_F32, 4, xs));
+    BENCH_CHECK(ch_tensor_new(&labels, dev, CH_I32, 1, ls));
     double *t = malloc(sizeof *t * (size_t)steps);
     for (int s = -3; s < steps; s++) {
         float l;
-        double t0 = now();
-        CHECK(ch_tensor_upload_async(x, b->images, 0));
-        CHECK(ch_tensor_upload_async(labels, b->labels, 0));
-        CHECK(ch_module_zero_grad(m));
-        CHECK(ch_module_forward(m, &y, x));
-        CHECK(ch_loss_forward(loss, &lv, y, labels));
-        CHECK(ch_loss_backward(loss, &dy, 1.0f));
-        CHECK(ch_module_backward(m, NULL, dy));
-        CHECK(ch_optimizer_step(opt, 1e-3f));
-        CHECK(ch_tensor_download(lv, &l, sizeof l));
+        double t0 = bench_now();
+        BENCH_CHECK(ch_tensor_upload_async(x, b->images, 0));
+        BENCH_CHECK(ch_tensor_upload_async(labels, b->labels, 0));
+        BENCH_CHECK(ch_module_zero_grad(m));
+        BENCH_CHECK(ch_module_forward(m, &y, x));
+        BENCH_CHECK(ch_loss_forward(loss, &lv, y, labels));
+        BENCH_CHECK(ch_loss_backward(loss, &dy, 1.0f));
+        BENCH_CHECK(ch_module_backward(m, NULL, dy));
+        BENCH_CHECK(ch_optimizer_step(opt, 1e-3f));
+        BENCH_CHECK(ch_tensor_download(lv, &l, sizeof l));
         if (s >= 0)
-            t[s] = now() - t0;
+            t[s] = bench_now() - t0;
     }
-    qsort(t, (size_t)steps, sizeof *t, cmp_double);
-    double rate = b->count / t[steps / 2];
+    double rate = b->count / bench_median(t, steps);
     free(t);
     ch_tensor_free(x);
     ch_tensor_free(labels);
@@ -82,8 +61,8 @@ static double plain_rate(const char *model, ch_device *dev, const ch_batch *b, i
 static double dp_rate(const char *model, ch_device **devs, int n, const ch_batch *b, int steps)
 {
     ch_module *m;
-    CHECK(ch_nn_preset(&m, model));
-    CHECK(ch_module_init(m, 1));
+    BENCH_CHECK(ch_nn_preset(&m, model));
+    BENCH_CHECK(ch_module_init(m, 1));
     ch_dp_options o = {0};
     o.reduce = CH_DP_REDUCE_HOST;
     o.loss = CH_LOSS_CROSS_ENTROPY;
@@ -92,17 +71,16 @@ static double dp_rate(const char *model, ch_device **devs, int n, const ch_batch
     o.sample_shape[0] = 1;
     o.sample_shape[1] = o.sample_shape[2] = 28;
     ch_dp *dp;
-    CHECK(ch_dp_new(&dp, m, devs, n, &o));
+    BENCH_CHECK(ch_dp_new(&dp, m, devs, n, &o));
     double *t = malloc(sizeof *t * (size_t)steps);
     for (int s = -3; s < steps; s++) {
         float l;
-        double t0 = now();
-        CHECK(ch_dp_step(dp, b, 1e-3f, &l));
+        double t0 = bench_now();
+        BENCH_CHECK(ch_dp_step(dp, b, 1e-3f, &l));
         if (s >= 0)
-            t[s] = now() - t0;
+            t[s] = bench_now() - t0;
     }
-    qsort(t, (size_t)steps, sizeof *t, cmp_double);
-    double rate = b->count / t[steps / 2];
+    double rate = b->count / bench_median(t, steps);
     free(t);
     ch_dp_free(dp);
     ch_module_free(m);
@@ -137,13 +115,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-dp: --batch must be >= 3 and --steps >= 1\n");
         return 2;
     }
-    CHECK(ch_init());
+    BENCH_CHECK(ch_init());
     ch_device *devs[3];
     int n = 0;
-    CHECK(ch_device_list_parse(devs, 3, &n, devices));
+    BENCH_CHECK(ch_device_list_parse(devs, 3, &n, devices));
     ch_host_buffer *images, *labels;
-    CHECK(ch_host_buffer_new(&images, devs[0], sizeof(float) * (size_t)batch * 784));
-    CHECK(ch_host_buffer_new(&labels, devs[0], sizeof(int32_t) * (size_t)batch));
+    BENCH_CHECK(ch_host_buffer_new(&images, devs[0], sizeof(float) * (size_t)batch * 784));
+    BENCH_CHECK(ch_host_buffer_new(&labels, devs[0], sizeof(int32_t) * (size_t)batch));
     float *x = ch_host_buffer_data(images);
     int32_t *l = ch_host_buffer_data(labels);
     for (int i = 0; i < batch * 784; i++)

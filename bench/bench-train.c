@@ -7,6 +7,8 @@
 #include "config.h"
 
 #include <chorus.h>
+
+#include "bench.h"
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,22 +18,6 @@
 #include <cblas.h>
 #endif
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-#define CHECK(call)                                                              \
-    do {                                                                         \
-        ch_status st_ = (call);                                                  \
-        if (st_ != CH_OK) {                                                      \
-            fprintf(stderr, "bench-train: %s: %s\n", #call, ch_last_error());    \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
-
 /* Median of `steps` timed training steps of `model` on `dev` after warm-up:
  * samples per second. */
 static double train_rate(const char *model, ch_device *dev, int batch, int steps)
@@ -39,42 +25,36 @@ static double train_rate(const char *model, ch_device *dev, int batch, int steps
     ch_module *m = NULL;
     ch_loss *loss = NULL;
     ch_optimizer *opt = NULL;
-    CHECK(ch_nn_preset(&m, model));
-    CHECK(ch_module_init(m, 1));
-    CHECK(ch_module_to(m, dev));
-    CHECK(ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY));
+    BENCH_CHECK(ch_nn_preset(&m, model));
+    BENCH_CHECK(ch_module_init(m, 1));
+    BENCH_CHECK(ch_module_to(m, dev));
+    BENCH_CHECK(ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY));
     ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f);
-    CHECK(ch_optimizer_new(&opt, m, &oo));
+    BENCH_CHECK(ch_optimizer_new(&opt, m, &oo));
     int64_t xs[4] = {batch, 1, 28, 28}, ls[1] = {batch};
     ch_tensor *x = NULL, *labels = NULL, *y, *lv, *dy;
-    CHECK(ch_tensor_new(&x, dev, CH_F32, 4, xs));
-    CHECK(ch_tensor_new(&labels, dev, CH_I32, 1, ls));
-    CHECK(ch_rand_normal(x, 7, 0, 0.0f, 1.0f));
+    BENCH_CHECK(ch_tensor_new(&x, dev, CH_F32, 4, xs));
+    BENCH_CHECK(ch_tensor_new(&labels, dev, CH_I32, 1, ls));
+    BENCH_CHECK(ch_rand_normal(x, 7, 0, 0.0f, 1.0f));
     int32_t *lab = malloc(sizeof *lab * (size_t)batch);
     for (int i = 0; i < batch; i++)
         lab[i] = i % 10;
-    CHECK(ch_tensor_upload(labels, lab, sizeof *lab * (size_t)batch));
+    BENCH_CHECK(ch_tensor_upload(labels, lab, sizeof *lab * (size_t)batch));
     free(lab);
     double *t = malloc(sizeof *t * (size_t)steps);
     for (int s = -3; s < steps; s++) {
-        double t0 = now();
-        CHECK(ch_module_zero_grad(m));
-        CHECK(ch_module_forward(m, &y, x));
-        CHECK(ch_loss_forward(loss, &lv, y, labels));
-        CHECK(ch_loss_backward(loss, &dy, 1.0f));
-        CHECK(ch_module_backward(m, NULL, dy));
-        CHECK(ch_optimizer_step(opt, 1e-3f));
-        CHECK(ch_device_sync(dev));
+        double t0 = bench_now();
+        BENCH_CHECK(ch_module_zero_grad(m));
+        BENCH_CHECK(ch_module_forward(m, &y, x));
+        BENCH_CHECK(ch_loss_forward(loss, &lv, y, labels));
+        BENCH_CHECK(ch_loss_backward(loss, &dy, 1.0f));
+        BENCH_CHECK(ch_module_backward(m, NULL, dy));
+        BENCH_CHECK(ch_optimizer_step(opt, 1e-3f));
+        BENCH_CHECK(ch_device_sync(dev));
         if (s >= 0)
-            t[s] = now() - t0;
+            t[s] = bench_now() - t0;
     }
-    for (int i = 1; i < steps; i++) /* insertion sort: steps is small */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double tmp = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = tmp;
-        }
-    double median = t[steps / 2];
+    double median = bench_median(t, steps);
     free(t);
     ch_tensor_free(x);
     ch_tensor_free(labels);
@@ -120,7 +100,7 @@ static double mlp_gemm_seconds(int batch, int reps)
     }
     double *t = malloc(sizeof *t * (size_t)reps);
     for (int r = -3; r < reps; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < n; i++) {
             int lda = g[i].ta ? g[i].m : g[i].k, ldb = g[i].tb ? g[i].k : g[i].n;
             cblas_sgemm(CblasRowMajor, g[i].ta ? CblasTrans : CblasNoTrans,
@@ -129,15 +109,9 @@ static double mlp_gemm_seconds(int batch, int reps)
                         g[i].n); /* dW accumulates */
         }
         if (r >= 0)
-            t[r] = now() - t0;
+            t[r] = bench_now() - t0;
     }
-    for (int i = 1; i < reps; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double tmp = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = tmp;
-        }
-    double median = t[reps / 2];
+    double median = bench_median(t, reps);
     free(t);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < 3; j++)
@@ -176,14 +150,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-train: --batch and --steps must be >= 1\n");
         return 2;
     }
-    CHECK(ch_init());
+    BENCH_CHECK(ch_init());
     ch_device *devs[64];
     int n = 0;
     if (devices)
-        CHECK(ch_device_list_parse(devs, 64, &n, devices));
+        BENCH_CHECK(ch_device_list_parse(devs, 64, &n, devices));
     else
         for (int i = 0; i < ch_device_count() && n < 64; i++)
-            CHECK(ch_device_get(&devs[n++], i));
+            BENCH_CHECK(ch_device_get(&devs[n++], i));
     const char *models[2] = {"mlp", "cnn"};
     if (json)
         printf("[");
