@@ -36,6 +36,7 @@ typedef struct replica {
     int start, count;         /* its slice of the batch */
     float loss_value;
     double seconds;           /* its last step */
+    uint64_t checksum;        /* of its parameters, when checked */
     ch_status st;
     char error[1024];
 } replica;
@@ -150,6 +151,38 @@ static void reduce_chunk(replica *r)
     }
 }
 
+/* FNV-1a over the bits of every parameter: replicas that took the same
+ * steps hold the same bits. */
+static ch_status param_checksum(replica *r)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    int np = ch_module_param_count(r->model);
+    float *buf = NULL;
+    size_t cap = 0;
+    ch_status st = CH_OK;
+    for (int i = 0; st == CH_OK && i < np; i++) {
+        ch_tensor *p;
+        st = ch_module_param(r->model, i, NULL, &p, NULL);
+        size_t bytes = st == CH_OK ? ch_tensor_nbytes(p) : 0;
+        if (st == CH_OK && bytes > cap) {
+            float *grown = realloc(buf, bytes);
+            if (!grown) {
+                st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_step: out of memory");
+                break;
+            }
+            buf = grown;
+            cap = bytes;
+        }
+        if (st == CH_OK)
+            st = ch_tensor_download(p, buf, bytes);
+        for (size_t k = 0; st == CH_OK && k < bytes; k++)
+            h = (h ^ ((const unsigned char *)buf)[k]) * 0x100000001b3ull;
+    }
+    free(buf);
+    r->checksum = h;
+    return st;
+}
+
 static ch_status update(replica *r)
 {
     ch_dp *dp = r->dp;
@@ -188,6 +221,9 @@ static void run_step(replica *r)
     pthread_barrier_wait(&dp->barrier);
     if (!atomic_load(&dp->failed))
         fail(r, update(r));
+    if (!atomic_load(&dp->failed) && dp->o.check_every > 0 &&
+        (dp->step + 1) % dp->o.check_every == 0)
+        fail(r, param_checksum(r));
     r->seconds = now() - t0;
 }
 
@@ -222,6 +258,9 @@ static ch_status check_options(const ch_dp_options *o, int n)
     if (o->reduce != CH_DP_REDUCE_HOST)
         return chi_error(CH_ERR_UNSUPPORTED, "ch_dp_new: options->reduce %d is not supported "
                          "(CH_DP_REDUCE_HOST)", (int)o->reduce);
+    if (o->check_every < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->check_every is %d, "
+                         "expected >= 0", o->check_every);
     if (o->sample_ndim < 1 || o->sample_ndim > CH_MAX_DIMS - 1)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->sample_ndim is %d, "
                          "expected 1 to %d", o->sample_ndim, CH_MAX_DIMS - 1);
@@ -383,6 +422,14 @@ ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss)
             return chi_error(r->st, "ch_dp_step: %s", r->error);
         total += (double)r->loss_value * r->count / batch->count;
     }
+    int checked = dp->o.check_every > 0 && dp->step % dp->o.check_every == 0;
+    for (int i = 1; checked && i < dp->n; i++)
+        if (dp->r[i].checksum != dp->r[0].checksum)
+            return chi_error(CH_ERR_INTERNAL, "ch_dp_step: replica %d on %s holds other "
+                             "parameters than replica 0 after step %lld (checksum %016llx, "
+                             "want %016llx)", i, ch_device_id(dp->r[i].dev),
+                             (long long)dp->step, (unsigned long long)dp->r[i].checksum,
+                             (unsigned long long)dp->r[0].checksum);
     *loss = (float)total;
     return CH_OK;
 }

@@ -195,6 +195,25 @@ int main(void)
         tap_ok(1, "teardown after a failure returns");
         dp = NULL;
     }
+    /* The replica checksum: fine while they agree, an error naming the
+     * replica once one of them is changed behind the wrapper's back. */
+    o.check_every = 1;
+    if (tap_status_ok(ch_dp_new(&dp, single, three, 3, &o), "a dp checking replicas every step")) {
+        float loss = 0;
+        tap_status_ok(ch_dp_step(dp, &bs.b[0], 0.05f, &loss), "replicas agree after a step");
+        ch_tensor *w;
+        ch_module_param(ch_dp_replica(dp, 2), 0, NULL, &w, NULL);
+        ch_fill(w, 0.5);
+        ch_device_sync(ch_tensor_device(w));
+        tap_status_is(ch_dp_step(dp, &bs.b[1], 0.05f, &loss), CH_ERR_INTERNAL, "replica 2",
+                      "a replica whose parameters diverged is named");
+        ch_dp_free(dp);
+        dp = NULL;
+    }
+    o.check_every = -1;
+    tap_status_is(ch_dp_new(&dp, single, three, 3, &o), CH_ERR_INVALID_ARGUMENT, "check_every",
+                  "a negative check_every is an error");
+    o = options(NULL);
     tap_status_is(ch_dp_new(&dp, single, three, 0, &o), CH_ERR_INVALID_ARGUMENT, "device",
                   "zero devices is an error");
     const float bad[3] = {1, 0, 2};

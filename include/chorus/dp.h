@@ -28,6 +28,10 @@ typedef struct ch_dp_options {
     int sample_ndim;
     int64_t sample_shape[CH_MAX_DIMS];
     uint64_t seed;         /* the dropout stream */
+    /* Every check_every steps (0: never), compare a checksum of every
+     * replica's parameters with replica 0's: a divergence fails the step
+     * with an error naming the replica. */
+    int check_every;
 } ch_dp_options;
 
 /* Replicas of `model` on each of the n devices (a device may appear more
