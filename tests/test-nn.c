@@ -10,6 +10,13 @@
 
 static tap_rng rng = {12345};
 
+static ch_device *host_dev(void)
+{
+    ch_device *h = NULL;
+    ch_device_by_name(&h, "host");
+    return h;
+}
+
 static ch_tensor *tensor_from(ch_device *dev, int ndim, const int64_t *shape, const float *v)
 {
     ch_tensor *t = NULL;
@@ -539,6 +546,132 @@ static void test_mse_and_clip(ch_device *dev)
     ch_module_free(m);
 }
 
+/* Every error a user of nn can reach: a status and a message naming the
+ * function and the problem, never a crash. */
+static void test_errors(void)
+{
+    ch_module *m = NULL, *lin = NULL, *seq = NULL;
+    tap_status_is(ch_nn_preset(&m, "resnet"), CH_ERR_NOT_FOUND, "resnet",
+                  "ch_nn_preset with an unknown name names it");
+    tap_ok(m == NULL, "a failed constructor leaves *out NULL");
+    tap_status_is(ch_nn_linear(&m, 0, 3), CH_ERR_INVALID_ARGUMENT, "ch_nn_linear",
+                  "Linear with 0 in-features");
+    tap_status_is(ch_nn_conv2d(&m, 1, 2, 3, 0, 1), CH_ERR_INVALID_ARGUMENT, "stride",
+                  "Conv2d with stride 0");
+    tap_status_is(ch_nn_maxpool2d(&m, 0, 2), CH_ERR_INVALID_ARGUMENT, "kernel",
+                  "MaxPool2d with kernel 0");
+    tap_status_is(ch_nn_dropout(&m, 1.0f), CH_ERR_INVALID_ARGUMENT, "p 1",
+                  "Dropout with p = 1");
+    tap_status_is(ch_nn_activation(&m, (ch_activation)9), CH_ERR_INVALID_ARGUMENT, "act 9",
+                  "an unknown activation");
+    tap_status_is(ch_nn_flatten(NULL), CH_ERR_INVALID_ARGUMENT, "out", "a NULL out");
+    ch_nn_linear(&lin, 4, 2);
+    ch_module *relu = NULL;
+    ch_nn_activation(&relu, CH_ACT_RELU);
+    tap_status_is(ch_nn_sequential_add(lin, relu), CH_ERR_INVALID_ARGUMENT, "not a Sequential",
+                  "adding a child to a Linear (the child is freed)");
+    tap_status_is(ch_nn_sequential_add(NULL, NULL), CH_ERR_INVALID_ARGUMENT, "seq",
+                  "ch_nn_sequential_add with NULLs");
+
+    int64_t bad_shape[2] = {3, 5}, ok_shape[2] = {3, 4}, one[1] = {3};
+    ch_tensor *x5 = NULL, *x4 = NULL, *y = NULL, *dx = NULL, *labels = NULL;
+    ch_tensor_new(&x5, host_dev(), CH_F32, 2, bad_shape);
+    ch_tensor_new(&x4, host_dev(), CH_F32, 2, ok_shape);
+    ch_tensor_new(&labels, host_dev(), CH_I32, 1, one);
+    ch_fill(x5, 0.5);
+    ch_fill(x4, 0.5);
+    ch_fill(labels, 1.0);
+    tap_status_is(ch_module_backward(lin, &dx, x4), CH_ERR_STATE, "no forward pass",
+                  "backward before any forward");
+    tap_status_is(ch_module_forward(lin, &y, x5), CH_ERR_SHAPE, "5 features",
+                  "Linear(4, 2) given 5 features");
+    tap_status_is(ch_module_forward(lin, &y, labels), CH_ERR_DTYPE, "f32",
+                  "Linear given i32 input");
+    tap_status_ok(ch_module_forward(lin, &y, x4), "Linear(4, 2) forward");
+    tap_status_is(ch_module_backward(lin, &dx, x5), CH_ERR_SHAPE, "dy has 15 elements",
+                  "backward with a dy of the wrong size");
+    tap_status_is(ch_module_forward(NULL, &y, x4), CH_ERR_INVALID_ARGUMENT, "m is NULL",
+                  "forward of a NULL module");
+    tap_status_is(ch_module_param(lin, 2, NULL, NULL, NULL), CH_ERR_INVALID_ARGUMENT,
+                  "out of range", "parameter index out of range");
+    tap_status_is(ch_module_to(lin, NULL), CH_ERR_INVALID_ARGUMENT, "dev", "to a NULL device");
+    tap_status_is(ch_module_clone(&m, lin, NULL), CH_ERR_INVALID_ARGUMENT, "dev",
+                  "clone to a NULL device");
+
+    ch_loss *loss = NULL;
+    ch_tensor *v = NULL, *g = NULL;
+    tap_status_is(ch_loss_new(&loss, (ch_loss_kind)5), CH_ERR_INVALID_ARGUMENT, "kind 5",
+                  "an unknown loss");
+    ch_loss_new(&loss, CH_LOSS_MSE);
+    tap_status_is(ch_loss_backward(loss, &g, 1.0f), CH_ERR_STATE, "no forward pass",
+                  "loss backward before forward");
+    tap_status_is(ch_loss_forward(loss, &v, x4, x5), CH_ERR_SHAPE, "target has 15",
+                  "MSE with a target of another size");
+    ch_loss_free(loss);
+    ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY);
+    tap_status_is(ch_loss_forward(loss, &v, labels, labels), CH_ERR_SHAPE, "2 ([N, C])",
+                  "cross-entropy with 1-D predictions");
+    ch_loss_free(loss);
+
+    ch_optimizer *opt = NULL;
+    ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_SGD, 0.1f);
+    oo.kind = (ch_optimizer_kind)7;
+    tap_status_is(ch_optimizer_new(&opt, lin, &oo), CH_ERR_INVALID_ARGUMENT, "kind 7",
+                  "an unknown optimizer");
+    oo = ch_optimizer_defaults(CH_OPT_SGD, 0.1f);
+    ch_optimizer_new(&opt, lin, &oo);
+    tap_status_is(ch_optimizer_step(opt, -1.0f), CH_ERR_INVALID_ARGUMENT, "lr",
+                  "a negative learning rate");
+    tap_status_is(ch_optimizer_set_steps(opt, -3), CH_ERR_INVALID_ARGUMENT, "negative",
+                  "negative optimizer steps");
+    tap_status_is(ch_optimizer_state(opt, 99, NULL, NULL), CH_ERR_INVALID_ARGUMENT,
+                  "out of range", "optimizer state index out of range");
+    ch_optimizer_free(opt);
+    ch_nn_sequential(&seq);
+    ch_nn_sequential_add(seq, lin);
+    ch_optimizer_new(&opt, seq, &oo);
+    ch_nn_linear(&m, 2, 2);
+    ch_nn_sequential_add(seq, m);
+    tap_status_is(ch_optimizer_step(opt, 0.1f), CH_ERR_STATE, "parameters",
+                  "stepping an optimizer whose model grew");
+    ch_optimizer_free(opt);
+    tap_status_is(ch_clip_grad_norm(seq, 0.0f, NULL), CH_ERR_INVALID_ARGUMENT, "max_norm",
+                  "clipping to a norm of 0");
+    tap_status_is(ch_checkpoint_save(NULL, seq, NULL, NULL), CH_ERR_INVALID_ARGUMENT, "path",
+                  "saving to a NULL path");
+
+    ch_dp *dp = NULL;
+    ch_device *devs[1] = {host_dev()};
+    ch_dp_options o = {0};
+    o.loss = CH_LOSS_CROSS_ENTROPY;
+    o.optimizer = ch_optimizer_defaults(CH_OPT_SGD, 0.1f);
+    tap_status_is(ch_dp_new(&dp, seq, devs, 1, &o), CH_ERR_INVALID_ARGUMENT, "sample_ndim",
+                  "a dp without a sample shape");
+    o.sample_ndim = 1;
+    o.sample_shape[0] = 4;
+    tap_status_is(ch_dp_new(&dp, seq, devs, 1, NULL), CH_ERR_INVALID_ARGUMENT, "options",
+                  "a dp with NULL options");
+    float lossv;
+    if (tap_status_ok(ch_dp_new(&dp, seq, devs, 1, &o), "a dp of one replica")) {
+        tap_status_is(ch_dp_step(dp, NULL, 0.1f, &lossv), CH_ERR_INVALID_ARGUMENT, "batch",
+                      "a dp step without a batch");
+        tap_status_is(ch_dp_last_step(dp, NULL, NULL, 4), CH_ERR_INVALID_ARGUMENT,
+                      "number of replicas", "dp_last_step with the wrong count");
+        ch_module *other = NULL;
+        ch_nn_linear(&other, 4, 2);
+        tap_status_is(ch_dp_sync_to(dp, other), CH_ERR_SHAPE, "parameters",
+                      "syncing into a model of another structure");
+        ch_module_free(other);
+        tap_ok(ch_dp_replica(dp, 1) == NULL && ch_dp_optimizer(dp, -1) == NULL,
+               "replica and optimizer indices out of range give NULL");
+    }
+    ch_dp_free(dp);
+    ch_tensor_free(x5);
+    ch_tensor_free(x4);
+    ch_tensor_free(labels);
+    ch_module_free(seq);
+}
+
 static void test_schedules(void)
 {
     ch_lr_schedule c = {CH_LR_COSINE, 1.0f, 10, 0, 0, 110, 0.0f};
@@ -559,6 +692,7 @@ int main(void)
     int n = tap_devices(devs, 64);
     test_names();
     test_schedules();
+    test_errors();
     for (int i = 0; i < n; i++) {
         test_gradients(devs[i]);
         test_dropout(devs[i]);
