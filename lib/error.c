@@ -35,11 +35,15 @@ const char *ch_last_error(void) { return last_error; }
 
 void ch_clear_error(void) { last_error[0] = '\0'; }
 
+/* Formatted aside first: the arguments may include ch_last_error() itself
+ * (a caller adding context to the message it got). */
 ch_status chi_error(ch_status status, const char *fmt, ...)
 {
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    snprintf(last_error, sizeof last_error, "%s", msg);
     return status;
 }
