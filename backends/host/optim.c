@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "host.h"
+#include "optim_consts.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -39,7 +40,7 @@ static void sgd_block(const sgd_job *j, int64_t lo, int64_t hi)
     float *restrict p = j->p, *restrict m = j->m;
     const float *restrict g = j->g;
     const float lr = j->s.lr, wd = j->s.weight_decay, mom = j->s.momentum;
-    const float damp = 1.0f - j->s.dampening;
+    const float damp = chi_sgd_damp(&j->s);
     if (mom == 0.0f) {
         CHI_OMP(omp simd)
         for (int64_t i = lo; i < hi; i++) {
@@ -103,8 +104,7 @@ ch_status chi_host_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bm
 typedef struct adam_job {
     float *p, *m, *v;
     const float *g;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2;
-    float step_size, bc2_sqrt, eps, decay, l2;
+    chi_adam_consts k;
 } adam_job;
 
 typedef void (*adam_fn)(const adam_job *j, int64_t lo, int64_t hi);
@@ -116,25 +116,25 @@ static void adam_scalar(const adam_job *j, int64_t lo, int64_t hi)
     float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
     const float *restrict g = j->g;
     for (int64_t i = lo; i < hi; i++) {
-        float gi = g[i] + j->l2 * p[i];
-        float pi = p[i] * j->decay;
-        float mi = j->beta1 * m[i] + j->one_minus_beta1 * gi;
-        float vi = j->beta2 * v[i] + j->one_minus_beta2 * gi * gi;
+        float gi = g[i] + j->k.l2 * p[i];
+        float pi = p[i] * j->k.decay;
+        float mi = j->k.beta1 * m[i] + j->k.one_minus_beta1 * gi;
+        float vi = j->k.beta2 * v[i] + j->k.one_minus_beta2 * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        float denom = sqrtf(vi) / j->bc2_sqrt + j->eps;
-        p[i] = pi - j->step_size * mi / denom;
+        float denom = sqrtf(vi) / j->k.bc2_sqrt + j->k.eps;
+        p[i] = pi - j->k.step_size * mi / denom;
     }
 }
 
 #ifdef HAVE_X86_KERNELS
 static void adam_sse2(const adam_job *j, int64_t lo, int64_t hi)
 {
-    const __m128 l2 = _mm_set1_ps(j->l2), decay = _mm_set1_ps(j->decay);
-    const __m128 b1 = _mm_set1_ps(j->beta1), omb1 = _mm_set1_ps(j->one_minus_beta1);
-    const __m128 b2 = _mm_set1_ps(j->beta2), omb2 = _mm_set1_ps(j->one_minus_beta2);
-    const __m128 bc2 = _mm_set1_ps(j->bc2_sqrt), eps = _mm_set1_ps(j->eps);
-    const __m128 step = _mm_set1_ps(j->step_size);
+    const __m128 l2 = _mm_set1_ps(j->k.l2), decay = _mm_set1_ps(j->k.decay);
+    const __m128 b1 = _mm_set1_ps(j->k.beta1), omb1 = _mm_set1_ps(j->k.one_minus_beta1);
+    const __m128 b2 = _mm_set1_ps(j->k.beta2), omb2 = _mm_set1_ps(j->k.one_minus_beta2);
+    const __m128 bc2 = _mm_set1_ps(j->k.bc2_sqrt), eps = _mm_set1_ps(j->k.eps);
+    const __m128 step = _mm_set1_ps(j->k.step_size);
     int64_t i = lo;
     for (; i + 4 <= hi; i += 4) {
         __m128 p = _mm_loadu_ps(j->p + i), g = _mm_loadu_ps(j->g + i);
@@ -154,11 +154,11 @@ static void adam_sse2(const adam_job *j, int64_t lo, int64_t hi)
 __attribute__((target("avx")))
 static void adam_avx(const adam_job *j, int64_t lo, int64_t hi)
 {
-    const __m256 l2 = _mm256_set1_ps(j->l2), decay = _mm256_set1_ps(j->decay);
-    const __m256 b1 = _mm256_set1_ps(j->beta1), omb1 = _mm256_set1_ps(j->one_minus_beta1);
-    const __m256 b2 = _mm256_set1_ps(j->beta2), omb2 = _mm256_set1_ps(j->one_minus_beta2);
-    const __m256 bc2 = _mm256_set1_ps(j->bc2_sqrt), eps = _mm256_set1_ps(j->eps);
-    const __m256 step = _mm256_set1_ps(j->step_size);
+    const __m256 l2 = _mm256_set1_ps(j->k.l2), decay = _mm256_set1_ps(j->k.decay);
+    const __m256 b1 = _mm256_set1_ps(j->k.beta1), omb1 = _mm256_set1_ps(j->k.one_minus_beta1);
+    const __m256 b2 = _mm256_set1_ps(j->k.beta2), omb2 = _mm256_set1_ps(j->k.one_minus_beta2);
+    const __m256 bc2 = _mm256_set1_ps(j->k.bc2_sqrt), eps = _mm256_set1_ps(j->k.eps);
+    const __m256 step = _mm256_set1_ps(j->k.step_size);
     int64_t i = lo;
     for (; i + 8 <= hi; i += 8) {
         __m256 p = _mm256_loadu_ps(j->p + i), g = _mm256_loadu_ps(j->g + i);
@@ -193,19 +193,8 @@ ch_status chi_host_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_b
                              ch_bmem g, const ch_adam_params *params)
 {
     (void)stream;
-    ch_adam_params a = *params;
-    double t = (double)a.step;
-    adam_job j = {
-        .p = chi_host_f32(p), .m = chi_host_f32(m), .v = chi_host_f32(v),
-        .g = chi_host_f32(g),
-        .beta1 = a.beta1, .one_minus_beta1 = 1.0f - a.beta1,
-        .beta2 = a.beta2, .one_minus_beta2 = 1.0f - a.beta2,
-        .step_size = (float)(a.lr / (1.0 - pow(a.beta1, t))),
-        .bc2_sqrt = (float)sqrt(1.0 - pow(a.beta2, t)),
-        .eps = a.eps,
-        .decay = a.decoupled ? 1.0f - a.lr * a.weight_decay : 1.0f,
-        .l2 = a.decoupled ? 0.0f : a.weight_decay,
-    };
+    adam_job j = {chi_host_f32(p), chi_host_f32(m), chi_host_f32(v), chi_host_f32(g),
+                  chi_adam_consts_of(params)};
     adam_fn kernel = adam_kernel();
     int64_t blocks = (n + OPT_BLOCK - 1) / OPT_BLOCK;
     CHI_OMP(omp parallel for schedule(static) if (n > CHI_HOST_OPT_PAR_MIN))

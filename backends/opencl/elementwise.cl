@@ -113,46 +113,46 @@ __kernel void transpose01(__global uint *y, ulong yo, __global const uint *x, ul
     y[yo + (ib * a + ia) * inner + k] = x[xo + i];
 }
 
-/* PyTorch's SGD, see include/chorus/ops.h. m is a placeholder when
- * momentum is 0. */
+/* The optimizers, in exactly the operations of lib/optim_consts.h, each
+ * rounded on its own: replicas on other backends take the same step bit
+ * for bit. */
+#pragma OPENCL FP_CONTRACT OFF
+
 __kernel void sgd_step(__global float *p, ulong po, __global float *m, ulong mo,
                        __global const float *g, ulong go, int n, float lr,
-                       float momentum, float dampening, float weight_decay,
+                       float momentum, float damp, float weight_decay,
                        int nesterov, int first_step)
 {
     int i = get_global_id(0);
     if (i >= n)
         return;
     float w = p[po + i];
-    float d = g[go + i];
-    if (weight_decay != 0.0f)
-        d += weight_decay * w;
+    float gi = g[go + i] + weight_decay * w;
+    float d = gi;
     if (momentum != 0.0f) {
-        float buf = first_step ? d : momentum * m[mo + i] + (1.0f - dampening) * d;
-        m[mo + i] = buf;
-        d = nesterov ? d + momentum * buf : buf;
+        float mi = first_step ? gi : momentum * m[mo + i] + damp * gi;
+        m[mo + i] = mi;
+        d = nesterov ? gi + momentum * mi : mi;
     }
     p[po + i] = w - lr * d;
 }
 
-/* Adam and AdamW; bc1 and bc2 are the bias corrections 1 - beta^step. */
+/* Adam and AdamW with the constants of chi_adam_consts. */
 __kernel void adam_step(__global float *p, ulong po, __global float *m, ulong mo,
                         __global float *v, ulong vo, __global const float *g, ulong go,
-                        int n, float lr, float beta1, float beta2, float eps,
-                        float weight_decay, int decoupled, float bc1, float bc2)
+                        int n, float beta1, float one_minus_beta1, float beta2,
+                        float one_minus_beta2, float step_size, float bc2_sqrt, float eps,
+                        float decay, float l2)
 {
     int i = get_global_id(0);
     if (i >= n)
         return;
     float w = p[po + i];
-    float d = g[go + i];
-    if (decoupled)
-        w -= lr * weight_decay * w;
-    else
-        d += weight_decay * w;
-    float mi = beta1 * m[mo + i] + (1.0f - beta1) * d;
-    float vi = beta2 * v[vo + i] + (1.0f - beta2) * d * d;
+    float gi = g[go + i] + l2 * w;
+    float pi = w * decay;
+    float mi = beta1 * m[mo + i] + one_minus_beta1 * gi;
+    float vi = beta2 * v[vo + i] + (one_minus_beta2 * gi) * gi;
     m[mo + i] = mi;
     v[vo + i] = vi;
-    p[po + i] = w - lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
+    p[po + i] = pi - (step_size * mi) / (sqrt(vi) / bc2_sqrt + eps);
 }

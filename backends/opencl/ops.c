@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "opencl.h"
+#include "optim_consts.h"
 
 /* Work-groups of reductions: a power of two covering `count` elements, at
  * most 256 (the tree then has 8 levels). */
@@ -245,13 +246,14 @@ ch_status chcl_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g
         m = p;
     chcl_ref P = chcl_ref_of(p), M = chcl_ref_of(m), G = chcl_ref_of(g);
     cl_int len = (cl_int)n, nesterov = params->nesterov != 0, first = first_step != 0;
+    cl_float damp = chi_sgd_damp(params);
     chcl_arg args[] = {CHCL_REF(P),
                        CHCL_REF(M),
                        CHCL_REF(G),
                        CHCL_ARG(len),
                        CHCL_ARG(params->lr),
                        CHCL_ARG(params->momentum),
-                       CHCL_ARG(params->dampening),
+                       CHCL_ARG(damp),
                        CHCL_ARG(params->weight_decay),
                        CHCL_ARG(nesterov),
                        CHCL_ARG(first)};
@@ -262,23 +264,22 @@ ch_status chcl_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem 
                          ch_bmem g, const ch_adam_params *params)
 {
     chcl_ref P = chcl_ref_of(p), M = chcl_ref_of(m), V = chcl_ref_of(v), G = chcl_ref_of(g);
-    cl_int len = (cl_int)n, decoupled = params->decoupled != 0;
-    /* Bias corrections in double, as the host computes them. */
-    cl_float bc1 = (cl_float)(1.0 - pow(params->beta1, (double)params->step));
-    cl_float bc2 = (cl_float)(1.0 - pow(params->beta2, (double)params->step));
+    cl_int len = (cl_int)n;
+    chi_adam_consts k = chi_adam_consts_of(params);
     chcl_arg args[] = {CHCL_REF(P),
                        CHCL_REF(M),
                        CHCL_REF(V),
                        CHCL_REF(G),
                        CHCL_ARG(len),
-                       CHCL_ARG(params->lr),
-                       CHCL_ARG(params->beta1),
-                       CHCL_ARG(params->beta2),
-                       CHCL_ARG(params->eps),
-                       CHCL_ARG(params->weight_decay),
-                       CHCL_ARG(decoupled),
-                       CHCL_ARG(bc1),
-                       CHCL_ARG(bc2)};
+                       CHCL_ARG(k.beta1),
+                       CHCL_ARG(k.one_minus_beta1),
+                       CHCL_ARG(k.beta2),
+                       CHCL_ARG(k.one_minus_beta2),
+                       CHCL_ARG(k.step_size),
+                       CHCL_ARG(k.bc2_sqrt),
+                       CHCL_ARG(k.eps),
+                       CHCL_ARG(k.decay),
+                       CHCL_ARG(k.l2)};
     return chcl_launch1(stream, CHCL_K_ADAM_STEP, CHCL_COUNT_OF(args), args, n);
 }
 

@@ -14,6 +14,26 @@
  * host's. */
 #define BUILD_OPTIONS "-cl-std=CL1.2"
 
+/* BUILD_OPTIONS, plus correctly rounded divide and sqrt when every device
+ * of the context offers them: the optimizer kernels then match the host's
+ * arithmetic bit for bit (lib/optim_consts.h). */
+static const char *build_options(cl_context ctx)
+{
+    cl_device_id devs[64];
+    size_t bytes = 0;
+    if (clGetContextInfo(ctx, CL_CONTEXT_DEVICES, sizeof devs, devs, &bytes) != CL_SUCCESS ||
+        bytes == 0)
+        return BUILD_OPTIONS;
+    for (size_t i = 0; i < bytes / sizeof devs[0]; i++) {
+        cl_device_fp_config fp = 0;
+        if (clGetDeviceInfo(devs[i], CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL) !=
+                CL_SUCCESS ||
+            !(fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT))
+            return BUILD_OPTIONS;
+    }
+    return BUILD_OPTIONS " -cl-fp32-correctly-rounded-divide-sqrt";
+}
+
 /* Work-group size of 1-D launches: a multiple of every GPU's SIMD width,
  * and small enough for the devices that cap work-groups at 256. */
 #define GROUP_1D 256
@@ -91,7 +111,7 @@ static ch_status program_build(chcl_platform *p, cl_device_id dev, chcl_prog_id 
         return chcl_err(err, "clCreateProgramWithSource");
     /* Built for every device of the context at once: that is what "once per
      * context" buys when several devices of a platform are in use. */
-    err = clBuildProgram(prog, 0, NULL, BUILD_OPTIONS, NULL, NULL);
+    err = clBuildProgram(prog, 0, NULL, build_options(p->ctx), NULL, NULL);
     if (err != CL_SUCCESS) {
         ch_status st = build_failure(prog, dev, programs[id].name, err);
         clReleaseProgram(prog);
