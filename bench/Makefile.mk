@@ -14,5 +14,9 @@ noinst_PROGRAMS += bench/bench-dp
 bench_bench_dp_SOURCES = bench/bench-dp.c bench/bench.h
 bench_bench_dp_LDADD = libchorus.la
 
+noinst_PROGRAMS += bench/bench-allreduce
+bench_bench_allreduce_SOURCES = bench/bench-allreduce.c bench/bench.h
+bench_bench_allreduce_LDADD = libchorus.la
+
 .PHONY: bench
-bench: bench/bench-ops bench/bench-train bench/bench-dp
+bench: bench/bench-ops bench/bench-train bench/bench-dp bench/bench-allreduce

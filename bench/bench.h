@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 static inline double bench_now(void)
 {
@@ -25,6 +26,26 @@ static inline double bench_median(double *t, int n)
 {
     qsort(t, (size_t)n, sizeof *t, bench_cmp_double);
     return t[n / 2];
+}
+
+/* "name: <CPU model>, N CPUs, <date>": the machine and the day a result
+ * belongs to, first line of every benchmark's output. */
+static inline void bench_header(const char *name)
+{
+    char cpu[256] = "unknown CPU", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "model name : %255[^\n]", cpu) == 1)
+            break;
+    if (f)
+        fclose(f);
+    char day[64] = "";
+    time_t t = time(NULL);
+    struct tm tm;
+    if (localtime_r(&t, &tm))
+        strftime(day, sizeof day, "%Y-%m-%d %H:%M", &tm);
+    printf("# %s: %s, %ld CPUs, %s, chorus %s\n", name, cpu, sysconf(_SC_NPROCESSORS_ONLN), day,
+           ch_version());
 }
 
 /* A benchmark has no error handling to speak of: stop with the message. */

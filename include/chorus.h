@@ -11,6 +11,7 @@
 #include <chorus/ops.h>
 #include <chorus/data.h>
 #include <chorus/nn.h>
+#include <chorus/reduce.h>
 #include <chorus/dp.h>
 
 #define CHORUS_VERSION_MAJOR 0

@@ -11,12 +11,14 @@ libchorus_la_SOURCES = \
 	lib/alloc.c \
 	lib/tensor.c \
 	lib/ops.c \
+	lib/reduce.c \
 	lib/version.c \
 	lib/core.h \
 	lib/backend.h \
 	lib/discover.h \
 	lib/registry.h \
-	lib/philox.h
+	lib/philox.h \
+	lib/optim_consts.h
 libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
 libchorus_la_LIBADD = $(BLAS_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 $(OPENMP_CFLAGS)
@@ -31,4 +33,5 @@ nobase_include_HEADERS += \
 	include/chorus/ops.h \
 	include/chorus/data.h \
 	include/chorus/nn.h \
+	include/chorus/reduce.h \
 	include/chorus/dp.h

@@ -31,7 +31,7 @@
 extern "C" {
 #endif
 
-#define CH_BACKEND_ABI_VERSION 1
+#define CH_BACKEND_ABI_VERSION 2
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -171,11 +171,19 @@ typedef struct ch_backend_i {
                       uint64_t seed, uint64_t offset, float a, float b);
 
     /* ---- collectives (optional) ---- */
-    /* In-place sum of `n` floats over `count` devices of this backend:
+    /* In-place sum of `n` floats over `count` buffers of this backend:
      * bufs[i] lives on the device of streams[i] and the work is queued on
-     * streams[i]. Used by data parallelism (NCCL for CUDA). */
+     * streams[i], after what each stream already holds; every buffer ends
+     * with the sum. Called with count >= 2, n >= 1, buffers that do not
+     * overlap, and devices can_allreduce accepted; a device may be listed
+     * more than once (on distinct streams). Used by ch_reducer (peer mode;
+     * NCCL for CUDA). */
     ch_status (*allreduce_sum)(int count, void *const *streams, const ch_bmem *bufs,
                                int64_t n);
+    /* optional: 1 when allreduce_sum may take a buffer on dev_a and one on
+     * dev_b in the same call, 0 otherwise. The same device twice is always
+     * allowed; when this slot is NULL, only that. Added in ABI version 2. */
+    int (*can_allreduce)(void *dev_a, void *dev_b);
 } ch_backend_i;
 
 typedef const ch_backend_i *(*ch_backend_entry_fn)(void);
@@ -191,6 +199,14 @@ CH_API ch_status chi_error(ch_status status, const char *fmt, ...)
 
 /* The host backend's table (built into libchorus). */
 const ch_backend_i *chi_host_backend(void);
+
+/* The host backend's summing kernel, for the core's host-staged reduction
+ * too: dst[i] = src[0][i] + src[1][i] + ... + src[nsrc - 1][i], added left
+ * to right (the same bits on every run and thread count), then
+ * copies[c][i] = dst[i], for i < n; in parallel over fixed chunks. dst
+ * may be src[0] or a copy; nothing else may overlap. */
+void chi_host_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src,
+                         int ncopies, float *const *copies);
 
 #ifdef __cplusplus
 }

@@ -34,3 +34,4 @@ include tests/ops.mk
 include tests/discovery.mk
 include tests/cuda.mk
 include tests/nn.mk
+include tests/reduce.mk

@@ -1,6 +1,8 @@
 /* In-place all-reduce (sum) over a group of CUDA devices of this process:
- * NCCL when the module is built with it, otherwise peer copies into the
- * first device, a sum there, and copies back. */
+ * NCCL when the module is built with it and every device is listed once
+ * (ncclCommInitAll refuses a device twice); otherwise peer copies into the
+ * first device, a sum there in list order, and copies back
+ * (cudaMemcpyPeerAsync works within one device too). */
 #include <stdlib.h>
 #include <string.h>
 #include "common.cuh"
@@ -69,14 +71,9 @@ static ch_status chcu_comm_get(chcu_backend *be, int count, const int *devs, chc
     return st;
 }
 
-ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs, int64_t n)
+static ch_status chcu_nccl_allreduce(int count, void *const *streams, const ch_bmem *bufs,
+                                     int64_t n, const int *devs)
 {
-    if (count > CHCU_MAX_DEVICES)
-        return chi_error(CH_ERR_LIMIT, "cuda allreduce: %d devices, at most %d", count,
-                         CHCU_MAX_DEVICES);
-    int devs[CHCU_MAX_DEVICES];
-    for (int i = 0; i < count; i++)
-        devs[i] = ((chcu_stream *)streams[i])->dev->index;
     chcu_comm *c;
     ch_status st = chcu_comm_get(((chcu_stream *)streams[0])->dev->be, count, devs, &c);
     if (st)
@@ -101,6 +98,10 @@ void chcu_comms_free(chcu_backend *be)
 {
     (void)be;
 }
+
+#endif
+
+/* ---- the peer-copy path ---- */
 
 typedef struct chcu_group {
     int count;
@@ -148,15 +149,17 @@ static ch_status chcu_group_sum(chcu_group *g, const ch_bmem *bufs, int64_t n, v
     size_t bytes = (size_t)n * sizeof(float);
     ch_bmem t = {tmp, 0};
     for (int i = 1; i < g->count; i++) {
+        /* The same device listed again: its buffer is read in place. */
+        int same = g->s[i]->dev->index == s0->dev->index;
         ch_status st = chcu_group_order(g, i, 0);
         if (!st)
             st = chcu_enter(s0->dev);
-        if (!st)
+        if (!st && !same)
             st = chcu_check(cudaMemcpyPeerAsync(tmp, s0->dev->index, chcu_at<char>(bufs[i]),
                                                 g->s[i]->dev->index, bytes, s0->s),
                             "cudaMemcpyPeerAsync");
         if (!st)
-            st = chcu_binary(s0, CH_BIN_ADD, n, bufs[0], bufs[0], t);
+            st = chcu_binary(s0, CH_BIN_ADD, n, bufs[0], bufs[0], same ? bufs[i] : t);
         if (st)
             return st;
     }
@@ -183,13 +186,9 @@ static ch_status chcu_group_scatter(chcu_group *g, const ch_bmem *bufs, int64_t 
     return CH_OK;
 }
 
-ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs, int64_t n)
+static ch_status chcu_peer_allreduce(int count, void *const *streams, const ch_bmem *bufs,
+                                     int64_t n)
 {
-    if (count > CHCU_MAX_DEVICES)
-        return chi_error(CH_ERR_LIMIT, "cuda allreduce: %d devices, at most %d", count,
-                         CHCU_MAX_DEVICES);
-    if (count < 2)
-        return CH_OK;
     chcu_group g;
     memset(&g, 0, sizeof g);
     g.count = count;
@@ -209,4 +208,32 @@ ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *buf
     return st;
 }
 
+ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs, int64_t n)
+{
+    if (count > CHCU_MAX_DEVICES)
+        return chi_error(CH_ERR_LIMIT, "cuda allreduce: %d devices, at most %d", count,
+                         CHCU_MAX_DEVICES);
+    if (count < 2)
+        return CH_OK;
+#ifdef CH_HAVE_NCCL
+    int devs[CHCU_MAX_DEVICES];
+    int repeated = 0;
+    for (int i = 0; i < count; i++) {
+        devs[i] = ((chcu_stream *)streams[i])->dev->index;
+        for (int j = 0; j < i; j++)
+            repeated |= devs[j] == devs[i];
+    }
+    if (!repeated)
+        return chcu_nccl_allreduce(count, streams, bufs, n, devs);
 #endif
+    return chcu_peer_allreduce(count, streams, bufs, n);
+}
+
+/* NCCL, or peer copies (staged by the driver where the devices have no
+ * peer access), take any CUDA devices of the process. */
+int chcu_can_allreduce(void *dev_a, void *dev_b)
+{
+    (void)dev_a;
+    (void)dev_b;
+    return 1;
+}

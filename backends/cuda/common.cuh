@@ -185,6 +185,7 @@ ch_status chcu_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
                     uint64_t seed, uint64_t offset, float a, float b);
 ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n);
+int chcu_can_allreduce(void *dev_a, void *dev_b);
 void chcu_comms_free(chcu_backend *be);
 
 #endif

@@ -208,6 +208,7 @@ static const ch_backend_i chcu_table = {
     .adam_step = chcu_adam_step,
     .rand = chcu_rand,
     .allreduce_sum = chcu_allreduce_sum,
+    .can_allreduce = chcu_can_allreduce,
 };
 
 extern "C" CH_API const ch_backend_i *chorus_backend_entry(void)

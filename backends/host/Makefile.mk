@@ -7,4 +7,5 @@ libchorus_la_SOURCES += \
 	backends/host/elementwise.c \
 	backends/host/reduce.c \
 	backends/host/conv.c \
-	backends/host/optim.c
+	backends/host/optim.c \
+	backends/host/allreduce.c

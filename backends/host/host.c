@@ -324,7 +324,8 @@ static const ch_backend_i host_iface = {
     .sgd_step = chi_host_sgd_step,
     .adam_step = chi_host_adam_step,
     .rand = chi_host_rand,
-    .allreduce_sum = NULL,
+    .allreduce_sum = chi_host_allreduce_sum,
+    .can_allreduce = chi_host_can_allreduce,
 };
 
 const ch_backend_i *chi_host_backend(void)

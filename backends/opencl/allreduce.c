@@ -58,6 +58,13 @@ static ch_status broadcast(int count, void *const *streams, const ch_bmem *bufs,
     return CH_OK;
 }
 
+/* Buffers of one platform share its context: the kernel of one device
+ * reads the others' in place. Across platforms there is no shared context. */
+int chcl_can_allreduce(void *dev_a, void *dev_b)
+{
+    return ((chcl_device *)dev_a)->plat == ((chcl_device *)dev_b)->plat;
+}
+
 ch_status chcl_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n)
 {

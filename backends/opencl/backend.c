@@ -476,6 +476,7 @@ static const ch_backend_i table = {
     .rand = chcl_rand,
 
     .allreduce_sum = chcl_allreduce_sum,
+    .can_allreduce = chcl_can_allreduce,
 };
 
 CH_API const ch_backend_i *chorus_backend_entry(void) { return &table; }

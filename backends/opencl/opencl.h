@@ -250,6 +250,7 @@ ch_status chcl_gemm_mode_parse(const char *value, chcl_gemm_mode *mode);
 /* allreduce.c */
 ch_status chcl_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n);
+int chcl_can_allreduce(void *dev_a, void *dev_b);
 
 /* ---- kernels.c (generated from the .cl files by Makefile.mk) ---- */
 extern const char chcl_src_common[];

@@ -1,0 +1,233 @@
+/* bench-allreduce: the reducer (chorus/reduce.h) over n replicas, 1 KiB to
+ * 256 MiB in powers of 4, against the bound that memory copies set,
+ * measured in the same run.
+ *
+ * For each size: the median and best time of ch_reducer_allreduce over the
+ * whole buffers, the algorithm bandwidth (bytes / median time), memcpy's
+ * bandwidth between two malloc'd buffers of that size (best of several),
+ * and the ratio bound / median, where the bound moves every replica's
+ * buffer once in and once out at memcpy speed: 2 * n * bytes / memcpy_bw.
+ * A ratio of 1 means the reduction costs what 2n memcpys of the buffer
+ * cost; above 1, less (the host-staged sum reads host replicas in place
+ * and writes the total straight back). */
+#include "config.h"
+
+#include <chorus.h>
+
+#include "bench.h"
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_REPLICAS 16
+
+/* Timed runs per size: as many as fit in about `budget` seconds, between
+ * `lo` and `hi`. */
+static int reps_for(double one_run, double budget, int lo, int hi)
+{
+    int r = one_run > 0 ? (int)(budget / one_run) : hi;
+    return r < lo ? lo : r > hi ? hi : r;
+}
+
+/* memcpy bandwidth in bytes/s between two buffers of `bytes` (touched
+ * first), best of several copies. */
+static double memcpy_bw(size_t bytes)
+{
+    char *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b) {
+        fprintf(stderr, "bench-allreduce: malloc(%zu) failed\n", bytes);
+        exit(1);
+    }
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    double t0 = bench_now();
+    memcpy(b, a, bytes);
+    int reps = reps_for(bench_now() - t0, 0.2, 5, 2000);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        t0 = bench_now();
+        memcpy(r % 2 ? a : b, r % 2 ? b : a, bytes);
+        double t = bench_now() - t0;
+        if (t < best)
+            best = t;
+    }
+    /* Keep the copies from being optimised away. */
+    volatile char sink = a[bytes / 2] + b[bytes / 3];
+    (void)sink;
+    free(a);
+    free(b);
+    return (double)bytes / best;
+}
+
+/* "host,host,opencl:0": each name through ch_device_list_parse, so that a
+ * device may be listed more than once. */
+static int parse_devices(const char *list, ch_device **devs)
+{
+    char buf[1024];
+    int n = 0;
+    if (strlen(list) >= sizeof buf) {
+        fprintf(stderr, "bench-allreduce: --devices too long\n");
+        exit(2);
+    }
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *name = strtok_r(buf, ",", &save); name;
+         name = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        if (n >= MAX_REPLICAS) {
+            fprintf(stderr, "bench-allreduce: more than %d replicas\n", MAX_REPLICAS);
+            exit(2);
+        }
+        ch_status st = ch_device_list_parse(devs + n, MAX_REPLICAS - n, &k, name);
+        if (st != CH_OK) {
+            fprintf(stderr, "bench-allreduce: --devices: %s\n", ch_last_error());
+            exit(2);
+        }
+        n += k;
+    }
+    if (n < 1) {
+        fprintf(stderr, "bench-allreduce: --devices names no device\n");
+        exit(2);
+    }
+    return n;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bench-allreduce [--devices LIST (default host,host,host)] "
+               "[--mode host|peer|auto] [--max-mb N (default 256)] [--min-kb N (default 1)]\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *devices = "host,host,host";
+    ch_reduce_mode mode = CH_REDUCE_HOST;
+    long max_mb = 256, min_kb = 1;
+    static const struct option longs[] = {{"devices", required_argument, 0, 'd'},
+                                          {"mode", required_argument, 0, 'm'},
+                                          {"max-mb", required_argument, 0, 'x'},
+                                          {"min-kb", required_argument, 0, 'n'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        switch (c) {
+        case 'd': devices = optarg; break;
+        case 'm':
+            if (ch_reduce_mode_parse(optarg, &mode) != CH_OK) {
+                fprintf(stderr, "bench-allreduce: --mode: %s\n", ch_last_error());
+                return 2;
+            }
+            break;
+        case 'x': max_mb = atol(optarg); break;
+        case 'n': min_kb = atol(optarg); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (max_mb < 1 || max_mb > 4096 || min_kb < 1 || min_kb > max_mb * 1024) {
+        fprintf(stderr, "bench-allreduce: --max-mb must be 1 to 4096, --min-kb 1 to it\n");
+        return 2;
+    }
+    BENCH_CHECK(ch_init());
+    ch_device *devs[MAX_REPLICAS];
+    ch_stream *streams[MAX_REPLICAS];
+    ch_tensor *bufs[MAX_REPLICAS];
+    int n = parse_devices(devices, devs);
+    char ids[256] = "";
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(ids);
+        snprintf(ids + len, sizeof ids - len, "%s%s", i ? "," : "", ch_device_id(devs[i]));
+        BENCH_CHECK(ch_stream_new(&streams[i], devs[i]));
+    }
+    size_t max_bytes = (size_t)max_mb << 20;
+    ch_reducer *r;
+    BENCH_CHECK(ch_reducer_new(&r, streams, n, (int64_t)(max_bytes / sizeof(float)), mode));
+
+    bench_header("bench-allreduce");
+    printf("# %d replicas on %s, mode %s (%d group%s); bound = 2 * %d * bytes / memcpy "
+           "bandwidth, ratio = bound / median\n",
+           n, ids, ch_reduce_mode_name(mode), ch_reducer_group_count(r),
+           ch_reducer_group_count(r) == 1 ? "" : "s", n);
+    printf("%10s %6s %10s %10s %10s %10s %10s %7s\n", "size", "reps", "median ms", "best ms",
+           "alg GB/s", "memcpy GB/s", "bound ms", "ratio");
+    double summary[4] = {0};
+    for (size_t bytes = (size_t)min_kb << 10; bytes <= max_bytes; bytes *= 4) {
+        int64_t count = (int64_t)(bytes / sizeof(float));
+        for (int i = 0; i < n; i++) {
+            BENCH_CHECK(ch_tensor_new(&bufs[i], devs[i], CH_F32, 1, &count));
+            BENCH_CHECK(ch_fill(bufs[i], (double)(i + 1)));
+        }
+        /* Fills run on the default streams, the reducer on its own. */
+        for (int i = 0; i < n; i++)
+            BENCH_CHECK(ch_device_sync(devs[i]));
+        /* Once checked: every element becomes 1 + 2 + ... + n. */
+        BENCH_CHECK(ch_reducer_allreduce(r, bufs, 0, count));
+        float ends[2], want = (float)(n * (n + 1) / 2);
+        for (int i = 0; i < n; i++) {
+            ch_tensor *v;
+            BENCH_CHECK(ch_tensor_view(&v, bufs[i], count - 1, 1));
+            BENCH_CHECK(ch_tensor_download(v, &ends[1], sizeof(float)));
+            ch_tensor_free(v);
+            BENCH_CHECK(ch_tensor_view(&v, bufs[i], 0, 1));
+            BENCH_CHECK(ch_tensor_download(v, &ends[0], sizeof(float)));
+            ch_tensor_free(v);
+            if (ends[0] != want || ends[1] != want) {
+                fprintf(stderr, "bench-allreduce: %s holds %g ... %g, want %g\n",
+                        ch_device_id(devs[i]), ends[0], ends[1], want);
+                return 1;
+            }
+        }
+        /* Zeros from here: repeated sums of them stay finite. */
+        for (int i = 0; i < n; i++)
+            BENCH_CHECK(ch_fill(bufs[i], 0.0));
+        for (int i = 0; i < n; i++)
+            BENCH_CHECK(ch_device_sync(devs[i]));
+        double t0 = bench_now();
+        BENCH_CHECK(ch_reducer_allreduce(r, bufs, 0, count));
+        int reps = reps_for(bench_now() - t0, 1.0, 5, 500);
+        double *t = malloc(sizeof *t * (size_t)reps);
+        if (!t)
+            return 1;
+        for (int k = 0; k < reps; k++) {
+            t0 = bench_now();
+            BENCH_CHECK(ch_reducer_allreduce(r, bufs, 0, count));
+            t[k] = bench_now() - t0;
+        }
+        double best = t[0];
+        for (int k = 1; k < reps; k++)
+            best = t[k] < best ? t[k] : best;
+        double median = bench_median(t, reps);
+        free(t);
+        double bw = memcpy_bw(bytes);
+        double bound = 2.0 * n * (double)bytes / bw;
+        char size[32];
+        if (bytes >= (1u << 20))
+            snprintf(size, sizeof size, "%zu MiB", bytes >> 20);
+        else
+            snprintf(size, sizeof size, "%zu KiB", bytes >> 10);
+        printf("%10s %6d %10.3f %10.3f %10.2f %10.2f %10.3f %7.2f\n", size, reps, median * 1e3,
+               best * 1e3, (double)bytes / median / 1e9, bw / 1e9, bound * 1e3, bound / median);
+        fflush(stdout);
+        if (bytes == (size_t)64 << 20) {
+            summary[0] = median;
+            summary[1] = (double)bytes / median;
+            summary[2] = bw;
+            summary[3] = bound / median;
+        }
+        for (int i = 0; i < n; i++)
+            ch_tensor_free(bufs[i]);
+    }
+    if (summary[0] > 0)
+        printf("64 MiB over %d replicas (%s), %s mode: %.2f ms, %.2f GB/s, memcpy %.2f GB/s, "
+               "ratio %.2f (target 0.5)\n",
+               n, ids, ch_reduce_mode_name(mode), summary[0] * 1e3, summary[1] / 1e9,
+               summary[2] / 1e9, summary[3]);
+    ch_reducer_free(r);
+    for (int i = 0; i < n; i++)
+        ch_stream_free(streams[i]);
+    ch_shutdown();
+    return 0;
+}

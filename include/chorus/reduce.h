@@ -1,0 +1,73 @@
+/* Chorus: all-reduce (sum) of float buffers over several devices, the
+ * collective that data parallelism reduces gradients with. */
+#ifndef CHORUS_REDUCE_H
+#define CHORUS_REDUCE_H
+
+#include <chorus/stream.h>
+#include <chorus/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ch_reduce_mode {
+    /* Every buffer goes to pinned host memory, the sum is taken on the
+     * host in a fixed order (buffer 0 + buffer 1 + ...) in parallel over
+     * chunks, and goes back: the same bits on every run, any devices. */
+    CH_REDUCE_HOST = 0,
+    /* Device to device, inside one backend: NCCL (or peer copies) across
+     * CUDA devices, in-context copies and kernels across the devices of one
+     * OpenCL platform, plain memory for host replicas. Every device must be
+     * in one such group, or ch_reducer_new fails. */
+    CH_REDUCE_PEER = 1,
+    /* Peer inside each group of devices that can reduce together, then
+     * host-staged across the groups. */
+    CH_REDUCE_AUTO = 2
+} ch_reduce_mode;
+
+/* "host", "peer", "auto"; "?" for anything else. */
+CH_API const char *ch_reduce_mode_name(ch_reduce_mode mode);
+/* The reverse; CH_ERR_INVALID_ARGUMENT naming the accepted words. */
+CH_API ch_status ch_reduce_mode_parse(const char *name, ch_reduce_mode *mode);
+
+typedef struct ch_reducer ch_reducer;
+
+/* A reducer over n streams (n >= 1), one per participant; each stream's
+ * device is where that participant's buffer lives, and a device may appear
+ * more than once (best with distinct streams, so that their work can
+ * overlap). Buffers of up to `capacity` floats (>= 0) can be reduced;
+ * pinned host staging for that size is allocated here, once, for the
+ * participants whose memory is not host memory already. Fails with
+ * CH_ERR_UNSUPPORTED, naming two devices that cannot reduce together, when
+ * `mode` is peer and they are of different backends (or of different
+ * OpenCL platforms). The streams must outlive the reducer. */
+CH_API ch_status ch_reducer_new(ch_reducer **out, ch_stream *const *streams, int n,
+                                int64_t capacity, ch_reduce_mode mode);
+/* NULL: no-op. */
+CH_API void ch_reducer_free(ch_reducer *r);
+
+/* In place: elements [offset, offset + count) of every bufs[i] (f32,
+ * contiguous, on the device of streams[i], at least offset + count
+ * elements, any shape: the elements are counted in row-major order)
+ * become the sum over i of those elements; count <= capacity, and count 0
+ * does nothing. The ranges of different participants must not overlap.
+ * The work is queued on the reducer's streams after whatever they already
+ * hold, and the call returns when the sum is in every buffer. Only one
+ * thread may use a reducer at a time; the calling thread's current streams
+ * are left as they were. */
+CH_API ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t offset,
+                                      int64_t count);
+
+/* How the participants were grouped: the number of peer groups (1 for
+ * peer; n for host), and the group of participant `index` (-1 if out of
+ * range). Groups are numbered in order of their first participant. */
+CH_API int ch_reducer_group_count(const ch_reducer *r);
+CH_API int ch_reducer_group(const ch_reducer *r, int index);
+/* The mode the reducer was made with. */
+CH_API ch_reduce_mode ch_reducer_mode(const ch_reducer *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

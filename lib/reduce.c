@@ -1,0 +1,493 @@
+/* The reducer: an all-reduce (sum) of f32 buffers over a list of streams,
+ * host-staged, peer (the backends' allreduce_sum slot) or both.
+ *
+ * Participants are grouped once, in ch_reducer_new: two may share a peer
+ * group when their devices are of one backend that has an allreduce_sum
+ * slot and says (can_allreduce) it can take both devices in one call. A
+ * call then runs the backend's all-reduce inside every group of two or
+ * more, and, where there are several groups, sums the groups' first
+ * members on the host and gives the total back to every participant.
+ *
+ * The host-staged sum: participants whose memory is device memory are
+ * downloaded into pinned staging (all at once, each on its own stream);
+ * participants whose "device" memory is host memory are read in place.
+ * The sum is taken in participant order (s0 + s1 + s2 ...: the same bits
+ * every run) by chi_host_sum_spread, in parallel over chunks, into the
+ * first participant's memory (in place when it is host memory, else its
+ * staging); while each chunk is hot in cache the same kernel copies it to
+ * the other host-memory participants and to the staging that the device
+ * participants upload from (one staging per backend where it can: a
+ * buffer pinned by a backend serves all of that backend's devices). */
+#include "config.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+struct ch_reducer {
+    int n;
+    ch_reduce_mode mode;
+    int64_t capacity;
+    ch_stream **streams;       /* [n] */
+    int ngroups;
+    int *group;                /* [n] the group of each participant */
+    int *first;                /* [ngroups] each group's first participant */
+    int *gsize;                /* [ngroups] */
+    ch_host_buffer **staging;  /* [n] NULL where a participant needs none */
+    /* Scratch for one call, allocated once. */
+    ch_tensor **views;         /* [n] */
+    ch_stream **saved;         /* [n] the caller's current stream per participant */
+    void **handles;            /* [n] */
+    ch_bmem *mems;             /* [n] */
+    const float **src;         /* [n] */
+    float **copies;            /* [n] */
+    const ch_host_buffer **upload_from;  /* [n] */
+    const ch_host_buffer **holders;      /* [n + 1] staging that holds the total */
+};
+
+/* ---- modes --------------------------------------------------------------- */
+
+const char *ch_reduce_mode_name(ch_reduce_mode mode)
+{
+    switch (mode) {
+    case CH_REDUCE_HOST: return "host";
+    case CH_REDUCE_PEER: return "peer";
+    case CH_REDUCE_AUTO: return "auto";
+    }
+    return "?";
+}
+
+ch_status ch_reduce_mode_parse(const char *name, ch_reduce_mode *mode)
+{
+    if (!name || !mode)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reduce_mode_parse: %s is NULL",
+                         !name ? "name" : "mode");
+    static const ch_reduce_mode all[] = {CH_REDUCE_HOST, CH_REDUCE_PEER, CH_REDUCE_AUTO};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(name, ch_reduce_mode_name(all[i])) == 0) {
+            *mode = all[i];
+            return CH_OK;
+        }
+    return chi_error(CH_ERR_INVALID_ARGUMENT,
+                     "ch_reduce_mode_parse: \"%.64s\" is not a reduction mode (expected host, "
+                     "peer or auto)",
+                     name);
+}
+
+/* ---- grouping ------------------------------------------------------------ */
+
+static int host_memory(const ch_device *dev) { return dev->be->host_memory; }
+
+/* Whether participants on `a` and `b` can be in one peer group; when not,
+ * `why` says so in a few words. */
+static int can_join(const ch_device *a, const ch_device *b, char *why, size_t size)
+{
+    const ch_backend_i *be = a->be->iface;
+    if (a->be != b->be) {
+        snprintf(why, size, "different backends");
+        return 0;
+    }
+    if (!be->allreduce_sum) {
+        snprintf(why, size, "the %s backend has no peer all-reduce", a->be->name);
+        return 0;
+    }
+    if (a == b)
+        return 1;
+    if (!be->can_allreduce || !be->can_allreduce(a->dev, b->dev)) {
+        snprintf(why, size, "the %s backend cannot reduce across them", a->be->name);
+        return 0;
+    }
+    return 1;
+}
+
+static ch_status make_groups(ch_reducer *r)
+{
+    char why[128];
+    r->ngroups = 0;
+    for (int i = 0; i < r->n; i++) {
+        ch_device *dev = r->streams[i]->dev;
+        int g = -1;
+        if (r->mode != CH_REDUCE_HOST)
+            for (int k = 0; k < r->ngroups && g < 0; k++)
+                if (can_join(r->streams[r->first[k]]->dev, dev, why, sizeof why))
+                    g = k;
+        if (g < 0 && r->mode == CH_REDUCE_PEER && i > 0) {
+            ch_device *root = r->streams[0]->dev;
+            (void)can_join(root, dev, why, sizeof why);
+            return chi_error(CH_ERR_UNSUPPORTED,
+                             "ch_reducer_new: peer reduction cannot join %s and %s (%s); use "
+                             "auto or host",
+                             root->id, dev->id, why);
+        }
+        if (g < 0) {
+            g = r->ngroups++;
+            r->first[g] = i;
+            r->gsize[g] = 0;
+        }
+        r->group[i] = g;
+        r->gsize[g]++;
+    }
+    return CH_OK;
+}
+
+/* Which participants get pinned staging: the members of the host-staged
+ * sum (every participant in host mode, the first of each group in auto
+ * with two groups or more) whose memory is device memory. */
+static int needs_staging(const ch_reducer *r, int i)
+{
+    if (r->capacity == 0 || r->ngroups < 2 || host_memory(r->streams[i]->dev))
+        return 0;
+    return r->first[r->group[i]] == i;
+}
+
+/* ---- lifetime ------------------------------------------------------------ */
+
+void ch_reducer_free(ch_reducer *r)
+{
+    if (!r)
+        return;
+    if (r->staging)
+        for (int i = 0; i < r->n; i++)
+            ch_host_buffer_free(r->staging[i]);
+    free(r->streams);
+    free(r->group);
+    free(r->first);
+    free(r->gsize);
+    free(r->staging);
+    free(r->views);
+    free(r->saved);
+    free(r->handles);
+    free(r->mems);
+    free(r->src);
+    free(r->copies);
+    free(r->upload_from);
+    free(r->holders);
+    free(r);
+}
+
+ch_status ch_reducer_new(ch_reducer **out, ch_stream *const *streams, int n, int64_t capacity,
+                         ch_reduce_mode mode)
+{
+    if (!out)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_new: out is NULL");
+    *out = NULL;
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "ch_reducer_new: call ch_init first");
+    if (!streams)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_new: streams is NULL");
+    if (n < 1)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_new: n is %d, expected at least 1",
+                         n);
+    for (int i = 0; i < n; i++)
+        if (!streams[i])
+            return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_new: streams[%d] is NULL", i);
+    if (capacity < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_reducer_new: capacity is %lld, expected at least 0",
+                         (long long)capacity);
+    if ((uint64_t)capacity > SIZE_MAX / 2 / sizeof(float))
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_reducer_new: capacity %lld floats overflows the address space",
+                         (long long)capacity);
+    if (mode != CH_REDUCE_HOST && mode != CH_REDUCE_PEER && mode != CH_REDUCE_AUTO)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_reducer_new: mode %d is not a ch_reduce_mode (CH_REDUCE_HOST, "
+                         "CH_REDUCE_PEER or CH_REDUCE_AUTO)",
+                         (int)mode);
+
+    ch_reducer *r = calloc(1, sizeof *r);
+    if (!r)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_new: out of host memory");
+    r->n = n;
+    r->mode = mode;
+    r->capacity = capacity;
+    size_t un = (size_t)n;
+    r->streams = calloc(un, sizeof *r->streams);
+    r->group = calloc(un, sizeof *r->group);
+    r->first = calloc(un, sizeof *r->first);
+    r->gsize = calloc(un, sizeof *r->gsize);
+    r->staging = calloc(un, sizeof *r->staging);
+    r->views = calloc(un, sizeof *r->views);
+    r->saved = calloc(un, sizeof *r->saved);
+    r->handles = calloc(un, sizeof *r->handles);
+    r->mems = calloc(un, sizeof *r->mems);
+    r->src = calloc(un, sizeof *r->src);
+    r->copies = calloc(un, sizeof *r->copies);
+    r->upload_from = calloc(un, sizeof *r->upload_from);
+    r->holders = calloc(un + 1, sizeof *r->holders);
+    if (!r->streams || !r->group || !r->first || !r->gsize || !r->staging || !r->views ||
+        !r->saved || !r->handles || !r->mems || !r->src || !r->copies || !r->upload_from ||
+        !r->holders) {
+        ch_reducer_free(r);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_new: out of host memory");
+    }
+    memcpy(r->streams, streams, un * sizeof *streams);
+    ch_status st = make_groups(r);
+    for (int i = 0; st == CH_OK && i < n; i++)
+        if (needs_staging(r, i))
+            st = ch_host_buffer_new(&r->staging[i], r->streams[i]->dev,
+                                    (size_t)capacity * sizeof(float));
+    if (st != CH_OK) {
+        ch_reducer_free(r);
+        return st;
+    }
+    *out = r;
+    return CH_OK;
+}
+
+int ch_reducer_group_count(const ch_reducer *r) { return r ? r->ngroups : 0; }
+
+int ch_reducer_group(const ch_reducer *r, int index)
+{
+    return r && index >= 0 && index < r->n ? r->group[index] : -1;
+}
+
+ch_reduce_mode ch_reducer_mode(const ch_reducer *r) { return r ? r->mode : CH_REDUCE_HOST; }
+
+/* ---- one call ------------------------------------------------------------ */
+
+static ch_status check_call(const ch_reducer *r, ch_tensor *const *bufs, int64_t offset,
+                            int64_t count)
+{
+    if (!r || !bufs)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_allreduce: %s is NULL",
+                         !r ? "r" : "bufs");
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "ch_reducer_allreduce: call ch_init first");
+    if (offset < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_reducer_allreduce: offset is %lld, expected at least 0",
+                         (long long)offset);
+    if (count < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_reducer_allreduce: count is %lld, expected at least 0",
+                         (long long)count);
+    if (count > r->capacity)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_reducer_allreduce: count is %lld, more than the reducer's "
+                         "capacity of %lld floats",
+                         (long long)count, (long long)r->capacity);
+    for (int i = 0; i < r->n; i++) {
+        const ch_tensor *t = bufs[i];
+        const ch_device *dev = r->streams[i]->dev;
+        if (!t)
+            return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_allreduce: bufs[%d] is NULL",
+                             i);
+        if (t->dtype != CH_F32)
+            return chi_error(CH_ERR_DTYPE, "ch_reducer_allreduce: bufs[%d] is %s, expected f32",
+                             i, ch_dtype_name(t->dtype));
+        if (t->dev != dev)
+            return chi_error(CH_ERR_DEVICE_MISMATCH,
+                             "ch_reducer_allreduce: bufs[%d] is on %s but streams[%d] is on %s",
+                             i, t->dev->id, i, dev->id);
+        if (offset > t->numel || count > t->numel - offset)
+            return chi_error(CH_ERR_SHAPE,
+                             "ch_reducer_allreduce: bufs[%d] holds %lld elements, too few for "
+                             "offset %lld + count %lld",
+                             i, (long long)t->numel, (long long)offset, (long long)count);
+    }
+    return CH_OK;
+}
+
+/* A 1-D view of elements [offset, offset + count) of t. */
+static ch_status range_view(ch_tensor **out, ch_tensor *t, int64_t offset, int64_t count)
+{
+    if (t->ndim == 1)
+        return ch_tensor_view(out, t, offset, count);
+    ch_tensor *flat;
+    ch_status st = ch_tensor_reshape(&flat, t, 1, &t->numel);
+    if (st != CH_OK)
+        return st;
+    st = ch_tensor_view(out, flat, offset, count);
+    ch_tensor_free(flat);
+    return st;
+}
+
+static float *host_addr(const ch_tensor *v) { return (float *)((char *)v->buf->ptr + v->off); }
+
+/* Peer all-reduce inside every group of two or more. */
+static ch_status reduce_groups(ch_reducer *r, int64_t count)
+{
+    for (int g = 0; g < r->ngroups; g++) {
+        if (r->gsize[g] < 2)
+            continue;
+        int k = 0;
+        for (int i = r->first[g]; i < r->n; i++)
+            if (r->group[i] == g) {
+                r->handles[k] = r->streams[i]->handle;
+                r->mems[k] = chi_mem(r->views[i]);
+                k++;
+            }
+        const ch_backend_i *be = r->streams[r->first[g]]->dev->be->iface;
+        ch_status st = be->allreduce_sum(k, r->handles, r->mems, count);
+        if (st != CH_OK)
+            return st;
+    }
+    return CH_OK;
+}
+
+/* The staging buffer that holds the total and is pinned by `dev`'s
+ * backend, or NULL. */
+static const ch_host_buffer *holder_for(const ch_reducer *r, int nholders, const ch_device *dev)
+{
+    for (int h = 0; h < nholders; h++)
+        if (r->holders[h]->pinned && r->holders[h]->dev->be == dev->be)
+            return r->holders[h];
+    return NULL;
+}
+
+/* Host-staged sum over the first participant of every group, in group
+ * order; the total goes to every participant. */
+static ch_status stage_across_groups(ch_reducer *r, int64_t count)
+{
+    ch_status st = CH_OK;
+    /* Downloads, queued on every device at once. */
+    for (int g = 0; g < r->ngroups && st == CH_OK; g++) {
+        int i = r->first[g];
+        if (!host_memory(r->streams[i]->dev)) {
+            st = ch_stream_set_current(r->streams[i]);
+            if (st == CH_OK)
+                st = ch_tensor_download_async(r->views[i], r->staging[i], 0);
+        }
+    }
+    for (int g = 0; g < r->ngroups && st == CH_OK; g++) {
+        int i = r->first[g];
+        if (!host_memory(r->streams[i]->dev))
+            st = ch_stream_sync(r->streams[i]);
+    }
+    if (st != CH_OK)
+        return st;
+
+    for (int g = 0; g < r->ngroups; g++) {
+        int i = r->first[g];
+        r->src[g] = host_memory(r->streams[i]->dev) ? host_addr(r->views[i])
+                                                    : ch_host_buffer_data(r->staging[i]);
+    }
+    /* The total goes where the first source is: the sum is taken in place. */
+    int i0 = r->first[0];
+    float *total = (float *)r->src[0];
+    int nholders = 0, ncopies = 0;
+    if (!host_memory(r->streams[i0]->dev))
+        r->holders[nholders++] = r->staging[i0];
+    for (int i = 0; i < r->n; i++) {
+        ch_device *dev = r->streams[i]->dev;
+        r->upload_from[i] = NULL;
+        if (host_memory(dev)) {
+            float *p = host_addr(r->views[i]);
+            if (p != total)
+                r->copies[ncopies++] = p;
+            continue;
+        }
+        const ch_host_buffer *h = holder_for(r, nholders, dev);
+        if (!h && r->staging[i]) {
+            /* Its own staging gets a copy of the total (unless it holds
+             * the total already), and serves its backend from now on. */
+            h = r->staging[i];
+            if ((float *)ch_host_buffer_data(h) != total)
+                r->copies[ncopies++] = ch_host_buffer_data(h);
+            r->holders[nholders++] = h;
+        }
+        r->upload_from[i] = h;
+    }
+    chi_host_sum_spread(count, total, r->ngroups, r->src, ncopies, r->copies);
+
+    /* Uploads, queued on every device at once. */
+    for (int i = 0; i < r->n && st == CH_OK; i++) {
+        ch_device *dev = r->streams[i]->dev;
+        if (host_memory(dev))
+            continue;
+        st = ch_stream_set_current(r->streams[i]);
+        if (st != CH_OK)
+            break;
+        if (r->upload_from[i]) {
+            st = ch_tensor_upload_async(r->views[i], r->upload_from[i], 0);
+        } else {
+            /* No pinned copy of the total for this backend (not reached
+             * with the staging made by ch_reducer_new): a plain upload. */
+            st = ch_tensor_upload(r->views[i], total, (size_t)count * sizeof(float));
+        }
+    }
+    return st;
+}
+
+static ch_status sync_all(ch_reducer *r)
+{
+    ch_status st = CH_OK;
+    for (int i = 0; i < r->n; i++) {
+        ch_status s = ch_stream_sync(r->streams[i]);
+        if (st == CH_OK)
+            st = s;
+    }
+    return st;
+}
+
+static ch_status save_current(ch_reducer *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        ch_status st = ch_stream_get_current(&r->saved[i], r->streams[i]->dev);
+        if (st != CH_OK)
+            return st;
+    }
+    return CH_OK;
+}
+
+/* Back to what the caller had, in reverse order so that a device listed
+ * twice ends with its first saved stream (both are the same). */
+static ch_status restore_current(ch_reducer *r)
+{
+    ch_status st = CH_OK;
+    for (int i = r->n - 1; i >= 0; i--) {
+        ch_stream *s = r->saved[i];
+        if (!s)
+            continue;
+        ch_status e = s == s->dev->default_stream ? ch_stream_reset_current(s->dev)
+                                                  : ch_stream_set_current(s);
+        if (st == CH_OK)
+            st = e;
+    }
+    return st;
+}
+
+ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t offset,
+                               int64_t count)
+{
+    ch_status st = check_call(r, bufs, offset, count);
+    if (st != CH_OK || r->n == 1 || count == 0)
+        return st;
+
+    memset(r->saved, 0, (size_t)r->n * sizeof *r->saved);
+    memset(r->views, 0, (size_t)r->n * sizeof *r->views);
+    st = save_current(r);
+    for (int i = 0; i < r->n && st == CH_OK; i++)
+        st = range_view(&r->views[i], bufs[i], offset, count);
+    int queued = 0;
+    if (st == CH_OK) {
+        queued = 1;
+        st = reduce_groups(r, count);
+    }
+    if (st == CH_OK && r->ngroups >= 2)
+        st = stage_across_groups(r, count);
+    /* Also after a failure: nothing queued may still touch the staging or
+     * the views once this returns. The first failure's message is kept. */
+    char why[512] = "";
+    if (st != CH_OK)
+        snprintf(why, sizeof why, "%s", ch_last_error());
+    if (queued) {
+        ch_status s = sync_all(r);
+        if (st == CH_OK)
+            st = s;
+    }
+    ch_status s = restore_current(r);
+    if (st == CH_OK)
+        st = s;
+    for (int i = 0; i < r->n; i++) {
+        ch_tensor_free(r->views[i]);
+        r->views[i] = NULL;
+    }
+    if (why[0])
+        chi_error(st, "%s", why);
+    return st;
+}

@@ -1,0 +1,564 @@
+/* The reducer (chorus/reduce.h): every mode over participant lists made of
+ * the devices that exist, against a double-precision host reference;
+ * sub-ranges; the same bits on every host-staged run; grouping; peer
+ * refusals; every argument error; the caller's current streams. Run with
+ * POCL_DEVICES="pthread pthread" (the harness sets it) for two OpenCL
+ * devices in one platform. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tap.h"
+
+#define MAXP 10
+#define CAPACITY 65537
+
+static const ch_reduce_mode modes[] = {CH_REDUCE_HOST, CH_REDUCE_PEER, CH_REDUCE_AUTO};
+
+typedef struct rcase {
+    const char *names[MAXP];
+    int n;
+} rcase;
+
+static const rcase cases[] = {
+    {{"host", "host", "host"}, 3},
+    {{"opencl:0", "opencl:1"}, 2},
+    {{"host", "opencl:0", "opencl:1"}, 3},
+    {{"opencl:0", "opencl:0"}, 2},
+    {{"host", "opencl:0", "host", "opencl:1"}, 4},
+    {{"cuda:0", "cuda:1"}, 2},
+    {{"cuda:0", "cuda:0"}, 2},
+    {{"host", "cuda:0", "opencl:0"}, 3},
+};
+
+/* One participant list, resolved: devices, a stream each, and the names
+ * joined for messages. */
+typedef struct plist {
+    int n;
+    ch_device *dev[MAXP];
+    ch_stream *stream[MAXP];
+    char label[96];
+} plist;
+
+static void plist_free(plist *p)
+{
+    for (int i = 0; i < p->n; i++)
+        ch_stream_free(p->stream[i]);
+    memset(p, 0, sizeof *p);
+}
+
+/* 1 with everything made; 0 after a failure, or with *missing set to the
+ * name of a device that is not here (nothing printed: the caller skips). */
+static int plist_make(plist *p, const rcase *c, const char **missing)
+{
+    *missing = NULL;
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < c->n; i++) {
+        size_t len = strlen(p->label);
+        snprintf(p->label + len, sizeof p->label - len, "%s%s", i ? "," : "", c->names[i]);
+    }
+    for (int i = 0; i < c->n; i++)
+        if (ch_device_by_name(&p->dev[i], c->names[i]) != CH_OK) {
+            *missing = c->names[i];
+            return 0;
+        }
+    for (int i = 0; i < c->n; i++) {
+        ch_status st = ch_stream_new(&p->stream[i], p->dev[i]);
+        if (st != CH_OK) {
+            tap_status_ok(st, "{%s}: ch_stream_new on %s", p->label, c->names[i]);
+            plist_free(p);
+            return 0;
+        }
+        p->n = i + 1;
+    }
+    return 1;
+}
+
+static int same_backend(const plist *p)
+{
+    ch_device_info a, b;
+    if (ch_device_get_info(p->dev[0], &a) != CH_OK)
+        return 0;
+    for (int i = 1; i < p->n; i++)
+        if (ch_device_get_info(p->dev[i], &b) != CH_OK || strcmp(a.backend, b.backend) != 0)
+            return 0;
+    return 1;
+}
+
+/* ---- one reduction, checked -------------------------------------------- */
+
+/* Buffers of `total` elements (2-D [total / 100, 100] when `two_d`), random
+ * inputs; reduce [offset, offset + count); check the sum against a double
+ * reference, the same bits in every buffer, the rest untouched. With
+ * `exact`, the result must also be the float sum in participant order, and
+ * `bits` (NULL or count floats) receives participant 0's result. */
+static void run_one(ch_reducer *r, const plist *p, const char *what, int64_t total,
+                    int two_d, int64_t offset, int64_t count, uint64_t seed, int exact,
+                    float *bits)
+{
+    int n = p->n;
+    ch_tensor *t[MAXP] = {0};
+    float *in[MAXP] = {0}, *out = malloc(sizeof(float) * (size_t)total);
+    int64_t shape[2] = {two_d ? total / 100 : total, 100};
+    ch_status st = CH_OK;
+    for (int i = 0; i < n && st == CH_OK; i++) {
+        in[i] = malloc(sizeof(float) * (size_t)total);
+        if (!in[i] || !out) {
+            st = CH_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        tap_rng rng = {seed * 31 + (uint64_t)i};
+        for (int64_t k = 0; k < total; k++)
+            in[i][k] = tap_rng_uniform(&rng, -1.0f, 1.0f);
+        st = ch_tensor_new(&t[i], p->dev[i], CH_F32, two_d ? 2 : 1, shape);
+        if (st == CH_OK)
+            st = ch_tensor_upload(t[i], in[i], sizeof(float) * (size_t)total);
+    }
+    if (st == CH_OK)
+        st = ch_reducer_allreduce(r, t, offset, count);
+    if (!tap_status_ok(st, "%s: allreduce", what))
+        goto done;
+
+    double worst = 0;
+    int64_t worst_at = -1, inexact = 0, differ = 0, touched = 0;
+    for (int i = 0; i < n && st == CH_OK; i++) {
+        st = ch_tensor_download(t[i], out, sizeof(float) * (size_t)total);
+        if (st != CH_OK)
+            break;
+        for (int64_t k = 0; k < total; k++) {
+            if (k < offset || k >= offset + count) {
+                touched += memcmp(&out[k], &in[i][k], sizeof(float)) != 0;
+                continue;
+            }
+            double ref = 0, mag = 0;
+            float lr = in[0][k];
+            for (int j = 0; j < n; j++) {
+                ref += in[j][k];
+                mag += fabs(in[j][k]);
+                if (j)
+                    lr += in[j][k];
+            }
+            double err = fabs(out[k] - ref) / (mag > 0 ? mag : 1);
+            if (err > worst || worst_at < 0) {
+                worst = err;
+                worst_at = k;
+            }
+            inexact += memcmp(&out[k], &lr, sizeof lr) != 0;
+            if (i == 0 && bits)
+                bits[k - offset] = out[k];
+            else if (bits)
+                differ += memcmp(&out[k], &bits[k - offset], sizeof(float)) != 0;
+        }
+    }
+    if (!tap_status_ok(st, "%s: download", what))
+        goto done;
+    tap_ok(worst < 1e-6, "%s: relative error %.3g (element %lld) < 1e-6", what, worst,
+           (long long)worst_at);
+    if (bits)
+        tap_ok(differ == 0, "%s: every buffer holds the same bits (%lld differ)", what,
+               (long long)differ);
+    if (exact)
+        tap_ok(inexact == 0,
+               "%s: the float sum in participant order, bit for bit (%lld of %lld differ)",
+               what, (long long)inexact, (long long)(count * n));
+    if (offset > 0 || count < total)
+        tap_ok(touched == 0, "%s: the %lld elements outside the range are untouched (%lld "
+               "changed)", what, (long long)(total - count) * n, (long long)touched);
+done:
+    for (int i = 0; i < n; i++) {
+        ch_tensor_free(t[i]);
+        free(in[i]);
+    }
+    free(out);
+}
+
+/* The caller's current streams: participant 0's device gets a stream of its
+ * own made current; after the call every device still has what it had. */
+static void check_current_restored(ch_reducer *r, const plist *p, const char *what)
+{
+    ch_stream *mine = NULL, *before[MAXP], *after[MAXP];
+    ch_tensor *t[MAXP] = {0};
+    int64_t len = 100;
+    ch_status st = ch_stream_new(&mine, p->dev[0]);
+    if (st == CH_OK)
+        st = ch_stream_set_current(mine);
+    for (int i = 0; i < p->n && st == CH_OK; i++) {
+        st = ch_tensor_new(&t[i], p->dev[i], CH_F32, 1, &len);
+        if (st == CH_OK)
+            st = ch_fill(t[i], 1.0);
+    }
+    /* The fills ran on the caller's streams, the reducer uses its own. */
+    for (int i = 0; i < p->n && st == CH_OK; i++)
+        st = ch_device_sync(p->dev[i]);
+    for (int i = 0; i < p->n && st == CH_OK; i++)
+        st = ch_stream_get_current(&before[i], p->dev[i]);
+    if (st == CH_OK)
+        st = ch_reducer_allreduce(r, t, 0, len);
+    for (int i = 0; i < p->n && st == CH_OK; i++)
+        st = ch_stream_get_current(&after[i], p->dev[i]);
+    if (tap_status_ok(st, "%s: allreduce with a stream of the caller's current", what)) {
+        int same = before[0] == mine;
+        for (int i = 0; i < p->n; i++)
+            same &= before[i] == after[i];
+        tap_ok(same, "%s: the calling thread's current streams are as they were", what);
+    }
+    for (int i = 0; i < p->n; i++)
+        ch_tensor_free(t[i]);
+    if (mine) {
+        ch_stream_reset_current(p->dev[0]);
+        ch_stream_free(mine);
+    }
+}
+
+static void run_mode(const plist *p, ch_reduce_mode mode)
+{
+    char what[160];
+    ch_reducer *r = NULL;
+    int peer_ok = same_backend(p);
+    ch_status st = ch_reducer_new(&r, p->stream, p->n, CAPACITY, mode);
+    snprintf(what, sizeof what, "{%s} %s", p->label, ch_reduce_mode_name(mode));
+    if (mode == CH_REDUCE_PEER && !peer_ok) {
+        /* Across backends peer must refuse, naming the first two devices
+         * that cannot reduce together. */
+        int k = 1;
+        ch_device_info a, b;
+        ch_device_get_info(p->dev[0], &a);
+        while (k < p->n && ch_device_get_info(p->dev[k], &b) == CH_OK &&
+               strcmp(a.backend, b.backend) == 0)
+            k++;
+        char needle[96];
+        snprintf(needle, sizeof needle, "cannot join %s and %s", ch_device_id(p->dev[0]),
+                 ch_device_id(p->dev[k]));
+        tap_status_is(st, CH_ERR_UNSUPPORTED, needle, "%s: refused", what);
+        tap_ok(r == NULL && strstr(ch_last_error(), "auto or host") != NULL,
+               "%s: no reducer, and the message suggests auto or host", what);
+        ch_reducer_free(r);
+        return;
+    }
+    if (!tap_status_ok(st, "%s: ch_reducer_new", what))
+        return;
+
+    /* Grouping. */
+    int groups = ch_reducer_group_count(r), expect_groups = -1;
+    if (mode == CH_REDUCE_HOST)
+        expect_groups = p->n;
+    else if (mode == CH_REDUCE_PEER)
+        expect_groups = 1;
+    int ordered = 1, last = -1;
+    for (int i = 0; i < p->n; i++) {
+        int g = ch_reducer_group(r, i);
+        if (g < 0 || g >= groups || g > last + 1)
+            ordered = 0;
+        if (g > last)
+            last = g;
+        if (mode == CH_REDUCE_AUTO)
+            for (int j = 0; j < i; j++) /* one group per backend here */
+                if ((ch_reducer_group(r, j) == g) !=
+                    (strcmp(ch_device_id(p->dev[j]), ch_device_id(p->dev[i])) == 0 ||
+                     (strncmp(ch_device_id(p->dev[j]), "opencl", 6) == 0 &&
+                      strncmp(ch_device_id(p->dev[i]), "opencl", 6) == 0) ||
+                     (strncmp(ch_device_id(p->dev[j]), "cuda", 4) == 0 &&
+                      strncmp(ch_device_id(p->dev[i]), "cuda", 4) == 0)))
+                    ordered = 0;
+    }
+    tap_ok((expect_groups < 0 || groups == expect_groups) && ordered &&
+               ch_reducer_mode(r) == mode,
+           "%s: %d group(s), numbered in order of their first participant, like devices "
+           "together in auto",
+           what, groups);
+
+    /* Sizes, a sub-range of a 2-D buffer, and the same bits twice. */
+    int exact = mode == CH_REDUCE_HOST;
+    static const int64_t sizes[] = {1, 1000, 65537};
+    float *bits = malloc(sizeof(float) * CAPACITY), *first = malloc(sizeof(float) * CAPACITY);
+    char w[256];
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        snprintf(w, sizeof w, "%s, %lld floats", what, (long long)sizes[s]);
+        run_one(r, p, w, sizes[s], 0, 0, sizes[s], 100 + s, exact, bits);
+    }
+    memcpy(first, bits, sizeof(float) * 65537); /* the 65537 floats of seed 102 */
+    snprintf(w, sizeof w, "%s, floats [17, 1017) of a [50, 100] buffer", what);
+    run_one(r, p, w, 5000, 1, 17, 1000, 7, exact, bits);
+    if (mode == CH_REDUCE_HOST) {
+        snprintf(w, sizeof w, "%s, 65537 floats again", what);
+        run_one(r, p, w, 65537, 0, 0, 65537, 102, exact, bits);
+        tap_ok(memcmp(bits, first, sizeof(float) * 65537) == 0,
+               "%s: two runs on the same inputs give the same bits", what);
+    }
+    free(bits);
+    free(first);
+
+    check_current_restored(r, p, what);
+
+    /* count 0: nothing happens, successfully. */
+    ch_tensor *t[MAXP] = {0};
+    int64_t one = 1;
+    st = CH_OK;
+    for (int i = 0; i < p->n && st == CH_OK; i++)
+        st = ch_tensor_new(&t[i], p->dev[i], CH_F32, 1, &one);
+    if (st == CH_OK)
+        st = ch_reducer_allreduce(r, t, 1, 0);
+    tap_status_ok(st, "%s: count 0 at the end of the buffers is a no-op", what);
+    for (int i = 0; i < p->n; i++)
+        ch_tensor_free(t[i]);
+    ch_reducer_free(r);
+}
+
+static void run_case(const rcase *c)
+{
+    plist p;
+    const char *missing;
+    if (!plist_make(&p, c, &missing)) {
+        for (size_t m = 0; missing && m < sizeof modes / sizeof modes[0]; m++)
+            tap_skip("{%s} %s: no device %s here", p.label, ch_reduce_mode_name(modes[m]),
+                     missing);
+        return;
+    }
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++)
+        run_mode(&p, modes[m]);
+    plist_free(&p);
+}
+
+/* ---- grouping in auto -------------------------------------------------- */
+
+static void test_auto_groups(void)
+{
+    plist p;
+    const char *missing;
+    const rcase c = {{"host", "opencl:0", "opencl:1"}, 3};
+    if (!plist_make(&p, &c, &missing)) {
+        if (missing)
+            tap_skip("auto over {host,opencl:0,opencl:1}: no device %s here", missing);
+        return;
+    }
+    ch_reducer *r = NULL;
+    ch_status st = ch_reducer_new(&r, p.stream, p.n, 16, CH_REDUCE_AUTO);
+    if (tap_status_ok(st, "auto over {host,opencl:0,opencl:1}"))
+        tap_ok(ch_reducer_group_count(r) == 2 && ch_reducer_group(r, 0) == 0 &&
+                   ch_reducer_group(r, 1) == 1 && ch_reducer_group(r, 2) == 1 &&
+                   ch_reducer_group(r, 3) == -1 && ch_reducer_group(r, -1) == -1,
+               "auto groups {host} and {opencl:0, opencl:1}: %d groups (%d %d %d)",
+               ch_reducer_group_count(r), ch_reducer_group(r, 0), ch_reducer_group(r, 1),
+               ch_reducer_group(r, 2));
+    ch_reducer_free(r);
+    plist_free(&p);
+}
+
+/* ---- many host replicas, long buffers ------------------------------------ */
+
+/* Ten host participants (more than one pass of the summing kernel adds) and
+ * a length that several threads share and that ends inside a chunk and a
+ * vector: host and peer (the host backend's allreduce_sum) both give the
+ * float sum in participant order. */
+static void test_many_host(void)
+{
+    rcase c;
+    for (int i = 0; i < MAXP; i++)
+        c.names[i] = "host";
+    c.n = MAXP;
+    plist p;
+    const char *missing;
+    if (!plist_make(&p, &c, &missing))
+        return;
+    static const ch_reduce_mode two[] = {CH_REDUCE_HOST, CH_REDUCE_PEER};
+    int64_t total = 300007;
+    for (size_t m = 0; m < 2; m++) {
+        char what[64];
+        snprintf(what, sizeof what, "10 x host %s, %lld floats", ch_reduce_mode_name(two[m]),
+                 (long long)total);
+        ch_reducer *r = NULL;
+        float *bits = malloc(sizeof(float) * (size_t)total);
+        if (tap_status_ok(ch_reducer_new(&r, p.stream, p.n, total, two[m]), "%s: new", what))
+            run_one(r, &p, what, total, 0, 0, total, 5, 1, bits);
+        free(bits);
+        ch_reducer_free(r);
+    }
+    plist_free(&p);
+}
+
+/* ---- one participant --------------------------------------------------- */
+
+static void test_single(void)
+{
+    ch_device *host;
+    ch_stream *s;
+    ch_reducer *r = NULL;
+    ch_tensor *t = NULL;
+    int64_t n = 1000;
+    float in[1000], out[1000];
+    for (int i = 0; i < 1000; i++)
+        in[i] = (float)i * 0.5f;
+    ch_status st = ch_device_by_name(&host, "host");
+    if (st == CH_OK)
+        st = ch_device_default_stream(&s, host);
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0] && st == CH_OK; m++) {
+        st = ch_reducer_new(&r, &s, 1, n, modes[m]);
+        if (st == CH_OK)
+            st = ch_tensor_new(&t, host, CH_F32, 1, &n);
+        if (st == CH_OK)
+            st = ch_tensor_upload(t, in, sizeof in);
+        if (st == CH_OK)
+            st = ch_reducer_allreduce(r, &t, 0, n);
+        if (st == CH_OK)
+            st = ch_tensor_download(t, out, sizeof out);
+        if (tap_status_ok(st, "one participant, %s: allreduce", ch_reduce_mode_name(modes[m])))
+            tap_ok(memcmp(in, out, sizeof in) == 0 && ch_reducer_group_count(r) == 1 &&
+                       ch_reducer_group(r, 0) == 0,
+                   "one participant, %s: a no-op, one group", ch_reduce_mode_name(modes[m]));
+        ch_tensor_free(t);
+        t = NULL;
+        ch_reducer_free(r);
+        r = NULL;
+    }
+}
+
+/* ---- argument errors --------------------------------------------------- */
+
+static void test_errors(void)
+{
+    ch_reduce_mode mode = CH_REDUCE_AUTO;
+    tap_ok(strcmp(ch_reduce_mode_name(CH_REDUCE_HOST), "host") == 0 &&
+               strcmp(ch_reduce_mode_name(CH_REDUCE_PEER), "peer") == 0 &&
+               strcmp(ch_reduce_mode_name(CH_REDUCE_AUTO), "auto") == 0 &&
+               strcmp(ch_reduce_mode_name((ch_reduce_mode)9), "?") == 0,
+           "ch_reduce_mode_name: host, peer, auto, ? for anything else");
+    int parsed = 1;
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++)
+        parsed &= ch_reduce_mode_parse(ch_reduce_mode_name(modes[m]), &mode) == CH_OK &&
+                  mode == modes[m];
+    tap_ok(parsed, "ch_reduce_mode_parse: the names back to the modes");
+    tap_status_is(ch_reduce_mode_parse("nccl", &mode), CH_ERR_INVALID_ARGUMENT,
+                  "host, peer or auto", "ch_reduce_mode_parse(\"nccl\") names the words");
+    tap_status_is(ch_reduce_mode_parse(NULL, &mode), CH_ERR_INVALID_ARGUMENT, "name is NULL",
+                  "ch_reduce_mode_parse: NULL name");
+    tap_status_is(ch_reduce_mode_parse("host", NULL), CH_ERR_INVALID_ARGUMENT, "mode is NULL",
+                  "ch_reduce_mode_parse: NULL mode");
+
+    ch_device *host;
+    ch_stream *s[3] = {NULL, NULL, NULL};
+    ch_reducer *r = (ch_reducer *)&mode;
+    ch_status st = ch_device_by_name(&host, "host");
+    for (int i = 0; i < 3 && st == CH_OK; i++)
+        st = ch_stream_new(&s[i], host);
+    if (!tap_status_ok(st, "three host streams"))
+        return;
+    ch_stream *with_null[2] = {s[0], NULL};
+    tap_status_is(ch_reducer_new(NULL, s, 2, 8, CH_REDUCE_HOST), CH_ERR_INVALID_ARGUMENT,
+                  "ch_reducer_new: out is NULL", "ch_reducer_new: NULL out");
+    tap_status_is(ch_reducer_new(&r, NULL, 2, 8, CH_REDUCE_HOST), CH_ERR_INVALID_ARGUMENT,
+                  "ch_reducer_new: streams is NULL", "ch_reducer_new: NULL streams");
+    tap_ok(r == NULL, "ch_reducer_new: *out is NULL after a failure");
+    tap_status_is(ch_reducer_new(&r, s, 0, 8, CH_REDUCE_HOST), CH_ERR_INVALID_ARGUMENT,
+                  "n is 0", "ch_reducer_new: n 0");
+    tap_status_is(ch_reducer_new(&r, with_null, 2, 8, CH_REDUCE_HOST), CH_ERR_INVALID_ARGUMENT,
+                  "streams[1] is NULL", "ch_reducer_new: NULL streams[1]");
+    tap_status_is(ch_reducer_new(&r, s, 2, -1, CH_REDUCE_HOST), CH_ERR_INVALID_ARGUMENT,
+                  "capacity is -1", "ch_reducer_new: capacity -1");
+    tap_status_is(ch_reducer_new(&r, s, 2, 8, (ch_reduce_mode)7), CH_ERR_INVALID_ARGUMENT,
+                  "mode 7", "ch_reducer_new: mode 7");
+
+    ch_reducer_free(NULL);
+    tap_ok(ch_reducer_group_count(NULL) == 0 && ch_reducer_group(NULL, 0) == -1,
+           "ch_reducer_free(NULL) is a no-op; NULL has no groups");
+
+    st = ch_reducer_new(&r, s, 2, 100, CH_REDUCE_HOST);
+    if (!tap_status_ok(st, "a host reducer over two streams, capacity 100"))
+        goto out;
+    ch_tensor *a = NULL, *b = NULL, *small = NULL, *ints = NULL, *far = NULL;
+    int64_t len = 100, short_len = 50;
+    st = ch_tensor_new(&a, host, CH_F32, 1, &len);
+    if (st == CH_OK)
+        st = ch_tensor_new(&b, host, CH_F32, 1, &len);
+    if (st == CH_OK)
+        st = ch_tensor_new(&small, host, CH_F32, 1, &short_len);
+    if (st == CH_OK)
+        st = ch_tensor_new(&ints, host, CH_I32, 1, &len);
+    if (tap_status_ok(st, "buffers for the argument checks")) {
+        ch_tensor *ok[2] = {a, b}, *null1[2] = {a, NULL}, *i32[2] = {a, ints},
+                  *short1[2] = {a, small};
+        tap_status_is(ch_reducer_allreduce(NULL, ok, 0, 10), CH_ERR_INVALID_ARGUMENT,
+                      "r is NULL", "ch_reducer_allreduce: NULL r");
+        tap_status_is(ch_reducer_allreduce(r, NULL, 0, 10), CH_ERR_INVALID_ARGUMENT,
+                      "bufs is NULL", "ch_reducer_allreduce: NULL bufs");
+        tap_status_is(ch_reducer_allreduce(r, null1, 0, 10), CH_ERR_INVALID_ARGUMENT,
+                      "bufs[1] is NULL", "ch_reducer_allreduce: NULL bufs[1]");
+        tap_status_is(ch_reducer_allreduce(r, i32, 0, 10), CH_ERR_DTYPE,
+                      "bufs[1] is i32, expected f32", "ch_reducer_allreduce: i32 bufs[1]");
+        tap_status_is(ch_reducer_allreduce(r, ok, -1, 10), CH_ERR_INVALID_ARGUMENT,
+                      "offset is -1", "ch_reducer_allreduce: offset -1");
+        tap_status_is(ch_reducer_allreduce(r, ok, 0, -1), CH_ERR_INVALID_ARGUMENT,
+                      "count is -1", "ch_reducer_allreduce: count -1");
+        tap_status_is(ch_reducer_allreduce(r, ok, 0, 101), CH_ERR_INVALID_ARGUMENT,
+                      "capacity of 100", "ch_reducer_allreduce: count beyond the capacity");
+        tap_status_is(ch_reducer_allreduce(r, short1, 40, 20), CH_ERR_SHAPE,
+                      "bufs[1] holds 50 elements", "ch_reducer_allreduce: bufs[1] too short");
+        tap_status_is(ch_reducer_allreduce(r, ok, 90, 20), CH_ERR_SHAPE,
+                      "bufs[0] holds 100 elements",
+                      "ch_reducer_allreduce: offset + count beyond the buffers");
+        tap_status_is(ch_reducer_allreduce(r, ok, INT64_MAX, 1), CH_ERR_SHAPE,
+                      "bufs[0] holds 100 elements",
+                      "ch_reducer_allreduce: an offset that would overflow");
+        ch_device *other = NULL;
+        if (ch_device_by_name(&other, "opencl:0") == CH_OK &&
+            ch_tensor_new(&far, other, CH_F32, 1, &len) == CH_OK) {
+            ch_tensor *mixed[2] = {a, far};
+            tap_status_is(ch_reducer_allreduce(r, mixed, 0, 10), CH_ERR_DEVICE_MISMATCH,
+                          "bufs[1] is on opencl:0 but streams[1] is on host",
+                          "ch_reducer_allreduce: bufs[1] on another device than streams[1]");
+        } else {
+            tap_skip("device mismatch: no opencl:0 to put a buffer on");
+        }
+    }
+    ch_tensor_free(a);
+    ch_tensor_free(b);
+    ch_tensor_free(small);
+    ch_tensor_free(ints);
+    ch_tensor_free(far);
+    ch_reducer_free(r);
+
+    /* capacity 0: only count 0 goes. */
+    st = ch_reducer_new(&r, s, 3, 0, CH_REDUCE_HOST);
+    if (tap_status_ok(st, "a host reducer of capacity 0")) {
+        ch_tensor *t[3] = {NULL, NULL, NULL};
+        for (int i = 0; i < 3 && st == CH_OK; i++)
+            st = ch_tensor_new(&t[i], host, CH_F32, 1, &len);
+        if (st == CH_OK)
+            st = ch_reducer_allreduce(r, t, 5, 0);
+        tap_status_ok(st, "capacity 0: count 0 is a no-op");
+        tap_status_is(ch_reducer_allreduce(r, t, 0, 1), CH_ERR_INVALID_ARGUMENT, "capacity",
+                      "capacity 0: count 1 is refused");
+        for (int i = 0; i < 3; i++)
+            ch_tensor_free(t[i]);
+        ch_reducer_free(r);
+    }
+out:
+    for (int i = 0; i < 3; i++)
+        ch_stream_free(s[i]);
+}
+
+int main(void)
+{
+    ch_status st = ch_init();
+    if (st != CH_OK) {
+        tap_status_ok(st, "ch_init");
+        return tap_done();
+    }
+    char devs[256] = "";
+    for (int i = 0; i < ch_device_count(); i++) {
+        ch_device *d;
+        if (ch_device_get(&d, i) == CH_OK) {
+            size_t len = strlen(devs);
+            snprintf(devs + len, sizeof devs - len, "%s%s", i ? " " : "", ch_device_id(d));
+        }
+    }
+    tap_diag("devices: %s", devs);
+    test_errors();
+    test_single();
+    test_auto_groups();
+    test_many_host();
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        run_case(&cases[c]);
+    ch_shutdown();
+    return tap_done();
+}
