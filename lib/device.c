@@ -426,6 +426,18 @@ int ch_device_can_peer(const ch_device *src, const ch_device *dst)
     return src->be->iface->can_peer ? src->be->iface->can_peer(src->dev, dst->dev) : 0;
 }
 
+ch_status ch_device_bind_thread(const ch_device *dev)
+{
+    CHECK_DEVICE("ch_device_bind_thread", dev);
+    if (!topology)
+        return chi_error(CH_ERR_UNAVAILABLE, "ch_device_bind_thread(%s): no hwloc topology "
+                         "(built without hwloc, or it failed to load)", dev->id);
+    if (dev->info.cpuset[0] == '\0')
+        return chi_error(CH_ERR_UNAVAILABLE, "ch_device_bind_thread(%s): the CPUs near the "
+                         "device are unknown", dev->id);
+    return chi_bind_thread(topology, dev->info.cpuset);
+}
+
 ch_status ch_device_sync(ch_device *dev)
 {
     CHECK_DEVICE("ch_device_sync", dev);

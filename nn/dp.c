@@ -1,16 +1,25 @@
 /* Data parallelism: replicas of one model, a persistent worker thread per
- * replica, the batch split by share, gradients weighted by share and reduced
- * through pinned host memory in a fixed order, one identical optimizer step
- * on every replica.
+ * replica, the batch split by share, gradients weighted by share and
+ * reduced in buckets while backward runs, one identical optimizer step on
+ * every replica.
  *
- * A step runs in three phases separated by barriers that every worker
- * reaches whatever happened before, so a failure on one replica cannot leave
- * the others waiting: compute (forward, backward, gradients to host), reduce
- * (each worker sums its chunk of the gradient over all replicas in replica
- * order, so the result has the same bits on every run), update (the sum back
- * to the device, the optimizer). */
+ * Every replica's gradients are views of one flat buffer per replica
+ * (nn_flatten_grads). The parameters are cut into buckets in reverse order;
+ * when backward has produced a bucket's gradients, the worker records an
+ * event on its stream and posts the bucket. A reducer thread takes the
+ * buckets in order, each once every replica has posted it, and all-reduces
+ * that range of the flat buffers on the replicas' communication streams
+ * (chorus/reduce.h: host-staged, peer or both), while the workers' backward
+ * goes on with the earlier layers.
+ *
+ * A training call runs in phases separated by a barrier that every worker
+ * reaches whatever happened before, so a failure on one replica cannot
+ * leave the others waiting: compute (forward, backward, posting buckets,
+ * then waiting until the reducer is done with the step or has given up
+ * because something failed), update (the optimizer, the checksum). */
 #include "config.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,22 +30,36 @@
 #include "nn.h"
 #include <chorus/dp.h>
 
+#define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
+
+typedef enum job { JOB_TRAIN, JOB_PREDICT, JOB_EVALUATE } job;
+
+typedef struct bucket {
+    int p_lo, p_hi;           /* parameters [p_lo, p_hi) */
+    int64_t off, count;       /* their range of the flat gradient */
+} bucket;
+
 typedef struct replica {
     ch_dp *dp;
     int index;
     ch_device *dev;
-    ch_stream *stream;
+    ch_stream *stream;        /* forward, backward, the optimizer */
+    ch_stream *comm;          /* the reducer's work on this replica */
     ch_module *model;
     ch_loss *loss;
     ch_optimizer *opt;
-    ch_tensor *x, *labels;
-    ch_host_buffer *grads;    /* this replica's gradients, flat */
+    ch_tensor *x, *labels, *pred;
+    ch_tensor *flat;          /* every gradient; the parameters' grads are views */
+    ch_event **ready;         /* per bucket: its gradients are complete */
+    int *missing;             /* per bucket: parameters still to come, -1 once posted */
+    int posting;              /* this backward posts buckets */
     pthread_t thread;
-    int started;
+    int started, bound;
     int start, count;         /* its slice of the batch */
     float loss_value;
-    double seconds;           /* its last step */
-    uint64_t checksum;        /* of its parameters, when checked */
+    int64_t correct;
+    double seconds, compute_seconds;
+    uint64_t checksum;
     ch_status st;
     char error[1024];
 } replica;
@@ -45,23 +68,53 @@ struct ch_dp {
     int n;
     replica *r;
     ch_dp_options o;
-    float *weights;
+    float *weights;           /* fixed shares, or the measured rates (auto) */
+    double *rate;             /* auto: samples per second of compute, smoothed */
     int64_t numel;            /* all parameters */
-    float *sum;               /* the reduced gradient */
+    bucket *buckets;
+    int nbuckets;
+    int *param_bucket;        /* parameter index -> bucket */
+    ch_reducer *reducer;      /* n > 1 */
+    pthread_t reducer_thread;
+    int reducer_started;
+
     pthread_mutex_t lock;
-    pthread_cond_t go, done;
+    pthread_cond_t go, done, posted;
     pthread_barrier_t barrier;
-    int64_t generation;       /* bumped for every step */
+    int64_t generation;       /* bumped for every call the workers run */
+    int64_t reduce_generation; /* bumped for every call the reducer runs */
     int finished;
     int quit;
     atomic_int failed;
+
+    /* the call in flight */
+    job job;
+    int sync;                 /* this call reduces and updates */
+    int *posted_count;        /* per bucket: replicas that posted it */
+    int reducer_done;
+    ch_status reduce_st;
+    char reduce_error[1024];
     const ch_batch *batch;
+    ch_tensor *out;           /* predict */
     float lr;
-    int64_t step;
-    int fail_replica;         /* test hook: this replica fails its next step */
+    float loss_scale;         /* 1 / accumulate */
+    float grad_rescale;       /* flush: accumulate / micro-batches there are */
+
+    int64_t step;             /* updates so far */
+    int64_t calls;            /* training calls measured (auto split) */
+    int micro;                /* micro-batches accumulated since the last update */
+    int64_t micro_samples;    /* their samples: the random stream's offset */
+    int fail_replica;         /* test hook: this replica fails its next call */
 };
 
-/* ---- Phases run by each worker --------------------------------------------------- */
+/* ---- Helpers ------------------------------------------------------------------- */
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static ch_status fail(replica *r, ch_status st)
 {
@@ -69,86 +122,221 @@ static ch_status fail(replica *r, ch_status st)
         r->st = st;
         snprintf(r->error, sizeof r->error, "replica %d on %s: %s", r->index,
                  ch_device_id(r->dev), ch_last_error());
-        atomic_store(&r->dp->failed, 1);
+        ch_dp *dp = r->dp;
+        pthread_mutex_lock(&dp->lock);
+        atomic_store(&dp->failed, 1);
+        pthread_cond_broadcast(&dp->posted);
+        pthread_mutex_unlock(&dp->lock);
     }
     return st;
 }
 
-static ch_status batch_tensors(replica *r)
+static ch_status batch_tensors(replica *r, int labels)
 {
     const ch_dp_options *o = &r->dp->o;
-    if (r->x && ch_tensor_dim(r->x, 0) == r->count)
-        return CH_OK;
-    ch_tensor_free(r->x);
-    ch_tensor_free(r->labels);
-    r->x = r->labels = NULL;
-    int64_t xs[CH_MAX_DIMS], ls[1] = {r->count};
-    xs[0] = r->count;
-    for (int i = 0; i < o->sample_ndim; i++)
-        xs[i + 1] = o->sample_shape[i];
-    TRY(ch_tensor_new(&r->x, r->dev, CH_F32, o->sample_ndim + 1, xs));
-    return ch_tensor_new(&r->labels, r->dev, CH_I32, 1, ls);
-}
-
-/* Gradients into the pinned buffer, parameter after parameter. */
-static ch_status grads_to_host(replica *r)
-{
-    size_t off = 0;
-    int np = ch_module_param_count(r->model);
-    for (int i = 0; i < np; i++) {
-        ch_tensor *g;
-        TRY(ch_module_param(r->model, i, NULL, NULL, &g));
-        TRY(ch_tensor_download_async(g, r->grads, off));
-        off += ch_tensor_nbytes(g);
+    if (!r->x || ch_tensor_dim(r->x, 0) != r->count) {
+        ch_tensor_free(r->x);
+        r->x = NULL;
+        int64_t xs[CH_MAX_DIMS];
+        xs[0] = r->count;
+        for (int i = 0; i < o->sample_ndim; i++)
+            xs[i + 1] = o->sample_shape[i];
+        TRY(ch_tensor_new(&r->x, r->dev, CH_F32, o->sample_ndim + 1, xs));
     }
-    return ch_stream_sync(r->stream);
+    if (labels && (!r->labels || ch_tensor_dim(r->labels, 0) != r->count)) {
+        ch_tensor_free(r->labels);
+        r->labels = NULL;
+        int64_t ls[1] = {r->count};
+        TRY(ch_tensor_new(&r->labels, r->dev, CH_I32, 1, ls));
+    }
+    return CH_OK;
 }
 
+static ch_status upload_slice(replica *r, int labels)
+{
+    const ch_batch *b = r->dp->batch;
+    size_t sample = ch_host_buffer_size(b->images) / (size_t)b->count;
+    TRY(batch_tensors(r, labels));
+    TRY(ch_tensor_upload_async(r->x, b->images, (size_t)r->start * sample));
+    if (labels)
+        TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)r->start * sizeof(int32_t)));
+    return CH_OK;
+}
+
+/* ---- Buckets --------------------------------------------------------------------- */
+
+/* Bucket b is complete on this replica: mark the point on its stream and
+ * hand it to the reducer. */
+static ch_status post(replica *r, int b)
+{
+    ch_dp *dp = r->dp;
+    r->missing[b] = -1;
+    TRY(ch_event_record(r->ready[b], r->stream));
+    pthread_mutex_lock(&dp->lock);
+    dp->posted_count[b]++;
+    pthread_cond_broadcast(&dp->posted);
+    pthread_mutex_unlock(&dp->lock);
+    return CH_OK;
+}
+
+/* The model's hook: gradients of parameters [first, first + count) are done. */
+static ch_status on_grads(void *user, int first, int count)
+{
+    replica *r = user;
+    if (!r->posting)
+        return CH_OK;
+    for (int p = first; p < first + count; p++) {
+        int b = r->dp->param_bucket[p];
+        if (r->missing[b] > 0 && --r->missing[b] == 0)
+            TRY(post(r, b));
+    }
+    return CH_OK;
+}
+
+static ch_status post_rest(replica *r)
+{
+    for (int b = 0; b < r->dp->nbuckets; b++)
+        if (r->missing[b] >= 0)
+            TRY(post(r, b));
+    return CH_OK;
+}
+
+/* Buckets of about bucket_bytes from the last parameter backwards: the
+ * order backward produces the gradients in. */
+static ch_status make_buckets(ch_dp *dp, const ch_module *model)
+{
+    int np = ch_module_param_count(model);
+    size_t limit = dp->o.bucket_bytes ? dp->o.bucket_bytes : DEFAULT_BUCKET_BYTES;
+    int64_t *offs = calloc((size_t)np + 1, sizeof *offs);
+    dp->param_bucket = calloc((size_t)(np ? np : 1), sizeof *dp->param_bucket);
+    dp->buckets = calloc((size_t)(np ? np : 1), sizeof *dp->buckets);
+    if (!offs || !dp->param_bucket || !dp->buckets) {
+        free(offs);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    }
+    for (int i = 0; i < np; i++) {
+        ch_tensor *v;
+        ch_status st = ch_module_param(model, i, NULL, &v, NULL);
+        if (st != CH_OK) {
+            free(offs);
+            return st;
+        }
+        offs[i + 1] = offs[i] + ch_tensor_numel(v);
+    }
+    int hi = np;
+    while (hi > 0) {
+        int lo = hi - 1;
+        while (lo > 0 && (size_t)(offs[hi] - offs[lo - 1]) * sizeof(float) <= limit)
+            lo--;
+        bucket *b = &dp->buckets[dp->nbuckets];
+        *b = (bucket){lo, hi, offs[lo], offs[hi] - offs[lo]};
+        for (int p = lo; p < hi; p++)
+            dp->param_bucket[p] = dp->nbuckets;
+        dp->nbuckets++;
+        hi = lo;
+    }
+    free(offs);
+    dp->posted_count = calloc((size_t)(dp->nbuckets ? dp->nbuckets : 1),
+                              sizeof *dp->posted_count);
+    return dp->posted_count ? CH_OK
+                            : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+}
+
+/* With dp->lock held: wait for the next call (*generation moving past
+ * *seen); 0 when the dp is shutting down instead. */
+static int next_call(ch_dp *dp, const int64_t *generation, int64_t *seen)
+{
+    while (!dp->quit && *generation == *seen)
+        pthread_cond_wait(&dp->go, &dp->lock);
+    if (dp->quit)
+        return 0;
+    *seen = *generation;
+    return 1;
+}
+
+/* ---- The reducer thread ------------------------------------------------------------ */
+
+static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **flats)
+{
+    for (int i = 0; i < dp->n; i++)
+        TRY(ch_event_wait(dp->r[i].comm, dp->r[i].ready[b]));
+    return ch_reducer_allreduce(dp->reducer, flats, dp->buckets[b].off, dp->buckets[b].count);
+}
+
+static void *reducer_main(void *arg)
+{
+    ch_dp *dp = arg;
+    int64_t seen = 0;
+    ch_tensor **flats = malloc((size_t)dp->n * sizeof *flats);
+    for (int i = 0; flats && i < dp->n; i++)
+        flats[i] = dp->r[i].flat;
+    pthread_mutex_lock(&dp->lock);
+    while (next_call(dp, &dp->reduce_generation, &seen)) {
+        for (int b = 0; b < dp->nbuckets; b++) {
+            while (dp->posted_count[b] < dp->n && !atomic_load(&dp->failed))
+                pthread_cond_wait(&dp->posted, &dp->lock);
+            if (atomic_load(&dp->failed))
+                break;
+            pthread_mutex_unlock(&dp->lock);
+            ch_clear_error();
+            ch_status st = flats ? reduce_bucket(dp, b, flats)
+                                 : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp: out of memory");
+            pthread_mutex_lock(&dp->lock);
+            if (st != CH_OK) {
+                dp->reduce_st = st;
+                snprintf(dp->reduce_error, sizeof dp->reduce_error,
+                         "reducing gradients (%s): %s", ch_reduce_mode_name(dp->o.reduce),
+                         ch_last_error());
+                atomic_store(&dp->failed, 1);
+                break;
+            }
+        }
+        dp->reducer_done = 1;
+        pthread_cond_broadcast(&dp->posted);
+    }
+    pthread_mutex_unlock(&dp->lock);
+    free(flats);
+    return NULL;
+}
+
+static void wait_reduced(ch_dp *dp)
+{
+    pthread_mutex_lock(&dp->lock);
+    while (!dp->reducer_done)
+        pthread_cond_wait(&dp->posted, &dp->lock);
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* ---- What each worker does --------------------------------------------------------- */
+
+/* Forward, loss, backward on this replica's slice; the gradient adds to
+ * what earlier micro-batches left. */
 static ch_status compute(replica *r)
 {
     ch_dp *dp = r->dp;
     const ch_batch *b = dp->batch;
-    if (r->count == 0) {
-        memset(ch_host_buffer_data(r->grads), 0, (size_t)dp->numel * sizeof(float));
-        r->loss_value = 0.0f;
+    if (dp->micro == 0)
+        TRY(ch_fill(r->flat, 0.0));
+    r->loss_value = 0.0f;
+    if (r->count == 0)
         return CH_OK;
-    }
-    size_t sample = ch_host_buffer_size(b->images) / (size_t)b->count;
-    ch_tensor *y, *lv, *dy;
-    TRY(batch_tensors(r));
+    TRY(upload_slice(r, 1));
     if (dp->fail_replica == r->index)
         return chi_error(CH_ERR_INTERNAL, "failure injected by a test");
-    TRY(ch_tensor_upload_async(r->x, b->images, (size_t)r->start * sample));
-    TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)r->start * sizeof(int32_t)));
-    TRY(ch_module_zero_grad(r->model));
-    /* Dropout draws by the sample's position in the batch, whatever the split. */
-    ch_module_set_rng(r->model, dp->o.seed, dp->step, r->start);
+    ch_tensor *y, *lv, *dy;
+    /* Dropout draws by the optimizer step (restored with a checkpoint) and
+     * the sample's position in the batch (in the whole accumulation),
+     * whatever the split. */
+    ch_module_set_rng(r->model, dp->o.seed, ch_optimizer_steps(r->opt),
+                      dp->micro_samples + r->start);
     TRY(ch_module_forward(r->model, &y, r->x));
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
     /* Each replica's mean loss weighted by its share: the shares' gradients
      * add up to the gradient of the whole batch's mean. */
-    TRY(ch_loss_backward(r->loss, &dy, (float)r->count / (float)b->count));
+    TRY(ch_loss_backward(r->loss, &dy,
+                         dp->loss_scale * (float)r->count / (float)b->count));
     TRY(ch_module_backward(r->model, NULL, dy));
-    TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
-    /* One replica holds the whole gradient already: nothing to reduce. */
-    return dp->n > 1 ? grads_to_host(r) : CH_OK;
-}
-
-/* Sum elements [lo, hi) over the replicas, always in replica order. */
-static void reduce_chunk(replica *r)
-{
-    ch_dp *dp = r->dp;
-    int64_t per = (dp->numel + dp->n - 1) / dp->n;
-    int64_t lo = per * r->index, hi = lo + per < dp->numel ? lo + per : dp->numel;
-    if (lo >= hi)
-        return;
-    const float *first = ch_host_buffer_data(dp->r[0].grads);
-    memcpy(dp->sum + lo, first + lo, (size_t)(hi - lo) * sizeof(float));
-    for (int k = 1; k < dp->n; k++) {
-        const float *g = ch_host_buffer_data(dp->r[k].grads);
-        for (int64_t i = lo; i < hi; i++)
-            dp->sum[i] += g[i];
-    }
+    return ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value);
 }
 
 /* FNV-1a over the bits of every parameter: replicas that took the same
@@ -186,45 +374,95 @@ static ch_status param_checksum(replica *r)
 static ch_status update(replica *r)
 {
     ch_dp *dp = r->dp;
-    size_t off = 0;
-    int np = dp->n > 1 ? ch_module_param_count(r->model) : 0;
-    for (int i = 0; i < np; i++) {
-        ch_tensor *g;
-        TRY(ch_module_param(r->model, i, NULL, NULL, &g));
-        TRY(ch_tensor_upload(g, (const char *)dp->sum + off, ch_tensor_nbytes(g)));
-        off += ch_tensor_nbytes(g);
-    }
+    if (dp->grad_rescale != 1.0f)
+        TRY(ch_scale(r->flat, r->flat, dp->grad_rescale));
     TRY(ch_optimizer_step(r->opt, dp->lr));
     return ch_stream_sync(r->stream);
 }
 
-/* ---- The workers ----------------------------------------------------------------- */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void run_step(replica *r)
+static void train(replica *r)
 {
     ch_dp *dp = r->dp;
+    int reducing = dp->sync && dp->n > 1;
     double t0 = now();
-    r->st = CH_OK;
-    r->error[0] = '\0';
-    ch_clear_error();
-    fail(r, compute(r));
-    pthread_barrier_wait(&dp->barrier);
-    if (!atomic_load(&dp->failed) && dp->n > 1)
-        reduce_chunk(r);
-    pthread_barrier_wait(&dp->barrier);
-    if (!atomic_load(&dp->failed))
+    if (reducing)
+        for (int b = 0; b < dp->nbuckets; b++)
+            r->missing[b] = dp->buckets[b].p_hi - dp->buckets[b].p_lo;
+    r->posting = reducing;
+    if (dp->batch)
+        fail(r, compute(r));
+    r->compute_seconds = now() - t0;
+    r->posting = 0;
+    if (reducing) {
+        if (r->st == CH_OK)
+            fail(r, post_rest(r));
+        wait_reduced(dp);
+    }
+    if (dp->n > 1)
+        pthread_barrier_wait(&dp->barrier);
+    if (dp->sync && !atomic_load(&dp->failed))
         fail(r, update(r));
-    if (!atomic_load(&dp->failed) && dp->o.check_every > 0 &&
+    if (dp->sync && !atomic_load(&dp->failed) && dp->o.check_every > 0 &&
         (dp->step + 1) % dp->o.check_every == 0)
         fail(r, param_checksum(r));
     r->seconds = now() - t0;
+}
+
+/* Evaluation mode on this replica's slice: its outputs into the rows of
+ * dp->out, or its loss and number of correct answers. */
+static ch_status infer(replica *r)
+{
+    ch_dp *dp = r->dp;
+    const ch_batch *b = dp->batch;
+    r->loss_value = 0.0f;
+    r->correct = 0;
+    if (r->count == 0)
+        return CH_OK;
+    int evaluate = dp->job == JOB_EVALUATE;
+    TRY(upload_slice(r, evaluate));
+    if (dp->fail_replica == r->index)
+        return chi_error(CH_ERR_INTERNAL, "failure injected by a test");
+    ch_tensor *y;
+    ch_module_train(r->model, 0);
+    ch_status st = ch_module_forward(r->model, &y, r->x);
+    ch_module_train(r->model, 1);
+    TRY(st);
+    if (!evaluate) {
+        ch_tensor *rows = NULL;
+        TRY(ch_tensor_view(&rows, dp->out, r->start, r->count));
+        st = ch_copy(rows, y);
+        ch_tensor_free(rows);
+        return st == CH_OK ? ch_stream_sync(r->stream) : st;
+    }
+    ch_tensor *lv;
+    TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
+    TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
+    int64_t ps[1] = {r->count};
+    TRY(nn_ensure(&r->pred, r->dev, CH_I32, 1, ps));
+    TRY(ch_argmax(r->pred, y, 1));
+    int32_t *pred = malloc((size_t)r->count * sizeof *pred);
+    if (!pred)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_evaluate: out of memory");
+    st = ch_tensor_download(r->pred, pred, (size_t)r->count * sizeof *pred);
+    const int32_t *truth = (const int32_t *)ch_host_buffer_data(b->labels) + r->start;
+    for (int i = 0; st == CH_OK && i < r->count; i++)
+        r->correct += pred[i] == truth[i];
+    free(pred);
+    return st;
+}
+
+static void run_call(replica *r)
+{
+    r->st = CH_OK;
+    r->error[0] = '\0';
+    ch_clear_error();
+    if (r->dp->job == JOB_TRAIN) {
+        train(r);
+    } else {
+        double t0 = now();
+        fail(r, infer(r));
+        r->seconds = r->compute_seconds = now() - t0;
+    }
 }
 
 static void *worker(void *arg)
@@ -232,17 +470,18 @@ static void *worker(void *arg)
     replica *r = arg;
     ch_dp *dp = r->dp;
     int64_t seen = 0;
+    /* Near the device's memory; a failure to bind only costs speed. */
+    if (!dp->o.no_bind)
+        r->bound = ch_device_bind_thread(r->dev) == CH_OK;
     /* Ops of this thread on this device go to the replica's own stream. */
     ch_stream_set_current(r->stream);
     pthread_mutex_lock(&dp->lock);
-    for (;;) {
-        while (!dp->quit && dp->generation == seen)
-            pthread_cond_wait(&dp->go, &dp->lock);
-        if (dp->quit)
-            break;
-        seen = dp->generation;
+    /* Ready: ch_dp_new waits for every worker to get here. */
+    if (++dp->finished == dp->n)
+        pthread_cond_signal(&dp->done);
+    while (next_call(dp, &dp->generation, &seen)) {
         pthread_mutex_unlock(&dp->lock);
-        run_step(r);
+        run_call(r);
         pthread_mutex_lock(&dp->lock);
         if (++dp->finished == dp->n)
             pthread_cond_signal(&dp->done);
@@ -251,23 +490,38 @@ static void *worker(void *arg)
     return NULL;
 }
 
-/* ---- Setting up ----------------------------------------------------------------- */
+/* ---- Setting up ------------------------------------------------------------------ */
 
 static ch_status check_options(const ch_dp_options *o, int n)
 {
-    if (o->reduce != CH_DP_REDUCE_HOST)
-        return chi_error(CH_ERR_UNSUPPORTED, "ch_dp_new: options->reduce %d is not supported "
-                         "(CH_DP_REDUCE_HOST)", (int)o->reduce);
+    if (o->reduce != CH_REDUCE_HOST && o->reduce != CH_REDUCE_PEER &&
+        o->reduce != CH_REDUCE_AUTO)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->reduce is %d, expected "
+                         "CH_REDUCE_HOST, CH_REDUCE_PEER or CH_REDUCE_AUTO", (int)o->reduce);
+    if (o->split != CH_DP_SPLIT_EQUAL && o->split != CH_DP_SPLIT_WEIGHTS &&
+        o->split != CH_DP_SPLIT_AUTO)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->split is %d, expected "
+                         "CH_DP_SPLIT_EQUAL, CH_DP_SPLIT_WEIGHTS or CH_DP_SPLIT_AUTO",
+                         (int)o->split);
+    if (o->split == CH_DP_SPLIT_WEIGHTS && !o->weights)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->split is "
+                         "CH_DP_SPLIT_WEIGHTS but options->weights is NULL");
+    if (o->split == CH_DP_SPLIT_WEIGHTS && o->nweights != n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: %d weights for %d devices; give "
+                         "one weight per device", o->nweights, n);
+    for (int i = 0; o->split == CH_DP_SPLIT_WEIGHTS && i < n; i++)
+        if (!(o->weights[i] > 0.0f) || o->weights[i] > 1e30f)
+            return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->weights[%d] is %g, "
+                             "expected a positive number", i, o->weights[i]);
+    if (o->accumulate < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->accumulate is %d, "
+                         "expected >= 0", o->accumulate);
     if (o->check_every < 0)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->check_every is %d, "
                          "expected >= 0", o->check_every);
     if (o->sample_ndim < 1 || o->sample_ndim > CH_MAX_DIMS - 1)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->sample_ndim is %d, "
                          "expected 1 to %d", o->sample_ndim, CH_MAX_DIMS - 1);
-    for (int i = 0; o->weights && i < n; i++)
-        if (!(o->weights[i] > 0.0f) || o->weights[i] > 1e30f)
-            return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->weights[%d] is %g, "
-                             "expected a positive number", i, o->weights[i]);
     return CH_OK;
 }
 
@@ -277,21 +531,77 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
     r->dp = dp;
     r->index = i;
     r->dev = dev;
+    int64_t fs[1] = {dp->numel};
     TRY(ch_stream_new(&r->stream, dev));
+    TRY(ch_stream_new(&r->comm, dev));
+    /* The clone is made on this thread; its ops go to the replica's stream. */
     TRY(ch_module_clone(&r->model, model, dev));
+    TRY(ch_tensor_new(&r->flat, dev, CH_F32, 1, fs));
+    TRY(nn_flatten_grads(r->model, r->flat));
+    nn_set_grad_hook(r->model, on_grads, r);
     TRY(ch_loss_new(&r->loss, dp->o.loss));
     TRY(ch_optimizer_new(&r->opt, r->model, &dp->o.optimizer));
-    return ch_host_buffer_new(&r->grads, dev, (size_t)dp->numel * sizeof(float));
+    r->ready = calloc((size_t)(dp->nbuckets ? dp->nbuckets : 1), sizeof *r->ready);
+    r->missing = calloc((size_t)(dp->nbuckets ? dp->nbuckets : 1), sizeof *r->missing);
+    if (!r->ready || !r->missing)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    for (int b = 0; b < dp->nbuckets; b++)
+        TRY(ch_event_new(&r->ready[b], dev));
+    return ch_device_sync(dev);
 }
 
-static ch_status start_workers(ch_dp *dp)
+static ch_status start_threads(ch_dp *dp)
 {
+    /* One replica: the calling thread runs it, nothing to hand over. */
+    if (dp->n == 1)
+        return CH_OK;
     for (int i = 0; i < dp->n; i++) {
         int e = pthread_create(&dp->r[i].thread, NULL, worker, &dp->r[i]);
         if (e != 0)
             return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: pthread_create: %s", strerror(e));
         dp->r[i].started = 1;
     }
+    int e = pthread_create(&dp->reducer_thread, NULL, reducer_main, dp);
+    if (e != 0)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: pthread_create: %s", strerror(e));
+    dp->reducer_started = 1;
+    /* Every worker bound and waiting before the first call. */
+    pthread_mutex_lock(&dp->lock);
+    while (dp->finished < dp->n)
+        pthread_cond_wait(&dp->done, &dp->lock);
+    pthread_mutex_unlock(&dp->lock);
+    return CH_OK;
+}
+
+static ch_status make_reducer(ch_dp *dp)
+{
+    if (dp->n == 1)
+        return CH_OK;
+    ch_stream **comms = malloc((size_t)dp->n * sizeof *comms);
+    if (!comms)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    for (int i = 0; i < dp->n; i++)
+        comms[i] = dp->r[i].comm;
+    int64_t largest = 0;
+    for (int b = 0; b < dp->nbuckets; b++)
+        if (dp->buckets[b].count > largest)
+            largest = dp->buckets[b].count;
+    ch_status st = ch_reducer_new(&dp->reducer, comms, dp->n, largest, dp->o.reduce);
+    free(comms);
+    if (st != CH_OK)
+        return chi_error(st, "ch_dp_new: %s", ch_last_error());
+    return CH_OK;
+}
+
+static ch_status init_sync(ch_dp *dp, int n)
+{
+    if (pthread_mutex_init(&dp->lock, NULL) != 0)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: pthread_mutex_init failed");
+    if (pthread_cond_init(&dp->go, NULL) != 0 || pthread_cond_init(&dp->done, NULL) != 0 ||
+        pthread_cond_init(&dp->posted, NULL) != 0 ||
+        pthread_barrier_init(&dp->barrier, NULL, (unsigned)n) != 0)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: cannot make the workers' "
+                         "condition variables and barrier");
     return CH_OK;
 }
 
@@ -312,27 +622,35 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     ch_dp *dp = calloc(1, sizeof *dp);
     if (!dp)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    ch_status st = init_sync(dp, n);
+    if (st != CH_OK) {
+        free(dp);
+        return st;
+    }
     dp->n = n;
     dp->o = *options;
+    dp->o.weights = NULL; /* the caller's array may go away: ours is dp->weights */
     dp->fail_replica = -1;
+    dp->grad_rescale = 1.0f;
     dp->numel = ch_module_param_numel(model);
     dp->r = calloc((size_t)n, sizeof *dp->r);
     dp->weights = calloc((size_t)n, sizeof *dp->weights);
-    dp->sum = malloc((size_t)(dp->numel ? dp->numel : 1) * sizeof(float));
-    pthread_mutex_init(&dp->lock, NULL);
-    pthread_cond_init(&dp->go, NULL);
-    pthread_cond_init(&dp->done, NULL);
-    pthread_barrier_init(&dp->barrier, NULL, (unsigned)n);
-    ch_status st = dp->r && dp->weights && dp->sum
-                       ? CH_OK
-                       : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    dp->rate = calloc((size_t)n, sizeof *dp->rate);
+    st = dp->r && dp->weights && dp->rate
+             ? CH_OK
+             : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    if (st == CH_OK && dp->numel == 0)
+        st = chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: the model has no parameters");
+    if (st == CH_OK)
+        st = make_buckets(dp, model);
     for (int i = 0; st == CH_OK && i < n; i++) {
-        dp->weights[i] = options->weights ? options->weights[i] : 1.0f;
+        dp->weights[i] = options->split == CH_DP_SPLIT_WEIGHTS ? options->weights[i] : 1.0f;
         st = make_replica(dp, i, model, devices[i]);
     }
-    dp->o.weights = NULL; /* the caller's array may go away: ours is dp->weights */
     if (st == CH_OK)
-        st = start_workers(dp);
+        st = make_reducer(dp);
+    if (st == CH_OK)
+        st = start_threads(dp);
     if (st != CH_OK) {
         ch_dp_free(dp);
         return st;
@@ -349,79 +667,254 @@ void ch_dp_free(ch_dp *dp)
     dp->quit = 1;
     pthread_cond_broadcast(&dp->go);
     pthread_mutex_unlock(&dp->lock);
+    if (dp->reducer_started)
+        pthread_join(dp->reducer_thread, NULL);
+    for (int i = 0; dp->r && i < dp->n; i++)
+        if (dp->r[i].started)
+            pthread_join(dp->r[i].thread, NULL);
+    ch_reducer_free(dp->reducer);
     for (int i = 0; dp->r && i < dp->n; i++) {
         replica *r = &dp->r[i];
-        if (r->started)
-            pthread_join(r->thread, NULL);
+        if (r->stream)
+            (void)ch_stream_sync(r->stream);
         ch_tensor_free(r->x);
         ch_tensor_free(r->labels);
-        ch_host_buffer_free(r->grads);
+        ch_tensor_free(r->pred);
         ch_optimizer_free(r->opt);
         ch_loss_free(r->loss);
         ch_module_free(r->model);
+        ch_tensor_free(r->flat);
+        for (int b = 0; r->ready && b < dp->nbuckets; b++)
+            ch_event_free(r->ready[b]);
+        free(r->ready);
+        free(r->missing);
+        ch_stream_free(r->comm);
         ch_stream_free(r->stream);
     }
     pthread_barrier_destroy(&dp->barrier);
     pthread_cond_destroy(&dp->go);
     pthread_cond_destroy(&dp->done);
+    pthread_cond_destroy(&dp->posted);
     pthread_mutex_destroy(&dp->lock);
     free(dp->r);
     free(dp->weights);
-    free(dp->sum);
+    free(dp->rate);
+    free(dp->buckets);
+    free(dp->param_bucket);
+    free(dp->posted_count);
     free(dp);
 }
 
-/* ---- A step ---------------------------------------------------------------------- */
+/* ---- A call ---------------------------------------------------------------------- */
 
-/* Shares in proportion to the weights; the rounding remainder goes to the
- * replicas in order, so the counts add up to the batch. */
-static void split(ch_dp *dp, int total)
+/* Counts in proportion to w; the rounding remainder goes to the largest
+ * fractions first (ties to the first replica), so the counts add up. */
+static void split_by(ch_dp *dp, const double *w, int total, int *counts)
 {
     double wsum = 0;
     for (int i = 0; i < dp->n; i++)
-        wsum += dp->weights[i];
+        wsum += w[i];
     int given = 0;
     for (int i = 0; i < dp->n; i++) {
-        dp->r[i].count = (int)((double)total * dp->weights[i] / wsum);
-        given += dp->r[i].count;
+        counts[i] = (int)floor((double)total * w[i] / wsum);
+        given += counts[i];
     }
-    for (int i = 0; given < total; i = (i + 1) % dp->n, given++)
-        dp->r[i].count++;
-    int start = 0;
-    for (int i = 0; i < dp->n; i++) {
-        dp->r[i].start = start;
-        start += dp->r[i].count;
+    while (given < total) {
+        int best = 0;
+        double bestf = -1.0;
+        for (int i = 0; i < dp->n; i++) {
+            double f = (double)total * w[i] / wsum - counts[i];
+            if (f > bestf) {
+                bestf = f;
+                best = i;
+            }
+        }
+        counts[best]++;
+        given++;
+    }
+    /* Every replica gets a sample when the batch has enough: one from the
+     * largest share for each that got none. */
+    for (int i = 0; total >= dp->n && i < dp->n; i++) {
+        if (counts[i] > 0)
+            continue;
+        int big = 0;
+        for (int j = 1; j < dp->n; j++)
+            if (counts[j] > counts[big])
+                big = j;
+        counts[big]--;
+        counts[i]++;
     }
 }
 
-ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss)
+static void split(ch_dp *dp, int total)
 {
-    if (!dp || !batch || !loss)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_step: %s is NULL",
-                         !dp ? "dp" : !batch ? "batch" : "loss");
-    if (batch->count < 1)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_step: the batch has %d samples",
-                         batch->count);
-    split(dp, batch->count);
+    double w[64], *wp = dp->n <= 64 ? w : malloc((size_t)dp->n * sizeof *wp);
+    int c[64], *cp = dp->n <= 64 ? c : malloc((size_t)dp->n * sizeof *cp);
+    int automatic = dp->o.split == CH_DP_SPLIT_AUTO && dp->rate[0] > 0.0;
+    if (!wp || !cp) {
+        /* No memory for the scratch arrays: the fixed weights, counted out. */
+        automatic = 0;
+        wp = w;
+        cp = c;
+    }
+    for (int i = 0; i < dp->n && i < 64; i++)
+        wp[i] = automatic ? dp->rate[i] : (double)dp->weights[i];
+    split_by(dp, wp, total, cp);
+    /* Auto: a new split only when it moves more than a few samples, so that
+     * timing noise does not reshape the replicas' buffers every step. */
+    int moved = 0, old_total = 0;
+    for (int i = 0; i < dp->n; i++) {
+        moved += abs(cp[i] - dp->r[i].count);
+        old_total += dp->r[i].count;
+    }
+    int keep = automatic && old_total == total && moved <= 2 * (total / 50 > 1 ? total / 50 : 1);
+    int start = 0;
+    for (int i = 0; i < dp->n; i++) {
+        if (!keep)
+            dp->r[i].count = cp[i];
+        dp->r[i].start = start;
+        start += dp->r[i].count;
+    }
+    if (wp != w)
+        free(wp);
+    if (cp != c)
+        free(cp);
+}
+
+/* Auto split: each replica's compute rate, smoothed. */
+static void measure(ch_dp *dp)
+{
+    /* The first call compiles kernels and fills caches: not a measure. */
+    if (dp->o.split != CH_DP_SPLIT_AUTO || dp->calls++ == 0)
+        return;
+    for (int i = 0; i < dp->n; i++) {
+        replica *r = &dp->r[i];
+        if (r->count == 0 || !(r->compute_seconds > 0.0))
+            continue;
+        double rate = r->count / r->compute_seconds;
+        dp->rate[i] = dp->rate[i] > 0.0 ? 0.7 * dp->rate[i] + 0.3 * rate : rate;
+    }
+    /* Rates start at equal shares; a replica never measured keeps the
+     * mean of the others. */
+    double sum = 0;
+    int known = 0;
+    for (int i = 0; i < dp->n; i++)
+        if (dp->rate[i] > 0.0) {
+            sum += dp->rate[i];
+            known++;
+        }
+    for (int i = 0; known && i < dp->n; i++)
+        if (!(dp->rate[i] > 0.0))
+            dp->rate[i] = sum / known;
+}
+
+/* Run the call set up in dp on every replica and wait for all of them. */
+static void run_all(ch_dp *dp)
+{
+    if (dp->n == 1) {
+        /* The calling thread does the work, on the replica's stream. */
+        replica *r = &dp->r[0];
+        ch_stream *prev = NULL;
+        ch_status got = ch_stream_get_current(&prev, r->dev);
+        ch_stream_set_current(r->stream);
+        run_call(r);
+        if (got == CH_OK && prev)
+            ch_stream_set_current(prev);
+        return;
+    }
     pthread_mutex_lock(&dp->lock);
-    dp->batch = batch;
-    dp->lr = lr;
     dp->finished = 0;
     atomic_store(&dp->failed, 0);
+    dp->reducer_done = 0;
+    dp->reduce_st = CH_OK;
+    if (dp->job == JOB_TRAIN && dp->sync) {
+        for (int b = 0; b < dp->nbuckets; b++)
+            dp->posted_count[b] = 0;
+        dp->reduce_generation++;
+    }
     dp->generation++;
     pthread_cond_broadcast(&dp->go);
     while (dp->finished < dp->n)
         pthread_cond_wait(&dp->done, &dp->lock);
     pthread_mutex_unlock(&dp->lock);
-    dp->step++;
+}
+
+/* The first error of the call: a replica's, else the reducer's. */
+static ch_status call_status(ch_dp *dp, const char *fn)
+{
+    for (int i = 0; i < dp->n; i++)
+        if (dp->r[i].st != CH_OK)
+            return chi_error(dp->r[i].st, "%s: %s", fn, dp->r[i].error);
+    if (dp->reduce_st != CH_OK)
+        return chi_error(dp->reduce_st, "%s: %s", fn, dp->reduce_error);
+    return CH_OK;
+}
+
+static ch_status check_batch(const ch_dp *dp, const ch_batch *batch, const char *fn,
+                             int labels)
+{
+    if (batch->count < 1)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: the batch has %d samples", fn,
+                         batch->count);
+    if (!batch->images || (labels && !batch->labels))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: the batch has no %s", fn,
+                         !batch->images ? "images" : "labels");
+    size_t sample = sizeof(float);
+    for (int i = 0; i < dp->o.sample_ndim; i++)
+        sample *= (size_t)dp->o.sample_shape[i];
+    if (ch_host_buffer_size(batch->images) < sample * (size_t)batch->count)
+        return chi_error(CH_ERR_SHAPE, "%s: the images buffer holds %zu bytes, %d samples "
+                         "need %zu", fn, ch_host_buffer_size(batch->images), batch->count,
+                         sample * (size_t)batch->count);
+    if (labels && ch_host_buffer_size(batch->labels) < sizeof(int32_t) * (size_t)batch->count)
+        return chi_error(CH_ERR_SHAPE, "%s: the labels buffer holds %zu bytes, %d labels need "
+                         "%zu", fn, ch_host_buffer_size(batch->labels), batch->count,
+                         sizeof(int32_t) * (size_t)batch->count);
+    return CH_OK;
+}
+
+/* A training call: micro-batch `batch` (NULL: flush), reducing and
+ * updating when `sync`. */
+static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync,
+                            float *loss)
+{
+    int k = dp->o.accumulate > 1 ? dp->o.accumulate : 1;
+    dp->job = JOB_TRAIN;
+    dp->batch = batch;
+    dp->lr = lr;
+    dp->sync = sync;
+    dp->loss_scale = 1.0f / (float)k;
+    dp->grad_rescale = batch ? 1.0f : (float)k / (float)dp->micro;
+    if (batch)
+        split(dp, batch->count);
+    else
+        for (int i = 0; i < dp->n; i++)
+            dp->r[i].count = 0;
+    run_all(dp);
     dp->fail_replica = -1;
-    double total = 0;
-    for (int i = 0; i < dp->n; i++) {
-        replica *r = &dp->r[i];
-        if (r->st != CH_OK)
-            return chi_error(r->st, "ch_dp_step: %s", r->error);
-        total += (double)r->loss_value * r->count / batch->count;
+    dp->grad_rescale = 1.0f;
+    ch_status st = call_status(dp, batch ? "ch_dp_step" : "ch_dp_flush");
+    if (st != CH_OK) {
+        /* What was accumulated is gone with the failed call. */
+        dp->micro = 0;
+        dp->micro_samples = 0;
+        return st;
     }
+    if (batch)
+        measure(dp);
+    double total = 0;
+    for (int i = 0; batch && i < dp->n; i++)
+        total += (double)dp->r[i].loss_value * dp->r[i].count / batch->count;
+    if (loss)
+        *loss = (float)total;
+    if (!sync) {
+        dp->micro++;
+        dp->micro_samples += batch->count;
+        return CH_OK;
+    }
+    dp->micro = 0;
+    dp->micro_samples = 0;
+    dp->step++;
     int checked = dp->o.check_every > 0 && dp->step % dp->o.check_every == 0;
     for (int i = 1; checked && i < dp->n; i++)
         if (dp->r[i].checksum != dp->r[0].checksum)
@@ -430,9 +923,91 @@ ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss)
                              "want %016llx)", i, ch_device_id(dp->r[i].dev),
                              (long long)dp->step, (unsigned long long)dp->r[i].checksum,
                              (unsigned long long)dp->r[0].checksum);
-    *loss = (float)total;
     return CH_OK;
 }
+
+ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss)
+{
+    if (!dp || !batch || !loss)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_step: %s is NULL",
+                         !dp ? "dp" : !batch ? "batch" : "loss");
+    TRY(check_batch(dp, batch, "ch_dp_step", 1));
+    if (!isfinite(lr) || lr < 0.0f)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_step: lr is %g, expected a finite "
+                         "number >= 0", lr);
+    int k = dp->o.accumulate > 1 ? dp->o.accumulate : 1;
+    return train_call(dp, batch, lr, dp->micro + 1 >= k, loss);
+}
+
+int ch_dp_pending(const ch_dp *dp) { return dp ? dp->micro : 0; }
+
+ch_status ch_dp_flush(ch_dp *dp, float lr)
+{
+    if (!dp)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_flush: dp is NULL");
+    if (!isfinite(lr) || lr < 0.0f)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_flush: lr is %g, expected a finite "
+                         "number >= 0", lr);
+    if (dp->micro == 0)
+        return CH_OK;
+    return train_call(dp, NULL, lr, 1, NULL);
+}
+
+static ch_status infer_call(ch_dp *dp, job j, const ch_batch *batch, ch_tensor *out)
+{
+    dp->job = j;
+    dp->batch = batch;
+    dp->out = out;
+    dp->sync = 0;
+    split(dp, batch->count);
+    run_all(dp);
+    dp->fail_replica = -1;
+    dp->out = NULL;
+    return call_status(dp, j == JOB_PREDICT ? "ch_dp_predict" : "ch_dp_evaluate");
+}
+
+ch_status ch_dp_predict(ch_dp *dp, const ch_batch *batch, ch_tensor *out)
+{
+    if (!dp || !batch || !out)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_predict: %s is NULL",
+                         !dp ? "dp" : !batch ? "batch" : "out");
+    TRY(check_batch(dp, batch, "ch_dp_predict", 0));
+    if (ch_tensor_dtype(out) != CH_F32 || ch_tensor_ndim(out) < 1 ||
+        ch_tensor_dim(out, 0) != batch->count)
+        return chi_error(CH_ERR_SHAPE, "ch_dp_predict: out must be f32 with %d rows (one per "
+                         "sample), it is %s with %lld", batch->count,
+                         ch_dtype_name(ch_tensor_dtype(out)),
+                         (long long)(ch_tensor_ndim(out) ? ch_tensor_dim(out, 0) : 0));
+    if (dp->micro > 0)
+        return chi_error(CH_ERR_STATE, "ch_dp_predict: %d micro-batches are accumulated; "
+                         "call ch_dp_step or ch_dp_flush first", dp->micro);
+    return infer_call(dp, JOB_PREDICT, batch, out);
+}
+
+ch_status ch_dp_evaluate(ch_dp *dp, const ch_batch *batch, float *loss, int64_t *correct)
+{
+    if (!dp || !batch)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_evaluate: %s is NULL",
+                         !dp ? "dp" : "batch");
+    TRY(check_batch(dp, batch, "ch_dp_evaluate", 1));
+    if (dp->micro > 0)
+        return chi_error(CH_ERR_STATE, "ch_dp_evaluate: %d micro-batches are accumulated; "
+                         "call ch_dp_step or ch_dp_flush first", dp->micro);
+    TRY(infer_call(dp, JOB_EVALUATE, batch, NULL));
+    double total = 0;
+    int64_t right = 0;
+    for (int i = 0; i < dp->n; i++) {
+        total += (double)dp->r[i].loss_value * dp->r[i].count / batch->count;
+        right += dp->r[i].correct;
+    }
+    if (loss)
+        *loss = (float)total;
+    if (correct)
+        *correct = right;
+    return CH_OK;
+}
+
+/* ---- Queries ---------------------------------------------------------------------- */
 
 ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n)
 {
@@ -446,6 +1021,23 @@ ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n)
             seconds[i] = dp->r[i].seconds;
     }
     return CH_OK;
+}
+
+ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n)
+{
+    if (!dp || n != dp->n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_last_compute: %s",
+                         !dp ? "dp is NULL" : "n is not the number of replicas");
+    for (int i = 0; seconds && i < n; i++)
+        seconds[i] = dp->r[i].compute_seconds;
+    return CH_OK;
+}
+
+ch_reduce_mode ch_dp_reduce_mode(const ch_dp *dp) { return dp ? dp->o.reduce : CH_REDUCE_HOST; }
+int ch_dp_bucket_count(const ch_dp *dp) { return dp ? dp->nbuckets : 0; }
+int ch_dp_bound(const ch_dp *dp, int index)
+{
+    return dp && index >= 0 && index < dp->n ? dp->r[index].bound : 0;
 }
 
 ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index)

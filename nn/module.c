@@ -290,6 +290,7 @@ static ch_status on_device(ch_tensor **slot, const ch_tensor *t, ch_device *dev,
     return CH_OK;
 }
 
+static int count_params(const ch_module *m);
 static ch_status module_forward(ch_module *m, const ch_tensor *x);
 static ch_status module_backward(ch_module *m, const ch_tensor *dy, int want_dx);
 
@@ -319,11 +320,16 @@ static ch_status seq_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     while (first < m->nchild && ch_module_param_count(m->child[first]) == 0)
         first++;
     const ch_tensor *g = dy;
+    int after = m->hook ? count_params(m) : 0; /* parameters past child i */
     for (int i = m->nchild - 1; i >= 0; i--) {
         ch_module *c = m->child[i];
         TRY(on_device(&m->moved_grad[i], g, ch_tensor_device(c->y), &g));
         int need = want_dx || i > first;
         TRY(module_backward(c, g, need));
+        int np = m->hook ? count_params(c) : 0;
+        after -= np;
+        if (np > 0)
+            TRY(m->hook(m->hook_user, after, np));
         if (!need)
             return CH_OK;
         g = c->dx;
@@ -806,6 +812,50 @@ void ch_module_set_rng(ch_module *m, uint64_t seed, int64_t step, int64_t first_
     m->first_sample = first_sample;
     for (int i = 0; i < m->nchild; i++)
         ch_module_set_rng(m->child[i], seed, step, first_sample);
+}
+
+void nn_set_grad_hook(ch_module *m, nn_grad_hook fn, void *user)
+{
+    if (m && m->ops == &seq_ops) {
+        m->hook = fn;
+        m->hook_user = user;
+    }
+}
+
+/* Parameter gradients of m's tree, from *off on, become views of flat. */
+static ch_status flatten_from(ch_module *m, ch_tensor *flat, int64_t *off)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        nn_param *p = &m->params[i];
+        int64_t shape[CH_MAX_DIMS], n = ch_tensor_numel(p->grad);
+        shape_of(p->grad, shape);
+        ch_tensor *rows = NULL, *view = NULL;
+        TRY(ch_tensor_view(&rows, flat, *off, n));
+        ch_status st = ch_tensor_reshape(&view, rows, ch_tensor_ndim(p->grad), shape);
+        ch_tensor_free(rows);
+        if (st == CH_OK)
+            st = ch_copy(view, p->grad);
+        if (st != CH_OK) {
+            ch_tensor_free(view);
+            return st;
+        }
+        ch_tensor_free(p->grad);
+        p->grad = view;
+        *off += n;
+    }
+    for (int i = 0; i < m->nchild; i++)
+        TRY(flatten_from(m->child[i], flat, off));
+    return CH_OK;
+}
+
+ch_status nn_flatten_grads(ch_module *m, ch_tensor *flat)
+{
+    int64_t off = 0;
+    if (ch_tensor_numel(flat) != ch_module_param_numel(m))
+        return chi_error(CH_ERR_SHAPE, "nn_flatten_grads: flat has %lld elements, the "
+                         "parameters %lld", (long long)ch_tensor_numel(flat),
+                         (long long)ch_module_param_numel(m));
+    return flatten_from(m, flat, &off);
 }
 
 ch_status ch_module_zero_grad(ch_module *m)

@@ -22,6 +22,12 @@ typedef struct nn_param {
     ch_tensor *grad;
 } nn_param;
 
+/* Called by a Sequential during backward, right after child modules have
+ * produced the gradients of parameters [first, first + count) (indices in
+ * ch_module_param order): data parallelism starts reducing them while
+ * backward goes on. */
+typedef ch_status (*nn_grad_hook)(void *user, int first, int count);
+
 typedef struct nn_ops {
     const char *kind;
     ch_status (*forward)(ch_module *m, const ch_tensor *x);
@@ -58,7 +64,18 @@ struct ch_module {
     uint64_t seed;
     int64_t step, first_sample;
     int layer;               /* index in the parent, part of the stream key */
+
+    nn_grad_hook hook;       /* Sequential: see nn_set_grad_hook */
+    void *hook_user;
 };
+
+/* Set (fn NULL: clear) the gradient hook of `m`, a Sequential; other
+ * modules have no hook. */
+void nn_set_grad_hook(ch_module *m, nn_grad_hook fn, void *user);
+/* Make every parameter's gradient a view of `flat` ([param_numel] f32 on
+ * the module's device), in ch_module_param order: the gradients are then
+ * one buffer that can be reduced in ranges. */
+ch_status nn_flatten_grads(ch_module *m, ch_tensor *flat);
 
 /* (Re)allocate *t unless it already has this device, dtype and shape. */
 ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,

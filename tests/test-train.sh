@@ -92,16 +92,81 @@ assert [x["id"] for x in d] == ["host", "opencl:0", "opencl:1"], d
 assert [x["share"] for x in d] == [0.5, 0.25, 0.25], d
 ' "$tmp/dp.jsonl"
     ok $? "the log gives each device its share of the batch (2:1:1) and time: $(head -n 1 "$tmp/dp.jsonl" | head -c 300)"
+
+    # The defaults: auto reduction, automatic split.
+    # shellcheck disable=SC2086
+    "$train" $dp --epochs 1 --log "$tmp/auto.jsonl" >"$tmp/out" 2>"$tmp/err"
+    status=$?
+    acc=$(sed -n 's/^result test_accuracy=\([0-9.]*\) .*/\1/p' "$tmp/out")
+    test "$status" -eq 0 && awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.65) }'
+    ok $? "auto reduction and automatic split learn: accuracy $acc (status $status $(head -c 200 "$tmp/err"))"
+    python3 -c '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+for d in lines:
+    shares = [x["share"] for x in d["devices"]]
+    assert abs(sum(shares) - 1) < 1e-3 and min(shares) > 0, d
+' "$tmp/auto.jsonl"
+    ok $? "with --split auto every step gives every device a share, summing to 1: $(tail -n 1 "$tmp/auto.jsonl" | head -c 300)"
+
+    # Resuming data-parallel training over host and OpenCL replicas gives the
+    # bits of training straight through: the replicas take the same
+    # optimizer step bit for bit on both backends.
+    fixed="$dp --split equal --reduce host --schedule constant"
+    # shellcheck disable=SC2086
+    "$train" $fixed --epochs 2 --checkpoint "$tmp/dp-straight.st" >/dev/null 2>&1 &&
+        "$train" $fixed --epochs 1 --checkpoint "$tmp/dp-one.st" >/dev/null 2>&1 &&
+        "$train" $fixed --epochs 2 --resume "$tmp/dp-one.st" --checkpoint "$tmp/dp-resumed.st" \
+            >/dev/null 2>&1 &&
+        cmp -s "$tmp/dp-straight.st" "$tmp/dp-resumed.st"
+    ok $? "data parallel over host,opencl:0,opencl:1: resuming gives the checkpoint of training straight through"
+
+    # --accumulate 2 over the replicas: 50 batches of 40 make 25 steps an epoch.
+    # shellcheck disable=SC2086
+    "$train" $dp --accumulate 2 --epochs 1 --json >"$tmp/acc.json" 2>"$tmp/err"
+    python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["steps"] == 25 and d["test_accuracy"] >= 0.6, d
+' "$tmp/acc.json"
+    ok $? "--accumulate 2 takes one step every two batches and learns: $(head -c 200 "$tmp/acc.json")"
+
+    "$train" --data "$data" --devices host,opencl:0 --reduce peer --limit 100 >/dev/null 2>"$tmp/err"
+    status=$?
+    test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--reduce peer' "$tmp/err" &&
+        grep -q 'opencl:0' "$tmp/err"
+    ok $? "--reduce peer across host and OpenCL: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
 else
-    n=$((n + 1))
-    echo "ok $n # SKIP no opencl:0 and opencl:1 for data parallel training"
+    for what in "learns" "shares" "auto learns" "auto shares" "resume" "accumulate" "peer refused"; do
+        n=$((n + 1))
+        echo "ok $n # SKIP no opencl:0 and opencl:1 for data parallel training ($what)"
+    done
 fi
+
+# --accumulate on one device goes through the data-parallel wrapper: 40
+# batches of 50 make 20 steps.
+# shellcheck disable=SC2086
+"$train" $quick --accumulate 2 --epochs 1 --json >"$tmp/acc1.json" 2>"$tmp/err"
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["steps"] == 20 and d["test_accuracy"] >= 0.6, d
+' "$tmp/acc1.json"
+ok $? "--accumulate 2 on host: 20 steps for 40 batches: $(head -c 200 "$tmp/acc1.json") $(head -c 200 "$tmp/err")"
 
 # Bad input: one line on stderr and exit 2; runtime failures exit 1.
 "$train" --epochs zero >/dev/null 2>"$tmp/err"
 status=$?
 test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--epochs' "$tmp/err"
 ok $? "a bad option value: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
+for bad in "--reduce sideways" "--split 1,x" "--bucket-mb 0" "--accumulate 0" "--split 1,2,3,4"; do
+    # shellcheck disable=SC2086
+    "$train" --data "$data" --devices host $bad >/dev/null 2>"$tmp/err"
+    status=$?
+    opt=${bad%% *}
+    test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- "${opt#--}" "$tmp/err"
+    ok $? "$bad: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
+done
 "$train" --devices cuda:99 --data "$data" >/dev/null 2>"$tmp/err"
 status=$?
 test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q 'cuda:99' "$tmp/err"

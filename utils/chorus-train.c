@@ -19,9 +19,9 @@
 typedef struct options {
     const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log, *schedule;
     const char *split, *reduce;
-    float weights[64];       /* --split W1,W2,...; nweights 0: equal */
+    float weights[64];       /* --split W1,W2,...; nweights 0: equal or auto */
     int nweights;
-    int64_t epochs, max_steps, limit;
+    int64_t epochs, max_steps, limit, bucket_mb, accumulate;
     int batch, json, quiet;
     float lr;
     uint64_t seed;
@@ -35,8 +35,13 @@ static void usage(FILE *f)
             "  --model mlp|cnn     the network (default cnn)\n"
             "  --devices LIST      devices to train on, \"all\" (default); with several,\n"
             "                      data parallel: one replica each, the batch split\n"
-            "  --split equal|W1,W2,...  shares of the batch per device (default equal)\n"
-            "  --reduce host       gradient reduction (host: pinned memory, fixed order)\n"
+            "  --split auto|equal|W1,W2,...  shares of the batch per device: auto\n"
+            "                      (default) balances them from measured step times\n"
+            "  --reduce auto|host|peer  gradient reduction: host (pinned memory, fixed\n"
+            "                      order), peer (device to device inside one backend) or\n"
+            "                      auto (default: peer inside groups, host across them)\n"
+            "  --bucket-mb N       reduce gradients in buckets of N MiB (default 25)\n"
+            "  --accumulate K      one optimizer step every K batches (default 1)\n"
             "  --epochs N          epochs (default 5)\n"
             "  --max-steps N       stop after N optimizer steps in all (default: no limit)\n"
             "  --limit N           train on the first N samples only (quick runs)\n"
@@ -104,10 +109,11 @@ static int parse_options(int argc, char **argv, options *o)
         {"seed", required_argument, 0, 's'},    {"checkpoint", required_argument, 0, 'c'},
         {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
         {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
+        {"bucket-mb", required_argument, 0, 'B'}, {"accumulate", required_argument, 0, 'A'},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
-    *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "equal", "host",
-                   {0}, 0, 5, -1, 0, 64, 0, 0, -1, 1};
+    *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "auto", "auto",
+                   {0}, 0, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1};
     opterr = 0;
     int c;
     int64_t v;
@@ -132,6 +138,16 @@ static int parse_options(int argc, char **argv, options *o)
         case 'S':
             if (!parse_int(optarg, 1, &o->max_steps))
                 return fail_usage("--max-steps wants a whole number >= 1, not \"%s\"", optarg);
+            break;
+        case 'B':
+            if (!parse_int(optarg, 1, &o->bucket_mb) || o->bucket_mb > 1 << 20)
+                return fail_usage("--bucket-mb wants a whole number from 1 to 1048576, not "
+                                  "\"%s\"", optarg);
+            break;
+        case 'A':
+            if (!parse_int(optarg, 1, &o->accumulate) || o->accumulate > 1 << 20)
+                return fail_usage("--accumulate wants a whole number from 1 to 1048576, not "
+                                  "\"%s\"", optarg);
             break;
         case 'N':
             if (!parse_int(optarg, 1, &o->limit))
@@ -170,10 +186,11 @@ static int parse_options(int argc, char **argv, options *o)
     if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "step") &&
         strcmp(o->schedule, "constant"))
         return fail_usage("--schedule is cosine, step or constant, not \"%s\"", o->schedule);
-    if (strcmp(o->reduce, "host") != 0)
-        return fail_usage("--reduce %s is not available yet: use host", o->reduce);
-    if (strcmp(o->split, "equal") != 0 && !parse_weights(o))
-        return fail_usage("--split is equal or positive weights W1,W2,..., not \"%s\"",
+    ch_reduce_mode mode;
+    if (ch_reduce_mode_parse(o->reduce, &mode) != CH_OK)
+        return fail_usage("--reduce is auto, host or peer, not \"%s\"", o->reduce);
+    if (strcmp(o->split, "equal") != 0 && strcmp(o->split, "auto") != 0 && !parse_weights(o))
+        return fail_usage("--split is auto, equal or positive weights W1,W2,..., not \"%s\"",
                           o->split);
     if (o->lr < 0)
         o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f : 0.001f;
@@ -197,6 +214,7 @@ typedef struct trainer {
     ch_tensor *x, *labels;   /* the batch on the device */
     FILE *log;
     int tty;
+    int bad_reduce;          /* ch_dp_new refused --reduce for these devices */
     int64_t step;
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
 } trainer;
@@ -231,10 +249,16 @@ static ch_status upload_batch(trainer *t, const ch_batch *b)
     return st;
 }
 
-static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out)
+/* One batch; *updated tells whether the optimizer stepped (with
+ * --accumulate K, once every K batches). */
+static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out, int *updated)
 {
-    if (t->dp)
-        return ch_dp_step(t->dp, b, ch_lr_at(&t->lr, t->step), loss_out);
+    *updated = 1;
+    if (t->dp) {
+        ch_status st = ch_dp_step(t->dp, b, ch_lr_at(&t->lr, t->step), loss_out);
+        *updated = ch_dp_pending(t->dp) == 0;
+        return st;
+    }
     ch_tensor *y, *lv, *dy;
     ch_status st = upload_batch(t, b);
     if (st == CH_OK)
@@ -309,10 +333,12 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate, d
     fprintf(t->log, "]}\n");
 }
 
-/* One epoch from batch `first`; returns 1 in *stop when --max-steps is reached. */
+/* One epoch from batch `first`; returns 1 in *stop when --max-steps is
+ * reached, and in *next the batch to go on from. */
 static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop,
-                             double *busy, int64_t *samples)
+                             double *busy, int64_t *samples, int64_t *next)
 {
+    *next = first;
     ch_status st = ch_loader_start(t->loader, epoch, first);
     int64_t nb = ch_loader_batches(t->loader);
     double t0 = now();
@@ -323,25 +349,57 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
         if (st != CH_OK || !b)
             break;
         double s0 = now();
-        st = train_step(t, b, &loss);
+        int updated = 0;
+        st = train_step(t, b, &loss, &updated);
         double secs = now() - s0;
         *busy += secs;
         *samples += b->count;
-        t->step++;
+        t->step += updated;
         int64_t number = b->number;
+        *next = number + 1;
         ch_loader_release(t->loader, b);
         double rate = (double)*samples / *busy;
         log_step(t, epoch, loss, rate, secs);
         double left = (now() - t0) / (double)(number + 1 - first) * (double)(nb - number - 1);
         progress(t, epoch, number, nb, loss, rate, left);
-        if (t->o->max_steps > 0 && t->step >= t->o->max_steps) {
+        if (st == CH_OK && updated && t->o->max_steps > 0 && t->step >= t->o->max_steps) {
             *stop = 1;
             break;
         }
     }
+    /* The end of the epoch: what is accumulated makes one last step. */
+    if (st == CH_OK && t->dp && ch_dp_pending(t->dp) > 0 && !*stop) {
+        st = ch_dp_flush(t->dp, ch_lr_at(&t->lr, t->step));
+        t->step += st == CH_OK;
+    }
     if (st == CH_OK && !t->o->quiet && !t->tty)
         fprintf(stderr, "epoch %lld: loss %.4f, %.0f samples/s\n", (long long)epoch + 1, loss,
                 *busy > 0 ? (double)*samples / *busy : 0.0);
+    return st;
+}
+
+/* The test set over the replicas, each on its share of every batch. */
+static ch_status evaluate_dp(trainer *t, ch_loader *ld, ch_status st, double *accuracy,
+                             double *loss)
+{
+    int64_t correct = 0, total = 0;
+    double loss_sum = 0;
+    while (st == CH_OK) {
+        ch_batch *b = NULL;
+        st = ch_loader_next(ld, &b);
+        if (st != CH_OK || !b)
+            break;
+        float l = 0;
+        int64_t right = 0;
+        st = ch_dp_evaluate(t->dp, b, &l, &right);
+        correct += right;
+        loss_sum += (double)l * b->count;
+        total += b->count;
+        ch_loader_release(ld, b);
+    }
+    ch_loader_free(ld);
+    *accuracy = total ? (double)correct / (double)total : 0.0;
+    *loss = total ? loss_sum / (double)total : 0.0;
     return st;
 }
 
@@ -353,8 +411,8 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
     ch_status st = ch_loader_new(&ld, t->test, &lo);
     if (st == CH_OK)
         st = ch_loader_start(ld, 0, 0);
-    if (st == CH_OK && t->dp)
-        st = ch_dp_sync_to(t->dp, t->model);
+    if (t->dp)
+        return evaluate_dp(t, ld, st, accuracy, loss);
     ch_module_train(t->model, 0);
     int64_t correct = 0, total = 0;
     double loss_sum = 0;
@@ -410,13 +468,22 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
 static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo, ch_train_state *resume)
 {
     ch_dp_options d = {0};
-    d.reduce = CH_DP_REDUCE_HOST;
+    if (ch_reduce_mode_parse(t->o->reduce, &d.reduce) != CH_OK)
+        return CH_ERR_INVALID_ARGUMENT;
+    d.split = t->o->nweights                          ? CH_DP_SPLIT_WEIGHTS
+              : strcmp(t->o->split, "equal") == 0 ? CH_DP_SPLIT_EQUAL
+                                                  : CH_DP_SPLIT_AUTO;
     d.weights = t->o->nweights ? t->o->weights : NULL;
+    d.nweights = t->o->nweights;
+    d.bucket_bytes = (size_t)t->o->bucket_mb << 20;
+    d.accumulate = (int)t->o->accumulate;
     d.loss = CH_LOSS_CROSS_ENTROPY;
     d.optimizer = *oo;
     d.sample_ndim = ch_dataset_sample_shape(t->train, d.sample_shape);
     d.seed = t->o->seed;
     ch_status st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
+    /* A reduction these devices cannot do is the user's choice to change. */
+    t->bad_reduce = st == CH_ERR_UNSUPPORTED;
     for (int i = 0; st == CH_OK && t->o->resume && i < t->ndev; i++)
         st = ch_checkpoint_load(t->o->resume, ch_dp_replica(t->dp, i), ch_dp_optimizer(t->dp, i),
                                 resume);
@@ -442,14 +509,16 @@ static ch_status setup(trainer *t, ch_train_state *resume)
         st = ch_optimizer_new(&t->opt, t->model, &oo);
     if (st == CH_OK && t->o->resume)
         st = ch_checkpoint_load(t->o->resume, t->model, t->opt, resume);
-    if (st == CH_OK && t->ndev > 1)
+    /* Several devices, or accumulation: the data-parallel wrapper. */
+    if (st == CH_OK && (t->ndev > 1 || t->o->accumulate > 1))
         st = setup_dp(t, &oo, resume);
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
     if (st == CH_OK)
         st = ch_loader_new(&t->loader, t->train, &lo);
     /* The schedule depends only on the step and the planned epochs, so a
      * resumed run follows the same curve. */
-    int64_t total = t->o->epochs * (st == CH_OK ? ch_loader_batches(t->loader) : 0);
+    int64_t k = t->o->accumulate, per_epoch = st == CH_OK ? ch_loader_batches(t->loader) : 0;
+    int64_t total = t->o->epochs * ((per_epoch + k - 1) / k);
     ch_lr_kind lr_kind = strcmp(t->o->schedule, "cosine") == 0 ? CH_LR_COSINE
                       : strcmp(t->o->schedule, "step") == 0 ? CH_LR_STEP
                                                             : CH_LR_CONSTANT;
@@ -484,21 +553,26 @@ static int run(trainer *t)
 {
     const options *o = t->o;
     ch_train_state state = {0, 0, 0, o->seed};
-    if (setup(t, &state) != CH_OK)
+    if (setup(t, &state) != CH_OK) {
+        if (t->bad_reduce) {
+            fprintf(stderr, "chorus-train: --reduce %s: %s (see --help)\n", o->reduce,
+                    ch_last_error());
+            return EXIT_USAGE;
+        }
         return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
+    }
     t->step = state.step;
     double busy = 0;
     int64_t samples = 0, epoch = state.epoch;
     int stop = 0;
     for (; epoch < o->epochs && !stop; epoch++) {
-        int64_t first = epoch == state.epoch ? state.batch : 0, start_step = t->step;
-        if (train_epoch(t, epoch, first, &stop, &busy, &samples) != CH_OK)
+        int64_t first = epoch == state.epoch ? state.batch : 0, next = first;
+        if (train_epoch(t, epoch, first, &stop, &busy, &samples, &next) != CH_OK)
             return runtime_error("training failed");
         if (t->tty && !o->quiet)
             fprintf(stderr, "\n");
         /* A checkpoint that stops mid-epoch records where to go on from. */
-        ch_train_state cs = {stop ? epoch : epoch + 1, stop ? first + t->step - start_step : 0,
-                             t->step, o->seed};
+        ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed};
         const ch_module *m = t->dp ? ch_dp_replica(t->dp, 0) : t->model;
         const ch_optimizer *op = t->dp ? ch_dp_optimizer(t->dp, 0) : t->opt;
         if (o->checkpoint && ch_checkpoint_save(o->checkpoint, m, op, &cs) != CH_OK)

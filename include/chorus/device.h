@@ -92,6 +92,11 @@ CH_API int ch_device_can_peer(const ch_device *src, const ch_device *dst);
 /* Wait until all work queued on the device's streams is done. */
 CH_API ch_status ch_device_sync(ch_device *dev);
 
+/* Bind the calling thread to the CPUs near `dev` (its cpuset, through
+ * hwloc). CH_ERR_UNAVAILABLE when the library has no topology or the
+ * device's CPUs are unknown. */
+CH_API ch_status ch_device_bind_thread(const ch_device *dev);
+
 /* ---- Devices hidden by discovery --------------------------------------- */
 
 /* Devices a backend exposes that discovery hid (one GPU seen by two

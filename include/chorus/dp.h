@@ -4,6 +4,7 @@
 
 #include <chorus/data.h>
 #include <chorus/nn.h>
+#include <chorus/reduce.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -11,16 +12,33 @@ extern "C" {
 
 typedef struct ch_dp ch_dp;
 
-typedef enum ch_dp_reduce {
-    CH_DP_REDUCE_HOST = 0  /* pinned host buffers, summed in a fixed order */
-} ch_dp_reduce;
+/* How a step splits the batch over the replicas. */
+typedef enum ch_dp_split {
+    CH_DP_SPLIT_EQUAL = 0,   /* equal shares (the remainder to the first replicas) */
+    CH_DP_SPLIT_WEIGHTS = 1, /* in proportion to options->weights */
+    CH_DP_SPLIT_AUTO = 2     /* balanced from each replica's measured time per sample,
+                                so that they finish their compute together */
+} ch_dp_split;
 
 typedef struct ch_dp_options {
-    ch_dp_reduce reduce;
-    /* Share of the batch per replica: NULL for equal shares, otherwise n
-     * positive weights (the batch is split in proportion, every replica
-     * getting at least one sample when the batch allows). */
+    /* Gradient reduction (chorus/reduce.h): CH_REDUCE_HOST (the default,
+     * 0), CH_REDUCE_PEER or CH_REDUCE_AUTO. */
+    ch_reduce_mode reduce;
+    ch_dp_split split;
+    /* CH_DP_SPLIT_WEIGHTS: nweights (== the number of devices) positive
+     * weights; every replica gets at least one sample when the batch
+     * allows. Ignored otherwise. */
     const float *weights;
+    int nweights;
+    /* Gradients are reduced in buckets of about this many bytes (0: 25 MiB),
+     * in reverse parameter order: a bucket is reduced as soon as backward
+     * has produced all of its gradients on every replica, while backward
+     * goes on with the earlier layers. */
+    size_t bucket_bytes;
+    /* Gradient accumulation: ch_dp_step reduces and updates once every
+     * `accumulate` calls (0 or 1: every call); the calls in between only
+     * add their micro-batch's gradient (DDP's no_sync). */
+    int accumulate;
     ch_loss_kind loss;
     ch_optimizer_options optimizer;
     /* Shape of one input sample ([1, 28, 28] for the IDX images): see
@@ -32,6 +50,9 @@ typedef struct ch_dp_options {
      * replica's parameters with replica 0's: a divergence fails the step
      * with an error naming the replica. */
     int check_every;
+    /* Bind each worker thread to the CPUs near its device (hwloc); 0 binds,
+     * 1 leaves the threads where the system puts them. */
+    int no_bind;
 } ch_dp_options;
 
 /* Replicas of `model` on each of the n devices (a device may appear more
@@ -43,18 +64,51 @@ CH_API ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const
 /* Stops the workers and frees the replicas. NULL: no-op. */
 CH_API void ch_dp_free(ch_dp *dp);
 
-/* One training step on a batch of images [count, C, H, W] (f32) and labels
+/* One training step on a batch of samples [count, ...] (f32) and labels
  * (i32) in host memory: split across the replicas, forward, loss, backward
  * in parallel, gradients weighted by each replica's share so that their sum
  * is the gradient of the whole batch's mean loss, reduced, and the same
  * optimizer update on every replica at learning rate `lr`. *loss gets the
  * whole batch's mean loss. A failure on any replica ends the step on all of
- * them and is returned. */
+ * them and is returned; the gradients accumulated so far are dropped.
+ *
+ * With options->accumulate = k, the batch is a micro-batch: the first k - 1
+ * calls add its gradient (scaled by 1/k) and return, the k-th reduces and
+ * updates. Micro-batches of equal size then give the update of one step on
+ * their concatenation. */
 CH_API ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss);
 
-/* How the last step went: samples per replica and each replica's seconds
- * (its whole step, waiting included); either array may be NULL. */
+/* Micro-batches accumulated since the last update (0 when none). */
+CH_API int ch_dp_pending(const ch_dp *dp);
+
+/* Reduce and apply what was accumulated (the end of an epoch that did not
+ * fill the last accumulation), the gradient rescaled to the mean over the
+ * micro-batches there are. No-op when nothing is pending. */
+CH_API ch_status ch_dp_flush(ch_dp *dp, float lr);
+
+/* Evaluation over the replicas, each on its share, in evaluation mode
+ * (dropout off): `out` ([count, outputs], f32, on any device) gets the
+ * model's outputs for the batch, in batch order. */
+CH_API ch_status ch_dp_predict(ch_dp *dp, const ch_batch *batch, ch_tensor *out);
+
+/* The batch's mean loss and the number of samples whose largest output is
+ * the label, computed over the replicas in evaluation mode. Either output
+ * may be NULL. */
+CH_API ch_status ch_dp_evaluate(ch_dp *dp, const ch_batch *batch, float *loss,
+                                int64_t *correct);
+
+/* How the last step went: samples per replica, each replica's seconds
+ * (its whole step, waiting included) and its compute seconds (forward and
+ * backward); any array may be NULL. */
 CH_API ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n);
+CH_API ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n);
+
+/* What a dp was made with, after the defaults: the reduction, the groups
+ * it reduces peer-to-peer in, the buckets, and whether worker `index` was
+ * bound to its device's CPUs. */
+CH_API ch_reduce_mode ch_dp_reduce_mode(const ch_dp *dp);
+CH_API int ch_dp_bucket_count(const ch_dp *dp);
+CH_API int ch_dp_bound(const ch_dp *dp, int index);
 
 /* The optimizer of replica `index` (for checkpoints: every replica's state
  * is the same). */

@@ -9,8 +9,10 @@
 # headers) and no network. So it does not run configure: it compiles the
 # core (lib/), the host backend, the CUDA module, the tests and the
 # benchmarks directly with gcc and nvcc, in a build folder outside the
-# tree. nn/ is left out (it needs jansson and zlib); so are hwloc and
-# OpenBLAS (the host backend uses its blocked C GEMM). cuBLAS and NCCL come
+# tree. Of nn/, the checkpoints and the IDX data sets are left out (they
+# need jansson and zlib): the layers, optimizers and data parallelism are
+# in; so are hwloc and OpenBLAS left out (the host backend uses its blocked
+# C GEMM). cuBLAS and NCCL come
 # from the CUDA toolkit or else from Python packages (nvidia-cublas,
 # nvidia-nccl); without NCCL the module uses its peer-copy all-reduce.
 #
@@ -172,7 +174,8 @@ build_core() {
     printf '#define PACKAGE_VERSION "%s"\n#define VERSION "%s"\n' "${version:-0.0.0}" \
         "${version:-0.0.0}" >"$B/config.h"
     local f pids=() objs=() rc=0
-    for f in "$SRC"/lib/*.c "$SRC"/backends/host/*.c; do
+    for f in "$SRC"/lib/*.c "$SRC"/backends/host/*.c "$SRC"/nn/module.c "$SRC"/nn/optim.c \
+        "$SRC"/nn/presets.c "$SRC"/nn/dp.c; do
         local o
         o="$B/obj/$(basename "$(dirname "$f")")-$(basename "$f" .c).o"
         objs+=("$o")
@@ -216,7 +219,7 @@ build_programs() {
     local rc=0 t
     local util=("$SRC/tests/tap.c")
     [ -f "$SRC/tests/ref.c" ] && util+=("$SRC/tests/ref.c")
-    for t in test-core test-cuda test-ops test-ops-grad test-errors; do
+    for t in test-core test-cuda test-ops test-ops-grad test-errors test-reduce test-dp; do
         [ -f "$SRC/tests/$t.c" ] || continue
         local defs=()
         # As in tests/cuda.mk: the module was built, so it must load.
@@ -240,6 +243,14 @@ build_programs() {
             rc=1
         fi
     fi
+    for t in bench-allreduce bench-dp; do
+        [ -f "$SRC/bench/$t.c" ] || continue
+        if compile_c -o "$B/$t" "$SRC/bench/$t.c" -L"$B" -lchorus -lm; then
+            BUILT+=("$t")
+        else
+            rc=1
+        fi
+    done
     if compile_c "${CUDA_INCS[@]}" -I"$CUDA_HOME/include" -o "$B/bench-cublas" \
         "$SRC/bench/bench-cublas.c" -L"$B" -lchorus "$CUBLAS_SO" "$CUDART" -ldl -lrt -lm -lstdc++; then
         BUILT+=(bench-cublas)
@@ -349,6 +360,11 @@ main() {
     run_tap test-ops-grad "$outdir/tests-more.log" test-ops-grad
     run_prog bench-cublas "$outdir/bench.log" bench-cublas 1024 2048 4096
     run_prog bench-ops "$outdir/bench.log" bench-ops --devices cuda:0 --sizes 1024,4096
+    run_tap test-reduce "$outdir/tests-more.log" test-reduce
+    run_tap test-dp "$outdir/tests-more.log" test-dp
+    run_prog bench-allreduce "$outdir/bench.log" bench-allreduce --devices cuda:0,cuda:0,cuda:0 \
+        --max-mb 256
+    run_prog bench-dp "$outdir/bench.log" bench-dp --devices cuda:0,host --model cnn
 
     {
         log "Chorus GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(elapsed) s"
