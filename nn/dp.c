@@ -152,10 +152,21 @@ static ch_status batch_tensors(replica *r, int labels)
     return CH_OK;
 }
 
+/* Bytes of one input sample. */
+static size_t sample_bytes(const ch_dp *dp)
+{
+    size_t bytes = sizeof(float);
+    for (int i = 0; i < dp->o.sample_ndim; i++)
+        bytes *= (size_t)dp->o.sample_shape[i];
+    return bytes;
+}
+
 static ch_status upload_slice(replica *r, int labels)
 {
     const ch_batch *b = r->dp->batch;
-    size_t sample = ch_host_buffer_size(b->images) / (size_t)b->count;
+    /* Not the buffer's size over the count: a short last batch comes in a
+     * buffer made for a full one. */
+    size_t sample = sample_bytes(r->dp);
     TRY(batch_tensors(r, labels));
     TRY(ch_tensor_upload_async(r->x, b->images, (size_t)r->start * sample));
     if (labels)
@@ -859,9 +870,7 @@ static ch_status check_batch(const ch_dp *dp, const ch_batch *batch, const char 
     if (!batch->images || (labels && !batch->labels))
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: the batch has no %s", fn,
                          !batch->images ? "images" : "labels");
-    size_t sample = sizeof(float);
-    for (int i = 0; i < dp->o.sample_ndim; i++)
-        sample *= (size_t)dp->o.sample_shape[i];
+    size_t sample = sample_bytes(dp);
     if (ch_host_buffer_size(batch->images) < sample * (size_t)batch->count)
         return chi_error(CH_ERR_SHAPE, "%s: the images buffer holds %zu bytes, %d samples "
                          "need %zu", fn, ch_host_buffer_size(batch->images), batch->count,

@@ -135,7 +135,12 @@ static float train(ch_module *out, ch_device **devs, int n, ch_dp_options o, run
     ch_status st = ch_dp_new(&dp, model, devs, n, &o);
     for (int s = 0; st == CH_OK && s < STEPS; s++) {
         if (!how.accumulate) {
-            st = ch_dp_step(dp, &bs->b[s], 0.05f, &loss);
+            /* The cnn's last batch is short, in buffers made for a full
+             * one, as a loader's last batch of an epoch is. */
+            ch_batch b = bs->b[s];
+            if (!how.dropout && s == STEPS - 1)
+                b.count = BATCH - 7;
+            st = ch_dp_step(dp, &b, 0.05f, &loss);
             continue;
         }
         st = ch_dp_step(dp, &bs->micro[s][0], 0.05f, &loss);

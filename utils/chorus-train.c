@@ -325,8 +325,12 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate, d
     int total = 0;
     for (int i = 0; i < t->ndev; i++)
         total += counts[i];
-    fprintf(t->log, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_s\":%.1f,"
-            "\"devices\":[", (long long)t->step, (long long)epoch, loss, rate);
+    /* JSON has no NaN or infinity: a diverged loss is null. */
+    char lossv[32] = "null";
+    if (isfinite(loss))
+        snprintf(lossv, sizeof lossv, "%.6f", loss);
+    fprintf(t->log, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"samples_per_s\":%.1f,"
+            "\"devices\":[", (long long)t->step, (long long)epoch, lossv, rate);
     for (int i = 0; i < t->ndev; i++)
         fprintf(t->log, "%s{\"id\":\"%s\",\"share\":%.4f,\"time_s\":%.6f}", i ? "," : "",
                 ch_device_id(t->devs[i]), total ? (double)counts[i] / total : 0.0, times[i]);
