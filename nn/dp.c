@@ -59,6 +59,7 @@ typedef struct replica {
     float loss_value;
     int64_t correct;
     double seconds, compute_seconds;
+    double compute_end;       /* when its forward and backward ended */
     uint64_t checksum;
     ch_status st;
     char error[1024];
@@ -92,6 +93,7 @@ struct ch_dp {
     int sync;                 /* this call reduces and updates */
     int *posted_count;        /* per bucket: replicas that posted it */
     int reducer_done;
+    double reduce_start;      /* when the first bucket's reduction began, 0: none */
     ch_status reduce_st;
     char reduce_error[1024];
     const ch_batch *batch;
@@ -289,6 +291,8 @@ static void *reducer_main(void *arg)
             if (atomic_load(&dp->failed))
                 break;
             pthread_mutex_unlock(&dp->lock);
+            if (b == 0)
+                dp->reduce_start = now();
             ch_clear_error();
             ch_status st = flats ? reduce_bucket(dp, b, flats)
                                  : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp: out of memory");
@@ -402,7 +406,8 @@ static void train(replica *r)
     r->posting = reducing;
     if (dp->batch)
         fail(r, compute(r));
-    r->compute_seconds = now() - t0;
+    r->compute_end = now();
+    r->compute_seconds = r->compute_end - t0;
     r->posting = 0;
     if (reducing) {
         if (r->st == CH_OK)
@@ -837,6 +842,7 @@ static void run_all(ch_dp *dp)
     dp->finished = 0;
     atomic_store(&dp->failed, 0);
     dp->reducer_done = 0;
+    dp->reduce_start = 0.0;
     dp->reduce_st = CH_OK;
     if (dp->job == JOB_TRAIN && dp->sync) {
         for (int b = 0; b < dp->nbuckets; b++)
@@ -1040,6 +1046,17 @@ ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n)
     for (int i = 0; seconds && i < n; i++)
         seconds[i] = dp->r[i].compute_seconds;
     return CH_OK;
+}
+
+double ch_dp_last_overlap(const ch_dp *dp)
+{
+    if (!dp || !(dp->reduce_start > 0.0))
+        return 0.0;
+    double last = 0.0;
+    for (int i = 0; i < dp->n; i++)
+        if (dp->r[i].compute_end > last)
+            last = dp->r[i].compute_end;
+    return last > dp->reduce_start ? last - dp->reduce_start : 0.0;
 }
 
 ch_reduce_mode ch_dp_reduce_mode(const ch_dp *dp) { return dp ? dp->o.reduce : CH_REDUCE_HOST; }

@@ -534,6 +534,25 @@ int main(void)
     o.accumulate = 2;
     test_fault(single, three, 3, names, o, "accumulating", &bs);
 
+    /* Small buckets: the first ones are reduced while backward still runs
+     * on the earlier layers of some replica. */
+    o = options();
+    o.bucket_bytes = 16 << 10;
+    ch_dp *ov = NULL;
+    if (tap_status_ok(ch_dp_new(&ov, single, three, 3, &o), "a dp with 16 KiB buckets")) {
+        double most = 0;
+        float loss;
+        ch_status st = CH_OK;
+        for (int s = 0; st == CH_OK && s < STEPS; s++) {
+            st = ch_dp_step(ov, &bs.b[s], 0.05f, &loss);
+            most = fmax(most, ch_dp_last_overlap(ov));
+        }
+        tap_ok(st == CH_OK && ch_dp_bucket_count(ov) > 2 && most > 0.0,
+               "%d buckets; reduction overlapped backward by up to %.2f ms in %d steps",
+               ch_dp_bucket_count(ov), 1e3 * most, STEPS);
+        ch_dp_free(ov);
+    }
+
     /* Replicas on different backends apply the same reduced gradient with
      * the same arithmetic (lib/optim_consts.h): their parameters stay
      * bit-identical, step after step, with SGD and with AdamW. */

@@ -103,6 +103,11 @@ CH_API ch_status ch_dp_evaluate(ch_dp *dp, const ch_batch *batch, float *loss,
 CH_API ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n);
 CH_API ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n);
 
+/* Seconds the last step's gradient reduction ran while a replica was
+ * still in its forward or backward pass: how much of the reduction the
+ * buckets hid behind backward (0 when none did, or nothing was reduced). */
+CH_API double ch_dp_last_overlap(const ch_dp *dp);
+
 /* What a dp was made with, after the defaults: the reduction, the groups
  * it reduces peer-to-peer in, the buckets, and whether worker `index` was
  * bound to its device's CPUs. */
