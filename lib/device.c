@@ -217,9 +217,18 @@ static ch_status discover_and_open(void)
         st = check_env_list(env, &res);
     for (int i = 0; st == CH_OK && i < res.nhidden; i++)
         st = add_hidden(&res.hidden[i]);
-    for (int i = 0; st == CH_OK && i < res.ndevices; i++)
-        if (visible(env, &res.devices[i]))
-            st = open_device(&in[res.devices[i].input], &res.devices[i]);
+    for (int i = 0; st == CH_OK && i < res.ndevices; i++) {
+        chi_disc_device *dd = &res.devices[i];
+        if (!visible(env, dd))
+            continue;
+        /* Named in CHORUS_DEVICES: the user chose it, so "all" takes it
+         * too (PoCL's CPU devices, left out by default). */
+        if (env && *env && listed(env, dd->id) && !dd->in_all) {
+            dd->in_all = 1;
+            snprintf(dd->note, sizeof dd->note, "in \"all\": named in CHORUS_DEVICES");
+        }
+        st = open_device(&in[dd->input], dd);
+    }
     chi_disc_result_free(&res);
     free(in);
     return st;

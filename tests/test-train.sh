@@ -131,13 +131,26 @@ assert d["steps"] == 25 and d["test_accuracy"] >= 0.6, d
 ' "$tmp/acc.json"
     ok $? "--accumulate 2 takes one step every two batches and learns: $(head -c 200 "$tmp/acc.json")"
 
+    # The default --devices all: PoCL's CPU devices are left out of "all"
+    # unless CHORUS_DEVICES names them; then it trains over all three.
+    CHORUS_DEVICES=host,opencl:0,opencl:1 "$train" --data "$data" --model mlp --limit 400 \
+        --quiet --epochs 1 --log "$tmp/all.jsonl" >"$tmp/out" 2>"$tmp/err"
+    status=$?
+    test "$status" -eq 0 && grep -q 'devices=host,opencl:0,opencl:1$' "$tmp/out" &&
+        head -n 1 "$tmp/all.jsonl" | grep -q '"opencl:1"'
+    ok $? "the default --devices all trains over every device CHORUS_DEVICES names (status $status: $(cat "$tmp/out") $(head -c 200 "$tmp/err"))"
+    "$train" --data "$data" --model mlp --limit 400 --quiet --epochs 1 >"$tmp/out" 2>"$tmp/err"
+    grep -q 'devices=host$' "$tmp/out"
+    ok $? "without CHORUS_DEVICES, all leaves PoCL's CPU devices out: $(cat "$tmp/out")"
+
     "$train" --data "$data" --devices host,opencl:0 --reduce peer --limit 100 >/dev/null 2>"$tmp/err"
     status=$?
     test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--reduce peer' "$tmp/err" &&
         grep -q 'opencl:0' "$tmp/err"
     ok $? "--reduce peer across host and OpenCL: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
 else
-    for what in "learns" "shares" "auto learns" "auto shares" "resume" "accumulate" "peer refused"; do
+    for what in "learns" "shares" "auto learns" "auto shares" "resume" "accumulate" "all" \
+        "all without CHORUS_DEVICES" "peer refused"; do
         n=$((n + 1))
         echo "ok $n # SKIP no opencl:0 and opencl:1 for data parallel training ($what)"
     done
