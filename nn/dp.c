@@ -448,7 +448,11 @@ static ch_status infer(replica *r)
         TRY(ch_tensor_view(&rows, dp->out, r->start, r->count));
         st = ch_copy(rows, y);
         ch_tensor_free(rows);
-        return st == CH_OK ? ch_stream_sync(r->stream) : st;
+        TRY(st);
+        TRY(ch_stream_sync(r->stream));
+        /* A copy to another device may be queued on that device's side. */
+        ch_device *to = ch_tensor_device(dp->out);
+        return to == r->dev ? CH_OK : ch_device_sync(to);
     }
     ch_tensor *lv;
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
