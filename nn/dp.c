@@ -3,12 +3,16 @@
  * reduced in buckets while backward runs, one identical optimizer step on
  * every replica.
  *
- * Every replica's gradients are views of one flat buffer per replica
- * (nn_flatten_grads). The parameters are cut into buckets in reverse order;
+ * The parameters are cut into buckets in reverse order, and every
+ * replica's gradients are views of one buffer per bucket (nn_grads_into):
+ * a bucket is reduced as a whole, and no buffer is read by the reduction
+ * while backward still writes into it (OpenCL leaves concurrent access to
+ * one buffer from two queues undefined; no single allocation has to hold
+ * every gradient of a large model either).
  * when backward has produced a bucket's gradients, the worker records an
  * event on its stream and posts the bucket. A reducer thread takes the
  * buckets in order, each once every replica has posted it, and all-reduces
- * that range of the flat buffers on the replicas' communication streams
+ * that bucket's buffers on the replicas' communication streams
  * (chorus/reduce.h: host-staged, peer or both), while the workers' backward
  * goes on with the earlier layers.
  *
@@ -36,7 +40,7 @@ typedef enum job { JOB_TRAIN, JOB_PREDICT, JOB_EVALUATE } job;
 
 typedef struct bucket {
     int p_lo, p_hi;           /* parameters [p_lo, p_hi) */
-    int64_t off, count;       /* their range of the flat gradient */
+    int64_t count;            /* their elements */
 } bucket;
 
 typedef struct replica {
@@ -49,7 +53,7 @@ typedef struct replica {
     ch_loss *loss;
     ch_optimizer *opt;
     ch_tensor *x, *labels, *pred;
-    ch_tensor *flat;          /* every gradient; the parameters' grads are views */
+    ch_tensor **grads;        /* per bucket: its gradients; the parameters' are views */
     ch_event **ready;         /* per bucket: its gradients are complete */
     int *missing;             /* per bucket: parameters still to come, -1 once posted */
     int posting;              /* this backward posts buckets */
@@ -242,7 +246,7 @@ static ch_status make_buckets(ch_dp *dp, const ch_module *model)
         while (lo > 0 && (size_t)(offs[hi] - offs[lo - 1]) * sizeof(float) <= limit)
             lo--;
         bucket *b = &dp->buckets[dp->nbuckets];
-        *b = (bucket){lo, hi, offs[lo], offs[hi] - offs[lo]};
+        *b = (bucket){lo, hi, offs[hi] - offs[lo]};
         for (int p = lo; p < hi; p++)
             dp->param_bucket[p] = dp->nbuckets;
         dp->nbuckets++;
@@ -269,20 +273,20 @@ static int next_call(ch_dp *dp, const int64_t *generation, int64_t *seen)
 
 /* ---- The reducer thread ------------------------------------------------------------ */
 
-static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **flats)
+static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
 {
-    for (int i = 0; i < dp->n; i++)
+    for (int i = 0; i < dp->n; i++) {
         TRY(ch_event_wait(dp->r[i].comm, dp->r[i].ready[b]));
-    return ch_reducer_allreduce(dp->reducer, flats, dp->buckets[b].off, dp->buckets[b].count);
+        bufs[i] = dp->r[i].grads[b];
+    }
+    return ch_reducer_allreduce(dp->reducer, bufs, 0, dp->buckets[b].count);
 }
 
 static void *reducer_main(void *arg)
 {
     ch_dp *dp = arg;
     int64_t seen = 0;
-    ch_tensor **flats = malloc((size_t)dp->n * sizeof *flats);
-    for (int i = 0; flats && i < dp->n; i++)
-        flats[i] = dp->r[i].flat;
+    ch_tensor **bufs = malloc((size_t)dp->n * sizeof *bufs);
     pthread_mutex_lock(&dp->lock);
     while (next_call(dp, &dp->reduce_generation, &seen)) {
         for (int b = 0; b < dp->nbuckets; b++) {
@@ -294,7 +298,7 @@ static void *reducer_main(void *arg)
             if (b == 0)
                 dp->reduce_start = now();
             ch_clear_error();
-            ch_status st = flats ? reduce_bucket(dp, b, flats)
+            ch_status st = bufs ? reduce_bucket(dp, b, bufs)
                                  : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp: out of memory");
             pthread_mutex_lock(&dp->lock);
             if (st != CH_OK) {
@@ -310,7 +314,7 @@ static void *reducer_main(void *arg)
         pthread_cond_broadcast(&dp->posted);
     }
     pthread_mutex_unlock(&dp->lock);
-    free(flats);
+    free(bufs);
     return NULL;
 }
 
@@ -330,8 +334,8 @@ static ch_status compute(replica *r)
 {
     ch_dp *dp = r->dp;
     const ch_batch *b = dp->batch;
-    if (dp->micro == 0)
-        TRY(ch_fill(r->flat, 0.0));
+    for (int b = 0; dp->micro == 0 && b < dp->nbuckets; b++)
+        TRY(ch_fill(r->grads[b], 0.0));
     r->loss_value = 0.0f;
     if (r->count == 0)
         return CH_OK;
@@ -389,8 +393,8 @@ static ch_status param_checksum(replica *r)
 static ch_status update(replica *r)
 {
     ch_dp *dp = r->dp;
-    if (dp->grad_rescale != 1.0f)
-        TRY(ch_scale(r->flat, r->flat, dp->grad_rescale));
+    for (int b = 0; dp->grad_rescale != 1.0f && b < dp->nbuckets; b++)
+        TRY(ch_scale(r->grads[b], r->grads[b], dp->grad_rescale));
     TRY(ch_optimizer_step(r->opt, dp->lr));
     return ch_stream_sync(r->stream);
 }
@@ -551,13 +555,19 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
     r->dp = dp;
     r->index = i;
     r->dev = dev;
-    int64_t fs[1] = {dp->numel};
     TRY(ch_stream_new(&r->stream, dev));
     TRY(ch_stream_new(&r->comm, dev));
     /* The clone is made on this thread; its ops go to the replica's stream. */
     TRY(ch_module_clone(&r->model, model, dev));
-    TRY(ch_tensor_new(&r->flat, dev, CH_F32, 1, fs));
-    TRY(nn_flatten_grads(r->model, r->flat));
+    r->grads = calloc((size_t)dp->nbuckets, sizeof *r->grads);
+    if (!r->grads)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    for (int b = 0; b < dp->nbuckets; b++) {
+        int64_t shape[1] = {dp->buckets[b].count};
+        TRY(ch_tensor_new(&r->grads[b], dev, CH_F32, 1, shape));
+        TRY(nn_grads_into(r->model, dp->buckets[b].p_lo,
+                          dp->buckets[b].p_hi - dp->buckets[b].p_lo, r->grads[b]));
+    }
     nn_set_grad_hook(r->model, on_grads, r);
     TRY(ch_loss_new(&r->loss, dp->o.loss));
     TRY(ch_optimizer_new(&r->opt, r->model, &dp->o.optimizer));
@@ -703,7 +713,9 @@ void ch_dp_free(ch_dp *dp)
         ch_optimizer_free(r->opt);
         ch_loss_free(r->loss);
         ch_module_free(r->model);
-        ch_tensor_free(r->flat);
+        for (int b = 0; r->grads && b < dp->nbuckets; b++)
+            ch_tensor_free(r->grads[b]);
+        free(r->grads);
         for (int b = 0; r->ready && b < dp->nbuckets; b++)
             ch_event_free(r->ready[b]);
         free(r->ready);

@@ -822,40 +822,44 @@ void nn_set_grad_hook(ch_module *m, nn_grad_hook fn, void *user)
     }
 }
 
-/* Parameter gradients of m's tree, from *off on, become views of flat. */
-static ch_status flatten_from(ch_module *m, ch_tensor *flat, int64_t *off)
+/* The gradient of parameter p becomes a view of buf at *off. */
+static ch_status grad_into(nn_param *p, ch_tensor *buf, int64_t *off)
 {
-    for (int i = 0; i < m->nparams; i++) {
-        nn_param *p = &m->params[i];
-        int64_t shape[CH_MAX_DIMS], n = ch_tensor_numel(p->grad);
-        shape_of(p->grad, shape);
-        ch_tensor *rows = NULL, *view = NULL;
-        TRY(ch_tensor_view(&rows, flat, *off, n));
-        ch_status st = ch_tensor_reshape(&view, rows, ch_tensor_ndim(p->grad), shape);
-        ch_tensor_free(rows);
-        if (st == CH_OK)
-            st = ch_copy(view, p->grad);
-        if (st != CH_OK) {
-            ch_tensor_free(view);
-            return st;
-        }
-        ch_tensor_free(p->grad);
-        p->grad = view;
-        *off += n;
+    int64_t shape[CH_MAX_DIMS], n = ch_tensor_numel(p->grad);
+    shape_of(p->grad, shape);
+    ch_tensor *rows = NULL, *view = NULL;
+    TRY(ch_tensor_view(&rows, buf, *off, n));
+    ch_status st = ch_tensor_reshape(&view, rows, ch_tensor_ndim(p->grad), shape);
+    ch_tensor_free(rows);
+    if (st == CH_OK)
+        st = ch_copy(view, p->grad);
+    if (st != CH_OK) {
+        ch_tensor_free(view);
+        return st;
     }
-    for (int i = 0; i < m->nchild; i++)
-        TRY(flatten_from(m->child[i], flat, off));
+    ch_tensor_free(p->grad);
+    p->grad = view;
+    *off += n;
     return CH_OK;
 }
 
-ch_status nn_flatten_grads(ch_module *m, ch_tensor *flat)
+ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf)
 {
-    int64_t off = 0;
-    if (ch_tensor_numel(flat) != ch_module_param_numel(m))
-        return chi_error(CH_ERR_SHAPE, "nn_flatten_grads: flat has %lld elements, the "
-                         "parameters %lld", (long long)ch_tensor_numel(flat),
-                         (long long)ch_module_param_numel(m));
-    return flatten_from(m, flat, &off);
+    int64_t need = 0, off = 0;
+    for (int i = first; i < first + count; i++) {
+        nn_param *p = param_at(m, i);
+        if (!p)
+            return chi_error(CH_ERR_INVALID_ARGUMENT, "nn_grads_into: parameter %d out of "
+                             "range (%d parameters)", i, count_params(m));
+        need += ch_tensor_numel(p->grad);
+    }
+    if (ch_tensor_ndim(buf) != 1 || ch_tensor_numel(buf) != need)
+        return chi_error(CH_ERR_SHAPE, "nn_grads_into: buf has %lld elements in %d dims, the "
+                         "gradients %lld in 1", (long long)ch_tensor_numel(buf),
+                         ch_tensor_ndim(buf), (long long)need);
+    for (int i = first; i < first + count; i++)
+        TRY(grad_into(param_at(m, i), buf, &off));
+    return CH_OK;
 }
 
 ch_status ch_module_zero_grad(ch_module *m)

@@ -72,10 +72,11 @@ struct ch_module {
 /* Set (fn NULL: clear) the gradient hook of `m`, a Sequential; other
  * modules have no hook. */
 void nn_set_grad_hook(ch_module *m, nn_grad_hook fn, void *user);
-/* Make every parameter's gradient a view of `flat` ([param_numel] f32 on
- * the module's device), in ch_module_param order: the gradients are then
- * one buffer that can be reduced in ranges. */
-ch_status nn_flatten_grads(ch_module *m, ch_tensor *flat);
+/* Make the gradients of parameters [first, first + count) (ch_module_param
+ * order) views of `buf` (1-D f32 on the module's device, exactly as many
+ * elements), one after the other: those gradients are then one buffer
+ * that can be reduced as a whole. Their values are copied in. */
+ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf);
 
 /* (Re)allocate *t unless it already has this device, dtype and shape. */
 ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
