@@ -56,9 +56,12 @@ typedef struct ch_dp_options {
 } ch_dp_options;
 
 /* Replicas of `model` on each of the n devices (a device may appear more
- * than once), with the parameters of `model` copied to all of them, and one
- * worker thread per replica. `model` stays the caller's and is not changed
- * by training: ch_dp_sync_to copies the trained parameters back. */
+ * than once), with the parameters of `model` copied to all of them, one
+ * worker thread per replica and a thread that reduces the gradients (with
+ * one device, the calling thread does the work and there is nothing to
+ * reduce). `model` stays the caller's and is not changed by training:
+ * ch_dp_sync_to copies the trained parameters back. Fails with
+ * CH_ERR_UNSUPPORTED when options->reduce cannot work on these devices. */
 CH_API ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devices,
                            int n, const ch_dp_options *options);
 /* Stops the workers and frees the replicas. NULL: no-op. */
