@@ -53,6 +53,8 @@ typedef struct replica {
     ch_loss *loss;
     ch_optimizer *opt;
     ch_tensor *x, *labels, *pred;
+    int32_t *pred_host;       /* evaluation: the predictions, downloaded */
+    int pred_cap;
     ch_tensor **grads;        /* per bucket: its gradients; the parameters' are views */
     ch_event **ready;         /* per bucket: its gradients are complete */
     int *missing;             /* per bucket: parameters still to come, -1 once posted */
@@ -111,6 +113,7 @@ struct ch_dp {
     int micro;                /* micro-batches accumulated since the last update */
     int64_t micro_samples;    /* their samples: the random stream's offset */
     int fail_replica;         /* test hook: this replica fails its next call */
+    int fail_reduce;          /* test hook: the next reduction fails */
 };
 
 /* ---- Helpers ------------------------------------------------------------------- */
@@ -275,6 +278,8 @@ static int next_call(ch_dp *dp, const int64_t *generation, int64_t *seen)
 
 static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
 {
+    if (dp->fail_reduce)
+        return chi_error(CH_ERR_INTERNAL, "failure injected by a test");
     for (int i = 0; i < dp->n; i++) {
         TRY(ch_event_wait(dp->r[i].comm, dp->r[i].ready[b]));
         bufs[i] = dp->r[i].grads[b];
@@ -464,15 +469,18 @@ static ch_status infer(replica *r)
     int64_t ps[1] = {r->count};
     TRY(nn_ensure(&r->pred, r->dev, CH_I32, 1, ps));
     TRY(ch_argmax(r->pred, y, 1));
-    int32_t *pred = malloc((size_t)r->count * sizeof *pred);
-    if (!pred)
-        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_evaluate: out of memory");
-    st = ch_tensor_download(r->pred, pred, (size_t)r->count * sizeof *pred);
+    if (r->count > r->pred_cap) {
+        int32_t *grown = realloc(r->pred_host, (size_t)r->count * sizeof *grown);
+        if (!grown)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_evaluate: out of memory");
+        r->pred_host = grown;
+        r->pred_cap = r->count;
+    }
+    TRY(ch_tensor_download(r->pred, r->pred_host, (size_t)r->count * sizeof(int32_t)));
     const int32_t *truth = (const int32_t *)ch_host_buffer_data(b->labels) + r->start;
-    for (int i = 0; st == CH_OK && i < r->count; i++)
-        r->correct += pred[i] == truth[i];
-    free(pred);
-    return st;
+    for (int i = 0; i < r->count; i++)
+        r->correct += r->pred_host[i] == truth[i];
+    return CH_OK;
 }
 
 static void run_call(replica *r)
@@ -710,6 +718,7 @@ void ch_dp_free(ch_dp *dp)
         ch_tensor_free(r->x);
         ch_tensor_free(r->labels);
         ch_tensor_free(r->pred);
+        free(r->pred_host);
         ch_optimizer_free(r->opt);
         ch_loss_free(r->loss);
         ch_module_free(r->model);
@@ -923,6 +932,8 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
             dp->r[i].count = 0;
     run_all(dp);
     dp->fail_replica = -1;
+    if (sync)
+        dp->fail_reduce = 0;
     dp->grad_rescale = 1.0f;
     ch_status st = call_status(dp, batch ? "ch_dp_step" : "ch_dp_flush");
     if (st != CH_OK) {
@@ -1115,4 +1126,10 @@ void chi_dp_fail_next(ch_dp *dp, int replica)
 {
     if (dp)
         dp->fail_replica = replica;
+}
+
+void chi_dp_fail_reduce_next(ch_dp *dp)
+{
+    if (dp)
+        dp->fail_reduce = 1;
 }

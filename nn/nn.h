@@ -90,6 +90,9 @@ ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *
  * step (after its batch is on the device, before forward). */
 struct ch_dp;
 CH_API void chi_dp_fail_next(struct ch_dp *dp, int replica);
+/* Test hook: the reduction of the next step fails (in the reducer thread,
+ * while the replicas are in backward). */
+CH_API void chi_dp_fail_reduce_next(struct ch_dp *dp);
 
 ch_optimizer_kind nn_optimizer_kind(const ch_optimizer *opt);
 ch_status nn_optimizer_state_slot(ch_optimizer *opt, int index, ch_tensor ***slot,

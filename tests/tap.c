@@ -133,3 +133,21 @@ int tap_devices(ch_device **out, int capacity)
             k++;
     return k;
 }
+
+ch_module *tap_sequential(int n, ch_module *const *children)
+{
+    ch_module *seq = NULL;
+    int taken = 0; /* children handed to ch_nn_sequential_add, which frees on failure */
+    if (ch_nn_sequential(&seq) == CH_OK)
+        while (taken < n && children[taken] &&
+               ch_nn_sequential_add(seq, children[taken++]) == CH_OK)
+            ;
+    int ok = seq && taken == n && ch_module_child_count(seq) == n;
+    for (int k = taken; !ok && k < n; k++)
+        ch_module_free(children[k]);
+    if (!ok) {
+        ch_module_free(seq);
+        return NULL;
+    }
+    return seq;
+}

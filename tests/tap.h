@@ -39,5 +39,8 @@ float tap_rng_uniform(tap_rng *r, float lo, float hi);
 /* Devices to run op tests on: every visible device (host included),
  * including OpenCL CPU devices. */
 int tap_devices(ch_device **out, int capacity);
+/* A Sequential of the n children (ownership passes to it); NULL when a
+ * child is NULL or an add fails, the message in ch_last_error(). */
+ch_module *tap_sequential(int n, ch_module *const *children);
 
 #endif

@@ -84,25 +84,16 @@ static ch_dp_options options(void)
 /* A small convolutional net with dropout before its last layer. */
 static ch_module *dropnet(void)
 {
-    ch_module *seq = NULL, *m = NULL;
-    ch_nn_sequential(&seq);
-    ch_nn_conv2d(&m, 1, 8, 3, 1, 1);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_activation(&m, CH_ACT_RELU);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_maxpool2d(&m, 2, 2);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_flatten(&m);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_linear(&m, 8 * 14 * 14, 32);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_activation(&m, CH_ACT_RELU);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_dropout(&m, 0.3f);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_linear(&m, 32, 10);
-    ch_nn_sequential_add(seq, m);
-    return seq;
+    ch_module *m[8] = {NULL};
+    ch_nn_conv2d(&m[0], 1, 8, 3, 1, 1);
+    ch_nn_activation(&m[1], CH_ACT_RELU);
+    ch_nn_maxpool2d(&m[2], 2, 2);
+    ch_nn_flatten(&m[3]);
+    ch_nn_linear(&m[4], 8 * 14 * 14, 32);
+    ch_nn_activation(&m[5], CH_ACT_RELU);
+    ch_nn_dropout(&m[6], 0.3f);
+    ch_nn_linear(&m[7], 32, 10);
+    return tap_sequential(8, m);
 }
 
 static ch_module *make_model(int dropout)
@@ -231,6 +222,16 @@ static void test_fault(ch_module *model, ch_device **devs, int n, const char *na
     double secs = seconds_since(&t0);
     tap_status_is(st, CH_ERR_INTERNAL, "replica 1", "%s: a failing replica's error is "
                   "returned, naming it", what);
+    tap_ok(secs < 1.0, "%s: ... within a second (%.3f s)", what, secs);
+    /* The reducer thread failing instead: the workers stop waiting for it. */
+    chi_dp_fail_reduce_next(dp);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    st = ch_dp_step(dp, &bs->b[0], 0.05f, &loss);
+    if (st == CH_OK && o.accumulate > 1) /* a micro-batch reduces nothing: the next does */
+        st = ch_dp_step(dp, &bs->b[0], 0.05f, &loss);
+    secs = seconds_since(&t0);
+    tap_status_is(st, CH_ERR_INTERNAL, "reducing gradients", "%s: a failing reduction's "
+                  "error is returned, naming it", what);
     tap_ok(secs < 1.0, "%s: ... within a second (%.3f s)", what, secs);
     st = ch_dp_step(dp, &bs->b[1], 0.05f, &loss);
     tap_status_ok(st, "%s: the next step runs", what);

@@ -136,21 +136,14 @@ static void grad_check(const char *what, ch_module *m, ch_device *dev, int ndim,
 
 static ch_module *small_cnn(void)
 {
-    ch_module *seq = NULL, *m = NULL;
-    ch_nn_sequential(&seq);
-    ch_nn_conv2d(&m, 2, 3, 3, 1, 1);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_activation(&m, CH_ACT_RELU);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_maxpool2d(&m, 2, 2);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_flatten(&m);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_linear(&m, 3 * 3 * 3, 4);
-    ch_nn_sequential_add(seq, m);
-    ch_nn_activation(&m, CH_ACT_TANH);
-    ch_nn_sequential_add(seq, m);
-    return seq;
+    ch_module *m[6] = {NULL};
+    ch_nn_conv2d(&m[0], 2, 3, 3, 1, 1);
+    ch_nn_activation(&m[1], CH_ACT_RELU);
+    ch_nn_maxpool2d(&m[2], 2, 2);
+    ch_nn_flatten(&m[3]);
+    ch_nn_linear(&m[4], 3 * 3 * 3, 4);
+    ch_nn_activation(&m[5], CH_ACT_TANH);
+    return tap_sequential(6, m);
 }
 
 static void test_gradients(ch_device *dev)

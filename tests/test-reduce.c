@@ -539,6 +539,11 @@ out:
 
 int main(void)
 {
+    /* Before ch_init there are no devices to reduce on. */
+    ch_reducer *early = NULL;
+    ch_stream *none[1] = {NULL};
+    tap_status_is(ch_reducer_new(&early, none, 1, 4, CH_REDUCE_HOST), CH_ERR_STATE, "ch_init",
+                  "ch_reducer_new before ch_init");
     ch_status st = ch_init();
     if (st != CH_OK) {
         tap_status_ok(st, "ch_init");
