@@ -36,6 +36,12 @@ typedef struct chi_allocator {
     ch_memory_stats stats;
 } chi_allocator;
 
+/* Copies into a device from other devices, by path (ch_transfer_stats). */
+typedef struct chi_transfers {
+    atomic_uint_least64_t peer_copies, peer_bytes;
+    atomic_uint_least64_t staged_copies, staged_bytes;
+} chi_transfers;
+
 struct ch_device {
     int index;
     char id[32];
@@ -50,6 +56,7 @@ struct ch_device {
     pthread_mutex_t staging_lock; /* guards the staging buffer */
     void *staging;              /* pinned host memory for cross-device copies */
     size_t staging_bytes;
+    chi_transfers transfers;
 };
 
 struct ch_stream {
@@ -107,10 +114,6 @@ void chi_alloc_init(chi_allocator *a);
 /* The size chi_alloc really allocates for a request of `bytes`. */
 size_t chi_alloc_round(size_t bytes);
 void chi_alloc_release(ch_device *dev);
-
-/* Counters of cross-device copies since ch_init, for tests that must prove
- * which path a copy took. */
-CH_API void chi_copy_counters(uint64_t *peer_copies, uint64_t *staged_copies);
 
 /* Copy between tensors on different devices. */
 ch_status chi_copy_across(ch_tensor *dst, const ch_tensor *src);

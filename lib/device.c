@@ -481,6 +481,19 @@ ch_status ch_device_memory_stats(const ch_device *dev, ch_memory_stats *stats)
     return CH_OK;
 }
 
+ch_status ch_device_transfer_stats(const ch_device *dev, ch_transfer_stats *stats)
+{
+    CHECK_DEVICE("ch_device_transfer_stats", dev);
+    if (!stats)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_transfer_stats: stats is NULL");
+    const chi_transfers *t = &dev->transfers;
+    stats->peer_copies = atomic_load(&t->peer_copies);
+    stats->peer_bytes = atomic_load(&t->peer_bytes);
+    stats->staged_copies = atomic_load(&t->staged_copies);
+    stats->staged_bytes = atomic_load(&t->staged_bytes);
+    return CH_OK;
+}
+
 ch_status ch_device_empty_cache(ch_device *dev)
 {
     CHECK_DEVICE("ch_device_empty_cache", dev);

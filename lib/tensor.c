@@ -9,16 +9,6 @@
 
 #define STAGING_BYTES ((size_t)4 << 20)
 
-static atomic_uint_least64_t peer_copies, staged_copies;
-
-void chi_copy_counters(uint64_t *peer, uint64_t *staged)
-{
-    if (peer)
-        *peer = atomic_load(&peer_copies);
-    if (staged)
-        *staged = atomic_load(&staged_copies);
-}
-
 const char *ch_dtype_name(ch_dtype dtype)
 {
     switch (dtype) {
@@ -295,8 +285,6 @@ static ch_status copy_peer(ch_tensor *dst, const ch_tensor *src, size_t bytes)
         st = be->peer_copy(dst_stream, chi_mem(dst), src->dev->dev, chi_mem(src), bytes);
     if (ev)
         be->event_free(ev);
-    if (st == CH_OK)
-        atomic_fetch_add(&peer_copies, 1);
     return st;
 }
 
@@ -346,17 +334,20 @@ static ch_status copy_staged(ch_tensor *dst, const ch_tensor *src, size_t bytes)
         }
         pthread_mutex_unlock(&src->dev->staging_lock);
     }
-    if (st == CH_OK)
-        atomic_fetch_add(&staged_copies, 1);
     return st;
 }
 
 ch_status chi_copy_across(ch_tensor *dst, const ch_tensor *src)
 {
     size_t bytes = ch_tensor_nbytes(src);
-    if (ch_device_can_peer(src->dev, dst->dev) && dst->dev->be->iface->peer_copy)
-        return copy_peer(dst, src, bytes);
-    return copy_staged(dst, src, bytes);
+    int peer = ch_device_can_peer(src->dev, dst->dev) && dst->dev->be->iface->peer_copy;
+    ch_status st = peer ? copy_peer(dst, src, bytes) : copy_staged(dst, src, bytes);
+    if (st == CH_OK) {
+        chi_transfers *t = &dst->dev->transfers;
+        atomic_fetch_add(peer ? &t->peer_copies : &t->staged_copies, 1);
+        atomic_fetch_add(peer ? &t->peer_bytes : &t->staged_bytes, bytes);
+    }
+    return st;
 }
 
 ch_status ch_tensor_to(ch_tensor **out, const ch_tensor *src, ch_device *dev)

@@ -403,13 +403,15 @@ static void test_peer(ch_device *src, ch_device *dst)
     float *x = random_floats(n, 23);
     int64_t shape[1] = {n};
     ch_tensor *a = upload(src, 1, shape, x), *b = upload(dst, 1, shape, NULL);
-    uint64_t peer0, staged0, peer1, staged1;
-    chi_copy_counters(&peer0, &staged0);
+    ch_transfer_stats t0 = {0}, t1 = {0};
+    ch_device_transfer_stats(dst, &t0);
     float *y = NULL;
     if (a && b && tap_status_ok(ch_copy(b, a), "ch_copy %s -> %s", ch_device_id(src),
                                 ch_device_id(dst)))
         y = download(b);
-    chi_copy_counters(&peer1, &staged1);
+    ch_device_transfer_stats(dst, &t1);
+    uint64_t peer0 = t0.peer_copies, staged0 = t0.staged_copies;
+    uint64_t peer1 = t1.peer_copies, staged1 = t1.staged_copies;
     tap_ok(y && memcmp(x, y, (size_t)n * 4) == 0, "copy %s -> %s is exact", ch_device_id(src),
            ch_device_id(dst));
     int can = ch_device_can_peer(src, dst);

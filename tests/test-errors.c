@@ -86,6 +86,9 @@ static void test_before_init(void)
     EXPECT(ch_device_sync(NULL), CH_ERR_STATE, "ch_device_sync", "ch_init", "before ch_init");
     EXPECT(ch_device_memory_stats(NULL, &ms), CH_ERR_STATE, "ch_device_memory_stats", "ch_init",
            "before ch_init");
+    ch_transfer_stats ts;
+    EXPECT(ch_device_transfer_stats(NULL, &ts), CH_ERR_STATE, "ch_device_transfer_stats",
+           "ch_init", "before ch_init");
     EXPECT(ch_fill(NULL, 1.0), CH_ERR_STATE, "ch_fill", "ch_init", "before ch_init");
     EXPECT(ch_copy(NULL, NULL), CH_ERR_STATE, "ch_copy", "ch_init", "before ch_init");
     EXPECT(ch_gemm(NULL, 0, 0, 1.0f, NULL, NULL, 0.0f), CH_ERR_STATE, "ch_gemm", "ch_init",
@@ -246,6 +249,11 @@ static void test_device_queries(ch_device *host)
            "dev", "dev NULL");
     EXPECT(ch_device_memory_stats(host, NULL), CH_ERR_INVALID_ARGUMENT,
            "ch_device_memory_stats", "stats", "stats NULL");
+    ch_transfer_stats ts;
+    EXPECT(ch_device_transfer_stats(NULL, &ts), CH_ERR_INVALID_ARGUMENT,
+           "ch_device_transfer_stats", "dev", "dev NULL");
+    EXPECT(ch_device_transfer_stats(host, NULL), CH_ERR_INVALID_ARGUMENT,
+           "ch_device_transfer_stats", "stats", "stats NULL");
     EXPECT(ch_device_empty_cache(NULL), CH_ERR_INVALID_ARGUMENT, "ch_device_empty_cache", "dev",
            "dev NULL");
     EXPECT(ch_backend_get_info(0, NULL), CH_ERR_INVALID_ARGUMENT, "ch_backend_get_info", "info",

@@ -113,17 +113,27 @@ static void test_round_trip(ch_dtype dtype, int64_t n)
     free(back);
 }
 
-/* One copy between two devices; how many took each path. */
+/* One copy between two devices; how many copies into dst's device took
+ * each path, and whether the bytes were counted with them. */
 static ch_status counted_copy(ch_tensor *dst, const ch_tensor *src, uint64_t *peer,
                               uint64_t *staged)
 {
-    uint64_t p0, s0, p1, s1;
-    chi_copy_counters(&p0, &s0);
-    ch_status st = ch_copy(dst, src);
-    chi_copy_counters(&p1, &s1);
-    *peer = p1 - p0;
-    *staged = s1 - s0;
-    return st;
+    ch_transfer_stats a, b;
+    ch_device *dev = ch_tensor_device(dst);
+    ch_status st = ch_device_transfer_stats(dev, &a);
+    if (st == CH_OK)
+        st = ch_copy(dst, src);
+    if (st == CH_OK)
+        st = ch_device_transfer_stats(dev, &b);
+    if (st != CH_OK)
+        return st;
+    *peer = b.peer_copies - a.peer_copies;
+    *staged = b.staged_copies - a.staged_copies;
+    uint64_t bytes = (b.peer_bytes - a.peer_bytes) + (b.staged_bytes - a.staged_bytes);
+    tap_ok(bytes == ch_tensor_nbytes(src), "%s -> %s: %llu bytes counted, want %zu",
+           ch_device_id(ch_tensor_device(src)), ch_device_id(dev), (unsigned long long)bytes,
+           ch_tensor_nbytes(src));
+    return CH_OK;
 }
 
 static void test_paths(void)

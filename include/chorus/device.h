@@ -125,6 +125,19 @@ typedef struct ch_memory_stats {
 
 CH_API ch_status ch_device_memory_stats(const ch_device *dev, ch_memory_stats *stats);
 
+/* Copies into a device from another device since ch_init (ch_copy,
+ * ch_tensor_to, a Sequential whose layers sit on several devices), by the
+ * path they took: device to device (ch_device_can_peer), or through host
+ * memory. */
+typedef struct ch_transfer_stats {
+    uint64_t peer_copies;
+    uint64_t peer_bytes;
+    uint64_t staged_copies;
+    uint64_t staged_bytes;
+} ch_transfer_stats;
+
+CH_API ch_status ch_device_transfer_stats(const ch_device *dev, ch_transfer_stats *stats);
+
 /* Give cached blocks back to the driver. */
 CH_API ch_status ch_device_empty_cache(ch_device *dev);
 
