@@ -3,7 +3,7 @@
 noinst_PROGRAMS += bench/bench-ops
 bench_bench_ops_SOURCES = bench/bench-ops.c
 bench_bench_ops_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) -I$(top_srcdir)/backends/host
-bench_bench_ops_LDADD = libchorus.la $(BLAS_LIBS) -lm
+bench_bench_ops_LDADD = tests/libchorus-internal.la libchorus.la $(BLAS_LIBS) -lm
 
 noinst_PROGRAMS += bench/bench-train
 bench_bench_train_SOURCES = bench/bench-train.c bench/bench.h

@@ -13,6 +13,8 @@ libchorus_la_SOURCES = \
 	lib/ops.c \
 	lib/reduce.c \
 	lib/version.c \
+	lib/philox.c \
+	lib/error.h \
 	lib/core.h \
 	lib/backend.h \
 	lib/discover.h \

@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <chorus.h>
+#include "error.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -189,13 +190,6 @@ typedef struct ch_backend_i {
 typedef const ch_backend_i *(*ch_backend_entry_fn)(void);
 
 /* ---- Services the core offers to backends -------------------------------- */
-
-/* Set this thread's error message (printf style) and return `status`. */
-CH_API ch_status chi_error(ch_status status, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
 
 /* The host backend's table (built into libchorus). */
 const ch_backend_i *chi_host_backend(void);

@@ -2,7 +2,9 @@
  * topology (hwloc) to the list of devices the user sees.
  *
  * Pure logic over its inputs, so tests can feed made-up backend device lists
- * and hwloc XML topologies of machines we do not have. */
+ * and hwloc XML topologies of machines we do not have (they link these
+ * functions through tests/libchorus-internal: the library does not export
+ * them). */
 #ifndef CHORUS_LIB_DISCOVER_H
 #define CHORUS_LIB_DISCOVER_H
 
@@ -49,18 +51,18 @@ typedef struct chi_disc_result {
  *   - A PCI display/3D controller of NVIDIA (10de), AMD (1002) or Intel
  *     (8086) that no device matches is hidden as "pci:<busid>" with a hint
  *     naming the driver to install. */
-CH_API ch_status chi_discover(const chi_disc_input *inputs, int ninputs,
-                              void *topology, chi_disc_result *result);
-CH_API void chi_disc_result_free(chi_disc_result *result);
+ch_status chi_discover(const chi_disc_input *inputs, int ninputs, void *topology,
+                       chi_disc_result *result);
+void chi_disc_result_free(chi_disc_result *result);
 
 /* Load a topology (the machine's, or `xml_path` when not NULL) with I/O
  * devices kept. CH_ERR_UNAVAILABLE without hwloc support. */
-CH_API ch_status chi_topology_load(void **topology, const char *xml_path);
-CH_API void chi_topology_free(void *topology);
+ch_status chi_topology_load(void **topology, const char *xml_path);
+void chi_topology_free(void *topology);
 
 /* Bind the calling thread to the CPUs in `cpuset` (hwloc list syntax).
  * A no-op returning CH_OK without hwloc or with an empty cpuset. */
-CH_API ch_status chi_bind_thread(void *topology, const char *cpuset);
+ch_status chi_bind_thread(void *topology, const char *cpuset);
 
 #ifdef __cplusplus
 }

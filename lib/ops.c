@@ -113,12 +113,6 @@ static void split_at(const ch_tensor *x, int axis, int64_t *outer, int64_t *n, i
 
 #define BE(t) ((t)->dev->be->iface)
 #define STREAM(t) chi_current_stream((t)->dev)
-#define TRY(expr)                                                                \
-    do {                                                                         \
-        ch_status try_st_ = (expr);                                              \
-        if (try_st_ != CH_OK)                                                    \
-            return try_st_;                                                      \
-    } while (0)
 /* A backend may leave an op out; say so instead of crashing. */
 #define SLOT(fn, t, slot)                                                        \
     do {                                                                         \

@@ -1,8 +1,15 @@
-# nn: data sets, loader, modules, optimizers, checkpoints. Built into
-# libchorus; uses only the public API of lib/.
-
-# Data sets (IDX through zlib) and the data loader.
-libchorus_la_SOURCES += \
+# nn: data sets, loader, modules, losses, optimizers, checkpoints, data
+# parallelism. Built into libchorus; uses only the public API of lib/ and
+# lib/error.h (chi_error, TRY). tests/Makefile.mk builds these sources a
+# second time, with the test hooks, for the tests that inject failures.
+nn_sources = \
 	nn/dataset.c \
 	nn/dataset.h \
-	nn/loader.c
+	nn/loader.c \
+	nn/nn.h \
+	nn/module.c \
+	nn/optim.c \
+	nn/checkpoint.c \
+	nn/presets.c \
+	nn/dp.c
+libchorus_la_SOURCES += $(nn_sources)

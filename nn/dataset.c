@@ -13,9 +13,7 @@
 #include <zlib.h>
 
 #include <chorus.h>
-/* Only for chi_error(), the exported setter of this thread's error message;
- * nn/ otherwise uses the public API alone. */
-#include "backend.h"
+#include "error.h"
 #include "dataset.h"
 
 #define IDX_IMAGES_MAGIC 0x00000803u /* unsigned bytes, 3 dimensions */

@@ -112,9 +112,47 @@ struct ch_dp {
     int64_t calls;            /* training calls measured (auto split) */
     int micro;                /* micro-batches accumulated since the last update */
     int64_t micro_samples;    /* their samples: the random stream's offset */
-    int fail_replica;         /* test hook: this replica fails its next call */
-    int fail_reduce;          /* test hook: the next reduction fails */
+#ifdef CHI_TEST_HOOKS
+    int fail_replica;         /* this replica fails its next call */
+    int fail_reduce;          /* the next reduction fails */
+#endif
 };
+
+/* ---- Failures injected by tests ---------------------------------------------- */
+
+/* Only in the copy of nn/ that tests link (tests/Makefile.mk): the
+ * installed library has no hook. */
+#ifdef CHI_TEST_HOOKS
+static ch_status injected(const ch_dp *dp, int replica)
+{
+    int fails = replica < 0 ? dp->fail_reduce : dp->fail_replica == replica;
+    return fails ? chi_error(CH_ERR_INTERNAL, "failure injected by a test") : CH_OK;
+}
+
+/* After a call: a replica's failure is for one call, the reducer's for one
+ * step (reset once the step synchronises). */
+static void injected_clear(ch_dp *dp, int step_done)
+{
+    dp->fail_replica = -1;
+    if (step_done)
+        dp->fail_reduce = 0;
+}
+
+void chi_dp_fail_next(ch_dp *dp, int replica)
+{
+    if (dp)
+        dp->fail_replica = replica;
+}
+
+void chi_dp_fail_reduce_next(ch_dp *dp)
+{
+    if (dp)
+        dp->fail_reduce = 1;
+}
+#else
+#define injected(dp, replica) CH_OK
+#define injected_clear(dp, step_done) ((void)0)
+#endif
 
 /* ---- Helpers ------------------------------------------------------------------- */
 
@@ -278,8 +316,7 @@ static int next_call(ch_dp *dp, const int64_t *generation, int64_t *seen)
 
 static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
 {
-    if (dp->fail_reduce)
-        return chi_error(CH_ERR_INTERNAL, "failure injected by a test");
+    TRY(injected(dp, -1));
     for (int i = 0; i < dp->n; i++) {
         TRY(ch_event_wait(dp->r[i].comm, dp->r[i].ready[b]));
         bufs[i] = dp->r[i].grads[b];
@@ -345,8 +382,7 @@ static ch_status compute(replica *r)
     if (r->count == 0)
         return CH_OK;
     TRY(upload_slice(r, 1));
-    if (dp->fail_replica == r->index)
-        return chi_error(CH_ERR_INTERNAL, "failure injected by a test");
+    TRY(injected(dp, r->index));
     ch_tensor *y, *lv, *dy;
     /* Dropout draws by the optimizer step (restored with a checkpoint) and
      * the sample's position in the batch (in the whole accumulation),
@@ -445,8 +481,7 @@ static ch_status infer(replica *r)
         return CH_OK;
     int evaluate = dp->job == JOB_EVALUATE;
     TRY(upload_slice(r, evaluate));
-    if (dp->fail_replica == r->index)
-        return chi_error(CH_ERR_INTERNAL, "failure injected by a test");
+    TRY(injected(dp, r->index));
     ch_tensor *y;
     ch_module_train(r->model, 0);
     ch_status st = ch_module_forward(r->model, &y, r->x);
@@ -668,7 +703,7 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     dp->n = n;
     dp->o = *options;
     dp->o.weights = NULL; /* the caller's array may go away: ours is dp->weights */
-    dp->fail_replica = -1;
+    injected_clear(dp, 1);
     dp->grad_rescale = 1.0f;
     dp->numel = ch_module_param_numel(model);
     dp->r = calloc((size_t)n, sizeof *dp->r);
@@ -931,9 +966,7 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
         for (int i = 0; i < dp->n; i++)
             dp->r[i].count = 0;
     run_all(dp);
-    dp->fail_replica = -1;
-    if (sync)
-        dp->fail_reduce = 0;
+    injected_clear(dp, sync);
     dp->grad_rescale = 1.0f;
     ch_status st = call_status(dp, batch ? "ch_dp_step" : "ch_dp_flush");
     if (st != CH_OK) {
@@ -1003,7 +1036,7 @@ static ch_status infer_call(ch_dp *dp, job j, const ch_batch *batch, ch_tensor *
     dp->sync = 0;
     split(dp, batch->count);
     run_all(dp);
-    dp->fail_replica = -1;
+    injected_clear(dp, 0);
     dp->out = NULL;
     return call_status(dp, j == JOB_PREDICT ? "ch_dp_predict" : "ch_dp_evaluate");
 }
@@ -1120,16 +1153,4 @@ ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model)
         TRY(ch_copy(b, a));
     }
     return CH_OK;
-}
-
-void chi_dp_fail_next(ch_dp *dp, int replica)
-{
-    if (dp)
-        dp->fail_replica = replica;
-}
-
-void chi_dp_fail_reduce_next(ch_dp *dp)
-{
-    if (dp)
-        dp->fail_reduce = 1;
 }

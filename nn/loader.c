@@ -4,7 +4,7 @@
  * FREE -> FILLING (a worker) -> READY -> HANDED (ch_loader_next) -> FREE
  * (ch_loader_release).
  *
- * The shuffle is Fisher-Yates driven by Philox-4x32-10 (lib/philox.h) keyed
+ * The shuffle is Fisher-Yates driven by Philox-4x32-10 (ch_philox4x32) keyed
  * by the seed, with the counter (position, epoch): the order depends on the
  * seed and the epoch alone, not on the workers or the machine.
  *
@@ -19,11 +19,7 @@
 #include <string.h>
 
 #include <chorus.h>
-/* Only for chi_error(), the exported setter of this thread's error message;
- * nn/ otherwise uses the public API alone. */
-#include "backend.h"
-/* A static inline reference implementation, no link dependency on lib/. */
-#include "philox.h"
+#include "error.h"
 #include "dataset.h"
 
 typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HANDED } slot_state;
@@ -67,7 +63,7 @@ static void shuffle(int64_t *order, int64_t n, uint64_t seed, int64_t epoch)
     for (int64_t i = n - 1; i > 0; i--) {
         uint64_t e = (uint64_t)epoch, u = (uint64_t)i;
         uint32_t ctr[4] = {(uint32_t)u, (uint32_t)(u >> 32), (uint32_t)e, (uint32_t)(e >> 32)};
-        ch_philox4x32_10(ctr, (uint32_t)seed, (uint32_t)(seed >> 32));
+        ch_philox4x32(ctr, seed);
         /* The modulo's bias is below n / 2^64: nothing a data set can show. */
         uint64_t j = ((uint64_t)ctr[0] << 32 | ctr[1]) % (u + 1);
         int64_t t = order[i];

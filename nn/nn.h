@@ -1,20 +1,12 @@
 /* nn's private structures. nn/ uses only the public API of lib/, plus
- * chi_error (lib/backend.h) to set the thread's error message. */
+ * lib/error.h (chi_error, TRY). */
 #ifndef CHORUS_NN_NN_H
 #define CHORUS_NN_NN_H
 
 #include <chorus.h>
 #include <chorus/nn.h>
 
-#include "backend.h" /* chi_error only */
-
-/* Return the status of `expr` unless it is CH_OK. */
-#define TRY(expr)                                                                \
-    do {                                                                         \
-        ch_status try_st_ = (expr);                                              \
-        if (try_st_ != CH_OK)                                                    \
-            return try_st_;                                                      \
-    } while (0)
+#include "error.h"
 
 typedef struct nn_param {
     char name[64];      /* "3.weight" */
@@ -84,16 +76,19 @@ ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
 /* A reshaped view, freed by the caller. */
 ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape);
 
+#ifdef CHI_TEST_HOOKS
+/* Only in the copy of nn/ built for tests (tests/Makefile.mk), never in
+ * the installed library. Replica `replica` of `dp` fails in the middle of
+ * its next call (after its batch is on the device, before forward). */
+struct ch_dp;
+void chi_dp_fail_next(struct ch_dp *dp, int replica);
+/* The reduction of the next step fails (in the reducer thread, while the
+ * replicas are in backward). */
+void chi_dp_fail_reduce_next(struct ch_dp *dp);
+#endif
+
 /* The slot of optimizer state `index` (see ch_optimizer_state) and the
  * parameter it belongs to: for loading checkpoints. */
-/* Test hook: replica `replica` of `dp` fails in the middle of its next
- * step (after its batch is on the device, before forward). */
-struct ch_dp;
-CH_API void chi_dp_fail_next(struct ch_dp *dp, int replica);
-/* Test hook: the reduction of the next step fails (in the reducer thread,
- * while the replicas are in backward). */
-CH_API void chi_dp_fail_reduce_next(struct ch_dp *dp);
-
 ch_optimizer_kind nn_optimizer_kind(const ch_optimizer *opt);
 ch_status nn_optimizer_state_slot(ch_optimizer *opt, int index, ch_tensor ***slot,
                                   ch_tensor **param);

@@ -13,6 +13,24 @@ tests_libtestutil_la_LIBADD = libchorus.la
 
 TEST_LIBS = tests/libtestutil.la libchorus.la -lm
 
+# The installed libchorus exports the public API and chi_error alone. What
+# tests and benchmarks call below it is compiled a second time into
+# libraries of their own, never installed:
+# - the core's internals they drive directly: discovery on made-up machines
+#   and the blocked C GEMM (the fallback a build with OpenBLAS never runs);
+noinst_LTLIBRARIES += tests/libchorus-internal.la
+tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c
+tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS)
+tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(BLAS_LIBS)
+INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)
+# - nn/ with the hooks that inject failures (CHI_TEST_HOOKS), linked ahead
+#   of libchorus: nn/ sits on the public API, so this copy of it drives the
+#   same core and backends.
+check_LTLIBRARIES += tests/libnn-hooks.la
+tests_libnn_hooks_la_SOURCES = $(nn_sources)
+tests_libnn_hooks_la_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
+tests_libnn_hooks_la_LIBADD = $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+
 check_PROGRAMS += tests/test-core
 tests_test_core_SOURCES = tests/test-core.c
 tests_test_core_LDADD = $(TEST_LIBS)
@@ -23,10 +41,12 @@ tests_test_nn_LDADD = $(TEST_LIBS)
 
 check_PROGRAMS += tests/test-dp
 tests_test_dp_SOURCES = tests/test-dp.c
-tests_test_dp_LDADD = $(TEST_LIBS)
+tests_test_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
+tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
-TESTS += $(check_PROGRAMS) tests/test-train.sh
-EXTRA_DIST += tests/test-train.sh
+TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-exports.sh
+EXTRA_DIST += tests/test-train.sh tests/test-exports.sh
+AM_TESTS_ENVIRONMENT += CHORUS_TEST_BUILDDIR='$(abs_top_builddir)'; export CHORUS_TEST_BUILDDIR;
 AM_TESTS_ENVIRONMENT += CHORUS_TRAIN='$(abs_top_builddir)/utils/chorus-train'; export CHORUS_TRAIN;
 include tests/host.mk
 include tests/opencl.mk

@@ -2,7 +2,7 @@
 # the chorus-info utility.
 check_PROGRAMS += tests/test-discovery
 tests_test_discovery_SOURCES = tests/test-discovery.c
-tests_test_discovery_LDADD = $(TEST_LIBS)
+tests_test_discovery_LDADD = $(INTERNAL_LIBS)
 
 TESTS += tests/test-info.sh
 

@@ -5,4 +5,4 @@
 check_PROGRAMS += tests/test-host-gemm
 tests_test_host_gemm_SOURCES = tests/test-host-gemm.c
 tests_test_host_gemm_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
-tests_test_host_gemm_LDADD = $(TEST_LIBS)
+tests_test_host_gemm_LDADD = $(INTERNAL_LIBS)

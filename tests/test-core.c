@@ -196,12 +196,59 @@ static void test_allocator(ch_device *dev)
            (unsigned long long)after.cached_bytes, (unsigned long long)after.peak_bytes);
 }
 
+/* Philox-4x32-10's known answers (Salmon et al., the Random123
+ * distribution's kat_vectors), and the public function is the generator
+ * the random ops draw from. */
+static void test_philox(ch_device *host)
+{
+    static const uint32_t kat[3][3][4] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}, {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+         {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    };
+    for (int v = 0; v < 3; v++) {
+        uint32_t c[4];
+        memcpy(c, kat[v][0], sizeof c);
+        ch_philox4x32(c, (uint64_t)kat[v][1][1] << 32 | kat[v][1][0]);
+        tap_ok(memcmp(c, kat[v][2], sizeof c) == 0,
+               "ch_philox4x32 known answer %d: got %08x %08x %08x %08x, want %08x %08x %08x %08x",
+               v, c[0], c[1], c[2], c[3], kat[v][2][0], kat[v][2][1], kat[v][2][2], kat[v][2][3]);
+    }
+    enum { N = 1000 };
+    const uint64_t seed = 0x0123456789abcdefull, offset = (uint64_t)1 << 32 | 7;
+    int64_t n = N;
+    ch_tensor *t = NULL;
+    float got[N];
+    if (!tap_status_ok(ch_tensor_new(&t, host, CH_F32, 1, &n), "philox: a host tensor") ||
+        !tap_status_ok(ch_rand_uniform(t, seed, offset, 0.0f, 1.0f), "ch_rand_uniform") ||
+        !tap_status_ok(ch_tensor_download(t, got, sizeof got), "download")) {
+        ch_tensor_free(t);
+        return;
+    }
+    int bad = -1;
+    for (int i = 0; i < N && bad < 0; i++) {
+        uint64_t k = offset + (uint64_t)i;
+        uint32_t c[4] = {(uint32_t)k, (uint32_t)(k >> 32), 0, 0};
+        ch_philox4x32(c, seed);
+        if (got[i] != (float)(c[0] >> 8) * (1.0f / 16777216.0f))
+            bad = i;
+    }
+    tap_ok(bad < 0, "ch_rand_uniform draws element i from ch_philox4x32 of counter offset + i "
+           "(first difference at %d)", bad);
+    ch_tensor_free(t);
+}
+
 int main(void)
 {
     test_init();
     test_device_list();
     ch_device *devs[64];
     int n = tap_devices(devs, 64);
+    ch_device *host = NULL;
+    if (ch_device_by_name(&host, "host") == CH_OK)
+        test_philox(host);
     for (int i = 0; i < n; i++) {
         test_tensors(devs[i]);
         test_streams(devs[i]);

@@ -1,7 +1,7 @@
 /* The host backend's private interface: what its source files share, and
- * the blocked C GEMM that tests and benchmarks call directly (it is the
- * fallback when OpenBLAS is absent, so it must be tested even when the
- * build uses OpenBLAS). */
+ * the blocked C GEMM that tests and benchmarks call directly, through
+ * tests/libchorus-internal (it is the fallback when OpenBLAS is absent, so
+ * it must be tested even when the build uses OpenBLAS). */
 #ifndef CHORUS_HOST_H
 #define CHORUS_HOST_H
 
@@ -16,11 +16,9 @@ extern "C" {
  * op(B) [K,N]; lda/ldb/ldc are the row strides as stored. beta == 0 does
  * not read C, alpha == 0 does not read A or B (as BLAS does).
  * CH_ERR_OUT_OF_MEMORY when the packing buffers cannot be allocated. */
-CH_API ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m,
-                                        int64_t n, int64_t k, float alpha,
-                                        const float *a, int64_t lda,
-                                        const float *b, int64_t ldb, float beta,
-                                        float *c, int64_t ldc);
+ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                 float alpha, const float *a, int64_t lda, const float *b,
+                                 int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* OpenMP pragmas through a macro, so a build without OpenMP compiles them
  * away instead of warning about unknown pragmas. */

@@ -152,6 +152,13 @@ CH_API ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v,
  * so the same (seed, offset) gives the same numbers on every backend and a
  * slice of a tensor can be drawn on its own. u = (word0 >> 8) * 2^-24. */
 
+/* Philox-4x32-10 itself, for host code that must draw from the same
+ * generator as the ops (a shuffle, a sampler): the four words of `ctr` are
+ * replaced by the generator's output for that counter under `key` (its low
+ * and high 32 bits are the two key words). ch_rand_uniform's element i is
+ * ch_philox4x32({i low, i high, 0, 0}, seed)[0] >> 8, times 2^-24. */
+CH_API void ch_philox4x32(uint32_t ctr[4], uint64_t key);
+
 /* y = lo + (hi - lo) * u, in [lo, hi). */
 CH_API ch_status ch_rand_uniform(ch_tensor *y, uint64_t seed, uint64_t offset,
                                  float lo, float hi);

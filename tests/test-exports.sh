@@ -1,0 +1,56 @@
+#!/bin/sh
+# What the built libraries export: libchorus the public API (ch_*) and
+# chi_error (the one service the backend modules link against), nothing
+# else (no test hook, no internal helper); each backend module its entry
+# point alone.
+top=${CHORUS_TEST_BUILDDIR:-.}
+lib=$top/.libs/libchorus.so
+
+if ! command -v nm >/dev/null 2>&1; then
+    echo "1..0 # SKIP nm is missing"
+    exit 0
+fi
+if [ ! -f "$lib" ]; then
+    echo "1..0 # SKIP no shared libchorus in this build ($lib)"
+    exit 0
+fi
+
+n=0
+failed=0
+ok() {
+    n=$((n + 1))
+    if [ "$1" -eq 0 ]; then
+        echo "ok $n - $2"
+    else
+        echo "not ok $n - $2"
+        failed=1
+    fi
+}
+
+# The dynamic symbols a library defines, one per line.
+exported() {
+    nm -D --defined-only "$1" | awk 'NF == 3 { print $3 }'
+}
+
+syms=$(exported "$lib")
+ok $? "nm -D $lib"
+count=$(printf '%s\n' "$syms" | grep -c '^ch_')
+[ "$count" -ge 100 ]
+ok $? "libchorus exports the public API ($count ch_* symbols)"
+extra=$(printf '%s\n' "$syms" | grep -v -e '^ch_' -e '^chi_error$' | tr '\n' ' ')
+[ -z "$extra" ]
+ok $? "libchorus exports nothing but ch_* and chi_error${extra:+ (also: $extra)}"
+
+for name in opencl cuda; do
+    mod=$top/backends/$name/.libs/chorus-$name.so
+    if [ ! -f "$mod" ]; then
+        echo "ok $((n = n + 1)) # SKIP the $name module is not built"
+        continue
+    fi
+    syms=$(exported "$mod" | tr '\n' ' ')
+    [ "$syms" = "chorus_backend_entry " ]
+    ok $? "chorus-$name.so exports chorus_backend_entry alone (got: $syms)"
+done
+
+echo "1..$n"
+exit $failed
