@@ -17,7 +17,12 @@
  * staging); while each chunk is hot in cache the same kernel copies it to
  * the other host-memory participants and to the staging that the device
  * participants upload from (one staging per backend where it can: a
- * buffer pinned by a backend serves all of that backend's devices). */
+ * buffer pinned by a backend serves all of that backend's devices).
+ *
+ * Across streams (docs/DESIGN.md, Streams): everything is queued on the
+ * participants' streams after what they already hold, and a call returns
+ * only once every one of them is drained, after a failure too, so no work
+ * of the reducer still reads a buffer or a staging buffer afterwards. */
 #include "config.h"
 
 #include <stdint.h>

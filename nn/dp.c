@@ -20,7 +20,13 @@
  * reaches whatever happened before, so a failure on one replica cannot
  * leave the others waiting: compute (forward, backward, posting buckets,
  * then waiting until the reducer is done with the step or has given up
- * because something failed), update (the optimizer, the checksum). */
+ * because something failed), update (the optimizer, the checksum).
+ *
+ * Across streams (docs/DESIGN.md, Streams): a communication stream reads
+ * and writes a bucket only after the event its compute stream recorded;
+ * the compute stream touches the bucket again only once the reducer has
+ * drained its streams (the update comes after wait_reduced); every call
+ * returns with each replica's stream drained (run_call). */
 #include "config.h"
 
 #include <math.h>
@@ -400,8 +406,7 @@ static ch_status update(replica *r)
     ch_dp *dp = r->dp;
     for (int b = 0; dp->grad_rescale != 1.0f && b < dp->nbuckets; b++)
         TRY(ch_scale(r->grads[b], r->grads[b], dp->grad_rescale));
-    TRY(ch_optimizer_step(r->opt, dp->lr));
-    return ch_stream_sync(r->stream);
+    return ch_optimizer_step(r->opt, dp->lr);
 }
 
 static void train(replica *r)
@@ -430,7 +435,6 @@ static void train(replica *r)
     if (dp->sync && !atomic_load(&dp->failed) && dp->o.check_every > 0 &&
         (dp->step + 1) % dp->o.check_every == 0)
         fail(r, param_checksum(r));
-    r->seconds = now() - t0;
 }
 
 /* Evaluation mode on this replica's slice: its outputs into the rows of
@@ -457,11 +461,9 @@ static ch_status infer(replica *r)
         TRY(ch_tensor_view(&rows, dp->out, r->start, r->count));
         st = ch_copy(rows, y);
         ch_tensor_free(rows);
-        TRY(st);
-        TRY(ch_stream_sync(r->stream));
-        /* A copy to another device may be queued on that device's side. */
-        ch_device *to = ch_tensor_device(dp->out);
-        return to == r->dev ? CH_OK : ch_device_sync(to);
+        /* A peer copy runs on the other device's stream, but this one
+         * waits for it (lib/tensor.c): run_call drains this one only. */
+        return st;
     }
     ch_tensor *lv;
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
@@ -483,18 +485,24 @@ static ch_status infer(replica *r)
     return CH_OK;
 }
 
+/* A call returns with the replica's stream drained, after a failure too:
+ * the caller may then refill or free the batch's pinned buffers (the
+ * loader does once a batch is released), which an upload may still read,
+ * and use the results on any stream. */
 static void run_call(replica *r)
 {
     r->st = CH_OK;
     r->error[0] = '\0';
     ch_clear_error();
-    if (r->dp->job == JOB_TRAIN) {
+    double t0 = now();
+    if (r->dp->job == JOB_TRAIN)
         train(r);
-    } else {
-        double t0 = now();
+    else
         fail(r, infer(r));
-        r->seconds = r->compute_seconds = now() - t0;
-    }
+    fail(r, ch_stream_sync(r->stream));
+    r->seconds = now() - t0;
+    if (r->dp->job != JOB_TRAIN)
+        r->compute_seconds = r->seconds;
 }
 
 static void *worker(void *arg)
