@@ -6,4 +6,6 @@ libchorus_la_SOURCES += \
 	nn/optim.c \
 	nn/checkpoint.c \
 	nn/presets.c \
-	nn/dp.c
+	nn/dp.c \
+	nn/split.c \
+	nn/split.h
