@@ -129,7 +129,8 @@ int main(void)
     }
     if (ch_device_by_name(&ocl0, "opencl:0") != CH_OK ||
         ch_device_by_name(&ocl1, "opencl:1") != CH_OK)
-        tap_skip_all("no opencl:0 and opencl:1 (POCL_DEVICES=\"pthread pthread\" gives both)");
+        tap_skip_all("no opencl:0 and opencl:1 here: %s (POCL_DEVICES=\"pthread pthread\" "
+                     "gives both)", ch_last_error());
     if (!ch_device_can_peer(ocl0, ocl1))
         tap_skip_all("opencl:0 and opencl:1 cannot peer: copies between them are staged "
                      "through host memory, which orders them on the host");
