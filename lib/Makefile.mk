@@ -12,6 +12,7 @@ libchorus_la_SOURCES = \
 	lib/tensor.c \
 	lib/ops.c \
 	lib/reduce.c \
+	lib/sum_spread.c \
 	lib/version.c \
 	lib/philox.c \
 	lib/error.h \

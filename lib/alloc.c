@@ -111,9 +111,10 @@ ch_status chi_alloc(ch_device *dev, size_t bytes, void **ptr)
     return st;
 }
 
-/* Mark the block's last use on the current stream; NULL when the backend
- * runs work synchronously (nothing can still be pending) or on failure
- * (the caller then synchronises). */
+/* Mark the block's last use on the current stream (work of other streams
+ * that read it, peer copies, made this stream wait for it: docs/DESIGN.md,
+ * Streams); NULL when the backend runs work synchronously (nothing can
+ * still be pending) or on failure (the caller then synchronises). */
 static void *last_use(ch_device *dev)
 {
     if (dev->be->host_memory)

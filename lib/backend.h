@@ -194,13 +194,14 @@ typedef const ch_backend_i *(*ch_backend_entry_fn)(void);
 /* The host backend's table (built into libchorus). */
 const ch_backend_i *chi_host_backend(void);
 
-/* The host backend's summing kernel, for the core's host-staged reduction
- * too: dst[i] = src[0][i] + src[1][i] + ... + src[nsrc - 1][i], added left
- * to right (the same bits on every run and thread count), then
- * copies[c][i] = dst[i], for i < n; in parallel over fixed chunks. dst
- * may be src[0] or a copy; nothing else may overlap. */
-void chi_host_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src,
-                         int ncopies, float *const *copies);
+/* The summing kernel of the core's host-staged all-reduce (lib/sum_spread.c),
+ * for the host backend's allreduce_sum too (not exported: the host backend
+ * is built into libchorus): dst[i] = src[0][i] + src[1][i] + ... +
+ * src[nsrc - 1][i], added left to right (the same bits on every run and
+ * thread count), then copies[c][i] = dst[i], for i < n; in parallel over
+ * fixed chunks. dst may be src[0] or a copy; nothing else may overlap. */
+void chi_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src, int ncopies,
+                    float *const *copies);
 
 #ifdef __cplusplus
 }

@@ -12,12 +12,17 @@
  * downloaded into pinned staging (all at once, each on its own stream);
  * participants whose "device" memory is host memory are read in place.
  * The sum is taken in participant order (s0 + s1 + s2 ...: the same bits
- * every run) by chi_host_sum_spread, in parallel over chunks, into the
- * first participant's memory (in place when it is host memory, else its
- * staging); while each chunk is hot in cache the same kernel copies it to
+ * every run) by chi_sum_spread (lib/sum_spread.c), in parallel over
+ * chunks, into the first participant's memory (in place when it is host
+ * memory, else its staging); while each chunk is hot in cache it copies it to
  * the other host-memory participants and to the staging that the device
  * participants upload from (one staging per backend where it can: a
- * buffer pinned by a backend serves all of that backend's devices). */
+ * buffer pinned by a backend serves all of that backend's devices).
+ *
+ * Across streams (docs/DESIGN.md, Streams): everything is queued on the
+ * participants' streams after what they already hold, and a call returns
+ * only once every one of them is drained, after a failure too, so no work
+ * of the reducer still reads a buffer or a staging buffer afterwards. */
 #include "config.h"
 
 #include <stdint.h>
@@ -392,7 +397,7 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
         }
         r->upload_from[i] = h;
     }
-    chi_host_sum_spread(count, total, r->ngroups, r->src, ncopies, r->copies);
+    chi_sum_spread(count, total, r->ngroups, r->src, ncopies, r->copies);
 
     /* Uploads, queued on every device at once. */
     for (int i = 0; i < r->n && st == CH_OK; i++) {

@@ -271,21 +271,41 @@ ch_status ch_tensor_download_async(const ch_tensor *t, ch_host_buffer *dst, size
 
 /* ---- Device <-> device -------------------------------------------------------- */
 
+/* `waiter` (a stream of `be`) waits for what `producer`, a stream of
+ * `dev`, holds now. */
+static ch_status stream_after(const ch_backend_i *be, void *waiter, ch_device *dev,
+                              void *producer)
+{
+    void *ev = NULL;
+    ch_status st = be->event_new(dev->dev, &ev);
+    if (st == CH_OK)
+        st = be->event_record(ev, producer);
+    if (st == CH_OK)
+        st = be->event_wait(waiter, ev);
+    if (ev)
+        be->event_free(ev);
+    return st;
+}
+
+/* The copy is queued on dst's stream and reads src there. Both streams
+ * order it: dst's waits for src's producers, and src's waits for the copy,
+ * so neither src's next writer nor the allocator (which marks a freed
+ * block's last use on that stream) can overwrite src while the copy still
+ * reads it. */
 static ch_status copy_peer(ch_tensor *dst, const ch_tensor *src, size_t bytes)
 {
     const ch_backend_i *be = dst->dev->be->iface;
     void *dst_stream = chi_current_stream(dst->dev);
-    void *ev = NULL;
-    ch_status st = be->event_new(src->dev->dev, &ev);
-    if (st == CH_OK)
-        st = be->event_record(ev, chi_current_stream(src->dev));
-    if (st == CH_OK)
-        st = be->event_wait(dst_stream, ev);
+    void *src_stream = chi_current_stream(src->dev);
+    ch_status st = stream_after(be, dst_stream, src->dev, src_stream);
     if (st == CH_OK)
         st = be->peer_copy(dst_stream, chi_mem(dst), src->dev->dev, chi_mem(src), bytes);
-    if (ev)
-        be->event_free(ev);
-    return st;
+    if (st != CH_OK)
+        return st;
+    /* When src's stream cannot wait for the copy, the host does. */
+    if (stream_after(be, src_stream, dst->dev, dst_stream) != CH_OK)
+        return be->stream_sync(dst_stream);
+    return CH_OK;
 }
 
 static ch_status staging_buffer(ch_device *dev, void **ptr)

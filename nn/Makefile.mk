@@ -11,5 +11,7 @@ nn_sources = \
 	nn/optim.c \
 	nn/checkpoint.c \
 	nn/presets.c \
-	nn/dp.c
+	nn/dp.c \
+	nn/split.c \
+	nn/split.h
 libchorus_la_SOURCES += $(nn_sources)

@@ -20,7 +20,13 @@
  * reaches whatever happened before, so a failure on one replica cannot
  * leave the others waiting: compute (forward, backward, posting buckets,
  * then waiting until the reducer is done with the step or has given up
- * because something failed), update (the optimizer, the checksum). */
+ * because something failed), update (the optimizer, the checksum).
+ *
+ * Across streams (docs/DESIGN.md, Streams): a communication stream reads
+ * and writes a bucket only after the event its compute stream recorded;
+ * the compute stream touches the bucket again only once the reducer has
+ * drained its streams (the update comes after wait_reduced); every call
+ * returns with each replica's stream drained (run_call). */
 #include "config.h"
 
 #include <math.h>
@@ -32,6 +38,7 @@
 #include <time.h>
 
 #include "nn.h"
+#include "split.h"
 #include <chorus/dp.h>
 
 #define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
@@ -75,8 +82,7 @@ struct ch_dp {
     int n;
     replica *r;
     ch_dp_options o;
-    float *weights;           /* fixed shares, or the measured rates (auto) */
-    double *rate;             /* auto: samples per second of compute, smoothed */
+    nn_split split;           /* the batch's shares (nn/split.h) */
     int64_t numel;            /* all parameters */
     bucket *buckets;
     int nbuckets;
@@ -109,7 +115,6 @@ struct ch_dp {
     float grad_rescale;       /* flush: accumulate / micro-batches there are */
 
     int64_t step;             /* updates so far */
-    int64_t calls;            /* training calls measured (auto split) */
     int micro;                /* micro-batches accumulated since the last update */
     int64_t micro_samples;    /* their samples: the random stream's offset */
 #ifdef CHI_TEST_HOOKS
@@ -436,8 +441,7 @@ static ch_status update(replica *r)
     ch_dp *dp = r->dp;
     for (int b = 0; dp->grad_rescale != 1.0f && b < dp->nbuckets; b++)
         TRY(ch_scale(r->grads[b], r->grads[b], dp->grad_rescale));
-    TRY(ch_optimizer_step(r->opt, dp->lr));
-    return ch_stream_sync(r->stream);
+    return ch_optimizer_step(r->opt, dp->lr);
 }
 
 static void train(replica *r)
@@ -466,7 +470,6 @@ static void train(replica *r)
     if (dp->sync && !atomic_load(&dp->failed) && dp->o.check_every > 0 &&
         (dp->step + 1) % dp->o.check_every == 0)
         fail(r, param_checksum(r));
-    r->seconds = now() - t0;
 }
 
 /* Evaluation mode on this replica's slice: its outputs into the rows of
@@ -492,11 +495,9 @@ static ch_status infer(replica *r)
         TRY(ch_tensor_view(&rows, dp->out, r->start, r->count));
         st = ch_copy(rows, y);
         ch_tensor_free(rows);
-        TRY(st);
-        TRY(ch_stream_sync(r->stream));
-        /* A copy to another device may be queued on that device's side. */
-        ch_device *to = ch_tensor_device(dp->out);
-        return to == r->dev ? CH_OK : ch_device_sync(to);
+        /* A peer copy runs on the other device's stream, but this one
+         * waits for it (lib/tensor.c): run_call drains this one only. */
+        return st;
     }
     ch_tensor *lv;
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
@@ -518,18 +519,24 @@ static ch_status infer(replica *r)
     return CH_OK;
 }
 
+/* A call returns with the replica's stream drained, after a failure too:
+ * the caller may then refill or free the batch's pinned buffers (the
+ * loader does once a batch is released), which an upload may still read,
+ * and use the results on any stream. */
 static void run_call(replica *r)
 {
     r->st = CH_OK;
     r->error[0] = '\0';
     ch_clear_error();
-    if (r->dp->job == JOB_TRAIN) {
+    double t0 = now();
+    if (r->dp->job == JOB_TRAIN)
         train(r);
-    } else {
-        double t0 = now();
+    else
         fail(r, infer(r));
-        r->seconds = r->compute_seconds = now() - t0;
-    }
+    fail(r, ch_stream_sync(r->stream));
+    r->seconds = now() - t0;
+    if (r->dp->job != JOB_TRAIN)
+        r->compute_seconds = r->seconds;
 }
 
 static void *worker(void *arg)
@@ -702,24 +709,23 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     }
     dp->n = n;
     dp->o = *options;
-    dp->o.weights = NULL; /* the caller's array may go away: ours is dp->weights */
+    dp->o.weights = NULL; /* the caller's array may go away: the split has its own */
     injected_clear(dp, 1);
     dp->grad_rescale = 1.0f;
     dp->numel = ch_module_param_numel(model);
     dp->r = calloc((size_t)n, sizeof *dp->r);
-    dp->weights = calloc((size_t)n, sizeof *dp->weights);
-    dp->rate = calloc((size_t)n, sizeof *dp->rate);
-    st = dp->r && dp->weights && dp->rate
-             ? CH_OK
-             : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    st = dp->r ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    if (st == CH_OK) {
+        st = nn_split_init(&dp->split, n, options->split, options->weights);
+        if (st != CH_OK)
+            st = chi_error(st, "ch_dp_new: %s", ch_last_error());
+    }
     if (st == CH_OK && dp->numel == 0)
         st = chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: the model has no parameters");
     if (st == CH_OK)
         st = make_buckets(dp, model);
-    for (int i = 0; st == CH_OK && i < n; i++) {
-        dp->weights[i] = options->split == CH_DP_SPLIT_WEIGHTS ? options->weights[i] : 1.0f;
+    for (int i = 0; st == CH_OK && i < n; i++)
         st = make_replica(dp, i, model, devices[i]);
-    }
     if (st == CH_OK)
         st = make_reducer(dp);
     if (st == CH_OK)
@@ -773,8 +779,7 @@ void ch_dp_free(ch_dp *dp)
     pthread_cond_destroy(&dp->posted);
     pthread_mutex_destroy(&dp->lock);
     free(dp->r);
-    free(dp->weights);
-    free(dp->rate);
+    nn_split_free(&dp->split);
     free(dp->buckets);
     free(dp->param_bucket);
     free(dp->posted_count);
@@ -783,105 +788,22 @@ void ch_dp_free(ch_dp *dp)
 
 /* ---- A call ---------------------------------------------------------------------- */
 
-/* Counts in proportion to w; the rounding remainder goes to the largest
- * fractions first (ties to the first replica), so the counts add up. */
-static void split_by(ch_dp *dp, const double *w, int total, int *counts)
-{
-    double wsum = 0;
-    for (int i = 0; i < dp->n; i++)
-        wsum += w[i];
-    int given = 0;
-    for (int i = 0; i < dp->n; i++) {
-        counts[i] = (int)floor((double)total * w[i] / wsum);
-        given += counts[i];
-    }
-    while (given < total) {
-        int best = 0;
-        double bestf = -1.0;
-        for (int i = 0; i < dp->n; i++) {
-            double f = (double)total * w[i] / wsum - counts[i];
-            if (f > bestf) {
-                bestf = f;
-                best = i;
-            }
-        }
-        counts[best]++;
-        given++;
-    }
-    /* Every replica gets a sample when the batch has enough: one from the
-     * largest share for each that got none. */
-    for (int i = 0; total >= dp->n && i < dp->n; i++) {
-        if (counts[i] > 0)
-            continue;
-        int big = 0;
-        for (int j = 1; j < dp->n; j++)
-            if (counts[j] > counts[big])
-                big = j;
-        counts[big]--;
-        counts[i]++;
-    }
-}
-
+/* Share the batch out: each replica's count and start. */
 static void split(ch_dp *dp, int total)
 {
-    double w[64], *wp = dp->n <= 64 ? w : malloc((size_t)dp->n * sizeof *wp);
-    int c[64], *cp = dp->n <= 64 ? c : malloc((size_t)dp->n * sizeof *cp);
-    int automatic = dp->o.split == CH_DP_SPLIT_AUTO && dp->rate[0] > 0.0;
-    if (!wp || !cp) {
-        /* No memory for the scratch arrays: the fixed weights, counted out. */
-        automatic = 0;
-        wp = w;
-        cp = c;
-    }
-    for (int i = 0; i < dp->n && i < 64; i++)
-        wp[i] = automatic ? dp->rate[i] : (double)dp->weights[i];
-    split_by(dp, wp, total, cp);
-    /* Auto: a new split only when it moves more than a few samples, so that
-     * timing noise does not reshape the replicas' buffers every step. */
-    int moved = 0, old_total = 0;
+    nn_split_batch(&dp->split, total);
     for (int i = 0; i < dp->n; i++) {
-        moved += abs(cp[i] - dp->r[i].count);
-        old_total += dp->r[i].count;
+        dp->r[i].count = dp->split.count[i];
+        dp->r[i].start = dp->split.start[i];
     }
-    int keep = automatic && old_total == total && moved <= 2 * (total / 50 > 1 ? total / 50 : 1);
-    int start = 0;
-    for (int i = 0; i < dp->n; i++) {
-        if (!keep)
-            dp->r[i].count = cp[i];
-        dp->r[i].start = start;
-        start += dp->r[i].count;
-    }
-    if (wp != w)
-        free(wp);
-    if (cp != c)
-        free(cp);
 }
 
-/* Auto split: each replica's compute rate, smoothed. */
+/* Auto split: the replicas' compute times of the call just made. */
 static void measure(ch_dp *dp)
 {
-    /* The first call compiles kernels and fills caches: not a measure. */
-    if (dp->o.split != CH_DP_SPLIT_AUTO || dp->calls++ == 0)
-        return;
-    for (int i = 0; i < dp->n; i++) {
-        replica *r = &dp->r[i];
-        if (r->count == 0 || !(r->compute_seconds > 0.0))
-            continue;
-        double rate = r->count / r->compute_seconds;
-        dp->rate[i] = dp->rate[i] > 0.0 ? 0.7 * dp->rate[i] + 0.3 * rate : rate;
-    }
-    /* Rates start at equal shares; a replica never measured keeps the
-     * mean of the others. */
-    double sum = 0;
-    int known = 0;
     for (int i = 0; i < dp->n; i++)
-        if (dp->rate[i] > 0.0) {
-            sum += dp->rate[i];
-            known++;
-        }
-    for (int i = 0; known && i < dp->n; i++)
-        if (!(dp->rate[i] > 0.0))
-            dp->rate[i] = sum / known;
+        dp->split.seconds[i] = dp->r[i].compute_seconds;
+    nn_split_measure(&dp->split);
 }
 
 /* Run the call set up in dp on every replica and wait for all of them. */

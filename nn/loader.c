@@ -12,7 +12,11 @@
  * data set is in memory), so workers have no errors to pass on. Mutex and
  * condition calls on the default objects initialised here fail only on
  * misuse (EINVAL, EPERM), which the structure below excludes: their results
- * are not checked. */
+ * are not checked.
+ *
+ * Nothing here touches a device: the buffers are uploaded by the consumer
+ * (ch_dp, asynchronously), which must have drained those uploads before it
+ * releases the batch to be refilled (docs/DESIGN.md, Streams). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>

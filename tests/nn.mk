@@ -8,3 +8,10 @@ tests_test_dataset_LDADD = $(TEST_LIBS) $(ZLIB_LIBS)
 tests_test_loader_SOURCES = tests/test-loader.c tests/idxgen.c tests/idxgen.h
 tests_test_loader_CPPFLAGS = $(AM_CPPFLAGS) $(ZLIB_CFLAGS)
 tests_test_loader_LDADD = $(TEST_LIBS) $(ZLIB_LIBS)
+
+# The data-parallel split policy, nn/split.c built into the test with an
+# allocator the test can make fail (nothing of it is exported).
+check_PROGRAMS += tests/test-split
+tests_test_split_SOURCES = tests/test-split.c nn/split.c nn/split.h
+tests_test_split_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/nn -DNN_SPLIT_CALLOC=test_calloc
+tests_test_split_LDADD = $(TEST_LIBS)

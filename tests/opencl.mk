@@ -10,3 +10,9 @@ EXTRA_DIST += tests/opencl-gemm-own.sh
 if HAVE_CLBLAST
 TESTS += tests/opencl-gemm-own.sh
 endif
+
+# A peer copy's source is not overwritten or reused before the copy has
+# read it (opencl:0 and opencl:1; skips itself without them).
+check_PROGRAMS += tests/test-copy-order
+tests_test_copy_order_SOURCES = tests/test-copy-order.c
+tests_test_copy_order_LDADD = $(TEST_LIBS)

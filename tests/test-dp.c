@@ -2,7 +2,8 @@
  * device with the same global batch, whatever the split, the reduction, the
  * buckets, dropout or gradient accumulation; host reduction is bit-for-bit
  * repeatable; evaluation over the replicas matches one model; a failing
- * replica ends the step quickly; bad options are errors. */
+ * replica ends the step quickly; bad options are errors; more than 64
+ * replicas, and a replica whose share of the batch is zero. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -410,6 +411,170 @@ static void test_errors(ch_module *model, ch_device **three, int n, const batche
                   "binding to a NULL device");
 }
 
+/* A flat linear model over the 28x28 samples: cheap enough for many
+ * replicas. */
+static ch_module *linear_model(void)
+{
+    ch_module *m[2] = {NULL};
+    ch_nn_flatten(&m[0]);
+    ch_nn_linear(&m[1], 784, 10);
+    ch_module *seq = tap_sequential(2, m);
+    if (seq)
+        ch_module_init(seq, 3);
+    return seq;
+}
+
+/* The linear model trained over `devs`, one step per batch of `b`; the
+ * parameters end in `out`, the last step's samples per replica in
+ * `counts` (NULL: not wanted). */
+static ch_status train_linear(ch_module *out, ch_device **devs, int n, const ch_batch *b,
+                              int steps, int *counts)
+{
+    ch_module *model = linear_model();
+    ch_dp_options o = options();
+    ch_dp *dp = NULL;
+    float loss;
+    ch_status st = model ? ch_dp_new(&dp, model, devs, n, &o) : CH_ERR_OUT_OF_MEMORY;
+    for (int s = 0; st == CH_OK && s < steps; s++)
+        st = ch_dp_step(dp, &b[s], 0.05f, &loss);
+    if (st == CH_OK && counts)
+        st = ch_dp_last_step(dp, counts, NULL, n);
+    if (st == CH_OK)
+        st = ch_dp_sync_to(dp, out);
+    ch_dp_free(dp);
+    ch_module_free(model);
+    return st;
+}
+
+/* More replicas than the 64 the split once had room for: every one gets
+ * its share, and training matches the host alone. */
+static void test_many_replicas(const batches *bs)
+{
+    enum { N = 65, PER = 2, COUNT = N * PER, STEPS3 = 3 };
+    ch_host_buffer *images = NULL, *labels = NULL;
+    ch_host_buffer_new(&images, host, sizeof(float) * COUNT * 784);
+    ch_host_buffer_new(&labels, host, sizeof(int32_t) * COUNT);
+    ch_device *devs[N];
+    int counts[N];
+    for (int i = 0; i < N; i++)
+        devs[i] = host;
+    for (int k = 0; images && labels && k < COUNT; k++) {
+        int s = k / BATCH, j = k % BATCH;
+        memcpy((float *)ch_host_buffer_data(images) + k * 784,
+               (const float *)ch_host_buffer_data(bs->images[s]) + j * 784, sizeof(float) * 784);
+        ((int32_t *)ch_host_buffer_data(labels))[k] =
+            ((const int32_t *)ch_host_buffer_data(bs->labels[s]))[j];
+    }
+    ch_batch b[STEPS3];
+    for (int s = 0; s < STEPS3; s++)
+        b[s] = (ch_batch){images, labels, NULL, COUNT, 0, s};
+    ch_module *ref = linear_model(), *got = linear_model();
+    ch_device *one[1] = {host};
+    ch_status st = images && labels && ref && got ? CH_OK : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = train_linear(ref, one, 1, b, STEPS3, NULL);
+    if (st == CH_OK)
+        st = train_linear(got, devs, N, b, STEPS3, counts);
+    if (tap_status_ok(st, "%d steps of %d samples over %d host replicas", STEPS3, COUNT, N)) {
+        int bad = 0;
+        while (bad < N && counts[bad] == PER)
+            bad++;
+        tap_ok(bad == N, "... every replica got %d samples (replica %d has %d)", PER,
+               bad < N ? bad : N - 1, counts[bad < N ? bad : N - 1]);
+        int bitwise;
+        double err = max_rel(got, ref, &bitwise);
+        tap_ok(err < 1e-5, "... parameters match host alone (max rel err %.2e, want < 1e-5)",
+               err);
+    } else {
+        tap_skip("no run: no counts to check");
+        tap_skip("no run: no parameters to compare");
+    }
+    ch_module_free(got);
+    ch_module_free(ref);
+    ch_host_buffer_free(labels);
+    ch_host_buffer_free(images);
+}
+
+/* A batch smaller than the replica count: the last replica gets no
+ * sample, runs nothing through the model (a zero-row tensor would be an
+ * error) and its gradient counts as zero, even right after a step that
+ * gave it samples (its buffers then hold that step's gradient). */
+static void test_zero_share(ch_device **devs, int n, const char *names, const batches *bs)
+{
+    enum { STEPS5 = 5 };
+    ch_batch b[STEPS5];
+    for (int s = 0; s < STEPS5; s++) {
+        b[s] = bs->b[s];
+        if (s > 0)
+            b[s].count = n - 1;
+    }
+    int counts[8] = {0};
+    ch_module *ref = linear_model(), *got = linear_model();
+    ch_device *one[1] = {host};
+    ch_status st = ref && got ? CH_OK : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = train_linear(ref, one, 1, b, STEPS5, NULL);
+    if (st == CH_OK)
+        st = train_linear(got, devs, n, b, STEPS5, counts);
+    if (tap_status_ok(st, "a step of %d samples, then %d of %d over %s", BATCH, STEPS5 - 1,
+                      n - 1, names)) {
+        tap_ok(counts[n - 1] == 0 && counts[0] == 1,
+               "... the last replica got no sample (counts %d, %d, %d)", counts[0], counts[1],
+               counts[n - 1]);
+        int bitwise;
+        double err = max_rel(got, ref, &bitwise);
+        tap_ok(err < 1e-5, "... its gradient counts as zero: parameters match host alone "
+               "(max rel err %.2e, want < 1e-5)", err);
+    } else {
+        tap_skip("no run: no counts to check");
+        tap_skip("no run: no parameters to compare");
+    }
+    /* Evaluation and prediction of a short batch not trained on, over the
+     * replicas against one replica. */
+    ch_batch e = bs->b[STEPS - 1];
+    e.count = n - 1;
+    ch_dp_options o = options();
+    ch_dp *dp = NULL, *dp1 = NULL;
+    float loss = 0, loss1 = 0;
+    int64_t right = -1, right1 = -2;
+    int64_t os[2] = {n - 1, 10};
+    ch_tensor *out = NULL, *out1 = NULL;
+    float y[80], y1[80];
+    st = got ? ch_dp_new(&dp, got, devs, n, &o) : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = ch_dp_new(&dp1, got, one, 1, &o);
+    if (st == CH_OK)
+        st = ch_dp_evaluate(dp, &e, &loss, &right);
+    if (st == CH_OK)
+        st = ch_dp_evaluate(dp1, &e, &loss1, &right1);
+    tap_ok(st == CH_OK && right == right1 && fabsf(loss - loss1) < 1e-5f * (1 + loss1),
+           "ch_dp_evaluate of %d samples over %s: loss %.6f, %lld correct (one replica: %.6f, "
+           "%lld)", n - 1, names, loss, (long long)right, loss1, (long long)right1);
+    if (st == CH_OK)
+        st = ch_tensor_new(&out, host, CH_F32, 2, os);
+    if (st == CH_OK)
+        st = ch_tensor_new(&out1, host, CH_F32, 2, os);
+    if (st == CH_OK)
+        st = ch_dp_predict(dp, &e, out);
+    if (st == CH_OK)
+        st = ch_dp_predict(dp1, &e, out1);
+    if (st == CH_OK)
+        st = ch_tensor_download(out, y, sizeof(float) * (size_t)(n - 1) * 10);
+    if (st == CH_OK)
+        st = ch_tensor_download(out1, y1, sizeof(float) * (size_t)(n - 1) * 10);
+    double worst = 0;
+    for (int i = 0; st == CH_OK && i < (n - 1) * 10; i++)
+        worst = fmax(worst, fabs(y[i] - y1[i]) / (1.0 + fabs(y1[i])));
+    tap_ok(st == CH_OK && worst < 1e-5, "ch_dp_predict of %d samples over %s matches one "
+           "replica (max err %.2e; %s)", n - 1, names, worst, ch_status_str(st));
+    ch_tensor_free(out);
+    ch_tensor_free(out1);
+    ch_dp_free(dp);
+    ch_dp_free(dp1);
+    ch_module_free(got);
+    ch_module_free(ref);
+}
+
 /* Workers are bound near their devices when the library knows where that is. */
 static void test_binding(ch_module *model, ch_device **devs, int n, const char *names)
 {
@@ -597,6 +762,8 @@ int main(void)
     test_accumulate_errors(single, three, 3, &bs);
     test_errors(single, three, 3, &bs);
     test_binding(single, three, 3, names);
+    test_many_replicas(&bs);
+    test_zero_share(three, 3, names, &bs);
 
     ch_module_free(single);
     ch_module_free(single_drop);

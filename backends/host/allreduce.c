@@ -1,96 +1,12 @@
-/* The host's all-reduce: the summing kernel of every host-staged reduction
- * (lib/reduce.c) and the host backend's allreduce_sum slot.
- *
- * Each output element is src[0] + src[1] + ... + src[n-1], added left to
- * right: the same bits whatever the thread count or chunk size. The work
- * is cut into fixed chunks shared out over OpenMP threads; a chunk is
- * summed in one pass over its sources and, while it is still in cache,
- * copied to every other destination. */
+/* The host backend's all-reduce slot: the core's summing kernel
+ * (chi_sum_spread) over buffers that are all plain memory. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "host.h"
-
-/* Floats per chunk: 64 KiB per source, so a chunk of the total stays in
- * the L2 cache while it is copied out. */
-#define SPREAD_CHUNK 16384
-/* Sources one pass adds; longer lists continue from the partial sum. */
-#define SPREAD_FAN 8
-
-/* Four floats, loaded and stored with memcpy (no alignment needed): the
- * compiler emits vector adds at any optimisation level. */
-typedef float v4f __attribute__((vector_size(16)));
-
-/* d[0..len) = s[0] + s[1] + ... + s[k-1], k in 1..SPREAD_FAN, left to
- * right. d may be s[0] (each element is read before it is written); it
- * does not otherwise overlap a source. */
-static void sum_pass(float *d, const float *const *s, int k, int64_t len)
-{
-    const float *p[SPREAD_FAN];
-    for (int j = 0; j < k; j++)
-        p[j] = s[j];
-    int64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        v4f a, b, x, y;
-        memcpy(&a, p[0] + i, sizeof a);
-        memcpy(&b, p[0] + i + 4, sizeof b);
-        for (int j = 1; j < k; j++) {
-            memcpy(&x, p[j] + i, sizeof x);
-            memcpy(&y, p[j] + i + 4, sizeof y);
-            a += x;
-            b += y;
-        }
-        memcpy(d + i, &a, sizeof a);
-        memcpy(d + i + 4, &b, sizeof b);
-    }
-    for (; i < len; i++) {
-        float a = p[0][i];
-        for (int j = 1; j < k; j++)
-            a += p[j][i];
-        d[i] = a;
-    }
-}
-
-static void spread_chunk(int64_t lo, int64_t len, float *dst, int nsrc,
-                         const float *const *src, int ncopies, float *const *copies)
-{
-    const float *s[SPREAD_FAN];
-    int k = nsrc < SPREAD_FAN ? nsrc : SPREAD_FAN;
-    for (int j = 0; j < k; j++)
-        s[j] = src[j] + lo;
-    sum_pass(dst + lo, s, k, len);
-    /* More sources: the partial sum is the first term of the next pass. */
-    for (int next = k; next < nsrc; next += k - 1) {
-        s[0] = dst + lo;
-        k = 1;
-        while (k < SPREAD_FAN && next + k - 1 < nsrc) {
-            s[k] = src[next + k - 1] + lo;
-            k++;
-        }
-        sum_pass(dst + lo, s, k, len);
-    }
-    for (int c = 0; c < ncopies; c++)
-        if (copies[c] != dst)
-            memcpy(copies[c] + lo, dst + lo, (size_t)len * sizeof(float));
-}
-
-void chi_host_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src,
-                         int ncopies, float *const *copies)
-{
-    if (n <= 0 || nsrc < 1)
-        return;
-    int64_t chunks = (n + SPREAD_CHUNK - 1) / SPREAD_CHUNK;
-    CHI_OMP(omp parallel for schedule(static) if (parallel: n > CHI_HOST_PAR_MIN))
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t lo = c * SPREAD_CHUNK;
-        int64_t len = n - lo < SPREAD_CHUNK ? n - lo : SPREAD_CHUNK;
-        spread_chunk(lo, len, dst, nsrc, src, ncopies, copies);
-    }
-}
 
 /* Host streams are synchronous: the sum is done when this returns. */
 ch_status chi_host_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
@@ -111,7 +27,7 @@ ch_status chi_host_allreduce_sum(int count, void *const *streams, const ch_bmem 
         src[i] = chi_host_f32(bufs[i]);
         copies[i] = chi_host_f32(bufs[i]);
     }
-    chi_host_sum_spread(n, copies[0], count, src, count - 1, copies + 1);
+    chi_sum_spread(n, copies[0], count, src, count - 1, copies + 1);
     free(src);
     free(copies);
     return CH_OK;

@@ -96,7 +96,7 @@ ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem 
 ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
                                     ch_bmem dy, ch_bmem idx);
 
-/* allreduce.c (chi_host_sum_spread, the kernel, is in backend.h) */
+/* allreduce.c (the kernel, chi_sum_spread, is the core's: backend.h) */
 ch_status chi_host_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                                  int64_t n);
 int chi_host_can_allreduce(void *dev_a, void *dev_b);

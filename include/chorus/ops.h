@@ -23,7 +23,9 @@ CH_API ch_status ch_fill(ch_tensor *y, double value);
 
 /* y = x, same dtype and element count; any two devices. Between devices it
  * goes peer to peer where the backends allow it, through pinned host memory
- * otherwise. */
+ * otherwise. The copy comes after what both devices' current streams hold,
+ * and what is queued on x's stream afterwards (a write to x, its free and
+ * reuse) waits for it. */
 CH_API ch_status ch_copy(ch_tensor *y, const ch_tensor *x);
 
 /* x of shape [A, B, rest...] -> y of shape [B, A, rest...]. */
