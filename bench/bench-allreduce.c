@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MAX_REPLICAS 16
 
@@ -43,14 +42,14 @@ static double memcpy_bw(size_t bytes)
     }
     memset(a, 1, bytes);
     memset(b, 2, bytes);
-    double t0 = bench_now();
+    double t0 = ch_clock_seconds();
     memcpy(b, a, bytes);
-    int reps = reps_for(bench_now() - t0, 0.2, 5, 2000);
+    int reps = reps_for(ch_clock_seconds() - t0, 0.2, 5, 2000);
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        t0 = bench_now();
+        t0 = ch_clock_seconds();
         memcpy(r % 2 ? a : b, r % 2 ? b : a, bytes);
-        double t = bench_now() - t0;
+        double t = ch_clock_seconds() - t0;
         if (t < best)
             best = t;
     }
@@ -185,16 +184,16 @@ int main(int argc, char **argv)
             BENCH_CHECK(ch_fill(bufs[i], 0.0));
         for (int i = 0; i < n; i++)
             BENCH_CHECK(ch_device_sync(devs[i]));
-        double t0 = bench_now();
+        double t0 = ch_clock_seconds();
         BENCH_CHECK(ch_reducer_allreduce(r, bufs, 0, count));
-        int reps = reps_for(bench_now() - t0, 1.0, 5, 500);
+        int reps = reps_for(ch_clock_seconds() - t0, 1.0, 5, 500);
         double *t = malloc(sizeof *t * (size_t)reps);
         if (!t)
             return 1;
         for (int k = 0; k < reps; k++) {
-            t0 = bench_now();
+            t0 = ch_clock_seconds();
             BENCH_CHECK(ch_reducer_allreduce(r, bufs, 0, count));
-            t[k] = bench_now() - t0;
+            t[k] = ch_clock_seconds() - t0;
         }
         double best = t[0];
         for (int k = 1; k < reps; k++)

@@ -13,6 +13,7 @@ libchorus_la_SOURCES = \
 	lib/ops.c \
 	lib/reduce.c \
 	lib/version.c \
+	lib/clock.c \
 	lib/core.h \
 	lib/backend.h \
 	lib/discover.h \
@@ -26,6 +27,7 @@ libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 $(OPENMP_CFLAGS)
 nobase_include_HEADERS += \
 	include/chorus.h \
 	include/chorus/export.h \
+	include/chorus/clock.h \
 	include/chorus/status.h \
 	include/chorus/device.h \
 	include/chorus/stream.h \

@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "nn.h"
 #include <chorus/dp.h>
@@ -117,13 +116,6 @@ struct ch_dp {
 };
 
 /* ---- Helpers ------------------------------------------------------------------- */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static ch_status fail(replica *r, ch_status st)
 {
@@ -301,7 +293,7 @@ static void *reducer_main(void *arg)
                 break;
             pthread_mutex_unlock(&dp->lock);
             if (b == 0)
-                dp->reduce_start = now();
+                dp->reduce_start = ch_clock_seconds();
             ch_clear_error();
             ch_status st = bufs ? reduce_bucket(dp, b, bufs)
                                  : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp: out of memory");
@@ -408,14 +400,14 @@ static void train(replica *r)
 {
     ch_dp *dp = r->dp;
     int reducing = dp->sync && dp->n > 1;
-    double t0 = now();
+    double t0 = ch_clock_seconds();
     if (reducing)
         for (int b = 0; b < dp->nbuckets; b++)
             r->missing[b] = dp->buckets[b].p_hi - dp->buckets[b].p_lo;
     r->posting = reducing;
     if (dp->batch)
         fail(r, compute(r));
-    r->compute_end = now();
+    r->compute_end = ch_clock_seconds();
     r->compute_seconds = r->compute_end - t0;
     r->posting = 0;
     if (reducing) {
@@ -430,7 +422,7 @@ static void train(replica *r)
     if (dp->sync && !atomic_load(&dp->failed) && dp->o.check_every > 0 &&
         (dp->step + 1) % dp->o.check_every == 0)
         fail(r, param_checksum(r));
-    r->seconds = now() - t0;
+    r->seconds = ch_clock_seconds() - t0;
 }
 
 /* Evaluation mode on this replica's slice: its outputs into the rows of
@@ -491,9 +483,9 @@ static void run_call(replica *r)
     if (r->dp->job == JOB_TRAIN) {
         train(r);
     } else {
-        double t0 = now();
+        double t0 = ch_clock_seconds();
         fail(r, infer(r));
-        r->seconds = r->compute_seconds = now() - t0;
+        r->seconds = r->compute_seconds = ch_clock_seconds() - t0;
     }
 }
 

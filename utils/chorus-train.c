@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
@@ -219,13 +218,6 @@ typedef struct trainer {
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
 } trainer;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The batch's tensors, resized for a short last batch. */
 static ch_status batch_tensors(trainer *t, int count)
 {
@@ -345,17 +337,17 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
     *next = first;
     ch_status st = ch_loader_start(t->loader, epoch, first);
     int64_t nb = ch_loader_batches(t->loader);
-    double t0 = now();
+    double t0 = ch_clock_seconds();
     float loss = 0.0f;
     while (st == CH_OK) {
         ch_batch *b = NULL;
         st = ch_loader_next(t->loader, &b);
         if (st != CH_OK || !b)
             break;
-        double s0 = now();
+        double s0 = ch_clock_seconds();
         int updated = 0;
         st = train_step(t, b, &loss, &updated);
-        double secs = now() - s0;
+        double secs = ch_clock_seconds() - s0;
         *busy += secs;
         *samples += b->count;
         t->step += updated;
@@ -364,7 +356,7 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
         ch_loader_release(t->loader, b);
         double rate = (double)*samples / *busy;
         log_step(t, epoch, loss, rate, secs);
-        double left = (now() - t0) / (double)(number + 1 - first) * (double)(nb - number - 1);
+        double left = (ch_clock_seconds() - t0) / (double)(number + 1 - first) * (double)(nb - number - 1);
         progress(t, epoch, number, nb, loss, rate, left);
         if (st == CH_OK && updated && t->o->max_steps > 0 && t->step >= t->o->max_steps) {
             *stop = 1;
