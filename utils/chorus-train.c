@@ -200,17 +200,14 @@ static int parse_options(int argc, char **argv, options *o)
 
 typedef struct trainer {
     const options *o;
-    ch_device *dev;          /* the first device: evaluation and pinned buffers */
+    ch_device *dev;          /* the first device: pinned buffers */
     ch_device *devs[64];
     int ndev;
-    ch_dp *dp;               /* data parallel over devs when ndev > 1 */
-    ch_module *model;
-    ch_loss *loss;
-    ch_optimizer *opt;
+    ch_dp *dp;               /* one replica per device, a single one included */
+    ch_module *model;        /* the initialised (or resumed) model the replicas copy */
     ch_dataset *train, *test;
     ch_dataset *full;        /* the whole training set when --limit takes its head */
     ch_loader *loader;
-    ch_tensor *x, *labels;   /* the batch on the device */
     FILE *log;
     int tty;
     int bad_reduce;          /* ch_dp_new refused --reduce for these devices */
@@ -218,61 +215,14 @@ typedef struct trainer {
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
 } trainer;
 
-/* The batch's tensors, resized for a short last batch. */
-static ch_status batch_tensors(trainer *t, int count)
-{
-    if (t->x && ch_tensor_dim(t->x, 0) == count)
-        return CH_OK;
-    ch_tensor_free(t->x);
-    ch_tensor_free(t->labels);
-    t->x = t->labels = NULL;
-    int64_t xs[4] = {count, 1, 28, 28}, ls[1] = {count};
-    ch_status st = ch_tensor_new(&t->x, t->dev, CH_F32, 4, xs);
-    return st == CH_OK ? ch_tensor_new(&t->labels, t->dev, CH_I32, 1, ls) : st;
-}
-
-static ch_status upload_batch(trainer *t, const ch_batch *b)
-{
-    ch_status st = batch_tensors(t, b->count);
-    if (st == CH_OK)
-        st = ch_tensor_upload_async(t->x, b->images, 0);
-    if (st == CH_OK)
-        st = ch_tensor_upload_async(t->labels, b->labels, 0);
-    return st;
-}
-
 /* One batch; *updated tells whether the optimizer stepped (with
  * --accumulate K, once every K batches). */
 static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out, int *updated)
 {
-    *updated = 1;
-    if (t->dp) {
-        ch_status st = ch_dp_step(t->dp, b, ch_lr_at(&t->lr, t->step), loss_out);
-        *updated = ch_dp_pending(t->dp) == 0;
-        return st;
-    }
-    ch_tensor *y, *lv, *dy;
-    ch_status st = upload_batch(t, b);
-    if (st == CH_OK)
-        st = ch_module_zero_grad(t->model);
-    if (st == CH_OK) {
-        ch_module_set_rng(t->model, t->o->seed, t->step, b->number * t->o->batch);
-        st = ch_module_forward(t->model, &y, t->x);
-    }
-    if (st == CH_OK)
-        st = ch_loss_forward(t->loss, &lv, y, t->labels);
-    if (st == CH_OK)
-        st = ch_loss_backward(t->loss, &dy, 1.0f);
-    if (st == CH_OK)
-        st = ch_module_backward(t->model, NULL, dy);
-    if (st == CH_OK)
-        st = ch_optimizer_step(t->opt, ch_lr_at(&t->lr, t->step));
-    if (st == CH_OK)
-        st = ch_tensor_download(lv, loss_out, sizeof *loss_out);
+    ch_status st = ch_dp_step(t->dp, b, ch_lr_at(&t->lr, t->step), loss_out);
+    *updated = ch_dp_pending(t->dp) == 0;
     return st;
 }
-
-static void last_step(const trainer *t, double secs, int *counts, double *times);
 
 static void progress(const trainer *t, int64_t epoch, int64_t batch, int64_t nbatches,
                      float loss, double rate, double left)
@@ -284,10 +234,10 @@ static void progress(const trainer *t, int64_t epoch, int64_t batch, int64_t nba
             (long long)epoch + 1, (long long)t->o->epochs, done,
             "##############################", width - done, "", (long long)t->step, loss, rate,
             left);
-    if (t->dp) {
+    if (t->ndev > 1) {
         int counts[64];
         double times[64];
-        last_step(t, 0, counts, times);
+        ch_dp_last_step(t->dp, counts, times, t->ndev);
         for (int i = 0; i < t->ndev; i++)
             fprintf(stderr, " | %s %d %.0fms", ch_device_id(t->devs[i]), counts[i],
                     1e3 * times[i]);
@@ -296,24 +246,13 @@ static void progress(const trainer *t, int64_t epoch, int64_t batch, int64_t nba
     fflush(stderr);
 }
 
-/* Each device's share of the last batch and its time. */
-static void last_step(const trainer *t, double secs, int *counts, double *times)
-{
-    if (t->dp) {
-        ch_dp_last_step(t->dp, counts, times, t->ndev);
-        return;
-    }
-    counts[0] = t->x ? (int)ch_tensor_dim(t->x, 0) : 0;
-    times[0] = secs;
-}
-
-static void log_step(const trainer *t, int64_t epoch, float loss, double rate, double secs)
+static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
 {
     if (!t->log)
         return;
     int counts[64];
     double times[64];
-    last_step(t, secs, counts, times);
+    ch_dp_last_step(t->dp, counts, times, t->ndev);
     int total = 0;
     for (int i = 0; i < t->ndev; i++)
         total += counts[i];
@@ -347,16 +286,16 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
         double s0 = ch_clock_seconds();
         int updated = 0;
         st = train_step(t, b, &loss, &updated);
-        double secs = ch_clock_seconds() - s0;
-        *busy += secs;
+        *busy += ch_clock_seconds() - s0;
         *samples += b->count;
         t->step += updated;
         int64_t number = b->number;
         *next = number + 1;
         ch_loader_release(t->loader, b);
         double rate = (double)*samples / *busy;
-        log_step(t, epoch, loss, rate, secs);
-        double left = (ch_clock_seconds() - t0) / (double)(number + 1 - first) * (double)(nb - number - 1);
+        log_step(t, epoch, loss, rate);
+        double left = (ch_clock_seconds() - t0) / (double)(number + 1 - first) *
+                      (double)(nb - number - 1);
         progress(t, epoch, number, nb, loss, rate, left);
         if (st == CH_OK && updated && t->o->max_steps > 0 && t->step >= t->o->max_steps) {
             *stop = 1;
@@ -364,7 +303,7 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
         }
     }
     /* The end of the epoch: what is accumulated makes one last step. */
-    if (st == CH_OK && t->dp && ch_dp_pending(t->dp) > 0 && !*stop) {
+    if (st == CH_OK && ch_dp_pending(t->dp) > 0 && !*stop) {
         st = ch_dp_flush(t->dp, ch_lr_at(&t->lr, t->step));
         t->step += st == CH_OK;
     }
@@ -374,10 +313,15 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
     return st;
 }
 
-/* The test set over the replicas, each on its share of every batch. */
-static ch_status evaluate_dp(trainer *t, ch_loader *ld, ch_status st, double *accuracy,
-                             double *loss)
+/* Accuracy and mean loss over the test set, in evaluation mode, each
+ * replica on its share of every batch. */
+static ch_status evaluate(trainer *t, double *accuracy, double *loss)
 {
+    ch_loader_options lo = {t->o->batch > 256 ? t->o->batch : 256, 0, 0, 0, 2, 2, 0, 1, t->dev};
+    ch_loader *ld = NULL;
+    ch_status st = ch_loader_new(&ld, t->test, &lo);
+    if (st == CH_OK)
+        st = ch_loader_start(ld, 0, 0);
     int64_t correct = 0, total = 0;
     double loss_sum = 0;
     while (st == CH_OK) {
@@ -399,69 +343,9 @@ static ch_status evaluate_dp(trainer *t, ch_loader *ld, ch_status st, double *ac
     return st;
 }
 
-/* Accuracy and mean loss over the test set, in evaluation mode. */
-static ch_status evaluate(trainer *t, double *accuracy, double *loss)
-{
-    ch_loader_options lo = {t->o->batch > 256 ? t->o->batch : 256, 0, 0, 0, 2, 2, 0, 1, t->dev};
-    ch_loader *ld = NULL;
-    ch_status st = ch_loader_new(&ld, t->test, &lo);
-    if (st == CH_OK)
-        st = ch_loader_start(ld, 0, 0);
-    if (t->dp)
-        return evaluate_dp(t, ld, st, accuracy, loss);
-    ch_module_train(t->model, 0);
-    int64_t correct = 0, total = 0;
-    double loss_sum = 0;
-    int32_t *pred = NULL, *truth = NULL;
-    ch_tensor *am = NULL;
-    while (st == CH_OK) {
-        ch_batch *b = NULL;
-        ch_tensor *y, *lv;
-        float l = 0;
-        st = ch_loader_next(ld, &b);
-        if (st != CH_OK || !b)
-            break;
-        int64_t ps[1] = {b->count};
-        st = upload_batch(t, b);
-        if (st == CH_OK)
-            st = ch_module_forward(t->model, &y, t->x);
-        if (st == CH_OK)
-            st = ch_loss_forward(t->loss, &lv, y, t->labels);
-        if (st == CH_OK && (!am || ch_tensor_dim(am, 0) != b->count)) {
-            ch_tensor_free(am);
-            am = NULL;
-            st = ch_tensor_new(&am, t->dev, CH_I32, 1, ps);
-        }
-        if (st == CH_OK)
-            st = ch_argmax(am, y, 1);
-        int32_t *p2 = realloc(pred, sizeof *pred * (size_t)b->count);
-        if (p2)
-            pred = p2;
-        if (st == CH_OK && !p2)
-            st = CH_ERR_OUT_OF_MEMORY;
-        if (st == CH_OK)
-            st = ch_tensor_download(am, pred, sizeof *pred * (size_t)b->count);
-        if (st == CH_OK)
-            st = ch_tensor_download(lv, &l, sizeof l);
-        truth = ch_host_buffer_data(b->labels);
-        for (int i = 0; st == CH_OK && i < b->count; i++)
-            correct += pred[i] == truth[i];
-        loss_sum += (double)l * b->count;
-        total += b->count;
-        ch_loader_release(ld, b);
-    }
-    ch_module_train(t->model, 1);
-    ch_tensor_free(am);
-    free(pred);
-    ch_loader_free(ld);
-    *accuracy = total ? (double)correct / (double)total : 0.0;
-    *loss = total ? loss_sum / (double)total : 0.0;
-    return st;
-}
-
 /* Replicas of the (initialised or resumed) model on every device; each
  * replica's optimizer takes the checkpoint's state too. */
-static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo, ch_train_state *resume)
+static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
 {
     ch_dp_options d = {0};
     if (ch_reduce_mode_parse(t->o->reduce, &d.reduce) != CH_OK)
@@ -482,7 +366,7 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo, ch_train_s
     t->bad_reduce = st == CH_ERR_UNSUPPORTED;
     for (int i = 0; st == CH_OK && t->o->resume && i < t->ndev; i++)
         st = ch_checkpoint_load(t->o->resume, ch_dp_replica(t->dp, i), ch_dp_optimizer(t->dp, i),
-                                resume);
+                                NULL);
     return st;
 }
 
@@ -491,10 +375,8 @@ static ch_status setup(trainer *t, ch_train_state *resume)
     ch_status st = ch_nn_preset(&t->model, t->o->model);
     if (st == CH_OK)
         st = ch_module_init(t->model, t->o->seed);
-    if (st == CH_OK)
-        st = ch_module_to(t->model, t->dev);
-    if (st == CH_OK)
-        st = ch_loss_new(&t->loss, CH_LOSS_CROSS_ENTROPY);
+    if (st == CH_OK && t->o->resume)
+        st = ch_checkpoint_load(t->o->resume, t->model, NULL, resume);
     ch_optimizer_kind kind = strcmp(t->o->optimizer, "sgd") == 0    ? CH_OPT_SGD
                              : strcmp(t->o->optimizer, "adam") == 0 ? CH_OPT_ADAM
                                                                     : CH_OPT_ADAMW;
@@ -502,12 +384,7 @@ static ch_status setup(trainer *t, ch_train_state *resume)
     if (kind == CH_OPT_SGD)
         oo.momentum = 0.9f;
     if (st == CH_OK)
-        st = ch_optimizer_new(&t->opt, t->model, &oo);
-    if (st == CH_OK && t->o->resume)
-        st = ch_checkpoint_load(t->o->resume, t->model, t->opt, resume);
-    /* Several devices, or accumulation: the data-parallel wrapper. */
-    if (st == CH_OK && (t->ndev > 1 || t->o->accumulate > 1))
-        st = setup_dp(t, &oo, resume);
+        st = setup_dp(t, &oo);
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
     if (st == CH_OK)
         st = ch_loader_new(&t->loader, t->train, &lo);
@@ -526,15 +403,11 @@ static ch_status setup(trainer *t, ch_train_state *resume)
 static void teardown(trainer *t)
 {
     ch_loader_free(t->loader);
-    ch_tensor_free(t->x);
-    ch_tensor_free(t->labels);
-    ch_optimizer_free(t->opt);
-    ch_loss_free(t->loss);
+    ch_dp_free(t->dp);
     ch_module_free(t->model);
     ch_dataset_free(t->train);
     ch_dataset_free(t->full);
     ch_dataset_free(t->test);
-    ch_dp_free(t->dp);
     if (t->log)
         fclose(t->log);
 }
@@ -569,9 +442,8 @@ static int run(trainer *t)
             fprintf(stderr, "\n");
         /* A checkpoint that stops mid-epoch records where to go on from. */
         ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed};
-        const ch_module *m = t->dp ? ch_dp_replica(t->dp, 0) : t->model;
-        const ch_optimizer *op = t->dp ? ch_dp_optimizer(t->dp, 0) : t->opt;
-        if (o->checkpoint && ch_checkpoint_save(o->checkpoint, m, op, &cs) != CH_OK)
+        if (o->checkpoint && ch_checkpoint_save(o->checkpoint, ch_dp_replica(t->dp, 0),
+                                                ch_dp_optimizer(t->dp, 0), &cs) != CH_OK)
             return runtime_error("cannot write the checkpoint");
     }
     double acc = 0, loss = 0;
