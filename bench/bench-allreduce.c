@@ -61,38 +61,6 @@ static double memcpy_bw(size_t bytes)
     return (double)bytes / best;
 }
 
-/* "host,host,opencl:0": each name through ch_device_list_parse, so that a
- * device may be listed more than once. */
-static int parse_devices(const char *list, ch_device **devs)
-{
-    char buf[1024];
-    int n = 0;
-    if (strlen(list) >= sizeof buf) {
-        fprintf(stderr, "bench-allreduce: --devices too long\n");
-        exit(2);
-    }
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *save = NULL, *name = strtok_r(buf, ",", &save); name;
-         name = strtok_r(NULL, ",", &save)) {
-        int k = 0;
-        if (n >= MAX_REPLICAS) {
-            fprintf(stderr, "bench-allreduce: more than %d replicas\n", MAX_REPLICAS);
-            exit(2);
-        }
-        ch_status st = ch_device_list_parse(devs + n, MAX_REPLICAS - n, &k, name);
-        if (st != CH_OK) {
-            fprintf(stderr, "bench-allreduce: --devices: %s\n", ch_last_error());
-            exit(2);
-        }
-        n += k;
-    }
-    if (n < 1) {
-        fprintf(stderr, "bench-allreduce: --devices names no device\n");
-        exit(2);
-    }
-    return n;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: bench-allreduce [--devices LIST (default host,host,host)] "
@@ -134,7 +102,11 @@ int main(int argc, char **argv)
     ch_device *devs[MAX_REPLICAS];
     ch_stream *streams[MAX_REPLICAS];
     ch_tensor *bufs[MAX_REPLICAS];
-    int n = parse_devices(devices, devs);
+    int n = 0;
+    if (ch_device_list_parse_replicas(devs, MAX_REPLICAS, &n, devices) != CH_OK) {
+        fprintf(stderr, "bench-allreduce: --devices: %s\n", ch_last_error());
+        return 2;
+    }
     char ids[256] = "";
     for (int i = 0; i < n; i++) {
         size_t len = strlen(ids);

@@ -196,7 +196,7 @@ int main(int argc, char **argv)
     BENCH_CHECK(ch_init());
     ch_device *devs[8];
     int n = 0;
-    BENCH_CHECK(ch_device_list_parse(devs, 8, &n, devices));
+    BENCH_CHECK(ch_device_list_parse_replicas(devs, 8, &n, devices));
     ch_host_buffer *images, *labels;
     BENCH_CHECK(ch_host_buffer_new(&images, devs[0], sizeof(float) * (size_t)batch * 784));
     BENCH_CHECK(ch_host_buffer_new(&labels, devs[0], sizeof(int32_t) * (size_t)batch));
