@@ -52,6 +52,26 @@ assert {"test_accuracy", "test_loss", "samples_per_s", "epochs", "devices"} <= d
 ' "$tmp/json"
 ok $? "--json prints one object with the result keys: $(head -c 200 "$tmp/json")"
 
+# Two replicas on one device (how data parallelism runs on a single GPU):
+# accepted, said so, and the same training as one replica up to rounding.
+"$train" --data "$data" --devices host,host --model mlp --limit 2000 --batch 50 --epochs 2 \
+    --split equal --reduce host --log "$tmp/hh.jsonl" >"$tmp/out" 2>"$tmp/err"
+status=$?
+test "$status" -eq 0 && grep -q 'devices=host,host$' "$tmp/out" &&
+    grep -qx 'chorus-train: 2 replicas share host' "$tmp/err"
+ok $? "--devices host,host trains and says that 2 replicas share host (status $status: $(cat "$tmp/out") $(head -c 200 "$tmp/err" | tr '\n' ' '))"
+python3 -c '
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1])]
+two = [json.loads(l) for l in open(sys.argv[2])]
+assert len(one) == len(two) == 80, (len(one), len(two))
+for a, b in zip(one, two):
+    d = b["devices"]
+    assert [(x["id"], x["share"], x["replicas_on_device"]) for x in d] == [("host", 0.5, 2)] * 2, d
+    assert abs(a["loss"] - b["loss"]) <= 1e-4, ("step", a["step"], a["loss"], b["loss"])
+' "$tmp/log.jsonl" "$tmp/hh.jsonl"
+ok $? "host,host: the log marks both replicas as sharing host, and every step's loss is one replica's +- 1e-4: $(head -n 1 "$tmp/hh.jsonl" | head -c 300)"
+
 # One epoch, save, resume, one more: the same bits as two epochs straight.
 # The default cosine schedule spans the planned epochs, so this plain
 # "--epochs 1, then --epochs 2" case uses a constant learning rate.

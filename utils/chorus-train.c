@@ -33,7 +33,8 @@ static void usage(FILE *f)
             "  --data DIR          IDX files (default " DEFAULT_DATA ")\n"
             "  --model mlp|cnn     the network (default cnn)\n"
             "  --devices LIST      devices to train on, \"all\" (default); with several,\n"
-            "                      data parallel: one replica each, the batch split\n"
+            "                      data parallel: one replica each, the batch split; a\n"
+            "                      device listed twice (host,host) holds two replicas\n"
             "  --split auto|equal|W1,W2,...  shares of the batch per device: auto\n"
             "                      (default) balances them from measured step times\n"
             "  --reduce auto|host|peer  gradient reduction: host (pinned memory, fixed\n"
@@ -201,8 +202,10 @@ static int parse_options(int argc, char **argv, options *o)
 typedef struct trainer {
     const options *o;
     ch_device *dev;          /* the first device: pinned buffers */
-    ch_device *devs[64];
+    ch_device *devs[64];     /* a device listed twice holds two replicas */
     int ndev;
+    char label[64][48];      /* each replica's device, numbered when replicas share it */
+    int sharing[64];         /* replicas on each one's device */
     ch_dp *dp;               /* one replica per device, a single one included */
     ch_module *model;        /* the initialised (or resumed) model the replicas copy */
     ch_dataset *train, *test;
@@ -239,8 +242,7 @@ static void progress(const trainer *t, int64_t epoch, int64_t batch, int64_t nba
         double times[64];
         ch_dp_last_step(t->dp, counts, times, t->ndev);
         for (int i = 0; i < t->ndev; i++)
-            fprintf(stderr, " | %s %d %.0fms", ch_device_id(t->devs[i]), counts[i],
-                    1e3 * times[i]);
+            fprintf(stderr, " | %s %d %.0fms", t->label[i], counts[i], 1e3 * times[i]);
     }
     fprintf(stderr, " ");
     fflush(stderr);
@@ -262,9 +264,13 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
         snprintf(lossv, sizeof lossv, "%.6f", loss);
     fprintf(t->log, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"samples_per_s\":%.1f,"
             "\"devices\":[", (long long)t->step, (long long)epoch, lossv, rate);
-    for (int i = 0; i < t->ndev; i++)
-        fprintf(t->log, "%s{\"id\":\"%s\",\"share\":%.4f,\"time_s\":%.6f}", i ? "," : "",
+    for (int i = 0; i < t->ndev; i++) {
+        fprintf(t->log, "%s{\"id\":\"%s\",\"share\":%.4f,\"time_s\":%.6f", i ? "," : "",
                 ch_device_id(t->devs[i]), total ? (double)counts[i] / total : 0.0, times[i]);
+        if (t->sharing[i] > 1)
+            fprintf(t->log, ",\"replicas_on_device\":%d", t->sharing[i]);
+        fprintf(t->log, "}");
+    }
     fprintf(t->log, "]}\n");
 }
 
@@ -400,6 +406,40 @@ static ch_status setup(trainer *t, ch_train_state *resume)
     return st;
 }
 
+/* 1 for the first replica on its device, 2 for the second, ... */
+static int ordinal_on_device(const trainer *t, int i)
+{
+    int k = 1;
+    for (int j = 0; j < i; j++)
+        k += t->devs[j] == t->devs[i];
+    return k;
+}
+
+/* "host#1", "host#2" for two replicas on host; a device's id alone
+ * otherwise. */
+static void name_replicas(trainer *t)
+{
+    for (int i = 0; i < t->ndev; i++) {
+        t->sharing[i] = 0;
+        for (int j = 0; j < t->ndev; j++)
+            t->sharing[i] += t->devs[j] == t->devs[i];
+        const char *id = ch_device_id(t->devs[i]);
+        if (t->sharing[i] > 1)
+            snprintf(t->label[i], sizeof t->label[i], "%s#%d", id, ordinal_on_device(t, i));
+        else
+            snprintf(t->label[i], sizeof t->label[i], "%s", id);
+    }
+}
+
+/* Replicas that share a device split its time: say so before the first step. */
+static void note_sharing(const trainer *t)
+{
+    for (int i = 0; !t->o->quiet && i < t->ndev; i++)
+        if (t->sharing[i] > 1 && ordinal_on_device(t, i) == 1)
+            fprintf(stderr, "chorus-train: %d replicas share %s\n", t->sharing[i],
+                    ch_device_id(t->devs[i]));
+}
+
 static void teardown(trainer *t)
 {
     ch_loader_free(t->loader);
@@ -431,6 +471,7 @@ static int run(trainer *t)
         return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
     }
     t->step = state.step;
+    note_sharing(t);
     double busy = 0;
     int64_t samples = 0, epoch = state.epoch;
     int stop = 0;
@@ -477,22 +518,19 @@ int main(int argc, char **argv)
         return EXIT_RUNTIME;
     }
     trainer t = {.o = &o, .tty = isatty(STDERR_FILENO)};
-    ch_device *devs[64];
-    int n = 0;
-    if (ch_device_list_parse(devs, 64, &n, o.devices) != CH_OK) {
+    if (ch_device_list_parse_replicas(t.devs, 64, &t.ndev, o.devices) != CH_OK) {
         fprintf(stderr, "chorus-train: --devices: %s\n", ch_last_error());
         ch_shutdown();
         return EXIT_USAGE;
     }
-    if (o.nweights && o.nweights != n) {
-        fprintf(stderr, "chorus-train: --split has %d weights for %d devices\n", o.nweights, n);
+    if (o.nweights && o.nweights != t.ndev) {
+        fprintf(stderr, "chorus-train: --split has %d weights for %d devices\n", o.nweights,
+                t.ndev);
         ch_shutdown();
         return EXIT_USAGE;
     }
-    t.ndev = n;
-    for (int i = 0; i < n; i++)
-        t.devs[i] = devs[i];
-    t.dev = devs[0];
+    t.dev = t.devs[0];
+    name_replicas(&t);
     if (ch_dataset_mnist_open(&t.train, o.data, 1, NULL) != CH_OK ||
         ch_dataset_mnist_open(&t.test, o.data, 0, NULL) != CH_OK) {
         fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
