@@ -20,8 +20,10 @@ def label(i):
 
 
 def pixel(i, k):
-    """Bright images (150 to 250), a stripe pattern per class."""
-    return 150 + (k * 7 + label(i) * 29 + i * 3) % 101
+    """Bright images (150 to 250): vertical stripes whose phase tells the
+    class, and some noise."""
+    stripe = ((k % COLS) + 3 * label(i)) % 30 < 15
+    return 150 + (70 if stripe else 0) + (i * 7 + k * 13) % 31
 
 
 def images(n):

@@ -1,7 +1,8 @@
 #!/bin/sh
 # chorus-train end to end on a subset of Fashion-MNIST: it learns, its
 # output and log are well formed, resuming equals training straight through,
-# and bad input gives the documented exit codes.
+# a made-up IDX set is normalised with its own statistics, and bad input
+# gives the documented exit codes.
 train=${CHORUS_TRAIN:-./utils/chorus-train}
 data=${CHORUS_TEST_DATA:-/usr/share/datasets/fashion-mnist}
 tmp=${TMPDIR:-/tmp}/test-train.$$
@@ -92,6 +93,55 @@ ok $? "resuming at an epoch boundary gives a checkpoint identical to training st
 ok $? "stop at step 57, then resume"
 cmp -s "$tmp/straight.st" "$tmp/mid-resumed.st"
 ok $? "resuming mid-epoch gives a checkpoint identical to training straight through"
+
+# The inputs' normalisation a checkpoint records: both floats, bit for bit.
+recorded() {
+    python3 -c '
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+meta = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])["__metadata__"]
+f32 = lambda x: struct.unpack("f", struct.pack("f", float(x)))[0]
+assert (f32(meta["input_mean"]), f32(meta["input_std"])) == (f32(sys.argv[2]), f32(sys.argv[3])), meta
+' "$@"
+}
+recorded "$tmp/straight.st" 0.2860 0.3530
+ok $? "Fashion-MNIST is normalised with 0.2860 and 0.3530, as the checkpoint records"
+
+# A made-up IDX set whose statistics are far from Fashion-MNIST's: both of
+# its sets are normalised with its own training images' mean and std, and a
+# resume or an evaluation uses what the checkpoint records.
+idx="$tmp/idx"
+stats=$(python3 "$(dirname "$0")/idxset.py" "$idx" 600 100)
+mean=${stats% *}
+std=${stats#* }
+made="--data $idx --devices host --model mlp --batch 20 --quiet --schedule constant"
+# shellcheck disable=SC2086
+"$train" $made --epochs 1 --checkpoint "$tmp/own.st" >/dev/null 2>"$tmp/err" &&
+    recorded "$tmp/own.st" "$mean" "$std"
+ok $? "a made-up set (mean $mean, std $std): the checkpoint records its own statistics ($(head -c 200 "$tmp/err"))"
+# shellcheck disable=SC2086
+"$train" $made --epochs 1 --normalize "$mean,$std" --checkpoint "$tmp/own-given.st" \
+    >/dev/null 2>&1 && cmp -s "$tmp/own.st" "$tmp/own-given.st" &&
+    "$train" $made --epochs 1 --normalize 0.2860,0.3530 --checkpoint "$tmp/own-fashion.st" \
+        >/dev/null 2>&1 && ! cmp -s "$tmp/own.st" "$tmp/own-fashion.st"
+ok $? "it trains as with --normalize $mean,$std, not as with Fashion-MNIST's 0.2860,0.3530"
+# shellcheck disable=SC2086
+"$train" $made --normalize 0.5,0.25 --epochs 2 --checkpoint "$tmp/n-straight.st" \
+    >"$tmp/n-straight.out" 2>/dev/null &&
+    "$train" $made --normalize 0.5,0.25 --epochs 1 --checkpoint "$tmp/n-one.st" >/dev/null 2>&1 &&
+    "$train" $made --epochs 2 --resume "$tmp/n-one.st" --checkpoint "$tmp/n-resumed.st" \
+        >/dev/null 2>&1 && cmp -s "$tmp/n-straight.st" "$tmp/n-resumed.st"
+ok $? "--normalize 0.5,0.25, then resumed without it: the checkpoint of training straight through"
+# shellcheck disable=SC2086
+"$train" $made --epochs 2 --resume "$tmp/n-straight.st" >"$tmp/n-eval.out" 2>/dev/null
+test "$(cut -d' ' -f2,3 "$tmp/n-eval.out")" = "$(cut -d' ' -f2,3 "$tmp/n-straight.out")"
+ok $? "evaluating that checkpoint gives the result of the run that wrote it: $(cut -d' ' -f2,3 "$tmp/n-eval.out"), want $(cut -d' ' -f2,3 "$tmp/n-straight.out")"
+# shellcheck disable=SC2086
+"$train" $made --epochs 2 --resume "$tmp/n-one.st" --normalize 0.6,0.25 >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--normalize 0.6,0.25' "$tmp/err" &&
+    grep -q '0.5,0.25' "$tmp/err"
+ok $? "--normalize other than the checkpoint's: exit 2 and one line naming both (got $status: $(cat "$tmp/err"))"
 
 # Data parallel over host and the two PoCL devices: it learns and reports
 # every device's share.
@@ -192,7 +242,8 @@ ok $? "--accumulate 2 on host: 20 steps for 40 batches: $(head -c 200 "$tmp/acc1
 status=$?
 test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--epochs' "$tmp/err"
 ok $? "a bad option value: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
-for bad in "--reduce sideways" "--split 1,x" "--bucket-mb 0" "--accumulate 0" "--split 1,2,3,4"; do
+for bad in "--reduce sideways" "--split 1,x" "--bucket-mb 0" "--accumulate 0" "--split 1,2,3,4" \
+    "--normalize 0.5,0" "--normalize 0.5" "--normalize x,1"; do
     # shellcheck disable=SC2086
     "$train" --data "$data" --devices host $bad >/dev/null 2>"$tmp/err"
     status=$?

@@ -21,6 +21,7 @@ typedef struct options {
     const char *split, *reduce;
     float weights[64];       /* --split W1,W2,...; nweights 0: equal or auto */
     int nweights;
+    ch_idx_options norm;     /* --normalize MEAN,STD; std 0: not given */
     int64_t epochs, max_steps, limit, bucket_mb, accumulate;
     int batch, json, quiet;
     float lr;
@@ -46,6 +47,9 @@ static void usage(FILE *f)
             "  --epochs N          epochs (default 5)\n"
             "  --max-steps N       stop after N optimizer steps in all (default: no limit)\n"
             "  --limit N           train on the first N samples only (quick runs)\n"
+            "  --normalize MEAN,STD  inputs become (pixel / 255 - MEAN) / STD; default: the\n"
+            "                      checkpoint's with --resume, else the mean and std of the\n"
+            "                      training images (Fashion-MNIST: 0.2860,0.3530)\n"
             "  --batch N           batch size (default 64)\n"
             "  --lr X              learning rate (default 0.001; sgd 0.05)\n"
             "  --optimizer NAME    sgd, adam (default) or adamw\n"
@@ -98,6 +102,20 @@ static int parse_weights(options *o)
     return o->nweights > 0 && !*p;
 }
 
+/* "0.5,0.25": a finite mean and a std > 0. */
+static int parse_norm(const char *s, ch_idx_options *out)
+{
+    char *end, *end2;
+    float mean = strtof(s, &end);
+    if (end == s || *end != ',' || !isfinite(mean))
+        return 0;
+    float std = strtof(end + 1, &end2);
+    if (end2 == end + 1 || *end2 || !isfinite(std) || !(std > 0.0f))
+        return 0;
+    *out = (ch_idx_options){mean, std};
+    return 1;
+}
+
 static int parse_options(int argc, char **argv, options *o)
 {
     static const struct option longs[] = {
@@ -111,10 +129,11 @@ static int parse_options(int argc, char **argv, options *o)
         {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
         {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
         {"bucket-mb", required_argument, 0, 'B'}, {"accumulate", required_argument, 0, 'A'},
+        {"normalize", required_argument, 0, 'Z'},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "auto", "auto",
-                   {0}, 0, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1};
+                   {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1};
     opterr = 0;
     int c;
     int64_t v;
@@ -148,6 +167,11 @@ static int parse_options(int argc, char **argv, options *o)
         case 'A':
             if (!parse_int(optarg, 1, &o->accumulate) || o->accumulate > 1 << 20)
                 return fail_usage("--accumulate wants a whole number from 1 to 1048576, not "
+                                  "\"%s\"", optarg);
+            break;
+        case 'Z':
+            if (!parse_norm(optarg, &o->norm))
+                return fail_usage("--normalize wants MEAN,STD, two numbers with STD > 0, not "
                                   "\"%s\"", optarg);
             break;
         case 'N':
@@ -211,6 +235,8 @@ typedef struct trainer {
     ch_module *model;        /* the initialised (or resumed) model the replicas copy */
     ch_dataset *train, *test;
     ch_dataset *full;        /* the whole training set when --limit takes its head */
+    ch_idx_options norm;     /* the inputs' normalisation, for both sets */
+    ch_train_state resumed;  /* where --resume goes on from */
     ch_loader *loader;
     FILE *log;
     int tty;
@@ -477,21 +503,28 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
     return st;
 }
 
-static ch_status setup(trainer *t, ch_train_state *resume)
+/* The model, initialised from --seed or resumed: its parameters and where
+ * training stopped (the replicas load the optimizer state later). */
+static ch_status make_model(trainer *t)
 {
+    t->resumed = (ch_train_state){0, 0, 0, t->o->seed, 0.0f, 0.0f};
     ch_status st = ch_nn_preset(&t->model, t->o->model);
     if (st == CH_OK)
         st = ch_module_init(t->model, t->o->seed);
     if (st == CH_OK && t->o->resume)
-        st = ch_checkpoint_load(t->o->resume, t->model, NULL, resume);
+        st = ch_checkpoint_load(t->o->resume, t->model, NULL, &t->resumed);
+    return st;
+}
+
+static ch_status setup(trainer *t)
+{
     ch_optimizer_kind kind = strcmp(t->o->optimizer, "sgd") == 0    ? CH_OPT_SGD
                              : strcmp(t->o->optimizer, "adam") == 0 ? CH_OPT_ADAM
                                                                     : CH_OPT_ADAMW;
     ch_optimizer_options oo = ch_optimizer_defaults(kind, t->o->lr);
     if (kind == CH_OPT_SGD)
         oo.momentum = 0.9f;
-    if (st == CH_OK)
-        st = setup_dp(t, &oo);
+    ch_status st = setup_dp(t, &oo);
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
     if (st == CH_OK)
         st = ch_loader_new(&t->loader, t->train, &lo);
@@ -562,8 +595,8 @@ static int runtime_error(const char *what)
 static int run(trainer *t)
 {
     const options *o = t->o;
-    ch_train_state state = {0, 0, 0, o->seed};
-    if (setup(t, &state) != CH_OK) {
+    const ch_train_state state = t->resumed;
+    if (setup(t) != CH_OK) {
         if (t->bad_reduce) {
             fprintf(stderr, "chorus-train: --reduce %s: %s (see --help)\n", o->reduce,
                     ch_last_error());
@@ -584,7 +617,8 @@ static int run(trainer *t)
             fprintf(stderr, "\n");
         t->shown = 0;
         /* A checkpoint that stops mid-epoch records where to go on from. */
-        ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed};
+        ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed,
+                             t->norm.mean, t->norm.std};
         if (o->checkpoint && ch_checkpoint_save(o->checkpoint, ch_dp_replica(t->dp, 0),
                                                 ch_dp_optimizer(t->dp, 0), &cs) != CH_OK)
             return runtime_error("cannot write the checkpoint");
@@ -609,6 +643,65 @@ static int run(trainer *t)
     return 0;
 }
 
+/* Both sets normalised alike: by --normalize, else as the checkpoint
+ * records, else with the training images' own statistics. 0 or the exit
+ * status. */
+static int open_data(trainer *t)
+{
+    const options *o = t->o;
+    const ch_idx_options recorded = {t->resumed.input_mean, t->resumed.input_std};
+    if (o->norm.std > 0 && recorded.std > 0 &&
+        (o->norm.mean != recorded.mean || o->norm.std != recorded.std)) {
+        fprintf(stderr, "chorus-train: --normalize %g,%g: %s was trained on inputs normalised "
+                "with %g,%g (see --help)\n", o->norm.mean, o->norm.std, o->resume,
+                recorded.mean, recorded.std);
+        return EXIT_USAGE;
+    }
+    const ch_idx_options *norm = o->norm.std > 0 ? &o->norm : recorded.std > 0 ? &recorded : NULL;
+    if (ch_dataset_mnist_open(&t->train, o->data, 1, norm) != CH_OK ||
+        ch_dataset_normalization(&t->norm, t->train) != CH_OK ||
+        ch_dataset_mnist_open(&t->test, o->data, 0, &t->norm) != CH_OK) {
+        fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
+        return EXIT_USAGE;
+    }
+    if (o->limit > 0 && o->limit < ch_dataset_size(t->train)) {
+        t->full = t->train;
+        t->train = NULL;
+        if (ch_dataset_head(&t->train, t->full, o->limit) != CH_OK) {
+            fprintf(stderr, "chorus-train: --limit: %s\n", ch_last_error());
+            return EXIT_RUNTIME;
+        }
+    }
+    return 0;
+}
+
+/* Devices, model, data and log; 0 or the exit status. */
+static int prepare(trainer *t)
+{
+    const options *o = t->o;
+    if (ch_device_list_parse_replicas(t->devs, 64, &t->ndev, o->devices) != CH_OK) {
+        fprintf(stderr, "chorus-train: --devices: %s\n", ch_last_error());
+        return EXIT_USAGE;
+    }
+    if (o->nweights && o->nweights != t->ndev) {
+        fprintf(stderr, "chorus-train: --split has %d weights for %d devices\n", o->nweights,
+                t->ndev);
+        return EXIT_USAGE;
+    }
+    t->dev = t->devs[0];
+    name_replicas(t);
+    if (make_model(t) != CH_OK)
+        return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
+    int rc = open_data(t);
+    if (rc)
+        return rc;
+    if (o->log && !(t->log = fopen(o->log, "w"))) {
+        fprintf(stderr, "chorus-train: --log: cannot write %s: %s\n", o->log, strerror(errno));
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -620,42 +713,9 @@ int main(int argc, char **argv)
         return EXIT_RUNTIME;
     }
     trainer t = {.o = &o, .tty = isatty(STDERR_FILENO)};
-    if (ch_device_list_parse_replicas(t.devs, 64, &t.ndev, o.devices) != CH_OK) {
-        fprintf(stderr, "chorus-train: --devices: %s\n", ch_last_error());
-        ch_shutdown();
-        return EXIT_USAGE;
-    }
-    if (o.nweights && o.nweights != t.ndev) {
-        fprintf(stderr, "chorus-train: --split has %d weights for %d devices\n", o.nweights,
-                t.ndev);
-        ch_shutdown();
-        return EXIT_USAGE;
-    }
-    t.dev = t.devs[0];
-    name_replicas(&t);
-    if (ch_dataset_mnist_open(&t.train, o.data, 1, NULL) != CH_OK ||
-        ch_dataset_mnist_open(&t.test, o.data, 0, NULL) != CH_OK) {
-        fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
-        ch_dataset_free(t.train);
-        ch_shutdown();
-        return EXIT_USAGE;
-    }
-    if (o.limit > 0 && o.limit < ch_dataset_size(t.train)) {
-        t.full = t.train;
-        if (ch_dataset_head(&t.train, t.full, o.limit) != CH_OK) {
-            fprintf(stderr, "chorus-train: --limit: %s\n", ch_last_error());
-            teardown(&t);
-            ch_shutdown();
-            return EXIT_RUNTIME;
-        }
-    }
-    if (o.log && !(t.log = fopen(o.log, "w"))) {
-        fprintf(stderr, "chorus-train: --log: cannot write %s: %s\n", o.log, strerror(errno));
-        teardown(&t);
-        ch_shutdown();
-        return EXIT_USAGE;
-    }
-    rc = run(&t);
+    rc = prepare(&t);
+    if (rc == 0)
+        rc = run(&t);
     teardown(&t);
     ch_shutdown();
     return rc;
