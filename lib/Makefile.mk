@@ -3,6 +3,7 @@
 lib_LTLIBRARIES += libchorus.la
 libchorus_la_SOURCES = \
 	lib/error.c \
+	lib/clock.c \
 	lib/registry.c \
 	lib/device.c \
 	lib/discover.c \
@@ -13,7 +14,6 @@ libchorus_la_SOURCES = \
 	lib/ops.c \
 	lib/reduce.c \
 	lib/version.c \
-	lib/clock.c \
 	lib/core.h \
 	lib/backend.h \
 	lib/discover.h \

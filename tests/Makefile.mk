@@ -29,7 +29,9 @@ check_PROGRAMS += tests/test-dp
 tests_test_dp_SOURCES = tests/test-dp.c
 tests_test_dp_LDADD = $(TEST_LIBS)
 
-TESTS += $(check_PROGRAMS)
+TESTS += $(check_PROGRAMS) tests/test-train.sh
+EXTRA_DIST += tests/test-train.sh
+AM_TESTS_ENVIRONMENT += CHORUS_TRAIN='$(abs_top_builddir)/utils/chorus-train'; export CHORUS_TRAIN;
 include tests/host.mk
 include tests/opencl.mk
 include tests/ops.mk
