@@ -379,9 +379,9 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
 {
     if (!t->log)
         return;
-    int counts[64];
-    double times[64];
-    ch_dp_last_step(t->dp, counts, times, t->ndev);
+    int counts[64] = {0};
+    double times[64] = {0};
+    (void)ch_dp_last_step(t->dp, counts, times, t->ndev); /* fails only for another n */
     int total = 0;
     for (int i = 0; i < t->ndev; i++)
         total += counts[i];
