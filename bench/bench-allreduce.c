@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MAX_REPLICAS 16
 
@@ -43,14 +42,14 @@ static double memcpy_bw(size_t bytes)
     }
     memset(a, 1, bytes);
     memset(b, 2, bytes);
-    double t0 = bench_now();
+    double t0 = ch_clock_seconds();
     memcpy(b, a, bytes);
-    int reps = reps_for(bench_now() - t0, 0.2, 5, 2000);
+    int reps = reps_for(ch_clock_seconds() - t0, 0.2, 5, 2000);
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        t0 = bench_now();
+        t0 = ch_clock_seconds();
         memcpy(r % 2 ? a : b, r % 2 ? b : a, bytes);
-        double t = bench_now() - t0;
+        double t = ch_clock_seconds() - t0;
         if (t < best)
             best = t;
     }
@@ -60,38 +59,6 @@ static double memcpy_bw(size_t bytes)
     free(a);
     free(b);
     return (double)bytes / best;
-}
-
-/* "host,host,opencl:0": each name through ch_device_list_parse, so that a
- * device may be listed more than once. */
-static int parse_devices(const char *list, ch_device **devs)
-{
-    char buf[1024];
-    int n = 0;
-    if (strlen(list) >= sizeof buf) {
-        fprintf(stderr, "bench-allreduce: --devices too long\n");
-        exit(2);
-    }
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *save = NULL, *name = strtok_r(buf, ",", &save); name;
-         name = strtok_r(NULL, ",", &save)) {
-        int k = 0;
-        if (n >= MAX_REPLICAS) {
-            fprintf(stderr, "bench-allreduce: more than %d replicas\n", MAX_REPLICAS);
-            exit(2);
-        }
-        ch_status st = ch_device_list_parse(devs + n, MAX_REPLICAS - n, &k, name);
-        if (st != CH_OK) {
-            fprintf(stderr, "bench-allreduce: --devices: %s\n", ch_last_error());
-            exit(2);
-        }
-        n += k;
-    }
-    if (n < 1) {
-        fprintf(stderr, "bench-allreduce: --devices names no device\n");
-        exit(2);
-    }
-    return n;
 }
 
 static void usage(FILE *f)
@@ -135,7 +102,11 @@ int main(int argc, char **argv)
     ch_device *devs[MAX_REPLICAS];
     ch_stream *streams[MAX_REPLICAS];
     ch_tensor *bufs[MAX_REPLICAS];
-    int n = parse_devices(devices, devs);
+    int n = 0;
+    if (ch_device_list_parse_replicas(devs, MAX_REPLICAS, &n, devices) != CH_OK) {
+        fprintf(stderr, "bench-allreduce: --devices: %s\n", ch_last_error());
+        return 2;
+    }
     char ids[256] = "";
     for (int i = 0; i < n; i++) {
         size_t len = strlen(ids);
@@ -185,16 +156,16 @@ int main(int argc, char **argv)
             BENCH_CHECK(ch_fill(bufs[i], 0.0));
         for (int i = 0; i < n; i++)
             BENCH_CHECK(ch_device_sync(devs[i]));
-        double t0 = bench_now();
+        double t0 = ch_clock_seconds();
         BENCH_CHECK(ch_reducer_allreduce(r, bufs, 0, count));
-        int reps = reps_for(bench_now() - t0, 1.0, 5, 500);
+        int reps = reps_for(ch_clock_seconds() - t0, 1.0, 5, 500);
         double *t = malloc(sizeof *t * (size_t)reps);
         if (!t)
             return 1;
         for (int k = 0; k < reps; k++) {
-            t0 = bench_now();
+            t0 = ch_clock_seconds();
             BENCH_CHECK(ch_reducer_allreduce(r, bufs, 0, count));
-            t[k] = bench_now() - t0;
+            t[k] = ch_clock_seconds() - t0;
         }
         double best = t[0];
         for (int k = 1; k < reps; k++)

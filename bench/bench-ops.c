@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #ifdef HAVE_BLAS
 #include <cblas.h>
@@ -54,13 +53,6 @@ static int failures;
 
 typedef ch_status (*work_fn)(void *arg);
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -81,12 +73,12 @@ static ch_status time_medians(work *w, int count, int warm, int reps)
     double t[4][32];
     for (int i = 0; i < warm + reps; i++)
         for (int k = 0; k < count; k++) {
-            double t0 = now();
+            double t0 = ch_clock_seconds();
             ch_status st = w[k].fn(w[k].arg);
             if (st != CH_OK)
                 return st;
             if (i >= warm)
-                t[k][i - warm] = now() - t0;
+                t[k][i - warm] = ch_clock_seconds() - t0;
         }
     for (int k = 0; k < count; k++) {
         qsort(t[k], (size_t)reps, sizeof t[k][0], cmp_double);

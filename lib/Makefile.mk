@@ -3,6 +3,7 @@
 lib_LTLIBRARIES += libchorus.la
 libchorus_la_SOURCES = \
 	lib/error.c \
+	lib/clock.c \
 	lib/registry.c \
 	lib/device.c \
 	lib/discover.c \
@@ -29,6 +30,7 @@ libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 $(OPENMP_CFLAGS)
 nobase_include_HEADERS += \
 	include/chorus.h \
 	include/chorus/export.h \
+	include/chorus/clock.h \
 	include/chorus/status.h \
 	include/chorus/device.h \
 	include/chorus/stream.h \

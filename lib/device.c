@@ -334,38 +334,39 @@ ch_status ch_device_by_name(ch_device **out, const char *name)
     return *out ? CH_OK : not_found("ch_device_by_name", name);
 }
 
-static ch_status push_unique(ch_device **out, int capacity, int *n, ch_device *d,
-                             const char *name)
+/* Appends d; a device already in the list is an error unless `repeats`. */
+static ch_status push(const char *fn, int repeats, ch_device **out, int capacity, int *n,
+                      ch_device *d, const char *name)
 {
-    for (int i = 0; i < *n; i++)
+    for (int i = 0; !repeats && i < *n; i++)
         if (out[i] == d)
-            return chi_error(CH_ERR_INVALID_ARGUMENT,
-                             "ch_device_list_parse: device \"%s\" is listed twice", name);
+            return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: device \"%s\" is listed twice", fn,
+                             name);
     if (*n >= capacity)
-        return chi_error(CH_ERR_LIMIT,
-                         "ch_device_list_parse: more than capacity %d devices in the list",
+        return chi_error(CH_ERR_LIMIT, "%s: more than capacity %d devices in the list", fn,
                          capacity);
     out[(*n)++] = d;
     return CH_OK;
 }
 
-ch_status ch_device_list_parse(ch_device **out, int capacity, int *n, const char *list)
+static ch_status parse_list(const char *fn, int repeats, ch_device **out, int capacity,
+                            int *n, const char *list)
 {
     if (!out || !n || !list)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_list_parse: %s is NULL",
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                          !out ? "out" : !n ? "n" : "list");
     *n = 0;
     if (!chi_initialized())
-        return chi_error(CH_ERR_STATE, "ch_device_list_parse: call ch_init first");
+        return chi_error(CH_ERR_STATE, "%s: call ch_init first", fn);
     if (capacity < 1)
-        return chi_error(CH_ERR_INVALID_ARGUMENT,
-                         "ch_device_list_parse: capacity %d, expected at least 1", capacity);
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: capacity %d, expected at least 1", fn,
+                         capacity);
     if (!*list)
         return chi_error(CH_ERR_INVALID_ARGUMENT,
-                         "ch_device_list_parse: the list is empty (expected \"all\" or names)");
+                         "%s: the list is empty (expected \"all\" or names)", fn);
     char buf[1024];
     if (strlen(list) >= sizeof buf)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_list_parse: list too long");
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: list too long", fn);
     snprintf(buf, sizeof buf, "%s", list);
     ch_status st = CH_OK;
     char *p = buf;
@@ -374,25 +375,34 @@ ch_status ch_device_list_parse(ch_device **out, int capacity, int *n, const char
         if (comma)
             *comma = '\0';
         if (!*p) {
-            st = chi_error(CH_ERR_INVALID_ARGUMENT,
-                           "ch_device_list_parse: empty name in \"%s\"", list);
+            st = chi_error(CH_ERR_INVALID_ARGUMENT, "%s: empty name in \"%s\"", fn, list);
         } else if (strcmp(p, "all") == 0) {
             for (int i = 0; st == CH_OK && i < ndevices; i++)
                 if (devices[i]->info.in_all)
-                    st = push_unique(out, capacity, n, devices[i], devices[i]->id);
+                    st = push(fn, repeats, out, capacity, n, devices[i], devices[i]->id);
         } else {
             ch_device *d = find(p);
-            st = d ? push_unique(out, capacity, n, d, p) : not_found("ch_device_list_parse", p);
+            st = d ? push(fn, repeats, out, capacity, n, d, p) : not_found(fn, p);
         }
         if (!comma)
             break;
         p = comma + 1;
     }
     if (st == CH_OK && *n == 0)
-        st = chi_error(CH_ERR_NOT_FOUND, "ch_device_list_parse: \"%s\" names no device", list);
+        st = chi_error(CH_ERR_NOT_FOUND, "%s: \"%s\" names no device", fn, list);
     if (st != CH_OK)
         *n = 0;
     return st;
+}
+
+ch_status ch_device_list_parse(ch_device **out, int capacity, int *n, const char *list)
+{
+    return parse_list("ch_device_list_parse", 0, out, capacity, n, list);
+}
+
+ch_status ch_device_list_parse_replicas(ch_device **out, int capacity, int *n, const char *list)
+{
+    return parse_list("ch_device_list_parse_replicas", 1, out, capacity, n, list);
 }
 
 #define CHECK_DEVICE(fn, dev)                                                    \

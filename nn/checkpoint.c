@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,13 @@ static json_t *metadata_json(const ch_optimizer *opt, const ch_train_state *stat
         }
         snprintf(buf, sizeof buf, "%" PRIu64, state->seed);
         json_object_set_new(meta, "seed", json_string(buf));
+        /* Nine digits: the float comes back bit for bit. */
+        if (state->input_std > 0.0f) {
+            snprintf(buf, sizeof buf, "%.9g", state->input_mean);
+            json_object_set_new(meta, "input_mean", json_string(buf));
+            snprintf(buf, sizeof buf, "%.9g", state->input_std);
+            json_object_set_new(meta, "input_std", json_string(buf));
+        }
     }
     if (opt) {
         json_object_set_new(meta, "optimizer", json_string(opt_kind_name(nn_optimizer_kind(opt))));
@@ -403,6 +411,24 @@ static ch_status check_optimizer_kind(const file *f, const ch_optimizer *opt)
     return CH_OK;
 }
 
+/* The inputs' normalisation, when the file records one: a finite mean and
+ * a std > 0, or neither. */
+static ch_status check_input(const file *f, ch_idx_options *input)
+{
+    const char *mean = meta_str(f, "input_mean"), *std = meta_str(f, "input_std");
+    if (!mean && !std)
+        return CH_OK;
+    char *end_mean = NULL, *end_std = NULL;
+    input->mean = mean ? strtof(mean, &end_mean) : NAN;
+    input->std = std ? strtof(std, &end_std) : NAN;
+    if (!mean || !std || end_mean == mean || *end_mean || end_std == std || *end_std ||
+        !isfinite(input->mean) || !isfinite(input->std) || !(input->std > 0.0f))
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: the inputs' normalisation "
+                         "is input_mean \"%s\", input_std \"%s\"; expected a number and "
+                         "one > 0", f->path, mean ? mean : "(none)", std ? std : "(none)");
+    return CH_OK;
+}
+
 static ch_status load_all(const file *f, ch_module *model, ch_optimizer *opt,
                           const uint64_t *offs)
 {
@@ -456,6 +482,9 @@ ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *o
         st = check_all(&f, model, opt, offs);
     if (st == CH_OK)
         st = check_optimizer_kind(&f, opt);
+    ch_idx_options input = {0.0f, 0.0f};
+    if (st == CH_OK)
+        st = check_input(&f, &input);
     if (st == CH_OK)
         st = load_all(&f, model, opt, offs);
     if (st == CH_OK && opt)
@@ -466,6 +495,8 @@ ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *o
         state->batch = meta_int(&f, "batch");
         state->step = meta_int(&f, "step");
         state->seed = seed ? strtoull(seed, NULL, 10) : 0;
+        state->input_mean = input.mean;
+        state->input_std = input.std;
     }
     if (f.f)
         fclose(f.f);

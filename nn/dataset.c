@@ -23,9 +23,6 @@
  * corrupt) header claims before the bytes are there. */
 #define READ_CHUNK ((size_t)1 << 20)
 
-#define FASHION_MNIST_MEAN 0.2860f
-#define FASHION_MNIST_STD 0.3530f
-
 typedef struct idx_file {
     const char *path;
     uint32_t magic;
@@ -258,6 +255,14 @@ static ch_status check_options(const char *fn, const ch_idx_options *o)
     return CH_OK;
 }
 
+static void normalize(ch_dataset *ds, const ch_idx_options *o)
+{
+    ds->mean = o->mean;
+    ds->std = o->std;
+    for (int p = 0; p < 256; p++)
+        ds->lut[p] = ((float)p / 255.0f - o->mean) / o->std;
+}
+
 static ch_status dataset_make(ch_dataset **out, idx_file *images, idx_file *labels,
                               int classes, const ch_idx_options *o)
 {
@@ -273,8 +278,7 @@ static ch_status dataset_make(ch_dataset **out, idx_file *images, idx_file *labe
     ds->rows = (int)images->dims[1];
     ds->cols = (int)images->dims[2];
     ds->classes = classes ? classes : max_label(ds->labels, ds->count) + 1;
-    for (int p = 0; p < 256; p++)
-        ds->lut[p] = ((float)p / 255.0f - o->mean) / o->std;
+    normalize(ds, o);
     *out = ds;
     return CH_OK;
 }
@@ -330,15 +334,10 @@ static ch_status find_file(char *path, size_t cap, const char *dir, const char *
                      name, name);
 }
 
-ch_status ch_dataset_mnist_open(ch_dataset **out, const char *dir, int train,
-                                const ch_idx_options *options)
+/* The set's files in dir, normalised with `options`. */
+static ch_status mnist_open(ch_dataset **out, const char *dir, int train,
+                            const ch_idx_options *options)
 {
-    static const ch_idx_options fashion = {FASHION_MNIST_MEAN, FASHION_MNIST_STD};
-    if (!out)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_mnist_open: out is NULL");
-    *out = NULL;
-    if (!dir)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_mnist_open: dir is NULL");
     const char *set = train ? "train" : "t10k";
     char name[64], images[PATH_MAX], labels[PATH_MAX];
     snprintf(name, sizeof name, "%s-images-idx3-ubyte", set);
@@ -349,7 +348,74 @@ ch_status ch_dataset_mnist_open(ch_dataset **out, const char *dir, int train,
     st = find_file(labels, sizeof labels, dir, name);
     if (st != CH_OK)
         return st;
-    return ch_dataset_idx_open(out, images, labels, 10, options ? options : &fashion);
+    return ch_dataset_idx_open(out, images, labels, 10, options);
+}
+
+ch_status ch_dataset_mnist_open(ch_dataset **out, const char *dir, int train,
+                                const ch_idx_options *options)
+{
+    static const ch_idx_options identity = {0.0f, 1.0f};
+    if (!out)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_mnist_open: out is NULL");
+    *out = NULL;
+    if (!dir)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_mnist_open: dir is NULL");
+    if (options)
+        return mnist_open(out, dir, train, options);
+    /* The training images' statistics: the training set is read once. */
+    ch_dataset *ds = NULL;
+    ch_idx_options own;
+    ch_status st = mnist_open(&ds, dir, 1, &identity);
+    if (st == CH_OK)
+        st = ch_dataset_stats(&own, ds);
+    if (st == CH_OK && train) {
+        normalize(ds, &own);
+        *out = ds;
+        return CH_OK;
+    }
+    ch_dataset_free(ds);
+    return st == CH_OK ? mnist_open(out, dir, 0, &own) : st;
+}
+
+/* x to four significant digits, through its decimal form, so that the
+ * float is the one a program gets from the published constant. */
+static float four_digits(double x)
+{
+    char text[32];
+    snprintf(text, sizeof text, "%.4g", x);
+    return strtof(text, NULL);
+}
+
+ch_status ch_dataset_stats(ch_idx_options *out, const ch_dataset *ds)
+{
+    if (!out || !ds)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_stats: %s is NULL",
+                         !out ? "out" : "ds");
+    /* A histogram of the bytes: exact sums, whatever the set's size. */
+    uint64_t hist[256] = {0};
+    uint64_t n = (uint64_t)ds->count * (uint64_t)ds->rows * (uint64_t)ds->cols;
+    for (uint64_t i = 0; i < n; i++)
+        hist[ds->pixels[i]]++;
+    double sum = 0.0, squares = 0.0;
+    for (int v = 0; v < 256; v++)
+        sum += (double)v * (double)hist[v];
+    double mean = sum / (double)n;
+    for (int v = 0; v < 256; v++)
+        squares += ((double)v - mean) * ((double)v - mean) * (double)hist[v];
+    double std = sqrt(squares / (double)n) / 255.0;
+    out->mean = four_digits(mean / 255.0);
+    out->std = std > 0.0 ? four_digits(std) : 1.0f;
+    return CH_OK;
+}
+
+ch_status ch_dataset_normalization(ch_idx_options *out, const ch_dataset *ds)
+{
+    if (!out || !ds)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_normalization: %s is NULL",
+                         !out ? "out" : "ds");
+    out->mean = ds->mean;
+    out->std = ds->std;
+    return CH_OK;
 }
 
 void ch_dataset_free(ch_dataset *ds)

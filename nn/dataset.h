@@ -15,6 +15,7 @@ struct ch_dataset {
     int64_t count;
     int rows, cols;
     int classes;
+    float mean, std;       /* the normalisation: (byte / 255 - mean) / std */
     float lut[256];        /* normalised value of each byte */
 };
 

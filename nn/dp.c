@@ -35,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "nn.h"
 #include "split.h"
@@ -160,13 +159,6 @@ void chi_dp_fail_reduce_next(ch_dp *dp)
 #endif
 
 /* ---- Helpers ------------------------------------------------------------------- */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static ch_status fail(replica *r, ch_status st)
 {
@@ -343,7 +335,7 @@ static void *reducer_main(void *arg)
                 break;
             pthread_mutex_unlock(&dp->lock);
             if (b == 0)
-                dp->reduce_start = now();
+                dp->reduce_start = ch_clock_seconds();
             ch_clear_error();
             ch_status st = bufs ? reduce_bucket(dp, b, bufs)
                                  : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp: out of memory");
@@ -448,14 +440,14 @@ static void train(replica *r)
 {
     ch_dp *dp = r->dp;
     int reducing = dp->sync && dp->n > 1;
-    double t0 = now();
+    double t0 = ch_clock_seconds();
     if (reducing)
         for (int b = 0; b < dp->nbuckets; b++)
             r->missing[b] = dp->buckets[b].p_hi - dp->buckets[b].p_lo;
     r->posting = reducing;
     if (dp->batch)
         fail(r, compute(r));
-    r->compute_end = now();
+    r->compute_end = ch_clock_seconds();
     r->compute_seconds = r->compute_end - t0;
     r->posting = 0;
     if (reducing) {
@@ -528,13 +520,13 @@ static void run_call(replica *r)
     r->st = CH_OK;
     r->error[0] = '\0';
     ch_clear_error();
-    double t0 = now();
+    double t0 = ch_clock_seconds();
     if (r->dp->job == JOB_TRAIN)
         train(r);
     else
         fail(r, infer(r));
     fail(r, ch_stream_sync(r->stream));
-    r->seconds = now() - t0;
+    r->seconds = ch_clock_seconds() - t0;
     if (r->dp->job != JOB_TRAIN)
         r->compute_seconds = r->seconds;
 }

@@ -35,6 +35,10 @@ check_PROGRAMS += tests/test-core
 tests_test_core_SOURCES = tests/test-core.c
 tests_test_core_LDADD = $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-clock
+tests_test_clock_SOURCES = tests/test-clock.c
+tests_test_clock_LDADD = $(TEST_LIBS)
+
 check_PROGRAMS += tests/test-nn
 tests_test_nn_SOURCES = tests/test-nn.c
 tests_test_nn_LDADD = $(TEST_LIBS)
@@ -55,3 +59,4 @@ include tests/discovery.mk
 include tests/cuda.mk
 include tests/nn.mk
 include tests/reduce.mk
+include tests/train.mk

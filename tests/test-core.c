@@ -50,6 +50,18 @@ static void test_device_list(void)
     tap_status_is(ch_device_list_parse(list, 64, &n, "host,cuda:99"),
                   CH_ERR_NOT_FOUND, "cuda:99", "an unknown device in a list names it");
     tap_ok(n == 0, "a failed parse leaves n = 0 (got %d)", n);
+    /* Replicas: a device may come back, once per mention. */
+    int nall = 0;
+    tap_status_ok(ch_device_list_parse(list, 64, &nall, "all"), "parse \"all\" again");
+    tap_status_ok(ch_device_list_parse_replicas(list, 64, &n, "host,all,host"),
+                  "replicas: parse \"host,all,host\"");
+    int hosts = 0;
+    for (int i = 0; i < n; i++)
+        hosts += strcmp(ch_device_id(list[i]), "host") == 0;
+    tap_ok(n == nall + 2 && hosts == 3 && strcmp(ch_device_id(list[0]), "host") == 0 &&
+               strcmp(ch_device_id(list[n - 1]), "host") == 0,
+           "replicas: \"host,all,host\" gives host, the %d of all, host (n=%d, %d hosts)", nall,
+           n, hosts);
 }
 
 static void test_tensors(ch_device *dev)

@@ -266,6 +266,15 @@ static void test_bad_arguments(const char *img, const char *lab)
                   "options->std is 0, expected > 0", "idx_open: std 0");
     tap_status_is(ch_dataset_mnist_open(&ds, NULL, 1, NULL), CH_ERR_INVALID_ARGUMENT,
                   "dir is NULL", "mnist_open: dir NULL");
+    ch_idx_options st;
+    tap_status_is(ch_dataset_stats(NULL, ds), CH_ERR_INVALID_ARGUMENT, "out is NULL",
+                  "stats: out NULL");
+    tap_status_is(ch_dataset_stats(&st, NULL), CH_ERR_INVALID_ARGUMENT, "ds is NULL",
+                  "stats: ds NULL");
+    tap_status_is(ch_dataset_normalization(NULL, ds), CH_ERR_INVALID_ARGUMENT, "out is NULL",
+                  "normalization: out NULL");
+    tap_status_is(ch_dataset_normalization(&st, NULL), CH_ERR_INVALID_ARGUMENT, "ds is NULL",
+                  "normalization: ds NULL");
     tap_ok(ch_dataset_size(NULL) == 0 && ch_dataset_classes(NULL) == 0 &&
                ch_dataset_sample_numel(NULL) == 0,
            "queries on a NULL data set give 0");
@@ -306,6 +315,77 @@ static void test_get_and_head(const char *img, const char *lab)
     ch_dataset_free(ds);
 }
 
+/* The generated pixels' mean and std over the first n samples, to four
+ * significant digits: what ch_dataset_stats promises. */
+static ch_idx_options generated_stats(int64_t n)
+{
+    double sum = 0, squares = 0, count = (double)n * ROWS * COLS;
+    for (int64_t i = 0; i < n; i++)
+        for (int k = 0; k < ROWS * COLS; k++)
+            sum += idxgen_pixel(i, k) / 255.0;
+    double mean = sum / count;
+    for (int64_t i = 0; i < n; i++)
+        for (int k = 0; k < ROWS * COLS; k++)
+            squares += (idxgen_pixel(i, k) / 255.0 - mean) * (idxgen_pixel(i, k) / 255.0 - mean);
+    char text[64];
+    snprintf(text, sizeof text, "%.4g %.4g", mean, sqrt(squares / count));
+    ch_idx_options o;
+    sscanf(text, "%f %f", &o.mean, &o.std);
+    return o;
+}
+
+static void same_options(ch_idx_options got, ch_idx_options want, const char *what)
+{
+    tap_ok(got.mean == want.mean && got.std == want.std,
+           "%s: mean %.9g, std %.9g, want %.9g and %.9g", what, got.mean, got.std, want.mean,
+           want.std);
+}
+
+/* Without options, both sets are normalised with the training images'
+ * statistics, whatever the set (these are far from Fashion-MNIST's). */
+static void test_own_stats(void)
+{
+    ch_idx_options train = generated_stats(N), test = generated_stats(100), got;
+    tap_ok(fabsf(train.mean - 0.2860f) > 0.1f && train.mean != test.mean,
+           "the made-up set's statistics (%g, %g) are not Fashion-MNIST's, nor its test "
+           "set's (%g, %g)", train.mean, train.std, test.mean, test.std);
+    ch_dataset *ds = NULL;
+    if (tap_status_ok(ch_dataset_mnist_open(&ds, tmp, 1, NULL), "mnist_open: train, no options")) {
+        check_content(ds, train.mean, train.std, "mnist_open train: its own mean and std");
+        ch_dataset_normalization(&got, ds);
+        same_options(got, train, "mnist_open train: ch_dataset_normalization");
+        ch_dataset_stats(&got, ds);
+        same_options(got, train, "ch_dataset_stats of the training set");
+    }
+    ch_dataset_free(ds);
+    size_t ni, nl;
+    uint8_t *img = idxgen_images(100, ROWS, COLS, &ni), *lab = idxgen_labels(100, CLASSES, &nl);
+    write_file("t10k-images-idx3-ubyte", img, ni, 0);
+    write_file("t10k-labels-idx1-ubyte", lab, nl, 0);
+    if (tap_status_ok(ch_dataset_mnist_open(&ds, tmp, 0, NULL), "mnist_open: t10k, no options"))
+        check_content(ds, train.mean, train.std, "mnist_open t10k: the training set's mean and std");
+    ch_dataset_free(ds);
+    free(img);
+    free(lab);
+}
+
+/* All pixels equal: no spread to scale, std 1. */
+static void test_flat_stats(void)
+{
+    size_t ni, nl;
+    uint8_t *img = idxgen_images(10, ROWS, COLS, &ni), *lab = idxgen_labels(10, CLASSES, &nl);
+    memset(img + 16, 51, ni - 16);
+    const char *ip = write_file("flat-images", img, ni, 0), *lp = write_file("flat-labels", lab, nl, 0);
+    ch_dataset *ds = NULL;
+    ch_idx_options got = {0, 0};
+    if (tap_status_ok(ch_dataset_idx_open(&ds, ip, lp, CLASSES, NULL), "open a flat set"))
+        tap_status_ok(ch_dataset_stats(&got, ds), "stats of a flat set");
+    same_options(got, (ch_idx_options){0.2f, 1.0f}, "a set of pixels all 51: mean 0.2, std 1");
+    ch_dataset_free(ds);
+    free(img);
+    free(lab);
+}
+
 static void test_mnist_dir(void)
 {
     size_t ni, nl;
@@ -314,17 +394,18 @@ static void test_mnist_dir(void)
     write_file("train-labels-idx1-ubyte.gz", lab, nl, 1);
     write_file("t10k-images-idx3-ubyte", img, ni, 0);
     ch_dataset *ds = NULL;
-    if (tap_status_ok(ch_dataset_mnist_open(&ds, tmp, 1, NULL), "mnist_open: train (gzipped)"))
-        check_content(ds, 0.2860f, 0.3530f, "mnist_open train: default mean 0.2860, std 0.3530");
+    const ch_idx_options unit = {0.0f, 1.0f};
+    if (tap_status_ok(ch_dataset_mnist_open(&ds, tmp, 1, &unit), "mnist_open: train (gzipped)"))
+        check_content(ds, 0.0f, 1.0f, "mnist_open train with mean 0, std 1");
     ch_dataset_free(ds);
     fails_with(ch_dataset_mnist_open(&ds, tmp, 0, NULL), CH_ERR_NOT_FOUND, tmp,
                "neither t10k-labels-idx1-ubyte.gz nor t10k-labels-idx1-ubyte",
                "mnist_open: the test labels are missing");
     write_file("t10k-labels-idx1-ubyte", lab, nl, 0);
-    const ch_idx_options unit = {0.0f, 1.0f};
     if (tap_status_ok(ch_dataset_mnist_open(&ds, tmp, 0, &unit), "mnist_open: t10k (plain)"))
         check_content(ds, 0.0f, 1.0f, "mnist_open t10k with mean 0, std 1");
     ch_dataset_free(ds);
+    test_own_stats();
     const char *none = path_in("no-such-dir");
     fails_with(ch_dataset_mnist_open(&ds, none, 1, NULL), CH_ERR_NOT_FOUND, none,
                "neither train-images-idx3-ubyte.gz nor train-images-idx3-ubyte",
@@ -354,6 +435,13 @@ static void test_fashion_mnist(void)
                (long long)shape[1], (long long)shape[2]);
         tap_ok(ch_dataset_classes(ds) == 10, "Fashion-MNIST %s: %d classes, want 10", name,
                ch_dataset_classes(ds));
+        /* Its statistics round to the published constants, so a run with
+         * no options normalises as one with them always did. */
+        ch_idx_options got;
+        ch_dataset_normalization(&got, ds);
+        same_options(got, (ch_idx_options){0.2860f, 0.3530f},
+                     sets[s].train ? "Fashion-MNIST train, no options"
+                                   : "Fashion-MNIST test, no options: the training set's");
         ch_dataset_free(ds);
     }
 }
@@ -381,6 +469,7 @@ int main(void)
     test_bad_arguments(gi, gl);
     test_get_and_head(gi, gl);
     test_mnist_dir();
+    test_flat_stats();
     test_fashion_mnist();
     idxgen_cleanup(tmp);
     return tap_done();

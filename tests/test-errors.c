@@ -76,6 +76,8 @@ static void test_before_init(void)
            "before ch_init");
     EXPECT(ch_device_list_parse(list, 4, &n, "all"), CH_ERR_STATE, "ch_device_list_parse",
            "ch_init", "before ch_init");
+    EXPECT(ch_device_list_parse_replicas(list, 4, &n, "host,host"), CH_ERR_STATE,
+           "ch_device_list_parse_replicas", "ch_init", "before ch_init");
     EXPECT(ch_backend_get_info(0, &bi), CH_ERR_STATE, "ch_backend_get_info", "ch_init",
            "before ch_init");
     EXPECT(ch_hidden_device_get(0, &hd), CH_ERR_STATE, "ch_hidden_device_get", "ch_init",
@@ -221,6 +223,15 @@ static void test_device_lists(void)
     EXPECT(ch_device_list_parse(list, 0, &n, "host"), CH_ERR_INVALID_ARGUMENT,
            "ch_device_list_parse", "capacity", "capacity 0");
     tap_ok(n == 0, "ch_device_list_parse: n is 0 after a failure (got %d)", n);
+    EXPECT(ch_device_list_parse_replicas(NULL, 8, &n, "host"), CH_ERR_INVALID_ARGUMENT,
+           "ch_device_list_parse_replicas", "out", "out NULL");
+    EXPECT(ch_device_list_parse_replicas(list, 8, &n, "host,,host"), CH_ERR_INVALID_ARGUMENT,
+           "ch_device_list_parse_replicas", "empty", "empty name between commas");
+    EXPECT(ch_device_list_parse_replicas(list, 2, &n, "host,host,host"), CH_ERR_LIMIT,
+           "ch_device_list_parse_replicas", "capacity 2", "three replicas, capacity 2");
+    EXPECT(ch_device_list_parse_replicas(list, 8, &n, "host,cuda:99"), CH_ERR_NOT_FOUND,
+           "ch_device_list_parse_replicas", "cuda:99", "\"host,cuda:99\" (unknown)");
+    tap_ok(n == 0, "ch_device_list_parse_replicas: n is 0 after a failure (got %d)", n);
     ch_status st = ch_device_list_parse(list, 8, &n, "host");
     tap_ok(st == CH_OK && n == 1 && strcmp(ch_device_id(list[0]), "host") == 0,
            "ch_device_list_parse(\"host\") gives host alone (status %s, n %d)",

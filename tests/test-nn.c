@@ -402,7 +402,7 @@ static void test_checkpoint(void)
     ch_optimizer *opt = NULL;
     ch_optimizer_new(&opt, a, &o);
     ch_optimizer_step(opt, 0.01f);
-    ch_train_state st = {3, 17, 250, 0xFFFFFFFFFFFFFFF0ull}, back = {0};
+    ch_train_state st = {3, 17, 250, 0xFFFFFFFFFFFFFFF0ull, 0.2860f, 0.25f}, back = {0};
     tap_status_ok(ch_checkpoint_save(path, a, opt, &st), "save a checkpoint");
     tap_ok(access(path, R_OK) == 0, "the checkpoint file is there");
     ch_optimizer *opt_b = NULL;
@@ -412,6 +412,10 @@ static void test_checkpoint(void)
     tap_ok(back.epoch == 3 && back.batch == 17 && back.step == 250 && back.seed == st.seed,
            "training state round-trips (epoch %lld, batch %lld, step %lld)",
            (long long)back.epoch, (long long)back.batch, (long long)back.step);
+    tap_ok(memcmp(&back.input_mean, &st.input_mean, sizeof st.input_mean) == 0 &&
+               memcmp(&back.input_std, &st.input_std, sizeof st.input_std) == 0,
+           "the inputs' normalisation round-trips bit for bit (mean %.9g, std %.9g)",
+           back.input_mean, back.input_std);
     tap_ok(ch_optimizer_steps(opt_b) == 1, "optimizer steps round-trip (%lld)",
            (long long)ch_optimizer_steps(opt_b));
     ch_tensor *s1, *s2;
@@ -469,11 +473,33 @@ static void test_checkpoint(void)
     f = fopen(bad, "wb");
     fwrite(buf, 1, got - 16, f);
     fclose(f);
-    free(buf);
     ch_module_init(b, 23);
     tap_status_is(ch_checkpoint_load(bad, b, opt_b, NULL), CH_ERR_FORMAT, "offsets",
                   "a truncated checkpoint is refused");
     tap_ok(!params_equal(a, b), "a failed load leaves the model as it was");
+    /* A normalisation with a std <= 0 (same length: the header stays valid). */
+    const char *key = "\"input_std\":\"0.25\"";
+    char *std_at = NULL;
+    for (size_t i = 8; !std_at && i + strlen(key) <= got; i++)
+        if (memcmp(buf + i, key, strlen(key)) == 0)
+            std_at = buf + i;
+    if (std_at)
+        memcpy(std_at + 13, "-1.0", 4);
+    f = fopen(bad, "wb");
+    fwrite(buf, 1, got, f);
+    fclose(f);
+    tap_status_is(ch_checkpoint_load(bad, b, opt_b, &back), CH_ERR_FORMAT, "input_std \"-1.0\"",
+                  "a recorded input_std of -1 is refused (%s in the header)",
+                  std_at ? "found" : "NOT found");
+    tap_ok(!params_equal(a, b), "... before the model is changed");
+    ch_train_state none = {0, 0, 0, 1, 0.0f, 0.0f};
+    back.input_std = 1.0f;
+    int none_ok = ch_checkpoint_save(bad, a, NULL, &none) == CH_OK &&
+                  ch_checkpoint_load(bad, b, NULL, &back) == CH_OK;
+    tap_ok(none_ok && back.input_std == 0.0f,
+           "input_std 0 records no normalisation, and loads back as 0 (got %g)",
+           back.input_std);
+    free(buf);
     ch_checkpoint_load(path, b, NULL, NULL);
     tap_status_is(ch_checkpoint_save("/nonexistent/dir/x.safetensors", a, NULL, NULL), CH_ERR_IO,
                   "/nonexistent/dir", "an unwritable path is named");

@@ -1,7 +1,8 @@
 #!/bin/sh
 # chorus-train end to end on a subset of Fashion-MNIST: it learns, its
 # output and log are well formed, resuming equals training straight through,
-# and bad input gives the documented exit codes.
+# a made-up IDX set is normalised with its own statistics, and bad input
+# gives the documented exit codes.
 train=${CHORUS_TRAIN:-./utils/chorus-train}
 data=${CHORUS_TEST_DATA:-/usr/share/datasets/fashion-mnist}
 tmp=${TMPDIR:-/tmp}/test-train.$$
@@ -52,6 +53,26 @@ assert {"test_accuracy", "test_loss", "samples_per_s", "epochs", "devices"} <= d
 ' "$tmp/json"
 ok $? "--json prints one object with the result keys: $(head -c 200 "$tmp/json")"
 
+# Two replicas on one device (how data parallelism runs on a single GPU):
+# accepted, said so, and the same training as one replica up to rounding.
+"$train" --data "$data" --devices host,host --model mlp --limit 2000 --batch 50 --epochs 2 \
+    --split equal --reduce host --log "$tmp/hh.jsonl" >"$tmp/out" 2>"$tmp/err"
+status=$?
+test "$status" -eq 0 && grep -q 'devices=host,host$' "$tmp/out" &&
+    grep -qx 'chorus-train: 2 replicas share host' "$tmp/err"
+ok $? "--devices host,host trains and says that 2 replicas share host (status $status: $(cat "$tmp/out") $(head -c 200 "$tmp/err" | tr '\n' ' '))"
+python3 -c '
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1])]
+two = [json.loads(l) for l in open(sys.argv[2])]
+assert len(one) == len(two) == 80, (len(one), len(two))
+for a, b in zip(one, two):
+    d = b["devices"]
+    assert [(x["id"], x["share"], x["replicas_on_device"]) for x in d] == [("host", 0.5, 2)] * 2, d
+    assert abs(a["loss"] - b["loss"]) <= 1e-4, ("step", a["step"], a["loss"], b["loss"])
+' "$tmp/log.jsonl" "$tmp/hh.jsonl"
+ok $? "host,host: the log marks both replicas as sharing host, and every step's loss is one replica's +- 1e-4: $(head -n 1 "$tmp/hh.jsonl" | head -c 300)"
+
 # One epoch, save, resume, one more: the same bits as two epochs straight.
 # The default cosine schedule spans the planned epochs, so this plain
 # "--epochs 1, then --epochs 2" case uses a constant learning rate.
@@ -72,6 +93,55 @@ ok $? "resuming at an epoch boundary gives a checkpoint identical to training st
 ok $? "stop at step 57, then resume"
 cmp -s "$tmp/straight.st" "$tmp/mid-resumed.st"
 ok $? "resuming mid-epoch gives a checkpoint identical to training straight through"
+
+# The inputs' normalisation a checkpoint records: both floats, bit for bit.
+recorded() {
+    python3 -c '
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+meta = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])["__metadata__"]
+f32 = lambda x: struct.unpack("f", struct.pack("f", float(x)))[0]
+assert (f32(meta["input_mean"]), f32(meta["input_std"])) == (f32(sys.argv[2]), f32(sys.argv[3])), meta
+' "$@"
+}
+recorded "$tmp/straight.st" 0.2860 0.3530
+ok $? "Fashion-MNIST is normalised with 0.2860 and 0.3530, as the checkpoint records"
+
+# A made-up IDX set whose statistics are far from Fashion-MNIST's: both of
+# its sets are normalised with its own training images' mean and std, and a
+# resume or an evaluation uses what the checkpoint records.
+idx="$tmp/idx"
+stats=$(python3 "$(dirname "$0")/idxset.py" "$idx" 600 100)
+mean=${stats% *}
+std=${stats#* }
+made="--data $idx --devices host --model mlp --batch 20 --quiet --schedule constant"
+# shellcheck disable=SC2086
+"$train" $made --epochs 1 --checkpoint "$tmp/own.st" >/dev/null 2>"$tmp/err" &&
+    recorded "$tmp/own.st" "$mean" "$std"
+ok $? "a made-up set (mean $mean, std $std): the checkpoint records its own statistics ($(head -c 200 "$tmp/err"))"
+# shellcheck disable=SC2086
+"$train" $made --epochs 1 --normalize "$mean,$std" --checkpoint "$tmp/own-given.st" \
+    >/dev/null 2>&1 && cmp -s "$tmp/own.st" "$tmp/own-given.st" &&
+    "$train" $made --epochs 1 --normalize 0.2860,0.3530 --checkpoint "$tmp/own-fashion.st" \
+        >/dev/null 2>&1 && ! cmp -s "$tmp/own.st" "$tmp/own-fashion.st"
+ok $? "it trains as with --normalize $mean,$std, not as with Fashion-MNIST's 0.2860,0.3530"
+# shellcheck disable=SC2086
+"$train" $made --normalize 0.5,0.25 --epochs 2 --checkpoint "$tmp/n-straight.st" \
+    >"$tmp/n-straight.out" 2>/dev/null &&
+    "$train" $made --normalize 0.5,0.25 --epochs 1 --checkpoint "$tmp/n-one.st" >/dev/null 2>&1 &&
+    "$train" $made --epochs 2 --resume "$tmp/n-one.st" --checkpoint "$tmp/n-resumed.st" \
+        >/dev/null 2>&1 && cmp -s "$tmp/n-straight.st" "$tmp/n-resumed.st"
+ok $? "--normalize 0.5,0.25, then resumed without it: the checkpoint of training straight through"
+# shellcheck disable=SC2086
+"$train" $made --epochs 2 --resume "$tmp/n-straight.st" >"$tmp/n-eval.out" 2>/dev/null
+test "$(cut -d' ' -f2,3 "$tmp/n-eval.out")" = "$(cut -d' ' -f2,3 "$tmp/n-straight.out")"
+ok $? "evaluating that checkpoint gives the result of the run that wrote it: $(cut -d' ' -f2,3 "$tmp/n-eval.out"), want $(cut -d' ' -f2,3 "$tmp/n-straight.out")"
+# shellcheck disable=SC2086
+"$train" $made --epochs 2 --resume "$tmp/n-one.st" --normalize 0.6,0.25 >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--normalize 0.6,0.25' "$tmp/err" &&
+    grep -q '0.5,0.25' "$tmp/err"
+ok $? "--normalize other than the checkpoint's: exit 2 and one line naming both (got $status: $(cat "$tmp/err"))"
 
 # Data parallel over host and the two PoCL devices: it learns and reports
 # every device's share.
@@ -172,7 +242,8 @@ ok $? "--accumulate 2 on host: 20 steps for 40 batches: $(head -c 200 "$tmp/acc1
 status=$?
 test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--epochs' "$tmp/err"
 ok $? "a bad option value: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
-for bad in "--reduce sideways" "--split 1,x" "--bucket-mb 0" "--accumulate 0" "--split 1,2,3,4"; do
+for bad in "--reduce sideways" "--split 1,x" "--bucket-mb 0" "--accumulate 0" "--split 1,2,3,4" \
+    "--normalize 0.5,0" "--normalize 0.5" "--normalize x,1"; do
     # shellcheck disable=SC2086
     "$train" --data "$data" --devices host $bad >/dev/null 2>"$tmp/err"
     status=$?

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
@@ -21,6 +21,7 @@ typedef struct options {
     const char *split, *reduce;
     float weights[64];       /* --split W1,W2,...; nweights 0: equal or auto */
     int nweights;
+    ch_idx_options norm;     /* --normalize MEAN,STD; std 0: not given */
     int64_t epochs, max_steps, limit, bucket_mb, accumulate;
     int batch, json, quiet;
     float lr;
@@ -34,7 +35,8 @@ static void usage(FILE *f)
             "  --data DIR          IDX files (default " DEFAULT_DATA ")\n"
             "  --model mlp|cnn     the network (default cnn)\n"
             "  --devices LIST      devices to train on, \"all\" (default); with several,\n"
-            "                      data parallel: one replica each, the batch split\n"
+            "                      data parallel: one replica each, the batch split; a\n"
+            "                      device listed twice (host,host) holds two replicas\n"
             "  --split auto|equal|W1,W2,...  shares of the batch per device: auto\n"
             "                      (default) balances them from measured step times\n"
             "  --reduce auto|host|peer  gradient reduction: host (pinned memory, fixed\n"
@@ -45,6 +47,9 @@ static void usage(FILE *f)
             "  --epochs N          epochs (default 5)\n"
             "  --max-steps N       stop after N optimizer steps in all (default: no limit)\n"
             "  --limit N           train on the first N samples only (quick runs)\n"
+            "  --normalize MEAN,STD  inputs become (pixel / 255 - MEAN) / STD; default: the\n"
+            "                      checkpoint's with --resume, else the mean and std of the\n"
+            "                      training images (Fashion-MNIST: 0.2860,0.3530)\n"
             "  --batch N           batch size (default 64)\n"
             "  --lr X              learning rate (default 0.001; sgd 0.05)\n"
             "  --optimizer NAME    sgd, adam (default) or adamw\n"
@@ -97,6 +102,20 @@ static int parse_weights(options *o)
     return o->nweights > 0 && !*p;
 }
 
+/* "0.5,0.25": a finite mean and a std > 0. */
+static int parse_norm(const char *s, ch_idx_options *out)
+{
+    char *end, *end2;
+    float mean = strtof(s, &end);
+    if (end == s || *end != ',' || !isfinite(mean))
+        return 0;
+    float std = strtof(end + 1, &end2);
+    if (end2 == end + 1 || *end2 || !isfinite(std) || !(std > 0.0f))
+        return 0;
+    *out = (ch_idx_options){mean, std};
+    return 1;
+}
+
 static int parse_options(int argc, char **argv, options *o)
 {
     static const struct option longs[] = {
@@ -110,10 +129,11 @@ static int parse_options(int argc, char **argv, options *o)
         {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
         {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
         {"bucket-mb", required_argument, 0, 'B'}, {"accumulate", required_argument, 0, 'A'},
+        {"normalize", required_argument, 0, 'Z'},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "auto", "auto",
-                   {0}, 0, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1};
+                   {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1};
     opterr = 0;
     int c;
     int64_t v;
@@ -147,6 +167,11 @@ static int parse_options(int argc, char **argv, options *o)
         case 'A':
             if (!parse_int(optarg, 1, &o->accumulate) || o->accumulate > 1 << 20)
                 return fail_usage("--accumulate wants a whole number from 1 to 1048576, not "
+                                  "\"%s\"", optarg);
+            break;
+        case 'Z':
+            if (!parse_norm(optarg, &o->norm))
+                return fail_usage("--normalize wants MEAN,STD, two numbers with STD > 0, not "
                                   "\"%s\"", optarg);
             break;
         case 'N':
@@ -201,127 +226,162 @@ static int parse_options(int argc, char **argv, options *o)
 
 typedef struct trainer {
     const options *o;
-    ch_device *dev;          /* the first device: evaluation and pinned buffers */
-    ch_device *devs[64];
+    ch_device *dev;          /* the first device: pinned buffers */
+    ch_device *devs[64];     /* a device listed twice holds two replicas */
     int ndev;
-    ch_dp *dp;               /* data parallel over devs when ndev > 1 */
-    ch_module *model;
-    ch_loss *loss;
-    ch_optimizer *opt;
+    char label[64][48];      /* each replica's device, numbered when replicas share it */
+    int sharing[64];         /* replicas on each one's device */
+    ch_dp *dp;               /* one replica per device, a single one included */
+    ch_module *model;        /* the initialised (or resumed) model the replicas copy */
     ch_dataset *train, *test;
     ch_dataset *full;        /* the whole training set when --limit takes its head */
+    ch_idx_options norm;     /* the inputs' normalisation, for both sets */
+    ch_train_state resumed;  /* where --resume goes on from */
     ch_loader *loader;
-    ch_tensor *x, *labels;   /* the batch on the device */
     FILE *log;
     int tty;
+    int shown;               /* columns of the progress line on the screen */
     int bad_reduce;          /* ch_dp_new refused --reduce for these devices */
     int64_t step;
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
 } trainer;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The batch's tensors, resized for a short last batch. */
-static ch_status batch_tensors(trainer *t, int count)
-{
-    if (t->x && ch_tensor_dim(t->x, 0) == count)
-        return CH_OK;
-    ch_tensor_free(t->x);
-    ch_tensor_free(t->labels);
-    t->x = t->labels = NULL;
-    int64_t xs[4] = {count, 1, 28, 28}, ls[1] = {count};
-    ch_status st = ch_tensor_new(&t->x, t->dev, CH_F32, 4, xs);
-    return st == CH_OK ? ch_tensor_new(&t->labels, t->dev, CH_I32, 1, ls) : st;
-}
-
-static ch_status upload_batch(trainer *t, const ch_batch *b)
-{
-    ch_status st = batch_tensors(t, b->count);
-    if (st == CH_OK)
-        st = ch_tensor_upload_async(t->x, b->images, 0);
-    if (st == CH_OK)
-        st = ch_tensor_upload_async(t->labels, b->labels, 0);
-    return st;
-}
-
 /* One batch; *updated tells whether the optimizer stepped (with
  * --accumulate K, once every K batches). */
 static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out, int *updated)
 {
-    *updated = 1;
-    if (t->dp) {
-        ch_status st = ch_dp_step(t->dp, b, ch_lr_at(&t->lr, t->step), loss_out);
-        *updated = ch_dp_pending(t->dp) == 0;
-        return st;
-    }
-    ch_tensor *y, *lv, *dy;
-    ch_status st = upload_batch(t, b);
-    if (st == CH_OK)
-        st = ch_module_zero_grad(t->model);
-    if (st == CH_OK) {
-        ch_module_set_rng(t->model, t->o->seed, t->step, b->number * t->o->batch);
-        st = ch_module_forward(t->model, &y, t->x);
-    }
-    if (st == CH_OK)
-        st = ch_loss_forward(t->loss, &lv, y, t->labels);
-    if (st == CH_OK)
-        st = ch_loss_backward(t->loss, &dy, 1.0f);
-    if (st == CH_OK)
-        st = ch_module_backward(t->model, NULL, dy);
-    if (st == CH_OK)
-        st = ch_optimizer_step(t->opt, ch_lr_at(&t->lr, t->step));
-    if (st == CH_OK)
-        st = ch_tensor_download(lv, loss_out, sizeof *loss_out);
+    ch_status st = ch_dp_step(t->dp, b, ch_lr_at(&t->lr, t->step), loss_out);
+    *updated = ch_dp_pending(t->dp) == 0;
     return st;
 }
 
-static void last_step(const trainer *t, double secs, int *counts, double *times);
+/* ---- The progress line ---------------------------------------------------------- */
 
-static void progress(const trainer *t, int64_t epoch, int64_t batch, int64_t nbatches,
-                     float loss, double rate, double left)
+/* Its parts, from the one a narrow terminal keeps longest to the one it
+ * drops first. */
+enum { PART_EPOCH, PART_LOSS, PART_LEFT, PART_BAR, PART_STEP, PART_RATE, PART_DEVICES, NPARTS };
+
+/* What a terminal too narrow for the line gives up, in turn: -1 narrows the
+ * bar, a part number drops that part. */
+static const int fit_moves[] = {PART_DEVICES, -1, PART_RATE, PART_STEP, PART_BAR, PART_LEFT,
+                                PART_LOSS};
+
+#define BAR_WIDTH 30
+#define BAR_MIN 10
+#define PART_MAX 5120       /* 64 devices' " | opencl:12#2 123456 1234ms" */
+
+typedef struct line_parts {
+    char text[NPARTS][PART_MAX]; /* each part but the bar; "" leaves it out */
+    double done;                 /* the share of the epoch behind us, for the bar */
+} line_parts;
+
+/* The kept parts in display order (epoch, bar, step, loss, rate, time
+ * left, devices) into out; returns its length. */
+static int compose(char *out, size_t cap, const line_parts *p, unsigned keep, int bar)
+{
+    static const int order[NPARTS] = {PART_EPOCH, PART_BAR,  PART_STEP,   PART_LOSS,
+                                      PART_RATE,  PART_LEFT, PART_DEVICES};
+    size_t len = 0;
+    out[0] = '\0';
+    for (int k = 0; k < NPARTS && len < cap; k++) {
+        int part = order[k];
+        if (!(keep & 1u << part) || (part != PART_BAR && !p->text[part][0]))
+            continue;
+        const char *sep = len && part != PART_DEVICES ? " " : "";
+        if (part == PART_BAR) {
+            int full = (int)(bar * p->done);
+            snprintf(out + len, cap - len, "%s[%.*s%*s]", sep, full,
+                     "##############################", bar - full, "");
+        } else {
+            snprintf(out + len, cap - len, "%s%s", sep, p->text[part]);
+        }
+        len += strlen(out + len);
+    }
+    return (int)len;
+}
+
+/* The line in at most `width` columns: parts dropped in fit_moves' order,
+ * the epoch cut short as a last resort. */
+static int fit(char *out, size_t cap, const line_parts *p, int width)
+{
+    unsigned keep = (1u << NPARTS) - 1;
+    int bar = BAR_WIDTH, len = compose(out, cap, p, keep, bar);
+    for (size_t m = 0; len > width && m < sizeof fit_moves / sizeof fit_moves[0]; m++) {
+        if (fit_moves[m] < 0)
+            bar = bar - (len - width) > BAR_MIN ? bar - (len - width) : BAR_MIN;
+        else
+            keep &= ~(1u << fit_moves[m]);
+        len = compose(out, cap, p, keep, bar);
+    }
+    if (len > width && width >= 0 && (size_t)width < cap) {
+        out[width] = '\0';
+        len = width;
+    }
+    return len;
+}
+
+/* Columns of the terminal on stderr: its size, else $COLUMNS, else 80. */
+static int terminal_columns(void)
+{
+    struct winsize ws;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+        return ws.ws_col;
+    const char *env = getenv("COLUMNS");
+    int64_t v;
+    if (env && parse_int(env, 1, &v) && v <= 100000)
+        return (int)v;
+    return 80;
+}
+
+static void device_parts(const trainer *t, char *out, size_t cap)
+{
+    int counts[64];
+    double times[64];
+    size_t len = 0;
+    out[0] = '\0';
+    if (t->ndev < 2 || ch_dp_last_step(t->dp, counts, times, t->ndev) != CH_OK)
+        return;
+    for (int i = 0; i < t->ndev && len < cap; i++) {
+        snprintf(out + len, cap - len, " | %s %d %.0fms", t->label[i], counts[i],
+                 1e3 * times[i]);
+        len += strlen(out + len);
+    }
+}
+
+/* Redrawn in place: a carriage return, the line fitted to the terminal,
+ * and spaces over what the previous one left. */
+static void progress(trainer *t, int64_t epoch, int64_t batch, int64_t nbatches, float loss,
+                     double rate, double left)
 {
     if (t->o->quiet || !t->tty)
         return;
-    int width = 30, done = (int)(width * (batch + 1) / nbatches);
-    fprintf(stderr, "\repoch %lld/%lld [%.*s%*s] step %lld loss %.4f %6.0f samples/s %4.0fs left",
-            (long long)epoch + 1, (long long)t->o->epochs, done,
-            "##############################", width - done, "", (long long)t->step, loss, rate,
-            left);
-    if (t->dp) {
-        int counts[64];
-        double times[64];
-        last_step(t, 0, counts, times);
-        for (int i = 0; i < t->ndev; i++)
-            fprintf(stderr, " | %s %d %.0fms", ch_device_id(t->devs[i]), counts[i],
-                    1e3 * times[i]);
-    }
-    fprintf(stderr, " ");
+    line_parts p;
+    char line[sizeof p.text];
+    p.done = (double)(batch + 1) / (double)nbatches;
+    snprintf(p.text[PART_EPOCH], PART_MAX, "epoch %lld/%lld", (long long)epoch + 1,
+             (long long)t->o->epochs);
+    snprintf(p.text[PART_STEP], PART_MAX, "step %lld", (long long)t->step);
+    snprintf(p.text[PART_LOSS], PART_MAX, "loss %.4f", loss);
+    snprintf(p.text[PART_RATE], PART_MAX, "%6.0f samples/s", rate);
+    snprintf(p.text[PART_LEFT], PART_MAX, "%4.0fs left", left);
+    device_parts(t, p.text[PART_DEVICES], PART_MAX);
+    /* The last column stays empty: a line that fills it wraps at once on
+     * some terminals. */
+    int width = terminal_columns() - 1;
+    int len = fit(line, sizeof line, &p, width);
+    int pad = t->shown < width ? t->shown - len : width - len;
+    fprintf(stderr, "\r%s%*s", line, pad > 0 ? pad : 0, "");
     fflush(stderr);
+    t->shown = len;
 }
 
-/* Each device's share of the last batch and its time. */
-static void last_step(const trainer *t, double secs, int *counts, double *times)
-{
-    if (t->dp) {
-        ch_dp_last_step(t->dp, counts, times, t->ndev);
-        return;
-    }
-    counts[0] = t->x ? (int)ch_tensor_dim(t->x, 0) : 0;
-    times[0] = secs;
-}
-
-static void log_step(const trainer *t, int64_t epoch, float loss, double rate, double secs)
+static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
 {
     if (!t->log)
         return;
-    int counts[64];
-    double times[64];
-    last_step(t, secs, counts, times);
+    int counts[64] = {0};
+    double times[64] = {0};
+    (void)ch_dp_last_step(t->dp, counts, times, t->ndev); /* fails only for another n */
     int total = 0;
     for (int i = 0; i < t->ndev; i++)
         total += counts[i];
@@ -331,9 +391,13 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate, d
         snprintf(lossv, sizeof lossv, "%.6f", loss);
     fprintf(t->log, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"samples_per_s\":%.1f,"
             "\"devices\":[", (long long)t->step, (long long)epoch, lossv, rate);
-    for (int i = 0; i < t->ndev; i++)
-        fprintf(t->log, "%s{\"id\":\"%s\",\"share\":%.4f,\"time_s\":%.6f}", i ? "," : "",
+    for (int i = 0; i < t->ndev; i++) {
+        fprintf(t->log, "%s{\"id\":\"%s\",\"share\":%.4f,\"time_s\":%.6f", i ? "," : "",
                 ch_device_id(t->devs[i]), total ? (double)counts[i] / total : 0.0, times[i]);
+        if (t->sharing[i] > 1)
+            fprintf(t->log, ",\"replicas_on_device\":%d", t->sharing[i]);
+        fprintf(t->log, "}");
+    }
     fprintf(t->log, "]}\n");
 }
 
@@ -345,26 +409,26 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
     *next = first;
     ch_status st = ch_loader_start(t->loader, epoch, first);
     int64_t nb = ch_loader_batches(t->loader);
-    double t0 = now();
+    double t0 = ch_clock_seconds();
     float loss = 0.0f;
     while (st == CH_OK) {
         ch_batch *b = NULL;
         st = ch_loader_next(t->loader, &b);
         if (st != CH_OK || !b)
             break;
-        double s0 = now();
+        double s0 = ch_clock_seconds();
         int updated = 0;
         st = train_step(t, b, &loss, &updated);
-        double secs = now() - s0;
-        *busy += secs;
+        *busy += ch_clock_seconds() - s0;
         *samples += b->count;
         t->step += updated;
         int64_t number = b->number;
         *next = number + 1;
         ch_loader_release(t->loader, b);
         double rate = (double)*samples / *busy;
-        log_step(t, epoch, loss, rate, secs);
-        double left = (now() - t0) / (double)(number + 1 - first) * (double)(nb - number - 1);
+        log_step(t, epoch, loss, rate);
+        double left = (ch_clock_seconds() - t0) / (double)(number + 1 - first) *
+                      (double)(nb - number - 1);
         progress(t, epoch, number, nb, loss, rate, left);
         if (st == CH_OK && updated && t->o->max_steps > 0 && t->step >= t->o->max_steps) {
             *stop = 1;
@@ -372,7 +436,7 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
         }
     }
     /* The end of the epoch: what is accumulated makes one last step. */
-    if (st == CH_OK && t->dp && ch_dp_pending(t->dp) > 0 && !*stop) {
+    if (st == CH_OK && ch_dp_pending(t->dp) > 0 && !*stop) {
         st = ch_dp_flush(t->dp, ch_lr_at(&t->lr, t->step));
         t->step += st == CH_OK;
     }
@@ -382,10 +446,15 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
     return st;
 }
 
-/* The test set over the replicas, each on its share of every batch. */
-static ch_status evaluate_dp(trainer *t, ch_loader *ld, ch_status st, double *accuracy,
-                             double *loss)
+/* Accuracy and mean loss over the test set, in evaluation mode, each
+ * replica on its share of every batch. */
+static ch_status evaluate(trainer *t, double *accuracy, double *loss)
 {
+    ch_loader_options lo = {t->o->batch > 256 ? t->o->batch : 256, 0, 0, 0, 2, 2, 0, 1, t->dev};
+    ch_loader *ld = NULL;
+    ch_status st = ch_loader_new(&ld, t->test, &lo);
+    if (st == CH_OK)
+        st = ch_loader_start(ld, 0, 0);
     int64_t correct = 0, total = 0;
     double loss_sum = 0;
     while (st == CH_OK) {
@@ -407,69 +476,9 @@ static ch_status evaluate_dp(trainer *t, ch_loader *ld, ch_status st, double *ac
     return st;
 }
 
-/* Accuracy and mean loss over the test set, in evaluation mode. */
-static ch_status evaluate(trainer *t, double *accuracy, double *loss)
-{
-    ch_loader_options lo = {t->o->batch > 256 ? t->o->batch : 256, 0, 0, 0, 2, 2, 0, 1, t->dev};
-    ch_loader *ld = NULL;
-    ch_status st = ch_loader_new(&ld, t->test, &lo);
-    if (st == CH_OK)
-        st = ch_loader_start(ld, 0, 0);
-    if (t->dp)
-        return evaluate_dp(t, ld, st, accuracy, loss);
-    ch_module_train(t->model, 0);
-    int64_t correct = 0, total = 0;
-    double loss_sum = 0;
-    int32_t *pred = NULL, *truth = NULL;
-    ch_tensor *am = NULL;
-    while (st == CH_OK) {
-        ch_batch *b = NULL;
-        ch_tensor *y, *lv;
-        float l = 0;
-        st = ch_loader_next(ld, &b);
-        if (st != CH_OK || !b)
-            break;
-        int64_t ps[1] = {b->count};
-        st = upload_batch(t, b);
-        if (st == CH_OK)
-            st = ch_module_forward(t->model, &y, t->x);
-        if (st == CH_OK)
-            st = ch_loss_forward(t->loss, &lv, y, t->labels);
-        if (st == CH_OK && (!am || ch_tensor_dim(am, 0) != b->count)) {
-            ch_tensor_free(am);
-            am = NULL;
-            st = ch_tensor_new(&am, t->dev, CH_I32, 1, ps);
-        }
-        if (st == CH_OK)
-            st = ch_argmax(am, y, 1);
-        int32_t *p2 = realloc(pred, sizeof *pred * (size_t)b->count);
-        if (p2)
-            pred = p2;
-        if (st == CH_OK && !p2)
-            st = CH_ERR_OUT_OF_MEMORY;
-        if (st == CH_OK)
-            st = ch_tensor_download(am, pred, sizeof *pred * (size_t)b->count);
-        if (st == CH_OK)
-            st = ch_tensor_download(lv, &l, sizeof l);
-        truth = ch_host_buffer_data(b->labels);
-        for (int i = 0; st == CH_OK && i < b->count; i++)
-            correct += pred[i] == truth[i];
-        loss_sum += (double)l * b->count;
-        total += b->count;
-        ch_loader_release(ld, b);
-    }
-    ch_module_train(t->model, 1);
-    ch_tensor_free(am);
-    free(pred);
-    ch_loader_free(ld);
-    *accuracy = total ? (double)correct / (double)total : 0.0;
-    *loss = total ? loss_sum / (double)total : 0.0;
-    return st;
-}
-
 /* Replicas of the (initialised or resumed) model on every device; each
  * replica's optimizer takes the checkpoint's state too. */
-static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo, ch_train_state *resume)
+static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
 {
     ch_dp_options d = {0};
     if (ch_reduce_mode_parse(t->o->reduce, &d.reduce) != CH_OK)
@@ -490,32 +499,32 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo, ch_train_s
     t->bad_reduce = st == CH_ERR_UNSUPPORTED;
     for (int i = 0; st == CH_OK && t->o->resume && i < t->ndev; i++)
         st = ch_checkpoint_load(t->o->resume, ch_dp_replica(t->dp, i), ch_dp_optimizer(t->dp, i),
-                                resume);
+                                NULL);
     return st;
 }
 
-static ch_status setup(trainer *t, ch_train_state *resume)
+/* The model, initialised from --seed or resumed: its parameters and where
+ * training stopped (the replicas load the optimizer state later). */
+static ch_status make_model(trainer *t)
 {
+    t->resumed = (ch_train_state){0, 0, 0, t->o->seed, 0.0f, 0.0f};
     ch_status st = ch_nn_preset(&t->model, t->o->model);
     if (st == CH_OK)
         st = ch_module_init(t->model, t->o->seed);
-    if (st == CH_OK)
-        st = ch_module_to(t->model, t->dev);
-    if (st == CH_OK)
-        st = ch_loss_new(&t->loss, CH_LOSS_CROSS_ENTROPY);
+    if (st == CH_OK && t->o->resume)
+        st = ch_checkpoint_load(t->o->resume, t->model, NULL, &t->resumed);
+    return st;
+}
+
+static ch_status setup(trainer *t)
+{
     ch_optimizer_kind kind = strcmp(t->o->optimizer, "sgd") == 0    ? CH_OPT_SGD
                              : strcmp(t->o->optimizer, "adam") == 0 ? CH_OPT_ADAM
                                                                     : CH_OPT_ADAMW;
     ch_optimizer_options oo = ch_optimizer_defaults(kind, t->o->lr);
     if (kind == CH_OPT_SGD)
         oo.momentum = 0.9f;
-    if (st == CH_OK)
-        st = ch_optimizer_new(&t->opt, t->model, &oo);
-    if (st == CH_OK && t->o->resume)
-        st = ch_checkpoint_load(t->o->resume, t->model, t->opt, resume);
-    /* Several devices, or accumulation: the data-parallel wrapper. */
-    if (st == CH_OK && (t->ndev > 1 || t->o->accumulate > 1))
-        st = setup_dp(t, &oo, resume);
+    ch_status st = setup_dp(t, &oo);
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
     if (st == CH_OK)
         st = ch_loader_new(&t->loader, t->train, &lo);
@@ -531,18 +540,48 @@ static ch_status setup(trainer *t, ch_train_state *resume)
     return st;
 }
 
+/* 1 for the first replica on its device, 2 for the second, ... */
+static int ordinal_on_device(const trainer *t, int i)
+{
+    int k = 1;
+    for (int j = 0; j < i; j++)
+        k += t->devs[j] == t->devs[i];
+    return k;
+}
+
+/* "host#1", "host#2" for two replicas on host; a device's id alone
+ * otherwise. */
+static void name_replicas(trainer *t)
+{
+    for (int i = 0; i < t->ndev; i++) {
+        t->sharing[i] = 0;
+        for (int j = 0; j < t->ndev; j++)
+            t->sharing[i] += t->devs[j] == t->devs[i];
+        const char *id = ch_device_id(t->devs[i]);
+        if (t->sharing[i] > 1)
+            snprintf(t->label[i], sizeof t->label[i], "%s#%d", id, ordinal_on_device(t, i));
+        else
+            snprintf(t->label[i], sizeof t->label[i], "%s", id);
+    }
+}
+
+/* Replicas that share a device split its time: say so before the first step. */
+static void note_sharing(const trainer *t)
+{
+    for (int i = 0; !t->o->quiet && i < t->ndev; i++)
+        if (t->sharing[i] > 1 && ordinal_on_device(t, i) == 1)
+            fprintf(stderr, "chorus-train: %d replicas share %s\n", t->sharing[i],
+                    ch_device_id(t->devs[i]));
+}
+
 static void teardown(trainer *t)
 {
     ch_loader_free(t->loader);
-    ch_tensor_free(t->x);
-    ch_tensor_free(t->labels);
-    ch_optimizer_free(t->opt);
-    ch_loss_free(t->loss);
+    ch_dp_free(t->dp);
     ch_module_free(t->model);
     ch_dataset_free(t->train);
     ch_dataset_free(t->full);
     ch_dataset_free(t->test);
-    ch_dp_free(t->dp);
     if (t->log)
         fclose(t->log);
 }
@@ -556,8 +595,8 @@ static int runtime_error(const char *what)
 static int run(trainer *t)
 {
     const options *o = t->o;
-    ch_train_state state = {0, 0, 0, o->seed};
-    if (setup(t, &state) != CH_OK) {
+    const ch_train_state state = t->resumed;
+    if (setup(t) != CH_OK) {
         if (t->bad_reduce) {
             fprintf(stderr, "chorus-train: --reduce %s: %s (see --help)\n", o->reduce,
                     ch_last_error());
@@ -566,6 +605,7 @@ static int run(trainer *t)
         return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
     }
     t->step = state.step;
+    note_sharing(t);
     double busy = 0;
     int64_t samples = 0, epoch = state.epoch;
     int stop = 0;
@@ -575,11 +615,12 @@ static int run(trainer *t)
             return runtime_error("training failed");
         if (t->tty && !o->quiet)
             fprintf(stderr, "\n");
+        t->shown = 0;
         /* A checkpoint that stops mid-epoch records where to go on from. */
-        ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed};
-        const ch_module *m = t->dp ? ch_dp_replica(t->dp, 0) : t->model;
-        const ch_optimizer *op = t->dp ? ch_dp_optimizer(t->dp, 0) : t->opt;
-        if (o->checkpoint && ch_checkpoint_save(o->checkpoint, m, op, &cs) != CH_OK)
+        ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed,
+                             t->norm.mean, t->norm.std};
+        if (o->checkpoint && ch_checkpoint_save(o->checkpoint, ch_dp_replica(t->dp, 0),
+                                                ch_dp_optimizer(t->dp, 0), &cs) != CH_OK)
             return runtime_error("cannot write the checkpoint");
     }
     double acc = 0, loss = 0;
@@ -602,6 +643,65 @@ static int run(trainer *t)
     return 0;
 }
 
+/* Both sets normalised alike: by --normalize, else as the checkpoint
+ * records, else with the training images' own statistics. 0 or the exit
+ * status. */
+static int open_data(trainer *t)
+{
+    const options *o = t->o;
+    const ch_idx_options recorded = {t->resumed.input_mean, t->resumed.input_std};
+    if (o->norm.std > 0 && recorded.std > 0 &&
+        (o->norm.mean != recorded.mean || o->norm.std != recorded.std)) {
+        fprintf(stderr, "chorus-train: --normalize %g,%g: %s was trained on inputs normalised "
+                "with %g,%g (see --help)\n", o->norm.mean, o->norm.std, o->resume,
+                recorded.mean, recorded.std);
+        return EXIT_USAGE;
+    }
+    const ch_idx_options *norm = o->norm.std > 0 ? &o->norm : recorded.std > 0 ? &recorded : NULL;
+    if (ch_dataset_mnist_open(&t->train, o->data, 1, norm) != CH_OK ||
+        ch_dataset_normalization(&t->norm, t->train) != CH_OK ||
+        ch_dataset_mnist_open(&t->test, o->data, 0, &t->norm) != CH_OK) {
+        fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
+        return EXIT_USAGE;
+    }
+    if (o->limit > 0 && o->limit < ch_dataset_size(t->train)) {
+        t->full = t->train;
+        t->train = NULL;
+        if (ch_dataset_head(&t->train, t->full, o->limit) != CH_OK) {
+            fprintf(stderr, "chorus-train: --limit: %s\n", ch_last_error());
+            return EXIT_RUNTIME;
+        }
+    }
+    return 0;
+}
+
+/* Devices, model, data and log; 0 or the exit status. */
+static int prepare(trainer *t)
+{
+    const options *o = t->o;
+    if (ch_device_list_parse_replicas(t->devs, 64, &t->ndev, o->devices) != CH_OK) {
+        fprintf(stderr, "chorus-train: --devices: %s\n", ch_last_error());
+        return EXIT_USAGE;
+    }
+    if (o->nweights && o->nweights != t->ndev) {
+        fprintf(stderr, "chorus-train: --split has %d weights for %d devices\n", o->nweights,
+                t->ndev);
+        return EXIT_USAGE;
+    }
+    t->dev = t->devs[0];
+    name_replicas(t);
+    if (make_model(t) != CH_OK)
+        return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
+    int rc = open_data(t);
+    if (rc)
+        return rc;
+    if (o->log && !(t->log = fopen(o->log, "w"))) {
+        fprintf(stderr, "chorus-train: --log: cannot write %s: %s\n", o->log, strerror(errno));
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -613,45 +713,9 @@ int main(int argc, char **argv)
         return EXIT_RUNTIME;
     }
     trainer t = {.o = &o, .tty = isatty(STDERR_FILENO)};
-    ch_device *devs[64];
-    int n = 0;
-    if (ch_device_list_parse(devs, 64, &n, o.devices) != CH_OK) {
-        fprintf(stderr, "chorus-train: --devices: %s\n", ch_last_error());
-        ch_shutdown();
-        return EXIT_USAGE;
-    }
-    if (o.nweights && o.nweights != n) {
-        fprintf(stderr, "chorus-train: --split has %d weights for %d devices\n", o.nweights, n);
-        ch_shutdown();
-        return EXIT_USAGE;
-    }
-    t.ndev = n;
-    for (int i = 0; i < n; i++)
-        t.devs[i] = devs[i];
-    t.dev = devs[0];
-    if (ch_dataset_mnist_open(&t.train, o.data, 1, NULL) != CH_OK ||
-        ch_dataset_mnist_open(&t.test, o.data, 0, NULL) != CH_OK) {
-        fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
-        ch_dataset_free(t.train);
-        ch_shutdown();
-        return EXIT_USAGE;
-    }
-    if (o.limit > 0 && o.limit < ch_dataset_size(t.train)) {
-        t.full = t.train;
-        if (ch_dataset_head(&t.train, t.full, o.limit) != CH_OK) {
-            fprintf(stderr, "chorus-train: --limit: %s\n", ch_last_error());
-            teardown(&t);
-            ch_shutdown();
-            return EXIT_RUNTIME;
-        }
-    }
-    if (o.log && !(t.log = fopen(o.log, "w"))) {
-        fprintf(stderr, "chorus-train: --log: cannot write %s: %s\n", o.log, strerror(errno));
-        teardown(&t);
-        ch_shutdown();
-        return EXIT_USAGE;
-    }
-    rc = run(&t);
+    rc = prepare(&t);
+    if (rc == 0)
+        rc = run(&t);
     teardown(&t);
     ch_shutdown();
     return rc;

@@ -7,7 +7,8 @@ The parameters are stored under PyTorch's state_dict names and layouts, so
 safetensors.torch.load_file reads them straight into the model; the
 optimizer's state ("optimizer.*") and the training state (the header's
 metadata) ride along in the same file and are set aside here. With a data
-folder (Fashion-MNIST IDX files), the model is evaluated on the test set.
+folder (Fashion-MNIST IDX files), the model is evaluated on the test set,
+normalised as the metadata says it was trained.
 """
 import gzip
 import os
@@ -43,7 +44,12 @@ def main():
     path, kind = sys.argv[1], sys.argv[2]
     tensors = load_file(path)
     with safe_open(path, framework="pt") as f:
-        print("training state:", f.metadata())
+        meta = f.metadata() or {}
+    print("training state:", meta)
+    # The inputs' normalisation the model was trained with; checkpoints
+    # older than that record were all trained with Fashion-MNIST's.
+    mean = float(meta.get("input_mean", 0.2860))
+    std = float(meta.get("input_std", 0.3530))
     weights = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
     net = model(kind)
     net.load_state_dict(weights, strict=True)
@@ -52,7 +58,7 @@ def main():
         d = sys.argv[3]
         name = lambda base: next(os.path.join(d, base + s) for s in (".gz", "")
                                  if os.path.exists(os.path.join(d, base + s)))
-        x = idx(name("t10k-images-idx3-ubyte")).float().div(255).sub(0.2860).div(0.3530)
+        x = idx(name("t10k-images-idx3-ubyte")).float().div(255).sub(mean).div(std)
         y = idx(name("t10k-labels-idx1-ubyte")).long()
         with torch.no_grad():
             acc = (net(x.unsqueeze(1)).argmax(1) == y).float().mean().item()

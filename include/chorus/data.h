@@ -32,10 +32,24 @@ CH_API ch_status ch_dataset_idx_open(ch_dataset **out, const char *images_path,
                                      const ch_idx_options *options);
 
 /* The MNIST / Fashion-MNIST files in `dir` (train-images-idx3-ubyte[.gz], ...
- * or t10k-*), 10 classes, normalised with the given options (NULL: the
- * training set's mean and std of Fashion-MNIST, 0.2860 and 0.3530). */
+ * or t10k-*), 10 classes, normalised with the given options. NULL: with
+ * the statistics of the training images in `dir` (ch_dataset_stats), for
+ * the test set too, which then reads the training images for them; for
+ * Fashion-MNIST they are 0.2860 and 0.3530. */
 CH_API ch_status ch_dataset_mnist_open(ch_dataset **out, const char *dir, int train,
                                        const ch_idx_options *options);
+
+/* The mean and standard deviation of the pixels of `ds`, scaled to [0, 1]
+ * but not normalised, over all its samples, each rounded to four
+ * significant digits as published statistics are (Fashion-MNIST's training
+ * set gives exactly 0.2860f and 0.3530f). A set whose pixels are all equal
+ * gets std 1: there is no spread to scale. Normalising a test set with its
+ * training set's statistics keeps the two alike: pass these as the test
+ * set's options. */
+CH_API ch_status ch_dataset_stats(ch_idx_options *out, const ch_dataset *ds);
+
+/* The mean and std `ds` was opened with (a head view shares its source's). */
+CH_API ch_status ch_dataset_normalization(ch_idx_options *out, const ch_dataset *ds);
 
 CH_API void ch_dataset_free(ch_dataset *ds);
 CH_API int64_t ch_dataset_size(const ch_dataset *ds);

@@ -53,6 +53,12 @@ CH_API ch_status ch_device_by_name(ch_device **out, const char *name);
  * *n to the count. Duplicates and unknown names are errors. */
 CH_API ch_status ch_device_list_parse(ch_device **out, int capacity, int *n,
                                       const char *list);
+/* The same for the devices of data-parallel replicas (chorus/dp.h): a
+ * device may be named more than once, one entry each time (two replicas on
+ * one GPU), and each "all" adds its devices again. Unknown names are
+ * errors. */
+CH_API ch_status ch_device_list_parse_replicas(ch_device **out, int capacity, int *n,
+                                               const char *list);
 
 typedef enum ch_device_kind {
     CH_DEVICE_CPU = 0,

@@ -159,6 +159,10 @@ typedef struct ch_train_state {
     int64_t batch;          /* the batch within that epoch to continue from */
     int64_t step;           /* optimizer steps taken */
     uint64_t seed;
+    /* The inputs' normalisation, (x - input_mean) / input_std, so that a
+     * resumed or evaluated model sees its inputs as it was trained on
+     * them (ch_idx_options). input_std 0: none recorded. */
+    float input_mean, input_std;
 } ch_train_state;
 
 /* opt and state may be NULL. */
