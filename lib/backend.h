@@ -53,7 +53,8 @@ typedef struct ch_bdev_props {
 
 typedef enum ch_binary_op { CH_BIN_ADD = 0, CH_BIN_SUB = 1, CH_BIN_MUL = 2 } ch_binary_op;
 typedef enum ch_rand_kind { CH_RAND_UNIFORM = 0, CH_RAND_NORMAL = 1, CH_RAND_DROPOUT = 2 } ch_rand_kind;
-typedef enum ch_reduce_op { CH_REDUCE_SUM = 0, CH_REDUCE_MEAN = 1 } ch_reduce_op;
+/* What sum_axis leaves in each output: the sum, or the sum divided by n. */
+typedef enum ch_axis_op { CH_AXIS_SUM = 0, CH_AXIS_MEAN = 1 } ch_axis_op;
 
 /* Convolution geometry for im2col/col2im/maxpool, resolved by the core. */
 typedef struct ch_conv_geom {
@@ -155,9 +156,9 @@ typedef struct ch_backend_i {
                                  ch_bmem idx, ch_bmem x);
     ch_status (*maxpool_backward)(void *stream, const ch_conv_geom *g, ch_bmem dx,
                                   ch_bmem dy, ch_bmem idx);
-    /* x as [outer, n, inner] -> y [outer, inner] */
-    ch_status (*reduce)(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                        int64_t inner, ch_bmem y, ch_bmem x);
+    /* x as [outer, n, inner] -> y [outer, inner], summed over n */
+    ch_status (*sum_axis)(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                          int64_t inner, ch_bmem y, ch_bmem x);
     /* y i32 */
     ch_status (*argmax)(void *stream, int64_t outer, int64_t n, int64_t inner,
                         ch_bmem y, ch_bmem x);

@@ -536,23 +536,23 @@ static ch_status reduction(const char *fn, ch_tensor *y, const ch_tensor *x, int
     return no_alias(fn, "y", y, "x", x);
 }
 
-static ch_status reduce(const char *fn, ch_reduce_op op, ch_tensor *y, const ch_tensor *x,
-                        int axis)
+static ch_status sum_axis(const char *fn, ch_axis_op op, ch_tensor *y, const ch_tensor *x,
+                          int axis)
 {
     int64_t outer, n, inner;
     TRY(reduction(fn, y, x, axis, CH_F32, &outer, &n, &inner));
-    SLOT(fn, y, reduce);
-    return BE(y)->reduce(STREAM(y), op, outer, n, inner, chi_mem(y), chi_mem(x));
+    SLOT(fn, y, sum_axis);
+    return BE(y)->sum_axis(STREAM(y), op, outer, n, inner, chi_mem(y), chi_mem(x));
 }
 
 ch_status ch_sum(ch_tensor *y, const ch_tensor *x, int axis)
 {
-    return reduce("ch_sum", CH_REDUCE_SUM, y, x, axis);
+    return sum_axis("ch_sum", CH_AXIS_SUM, y, x, axis);
 }
 
 ch_status ch_mean(ch_tensor *y, const ch_tensor *x, int axis)
 {
-    return reduce("ch_mean", CH_REDUCE_MEAN, y, x, axis);
+    return sum_axis("ch_mean", CH_AXIS_MEAN, y, x, axis);
 }
 
 ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis)

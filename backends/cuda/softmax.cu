@@ -57,7 +57,7 @@ ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch
         return st;
     size_t rows_bytes = ((size_t)n * sizeof(float) + 7) / 8 * 8;
     void *work;
-    st = chcu_scratch_acquire(s, rows_bytes + chcu_reduce_work(1, n, 1), &work);
+    st = chcu_scratch_acquire(s, rows_bytes + chcu_sum_into_work(1, n, 1), &work);
     if (st)
         return st;
     float *rowloss = (float *)work;
@@ -65,8 +65,8 @@ ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch
         chcu_at<float>(probs), rowloss, chcu_at<float>(logits), chcu_at<int32_t>(labels), n, c);
     st = chcu_launched("softmax_xent_kernel");
     if (!st)
-        st = chcu_reduce_sum(s, chcu_at<float>(loss), rowloss, 1, n, 1, (double)n, 0.0f,
-                             (char *)work + rows_bytes);
+        st = chcu_sum_into(s, chcu_at<float>(loss), rowloss, 1, n, 1, (double)n, 0.0f,
+                           (char *)work + rows_bytes);
     chcu_scratch_release(s);
     return st;
 }

@@ -78,8 +78,8 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
 /* reduce.c */
 ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
                              ch_bmem db, ch_bmem dy, float beta);
-ch_status chi_host_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                          int64_t inner, ch_bmem y, ch_bmem x);
+ch_status chi_host_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                            int64_t inner, ch_bmem y, ch_bmem x);
 ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
                           ch_bmem y, ch_bmem x);
 ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,

@@ -51,7 +51,7 @@ static ch_status sum_contig_parallel(const float *x, int64_t n, double *out)
     int64_t chunks = (n + SUM_CHUNK - 1) / SUM_CHUNK;
     double *part = malloc((size_t)chunks * sizeof *part);
     if (!part)
-        return chi_error(CH_ERR_OUT_OF_MEMORY, "host reduce: malloc(%zu) failed",
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "host sum_axis: malloc(%zu) failed",
                          (size_t)chunks * sizeof *part);
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN))
     for (int64_t c = 0; c < chunks; c++) {
@@ -79,13 +79,13 @@ static void sum_strided_block(float *y, const float *x, int64_t n, int64_t strid
         y[t] = (float)(acc[t] * scale);
 }
 
-ch_status chi_host_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                          int64_t inner, ch_bmem y, ch_bmem x)
+ch_status chi_host_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                            int64_t inner, ch_bmem y, ch_bmem x)
 {
     (void)stream;
     float *py = chi_host_f32(y);
     const float *px = chi_host_f32(x);
-    double scale = op == CH_REDUCE_MEAN ? 1.0 / (double)n : 1.0;
+    double scale = op == CH_AXIS_MEAN ? 1.0 / (double)n : 1.0;
     if (inner == 1 && outer == 1) {
         double s = 0.0;
         ch_status st = sum_contig_parallel(px, n, &s);

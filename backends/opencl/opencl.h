@@ -41,8 +41,8 @@ typedef enum chcl_kern_id {
     CHCL_K_SGD_STEP,
     CHCL_K_ADAM_STEP,
     CHCL_K_GEMM,
-    CHCL_K_REDUCE_ITEM,
-    CHCL_K_REDUCE_GROUP,
+    CHCL_K_SUM_ITEM,
+    CHCL_K_SUM_GROUP,
     CHCL_K_ARGMAX_ITEM,
     CHCL_K_ARGMAX_GROUP,
     CHCL_K_BIAS_GRAD,
@@ -221,8 +221,8 @@ ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
                                      ch_bmem probs, ch_bmem labels, float scale);
 ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch_bmem y,
                            ch_bmem x);
-ch_status chcl_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                      int64_t inner, ch_bmem y, ch_bmem x);
+ch_status chcl_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                        int64_t inner, ch_bmem y, ch_bmem x);
 ch_status chcl_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_bmem y,
                       ch_bmem x);
 ch_status chcl_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,

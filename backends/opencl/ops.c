@@ -188,29 +188,29 @@ ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch
 
 /* Short reductions get one work-item per output (sequential sum), long
  * ones a work-group per output: both a fixed order. */
-#define REDUCE_ITEM_MAX 64
+#define AXIS_ITEM_MAX 64
 
-ch_status chcl_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                      int64_t inner, ch_bmem y, ch_bmem x)
+ch_status chcl_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                        int64_t inner, ch_bmem y, ch_bmem x)
 {
-    ch_status st = check_3d("reduce", outer, n, inner);
+    ch_status st = check_3d("sum_axis", outer, n, inner);
     if (st != CH_OK)
         return st;
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
     cl_int outputs = (cl_int)(outer * inner), len = (cl_int)n, in = (cl_int)inner,
-           mean = op == CH_REDUCE_MEAN;
-    if (n <= REDUCE_ITEM_MAX) {
+           mean = op == CH_AXIS_MEAN;
+    if (n <= AXIS_ITEM_MAX) {
         chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(outputs), CHCL_ARG(len),
                            CHCL_ARG(in), CHCL_ARG(mean)};
-        return chcl_launch1(stream, CHCL_K_REDUCE_ITEM, CHCL_COUNT_OF(args), args, outputs);
+        return chcl_launch1(stream, CHCL_K_SUM_ITEM, CHCL_COUNT_OF(args), args, outputs);
     }
     size_t group;
-    st = chcl_group_size(stream, CHCL_K_REDUCE_GROUP, group_cap(n), &group);
+    st = chcl_group_size(stream, CHCL_K_SUM_GROUP, group_cap(n), &group);
     if (st != CH_OK)
         return st;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(in),
                        CHCL_ARG(mean), CHCL_LOCAL(group * sizeof(cl_float))};
-    return chcl_launch_groups(stream, CHCL_K_REDUCE_GROUP, CHCL_COUNT_OF(args), args,
+    return chcl_launch_groups(stream, CHCL_K_SUM_GROUP, CHCL_COUNT_OF(args), args,
                               outputs, group);
 }
 
@@ -222,7 +222,7 @@ ch_status chcl_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_
         return st;
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
     cl_int outputs = (cl_int)(outer * inner), len = (cl_int)n, in = (cl_int)inner;
-    if (n <= REDUCE_ITEM_MAX) {
+    if (n <= AXIS_ITEM_MAX) {
         chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(outputs), CHCL_ARG(len),
                            CHCL_ARG(in)};
         return chcl_launch1(stream, CHCL_K_ARGMAX_ITEM, CHCL_COUNT_OF(args), args, outputs);

@@ -1,4 +1,4 @@
-/* Reductions. Every output is computed in a fixed order, so the same inputs
+/* Sums along an axis, argmax and the bias gradient. Every output is computed in a fixed order, so the same inputs
  * give the same bits on every run: either one work-item per output summing
  * sequentially, or one work-group per output where each work-item sums a
  * fixed stride and a tree in local memory combines the partial sums. */
@@ -6,8 +6,8 @@
 #pragma OPENCL FP_CONTRACT OFF
 
 /* x as [outer, n, inner] -> y [outer, inner]: one work-item per output. */
-__kernel void reduce_item(__global float *y, ulong yo, __global const float *x,
-                          ulong xo, int outputs, int n, int inner, int mean)
+__kernel void sum_item(__global float *y, ulong yo, __global const float *x, ulong xo,
+                       int outputs, int n, int inner, int mean)
 {
     int i = get_global_id(0);
     if (i >= outputs)
@@ -20,8 +20,8 @@ __kernel void reduce_item(__global float *y, ulong yo, __global const float *x,
 }
 
 /* The same with one work-group per output, for long reductions. */
-__kernel void reduce_group(__global float *y, ulong yo, __global const float *x,
-                           ulong xo, int n, int inner, int mean, __local float *tmp)
+__kernel void sum_group(__global float *y, ulong yo, __global const float *x, ulong xo,
+                        int n, int inner, int mean, __local float *tmp)
 {
     int g = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
     __global const float *p = x + xo + (g / inner) * n * inner + g % inner;
