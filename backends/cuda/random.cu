@@ -1,28 +1,21 @@
-/* Philox-4x32-10 random numbers through lib/philox.h's own functions, so
- * each element's bits match the host's. */
+/* Philox-4x32-10 random numbers through lib/philox.h's own functions, the
+ * ones the host and the OpenCL kernels run. */
 #include <math.h>
 #include "common.cuh"
 #include "philox.h"
-
-#define CHCU_TWO_PI 6.28318530717958647692f
 
 template <ch_rand_kind K>
 __global__ void rand_kernel(float *y, int64_t n, uint64_t seed, uint64_t offset, float a, float b)
 {
     CHCU_FOR_EACH(i, n)
     {
-        uint32_t w0, w1;
-        ch_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
-        if (K == CH_RAND_UNIFORM) {
-            y[i] = a + (b - a) * ch_philox_unit(w0);
-        } else if (K == CH_RAND_NORMAL) {
-            float u1 = (float)((w0 >> 8) + 1u) * (1.0f / 16777216.0f);
-            float u2 = ch_philox_unit(w1);
-            y[i] = a + b * (sqrtf(-2.0f * logf(u1)) * cosf(CHCU_TWO_PI * u2));
-        } else {
-            /* b is 1 / (1 - p), computed once on the host. */
-            y[i] = ch_philox_unit(w0) >= a ? b : 0.0f;
-        }
+        uint64_t index = offset + (uint64_t)i;
+        if (K == CH_RAND_UNIFORM)
+            y[i] = ch_philox_uniform(seed, index, a, b);
+        else if (K == CH_RAND_NORMAL)
+            y[i] = ch_philox_normal(seed, index, a, b);
+        else
+            y[i] = ch_philox_dropout(seed, index, a, b); /* b = 1 / (1 - p) */
     }
 }
 

@@ -17,7 +17,6 @@
 
 #define SQRT1_2 0.70710678118654752440
 #define INV_SQRT_2PI 0.39894228040143267794
-#define TWO_PI_F 6.28318530717958647692f
 
 ch_status chi_host_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value)
 {
@@ -234,38 +233,31 @@ ch_status chi_host_transpose01(void *stream, int64_t a, int64_t b, int64_t inner
     return CH_OK;
 }
 
-/* ---- random numbers -------------------------------------------------------
- * Exactly the recipe of ops.h, in float, so that every backend that follows
- * it draws the same numbers. */
-
-static float rand_one(ch_rand_kind kind, uint64_t seed, uint64_t index, float a,
-                      float b)
-{
-    uint32_t w0, w1;
-    ch_philox_words(seed, index, &w0, &w1);
-    switch (kind) {
-    case CH_RAND_UNIFORM:
-        return a + (b - a) * ch_philox_unit(w0);
-    case CH_RAND_NORMAL: {
-        float u1 = (float)((w0 >> 8) + 1u) * (1.0f / 16777216.0f);
-        float u2 = ch_philox_unit(w1);
-        return a + b * (sqrtf(-2.0f * logf(u1)) * cosf(TWO_PI_F * u2));
-    }
-    case CH_RAND_DROPOUT:
-        return ch_philox_unit(w0) >= a ? 1.0f / (1.0f - a) : 0.0f;
-    }
-    return NAN;
-}
+/* ---- random numbers ----------------------------------------------------- */
 
 ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
                         uint64_t seed, uint64_t offset, float a, float b)
 {
     (void)stream;
-    if (kind != CH_RAND_UNIFORM && kind != CH_RAND_NORMAL && kind != CH_RAND_DROPOUT)
-        return chi_error(CH_ERR_INTERNAL, "host rand: unknown kind %d", (int)kind);
     float *py = chi_host_f32(y);
-    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
-    for (int64_t i = 0; i < n; i++)
-        py[i] = rand_one(kind, seed, offset + (uint64_t)i, a, b);
-    return CH_OK;
+    switch (kind) {
+    case CH_RAND_UNIFORM:
+        CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = ch_philox_uniform(seed, offset + (uint64_t)i, a, b);
+        return CH_OK;
+    case CH_RAND_NORMAL:
+        CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = ch_philox_normal(seed, offset + (uint64_t)i, a, b);
+        return CH_OK;
+    case CH_RAND_DROPOUT: {
+        float keep = 1.0f / (1.0f - a);
+        CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = ch_philox_dropout(seed, offset + (uint64_t)i, a, keep);
+        return CH_OK;
+    }
+    }
+    return chi_error(CH_ERR_INTERNAL, "host rand: unknown kind %d", (int)kind);
 }

@@ -2,7 +2,8 @@
 #
 # The kernels live in .cl files and are compiled into the module as C string
 # literals (kernels.c, generated below with sed), so nothing is looked up at
-# run time.
+# run time. lib/philox.h is embedded the same way: it is valid OpenCL C, and
+# the rand program is built from it, so every backend runs the same Philox.
 opencl_kernels = \
 	backends/opencl/common.cl \
 	backends/opencl/elementwise.cl \
@@ -33,13 +34,15 @@ backends_opencl_chorus_opencl_la_LIBADD = libchorus.la $(OPENCL_LIBS) $(CLBLAST_
 CLEANFILES += backends/opencl/kernels.c
 endif
 
-# Each .cl file becomes `const char chcl_src_<name>[]`: backslashes and
-# quotes escaped, every line a literal ending in "\n".
-backends/opencl/kernels.c: $(opencl_kernels) backends/opencl/Makefile.mk
+opencl_embedded = $(opencl_kernels) lib/philox.h
+
+# Each embedded file (name.cl, name.h) becomes `const char chcl_src_<name>[]`:
+# backslashes and quotes escaped, every line a literal ending in "\n".
+backends/opencl/kernels.c: $(opencl_embedded) backends/opencl/Makefile.mk
 	$(AM_V_GEN)$(MKDIR_P) backends/opencl && { \
-	  echo '/* Generated from the .cl files by backends/opencl/Makefile.mk. */'; \
-	  for f in $(opencl_kernels); do \
-	    name=`basename $$f .cl`; \
+	  echo '/* Generated from the .cl files and lib/philox.h by backends/opencl/Makefile.mk. */'; \
+	  for f in $(opencl_embedded); do \
+	    name=`basename $$f | $(SED) 's/\.[a-z]*$$//'`; \
 	    echo "const char chcl_src_$$name[] ="; \
 	    $(SED) -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' \
 	      $(srcdir)/$$f || exit 1; \

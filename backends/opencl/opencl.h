@@ -252,7 +252,7 @@ ch_status chcl_allreduce_sum(int count, void *const *streams, const ch_bmem *buf
                              int64_t n);
 int chcl_can_allreduce(void *dev_a, void *dev_b);
 
-/* ---- kernels.c (generated from the .cl files by Makefile.mk) ---- */
+/* ---- kernels.c (generated from the .cl files and lib/philox.h by Makefile.mk) ---- */
 extern const char chcl_src_common[];
 extern const char chcl_src_elementwise[];
 extern const char chcl_src_gemm[];
@@ -260,5 +260,6 @@ extern const char chcl_src_reduce[];
 extern const char chcl_src_loss[];
 extern const char chcl_src_conv[];
 extern const char chcl_src_rand[];
+extern const char chcl_src_philox[];
 
 #endif

@@ -52,7 +52,7 @@ static const struct {
     [CHCL_P_REDUCE] = {"reduce.cl", (const char *const[]){chcl_src_common, chcl_src_reduce}, 2},
     [CHCL_P_LOSS] = {"loss.cl", (const char *const[]){chcl_src_common, chcl_src_loss}, 2},
     [CHCL_P_CONV] = {"conv.cl", (const char *const[]){chcl_src_conv}, 1},
-    [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_rand}, 1},
+    [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_philox, chcl_src_rand}, 2},
 };
 
 static const struct {
