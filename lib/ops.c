@@ -139,8 +139,15 @@ ch_status ch_fill(ch_tensor *y, double value)
                          ch_dtype_name(y->dtype));
     if (y->dtype == CH_I32 && (value != floor(value) || value < INT32_MIN || value > INT32_MAX))
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: value %g is not an i32", fn, value);
+    uint32_t word;
+    if (y->dtype == CH_I32) {
+        word = (uint32_t)(int32_t)value;
+    } else {
+        float f = (float)value;
+        memcpy(&word, &f, sizeof word);
+    }
     SLOT(fn, y, fill);
-    return BE(y)->fill(STREAM(y), y->dtype, chi_mem(y), y->numel, value);
+    return BE(y)->fill(STREAM(y), chi_mem(y), y->numel, word);
 }
 
 ch_status ch_copy(ch_tensor *y, const ch_tensor *x)
@@ -268,9 +275,10 @@ ch_status ch_axpy(ch_tensor *y, float alpha, const ch_tensor *x)
 
 static ch_status check_act(const char *fn, ch_activation act)
 {
-    if (act != CH_ACT_RELU && act != CH_ACT_GELU && act != CH_ACT_TANH && act != CH_ACT_SIGMOID)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: act %d is not a ch_activation", fn,
-                         (int)act);
+    if (!chi_enum_known((int)act, CH_ACT_COUNT))
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: act %d is not a ch_activation (0 to CH_ACT_COUNT - 1 = %d)", fn,
+                         (int)act, CH_ACT_COUNT - 1);
     return CH_OK;
 }
 

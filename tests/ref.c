@@ -42,12 +42,32 @@ void ref_gemm(double *c, int trans_a, int trans_b, int64_t m, int64_t n, int64_t
         }
 }
 
-void ref_binary(double *y, ref_binop op, int64_t n, const float *a, const float *b)
+const char *ref_binary_name(ch_binary_op op)
 {
-    for (int64_t i = 0; i < n; i++) {
-        double x = a[i], z = b[i];
-        y[i] = op == REF_ADD ? x + z : op == REF_SUB ? x - z : x * z;
+    switch (op) {
+    case CH_BIN_ADD: return "add";
+    case CH_BIN_SUB: return "sub";
+    case CH_BIN_MUL: return "mul";
+    case CH_BIN_COUNT: break;
     }
+    return "unknown";
+}
+
+static double binary_one(ch_binary_op op, double x, double z)
+{
+    switch (op) {
+    case CH_BIN_ADD: return x + z;
+    case CH_BIN_SUB: return x - z;
+    case CH_BIN_MUL: return x * z;
+    case CH_BIN_COUNT: break;
+    }
+    return NAN;
+}
+
+void ref_binary(double *y, ch_binary_op op, int64_t n, const float *a, const float *b)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = binary_one(op, a[i], b[i]);
 }
 
 void ref_axpby(double *y, int64_t n, double alpha, const float *x, double beta,
@@ -64,14 +84,26 @@ double ref_act(ch_activation act, double x)
     case CH_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
     case CH_ACT_TANH: return tanh(x);
     case CH_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case CH_ACT_COUNT: break;
     }
     return NAN;
 }
 
 const char *ref_act_name(ch_activation act)
 {
-    static const char *names[] = {"relu", "gelu", "tanh", "sigmoid"};
-    return act >= CH_ACT_RELU && act <= CH_ACT_SIGMOID ? names[act] : "unknown";
+    switch (act) {
+    case CH_ACT_RELU: return "relu";
+    case CH_ACT_GELU: return "gelu";
+    case CH_ACT_TANH: return "tanh";
+    case CH_ACT_SIGMOID: return "sigmoid";
+    case CH_ACT_COUNT: break;
+    }
+    return "unknown";
+}
+
+int ref_act_reads_x(ch_activation act)
+{
+    return act == CH_ACT_RELU || act == CH_ACT_GELU;
 }
 
 void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x)
@@ -88,6 +120,7 @@ static double act_derivative(ch_activation act, double x, double y)
         return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
     case CH_ACT_TANH: return 1.0 - y * y;
     case CH_ACT_SIGMOID: return y * (1.0 - y);
+    case CH_ACT_COUNT: break;
     }
     return NAN;
 }
@@ -254,14 +287,35 @@ void ref_maxpool_backward(double *dx, const ref_geom *g, const float *dy, const 
             dx[p * hw + idx[p * ohw + o]] += dy[p * ohw + o];
 }
 
-void ref_sum(double *y, int64_t outer, int64_t n, int64_t inner, const float *x, int mean)
+const char *ref_axis_name(ch_axis_op op)
+{
+    switch (op) {
+    case CH_AXIS_SUM: return "sum";
+    case CH_AXIS_MEAN: return "mean";
+    case CH_AXIS_COUNT: break;
+    }
+    return "unknown";
+}
+
+static double axis_divisor(ch_axis_op op, int64_t n)
+{
+    switch (op) {
+    case CH_AXIS_SUM: return 1.0;
+    case CH_AXIS_MEAN: return (double)n;
+    case CH_AXIS_COUNT: break;
+    }
+    return NAN;
+}
+
+void ref_sum_axis(double *y, ch_axis_op op, int64_t outer, int64_t n, int64_t inner,
+                  const float *x)
 {
     for (int64_t o = 0; o < outer; o++)
         for (int64_t i = 0; i < inner; i++) {
             double s = 0.0;
             for (int64_t j = 0; j < n; j++)
                 s += x[(o * n + j) * inner + i];
-            y[o * inner + i] = mean ? s / (double)n : s;
+            y[o * inner + i] = s / axis_divisor(op, n);
         }
 }
 

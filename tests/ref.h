@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <chorus.h>
 
+#include "backend.h"
 #include "tap.h"
 
 /* Convolution geometry resolved from [N, C, H, W] and a window. */
@@ -24,14 +25,19 @@ ref_geom ref_geom_make(int64_t n, int64_t c, int64_t h, int64_t w, const ch_wind
 void ref_gemm(double *c, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
               double alpha, const float *a, const float *b, double beta, const float *c0);
 
-typedef enum ref_binop { REF_ADD, REF_SUB, REF_MUL } ref_binop;
-void ref_binary(double *y, ref_binop op, int64_t n, const float *a, const float *b);
+/* Every ref_* function that takes one of the enums crossing the backend ABI
+ * knows each of its values below _COUNT, so tests can loop up to it: a
+ * value added without its reference makes the tests fail (NaN, "unknown"). */
+const char *ref_binary_name(ch_binary_op op); /* "add", ... */
+void ref_binary(double *y, ch_binary_op op, int64_t n, const float *a, const float *b);
 /* y = alpha x + beta y0 */
 void ref_axpby(double *y, int64_t n, double alpha, const float *x, double beta,
                const float *y0);
 
 double ref_act(ch_activation act, double x);
 const char *ref_act_name(ch_activation act); /* "relu", ... */
+/* 1 when the backward reads the forward input x, 0 when it reads y. */
+int ref_act_reads_x(ch_activation act);
 void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x);
 /* dx = dy * act'(x); tanh and sigmoid take the derivative from y. */
 void ref_act_backward(double *dx, ch_activation act, int64_t n, const float *dy,
@@ -57,7 +63,9 @@ void ref_maxpool(double *y, int32_t *idx, const ref_geom *g, const float *x);
 void ref_maxpool_backward(double *dx, const ref_geom *g, const float *dy, const int32_t *idx);
 
 /* x as [outer, n, inner] -> y [outer, inner]. */
-void ref_sum(double *y, int64_t outer, int64_t n, int64_t inner, const float *x, int mean);
+const char *ref_axis_name(ch_axis_op op); /* "sum", "mean" */
+void ref_sum_axis(double *y, ch_axis_op op, int64_t outer, int64_t n, int64_t inner,
+                  const float *x);
 void ref_argmax(int32_t *y, int64_t outer, int64_t n, int64_t inner, const float *x);
 
 void ref_sgd_step(double *p, double *m, int64_t n, const float *p0, const float *m0,

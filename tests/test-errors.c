@@ -596,6 +596,10 @@ static void test_activation_args(const op_args *a)
            "ch_activation_forward", "x", "16 and 12 elements");
     EXPECT(ch_activation_forward(a->f4, a->g4, (ch_activation)9), CH_ERR_INVALID_ARGUMENT,
            "ch_activation_forward", "act", "act 9");
+    EXPECT(ch_activation_forward(a->f4, a->g4, CH_ACT_COUNT), CH_ERR_INVALID_ARGUMENT,
+           "ch_activation_forward", "act", "act CH_ACT_COUNT");
+    EXPECT(ch_activation_backward(a->f4, a->g4, a->g4, a->g4, CH_ACT_COUNT),
+           CH_ERR_INVALID_ARGUMENT, "ch_activation_backward", "act", "act CH_ACT_COUNT");
     EXPECT(ch_activation_forward(a->i4, a->i4, CH_ACT_RELU), CH_ERR_DTYPE,
            "ch_activation_forward", "y", "i32");
     EXPECT(ch_activation_backward(NULL, a->f4, a->g4, NULL, CH_ACT_RELU),

@@ -348,7 +348,7 @@ static void test_device(ch_device *dev)
         {2, 2, 2, 2, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0},
     };
     static const ch_window2d k2s2 = {2, 2, 2, 2, 0, 0}, k3s2p1 = {3, 3, 2, 2, 1, 1};
-    for (int act = CH_ACT_RELU; act <= CH_ACT_SIGMOID; act++)
+    for (int act = 0; act < CH_ACT_COUNT; act++)
         grad_activation(dev, act);
     grad_softmax_xent(dev, 1.0f);
     grad_softmax_xent(dev, 2.5f);

@@ -157,25 +157,28 @@ static void test_gemms(ch_device *dev)
 
 typedef enum alias_mode { SEPARATE, Y_IS_A, Y_IS_B, A_IS_B } alias_mode;
 
-static ch_status run_binary(ref_binop op, ch_tensor *y, const ch_tensor *a, const ch_tensor *b)
+/* The public call of each ch_binary_op. */
+static ch_status run_binary(tcase *c, ch_binary_op op, ch_tensor *y, const ch_tensor *a,
+                            const ch_tensor *b)
 {
     switch (op) {
-    case REF_ADD: return ch_add(y, a, b);
-    case REF_SUB: return ch_sub(y, a, b);
-    case REF_MUL: return ch_mul(y, a, b);
+    case CH_BIN_ADD: return ch_add(y, a, b);
+    case CH_BIN_SUB: return ch_sub(y, a, b);
+    case CH_BIN_MUL: return ch_mul(y, a, b);
+    case CH_BIN_COUNT: break;
     }
-    return CH_ERR_INTERNAL;
+    tc_fail(c, "no public call for ch_binary_op %d", (int)op);
+    return CH_OK;
 }
 
-static void test_binary(ch_device *dev, ref_binop op, int ndim, const int64_t *shape,
+static void test_binary(ch_device *dev, ch_binary_op op, int ndim, const int64_t *shape,
                         alias_mode mode)
 {
-    static const char *names[] = {"add", "sub", "mul"};
     static const char *modes[] = {"", " in place y=a", " in place y=b", " a=b"};
     char s[64];
     tcase c;
     ref_shape_str(s, sizeof s, ndim, shape);
-    tc_begin(&c, dev, "%s %s%s", names[op], s, modes[mode]);
+    tc_begin(&c, dev, "%s %s%s", ref_binary_name(op), s, modes[mode]);
     int64_t n = ref_numel(ndim, shape);
     float *a = tc_random(&c, n, -2, 2);
     float *b = mode == A_IS_B ? a : tc_random(&c, n, -2, 2);
@@ -183,7 +186,7 @@ static void test_binary(ch_device *dev, ref_binop op, int ndim, const int64_t *s
     ch_tensor *tb = mode == A_IS_B ? ta : tc_tensor(&c, CH_F32, ndim, shape, b);
     ch_tensor *ty = mode == Y_IS_A ? ta : mode == Y_IS_B ? tb
                                         : tc_tensor(&c, CH_F32, ndim, shape, NULL);
-    TC(&c, run_binary(op, ty, ta, tb));
+    TC(&c, run_binary(&c, op, ty, ta, tb));
     double *want = tc_doubles(&c, n);
     ref_binary(want, op, n, a, b);
     tc_end_err(&c, ref_err(tc_fetch(&c, ty, n), want, n), TOL_ELEM);
@@ -218,7 +221,7 @@ static void test_axpy(ch_device *dev, int64_t n, float alpha, int in_place)
 
 static void test_elementwise(ch_device *dev)
 {
-    for (int op = REF_ADD; op <= REF_MUL; op++) {
+    for (int op = 0; op < CH_BIN_COUNT; op++) {
         test_binary(dev, op, SHAPE(1), SEPARATE);
         test_binary(dev, op, SHAPE(17), SEPARATE);
         test_binary(dev, op, SHAPE(31, 33), SEPARATE);
@@ -257,7 +260,7 @@ static void test_act_forward(ch_device *dev, ch_activation act, int64_t n, int i
 static void test_act_backward(ch_device *dev, ch_activation act, int64_t n)
 {
     tcase c;
-    int reads_x = act == CH_ACT_RELU || act == CH_ACT_GELU;
+    int reads_x = ref_act_reads_x(act);
     tc_begin(&c, dev, "%s backward n %" PRId64 " (%s NULL)", ref_act_name(act), n,
              reads_x ? "y" : "x");
     float *x = tc_random(&c, n, -6, 6);
@@ -277,7 +280,7 @@ static void test_act_backward(ch_device *dev, ch_activation act, int64_t n)
 
 static void test_activations(ch_device *dev)
 {
-    for (int act = CH_ACT_RELU; act <= CH_ACT_SIGMOID; act++) {
+    for (int act = 0; act < CH_ACT_COUNT; act++) {
         test_act_forward(dev, act, 1, 0);
         test_act_forward(dev, act, 4099, 0);
         test_act_forward(dev, act, 129, 1);
@@ -543,7 +546,8 @@ static void test_pooling(ch_device *dev)
 
 /* ---- Reductions ---------------------------------------------------------- */
 
-typedef enum red_kind { RED_SUM, RED_MEAN, RED_ARGMAX } red_kind;
+/* The reductions: each ch_axis_op, then argmax as the value after them. */
+#define RED_ARGMAX CH_AXIS_COUNT
 
 /* y's shape: x's without `axis` ([1] for a 1-D x), or with it as 1. */
 static int reduced_shape(int64_t *y, int ndim, const int64_t *x, int axis, int keep)
@@ -557,15 +561,26 @@ static int reduced_shape(int64_t *y, int ndim, const int64_t *x, int axis, int k
     return k;
 }
 
-static void test_reduce(ch_device *dev, red_kind kind, int ndim, const int64_t *shape, int axis,
+/* The public call of each ch_axis_op. */
+static ch_status run_axis(tcase *c, ch_axis_op op, ch_tensor *y, const ch_tensor *x, int axis)
+{
+    switch (op) {
+    case CH_AXIS_SUM: return ch_sum(y, x, axis);
+    case CH_AXIS_MEAN: return ch_mean(y, x, axis);
+    case CH_AXIS_COUNT: break;
+    }
+    tc_fail(c, "no public call for ch_axis_op %d", (int)op);
+    return CH_OK;
+}
+
+static void test_reduce(ch_device *dev, int kind, int ndim, const int64_t *shape, int axis,
                         int keep, int constant)
 {
-    static const char *names[] = {"sum", "mean", "argmax"};
     char s[64];
     tcase c;
     ref_shape_str(s, sizeof s, ndim, shape);
-    tc_begin(&c, dev, "%s %s axis %d%s%s", names[kind], s, axis, keep ? " keepdim" : "",
-             constant ? " (all equal: first wins)" : "");
+    tc_begin(&c, dev, "%s %s axis %d%s%s", kind == RED_ARGMAX ? "argmax" : ref_axis_name(kind),
+             s, axis, keep ? " keepdim" : "", constant ? " (all equal: first wins)" : "");
     int64_t n = ref_numel(ndim, shape), outer, inner, yshape[CH_MAX_DIMS];
     split_axis(ndim, shape, axis, &outer, &inner);
     int yndim = reduced_shape(yshape, ndim, shape, axis, keep);
@@ -582,15 +597,15 @@ static void test_reduce(ch_device *dev, red_kind kind, int ndim, const int64_t *
         tc_end_words(&c, tc_fetch(&c, ty, ny), want, ny, 0);
         return;
     }
-    TC(&c, kind == RED_SUM ? ch_sum(ty, tx, axis) : ch_mean(ty, tx, axis));
+    TC(&c, run_axis(&c, kind, ty, tx, axis));
     double *want = tc_doubles(&c, ny);
-    ref_sum(want, outer, shape[axis], inner, x, kind == RED_MEAN);
+    ref_sum_axis(want, kind, outer, shape[axis], inner, x);
     tc_end_err(&c, ref_err(tc_fetch(&c, ty, ny), want, ny), TOL_SUM);
 }
 
 static void test_reductions(ch_device *dev)
 {
-    for (int kind = RED_SUM; kind <= RED_ARGMAX; kind++) {
+    for (int kind = 0; kind <= RED_ARGMAX; kind++) {
         for (int axis = 0; axis < 3; axis++)
             test_reduce(dev, kind, SHAPE(3, 17, 33), axis, 0, 0);
         test_reduce(dev, kind, SHAPE(1, 129, 2), 1, 0, 0);
@@ -711,18 +726,37 @@ static void test_dropout(ch_device *dev, int64_t n, uint64_t seed, uint64_t offs
     tc_end_words(&c, tc_fetch(&c, y, n), want, n, 1);
 }
 
+/* Each ch_rand_kind through its public call; counters that cross into the
+ * high word included. */
+static void test_rand_kind(ch_device *dev, ch_rand_kind kind)
+{
+    const uint64_t wrap = (1ull << 32) - 5;
+    switch (kind) {
+    case CH_RAND_UNIFORM:
+        test_uniform(dev, 1031, 42, 0, 0.0f, 1.0f);
+        test_uniform(dev, 17, 0x123456789abcdef0ull, wrap, -1.0f, 1.0f);
+        test_uniform(dev, 1, 3, 0, 0.0f, 1.0f);
+        test_uniform(dev, 257, 7, 1000, -0.1f, 0.3f);
+        return;
+    case CH_RAND_NORMAL:
+        test_normal(dev, 1031, 42, 0, 0.0f, 1.0f);
+        test_normal(dev, 33, 0xdeadbeefcafef00dull, wrap, 0.5f, 2.0f);
+        return;
+    case CH_RAND_DROPOUT:
+        test_dropout(dev, 1031, 9, 0, 0.5f);
+        test_dropout(dev, 257, 11, 77, 0.3f);
+        test_dropout(dev, 17, 0xffffffffffffffffull, wrap, 0.0f);
+        return;
+    case CH_RAND_COUNT:
+        break;
+    }
+    tap_ok(0, "%s: no test for ch_rand_kind %d", ch_device_id(dev), (int)kind);
+}
+
 static void test_random(ch_device *dev)
 {
-    const uint64_t wrap = (1ull << 32) - 5; /* counters cross into the high word */
-    test_uniform(dev, 1031, 42, 0, 0.0f, 1.0f);
-    test_uniform(dev, 17, 0x123456789abcdef0ull, wrap, -1.0f, 1.0f);
-    test_uniform(dev, 1, 3, 0, 0.0f, 1.0f);
-    test_uniform(dev, 257, 7, 1000, -0.1f, 0.3f);
-    test_normal(dev, 1031, 42, 0, 0.0f, 1.0f);
-    test_normal(dev, 33, 0xdeadbeefcafef00dull, wrap, 0.5f, 2.0f);
-    test_dropout(dev, 1031, 9, 0, 0.5f);
-    test_dropout(dev, 257, 11, 77, 0.3f);
-    test_dropout(dev, 17, 0xffffffffffffffffull, wrap, 0.0f);
+    for (int kind = 0; kind < CH_RAND_COUNT; kind++)
+        test_rand_kind(dev, kind);
 }
 
 /* ---- Views: ops on rows [3, 10) of a 16-row tensor ----------------------- */
@@ -760,7 +794,7 @@ static void run_view_op(tcase *c, view_op op, ch_tensor *view, const float *insi
         break;
     case V_ADD:
         TC(c, ch_add(view, view, t));
-        ref_binary(want, REF_ADD, n, inside, other);
+        ref_binary(want, CH_BIN_ADD, n, inside, other);
         break;
     case V_GEMM: {
         float *a = tc_random(c, VCOUNT * VCOUNT, -1, 1);
@@ -826,7 +860,7 @@ static void test_view_input(ch_device *dev)
     double *want_gram = tc_doubles(&c, VCOUNT * VCOUNT);
     for (int64_t i = 0; i < VCOUNT * VCOLS; i++)
         want_copy[i] = inside[i];
-    ref_sum(want_sum, 1, VCOUNT, VCOLS, inside, 0);
+    ref_sum_axis(want_sum, CH_AXIS_SUM, 1, VCOUNT, VCOLS, inside);
     ref_gemm(want_gram, 0, 1, VCOUNT, VCOUNT, VCOLS, 1.0, inside, inside, 0.0, NULL);
     double err = ref_err(tc_fetch(&c, copy, VCOUNT * VCOLS), want_copy, VCOUNT * VCOLS);
     err = fmax(err, ref_err(tc_fetch(&c, sum, VCOLS), want_sum, VCOLS));

@@ -143,7 +143,7 @@ int chcu_can_peer(void *src_dev, void *dst_dev);
 ch_status chcu_peer_copy(void *stream, ch_bmem dst, void *src_dev, ch_bmem src,
                          size_t bytes);
 
-ch_status chcu_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value);
+ch_status chcu_fill(void *stream, ch_bmem y, int64_t n, uint32_t word);
 ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
                     int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
                     int64_t ldb, float beta, ch_bmem c, int64_t ldc);

@@ -3,29 +3,25 @@
 #include <math.h>
 #include "common.cuh"
 
-template <typename T> __global__ void fill_kernel(T *y, int64_t n, T v)
+__global__ void fill_kernel(uint32_t *y, int64_t n, uint32_t word)
 {
     CHCU_FOR_EACH(i, n)
-    y[i] = v;
+    y[i] = word;
 }
 
-ch_status chcu_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value)
+ch_status chcu_fill(void *stream, ch_bmem y, int64_t n, uint32_t word)
 {
     chcu_stream *s = (chcu_stream *)stream;
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    unsigned grid = chcu_grid(s->dev, n);
-    if (dtype == CH_I32)
-        fill_kernel<int32_t><<<grid, CHCU_THREADS, 0, s->s>>>(chcu_at<int32_t>(y), n,
-                                                              (int32_t)value);
-    else
-        fill_kernel<float><<<grid, CHCU_THREADS, 0, s->s>>>(chcu_at<float>(y), n, (float)value);
+    fill_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(chcu_at<uint32_t>(y), n, word);
     return chcu_launched("fill_kernel");
 }
 
 template <ch_binary_op OP> __device__ float binary_apply(float a, float b)
 {
+    static_assert(OP == CH_BIN_ADD || OP == CH_BIN_SUB || OP == CH_BIN_MUL, "a ch_binary_op");
     if (OP == CH_BIN_ADD)
         return a + b;
     if (OP == CH_BIN_SUB)
@@ -56,9 +52,11 @@ ch_status chcu_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bm
     case CH_BIN_SUB:
         binary_kernel<CH_BIN_SUB><<<grid, CHCU_THREADS, 0, s->s>>>(py, pa, pb, n);
         break;
-    default:
+    case CH_BIN_MUL:
         binary_kernel<CH_BIN_MUL><<<grid, CHCU_THREADS, 0, s->s>>>(py, pa, pb, n);
         break;
+    default:
+        return chi_unknown_enum("cuda", "binary", "ch_binary_op", (int)op, CH_BIN_COUNT);
     }
     return chcu_launched("binary_kernel");
 }
@@ -97,6 +95,7 @@ ch_status chcu_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
 
 template <ch_activation A> __device__ float act_apply(float x)
 {
+    static_assert(A >= CH_ACT_RELU && A <= CH_ACT_SIGMOID, "an activation this file computes");
     if (A == CH_ACT_RELU)
         return x > 0.0f ? x : 0.0f;
     if (A == CH_ACT_GELU)
@@ -110,6 +109,7 @@ template <ch_activation A> __device__ float act_apply(float x)
 template <ch_activation A> __device__ float act_grad(float dy, const float *x, const float *y,
                                                      int64_t i)
 {
+    static_assert(A >= CH_ACT_RELU && A <= CH_ACT_SIGMOID, "an activation this file computes");
     if (A == CH_ACT_RELU)
         return x[i] > 0.0f ? dy : 0.0f;
     if (A == CH_ACT_GELU) {
@@ -166,9 +166,12 @@ static ch_status act_run(void *stream, ch_activation act, int backward, int64_t 
     case CH_ACT_TANH:
         act_launch<CH_ACT_TANH>(s, backward, n, out, dy, x, y);
         break;
-    default:
+    case CH_ACT_SIGMOID:
         act_launch<CH_ACT_SIGMOID>(s, backward, n, out, dy, x, y);
         break;
+    default:
+        return chi_unknown_enum("cuda", backward ? "act_backward" : "act_forward",
+                                "ch_activation", (int)act, CH_ACT_COUNT);
     }
     return chcu_launched(backward ? "act_backward_kernel" : "act_forward_kernel");
 }

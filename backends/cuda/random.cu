@@ -7,6 +7,7 @@
 template <ch_rand_kind K>
 __global__ void rand_kernel(float *y, int64_t n, uint64_t seed, uint64_t offset, float a, float b)
 {
+    static_assert(K >= CH_RAND_UNIFORM && K <= CH_RAND_DROPOUT, "a kind this file draws");
     CHCU_FOR_EACH(i, n)
     {
         uint64_t index = offset + (uint64_t)i;
@@ -28,12 +29,19 @@ ch_status chcu_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y, uint6
         return st;
     unsigned grid = chcu_grid(s->dev, n);
     float *py = chcu_at<float>(y);
-    if (kind == CH_RAND_UNIFORM)
+    switch (kind) {
+    case CH_RAND_UNIFORM:
         rand_kernel<CH_RAND_UNIFORM><<<grid, CHCU_THREADS, 0, s->s>>>(py, n, seed, offset, a, b);
-    else if (kind == CH_RAND_NORMAL)
+        break;
+    case CH_RAND_NORMAL:
         rand_kernel<CH_RAND_NORMAL><<<grid, CHCU_THREADS, 0, s->s>>>(py, n, seed, offset, a, b);
-    else
+        break;
+    case CH_RAND_DROPOUT:
         rand_kernel<CH_RAND_DROPOUT><<<grid, CHCU_THREADS, 0, s->s>>>(py, n, seed, offset, a,
                                                                       1.0f / (1.0f - a));
+        break;
+    default:
+        return chi_unknown_enum("cuda", "rand", "ch_rand_kind", (int)kind, CH_RAND_COUNT);
+    }
     return chcu_launched("rand_kernel");
 }

@@ -136,6 +136,8 @@ ch_status chcu_sum_into(chcu_stream *s, float *y, const float *x, int64_t outer,
 ch_status chcu_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n, int64_t inner,
                         ch_bmem y, ch_bmem x)
 {
+    if (!chi_enum_known((int)op, CH_AXIS_COUNT))
+        return chi_unknown_enum("cuda", "sum_axis", "ch_axis_op", (int)op, CH_AXIS_COUNT);
     chcu_stream *s = (chcu_stream *)stream;
     ch_status st = chcu_enter(s->dev);
     if (st)

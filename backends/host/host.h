@@ -58,8 +58,7 @@ ch_status chi_host_gemm(void *stream, int trans_a, int trans_b, int64_t m,
                         ch_bmem b, int64_t ldb, float beta, ch_bmem c, int64_t ldc);
 
 /* elementwise.c */
-ch_status chi_host_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n,
-                        double value);
+ch_status chi_host_fill(void *stream, ch_bmem y, int64_t n, uint32_t word);
 ch_status chi_host_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y,
                           ch_bmem a, ch_bmem b);
 ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,

@@ -83,6 +83,8 @@ ch_status chi_host_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t 
                             int64_t inner, ch_bmem y, ch_bmem x)
 {
     (void)stream;
+    if (!chi_enum_known((int)op, CH_AXIS_COUNT))
+        return chi_unknown_enum("host", "sum_axis", "ch_axis_op", (int)op, CH_AXIS_COUNT);
     float *py = chi_host_f32(y);
     const float *px = chi_host_f32(x);
     double scale = op == CH_AXIS_MEAN ? 1.0 / (double)n : 1.0;

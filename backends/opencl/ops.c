@@ -26,20 +26,20 @@ static ch_status check_3d(const char *op, int64_t outer, int64_t c, int64_t inne
     return chcl_check_count(op, outer * c * inner);
 }
 
-ch_status chcl_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value)
+ch_status chcl_fill(void *stream, ch_bmem y, int64_t n, uint32_t word)
 {
     chcl_stream *s = stream;
-    cl_float f = (cl_float)value;
-    cl_int i = (cl_int)value;
-    const void *pattern = dtype == CH_I32 ? (const void *)&i : (const void *)&f;
-    cl_int err = clEnqueueFillBuffer(s->queue, chcl_buf(y), pattern, 4, y.off,
-                                     (size_t)n * 4, 0, NULL, NULL);
+    cl_uint pattern = word;
+    cl_int err = clEnqueueFillBuffer(s->queue, chcl_buf(y), &pattern, sizeof pattern, y.off,
+                                     (size_t)n * sizeof pattern, 0, NULL, NULL);
     return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clEnqueueFillBuffer");
 }
 
 ch_status chcl_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
                       ch_bmem b)
 {
+    if (!chi_enum_known((int)op, CH_BIN_COUNT))
+        return chi_unknown_enum("opencl", "binary", "ch_binary_op", (int)op, CH_BIN_COUNT);
     chcl_ref Y = chcl_ref_of(y), A = chcl_ref_of(a), B = chcl_ref_of(b);
     cl_int len = (cl_int)n, code = (cl_int)op;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(A), CHCL_REF(B), CHCL_ARG(len),
@@ -60,6 +60,9 @@ ch_status chcl_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
 ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
                            ch_bmem x)
 {
+    if (!chi_enum_known((int)act, CH_ACT_COUNT))
+        return chi_unknown_enum("opencl", "act_forward", "ch_activation", (int)act,
+                                CH_ACT_COUNT);
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
     cl_int len = (cl_int)n, code = (cl_int)act;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(code)};
@@ -69,6 +72,9 @@ ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y
 ch_status chcl_act_backward(void *stream, ch_activation act, int64_t n, ch_bmem dx,
                             ch_bmem dy, ch_bmem x, ch_bmem y)
 {
+    if (!chi_enum_known((int)act, CH_ACT_COUNT))
+        return chi_unknown_enum("opencl", "act_backward", "ch_activation", (int)act,
+                                CH_ACT_COUNT);
     /* The buffer the activation does not read may be absent: dy stands in,
      * the kernel never touches it. */
     if (!x.ptr)
@@ -193,6 +199,8 @@ ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch
 ch_status chcl_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
                         int64_t inner, ch_bmem y, ch_bmem x)
 {
+    if (!chi_enum_known((int)op, CH_AXIS_COUNT))
+        return chi_unknown_enum("opencl", "sum_axis", "ch_axis_op", (int)op, CH_AXIS_COUNT);
     ch_status st = check_3d("sum_axis", outer, n, inner);
     if (st != CH_OK)
         return st;
@@ -286,6 +294,8 @@ ch_status chcl_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem 
 ch_status chcl_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y, uint64_t seed,
                     uint64_t offset, float a, float b)
 {
+    if (!chi_enum_known((int)kind, CH_RAND_COUNT))
+        return chi_unknown_enum("opencl", "rand", "ch_rand_kind", (int)kind, CH_RAND_COUNT);
     chcl_ref Y = chcl_ref_of(y);
     cl_int len = (cl_int)n, code = (cl_int)kind;
     cl_ulong key = seed, first = offset;

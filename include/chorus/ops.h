@@ -48,12 +48,13 @@ CH_API ch_status ch_axpy(ch_tensor *y, float alpha, const ch_tensor *x);
 
 typedef enum ch_activation {
     CH_ACT_RELU = 0,
-    CH_ACT_GELU = 1,   /* exact: x * Phi(x), with erf */
+    CH_ACT_GELU = 1,   /* exact: x * Phi(x) */
     CH_ACT_TANH = 2,
-    CH_ACT_SIGMOID = 3
+    CH_ACT_SIGMOID = 3,
+    CH_ACT_COUNT       /* not an activation: how many there are */
 } ch_activation;
 
-/* y = act(x) */
+/* y = act(x); an act outside [0, CH_ACT_COUNT) is CH_ERR_INVALID_ARGUMENT. */
 CH_API ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x,
                                        ch_activation act);
 /* dx = dy * act'(x). `x` is the forward input and `y` its output; relu and
