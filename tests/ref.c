@@ -81,7 +81,7 @@ double ref_act(ch_activation act, double x)
 {
     switch (act) {
     case CH_ACT_RELU: return x > 0.0 ? x : 0.0;
-    case CH_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case CH_ACT_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
     case CH_ACT_TANH: return tanh(x);
     case CH_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
     case CH_ACT_COUNT: break;
@@ -112,12 +112,22 @@ void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x)
         y[i] = ref_act(act, x[i]);
 }
 
+/* Phi(x) and x phi(x): gelu's derivative is their sum. */
+static double gelu_cdf(double x)
+{
+    return 0.5 * erfc(-x / sqrt(2.0));
+}
+
+static double gelu_pdf_x(double x)
+{
+    return x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
 static double act_derivative(ch_activation act, double x, double y)
 {
     switch (act) {
     case CH_ACT_RELU: return x > 0.0 ? 1.0 : 0.0;
-    case CH_ACT_GELU:
-        return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+    case CH_ACT_GELU: return gelu_cdf(x) + gelu_pdf_x(x);
     case CH_ACT_TANH: return 1.0 - y * y;
     case CH_ACT_SIGMOID: return y * (1.0 - y);
     case CH_ACT_COUNT: break;
@@ -130,6 +140,16 @@ void ref_act_backward(double *dx, ch_activation act, int64_t n, const float *dy,
 {
     for (int64_t i = 0; i < n; i++)
         dx[i] = dy[i] * act_derivative(act, x ? x[i] : 0.0, y ? y[i] : 0.0);
+}
+
+void ref_act_backward_mag(double *mag, ch_activation act, int64_t n, const float *dy,
+                          const float *x, const float *y)
+{
+    ref_act_backward(mag, act, n, dy, x, y);
+    for (int64_t i = 0; i < n; i++)
+        mag[i] = act == CH_ACT_GELU
+                     ? fabs(dy[i]) * (fabs(gelu_cdf(x[i])) + fabs(gelu_pdf_x(x[i])))
+                     : fabs(mag[i]);
 }
 
 void ref_bias_add(double *y, int64_t outer, int64_t c, int64_t inner, const float *x,
@@ -172,6 +192,29 @@ double ref_softmax_xent(double *probs, int64_t n, int64_t c, const float *logits
         loss += log(z) - (row[labels[r]] - mx);
     }
     return loss / (double)n;
+}
+
+double ref_softmax_xent_mag(double *probs_mag, int64_t n, int64_t c, const float *logits,
+                            const int32_t *labels)
+{
+    double *probs = malloc((size_t)(n * c) * sizeof *probs);
+    if (!probs)
+        return NAN;
+    ref_softmax_xent(probs, n, c, logits, labels);
+    double mag = 0.0;
+    for (int64_t r = 0; r < n; r++) {
+        const float *row = logits + r * c;
+        double mx = row[0], z = 0.0;
+        for (int64_t j = 1; j < c; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        for (int64_t j = 0; j < c; j++) {
+            z += exp(row[j] - mx);
+            probs_mag[r * c + j] = probs[r * c + j] * (1.0 + fabs(row[j] - mx));
+        }
+        mag += fabs(log(z)) + fabs(row[labels[r]] - mx);
+    }
+    free(probs);
+    return mag / (double)n;
 }
 
 void ref_softmax_xent_backward(double *dlogits, int64_t n, int64_t c, const float *probs,
@@ -386,6 +429,17 @@ void ref_rand_normal(double *y, int64_t n, uint64_t seed, uint64_t offset, doubl
     }
 }
 
+void ref_rand_normal_mag(double *mag, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                         double std)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t w0, w1;
+        ch_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
+        double u1 = ((double)(w0 >> 8) + 1.0) / 16777216.0;
+        mag[i] = fabs(mean) + fabs(std) * sqrt(-2.0 * log(u1));
+    }
+}
+
 void ref_dropout_mask(float *y, int64_t n, uint64_t seed, uint64_t offset, float p)
 {
     float keep = 1.0f / (1.0f - p);
@@ -403,11 +457,11 @@ static double one_err(double got, double want, double scale)
     return fabs(got - want) / scale;
 }
 
-double ref_err(const float *got, const double *want, int64_t n)
+double ref_err(const float *got, const double *want, const double *mag, int64_t n)
 {
     double e = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        double d = one_err(got[i], want[i], fmax(fabs(want[i]), 1.0));
+        double d = one_err(got[i], want[i], fmax(mag ? mag[i] : fabs(want[i]), REF_TINY));
         e = d > e ? d : e;
     }
     return e;
@@ -498,6 +552,14 @@ float *tc_random(tcase *c, int64_t n, float lo, float hi)
     return x;
 }
 
+float *tc_abs(tcase *c, const float *x, int64_t n)
+{
+    float *a = tc_floats(c, n);
+    for (int64_t i = 0; i < n; i++)
+        a[i] = fabsf(x[i]);
+    return a;
+}
+
 void tc_track(tcase *c, ch_tensor *t)
 {
     if (c->nt == (int)(sizeof c->t / sizeof c->t[0])) {
@@ -561,7 +623,7 @@ int tc_end_err(tcase *c, double err, double tol)
     if (c->st != CH_OK)
         ok = tap_ok(0, "%s %s: %s", ch_device_id(c->dev), c->name, c->err);
     else
-        ok = tap_ok(err <= tol, "%s %s: err %.3g, want <= %.0e", ch_device_id(c->dev),
+        ok = tap_ok(err <= tol, "%s %s: err %.3g, want <= %.2g", ch_device_id(c->dev),
                     c->name, err, tol);
     tc_free(c);
     return ok;

@@ -42,6 +42,11 @@ void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x);
 /* dx = dy * act'(x); tanh and sigmoid take the derivative from y. */
 void ref_act_backward(double *dx, ch_activation act, int64_t n, const float *dy,
                       const float *x, const float *y);
+/* The size of the terms dx is made of (see ref_err): |dy| (|Phi(x)| +
+ * |x phi(x)|) for gelu, whose derivative crosses zero near x = -0.75;
+ * |dx| for the others. */
+void ref_act_backward_mag(double *mag, ch_activation act, int64_t n, const float *dy,
+                          const float *x, const float *y);
 
 /* x, y as [outer, c, inner]. */
 void ref_bias_add(double *y, int64_t outer, int64_t c, int64_t inner, const float *x,
@@ -52,6 +57,12 @@ void ref_bias_grad(double *db, int64_t outer, int64_t c, int64_t inner, const fl
 /* Returns the mean loss; probs may be NULL. */
 double ref_softmax_xent(double *probs, int64_t n, int64_t c, const float *logits,
                         const int32_t *labels);
+/* The error scales of ref_softmax_xent's results (see ref_err): for each
+ * probability p_j (1 + |x_j - max|), since an f32 rounding of the exponent
+ * x_j - max moves p_j by that much relative to it; returned, the mean over
+ * rows of |log sum| + |x_label - max|, the terms of the loss. */
+double ref_softmax_xent_mag(double *probs_mag, int64_t n, int64_t c, const float *logits,
+                            const int32_t *labels);
 void ref_softmax_xent_backward(double *dlogits, int64_t n, int64_t c, const float *probs,
                                const int32_t *labels, double scale);
 
@@ -80,11 +91,23 @@ void ref_adam_step(double *p, double *m, double *v, int64_t n, const float *p0,
 void ref_rand_uniform(float *y, int64_t n, uint64_t seed, uint64_t offset, float lo, float hi);
 void ref_rand_normal(double *y, int64_t n, uint64_t seed, uint64_t offset, double mean,
                      double std);
+/* The error scale of each normal (see ref_err): |mean| + |std| sqrt(-2 ln u1),
+ * the radius cos(2 pi u2) is multiplied by, since an f32 rounding of the
+ * angle moves z by that much. */
+void ref_rand_normal_mag(double *mag, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                         double std);
 void ref_dropout_mask(float *y, int64_t n, uint64_t seed, uint64_t offset, float p);
 
-/* max_i |got_i - want_i| / max(|want_i|, 1); a NaN where want is a number
- * (or the reverse) gives infinity. */
-double ref_err(const float *got, const double *want, int64_t n);
+/* The largest error of got against want, each element's relative to its own
+ * scale: max_i |got_i - want_i| / max(s_i, REF_TINY), with s_i = mag[i]
+ * where mag is given and |want_i| otherwise. mag is the size of the terms
+ * an output is made of (the same expression over the inputs' absolute
+ * values): where the terms cancel, as in a sum, rounding errors are
+ * relative to them rather than to the result. Small results are held to
+ * the same relative accuracy as large ones. A NaN on one side only gives
+ * infinity. */
+#define REF_TINY 1e-30
+double ref_err(const float *got, const double *want, const double *mag, int64_t n);
 /* max_i |got_i - want_i| / max(max_j |want_j|, floor): for gradients, whose
  * scale can be far from 1. */
 double ref_err_scaled(const double *got, const double *want, int64_t n, double floor);
@@ -130,6 +153,8 @@ float *tc_floats(tcase *c, int64_t n);
 double *tc_doubles(tcase *c, int64_t n);
 int32_t *tc_ints(tcase *c, int64_t n);
 float *tc_random(tcase *c, int64_t n, float lo, float hi);
+/* |x|, for the magnitudes of ref_err. */
+float *tc_abs(tcase *c, const float *x, int64_t n);
 
 /* Tensors on the case's device; NULL once a call has failed. */
 void tc_track(tcase *c, ch_tensor *t);

@@ -93,13 +93,20 @@ ch_status chcu_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
 #define CHCU_SQRT1_2 0.70710678118654752440f
 #define CHCU_INV_SQRT_2PI 0.39894228040143267794f
 
+/* Phi(x) through erfc: for x < -3, 1 + erf(x) cancels and loses 5% and
+ * more of the result in f32. */
+__device__ static float gelu_cdf(float x)
+{
+    return 0.5f * erfcf(-x * CHCU_SQRT1_2);
+}
+
 template <ch_activation A> __device__ float act_apply(float x)
 {
     static_assert(A >= CH_ACT_RELU && A <= CH_ACT_SIGMOID, "an activation this file computes");
     if (A == CH_ACT_RELU)
         return x > 0.0f ? x : 0.0f;
     if (A == CH_ACT_GELU)
-        return 0.5f * x * (1.0f + erff(x * CHCU_SQRT1_2));
+        return x * gelu_cdf(x);
     if (A == CH_ACT_TANH)
         return tanhf(x);
     return 1.0f / (1.0f + expf(-x));
@@ -114,14 +121,14 @@ template <ch_activation A> __device__ float act_grad(float dy, const float *x, c
         return x[i] > 0.0f ? dy : 0.0f;
     if (A == CH_ACT_GELU) {
         float v = x[i];
-        float cdf = 0.5f * (1.0f + erff(v * CHCU_SQRT1_2));
         float pdf = expf(-0.5f * v * v) * CHCU_INV_SQRT_2PI;
-        return dy * (cdf + v * pdf);
+        return dy * (gelu_cdf(v) + v * pdf);
     }
     float t = y[i];
+    /* (1 - t)(1 + t) rather than 1 - t^2, which cancels near |t| = 1. */
     if (A == CH_ACT_TANH)
-        return dy * (1.0f - t * t);
-    return dy * t * (1.0f - t);
+        return dy * ((1.0f - t) * (1.0f + t));
+    return dy * (t * (1.0f - t));
 }
 
 template <ch_activation A> __global__ void act_forward_kernel(float *y, const float *x, int64_t n)

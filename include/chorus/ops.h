@@ -48,7 +48,7 @@ CH_API ch_status ch_axpy(ch_tensor *y, float alpha, const ch_tensor *x);
 
 typedef enum ch_activation {
     CH_ACT_RELU = 0,
-    CH_ACT_GELU = 1,   /* exact: x * Phi(x) */
+    CH_ACT_GELU = 1,   /* exact: x Phi(x) = x erfc(-x / sqrt 2) / 2 */
     CH_ACT_TANH = 2,
     CH_ACT_SIGMOID = 3,
     CH_ACT_COUNT       /* not an activation: how many there are */
