@@ -366,9 +366,10 @@ void ref_argmax(int32_t *y, int64_t outer, int64_t n, int64_t inner, const float
 {
     for (int64_t o = 0; o < outer; o++)
         for (int64_t i = 0; i < inner; i++) {
+            const float *col = x + o * n * inner + i;
             int32_t best = 0;
-            for (int64_t j = 1; j < n; j++)
-                if (x[(o * n + j) * inner + i] > x[(o * n + best) * inner + i])
+            for (int64_t j = 1; j < n && !isnan(col[best * inner]); j++)
+                if (isnan(col[j * inner]) || col[j * inner] > col[best * inner])
                     best = (int32_t)j;
             y[o * inner + i] = best;
         }

@@ -77,6 +77,7 @@ void ref_maxpool_backward(double *dx, const ref_geom *g, const float *dy, const 
 const char *ref_axis_name(ch_axis_op op); /* "sum", "mean" */
 void ref_sum_axis(double *y, ch_axis_op op, int64_t outer, int64_t n, int64_t inner,
                   const float *x);
+/* The first NaN along n, else the first maximum (ops.h). */
 void ref_argmax(int32_t *y, int64_t outer, int64_t n, int64_t inner, const float *x);
 
 void ref_sgd_step(double *p, double *m, int64_t n, const float *p0, const float *m0,

@@ -648,6 +648,80 @@ static void test_reductions(ch_device *dev)
     test_reduce(dev, RED_ARGMAX, SHAPE(2, 4, 3), 2, 0, 1);
 }
 
+/* ---- argmax and NaN (ops.h: the first NaN, else the first maximum) ------- */
+
+typedef enum nan_case {
+    NAN_FIRST, NAN_MIDDLE, NAN_LAST, NAN_ALL, NAN_TWO, TIE, NAN_AND_INF, NAN_CASES
+} nan_case;
+
+static const char *const nan_case_names[NAN_CASES] = {
+    "NaN first", "NaN in the middle", "NaN last", "all NaN", "two NaNs",
+    "a tie of maxima, no NaN", "NaN after +inf",
+};
+
+/* One row of n values in [-1, 1) with the case's NaNs and maxima; returns
+ * the index ops.h's rule picks, found from the case, not by a scan. */
+static int32_t nan_row(tcase *c, nan_case k, float *row, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        row[j] = k == NAN_ALL ? NAN : tap_rng_uniform(&c->rng, -1, 1);
+    switch (k) {
+    case NAN_FIRST: row[0] = NAN; return 0;
+    case NAN_MIDDLE: row[n / 2] = NAN; return (int32_t)(n / 2);
+    case NAN_LAST: row[n - 1] = NAN; return (int32_t)(n - 1);
+    case NAN_ALL: return 0;
+    case NAN_TWO:
+        row[n / 3] = row[2 * n / 3] = NAN;
+        return (int32_t)(n / 3);
+    case TIE:
+        row[n / 4] = row[3 * n / 4] = 2.0f;
+        return (int32_t)(n / 4);
+    case NAN_AND_INF:
+        row[1] = INFINITY;
+        row[n - 2] = NAN;
+        return (int32_t)(n - 2);
+    case NAN_CASES: break;
+    }
+    return -1;
+}
+
+/* x [outer, n, inner] along axis 1, every (outer, inner) column the same
+ * case (its values drawn apart); the reference must agree too. */
+static void test_argmax_nan(ch_device *dev, nan_case k, int64_t outer, int64_t n, int64_t inner)
+{
+    tcase c;
+    tc_begin(&c, dev, "argmax [%" PRId64 ",%" PRId64 ",%" PRId64 "] axis 1, %s", outer, n, inner,
+             nan_case_names[k]);
+    int64_t ny = outer * inner;
+    float *x = tc_floats(&c, outer * n * inner), *row = tc_floats(&c, n);
+    int32_t *want = tc_ints(&c, ny), *ref = tc_ints(&c, ny);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            want[o * inner + i] = nan_row(&c, k, row, n);
+            for (int64_t j = 0; j < n; j++)
+                x[(o * n + j) * inner + i] = row[j];
+        }
+    ref_argmax(ref, outer, n, inner, x);
+    if (memcmp(ref, want, (size_t)ny * sizeof *ref) != 0)
+        tc_fail(&c, "ref_argmax disagrees with the case (index %d, want %d)", ref[0], want[0]);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(outer, n, inner), x);
+    ch_tensor *ty = tc_tensor(&c, CH_I32, SHAPE(outer, inner), NULL);
+    TC(&c, ch_argmax(ty, tx, 1));
+    tc_end_words(&c, tc_fetch(&c, ty, ny), want, ny, 0);
+}
+
+/* Short rows and long ones (one work-item or a work-group per output on
+ * OpenCL), contiguous and strided. */
+static void test_argmax_nans(ch_device *dev)
+{
+    for (int k = 0; k < NAN_CASES; k++) {
+        test_argmax_nan(dev, k, 3, 5, 1);
+        test_argmax_nan(dev, k, 2, 7, 3);
+        test_argmax_nan(dev, k, 1, 1031, 1);
+        test_argmax_nan(dev, k, 2, 1031, 2);
+    }
+}
+
 /* ---- Optimizer updates --------------------------------------------------- */
 
 static void test_sgd(ch_device *dev, const ch_sgd_params *prm, int first_step)
@@ -997,6 +1071,7 @@ static void test_device(ch_device *dev)
     test_conv(dev);
     test_pooling(dev);
     test_reductions(dev);
+    test_argmax_nans(dev);
     test_optimizers(dev);
     test_random(dev);
     test_views(dev);

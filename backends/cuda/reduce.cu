@@ -200,10 +200,18 @@ ch_status chcu_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner, 
     return st;
 }
 
-/* (v2, k2) beats (v1, k1): larger, or as large and earlier. k < 0: none. */
+/* ops.h's rule, the first NaN, else the first maximum: (v2, k2) beats
+ * (v1, k1) when it is NaN and v1 is not, or larger, or as large (both NaN
+ * included) and earlier. k < 0: no value. */
 __device__ static bool argmax_better(float v2, int64_t k2, float v1, int64_t k1)
 {
-    return k2 >= 0 && (k1 < 0 || v2 > v1 || (v2 == v1 && k2 < k1));
+    if (k2 < 0)
+        return false;
+    if (k1 < 0)
+        return true;
+    if (isnan(v2))
+        return !isnan(v1) || k2 < k1;
+    return !isnan(v1) && (v2 > v1 || (v2 == v1 && k2 < k1));
 }
 
 __global__ void argmax_kernel(int32_t *y, const float *x, int64_t outer, int64_t n,

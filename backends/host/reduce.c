@@ -113,7 +113,8 @@ ch_status chi_host_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t 
     return CH_OK;
 }
 
-/* The first maximum wins: only a strictly greater value moves the index. */
+/* ops.h's rule: the first NaN, else the first maximum. Once the best is NaN
+ * nothing moves it; before, a NaN or a strictly greater value does. */
 ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
                           ch_bmem y, ch_bmem x)
 {
@@ -125,8 +126,8 @@ ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
         for (int64_t t = 0; t < inner; t++) {
             const float *col = px + o * n * inner + t;
             int64_t best = 0;
-            for (int64_t j = 1; j < n; j++)
-                if (col[j * inner] > col[best * inner])
+            for (int64_t j = 1; j < n && !isnan(col[best * inner]); j++)
+                if (isnan(col[j * inner]) || col[j * inner] > col[best * inner])
                     best = j;
             py[o * inner + t] = (int32_t)best;
         }

@@ -113,8 +113,10 @@ CH_API ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy,
 /* ---- Reductions --------------------------------------------------------- */
 
 /* Along dimension `axis` of x. y has x's shape without that axis, or with it
- * of size 1 (any shape of that element count is accepted). argmax gives i32
- * (the first maximum). */
+ * of size 1 (any shape of that element count is accepted).
+ * argmax gives i32 indices: NaN wins, as in NumPy and PyTorch, so the index
+ * of the first NaN along the axis where there is one, of the first maximum
+ * otherwise (ties go to the lowest index). The same on every backend. */
 CH_API ch_status ch_sum(ch_tensor *y, const ch_tensor *x, int axis);
 CH_API ch_status ch_mean(ch_tensor *y, const ch_tensor *x, int axis);
 CH_API ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis);
