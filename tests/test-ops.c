@@ -449,6 +449,79 @@ static void test_softmax(ch_device *dev)
     test_softmax_backward(dev, 33, 129, 0.5f);
 }
 
+/* ---- Labels out of range: an error on every backend (ops.h) -------------- */
+
+/* `st` is CH_ERR_INVALID_ARGUMENT naming labels[row] = label; the detail
+ * says what came instead. */
+static int names_label(ch_status st, int64_t row, int32_t label, char *detail, size_t len)
+{
+    char want[64];
+    snprintf(want, sizeof want, "labels[%" PRId64 "] = %d", row, (int)label);
+    const char *err = ch_last_error();
+    int ok = st == CH_ERR_INVALID_ARGUMENT && strstr(err, want) != NULL;
+    snprintf(detail, len, "got %s \"%s\", want %s naming \"%s\"", ch_status_str(st), err,
+             ch_status_str(CH_ERR_INVALID_ARGUMENT), want);
+    return ok;
+}
+
+/* labels[row] = bad (and labels[row2] = bad2 after it when row2 >= 0): the
+ * forward and the backward each refuse them, naming the first; a good call
+ * on the same tensors then succeeds. */
+static void test_bad_label(ch_device *dev, int64_t n, int64_t classes, int64_t row, int32_t bad,
+                           int64_t row2, int32_t bad2)
+{
+    char detail[1024] = "";
+    tcase c;
+    tc_begin(&c, dev, "softmax_xent and its backward, %" PRId64 " rows of %" PRId64
+             " classes, labels[%" PRId64 "] = %d%s", n, classes, row, (int)bad,
+             row2 >= 0 ? " and a later one" : "");
+    float *logits = tc_random(&c, n * classes, -3, 3);
+    int32_t *labels = tc_ints(&c, n);
+    random_labels(&c, labels, n, classes);
+    labels[row] = bad;
+    if (row2 >= 0)
+        labels[row2] = bad2;
+    ch_tensor *tl = tc_tensor(&c, CH_F32, SHAPE(n, classes), logits);
+    ch_tensor *tlab = tc_tensor(&c, CH_I32, SHAPE(n), labels);
+    ch_tensor *tp = tc_tensor(&c, CH_F32, SHAPE(n, classes), NULL);
+    ch_tensor *tloss = tc_tensor(&c, CH_F32, SHAPE(1), NULL);
+    ch_tensor *td = tc_tensor(&c, CH_F32, SHAPE(n, classes), NULL);
+    const char *failed = NULL;
+    if (c.st == CH_OK) {
+        ch_clear_error();
+        if (!names_label(ch_softmax_xent(tloss, tp, tl, tlab), row, bad, detail, sizeof detail))
+            failed = "forward";
+    }
+    if (c.st == CH_OK && !failed) {
+        ch_clear_error();
+        if (!names_label(ch_softmax_xent_backward(td, tp, tlab, 1.0f), row, bad, detail,
+                         sizeof detail))
+            failed = "backward";
+    }
+    random_labels(&c, labels, n, classes);
+    tc_upload(&c, tlab, labels);
+    TC(&c, ch_softmax_xent(tloss, tp, tl, tlab));
+    TC(&c, ch_softmax_xent_backward(td, tp, tlab, 1.0f));
+    if (failed)
+        tc_append(&c, " (the %s)", failed);
+    else
+        snprintf(detail, sizeof detail, "both refused, naming it; then good labels pass");
+    tc_end_exact(&c, !failed, detail);
+}
+
+static void test_bad_labels(ch_device *dev)
+{
+    const int64_t n = 13, classes = 10;
+    const int64_t rows[] = {0, n / 2, n - 1};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        test_bad_label(dev, n, classes, rows[i], -1, -1, 0);
+        test_bad_label(dev, n, classes, rows[i], (int32_t)classes, -1, 0);
+    }
+    test_bad_label(dev, n, classes, 4, (int32_t)classes, 9, -1);
+    test_bad_label(dev, 1031, 3, 1030, 3, -1, 0);
+    test_bad_label(dev, 1031, 3, 700, INT32_MIN, 1000, INT32_MAX);
+}
+
 /* ---- Convolution helpers and pooling ------------------------------------- */
 
 static void window_str(char *out, size_t len, const ch_window2d *w)
@@ -1068,6 +1141,7 @@ static void test_device(ch_device *dev)
     test_activations(dev);
     test_bias(dev);
     test_softmax(dev);
+    test_bad_labels(dev);
     test_conv(dev);
     test_pooling(dev);
     test_reductions(dev);

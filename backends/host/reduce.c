@@ -170,7 +170,8 @@ ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inn
 
 /* ---- softmax cross-entropy --------------------------------------------------- */
 
-/* The host reports labels outside [0, C) (devices give NaN instead). */
+/* Labels outside [0, C) are an error on every backend (ops.h); the message
+ * names the first, as the device backends' do. */
 static ch_status check_labels(const char *fn, const int32_t *labels, int64_t n,
                               int64_t c)
 {
@@ -203,7 +204,7 @@ ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss
 {
     (void)stream;
     const int32_t *pl = chi_host_i32(labels);
-    ch_status st = check_labels("softmax_xent", pl, n, c);
+    ch_status st = check_labels("ch_softmax_xent", pl, n, c);
     if (st != CH_OK)
         return st;
     double *row_loss = malloc((size_t)n * sizeof *row_loss);
@@ -229,7 +230,7 @@ ch_status chi_host_softmax_xent_backward(void *stream, int64_t n, int64_t c,
 {
     (void)stream;
     const int32_t *pl = chi_host_i32(labels);
-    ch_status st = check_labels("softmax_xent_backward", pl, n, c);
+    ch_status st = check_labels("ch_softmax_xent_backward", pl, n, c);
     if (st != CH_OK)
         return st;
     float *pd = chi_host_f32(dlogits);

@@ -133,8 +133,52 @@ static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
     return chcl_launch_groups(s, CHCL_K_MEAN, CHCL_COUNT_OF(args), args, 1, group);
 }
 
+/* ---- labels out of range --------------------------------------------------
+ * The loss kernels lower a flag word to the first row whose label is
+ * outside [0, c); the slot reads it back before returning, so that it can
+ * answer CH_ERR_INVALID_ARGUMENT as the host does. That read is the one
+ * wait of these slots: it returns when the stream has run the kernel. */
+
+#define NO_ROW 0xffffffffu
+
+/* A scratch word holding NO_ROW once the stream gets there. */
+static ch_status flag_new(chcl_stream *s, cl_mem *flag)
+{
+    ch_status st = chcl_scratch_new(s->dev, sizeof(cl_uint), flag);
+    if (st != CH_OK)
+        return st;
+    cl_uint none = NO_ROW;
+    cl_int err = clEnqueueFillBuffer(s->queue, *flag, &none, sizeof none, 0, sizeof none, 0,
+                                     NULL, NULL);
+    if (err == CL_SUCCESS)
+        return CH_OK;
+    clReleaseMemObject(*flag);
+    return chcl_err(err, "clEnqueueFillBuffer");
+}
+
+/* Waits for the flag; the error names the first bad row and its label. */
+static ch_status labels_check(chcl_stream *s, const char *fn, cl_mem flag, ch_bmem labels,
+                              int64_t c)
+{
+    cl_uint row = NO_ROW;
+    cl_int err = clEnqueueReadBuffer(s->queue, flag, CL_TRUE, 0, sizeof row, &row, 0, NULL,
+                                     NULL);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clEnqueueReadBuffer");
+    if (row == NO_ROW)
+        return CH_OK;
+    cl_int label = 0;
+    err = clEnqueueReadBuffer(s->queue, chcl_buf(labels), CL_TRUE,
+                              labels.off + (size_t)row * sizeof label, sizeof label, &label, 0,
+                              NULL, NULL);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clEnqueueReadBuffer");
+    return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: labels[%u] = %d is out of [0, %lld)", fn,
+                     (unsigned)row, (int)label, (long long)c);
+}
+
 static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem probs,
-                              cl_mem rows, ch_bmem logits, ch_bmem labels)
+                              cl_mem rows, ch_bmem logits, ch_bmem labels, cl_mem flag)
 {
     size_t group;
     ch_status st = chcl_group_size(s, CHCL_K_SOFTMAX_ROWS, group_cap(c), &group);
@@ -143,7 +187,7 @@ static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem prob
     chcl_ref P = chcl_ref_of(probs), X = chcl_ref_of(logits), LB = chcl_ref_of(labels);
     cl_int cc = (cl_int)c;
     chcl_arg args[] = {CHCL_REF(P), CHCL_ARG(rows), CHCL_REF(X), CHCL_REF(LB),
-                       CHCL_ARG(cc), CHCL_LOCAL(group * sizeof(cl_float))};
+                       CHCL_ARG(cc), CHCL_ARG(flag), CHCL_LOCAL(group * sizeof(cl_float))};
     return chcl_launch_groups(s, CHCL_K_SOFTMAX_ROWS, CHCL_COUNT_OF(args), args, n, group);
 }
 
@@ -152,14 +196,20 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
 {
     chcl_stream *s = stream;
     ch_status st = check_3d("softmax_xent", n, c, 1);
-    cl_mem rows = NULL;
+    cl_mem rows = NULL, flag = NULL;
     if (st == CH_OK)
         st = chcl_scratch_new(s->dev, (size_t)n * sizeof(cl_float), &rows);
     if (st != CH_OK)
         return st;
-    st = softmax_rows(s, n, c, probs, rows, logits, labels);
-    if (st == CH_OK)
-        st = loss_mean(s, loss, rows, n);
+    st = flag_new(s, &flag);
+    if (st == CH_OK) {
+        st = softmax_rows(s, n, c, probs, rows, logits, labels, flag);
+        if (st == CH_OK)
+            st = loss_mean(s, loss, rows, n);
+        if (st == CH_OK)
+            st = labels_check(s, "ch_softmax_xent", flag, labels, c);
+        clReleaseMemObject(flag);
+    }
     clReleaseMemObject(rows);
     return st;
 }
@@ -167,15 +217,23 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
 ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem dlogits,
                                      ch_bmem probs, ch_bmem labels, float scale)
 {
+    chcl_stream *s = stream;
     ch_status st = check_3d("softmax_xent_backward", n, c, 1);
+    cl_mem flag = NULL;
+    if (st == CH_OK)
+        st = flag_new(s, &flag);
     if (st != CH_OK)
         return st;
     chcl_ref D = chcl_ref_of(dlogits), P = chcl_ref_of(probs), LB = chcl_ref_of(labels);
     cl_int total = (cl_int)(n * c), cc = (cl_int)c;
     cl_float rows = (cl_float)n;
-    chcl_arg args[] = {CHCL_REF(D), CHCL_REF(P), CHCL_REF(LB), CHCL_ARG(total),
-                       CHCL_ARG(cc), CHCL_ARG(scale), CHCL_ARG(rows)};
-    return chcl_launch1(stream, CHCL_K_SOFTMAX_BACKWARD, CHCL_COUNT_OF(args), args, total);
+    chcl_arg args[] = {CHCL_REF(D),   CHCL_REF(P),     CHCL_REF(LB),  CHCL_ARG(total),
+                       CHCL_ARG(cc),  CHCL_ARG(scale), CHCL_ARG(rows), CHCL_ARG(flag)};
+    st = chcl_launch1(s, CHCL_K_SOFTMAX_BACKWARD, CHCL_COUNT_OF(args), args, total);
+    if (st == CH_OK)
+        st = labels_check(s, "ch_softmax_xent_backward", flag, labels, c);
+    clReleaseMemObject(flag);
+    return st;
 }
 
 ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch_bmem y,

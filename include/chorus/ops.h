@@ -2,7 +2,8 @@
  *
  * Outputs come first, then inputs. All tensors of one call must live on the
  * same device (ch_copy excepted); the op runs on that device's current stream
- * and returns once it is queued. Arguments are checked before anything runs:
+ * and returns once it is queued (the softmax losses excepted, see there).
+ * Arguments are checked before anything runs:
  * a bad shape, dtype or device is a status and a message, never a crash.
  * Unless said otherwise, tensors are f32 and an output may not overlap an
  * input except where noted ("in place allowed"). */
@@ -78,8 +79,16 @@ CH_API ch_status ch_bias_grad(ch_tensor *db, const ch_tensor *dy, int axis,
 
 /* probs = softmax(logits) by row; loss (one element) = mean over the N rows
  * of -log probs[i, labels[i]]. logits [N, C] f32, labels [N] i32 in [0, C).
- * A label out of range makes the loss NaN on devices (the host backend also
- * reports it). */
+ *
+ * Labels live on the device, so only the kernel sees them: a label outside
+ * [0, C) is CH_ERR_INVALID_ARGUMENT on every backend, the message naming
+ * the first such row and its label, and the outputs are then unspecified.
+ * To know, ch_softmax_xent and ch_softmax_xent_backward read back a 4-byte
+ * flag their kernel sets, and so return only once the stream has run them:
+ * the host cannot queue further work meanwhile (the device goes on with
+ * what is queued). A training step pays this twice, where it pays once
+ * already to read the loss; on the host backend, which runs synchronously,
+ * it costs nothing. */
 CH_API ch_status ch_softmax_xent(ch_tensor *loss, ch_tensor *probs,
                                  const ch_tensor *logits, const ch_tensor *labels);
 /* dlogits = scale * (probs - onehot(labels)) / N: the gradient of
