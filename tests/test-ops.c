@@ -1123,6 +1123,79 @@ static void test_cross_device(ch_device **devs, int ndev)
         }
 }
 
+/* ---- Random numbers against the host's (ops.h) --------------------------- */
+
+/* The bound ops.h gives a normal drawn elsewhere than on the host. */
+#define NORMAL_ACROSS 1.52587890625e-05 /* 2^-16 */
+
+/* Draws kind on `t` (n elements); a, b as ch_rand's slot takes them. */
+static ch_status draw(tcase *c, ch_rand_kind kind, ch_tensor *t, uint64_t seed, uint64_t offset,
+                      float a, float b)
+{
+    switch (kind) {
+    case CH_RAND_UNIFORM: return ch_rand_uniform(t, seed, offset, a, b);
+    case CH_RAND_NORMAL: return ch_rand_normal(t, seed, offset, a, b);
+    case CH_RAND_DROPOUT: return ch_dropout_mask(t, seed, offset, a);
+    case CH_RAND_COUNT: break;
+    }
+    tc_fail(c, "no public call for ch_rand_kind %d", (int)kind);
+    return CH_OK;
+}
+
+static const char *rand_name(ch_rand_kind kind)
+{
+    static const char *const names[CH_RAND_COUNT] = {"rand_uniform", "rand_normal",
+                                                     "dropout_mask"};
+    return kind >= 0 && kind < CH_RAND_COUNT ? names[kind] : "unknown";
+}
+
+/* The largest |got - want| / (|mean| + std) of a normal. */
+static double normal_gap(const float *got, const float *want, int64_t n, float mean, float std)
+{
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)got[i] - want[i]) / (fabs(mean) + std));
+    return worst;
+}
+
+/* The same draw on `dev` and on the host: bit for bit, or for normals to
+ * NORMAL_ACROSS. */
+static void test_rand_vs_host(ch_device *dev, ch_device *host, ch_rand_kind kind, int64_t n,
+                              uint64_t seed, uint64_t offset, float a, float b)
+{
+    tcase c;
+    tc_begin(&c, dev, "%s n %" PRId64 " seed %#" PRIx64 " offset %#" PRIx64 " (%g, %g) "
+             "against the host's", rand_name(kind), n, seed, offset, a, b);
+    ch_tensor *y = tc_tensor(&c, CH_F32, SHAPE(n), NULL);
+    ch_tensor *yh = NULL;
+    TC(&c, ch_tensor_new(&yh, host, CH_F32, SHAPE(n)));
+    if (yh)
+        tc_track(&c, yh);
+    TC(&c, draw(&c, kind, y, seed, offset, a, b));
+    TC(&c, draw(&c, kind, yh, seed, offset, a, b));
+    float *got = tc_fetch(&c, y, n), *want = tc_fetch(&c, yh, n);
+    if (kind != CH_RAND_NORMAL) {
+        tc_end_words(&c, got, want, n, 1);
+        return;
+    }
+    tc_end_err(&c, normal_gap(got, want, n, a, b), NORMAL_ACROSS);
+}
+
+static void test_random_vs_host(ch_device *dev, ch_device *host)
+{
+    const uint64_t wrap = (1ull << 32) - 5;
+    static const float args[CH_RAND_COUNT][2][2] = {
+        [CH_RAND_UNIFORM] = {{0.0f, 1.0f}, {-0.1f, 0.3f}},
+        [CH_RAND_NORMAL] = {{0.0f, 1.0f}, {-3.0f, 0.25f}},
+        [CH_RAND_DROPOUT] = {{0.5f, 0.0f}, {0.1f, 0.0f}},
+    };
+    for (int kind = 0; kind < CH_RAND_COUNT; kind++) {
+        test_rand_vs_host(dev, host, kind, 65537, 42, 0, args[kind][0][0], args[kind][0][1]);
+        test_rand_vs_host(dev, host, kind, 1031, 0xdeadbeefcafef00dull, wrap, args[kind][1][0],
+                          args[kind][1][1]);
+    }
+}
+
 /* ---- Main ---------------------------------------------------------------- */
 
 static double seconds(void)
@@ -1164,6 +1237,12 @@ int main(void)
     for (int i = 0; i < ndev; i++)
         test_device(devs[i]);
     test_cross_device(devs, ndev);
+    ch_device *host = NULL;
+    if (tap_status_ok(ch_device_by_name(&host, "host"), "the host device, for the random "
+                      "streams of the others"))
+        for (int i = 0; i < ndev; i++)
+            if (devs[i] != host)
+                test_random_vs_host(devs[i], host);
     ch_shutdown();
     return tap_done();
 }
