@@ -3,15 +3,16 @@
  * still succeeds with the other backends. Every backend answers an enum
  * value beyond those it was built with (what a newer core could pass) with
  * CH_ERR_UNSUPPORTED and a message, never with a default: the slots are
- * called directly, as the core would, the host's from its own sources
- * compiled into this program, the modules' from chorus-<name>.so found on
- * CHORUS_BACKEND_PATH. */
+ * called directly, as the core would, the host's from its sources compiled
+ * into this program (elementwise.c and reduce.c, which hold them), the
+ * modules' from chorus-<name>.so found on CHORUS_BACKEND_PATH. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "host.h"
 #include "tap.h"
 
 #define N 4
@@ -59,7 +60,63 @@ static void test_wrong_abi(const char *search)
 
 /* ---- Enum values beyond a backend's ----------------------------------------- */
 
-/* One backend, opened on its device 0, with three buffers of N floats. */
+/* The slot refused `value` of `what` with a message naming both. */
+static void expect_unknown(const char *name, ch_status st, const char *slot, const char *what,
+                           int value)
+{
+    char needle[96];
+    snprintf(needle, sizeof needle, "%s %d is unknown", what, value);
+    tap_status_is(st, CH_ERR_UNSUPPORTED, needle, "%s %s: %s %d is refused", name, slot, what,
+                  value);
+}
+
+/* The slots that take an enum, on stream s with buffers x, y, z of N
+ * floats: -1 and each _COUNT refused, the last activation run. */
+static void test_values(const char *name, const ch_backend_i *be, void *s, ch_bmem x,
+                        ch_bmem y, ch_bmem z)
+{
+    tap_status_ok(be->act_forward(s, CH_ACT_COUNT - 1, N, y, x),
+                  "%s act_forward: the last activation (%d) runs", name, CH_ACT_COUNT - 1);
+    static const int bad[] = {-1, 0};
+    for (int k = 0; k < 2; k++) {
+        int act = bad[k] ? bad[k] : CH_ACT_COUNT, bin = bad[k] ? bad[k] : CH_BIN_COUNT;
+        int axis = bad[k] ? bad[k] : CH_AXIS_COUNT, kind = bad[k] ? bad[k] : CH_RAND_COUNT;
+        ch_clear_error();
+        expect_unknown(name, be->act_forward(s, act, N, y, x), "act_forward", "ch_activation",
+                       act);
+        ch_clear_error();
+        expect_unknown(name, be->act_backward(s, act, N, z, y, x, y), "act_backward",
+                       "ch_activation", act);
+        ch_clear_error();
+        expect_unknown(name, be->binary(s, bin, N, z, x, y), "binary", "ch_binary_op", bin);
+        ch_clear_error();
+        expect_unknown(name, be->sum_axis(s, axis, 1, N, 1, z, x), "sum_axis", "ch_axis_op",
+                       axis);
+        ch_clear_error();
+        expect_unknown(name, be->rand(s, kind, N, z, 1, 0, 0.0f, 1.0f), "rand", "ch_rand_kind",
+                       kind);
+    }
+}
+
+/* The host's slots, from its sources compiled into this program; they run
+ * on the calling thread, with no stream, on plain memory. */
+static void test_host_values(void)
+{
+    static const ch_backend_i host_slots = {
+        .abi_version = CH_BACKEND_ABI_VERSION,
+        .name = "host",
+        .binary = chi_host_binary,
+        .act_forward = chi_host_act_forward,
+        .act_backward = chi_host_act_backward,
+        .sum_axis = chi_host_sum_axis,
+        .rand = chi_host_rand,
+    };
+    static float bufs[3][N];
+    test_values("host", &host_slots, NULL, (ch_bmem){bufs[0], 0}, (ch_bmem){bufs[1], 0},
+                (ch_bmem){bufs[2], 0});
+}
+
+/* One module, opened on its device 0, with three buffers of N floats. */
 typedef struct opened {
     const char *name;
     const ch_backend_i *be;
@@ -77,7 +134,6 @@ static int open_backend(opened *o)
     }
     if (n == 0) {
         tap_skip("%s: no device", o->name);
-        o->be->shutdown(o->ctx);
         return 0;
     }
     static const float zeros[N];
@@ -103,49 +159,15 @@ static void close_backend(opened *o)
         o->be->stream_free(o->stream);
     if (o->dev)
         o->be->device_close(o->dev);
-    o->be->shutdown(o->ctx);
+    if (o->ctx)
+        o->be->shutdown(o->ctx);
 }
 
-/* The slot refused `value` of `what` with a message naming both. */
-static void expect_unknown(const opened *o, ch_status st, const char *slot, const char *what,
-                           int value)
-{
-    char needle[96];
-    snprintf(needle, sizeof needle, "%s %d is unknown", what, value);
-    tap_status_is(st, CH_ERR_UNSUPPORTED, needle, "%s %s: %s %d is refused", o->name, slot, what,
-                  value);
-}
-
-static void test_unknown_values(const char *name, const ch_backend_i *be)
+static void test_module_values(const char *name, const ch_backend_i *be)
 {
     opened o = {.name = name, .be = be};
-    if (!open_backend(&o)) {
-        close_backend(&o);
-        return;
-    }
-    void *s = o.stream;
-    ch_bmem x = o.buf[0], y = o.buf[1], z = o.buf[2];
-    tap_status_ok(be->act_forward(s, CH_ACT_COUNT - 1, N, y, x),
-                  "%s act_forward: the last activation (%d) runs", name, CH_ACT_COUNT - 1);
-    static const int bad[] = {-1, 0};
-    for (int k = 0; k < 2; k++) {
-        int act = bad[k] ? bad[k] : CH_ACT_COUNT, bin = bad[k] ? bad[k] : CH_BIN_COUNT;
-        int axis = bad[k] ? bad[k] : CH_AXIS_COUNT, kind = bad[k] ? bad[k] : CH_RAND_COUNT;
-        ch_clear_error();
-        expect_unknown(&o, be->act_forward(s, act, N, y, x), "act_forward", "ch_activation",
-                       act);
-        ch_clear_error();
-        expect_unknown(&o, be->act_backward(s, act, N, z, y, x, y), "act_backward",
-                       "ch_activation", act);
-        ch_clear_error();
-        expect_unknown(&o, be->binary(s, bin, N, z, x, y), "binary", "ch_binary_op", bin);
-        ch_clear_error();
-        expect_unknown(&o, be->sum_axis(s, axis, 1, N, 1, z, x), "sum_axis", "ch_axis_op",
-                       axis);
-        ch_clear_error();
-        expect_unknown(&o, be->rand(s, kind, N, z, 1, 0, 0.0f, 1.0f), "rand", "ch_rand_kind",
-                       kind);
-    }
+    if (open_backend(&o))
+        test_values(name, be, o.stream, o.buf[0], o.buf[1], o.buf[2]);
     close_backend(&o);
 }
 
@@ -184,7 +206,7 @@ static void test_module(const char *name, const char *search)
     if (!tap_ok(be->abi_version == CH_BACKEND_ABI_VERSION, "%s: module of ABI version %u, "
                 "want %d", name, be->abi_version, CH_BACKEND_ABI_VERSION))
         return;
-    test_unknown_values(name, be);
+    test_module_values(name, be);
 }
 
 int main(void)
@@ -193,7 +215,7 @@ int main(void)
     char search[4096];
     snprintf(search, sizeof search, "%s", env ? env : "");
     test_wrong_abi(search);
-    test_unknown_values("host", chi_host_backend());
+    test_host_values();
     test_module("opencl", search);
     test_module("cuda", search);
     return tap_done();
