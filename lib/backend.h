@@ -32,7 +32,9 @@
 extern "C" {
 #endif
 
-#define CH_BACKEND_ABI_VERSION 2
+/* Changes whenever the table below or an enum a slot takes changes: a
+ * module of another version is refused at load. */
+#define CH_BACKEND_ABI_VERSION 3
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -52,9 +54,32 @@ typedef struct ch_bdev_props {
     char detail[96];       /* "sm_90", "OpenCL 3.0 PoCL 3.1", ... */
 } ch_bdev_props;
 
-typedef enum ch_binary_op { CH_BIN_ADD = 0, CH_BIN_SUB = 1, CH_BIN_MUL = 2 } ch_binary_op;
-typedef enum ch_rand_kind { CH_RAND_UNIFORM = 0, CH_RAND_NORMAL = 1, CH_RAND_DROPOUT = 2 } ch_rand_kind;
-typedef enum ch_reduce_op { CH_REDUCE_SUM = 0, CH_REDUCE_MEAN = 1 } ch_reduce_op;
+/* The enums slots take (and ch_activation, from ops.h). Each ends with a
+ * _COUNT; a backend answers a value at or beyond the count it was built
+ * with (a newer core's) with CH_ERR_UNSUPPORTED (chi_unknown_enum), never
+ * with a default. One enumerator a line, each line starting with its name:
+ * backends/opencl/Makefile.mk reads the names from here to hand the values
+ * to the kernels. */
+typedef enum ch_binary_op {
+    CH_BIN_ADD = 0,
+    CH_BIN_SUB = 1,
+    CH_BIN_MUL = 2,
+    CH_BIN_COUNT
+} ch_binary_op;
+
+typedef enum ch_rand_kind {
+    CH_RAND_UNIFORM = 0,
+    CH_RAND_NORMAL = 1,
+    CH_RAND_DROPOUT = 2,
+    CH_RAND_COUNT
+} ch_rand_kind;
+
+/* What sum_axis leaves in each output: the sum, or the sum divided by n. */
+typedef enum ch_axis_op {
+    CH_AXIS_SUM = 0,
+    CH_AXIS_MEAN = 1,
+    CH_AXIS_COUNT
+} ch_axis_op;
 
 /* Convolution geometry for im2col/col2im/maxpool, resolved by the core. */
 typedef struct ch_conv_geom {
@@ -117,8 +142,9 @@ typedef struct ch_backend_i {
                            size_t bytes);
 
     /* ---- ops (f32 unless said) ---- */
-    /* dtype CH_F32 or CH_I32; value already representable */
-    ch_status (*fill)(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value);
+    /* y as n 4-byte words, each set to `word` (the core turns an f32 or
+     * i32 value into its bits: no slot takes a ch_dtype). */
+    ch_status (*fill)(void *stream, ch_bmem y, int64_t n, uint32_t word);
     /* Row-major: C[M,N] = alpha op(A) op(B) + beta C, lda/ldb/ldc are row
      * strides of A, B, C as stored. */
     ch_status (*gemm)(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
@@ -156,9 +182,9 @@ typedef struct ch_backend_i {
                                  ch_bmem idx, ch_bmem x);
     ch_status (*maxpool_backward)(void *stream, const ch_conv_geom *g, ch_bmem dx,
                                   ch_bmem dy, ch_bmem idx);
-    /* x as [outer, n, inner] -> y [outer, inner] */
-    ch_status (*reduce)(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                        int64_t inner, ch_bmem y, ch_bmem x);
+    /* x as [outer, n, inner] -> y [outer, inner], summed over n */
+    ch_status (*sum_axis)(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                          int64_t inner, ch_bmem y, ch_bmem x);
     /* y i32 */
     ch_status (*argmax)(void *stream, int64_t outer, int64_t n, int64_t inner,
                         ch_bmem y, ch_bmem x);
@@ -190,6 +216,23 @@ typedef struct ch_backend_i {
 typedef const ch_backend_i *(*ch_backend_entry_fn)(void);
 
 /* ---- Services the core offers to backends -------------------------------- */
+
+/* A backend's answer to an enum value it does not know: `value` of enum
+ * `what` at or beyond the `count` the module was built with. */
+static inline ch_status chi_unknown_enum(const char *backend, const char *slot,
+                                         const char *what, int value, int count)
+{
+    return chi_error(CH_ERR_UNSUPPORTED,
+                     "%s %s: %s %d is unknown to this module (it knows 0 to %d; backend "
+                     "ABI version %d)",
+                     backend, slot, what, value, count - 1, CH_BACKEND_ABI_VERSION);
+}
+
+/* Whether `value` is one of the `count` values of its enum. */
+static inline int chi_enum_known(int value, int count)
+{
+    return value >= 0 && value < count;
+}
 
 /* The host backend's table (built into libchorus). */
 const ch_backend_i *chi_host_backend(void);

@@ -133,8 +133,15 @@ ch_status ch_fill(ch_tensor *y, double value)
                          ch_dtype_name(y->dtype));
     if (y->dtype == CH_I32 && (value != floor(value) || value < INT32_MIN || value > INT32_MAX))
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: value %g is not an i32", fn, value);
+    uint32_t word;
+    if (y->dtype == CH_I32) {
+        word = (uint32_t)(int32_t)value;
+    } else {
+        float f = (float)value;
+        memcpy(&word, &f, sizeof word);
+    }
     SLOT(fn, y, fill);
-    return BE(y)->fill(STREAM(y), y->dtype, chi_mem(y), y->numel, value);
+    return BE(y)->fill(STREAM(y), chi_mem(y), y->numel, word);
 }
 
 ch_status ch_copy(ch_tensor *y, const ch_tensor *x)
@@ -262,9 +269,10 @@ ch_status ch_axpy(ch_tensor *y, float alpha, const ch_tensor *x)
 
 static ch_status check_act(const char *fn, ch_activation act)
 {
-    if (act != CH_ACT_RELU && act != CH_ACT_GELU && act != CH_ACT_TANH && act != CH_ACT_SIGMOID)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: act %d is not a ch_activation", fn,
-                         (int)act);
+    if (!chi_enum_known((int)act, CH_ACT_COUNT))
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: act %d is not a ch_activation (0 to CH_ACT_COUNT - 1 = %d)", fn,
+                         (int)act, CH_ACT_COUNT - 1);
     return CH_OK;
 }
 
@@ -530,23 +538,23 @@ static ch_status reduction(const char *fn, ch_tensor *y, const ch_tensor *x, int
     return no_alias(fn, "y", y, "x", x);
 }
 
-static ch_status reduce(const char *fn, ch_reduce_op op, ch_tensor *y, const ch_tensor *x,
-                        int axis)
+static ch_status sum_axis(const char *fn, ch_axis_op op, ch_tensor *y, const ch_tensor *x,
+                          int axis)
 {
     int64_t outer, n, inner;
     TRY(reduction(fn, y, x, axis, CH_F32, &outer, &n, &inner));
-    SLOT(fn, y, reduce);
-    return BE(y)->reduce(STREAM(y), op, outer, n, inner, chi_mem(y), chi_mem(x));
+    SLOT(fn, y, sum_axis);
+    return BE(y)->sum_axis(STREAM(y), op, outer, n, inner, chi_mem(y), chi_mem(x));
 }
 
 ch_status ch_sum(ch_tensor *y, const ch_tensor *x, int axis)
 {
-    return reduce("ch_sum", CH_REDUCE_SUM, y, x, axis);
+    return sum_axis("ch_sum", CH_AXIS_SUM, y, x, axis);
 }
 
 ch_status ch_mean(ch_tensor *y, const ch_tensor *x, int axis)
 {
-    return reduce("ch_mean", CH_REDUCE_MEAN, y, x, axis);
+    return sum_axis("ch_mean", CH_AXIS_MEAN, y, x, axis);
 }
 
 ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis)

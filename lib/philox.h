@@ -1,16 +1,35 @@
 /* Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
- * 3", SC'11): the reference for every backend's random numbers. The OpenCL
- * and CUDA kernels implement the same rounds; tests compare them with this. */
+ * 3", SC'11) and the streams of include/chorus/ops.h built on it: the one
+ * definition every backend compiles. The host backend and the tests include
+ * it as C, the CUDA kernels as CUDA (the same functions on the device), and
+ * the OpenCL module embeds this very file in its rand program's source
+ * (backends/opencl/Makefile.mk), so it is also valid OpenCL C 1.2: the few
+ * words that differ between the three are the macros below. */
 #ifndef CHORUS_LIB_PHILOX_H
 #define CHORUS_LIB_PHILOX_H
 
+#ifdef __OPENCL_VERSION__
+/* No fused multiply-adds: they would change the bits of a + b * u. */
+#pragma OPENCL FP_CONTRACT OFF
+typedef uint ch_philox_u32;
+typedef ulong ch_philox_u64;
+#define CH_PHILOX_FN
+#define CH_PHILOX_SQRT sqrt
+#define CH_PHILOX_LOG log
+#define CH_PHILOX_COS cos
+#else
+#include <math.h>
 #include <stdint.h>
-
-/* The CUDA kernels call these same functions on the device. */
+typedef uint32_t ch_philox_u32;
+typedef uint64_t ch_philox_u64;
 #ifdef __CUDACC__
 #define CH_PHILOX_FN __host__ __device__ static inline
 #else
 #define CH_PHILOX_FN static inline
+#endif
+#define CH_PHILOX_SQRT sqrtf
+#define CH_PHILOX_LOG logf
+#define CH_PHILOX_COS cosf
 #endif
 
 #define CH_PHILOX_M0 0xD2511F53u
@@ -18,15 +37,15 @@
 #define CH_PHILOX_W0 0x9E3779B9u
 #define CH_PHILOX_W1 0xBB67AE85u
 
-CH_PHILOX_FN void ch_philox4x32_10(uint32_t ctr[4], uint32_t k0, uint32_t k1)
+CH_PHILOX_FN void ch_philox4x32_10(ch_philox_u32 ctr[4], ch_philox_u32 k0, ch_philox_u32 k1)
 {
     for (int r = 0; r < 10; r++) {
-        uint64_t p0 = (uint64_t)CH_PHILOX_M0 * ctr[0];
-        uint64_t p1 = (uint64_t)CH_PHILOX_M1 * ctr[2];
-        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-        uint32_t c0 = hi1 ^ ctr[1] ^ k0;
-        uint32_t c2 = hi0 ^ ctr[3] ^ k1;
+        ch_philox_u64 p0 = (ch_philox_u64)CH_PHILOX_M0 * ctr[0];
+        ch_philox_u64 p1 = (ch_philox_u64)CH_PHILOX_M1 * ctr[2];
+        ch_philox_u32 hi0 = (ch_philox_u32)(p0 >> 32), lo0 = (ch_philox_u32)p0;
+        ch_philox_u32 hi1 = (ch_philox_u32)(p1 >> 32), lo1 = (ch_philox_u32)p1;
+        ch_philox_u32 c0 = hi1 ^ ctr[1] ^ k0;
+        ch_philox_u32 c2 = hi0 ^ ctr[3] ^ k1;
         ctr[0] = c0;
         ctr[1] = lo1;
         ctr[2] = c2;
@@ -36,19 +55,55 @@ CH_PHILOX_FN void ch_philox4x32_10(uint32_t ctr[4], uint32_t k0, uint32_t k1)
     }
 }
 
-/* The two words element `index` of a stream draws from. */
-CH_PHILOX_FN void ch_philox_words(uint64_t seed, uint64_t index, uint32_t *w0,
-                                   uint32_t *w1)
+/* The two words element `index` of a stream draws from: the counter
+ * (index low, index high, 0, 0) under the key (seed low, seed high). */
+CH_PHILOX_FN void ch_philox_words(ch_philox_u64 seed, ch_philox_u64 index, ch_philox_u32 *w0,
+                                  ch_philox_u32 *w1)
 {
-    uint32_t ctr[4] = {(uint32_t)index, (uint32_t)(index >> 32), 0u, 0u};
-    ch_philox4x32_10(ctr, (uint32_t)seed, (uint32_t)(seed >> 32));
+    ch_philox_u32 ctr[4] = {(ch_philox_u32)index, (ch_philox_u32)(index >> 32), 0u, 0u};
+    ch_philox4x32_10(ctr, (ch_philox_u32)seed, (ch_philox_u32)(seed >> 32));
     *w0 = ctr[0];
     *w1 = ctr[1];
 }
 
-CH_PHILOX_FN float ch_philox_unit(uint32_t w) /* [0, 1) */
+CH_PHILOX_FN float ch_philox_unit(ch_philox_u32 w) /* [0, 1) */
 {
     return (float)(w >> 8) * (1.0f / 16777216.0f);
+}
+
+/* ---- One element of each stream of ops.h, in float ----------------------- */
+
+/* lo + (hi - lo) u: the same bits on every backend. */
+CH_PHILOX_FN float ch_philox_uniform(ch_philox_u64 seed, ch_philox_u64 index, float lo, float hi)
+{
+    ch_philox_u32 w0, w1;
+    ch_philox_words(seed, index, &w0, &w1);
+    return lo + (hi - lo) * ch_philox_unit(w0);
+}
+
+/* u >= p ? keep : 0, keep = 1 / (1 - p) computed once by the caller in
+ * float: the same bits on every backend. */
+CH_PHILOX_FN float ch_philox_dropout(ch_philox_u64 seed, ch_philox_u64 index, float p,
+                                     float keep)
+{
+    ch_philox_u32 w0, w1;
+    ch_philox_words(seed, index, &w0, &w1);
+    return ch_philox_unit(w0) >= p ? keep : 0.0f;
+}
+
+/* mean + std z, z = sqrt(-2 ln u1) cos(2 pi u2) with u1 in (0, 1] (never 0,
+ * so the log is finite) and u2 in [0, 1): the same u1 and u2 everywhere,
+ * but sqrt, log and cos are each device's own. */
+CH_PHILOX_FN float ch_philox_normal(ch_philox_u64 seed, ch_philox_u64 index, float mean,
+                                    float std)
+{
+    ch_philox_u32 w0, w1;
+    ch_philox_words(seed, index, &w0, &w1);
+    float u1 = (float)((w0 >> 8) + 1u) * (1.0f / 16777216.0f);
+    float u2 = ch_philox_unit(w1);
+    float z = CH_PHILOX_SQRT(-2.0f * CH_PHILOX_LOG(u1)) *
+              CH_PHILOX_COS(6.28318530717958647692f * u2);
+    return mean + std * z;
 }
 
 #endif

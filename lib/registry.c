@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,9 +33,18 @@ static const struct {
 #endif
 };
 
-static void set_detail(chi_backend *be, const char *fmt, const char *a, const char *b)
+static void set_detail(chi_backend *be, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static void set_detail(chi_backend *be, const char *fmt, ...)
 {
-    snprintf(be->detail, sizeof be->detail, fmt, a, b);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(be->detail, sizeof be->detail, fmt, ap);
+    va_end(ap);
 }
 
 /* Find chorus-<name>.so in the search path; "" when it is nowhere. */
@@ -60,20 +70,23 @@ static void find_module(const char *name, char *path, size_t size, char *searche
     path[0] = '\0';
 }
 
-static ch_status start_backend(chi_backend *be, const ch_backend_i *iface)
+/* `path` names the module in messages ("built in" for the host). Nothing
+ * but abi_version is read from a table of another version: its layout may
+ * differ. */
+static ch_status start_backend(chi_backend *be, const ch_backend_i *iface, const char *path)
 {
     if (iface->abi_version != CH_BACKEND_ABI_VERSION) {
-        char got[32], want[32];
-        snprintf(got, sizeof got, "%u", iface->abi_version);
-        snprintf(want, sizeof want, "%d", CH_BACKEND_ABI_VERSION);
-        set_detail(be, "module ABI version %s, expected %s (rebuild the module)", got, want);
+        set_detail(be,
+                   "%s was built for backend ABI version %u, this libchorus speaks version "
+                   "%d: rebuild the module with this library",
+                   path, (unsigned)iface->abi_version, CH_BACKEND_ABI_VERSION);
         return CH_ERR_UNAVAILABLE;
     }
     ch_clear_error();
     int n = 0;
     void *ctx = NULL;
     if (iface->init(&ctx, &n) != CH_OK) {
-        set_detail(be, "%s%s", ch_last_error()[0] ? ch_last_error() : "init failed", "");
+        set_detail(be, "%s", ch_last_error()[0] ? ch_last_error() : "init failed");
         return CH_ERR_UNAVAILABLE;
     }
     be->iface = iface;
@@ -102,7 +115,7 @@ static void load_module(chi_backend *be, const char *name, int built)
     void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!dl) {
         const char *why = dlerror();
-        set_detail(be, "cannot load module: %s%s", why ? why : path, "");
+        set_detail(be, "cannot load module: %s", why ? why : path);
         return;
     }
     ch_backend_entry_fn entry;
@@ -112,8 +125,8 @@ static void load_module(chi_backend *be, const char *name, int built)
         return;
     }
     be->dl = dl;
-    if (start_backend(be, entry()) == CH_OK)
-        set_detail(be, "%s%s", path, "");
+    if (start_backend(be, entry(), path) == CH_OK)
+        set_detail(be, "%s", path);
 }
 
 ch_status chi_registry_load(void)
@@ -123,9 +136,9 @@ ch_status chi_registry_load(void)
     chi_backend *host = &backends[nbackends++];
     snprintf(host->name, sizeof host->name, "host");
     host->host_memory = 1;
-    if (start_backend(host, chi_host_backend()) != CH_OK)
+    if (start_backend(host, chi_host_backend(), "the built-in host backend") != CH_OK)
         return chi_error(CH_ERR_INTERNAL, "ch_init: the host backend failed: %s", host->detail);
-    set_detail(host, "built in%s%s", "", "");
+    set_detail(host, "built in");
     for (size_t i = 0; i < sizeof modules / sizeof modules[0]; i++)
         load_module(&backends[nbackends++], modules[i].name, modules[i].built);
     return CH_OK;

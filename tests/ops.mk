@@ -10,3 +10,21 @@ tests_test_ops_grad_SOURCES = tests/test-ops-grad.c
 tests_test_ops_grad_LDADD = $(TEST_LIBS)
 tests_test_errors_SOURCES = tests/test-errors.c
 tests_test_errors_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS)
+
+# What crosses the backend ABI: test-abi calls the slots of every backend
+# directly (the host's from the two sources that hold them, compiled in
+# here), and loads a module built for the previous ABI version under the
+# name of a real one.
+check_PROGRAMS += tests/test-abi
+tests_test_abi_SOURCES = tests/test-abi.c backends/host/elementwise.c backends/host/reduce.c
+tests_test_abi_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
+tests_test_abi_LDFLAGS = $(AM_LDFLAGS) $(OPENMP_CFLAGS)
+tests_test_abi_LDADD = $(TEST_LIBS)
+
+check_LTLIBRARIES += tests/wrong-abi/chorus-cuda.la
+tests_wrong_abi_chorus_cuda_la_SOURCES = tests/wrong-abi-module.c
+tests_wrong_abi_chorus_cuda_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
+	-rpath $(abs_builddir)/tests/wrong-abi
+AM_TESTS_ENVIRONMENT += \
+	CHORUS_TEST_WRONG_ABI_DIR='$(abs_top_builddir)/tests/wrong-abi/.libs'; \
+	export CHORUS_TEST_WRONG_ABI_DIR;

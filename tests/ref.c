@@ -42,12 +42,32 @@ void ref_gemm(double *c, int trans_a, int trans_b, int64_t m, int64_t n, int64_t
         }
 }
 
-void ref_binary(double *y, ref_binop op, int64_t n, const float *a, const float *b)
+const char *ref_binary_name(ch_binary_op op)
 {
-    for (int64_t i = 0; i < n; i++) {
-        double x = a[i], z = b[i];
-        y[i] = op == REF_ADD ? x + z : op == REF_SUB ? x - z : x * z;
+    switch (op) {
+    case CH_BIN_ADD: return "add";
+    case CH_BIN_SUB: return "sub";
+    case CH_BIN_MUL: return "mul";
+    case CH_BIN_COUNT: break;
     }
+    return "unknown";
+}
+
+static double binary_one(ch_binary_op op, double x, double z)
+{
+    switch (op) {
+    case CH_BIN_ADD: return x + z;
+    case CH_BIN_SUB: return x - z;
+    case CH_BIN_MUL: return x * z;
+    case CH_BIN_COUNT: break;
+    }
+    return NAN;
+}
+
+void ref_binary(double *y, ch_binary_op op, int64_t n, const float *a, const float *b)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = binary_one(op, a[i], b[i]);
 }
 
 void ref_axpby(double *y, int64_t n, double alpha, const float *x, double beta,
@@ -61,17 +81,29 @@ double ref_act(ch_activation act, double x)
 {
     switch (act) {
     case CH_ACT_RELU: return x > 0.0 ? x : 0.0;
-    case CH_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case CH_ACT_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
     case CH_ACT_TANH: return tanh(x);
     case CH_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case CH_ACT_COUNT: break;
     }
     return NAN;
 }
 
 const char *ref_act_name(ch_activation act)
 {
-    static const char *names[] = {"relu", "gelu", "tanh", "sigmoid"};
-    return act >= CH_ACT_RELU && act <= CH_ACT_SIGMOID ? names[act] : "unknown";
+    switch (act) {
+    case CH_ACT_RELU: return "relu";
+    case CH_ACT_GELU: return "gelu";
+    case CH_ACT_TANH: return "tanh";
+    case CH_ACT_SIGMOID: return "sigmoid";
+    case CH_ACT_COUNT: break;
+    }
+    return "unknown";
+}
+
+int ref_act_reads_x(ch_activation act)
+{
+    return act == CH_ACT_RELU || act == CH_ACT_GELU;
 }
 
 void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x)
@@ -80,14 +112,25 @@ void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x)
         y[i] = ref_act(act, x[i]);
 }
 
+/* Phi(x) and x phi(x): gelu's derivative is their sum. */
+static double gelu_cdf(double x)
+{
+    return 0.5 * erfc(-x / sqrt(2.0));
+}
+
+static double gelu_pdf_x(double x)
+{
+    return x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
 static double act_derivative(ch_activation act, double x, double y)
 {
     switch (act) {
     case CH_ACT_RELU: return x > 0.0 ? 1.0 : 0.0;
-    case CH_ACT_GELU:
-        return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+    case CH_ACT_GELU: return gelu_cdf(x) + gelu_pdf_x(x);
     case CH_ACT_TANH: return 1.0 - y * y;
     case CH_ACT_SIGMOID: return y * (1.0 - y);
+    case CH_ACT_COUNT: break;
     }
     return NAN;
 }
@@ -97,6 +140,16 @@ void ref_act_backward(double *dx, ch_activation act, int64_t n, const float *dy,
 {
     for (int64_t i = 0; i < n; i++)
         dx[i] = dy[i] * act_derivative(act, x ? x[i] : 0.0, y ? y[i] : 0.0);
+}
+
+void ref_act_backward_mag(double *mag, ch_activation act, int64_t n, const float *dy,
+                          const float *x, const float *y)
+{
+    ref_act_backward(mag, act, n, dy, x, y);
+    for (int64_t i = 0; i < n; i++)
+        mag[i] = act == CH_ACT_GELU
+                     ? fabs(dy[i]) * (fabs(gelu_cdf(x[i])) + fabs(gelu_pdf_x(x[i])))
+                     : fabs(mag[i]);
 }
 
 void ref_bias_add(double *y, int64_t outer, int64_t c, int64_t inner, const float *x,
@@ -139,6 +192,29 @@ double ref_softmax_xent(double *probs, int64_t n, int64_t c, const float *logits
         loss += log(z) - (row[labels[r]] - mx);
     }
     return loss / (double)n;
+}
+
+double ref_softmax_xent_mag(double *probs_mag, int64_t n, int64_t c, const float *logits,
+                            const int32_t *labels)
+{
+    double *probs = malloc((size_t)(n * c) * sizeof *probs);
+    if (!probs)
+        return NAN;
+    ref_softmax_xent(probs, n, c, logits, labels);
+    double mag = 0.0;
+    for (int64_t r = 0; r < n; r++) {
+        const float *row = logits + r * c;
+        double mx = row[0], z = 0.0;
+        for (int64_t j = 1; j < c; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        for (int64_t j = 0; j < c; j++) {
+            z += exp(row[j] - mx);
+            probs_mag[r * c + j] = probs[r * c + j] * (1.0 + fabs(row[j] - mx));
+        }
+        mag += fabs(log(z)) + fabs(row[labels[r]] - mx);
+    }
+    free(probs);
+    return mag / (double)n;
 }
 
 void ref_softmax_xent_backward(double *dlogits, int64_t n, int64_t c, const float *probs,
@@ -254,14 +330,35 @@ void ref_maxpool_backward(double *dx, const ref_geom *g, const float *dy, const 
             dx[p * hw + idx[p * ohw + o]] += dy[p * ohw + o];
 }
 
-void ref_sum(double *y, int64_t outer, int64_t n, int64_t inner, const float *x, int mean)
+const char *ref_axis_name(ch_axis_op op)
+{
+    switch (op) {
+    case CH_AXIS_SUM: return "sum";
+    case CH_AXIS_MEAN: return "mean";
+    case CH_AXIS_COUNT: break;
+    }
+    return "unknown";
+}
+
+static double axis_divisor(ch_axis_op op, int64_t n)
+{
+    switch (op) {
+    case CH_AXIS_SUM: return 1.0;
+    case CH_AXIS_MEAN: return (double)n;
+    case CH_AXIS_COUNT: break;
+    }
+    return NAN;
+}
+
+void ref_sum_axis(double *y, ch_axis_op op, int64_t outer, int64_t n, int64_t inner,
+                  const float *x)
 {
     for (int64_t o = 0; o < outer; o++)
         for (int64_t i = 0; i < inner; i++) {
             double s = 0.0;
             for (int64_t j = 0; j < n; j++)
                 s += x[(o * n + j) * inner + i];
-            y[o * inner + i] = mean ? s / (double)n : s;
+            y[o * inner + i] = s / axis_divisor(op, n);
         }
 }
 
@@ -269,9 +366,10 @@ void ref_argmax(int32_t *y, int64_t outer, int64_t n, int64_t inner, const float
 {
     for (int64_t o = 0; o < outer; o++)
         for (int64_t i = 0; i < inner; i++) {
+            const float *col = x + o * n * inner + i;
             int32_t best = 0;
-            for (int64_t j = 1; j < n; j++)
-                if (x[(o * n + j) * inner + i] > x[(o * n + best) * inner + i])
+            for (int64_t j = 1; j < n && !isnan(col[best * inner]); j++)
+                if (isnan(col[j * inner]) || col[j * inner] > col[best * inner])
                     best = (int32_t)j;
             y[o * inner + i] = best;
         }
@@ -332,6 +430,17 @@ void ref_rand_normal(double *y, int64_t n, uint64_t seed, uint64_t offset, doubl
     }
 }
 
+void ref_rand_normal_mag(double *mag, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                         double std)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t w0, w1;
+        ch_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
+        double u1 = ((double)(w0 >> 8) + 1.0) / 16777216.0;
+        mag[i] = fabs(mean) + fabs(std) * sqrt(-2.0 * log(u1));
+    }
+}
+
 void ref_dropout_mask(float *y, int64_t n, uint64_t seed, uint64_t offset, float p)
 {
     float keep = 1.0f / (1.0f - p);
@@ -349,11 +458,11 @@ static double one_err(double got, double want, double scale)
     return fabs(got - want) / scale;
 }
 
-double ref_err(const float *got, const double *want, int64_t n)
+double ref_err(const float *got, const double *want, const double *mag, int64_t n)
 {
     double e = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        double d = one_err(got[i], want[i], fmax(fabs(want[i]), 1.0));
+        double d = one_err(got[i], want[i], fmax(mag ? mag[i] : fabs(want[i]), REF_TINY));
         e = d > e ? d : e;
     }
     return e;
@@ -444,6 +553,14 @@ float *tc_random(tcase *c, int64_t n, float lo, float hi)
     return x;
 }
 
+float *tc_abs(tcase *c, const float *x, int64_t n)
+{
+    float *a = tc_floats(c, n);
+    for (int64_t i = 0; i < n; i++)
+        a[i] = fabsf(x[i]);
+    return a;
+}
+
 void tc_track(tcase *c, ch_tensor *t)
 {
     if (c->nt == (int)(sizeof c->t / sizeof c->t[0])) {
@@ -507,7 +624,7 @@ int tc_end_err(tcase *c, double err, double tol)
     if (c->st != CH_OK)
         ok = tap_ok(0, "%s %s: %s", ch_device_id(c->dev), c->name, c->err);
     else
-        ok = tap_ok(err <= tol, "%s %s: err %.3g, want <= %.0e", ch_device_id(c->dev),
+        ok = tap_ok(err <= tol, "%s %s: err %.3g, want <= %.2g", ch_device_id(c->dev),
                     c->name, err, tol);
     tc_free(c);
     return ok;

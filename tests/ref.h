@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <chorus.h>
 
+#include "backend.h"
 #include "tap.h"
 
 /* Convolution geometry resolved from [N, C, H, W] and a window. */
@@ -24,18 +25,28 @@ ref_geom ref_geom_make(int64_t n, int64_t c, int64_t h, int64_t w, const ch_wind
 void ref_gemm(double *c, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
               double alpha, const float *a, const float *b, double beta, const float *c0);
 
-typedef enum ref_binop { REF_ADD, REF_SUB, REF_MUL } ref_binop;
-void ref_binary(double *y, ref_binop op, int64_t n, const float *a, const float *b);
+/* Every ref_* function that takes one of the enums crossing the backend ABI
+ * knows each of its values below _COUNT, so tests can loop up to it: a
+ * value added without its reference makes the tests fail (NaN, "unknown"). */
+const char *ref_binary_name(ch_binary_op op); /* "add", ... */
+void ref_binary(double *y, ch_binary_op op, int64_t n, const float *a, const float *b);
 /* y = alpha x + beta y0 */
 void ref_axpby(double *y, int64_t n, double alpha, const float *x, double beta,
                const float *y0);
 
 double ref_act(ch_activation act, double x);
 const char *ref_act_name(ch_activation act); /* "relu", ... */
+/* 1 when the backward reads the forward input x, 0 when it reads y. */
+int ref_act_reads_x(ch_activation act);
 void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x);
 /* dx = dy * act'(x); tanh and sigmoid take the derivative from y. */
 void ref_act_backward(double *dx, ch_activation act, int64_t n, const float *dy,
                       const float *x, const float *y);
+/* The size of the terms dx is made of (see ref_err): |dy| (|Phi(x)| +
+ * |x phi(x)|) for gelu, whose derivative crosses zero near x = -0.75;
+ * |dx| for the others. */
+void ref_act_backward_mag(double *mag, ch_activation act, int64_t n, const float *dy,
+                          const float *x, const float *y);
 
 /* x, y as [outer, c, inner]. */
 void ref_bias_add(double *y, int64_t outer, int64_t c, int64_t inner, const float *x,
@@ -46,6 +57,12 @@ void ref_bias_grad(double *db, int64_t outer, int64_t c, int64_t inner, const fl
 /* Returns the mean loss; probs may be NULL. */
 double ref_softmax_xent(double *probs, int64_t n, int64_t c, const float *logits,
                         const int32_t *labels);
+/* The error scales of ref_softmax_xent's results (see ref_err): for each
+ * probability p_j (1 + |x_j - max|), since an f32 rounding of the exponent
+ * x_j - max moves p_j by that much relative to it; returned, the mean over
+ * rows of |log sum| + |x_label - max|, the terms of the loss. */
+double ref_softmax_xent_mag(double *probs_mag, int64_t n, int64_t c, const float *logits,
+                            const int32_t *labels);
 void ref_softmax_xent_backward(double *dlogits, int64_t n, int64_t c, const float *probs,
                                const int32_t *labels, double scale);
 
@@ -57,7 +74,10 @@ void ref_maxpool(double *y, int32_t *idx, const ref_geom *g, const float *x);
 void ref_maxpool_backward(double *dx, const ref_geom *g, const float *dy, const int32_t *idx);
 
 /* x as [outer, n, inner] -> y [outer, inner]. */
-void ref_sum(double *y, int64_t outer, int64_t n, int64_t inner, const float *x, int mean);
+const char *ref_axis_name(ch_axis_op op); /* "sum", "mean" */
+void ref_sum_axis(double *y, ch_axis_op op, int64_t outer, int64_t n, int64_t inner,
+                  const float *x);
+/* The first NaN along n, else the first maximum (ops.h). */
 void ref_argmax(int32_t *y, int64_t outer, int64_t n, int64_t inner, const float *x);
 
 void ref_sgd_step(double *p, double *m, int64_t n, const float *p0, const float *m0,
@@ -72,11 +92,23 @@ void ref_adam_step(double *p, double *m, double *v, int64_t n, const float *p0,
 void ref_rand_uniform(float *y, int64_t n, uint64_t seed, uint64_t offset, float lo, float hi);
 void ref_rand_normal(double *y, int64_t n, uint64_t seed, uint64_t offset, double mean,
                      double std);
+/* The error scale of each normal (see ref_err): |mean| + |std| sqrt(-2 ln u1),
+ * the radius cos(2 pi u2) is multiplied by, since an f32 rounding of the
+ * angle moves z by that much. */
+void ref_rand_normal_mag(double *mag, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                         double std);
 void ref_dropout_mask(float *y, int64_t n, uint64_t seed, uint64_t offset, float p);
 
-/* max_i |got_i - want_i| / max(|want_i|, 1); a NaN where want is a number
- * (or the reverse) gives infinity. */
-double ref_err(const float *got, const double *want, int64_t n);
+/* The largest error of got against want, each element's relative to its own
+ * scale: max_i |got_i - want_i| / max(s_i, REF_TINY), with s_i = mag[i]
+ * where mag is given and |want_i| otherwise. mag is the size of the terms
+ * an output is made of (the same expression over the inputs' absolute
+ * values): where the terms cancel, as in a sum, rounding errors are
+ * relative to them rather than to the result. Small results are held to
+ * the same relative accuracy as large ones. A NaN on one side only gives
+ * infinity. */
+#define REF_TINY 1e-30
+double ref_err(const float *got, const double *want, const double *mag, int64_t n);
 /* max_i |got_i - want_i| / max(max_j |want_j|, floor): for gradients, whose
  * scale can be far from 1. */
 double ref_err_scaled(const double *got, const double *want, int64_t n, double floor);
@@ -122,6 +154,8 @@ float *tc_floats(tcase *c, int64_t n);
 double *tc_doubles(tcase *c, int64_t n);
 int32_t *tc_ints(tcase *c, int64_t n);
 float *tc_random(tcase *c, int64_t n, float lo, float hi);
+/* |x|, for the magnitudes of ref_err. */
+float *tc_abs(tcase *c, const float *x, int64_t n);
 
 /* Tensors on the case's device; NULL once a call has failed. */
 void tc_track(tcase *c, ch_tensor *t);

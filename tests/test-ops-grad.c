@@ -11,11 +11,14 @@
 
 #define MAX_DEVICES 16
 
-/* Finite differences of f32 forwards: a relative error of 1e-2 leaves room
- * for f32 rounding divided by the step. Adjoint identities only suffer
- * rounding of the f32 outputs. */
-#define TOL_FD 1e-2
-#define TOL_ADJOINT 1e-5
+/* Finite differences of f32 forwards with a step h = 1e-2, relative to the
+ * largest derivative: the truncation error (h^2 / 6 times the third
+ * derivative) and the f32 rounding of the forward divided by the step, about
+ * 1e-5 each, come to 4.4e-5 at most here (softmax, on PoCL). Adjoint
+ * identities suffer only the rounding of the f32 outputs and of the
+ * device's own sums (4e-9 at most here). */
+#define TOL_FD 5e-4
+#define TOL_ADJOINT 1e-6
 
 static double dot(const float *a, const float *b, int64_t n)
 {
@@ -348,7 +351,7 @@ static void test_device(ch_device *dev)
         {2, 2, 2, 2, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0},
     };
     static const ch_window2d k2s2 = {2, 2, 2, 2, 0, 0}, k3s2p1 = {3, 3, 2, 2, 1, 1};
-    for (int act = CH_ACT_RELU; act <= CH_ACT_SIGMOID; act++)
+    for (int act = 0; act < CH_ACT_COUNT; act++)
         grad_activation(dev, act);
     grad_softmax_xent(dev, 1.0f);
     grad_softmax_xent(dev, 2.5f);

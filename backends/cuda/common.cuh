@@ -109,15 +109,14 @@ template <typename T> static inline T *chcu_at(ch_bmem m)
     return (T *)((char *)m.ptr + m.off);
 }
 
-/* ---- deterministic reductions (reduce.cu) ---- */
+/* ---- deterministic sums along an axis (reduce.cu) ---- */
 
 /* y[o, i] = sum over k < n of x[o, k, i] / divisor (+ beta * y[o, i] when
  * beta != 0) for x seen as [outer, n, inner]. Summed in double, in an order
- * fixed by the shape alone. `work` holds chcu_reduce_work() bytes. */
-ch_status chcu_reduce_sum(chcu_stream *s, float *y, const float *x, int64_t outer,
-                          int64_t n, int64_t inner, double divisor, float beta,
-                          void *work);
-size_t chcu_reduce_work(int64_t outer, int64_t n, int64_t inner);
+ * fixed by the shape alone. `work` holds chcu_sum_into_work() bytes. */
+ch_status chcu_sum_into(chcu_stream *s, float *y, const float *x, int64_t outer,
+                        int64_t n, int64_t inner, double divisor, float beta, void *work);
+size_t chcu_sum_into_work(int64_t outer, int64_t n, int64_t inner);
 
 /* ---- slots ---- */
 
@@ -144,7 +143,7 @@ int chcu_can_peer(void *src_dev, void *dst_dev);
 ch_status chcu_peer_copy(void *stream, ch_bmem dst, void *src_dev, ch_bmem src,
                          size_t bytes);
 
-ch_status chcu_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value);
+ch_status chcu_fill(void *stream, ch_bmem y, int64_t n, uint32_t word);
 ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
                     int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
                     int64_t ldb, float beta, ch_bmem c, int64_t ldc);
@@ -173,8 +172,8 @@ ch_status chcu_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
                                ch_bmem idx, ch_bmem x);
 ch_status chcu_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
                                 ch_bmem dy, ch_bmem idx);
-ch_status chcu_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                      int64_t inner, ch_bmem y, ch_bmem x);
+ch_status chcu_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                        int64_t inner, ch_bmem y, ch_bmem x);
 ch_status chcu_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
                       ch_bmem y, ch_bmem x);
 ch_status chcu_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,

@@ -3,29 +3,25 @@
 #include <math.h>
 #include "common.cuh"
 
-template <typename T> __global__ void fill_kernel(T *y, int64_t n, T v)
+__global__ void fill_kernel(uint32_t *y, int64_t n, uint32_t word)
 {
     CHCU_FOR_EACH(i, n)
-    y[i] = v;
+    y[i] = word;
 }
 
-ch_status chcu_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value)
+ch_status chcu_fill(void *stream, ch_bmem y, int64_t n, uint32_t word)
 {
     chcu_stream *s = (chcu_stream *)stream;
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    unsigned grid = chcu_grid(s->dev, n);
-    if (dtype == CH_I32)
-        fill_kernel<int32_t><<<grid, CHCU_THREADS, 0, s->s>>>(chcu_at<int32_t>(y), n,
-                                                              (int32_t)value);
-    else
-        fill_kernel<float><<<grid, CHCU_THREADS, 0, s->s>>>(chcu_at<float>(y), n, (float)value);
+    fill_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(chcu_at<uint32_t>(y), n, word);
     return chcu_launched("fill_kernel");
 }
 
 template <ch_binary_op OP> __device__ float binary_apply(float a, float b)
 {
+    static_assert(OP == CH_BIN_ADD || OP == CH_BIN_SUB || OP == CH_BIN_MUL, "a ch_binary_op");
     if (OP == CH_BIN_ADD)
         return a + b;
     if (OP == CH_BIN_SUB)
@@ -56,9 +52,11 @@ ch_status chcu_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bm
     case CH_BIN_SUB:
         binary_kernel<CH_BIN_SUB><<<grid, CHCU_THREADS, 0, s->s>>>(py, pa, pb, n);
         break;
-    default:
+    case CH_BIN_MUL:
         binary_kernel<CH_BIN_MUL><<<grid, CHCU_THREADS, 0, s->s>>>(py, pa, pb, n);
         break;
+    default:
+        return chi_unknown_enum("cuda", "binary", "ch_binary_op", (int)op, CH_BIN_COUNT);
     }
     return chcu_launched("binary_kernel");
 }
@@ -95,12 +93,20 @@ ch_status chcu_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
 #define CHCU_SQRT1_2 0.70710678118654752440f
 #define CHCU_INV_SQRT_2PI 0.39894228040143267794f
 
+/* Phi(x) through erfc: for x < -3, 1 + erf(x) cancels and loses 5% and
+ * more of the result in f32. */
+__device__ static float gelu_cdf(float x)
+{
+    return 0.5f * erfcf(-x * CHCU_SQRT1_2);
+}
+
 template <ch_activation A> __device__ float act_apply(float x)
 {
+    static_assert(A >= CH_ACT_RELU && A <= CH_ACT_SIGMOID, "an activation this file computes");
     if (A == CH_ACT_RELU)
         return x > 0.0f ? x : 0.0f;
     if (A == CH_ACT_GELU)
-        return 0.5f * x * (1.0f + erff(x * CHCU_SQRT1_2));
+        return x * gelu_cdf(x);
     if (A == CH_ACT_TANH)
         return tanhf(x);
     return 1.0f / (1.0f + expf(-x));
@@ -110,18 +116,19 @@ template <ch_activation A> __device__ float act_apply(float x)
 template <ch_activation A> __device__ float act_grad(float dy, const float *x, const float *y,
                                                      int64_t i)
 {
+    static_assert(A >= CH_ACT_RELU && A <= CH_ACT_SIGMOID, "an activation this file computes");
     if (A == CH_ACT_RELU)
         return x[i] > 0.0f ? dy : 0.0f;
     if (A == CH_ACT_GELU) {
         float v = x[i];
-        float cdf = 0.5f * (1.0f + erff(v * CHCU_SQRT1_2));
         float pdf = expf(-0.5f * v * v) * CHCU_INV_SQRT_2PI;
-        return dy * (cdf + v * pdf);
+        return dy * (gelu_cdf(v) + v * pdf);
     }
     float t = y[i];
+    /* (1 - t)(1 + t) rather than 1 - t^2, which cancels near |t| = 1. */
     if (A == CH_ACT_TANH)
-        return dy * (1.0f - t * t);
-    return dy * t * (1.0f - t);
+        return dy * ((1.0f - t) * (1.0f + t));
+    return dy * (t * (1.0f - t));
 }
 
 template <ch_activation A> __global__ void act_forward_kernel(float *y, const float *x, int64_t n)
@@ -166,9 +173,12 @@ static ch_status act_run(void *stream, ch_activation act, int backward, int64_t 
     case CH_ACT_TANH:
         act_launch<CH_ACT_TANH>(s, backward, n, out, dy, x, y);
         break;
-    default:
+    case CH_ACT_SIGMOID:
         act_launch<CH_ACT_SIGMOID>(s, backward, n, out, dy, x, y);
         break;
+    default:
+        return chi_unknown_enum("cuda", backward ? "act_backward" : "act_forward",
+                                "ch_activation", (int)act, CH_ACT_COUNT);
     }
     return chcu_launched(backward ? "act_backward_kernel" : "act_forward_kernel");
 }

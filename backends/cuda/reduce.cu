@@ -1,4 +1,4 @@
-/* Deterministic reductions: sum and mean along an axis, bias gradient and
+/* Deterministic sums and means along an axis, bias gradient and
  * argmax.
  *
  * x is seen as [outer, n, inner] and reduced over n. A block takes one
@@ -11,28 +11,28 @@
 #include "common.cuh"
 
 /* Enough blocks to fill any current GPU several times over. */
-#define REDUCE_TARGET_BLOCKS 1024
+#define AXIS_TARGET_BLOCKS 1024
 /* The shortest chunk of n worth a block of its own. */
-#define REDUCE_MIN_CHUNK 2048
+#define AXIS_MIN_CHUNK 2048
 
-typedef struct reduce_plan {
+typedef struct axis_plan {
     unsigned tx, ty;
     int64_t ntiles;
     int64_t splits, chunk;
-} reduce_plan;
+} axis_plan;
 
-static reduce_plan reduce_plan_of(int64_t outer, int64_t n, int64_t inner)
+static axis_plan axis_plan_of(int64_t outer, int64_t n, int64_t inner)
 {
-    reduce_plan p;
+    axis_plan p;
     p.tx = 1;
     while (p.tx < 32 && (int64_t)p.tx < inner)
         p.tx *= 2;
     p.ty = CHCU_THREADS / p.tx;
     p.ntiles = (inner + p.tx - 1) / p.tx;
     int64_t blocks = outer * p.ntiles;
-    int64_t splits = (REDUCE_TARGET_BLOCKS + blocks - 1) / blocks;
-    if (splits > n / REDUCE_MIN_CHUNK)
-        splits = n / REDUCE_MIN_CHUNK;
+    int64_t splits = (AXIS_TARGET_BLOCKS + blocks - 1) / blocks;
+    if (splits > n / AXIS_MIN_CHUNK)
+        splits = n / AXIS_MIN_CHUNK;
     if (splits < 1)
         splits = 1;
     p.chunk = (n + splits - 1) / splits;
@@ -40,9 +40,9 @@ static reduce_plan reduce_plan_of(int64_t outer, int64_t n, int64_t inner)
     return p;
 }
 
-size_t chcu_reduce_work(int64_t outer, int64_t n, int64_t inner)
+size_t chcu_sum_into_work(int64_t outer, int64_t n, int64_t inner)
 {
-    reduce_plan p = reduce_plan_of(outer, n, inner);
+    axis_plan p = axis_plan_of(outer, n, inner);
     return p.splits > 1 ? (size_t)(outer * p.splits * inner) * sizeof(double) : 0;
 }
 
@@ -100,7 +100,7 @@ __global__ void sum_kernel(const T *x, int64_t outer, int64_t n, int64_t inner, 
 }
 
 template <typename T, typename Out>
-static ch_status sum_launch(const chcu_stream *s, const reduce_plan &p, const T *x, int64_t outer,
+static ch_status sum_launch(const chcu_stream *s, const axis_plan &p, const T *x, int64_t outer,
                             int64_t n, int64_t inner, int64_t splits, int64_t chunk, Out out)
 {
     int64_t slots = outer * splits * p.ntiles;
@@ -112,10 +112,10 @@ static ch_status sum_launch(const chcu_stream *s, const reduce_plan &p, const T 
 }
 
 template <typename T>
-static ch_status reduce_sum(chcu_stream *s, float *y, const T *x, int64_t outer, int64_t n,
+static ch_status sum_into(chcu_stream *s, float *y, const T *x, int64_t outer, int64_t n,
                             int64_t inner, double divisor, float beta, void *work)
 {
-    reduce_plan p = reduce_plan_of(outer, n, inner);
+    axis_plan p = axis_plan_of(outer, n, inner);
     sum_to_float fin = {y, inner, divisor, beta};
     if (p.splits == 1)
         return sum_launch(s, p, x, outer, n, inner, 1, n, fin);
@@ -127,29 +127,31 @@ static ch_status reduce_sum(chcu_stream *s, float *y, const T *x, int64_t outer,
     return sum_launch(s, p, (const double *)part, outer, p.splits, inner, 1, p.splits, fin);
 }
 
-ch_status chcu_reduce_sum(chcu_stream *s, float *y, const float *x, int64_t outer, int64_t n,
-                          int64_t inner, double divisor, float beta, void *work)
+ch_status chcu_sum_into(chcu_stream *s, float *y, const float *x, int64_t outer, int64_t n,
+                        int64_t inner, double divisor, float beta, void *work)
 {
-    return reduce_sum(s, y, x, outer, n, inner, divisor, beta, work);
+    return sum_into(s, y, x, outer, n, inner, divisor, beta, work);
 }
 
-ch_status chcu_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n, int64_t inner,
-                      ch_bmem y, ch_bmem x)
+ch_status chcu_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n, int64_t inner,
+                        ch_bmem y, ch_bmem x)
 {
+    if (!chi_enum_known((int)op, CH_AXIS_COUNT))
+        return chi_unknown_enum("cuda", "sum_axis", "ch_axis_op", (int)op, CH_AXIS_COUNT);
     chcu_stream *s = (chcu_stream *)stream;
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    double divisor = op == CH_REDUCE_MEAN ? (double)n : 1.0;
-    size_t bytes = chcu_reduce_work(outer, n, inner);
+    double divisor = op == CH_AXIS_MEAN ? (double)n : 1.0;
+    size_t bytes = chcu_sum_into_work(outer, n, inner);
     if (bytes == 0)
-        return reduce_sum(s, chcu_at<float>(y), chcu_at<float>(x), outer, n, inner, divisor, 0.0f,
+        return sum_into(s, chcu_at<float>(y), chcu_at<float>(x), outer, n, inner, divisor, 0.0f,
                           NULL);
     void *work;
     st = chcu_scratch_acquire(s, bytes, &work);
     if (st)
         return st;
-    st = reduce_sum(s, chcu_at<float>(y), chcu_at<float>(x), outer, n, inner, divisor, 0.0f, work);
+    st = sum_into(s, chcu_at<float>(y), chcu_at<float>(x), outer, n, inner, divisor, 0.0f, work);
     chcu_scratch_release(s);
     return st;
 }
@@ -161,15 +163,15 @@ static ch_status bias_grad_rows(chcu_stream *s, int64_t outer, int64_t c, int64_
 {
     size_t rows_bytes = (size_t)(outer * c) * sizeof(double);
     void *work;
-    ch_status st = chcu_scratch_acquire(s, rows_bytes + chcu_reduce_work(1, outer, c), &work);
+    ch_status st = chcu_scratch_acquire(s, rows_bytes + chcu_sum_into_work(1, outer, c), &work);
     if (st)
         return st;
     double *rows = (double *)work;
-    reduce_plan p = reduce_plan_of(outer * c, inner, 1);
+    axis_plan p = axis_plan_of(outer * c, inner, 1);
     sum_to_part mid = {rows, 1, 1};
     st = sum_launch(s, p, dy, outer * c, inner, 1, 1, inner, mid);
     if (!st)
-        st = reduce_sum(s, db, (const double *)rows, 1, outer, c, 1.0, beta,
+        st = sum_into(s, db, (const double *)rows, 1, outer, c, 1.0, beta,
                         (char *)work + rows_bytes);
     chcu_scratch_release(s);
     return st;
@@ -184,24 +186,32 @@ ch_status chcu_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner, 
         return st;
     if (inner > 1)
         return bias_grad_rows(s, outer, c, inner, chcu_at<float>(db), chcu_at<float>(dy), beta);
-    /* [outer, c]: column sums, the shape reduce handles directly. */
-    size_t bytes = chcu_reduce_work(1, outer, c);
+    /* [outer, c]: column sums, the shape sum_into handles directly. */
+    size_t bytes = chcu_sum_into_work(1, outer, c);
     void *work = NULL;
     if (bytes) {
         st = chcu_scratch_acquire(s, bytes, &work);
         if (st)
             return st;
     }
-    st = reduce_sum(s, chcu_at<float>(db), chcu_at<float>(dy), 1, outer, c, 1.0, beta, work);
+    st = sum_into(s, chcu_at<float>(db), chcu_at<float>(dy), 1, outer, c, 1.0, beta, work);
     if (bytes)
         chcu_scratch_release(s);
     return st;
 }
 
-/* (v2, k2) beats (v1, k1): larger, or as large and earlier. k < 0: none. */
+/* ops.h's rule, the first NaN, else the first maximum: (v2, k2) beats
+ * (v1, k1) when it is NaN and v1 is not, or larger, or as large (both NaN
+ * included) and earlier. k < 0: no value. */
 __device__ static bool argmax_better(float v2, int64_t k2, float v1, int64_t k1)
 {
-    return k2 >= 0 && (k1 < 0 || v2 > v1 || (v2 == v1 && k2 < k1));
+    if (k2 < 0)
+        return false;
+    if (k1 < 0)
+        return true;
+    if (isnan(v2))
+        return !isnan(v1) || k2 < k1;
+    return !isnan(v1) && (v2 > v1 || (v2 == v1 && k2 < k1));
 }
 
 __global__ void argmax_kernel(int32_t *y, const float *x, int64_t outer, int64_t n,
@@ -246,7 +256,7 @@ ch_status chcu_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    reduce_plan p = reduce_plan_of(outer, n, inner);
+    axis_plan p = axis_plan_of(outer, n, inner);
     int64_t slots = outer * p.ntiles;
     int64_t cap = (int64_t)s->dev->sm_count * CHCU_BLOCKS_PER_SM;
     argmax_kernel<<<(unsigned)(slots < cap ? slots : cap), dim3(p.tx, p.ty), 0, s->s>>>(

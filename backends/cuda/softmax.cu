@@ -1,8 +1,44 @@
-/* Fused softmax + cross-entropy, forward (mean loss) and backward. */
+/* Fused softmax + cross-entropy, forward (mean loss) and backward.
+ *
+ * Labels out of range: both kernels lower a flag word to the first row
+ * whose label is outside [0, c) (atomicMin: the same row whatever the
+ * order), and the slot reads it back before returning so that it can answer
+ * CH_ERR_INVALID_ARGUMENT as the host does (ops.h). That read is the one
+ * wait of these slots: it returns when the stream has run the kernel. */
 #include <math.h>
 #include "common.cuh"
 
 #define WARP 32
+#define NO_ROW 0xffffffffu
+
+static ch_status flag_reset(const chcu_stream *s, unsigned *flag)
+{
+    return chcu_check(cudaMemsetAsync(flag, 0xff, sizeof *flag, s->s), "cudaMemsetAsync");
+}
+
+/* A small read on the stream, waited for. */
+static ch_status read_back(const chcu_stream *s, void *host, const void *dev, size_t bytes)
+{
+    ch_status st = chcu_check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s->s),
+                              "cudaMemcpyAsync");
+    return st ? st : chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize");
+}
+
+/* Waits for the flag; the error names the first bad row and its label. */
+static ch_status labels_check(const chcu_stream *s, const char *fn, const unsigned *flag,
+                              const int32_t *labels, int64_t c)
+{
+    unsigned row = NO_ROW;
+    ch_status st = read_back(s, &row, flag, sizeof row);
+    if (st || row == NO_ROW)
+        return st;
+    int32_t label = 0;
+    st = read_back(s, &label, labels + row, sizeof label);
+    if (st)
+        return st;
+    return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: labels[%u] = %d is out of [0, %lld)", fn, row,
+                     (int)label, (long long)c);
+}
 
 __device__ static float warp_max(float v)
 {
@@ -22,9 +58,9 @@ __device__ static float warp_sum(float v)
 
 /* One warp per row: probs = softmax(row); rowloss = log(sum) - (x[label] -
  * max), which is -log probs[label] without rounding probs first. A label
- * out of range gives NaN. */
+ * out of range gives NaN and lowers *bad to its row. */
 __global__ void softmax_xent_kernel(float *probs, float *rowloss, const float *logits,
-                                    const int32_t *labels, int64_t n, int64_t c)
+                                    const int32_t *labels, int64_t n, int64_t c, unsigned *bad)
 {
     const int lane = threadIdx.x % WARP;
     const int64_t warps = (int64_t)gridDim.x * blockDim.x / WARP;
@@ -43,7 +79,12 @@ __global__ void softmax_xent_kernel(float *probs, float *rowloss, const float *l
             p[j] = expf(x[j] - m) / sum;
         if (lane == 0) {
             int32_t l = labels[r];
-            rowloss[r] = l >= 0 && l < c ? logf(sum) - (x[l] - m) : NAN;
+            if (l >= 0 && l < c) {
+                rowloss[r] = logf(sum) - (x[l] - m);
+            } else {
+                rowloss[r] = NAN;
+                atomicMin(bad, (unsigned)r);
+            }
         }
     }
 }
@@ -55,30 +96,42 @@ ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
+    /* Scratch: the row losses, the flag (8 bytes, to keep the sum's
+     * doubles aligned), the sum's workspace. */
     size_t rows_bytes = ((size_t)n * sizeof(float) + 7) / 8 * 8;
     void *work;
-    st = chcu_scratch_acquire(s, rows_bytes + chcu_reduce_work(1, n, 1), &work);
+    st = chcu_scratch_acquire(s, rows_bytes + 8 + chcu_sum_into_work(1, n, 1), &work);
     if (st)
         return st;
     float *rowloss = (float *)work;
-    softmax_xent_kernel<<<chcu_grid(s->dev, n * WARP), CHCU_THREADS, 0, s->s>>>(
-        chcu_at<float>(probs), rowloss, chcu_at<float>(logits), chcu_at<int32_t>(labels), n, c);
-    st = chcu_launched("softmax_xent_kernel");
+    unsigned *flag = (unsigned *)((char *)work + rows_bytes);
+    st = flag_reset(s, flag);
+    if (!st) {
+        softmax_xent_kernel<<<chcu_grid(s->dev, n * WARP), CHCU_THREADS, 0, s->s>>>(
+            chcu_at<float>(probs), rowloss, chcu_at<float>(logits), chcu_at<int32_t>(labels), n,
+            c, flag);
+        st = chcu_launched("softmax_xent_kernel");
+    }
     if (!st)
-        st = chcu_reduce_sum(s, chcu_at<float>(loss), rowloss, 1, n, 1, (double)n, 0.0f,
-                             (char *)work + rows_bytes);
+        st = chcu_sum_into(s, chcu_at<float>(loss), rowloss, 1, n, 1, (double)n, 0.0f,
+                           (char *)work + rows_bytes + 8);
+    if (!st)
+        st = labels_check(s, "ch_softmax_xent", flag, chcu_at<int32_t>(labels), c);
     chcu_scratch_release(s);
     return st;
 }
 
-/* dlogits[r, j] = (probs[r, j] - (j == label[r])) * scale / n */
+/* dlogits[r, j] = (probs[r, j] - (j == label[r])) * scale / n; the threads
+ * of column 0 lower *bad to a row whose label is out of range. */
 __global__ void softmax_xent_backward_kernel(float *dl, const float *probs,
                                              const int32_t *labels, int64_t n, int64_t c,
-                                             float k)
+                                             float k, unsigned *bad)
 {
     CHCU_FOR_ROWS(r, n)
     {
         int32_t l = labels[r];
+        if (blockIdx.x == 0 && threadIdx.x == 0 && (l < 0 || l >= c))
+            atomicMin(bad, (unsigned)r);
         CHCU_FOR_COLS(j, c)
         {
             float t = j == l ? 1.0f : 0.0f;
@@ -94,9 +147,21 @@ ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    chcu_shape2 sh = chcu_rows(s->dev, n, c);
-    softmax_xent_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-        chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c,
-        scale / (float)n);
-    return chcu_launched("softmax_xent_backward_kernel");
+    void *work;
+    st = chcu_scratch_acquire(s, sizeof(unsigned), &work);
+    if (st)
+        return st;
+    unsigned *flag = (unsigned *)work;
+    st = flag_reset(s, flag);
+    if (!st) {
+        chcu_shape2 sh = chcu_rows(s->dev, n, c);
+        softmax_xent_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
+            chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c,
+            scale / (float)n, flag);
+        st = chcu_launched("softmax_xent_backward_kernel");
+    }
+    if (!st)
+        st = labels_check(s, "ch_softmax_xent_backward", flag, chcu_at<int32_t>(labels), c);
+    chcu_scratch_release(s);
+    return st;
 }

@@ -17,22 +17,14 @@
 
 #define SQRT1_2 0.70710678118654752440
 #define INV_SQRT_2PI 0.39894228040143267794
-#define TWO_PI_F 6.28318530717958647692f
 
-ch_status chi_host_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value)
+ch_status chi_host_fill(void *stream, ch_bmem y, int64_t n, uint32_t word)
 {
     (void)stream;
-    if (dtype == CH_I32) {
-        int32_t *p = chi_host_i32(y), v = (int32_t)value;
-        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
-        for (int64_t i = 0; i < n; i++)
-            p[i] = v;
-        return CH_OK;
-    }
-    float *p = chi_host_f32(y), v = (float)value;
+    uint32_t *p = (uint32_t *)chi_host_f32(y);
     CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
     for (int64_t i = 0; i < n; i++)
-        p[i] = v;
+        p[i] = word;
     return CH_OK;
 }
 
@@ -58,8 +50,10 @@ ch_status chi_host_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y,
         for (int64_t i = 0; i < n; i++)
             py[i] = pa[i] * pb[i];
         return CH_OK;
+    case CH_BIN_COUNT:
+        break;
     }
-    return chi_error(CH_ERR_INTERNAL, "host binary: unknown op %d", (int)op);
+    return chi_unknown_enum("host", "binary", "ch_binary_op", (int)op, CH_BIN_COUNT);
 }
 
 ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
@@ -105,6 +99,8 @@ static float act_one(ch_activation act, float x)
         return (float)tanh(x);
     case CH_ACT_SIGMOID:
         return (float)(1.0 / (1.0 + exp(-(double)x)));
+    case CH_ACT_COUNT:
+        break;
     }
     return NAN;
 }
@@ -123,22 +119,18 @@ static float act_grad_one(ch_activation act, float dy, const float *x,
         return (float)(dy * (1.0 - (double)y[i] * y[i]));
     case CH_ACT_SIGMOID:
         return (float)(dy * (double)y[i] * (1.0 - y[i]));
+    case CH_ACT_COUNT:
+        break;
     }
     return NAN;
-}
-
-static int act_known(ch_activation act)
-{
-    return act == CH_ACT_RELU || act == CH_ACT_GELU || act == CH_ACT_TANH ||
-           act == CH_ACT_SIGMOID;
 }
 
 ch_status chi_host_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
                                ch_bmem x)
 {
     (void)stream;
-    if (!act_known(act))
-        return chi_error(CH_ERR_INTERNAL, "host activation: unknown kind %d", (int)act);
+    if (!chi_enum_known((int)act, CH_ACT_COUNT))
+        return chi_unknown_enum("host", "act_forward", "ch_activation", (int)act, CH_ACT_COUNT);
     float *py = chi_host_f32(y);
     const float *px = chi_host_f32(x);
     if (act == CH_ACT_RELU) {
@@ -159,8 +151,8 @@ ch_status chi_host_act_backward(void *stream, ch_activation act, int64_t n, ch_b
                                 ch_bmem dy, ch_bmem x, ch_bmem y)
 {
     (void)stream;
-    if (!act_known(act))
-        return chi_error(CH_ERR_INTERNAL, "host activation: unknown kind %d", (int)act);
+    if (!chi_enum_known((int)act, CH_ACT_COUNT))
+        return chi_unknown_enum("host", "act_backward", "ch_activation", (int)act, CH_ACT_COUNT);
     float *pdx = chi_host_f32(dx);
     const float *pdy = chi_host_f32(dy);
     const float *px = x.ptr ? chi_host_f32(x) : NULL;
@@ -234,38 +226,33 @@ ch_status chi_host_transpose01(void *stream, int64_t a, int64_t b, int64_t inner
     return CH_OK;
 }
 
-/* ---- random numbers -------------------------------------------------------
- * Exactly the recipe of ops.h, in float, so that every backend that follows
- * it draws the same numbers. */
-
-static float rand_one(ch_rand_kind kind, uint64_t seed, uint64_t index, float a,
-                      float b)
-{
-    uint32_t w0, w1;
-    ch_philox_words(seed, index, &w0, &w1);
-    switch (kind) {
-    case CH_RAND_UNIFORM:
-        return a + (b - a) * ch_philox_unit(w0);
-    case CH_RAND_NORMAL: {
-        float u1 = (float)((w0 >> 8) + 1u) * (1.0f / 16777216.0f);
-        float u2 = ch_philox_unit(w1);
-        return a + b * (sqrtf(-2.0f * logf(u1)) * cosf(TWO_PI_F * u2));
-    }
-    case CH_RAND_DROPOUT:
-        return ch_philox_unit(w0) >= a ? 1.0f / (1.0f - a) : 0.0f;
-    }
-    return NAN;
-}
+/* ---- random numbers ----------------------------------------------------- */
 
 ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
                         uint64_t seed, uint64_t offset, float a, float b)
 {
     (void)stream;
-    if (kind != CH_RAND_UNIFORM && kind != CH_RAND_NORMAL && kind != CH_RAND_DROPOUT)
-        return chi_error(CH_ERR_INTERNAL, "host rand: unknown kind %d", (int)kind);
     float *py = chi_host_f32(y);
-    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
-    for (int64_t i = 0; i < n; i++)
-        py[i] = rand_one(kind, seed, offset + (uint64_t)i, a, b);
-    return CH_OK;
+    switch (kind) {
+    case CH_RAND_UNIFORM:
+        CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = ch_philox_uniform(seed, offset + (uint64_t)i, a, b);
+        return CH_OK;
+    case CH_RAND_NORMAL:
+        CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = ch_philox_normal(seed, offset + (uint64_t)i, a, b);
+        return CH_OK;
+    case CH_RAND_DROPOUT: {
+        float keep = 1.0f / (1.0f - a);
+        CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+        for (int64_t i = 0; i < n; i++)
+            py[i] = ch_philox_dropout(seed, offset + (uint64_t)i, a, keep);
+        return CH_OK;
+    }
+    case CH_RAND_COUNT:
+        break;
+    }
+    return chi_unknown_enum("host", "rand", "ch_rand_kind", (int)kind, CH_RAND_COUNT);
 }

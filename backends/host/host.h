@@ -56,8 +56,7 @@ ch_status chi_host_gemm(void *stream, int trans_a, int trans_b, int64_t m,
                         ch_bmem b, int64_t ldb, float beta, ch_bmem c, int64_t ldc);
 
 /* elementwise.c */
-ch_status chi_host_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n,
-                        double value);
+ch_status chi_host_fill(void *stream, ch_bmem y, int64_t n, uint32_t word);
 ch_status chi_host_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y,
                           ch_bmem a, ch_bmem b);
 ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
@@ -76,8 +75,8 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
 /* reduce.c */
 ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
                              ch_bmem db, ch_bmem dy, float beta);
-ch_status chi_host_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                          int64_t inner, ch_bmem y, ch_bmem x);
+ch_status chi_host_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                            int64_t inner, ch_bmem y, ch_bmem x);
 ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
                           ch_bmem y, ch_bmem x);
 ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,

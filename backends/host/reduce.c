@@ -51,7 +51,7 @@ static ch_status sum_contig_parallel(const float *x, int64_t n, double *out)
     int64_t chunks = (n + SUM_CHUNK - 1) / SUM_CHUNK;
     double *part = malloc((size_t)chunks * sizeof *part);
     if (!part)
-        return chi_error(CH_ERR_OUT_OF_MEMORY, "host reduce: malloc(%zu) failed",
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "host sum_axis: malloc(%zu) failed",
                          (size_t)chunks * sizeof *part);
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN))
     for (int64_t c = 0; c < chunks; c++) {
@@ -79,13 +79,15 @@ static void sum_strided_block(float *y, const float *x, int64_t n, int64_t strid
         y[t] = (float)(acc[t] * scale);
 }
 
-ch_status chi_host_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                          int64_t inner, ch_bmem y, ch_bmem x)
+ch_status chi_host_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                            int64_t inner, ch_bmem y, ch_bmem x)
 {
     (void)stream;
+    if (!chi_enum_known((int)op, CH_AXIS_COUNT))
+        return chi_unknown_enum("host", "sum_axis", "ch_axis_op", (int)op, CH_AXIS_COUNT);
     float *py = chi_host_f32(y);
     const float *px = chi_host_f32(x);
-    double scale = op == CH_REDUCE_MEAN ? 1.0 / (double)n : 1.0;
+    double scale = op == CH_AXIS_MEAN ? 1.0 / (double)n : 1.0;
     if (inner == 1 && outer == 1) {
         double s = 0.0;
         ch_status st = sum_contig_parallel(px, n, &s);
@@ -111,7 +113,8 @@ ch_status chi_host_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t 
     return CH_OK;
 }
 
-/* The first maximum wins: only a strictly greater value moves the index. */
+/* ops.h's rule: the first NaN, else the first maximum. Once the best is NaN
+ * nothing moves it; before, a NaN or a strictly greater value does. */
 ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
                           ch_bmem y, ch_bmem x)
 {
@@ -123,8 +126,8 @@ ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
         for (int64_t t = 0; t < inner; t++) {
             const float *col = px + o * n * inner + t;
             int64_t best = 0;
-            for (int64_t j = 1; j < n; j++)
-                if (col[j * inner] > col[best * inner])
+            for (int64_t j = 1; j < n && !isnan(col[best * inner]); j++)
+                if (isnan(col[j * inner]) || col[j * inner] > col[best * inner])
                     best = j;
             py[o * inner + t] = (int32_t)best;
         }
@@ -167,7 +170,8 @@ ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inn
 
 /* ---- softmax cross-entropy --------------------------------------------------- */
 
-/* The host reports labels outside [0, C) (devices give NaN instead). */
+/* Labels outside [0, C) are an error on every backend (ops.h); the message
+ * names the first, as the device backends' do. */
 static ch_status check_labels(const char *fn, const int32_t *labels, int64_t n,
                               int64_t c)
 {
@@ -200,7 +204,7 @@ ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss
 {
     (void)stream;
     const int32_t *pl = chi_host_i32(labels);
-    ch_status st = check_labels("softmax_xent", pl, n, c);
+    ch_status st = check_labels("ch_softmax_xent", pl, n, c);
     if (st != CH_OK)
         return st;
     double *row_loss = malloc((size_t)n * sizeof *row_loss);
@@ -226,7 +230,7 @@ ch_status chi_host_softmax_xent_backward(void *stream, int64_t n, int64_t c,
 {
     (void)stream;
     const int32_t *pl = chi_host_i32(labels);
-    ch_status st = check_labels("softmax_xent_backward", pl, n, c);
+    ch_status st = check_labels("ch_softmax_xent_backward", pl, n, c);
     if (st != CH_OK)
         return st;
     float *pd = chi_host_f32(dlogits);

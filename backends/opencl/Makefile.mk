@@ -2,7 +2,8 @@
 #
 # The kernels live in .cl files and are compiled into the module as C string
 # literals (kernels.c, generated below with sed), so nothing is looked up at
-# run time.
+# run time. lib/philox.h is embedded the same way: it is valid OpenCL C, and
+# the rand program is built from it, so every backend runs the same Philox.
 opencl_kernels = \
 	backends/opencl/common.cl \
 	backends/opencl/elementwise.cl \
@@ -27,19 +28,38 @@ backends_opencl_chorus_opencl_la_SOURCES = \
 	backends/opencl/gemm.c \
 	backends/opencl/allreduce.c
 nodist_backends_opencl_chorus_opencl_la_SOURCES = backends/opencl/kernels.c
+# kernels.c is generated in the build tree and includes opencl.h.
+backends_opencl_chorus_opencl_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/opencl
 backends_opencl_chorus_opencl_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared
 backends_opencl_chorus_opencl_la_LIBADD = libchorus.la $(OPENCL_LIBS) $(CLBLAST_LIBS) \
 	$(PTHREAD_LIBS) -lm
 CLEANFILES += backends/opencl/kernels.c
 endif
 
-# Each .cl file becomes `const char chcl_src_<name>[]`: backslashes and
-# quotes escaped, every line a literal ending in "\n".
-backends/opencl/kernels.c: $(opencl_kernels) backends/opencl/Makefile.mk
+opencl_embedded = $(opencl_kernels) lib/philox.h
+
+# The headers whose enums cross the backend ABI: every line that starts with
+# an enumerator (CH_NAME, then =, a comma, a comment or nothing) becomes
+# {"CH_NAME", CH_NAME} in chcl_enum_values, so the kernels get the values
+# the C code was compiled with (program.c passes them as -D options).
+opencl_abi_headers = include/chorus/ops.h lib/backend.h
+
+# Each embedded file (name.cl, name.h) becomes `const char chcl_src_<name>[]`:
+# backslashes and quotes escaped, every line a literal ending in "\n".
+backends/opencl/kernels.c: $(opencl_embedded) $(opencl_abi_headers) backends/opencl/Makefile.mk
 	$(AM_V_GEN)$(MKDIR_P) backends/opencl && { \
-	  echo '/* Generated from the .cl files by backends/opencl/Makefile.mk. */'; \
-	  for f in $(opencl_kernels); do \
-	    name=`basename $$f .cl`; \
+	  echo '/* Generated from the .cl files, lib/philox.h and the enums of'; \
+	  echo ' * $(opencl_abi_headers) by backends/opencl/Makefile.mk. */'; \
+	  echo '#include "opencl.h"'; \
+	  echo 'const chcl_enum_value chcl_enum_values[] = {'; \
+	  for f in $(opencl_abi_headers); do \
+	    $(SED) -n 's|^ *\(CH_[A-Z0-9_]*\)\( *[=,/].*\)\{0,1\}$$|    {"\1", \1},|p' \
+	      $(srcdir)/$$f || exit 1; \
+	  done; \
+	  echo '};'; \
+	  echo 'const int chcl_enum_count = (int)(sizeof chcl_enum_values / sizeof chcl_enum_values[0]);'; \
+	  for f in $(opencl_embedded); do \
+	    name=`basename $$f | $(SED) 's/\.[a-z]*$$//'`; \
 	    echo "const char chcl_src_$$name[] ="; \
 	    $(SED) -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' \
 	      $(srcdir)/$$f || exit 1; \

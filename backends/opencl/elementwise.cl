@@ -4,17 +4,11 @@
  * views, and sub-buffers would need an aligned origin). */
 
 /* The host backend computes in plain C without fused multiply-adds; keep
- * the same roundings here. */
+ * the same roundings here.
+ * The CH_BIN_* and CH_ACT_* values come from the build options (program.c),
+ * as the C code was compiled with them; ops.c refuses values beyond them
+ * before a kernel runs, so the NaN of a default is never seen. */
 #pragma OPENCL FP_CONTRACT OFF
-
-#define BIN_ADD 0
-#define BIN_SUB 1
-#define BIN_MUL 2
-
-#define ACT_RELU 0
-#define ACT_GELU 1
-#define ACT_TANH 2
-#define ACT_SIGMOID 3
 
 __kernel void binary(__global float *y, ulong yo, __global const float *a, ulong ao,
                      __global const float *b, ulong bo, int n, int op)
@@ -22,8 +16,14 @@ __kernel void binary(__global float *y, ulong yo, __global const float *a, ulong
     int i = get_global_id(0);
     if (i >= n)
         return;
-    float u = a[ao + i], v = b[bo + i];
-    y[yo + i] = op == BIN_ADD ? u + v : op == BIN_SUB ? u - v : u * v;
+    float u = a[ao + i], v = b[bo + i], r;
+    switch (op) {
+    case CH_BIN_ADD: r = u + v; break;
+    case CH_BIN_SUB: r = u - v; break;
+    case CH_BIN_MUL: r = u * v; break;
+    default: r = NAN; break;
+    }
+    y[yo + i] = r;
 }
 
 /* y = alpha x + beta y; y is not read when beta is 0 (it may hold NaN). */
@@ -50,10 +50,11 @@ __kernel void act_forward(__global float *y, ulong yo, __global const float *x,
         return;
     float v = x[xo + i], r;
     switch (act) {
-    case ACT_RELU: r = v > 0.0f ? v : 0.0f; break;
-    case ACT_GELU: r = v * gelu_cdf(v); break;
-    case ACT_TANH: r = tanh(v); break;
-    default: r = 1.0f / (1.0f + exp(-v)); break;
+    case CH_ACT_RELU: r = v > 0.0f ? v : 0.0f; break;
+    case CH_ACT_GELU: r = v * gelu_cdf(v); break;
+    case CH_ACT_TANH: r = tanh(v); break;
+    case CH_ACT_SIGMOID: r = 1.0f / (1.0f + exp(-v)); break;
+    default: r = NAN; break;
     }
     y[yo + i] = r;
 }
@@ -69,24 +70,25 @@ __kernel void act_backward(__global float *dx, ulong dxo, __global const float *
         return;
     float g = dy[dyo + i], r;
     switch (act) {
-    case ACT_RELU: r = x[xo + i] > 0.0f ? g : 0.0f; break;
-    case ACT_GELU: {
+    case CH_ACT_RELU: r = x[xo + i] > 0.0f ? g : 0.0f; break;
+    case CH_ACT_GELU: {
         float v = x[xo + i];
         float pdf = exp(-0.5f * v * v) * (M_2_SQRTPI_F * M_SQRT1_2_F * 0.5f);
         r = g * (gelu_cdf(v) + v * pdf);
         break;
     }
-    case ACT_TANH: {
+    case CH_ACT_TANH: {
         /* (1 - t)(1 + t) rather than 1 - t^2, which cancels near |t| = 1. */
         float t = y[yo + i];
         r = g * ((1.0f - t) * (1.0f + t));
         break;
     }
-    default: {
+    case CH_ACT_SIGMOID: {
         float s = y[yo + i];
         r = g * (s * (1.0f - s));
         break;
     }
+    default: r = NAN; break;
     }
     dx[dxo + i] = r;
 }

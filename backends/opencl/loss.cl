@@ -1,6 +1,8 @@
 /* Fused softmax and cross-entropy. The forward pass writes each row's loss
  * to a scratch buffer, then one work-group takes their mean in a fixed
- * order, so the loss has the same bits on every run. */
+ * order, so the loss has the same bits on every run. A label outside
+ * [0, c) lowers *bad to its row (atomic_min: the first such row wins
+ * whatever the order), which ops.c reads back to report it. */
 
 #pragma OPENCL FP_CONTRACT OFF
 
@@ -9,7 +11,7 @@
 __kernel void softmax_rows(__global float *probs, ulong po, __global float *rowloss,
                            __global const float *logits, ulong lo,
                            __global const int *labels, ulong lbo, int c,
-                           __local float *tmp)
+                           __global uint *bad, __local float *tmp)
 {
     int r = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
     __global const float *x = logits + lo + (long)r * c;
@@ -34,7 +36,12 @@ __kernel void softmax_rows(__global float *probs, ulong po, __global float *rowl
         p[j] = exp(x[j] - mx) / s;
     if (t == 0) {
         int lab = labels[lbo + r];
-        rowloss[r] = lab >= 0 && lab < c ? log(s) - (x[lab] - mx) : NAN;
+        if (lab >= 0 && lab < c) {
+            rowloss[r] = log(s) - (x[lab] - mx);
+        } else {
+            rowloss[r] = NAN;
+            atomic_min(bad, (uint)r);
+        }
     }
 }
 
@@ -55,11 +62,15 @@ __kernel void mean(__global float *y, ulong yo, __global const float *x, int n,
 /* dlogits = scale (probs - onehot(labels)) / rows. */
 __kernel void softmax_backward(__global float *dl, ulong dlo, __global const float *probs,
                                ulong po, __global const int *labels, ulong lbo,
-                               int total, int c, float scale, float rows)
+                               int total, int c, float scale, float rows,
+                               __global uint *bad)
 {
     int i = get_global_id(0);
     if (i >= total)
         return;
-    float hot = labels[lbo + i / c] == i % c ? 1.0f : 0.0f;
+    int lab = labels[lbo + i / c];
+    if (i % c == 0 && (lab < 0 || lab >= c))
+        atomic_min(bad, (uint)(i / c));
+    float hot = lab == i % c ? 1.0f : 0.0f;
     dl[dlo + i] = scale * (probs[po + i] - hot) / rows;
 }

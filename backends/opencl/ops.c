@@ -26,20 +26,20 @@ static ch_status check_3d(const char *op, int64_t outer, int64_t c, int64_t inne
     return chcl_check_count(op, outer * c * inner);
 }
 
-ch_status chcl_fill(void *stream, ch_dtype dtype, ch_bmem y, int64_t n, double value)
+ch_status chcl_fill(void *stream, ch_bmem y, int64_t n, uint32_t word)
 {
     chcl_stream *s = stream;
-    cl_float f = (cl_float)value;
-    cl_int i = (cl_int)value;
-    const void *pattern = dtype == CH_I32 ? (const void *)&i : (const void *)&f;
-    cl_int err = clEnqueueFillBuffer(s->queue, chcl_buf(y), pattern, 4, y.off,
-                                     (size_t)n * 4, 0, NULL, NULL);
+    cl_uint pattern = word;
+    cl_int err = clEnqueueFillBuffer(s->queue, chcl_buf(y), &pattern, sizeof pattern, y.off,
+                                     (size_t)n * sizeof pattern, 0, NULL, NULL);
     return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clEnqueueFillBuffer");
 }
 
 ch_status chcl_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
                       ch_bmem b)
 {
+    if (!chi_enum_known((int)op, CH_BIN_COUNT))
+        return chi_unknown_enum("opencl", "binary", "ch_binary_op", (int)op, CH_BIN_COUNT);
     chcl_ref Y = chcl_ref_of(y), A = chcl_ref_of(a), B = chcl_ref_of(b);
     cl_int len = (cl_int)n, code = (cl_int)op;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(A), CHCL_REF(B), CHCL_ARG(len),
@@ -60,6 +60,9 @@ ch_status chcl_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
 ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
                            ch_bmem x)
 {
+    if (!chi_enum_known((int)act, CH_ACT_COUNT))
+        return chi_unknown_enum("opencl", "act_forward", "ch_activation", (int)act,
+                                CH_ACT_COUNT);
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
     cl_int len = (cl_int)n, code = (cl_int)act;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(code)};
@@ -69,6 +72,9 @@ ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y
 ch_status chcl_act_backward(void *stream, ch_activation act, int64_t n, ch_bmem dx,
                             ch_bmem dy, ch_bmem x, ch_bmem y)
 {
+    if (!chi_enum_known((int)act, CH_ACT_COUNT))
+        return chi_unknown_enum("opencl", "act_backward", "ch_activation", (int)act,
+                                CH_ACT_COUNT);
     /* The buffer the activation does not read may be absent: dy stands in,
      * the kernel never touches it. */
     if (!x.ptr)
@@ -127,8 +133,52 @@ static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
     return chcl_launch_groups(s, CHCL_K_MEAN, CHCL_COUNT_OF(args), args, 1, group);
 }
 
+/* ---- labels out of range --------------------------------------------------
+ * The loss kernels lower a flag word to the first row whose label is
+ * outside [0, c); the slot reads it back before returning, so that it can
+ * answer CH_ERR_INVALID_ARGUMENT as the host does. That read is the one
+ * wait of these slots: it returns when the stream has run the kernel. */
+
+#define NO_ROW 0xffffffffu
+
+/* A scratch word holding NO_ROW once the stream gets there. */
+static ch_status flag_new(chcl_stream *s, cl_mem *flag)
+{
+    ch_status st = chcl_scratch_new(s->dev, sizeof(cl_uint), flag);
+    if (st != CH_OK)
+        return st;
+    cl_uint none = NO_ROW;
+    cl_int err = clEnqueueFillBuffer(s->queue, *flag, &none, sizeof none, 0, sizeof none, 0,
+                                     NULL, NULL);
+    if (err == CL_SUCCESS)
+        return CH_OK;
+    clReleaseMemObject(*flag);
+    return chcl_err(err, "clEnqueueFillBuffer");
+}
+
+/* Waits for the flag; the error names the first bad row and its label. */
+static ch_status labels_check(chcl_stream *s, const char *fn, cl_mem flag, ch_bmem labels,
+                              int64_t c)
+{
+    cl_uint row = NO_ROW;
+    cl_int err = clEnqueueReadBuffer(s->queue, flag, CL_TRUE, 0, sizeof row, &row, 0, NULL,
+                                     NULL);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clEnqueueReadBuffer");
+    if (row == NO_ROW)
+        return CH_OK;
+    cl_int label = 0;
+    err = clEnqueueReadBuffer(s->queue, chcl_buf(labels), CL_TRUE,
+                              labels.off + (size_t)row * sizeof label, sizeof label, &label, 0,
+                              NULL, NULL);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clEnqueueReadBuffer");
+    return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: labels[%u] = %d is out of [0, %lld)", fn,
+                     (unsigned)row, (int)label, (long long)c);
+}
+
 static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem probs,
-                              cl_mem rows, ch_bmem logits, ch_bmem labels)
+                              cl_mem rows, ch_bmem logits, ch_bmem labels, cl_mem flag)
 {
     size_t group;
     ch_status st = chcl_group_size(s, CHCL_K_SOFTMAX_ROWS, group_cap(c), &group);
@@ -137,7 +187,7 @@ static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem prob
     chcl_ref P = chcl_ref_of(probs), X = chcl_ref_of(logits), LB = chcl_ref_of(labels);
     cl_int cc = (cl_int)c;
     chcl_arg args[] = {CHCL_REF(P), CHCL_ARG(rows), CHCL_REF(X), CHCL_REF(LB),
-                       CHCL_ARG(cc), CHCL_LOCAL(group * sizeof(cl_float))};
+                       CHCL_ARG(cc), CHCL_ARG(flag), CHCL_LOCAL(group * sizeof(cl_float))};
     return chcl_launch_groups(s, CHCL_K_SOFTMAX_ROWS, CHCL_COUNT_OF(args), args, n, group);
 }
 
@@ -146,14 +196,20 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
 {
     chcl_stream *s = stream;
     ch_status st = check_3d("softmax_xent", n, c, 1);
-    cl_mem rows = NULL;
+    cl_mem rows = NULL, flag = NULL;
     if (st == CH_OK)
         st = chcl_scratch_new(s->dev, (size_t)n * sizeof(cl_float), &rows);
     if (st != CH_OK)
         return st;
-    st = softmax_rows(s, n, c, probs, rows, logits, labels);
-    if (st == CH_OK)
-        st = loss_mean(s, loss, rows, n);
+    st = flag_new(s, &flag);
+    if (st == CH_OK) {
+        st = softmax_rows(s, n, c, probs, rows, logits, labels, flag);
+        if (st == CH_OK)
+            st = loss_mean(s, loss, rows, n);
+        if (st == CH_OK)
+            st = labels_check(s, "ch_softmax_xent", flag, labels, c);
+        clReleaseMemObject(flag);
+    }
     clReleaseMemObject(rows);
     return st;
 }
@@ -161,15 +217,23 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
 ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem dlogits,
                                      ch_bmem probs, ch_bmem labels, float scale)
 {
+    chcl_stream *s = stream;
     ch_status st = check_3d("softmax_xent_backward", n, c, 1);
+    cl_mem flag = NULL;
+    if (st == CH_OK)
+        st = flag_new(s, &flag);
     if (st != CH_OK)
         return st;
     chcl_ref D = chcl_ref_of(dlogits), P = chcl_ref_of(probs), LB = chcl_ref_of(labels);
     cl_int total = (cl_int)(n * c), cc = (cl_int)c;
     cl_float rows = (cl_float)n;
-    chcl_arg args[] = {CHCL_REF(D), CHCL_REF(P), CHCL_REF(LB), CHCL_ARG(total),
-                       CHCL_ARG(cc), CHCL_ARG(scale), CHCL_ARG(rows)};
-    return chcl_launch1(stream, CHCL_K_SOFTMAX_BACKWARD, CHCL_COUNT_OF(args), args, total);
+    chcl_arg args[] = {CHCL_REF(D),   CHCL_REF(P),     CHCL_REF(LB),  CHCL_ARG(total),
+                       CHCL_ARG(cc),  CHCL_ARG(scale), CHCL_ARG(rows), CHCL_ARG(flag)};
+    st = chcl_launch1(s, CHCL_K_SOFTMAX_BACKWARD, CHCL_COUNT_OF(args), args, total);
+    if (st == CH_OK)
+        st = labels_check(s, "ch_softmax_xent_backward", flag, labels, c);
+    clReleaseMemObject(flag);
+    return st;
 }
 
 ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch_bmem y,
@@ -188,29 +252,31 @@ ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch
 
 /* Short reductions get one work-item per output (sequential sum), long
  * ones a work-group per output: both a fixed order. */
-#define REDUCE_ITEM_MAX 64
+#define AXIS_ITEM_MAX 64
 
-ch_status chcl_reduce(void *stream, ch_reduce_op op, int64_t outer, int64_t n,
-                      int64_t inner, ch_bmem y, ch_bmem x)
+ch_status chcl_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
+                        int64_t inner, ch_bmem y, ch_bmem x)
 {
-    ch_status st = check_3d("reduce", outer, n, inner);
+    if (!chi_enum_known((int)op, CH_AXIS_COUNT))
+        return chi_unknown_enum("opencl", "sum_axis", "ch_axis_op", (int)op, CH_AXIS_COUNT);
+    ch_status st = check_3d("sum_axis", outer, n, inner);
     if (st != CH_OK)
         return st;
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
     cl_int outputs = (cl_int)(outer * inner), len = (cl_int)n, in = (cl_int)inner,
-           mean = op == CH_REDUCE_MEAN;
-    if (n <= REDUCE_ITEM_MAX) {
+           mean = op == CH_AXIS_MEAN;
+    if (n <= AXIS_ITEM_MAX) {
         chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(outputs), CHCL_ARG(len),
                            CHCL_ARG(in), CHCL_ARG(mean)};
-        return chcl_launch1(stream, CHCL_K_REDUCE_ITEM, CHCL_COUNT_OF(args), args, outputs);
+        return chcl_launch1(stream, CHCL_K_SUM_ITEM, CHCL_COUNT_OF(args), args, outputs);
     }
     size_t group;
-    st = chcl_group_size(stream, CHCL_K_REDUCE_GROUP, group_cap(n), &group);
+    st = chcl_group_size(stream, CHCL_K_SUM_GROUP, group_cap(n), &group);
     if (st != CH_OK)
         return st;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(in),
                        CHCL_ARG(mean), CHCL_LOCAL(group * sizeof(cl_float))};
-    return chcl_launch_groups(stream, CHCL_K_REDUCE_GROUP, CHCL_COUNT_OF(args), args,
+    return chcl_launch_groups(stream, CHCL_K_SUM_GROUP, CHCL_COUNT_OF(args), args,
                               outputs, group);
 }
 
@@ -222,7 +288,7 @@ ch_status chcl_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_
         return st;
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
     cl_int outputs = (cl_int)(outer * inner), len = (cl_int)n, in = (cl_int)inner;
-    if (n <= REDUCE_ITEM_MAX) {
+    if (n <= AXIS_ITEM_MAX) {
         chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(outputs), CHCL_ARG(len),
                            CHCL_ARG(in)};
         return chcl_launch1(stream, CHCL_K_ARGMAX_ITEM, CHCL_COUNT_OF(args), args, outputs);
@@ -286,6 +352,8 @@ ch_status chcl_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem 
 ch_status chcl_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y, uint64_t seed,
                     uint64_t offset, float a, float b)
 {
+    if (!chi_enum_known((int)kind, CH_RAND_COUNT))
+        return chi_unknown_enum("opencl", "rand", "ch_rand_kind", (int)kind, CH_RAND_COUNT);
     chcl_ref Y = chcl_ref_of(y);
     cl_int len = (cl_int)n, code = (cl_int)kind;
     cl_ulong key = seed, first = offset;

@@ -14,24 +14,38 @@
  * host's. */
 #define BUILD_OPTIONS "-cl-std=CL1.2"
 
-/* BUILD_OPTIONS, plus correctly rounded divide and sqrt when every device
- * of the context offers them: the optimizer kernels then match the host's
- * arithmetic bit for bit (lib/optim_consts.h). */
-static const char *build_options(cl_context ctx)
+/* Correctly rounded divide and sqrt when every device of the context
+ * offers them: the optimizer kernels then match the host's arithmetic bit
+ * for bit (lib/optim_consts.h). */
+static const char *rounding_option(cl_context ctx)
 {
     cl_device_id devs[64];
     size_t bytes = 0;
     if (clGetContextInfo(ctx, CL_CONTEXT_DEVICES, sizeof devs, devs, &bytes) != CL_SUCCESS ||
         bytes == 0)
-        return BUILD_OPTIONS;
+        return "";
     for (size_t i = 0; i < bytes / sizeof devs[0]; i++) {
         cl_device_fp_config fp = 0;
         if (clGetDeviceInfo(devs[i], CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL) !=
                 CL_SUCCESS ||
             !(fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT))
-            return BUILD_OPTIONS;
+            return "";
     }
-    return BUILD_OPTIONS " -cl-fp32-correctly-rounded-divide-sqrt";
+    return " -cl-fp32-correctly-rounded-divide-sqrt";
+}
+
+/* BUILD_OPTIONS, the rounding option, and -DCH_NAME=value for every enum
+ * value that crosses the backend ABI (chcl_enum_values). */
+static ch_status build_options(cl_context ctx, char *out, size_t cap)
+{
+    size_t len = (size_t)snprintf(out, cap, "%s%s", BUILD_OPTIONS, rounding_option(ctx));
+    for (int i = 0; i < chcl_enum_count && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, " -D%s=%d", chcl_enum_values[i].name,
+                                chcl_enum_values[i].value);
+    if (len >= cap)
+        return chi_error(CH_ERR_INTERNAL, "opencl: the build options need more than %zu bytes",
+                         cap);
+    return CH_OK;
 }
 
 /* Work-group size of 1-D launches: a multiple of every GPU's SIMD width,
@@ -40,6 +54,9 @@ static const char *build_options(cl_context ctx)
 
 /* The most a build log adds to an error message. */
 #define LOG_MAX 700
+
+/* Room for the build options: a few dozen enum values. */
+#define OPTIONS_MAX 4096
 
 /* The sources of each program, in the order they are concatenated. */
 static const struct {
@@ -52,7 +69,7 @@ static const struct {
     [CHCL_P_REDUCE] = {"reduce.cl", (const char *const[]){chcl_src_common, chcl_src_reduce}, 2},
     [CHCL_P_LOSS] = {"loss.cl", (const char *const[]){chcl_src_common, chcl_src_loss}, 2},
     [CHCL_P_CONV] = {"conv.cl", (const char *const[]){chcl_src_conv}, 1},
-    [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_rand}, 1},
+    [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_philox, chcl_src_rand}, 2},
 };
 
 static const struct {
@@ -68,8 +85,8 @@ static const struct {
     [CHCL_K_SGD_STEP] = {"sgd_step", CHCL_P_ELEMENTWISE},
     [CHCL_K_ADAM_STEP] = {"adam_step", CHCL_P_ELEMENTWISE},
     [CHCL_K_GEMM] = {"gemm", CHCL_P_GEMM},
-    [CHCL_K_REDUCE_ITEM] = {"reduce_item", CHCL_P_REDUCE},
-    [CHCL_K_REDUCE_GROUP] = {"reduce_group", CHCL_P_REDUCE},
+    [CHCL_K_SUM_ITEM] = {"sum_item", CHCL_P_REDUCE},
+    [CHCL_K_SUM_GROUP] = {"sum_group", CHCL_P_REDUCE},
     [CHCL_K_ARGMAX_ITEM] = {"argmax_item", CHCL_P_REDUCE},
     [CHCL_K_ARGMAX_GROUP] = {"argmax_group", CHCL_P_REDUCE},
     [CHCL_K_BIAS_GRAD] = {"bias_grad", CHCL_P_REDUCE},
@@ -109,11 +126,17 @@ static ch_status program_build(chcl_platform *p, cl_device_id dev, chcl_prog_id 
                                                 NULL, &err);
     if (err != CL_SUCCESS)
         return chcl_err(err, "clCreateProgramWithSource");
+    char options[OPTIONS_MAX];
+    ch_status st = build_options(p->ctx, options, sizeof options);
+    if (st != CH_OK) {
+        clReleaseProgram(prog);
+        return st;
+    }
     /* Built for every device of the context at once: that is what "once per
      * context" buys when several devices of a platform are in use. */
-    err = clBuildProgram(prog, 0, NULL, build_options(p->ctx), NULL, NULL);
+    err = clBuildProgram(prog, 0, NULL, options, NULL, NULL);
     if (err != CL_SUCCESS) {
-        ch_status st = build_failure(prog, dev, programs[id].name, err);
+        st = build_failure(prog, dev, programs[id].name, err);
         clReleaseProgram(prog);
         return st;
     }

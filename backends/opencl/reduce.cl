@@ -1,4 +1,4 @@
-/* Reductions. Every output is computed in a fixed order, so the same inputs
+/* Sums along an axis, argmax and the bias gradient. Every output is computed in a fixed order, so the same inputs
  * give the same bits on every run: either one work-item per output summing
  * sequentially, or one work-group per output where each work-item sums a
  * fixed stride and a tree in local memory combines the partial sums. */
@@ -6,8 +6,8 @@
 #pragma OPENCL FP_CONTRACT OFF
 
 /* x as [outer, n, inner] -> y [outer, inner]: one work-item per output. */
-__kernel void reduce_item(__global float *y, ulong yo, __global const float *x,
-                          ulong xo, int outputs, int n, int inner, int mean)
+__kernel void sum_item(__global float *y, ulong yo, __global const float *x, ulong xo,
+                       int outputs, int n, int inner, int mean)
 {
     int i = get_global_id(0);
     if (i >= outputs)
@@ -20,8 +20,8 @@ __kernel void reduce_item(__global float *y, ulong yo, __global const float *x,
 }
 
 /* The same with one work-group per output, for long reductions. */
-__kernel void reduce_group(__global float *y, ulong yo, __global const float *x,
-                           ulong xo, int n, int inner, int mean, __local float *tmp)
+__kernel void sum_group(__global float *y, ulong yo, __global const float *x, ulong xo,
+                        int n, int inner, int mean, __local float *tmp)
 {
     int g = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
     __global const float *p = x + xo + (g / inner) * n * inner + g % inner;
@@ -34,7 +34,21 @@ __kernel void reduce_group(__global float *y, ulong yo, __global const float *x,
         y[yo + g] = mean ? tmp[0] / (float)n : tmp[0];
 }
 
-/* The first maximum along n, as an index into n. */
+/* argmax along n follows ops.h: the first NaN, else the first maximum.
+ * (v2 at index k2) beats (v1 at k1): a NaN beats any number, and the lower
+ * index wins between two NaNs or two equal numbers. k = INT_MAX: no value. */
+int argmax_better(float v2, int k2, float v1, int k1)
+{
+    if (k2 == INT_MAX)
+        return 0;
+    if (k1 == INT_MAX)
+        return 1;
+    if (isnan(v2))
+        return !isnan(v1) || k2 < k1;
+    return !isnan(v1) && (v2 > v1 || (v2 == v1 && k2 < k1));
+}
+
+/* One work-item per output, as an index into n. */
 __kernel void argmax_item(__global int *y, ulong yo, __global const float *x, ulong xo,
                           int outputs, int n, int inner)
 {
@@ -46,7 +60,7 @@ __kernel void argmax_item(__global int *y, ulong yo, __global const float *x, ul
     int bi = 0;
     for (int j = 1; j < n; j++) {
         float v = p[j * inner];
-        if (v > best) {
+        if (argmax_better(v, j, best, bi)) {
             best = v;
             bi = j;
         }
@@ -60,13 +74,13 @@ __kernel void argmax_group(__global int *y, ulong yo, __global const float *x,
 {
     int g = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
     __global const float *p = x + xo + (g / inner) * n * inner + g % inner;
-    /* A work-item with no element holds (-inf, INT_MAX): it loses every
-     * comparison, ties included. */
-    float best = -INFINITY;
+    /* A work-item with no element holds index INT_MAX: it loses every
+     * comparison. */
+    float best = 0.0f;
     int bi = INT_MAX;
     for (int j = t; j < n; j += step) {
         float v = p[j * inner];
-        if (bi == INT_MAX || v > best) {
+        if (argmax_better(v, j, best, bi)) {
             best = v;
             bi = j;
         }
@@ -78,7 +92,7 @@ __kernel void argmax_group(__global int *y, ulong yo, __global const float *x,
         if (t < h) {
             float v = val[t + h];
             int vi = idx[t + h];
-            if (v > val[t] || (v == val[t] && vi < idx[t])) {
+            if (argmax_better(v, vi, val[t], idx[t])) {
                 val[t] = v;
                 idx[t] = vi;
             }

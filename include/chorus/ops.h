@@ -2,7 +2,8 @@
  *
  * Outputs come first, then inputs. All tensors of one call must live on the
  * same device (ch_copy excepted); the op runs on that device's current stream
- * and returns once it is queued. Arguments are checked before anything runs:
+ * and returns once it is queued (the softmax losses excepted, see there).
+ * Arguments are checked before anything runs:
  * a bad shape, dtype or device is a status and a message, never a crash.
  * Unless said otherwise, tensors are f32 and an output may not overlap an
  * input except where noted ("in place allowed"). */
@@ -50,12 +51,13 @@ CH_API ch_status ch_axpy(ch_tensor *y, float alpha, const ch_tensor *x);
 
 typedef enum ch_activation {
     CH_ACT_RELU = 0,
-    CH_ACT_GELU = 1,   /* exact: x * Phi(x), with erf */
+    CH_ACT_GELU = 1,   /* exact: x Phi(x) = x erfc(-x / sqrt 2) / 2 */
     CH_ACT_TANH = 2,
-    CH_ACT_SIGMOID = 3
+    CH_ACT_SIGMOID = 3,
+    CH_ACT_COUNT       /* not an activation: how many there are */
 } ch_activation;
 
-/* y = act(x) */
+/* y = act(x); an act outside [0, CH_ACT_COUNT) is CH_ERR_INVALID_ARGUMENT. */
 CH_API ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x,
                                        ch_activation act);
 /* dx = dy * act'(x). `x` is the forward input and `y` its output; relu and
@@ -79,8 +81,16 @@ CH_API ch_status ch_bias_grad(ch_tensor *db, const ch_tensor *dy, int axis,
 
 /* probs = softmax(logits) by row; loss (one element) = mean over the N rows
  * of -log probs[i, labels[i]]. logits [N, C] f32, labels [N] i32 in [0, C).
- * A label out of range makes the loss NaN on devices (the host backend also
- * reports it). */
+ *
+ * Labels live on the device, so only the kernel sees them: a label outside
+ * [0, C) is CH_ERR_INVALID_ARGUMENT on every backend, the message naming
+ * the first such row and its label, and the outputs are then unspecified.
+ * To know, ch_softmax_xent and ch_softmax_xent_backward read back a 4-byte
+ * flag their kernel sets, and so return only once the stream has run them:
+ * the host cannot queue further work meanwhile (the device goes on with
+ * what is queued). A training step pays this twice, where it pays once
+ * already to read the loss; on the host backend, which runs synchronously,
+ * it costs nothing. */
 CH_API ch_status ch_softmax_xent(ch_tensor *loss, ch_tensor *probs,
                                  const ch_tensor *logits, const ch_tensor *labels);
 /* dlogits = scale * (probs - onehot(labels)) / N: the gradient of
@@ -114,8 +124,10 @@ CH_API ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy,
 /* ---- Reductions --------------------------------------------------------- */
 
 /* Along dimension `axis` of x. y has x's shape without that axis, or with it
- * of size 1 (any shape of that element count is accepted). argmax gives i32
- * (the first maximum). */
+ * of size 1 (any shape of that element count is accepted).
+ * argmax gives i32 indices: NaN wins, as in NumPy and PyTorch, so the index
+ * of the first NaN along the axis where there is one, of the first maximum
+ * otherwise (ties go to the lowest index). The same on every backend. */
 CH_API ch_status ch_sum(ch_tensor *y, const ch_tensor *x, int axis);
 CH_API ch_status ch_mean(ch_tensor *y, const ch_tensor *x, int axis);
 CH_API ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis);
@@ -150,9 +162,16 @@ CH_API ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v,
 
 /* ---- Random numbers ------------------------------------------------------
  * Philox-4x32-10: element i of y takes the counter (offset + i) split into
- * its low and high 32 bits as (c0, c1, 0, 0), the key (seed low, seed high);
- * so the same (seed, offset) gives the same numbers on every backend and a
- * slice of a tensor can be drawn on its own. u = (word0 >> 8) * 2^-24. */
+ * its low and high 32 bits as (c0, c1, 0, 0), the key (seed low, seed high),
+ * so a slice of a tensor can be drawn on its own. u = (word0 >> 8) * 2^-24.
+ *
+ * Across backends, for the same (seed, offset) and arguments:
+ * ch_rand_uniform and ch_dropout_mask give the same bits on every backend.
+ * ch_rand_normal gives the same u1 and u2, but z goes through each device's
+ * own sqrt, log and cos (which may differ from the host's by a few ulps), so
+ * each value is within 2^-16 (|mean| + std) of the host backend's: about
+ * 1.5e-5 for a standard normal, where OpenCL's and CUDA's error bounds
+ * allow 1.1e-5. */
 
 /* Philox-4x32-10 itself, for host code that must draw from the same
  * generator as the ops (a shuffle, a sampler): the four words of `ctr` are
