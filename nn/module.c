@@ -499,7 +499,9 @@ ch_status ch_nn_conv2d(ch_module **out, int64_t in_channels, int64_t out_channel
 ch_status ch_nn_activation(ch_module **out, ch_activation act)
 {
     static const nn_ops *const by_act[] = {&relu_ops, &gelu_ops, &tanh_ops, &sigmoid_ops};
-    if (act < CH_ACT_RELU || act > CH_ACT_SIGMOID) {
+    _Static_assert(sizeof by_act / sizeof *by_act == CH_ACT_COUNT,
+                   "a module for every ch_activation");
+    if ((int)act < 0 || act >= CH_ACT_COUNT) {
         if (out)
             *out = NULL;
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_nn_activation: act %d is not a "

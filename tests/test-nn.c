@@ -169,9 +169,8 @@ static void test_gradients(ch_device *dev)
     grad_check("Conv2d(3, 2, 3, stride 2)", m, dev, 4, x4b, -1, 1);
     ch_module_free(m);
 
-    const ch_activation acts[4] = {CH_ACT_RELU, CH_ACT_GELU, CH_ACT_TANH, CH_ACT_SIGMOID};
-    for (int a = 0; a < 4; a++) {
-        ch_nn_activation(&m, acts[a]);
+    for (int a = 0; a < CH_ACT_COUNT; a++) {
+        ch_nn_activation(&m, (ch_activation)a);
         ch_module_to(m, dev);
         grad_check(ch_module_kind(m), m, dev, 2, x2, -2, 2);
         ch_module_free(m);
@@ -581,8 +580,10 @@ static void test_errors(void)
                   "MaxPool2d with kernel 0");
     tap_status_is(ch_nn_dropout(&m, 1.0f), CH_ERR_INVALID_ARGUMENT, "p 1",
                   "Dropout with p = 1");
-    tap_status_is(ch_nn_activation(&m, (ch_activation)9), CH_ERR_INVALID_ARGUMENT, "act 9",
-                  "an unknown activation");
+    tap_status_is(ch_nn_activation(&m, CH_ACT_COUNT), CH_ERR_INVALID_ARGUMENT, NULL,
+                  "an activation beyond CH_ACT_COUNT");
+    tap_status_is(ch_nn_activation(&m, (ch_activation)-1), CH_ERR_INVALID_ARGUMENT, "act -1",
+                  "a negative activation");
     tap_status_is(ch_nn_flatten(NULL), CH_ERR_INVALID_ARGUMENT, "out", "a NULL out");
     ch_nn_linear(&lin, 4, 2);
     ch_module *relu = NULL;
