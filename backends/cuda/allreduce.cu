@@ -208,13 +208,9 @@ static ch_status chcu_peer_allreduce(int count, void *const *streams, const ch_b
     return st;
 }
 
-ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs, int64_t n)
+static ch_status chcu_allreduce_on(int count, void *const *streams, const ch_bmem *bufs,
+                                   int64_t n)
 {
-    if (count > CHCU_MAX_DEVICES)
-        return chi_error(CH_ERR_LIMIT, "cuda allreduce: %d devices, at most %d", count,
-                         CHCU_MAX_DEVICES);
-    if (count < 2)
-        return CH_OK;
 #ifdef CH_HAVE_NCCL
     int devs[CHCU_MAX_DEVICES];
     int repeated = 0;
@@ -227,6 +223,19 @@ ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *buf
         return chcu_nccl_allreduce(count, streams, bufs, n, devs);
 #endif
     return chcu_peer_allreduce(count, streams, bufs, n);
+}
+
+ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs, int64_t n)
+{
+    if (count > CHCU_MAX_DEVICES)
+        return chi_error(CH_ERR_LIMIT, "cuda allreduce: %d devices, at most %d", count,
+                         CHCU_MAX_DEVICES);
+    if (count < 2)
+        return CH_OK;
+    int caller = chcu_current();
+    ch_status st = chcu_allreduce_on(count, streams, bufs, n);
+    chcu_restore(caller);
+    return st;
 }
 
 /* NCCL, or peer copies (staged by the driver where the devices have no

@@ -3,7 +3,9 @@
  * Contexts: the backend context (chcu_backend) holds what init learnt about
  * every device; a device context (chcu_device) holds the cuBLAS handle; a
  * stream (chcu_stream) knows its device, so every slot can make that device
- * current first (threads may have switched it). */
+ * current first (threads may have switched it). Anything that creates
+ * device-bound state (memory, streams, events, cuBLAS handles) runs with
+ * its device current. */
 #ifndef CHORUS_CUDA_COMMON_CUH
 #define CHORUS_CUDA_COMMON_CUH
 
@@ -76,6 +78,11 @@ ch_status chcu_blas_check(cublasStatus_t st, const char *call);
 /* After a kernel launch: CH_OK or the launch error named after `kernel`. */
 ch_status chcu_launched(const char *kernel);
 ch_status chcu_enter(const chcu_device *dev);
+/* The calling thread's current device (-1 when it cannot be read), and
+ * back to it: slots that enter several devices, or that open and close
+ * them, leave the caller's CUDA code on the device it had chosen. */
+int chcu_current(void);
+void chcu_restore(int index);
 
 /* ---- scratch ---- */
 ch_status chcu_scratch_acquire(chcu_stream *s, size_t bytes, void **ptr);
