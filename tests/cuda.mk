@@ -4,7 +4,7 @@
 check_PROGRAMS += tests/test-cuda
 tests_test_cuda_SOURCES = tests/test-cuda.c
 tests_test_cuda_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_test_defs)
-tests_test_cuda_LDADD = $(TEST_LIBS)
+tests_test_cuda_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS)
 if HAVE_CUDA
 cuda_test_defs = -DCH_TEST_HAVE_CUDA=1
 else

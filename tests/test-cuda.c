@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,6 +348,95 @@ static void test_softmax_rows(ch_device *dev, int64_t n, int64_t c)
     free(x);
 }
 
+/* ---- GEMM on concurrent streams -------------------------------------------- */
+
+/* One thread's GEMMs: c = a @ b, `reps` times, queued on its own stream of
+ * the device while the other thread does the same on another. */
+typedef struct gemm_job {
+    ch_stream *stream;
+    ch_tensor *c;
+    const ch_tensor *a, *b;
+    int reps;
+    ch_status st;
+    char error[256];
+} gemm_job;
+
+static void *gemm_worker(void *arg)
+{
+    gemm_job *j = arg;
+    j->st = ch_stream_set_current(j->stream);
+    for (int r = 0; r < j->reps && j->st == CH_OK; r++)
+        j->st = ch_gemm(j->c, 0, 0, 1.0f, j->a, j->b, 0.0f);
+    if (j->st == CH_OK)
+        j->st = ch_stream_sync(j->stream);
+    if (j->st != CH_OK)
+        snprintf(j->error, sizeof j->error, "%s", ch_last_error());
+    ch_stream_reset_current(ch_stream_device(j->stream));
+    return NULL;
+}
+
+/* Replicas on one device must stay identical: GEMMs queued at the same
+ * time from two threads, each on its own stream, give the bits the same
+ * GEMM gives alone on the default stream. [m, k] @ [k, n] with a long k,
+ * where cuBLAS may split the sum and use its workspace. */
+static void test_gemm_streams(ch_device *dev, int64_t m, int64_t k, int64_t n)
+{
+    enum { JOBS = 2 };
+    int64_t as[2] = {m, k}, bs[2] = {k, n}, cs[2] = {m, n};
+    float *ha = random_floats(m * k, 31), *hb = random_floats(k * n, 37);
+    ch_tensor *a = upload(dev, 2, as, ha), *b = upload(dev, 2, bs, hb), *ref = upload(dev, 2, cs, NULL);
+    gemm_job jobs[JOBS];
+    memset(jobs, 0, sizeof jobs);
+    pthread_t threads[JOBS];
+    int started = 0;
+    float *want = NULL;
+    if (!a || !b || !ref || !tap_status_ok(ch_gemm(ref, 0, 0, 1.0f, a, b, 0.0f), "%s: gemm alone",
+                                           ch_device_id(dev)) ||
+        !(want = download(ref)))
+        goto out;
+    for (int i = 0; i < JOBS; i++) {
+        jobs[i].a = a;
+        jobs[i].b = b;
+        jobs[i].reps = 8;
+        if (!tap_status_ok(ch_stream_new(&jobs[i].stream, dev), "ch_stream_new") ||
+            !(jobs[i].c = upload(dev, 2, cs, NULL)))
+            goto out;
+    }
+    for (; started < JOBS; started++)
+        if (pthread_create(&threads[started], NULL, gemm_worker, &jobs[started]) != 0)
+            break;
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    tap_ok(started == JOBS, "%s: %d gemm threads started", ch_device_id(dev), started);
+    for (int i = 0; i < started; i++) {
+        float *got = NULL;
+        if (!tap_status_ok(jobs[i].st, "%s: %d gemms queued from thread %d%s%s", ch_device_id(dev),
+                           jobs[i].reps, i, jobs[i].error[0] ? ": " : "", jobs[i].error) ||
+            !(got = download(jobs[i].c)))
+            continue;
+        int64_t diff = 0, first = -1;
+        for (int64_t e = 0; e < m * n; e++)
+            if (memcmp(&got[e], &want[e], sizeof *got) != 0 && diff++ == 0)
+                first = e;
+        tap_ok(diff == 0, "%s: [%" PRId64 ", %" PRId64 "] @ [%" PRId64 ", %" PRId64
+               "] on stream %d beside another: %" PRId64 " elements differ from the gemm alone "
+               "(first %" PRId64 ": %.9g vs %.9g)", ch_device_id(dev), m, k, k, n, i, diff, first,
+               first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
+        free(got);
+    }
+out:
+    for (int i = 0; i < JOBS; i++) {
+        ch_tensor_free(jobs[i].c);
+        ch_stream_free(jobs[i].stream);
+    }
+    free(want);
+    ch_tensor_free(a);
+    ch_tensor_free(b);
+    ch_tensor_free(ref);
+    free(ha);
+    free(hb);
+}
+
 /* ---- several devices ------------------------------------------------------- */
 
 static ch_bmem bmem_of(const ch_tensor *t)
@@ -438,6 +528,8 @@ static void test_device(ch_device *dev)
     test_bias_grad(dev, 7, 5, 30011);
     test_bias_grad(dev, 64, 16, 1024);
     test_softmax_rows(dev, 20011, 10);
+    test_gemm_streams(dev, 1024, 1024, 1024);
+    test_gemm_streams(dev, 64, 65536, 64);
     test_oom(dev);
 }
 

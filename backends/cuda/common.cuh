@@ -1,11 +1,11 @@
 /* The CUDA backend's private structures and helpers, shared by its .cu files.
  *
  * Contexts: the backend context (chcu_backend) holds what init learnt about
- * every device; a device context (chcu_device) holds the cuBLAS handle; a
- * stream (chcu_stream) knows its device, so every slot can make that device
- * current first (threads may have switched it). Anything that creates
- * device-bound state (memory, streams, events, cuBLAS handles) runs with
- * its device current. */
+ * every device; a device context (chcu_device) its peer flags; a stream
+ * (chcu_stream) its cuBLAS handle and scratch, and knows its device, so
+ * every slot can make that device current first (threads may have switched
+ * it). Anything that creates device-bound state (memory, streams, events,
+ * cuBLAS handles) runs with its device current. */
 #ifndef CHORUS_CUDA_COMMON_CUH
 #define CHORUS_CUDA_COMMON_CUH
 
@@ -44,10 +44,7 @@ typedef struct chcu_device {
     int index;
     int sm_count;
     uint64_t memory_bytes;
-    cublasHandle_t blas;
-    /* The handle's stream is shared state: held from cublasSetStream to the
-     * end of the call that uses it. Also guards peer[]. */
-    pthread_mutex_t lock;
+    pthread_mutex_t lock;   /* guards peer[] */
     /* peer[i]: 0 not asked yet, 1 this device reads cuda:i directly, 2 not */
     unsigned char peer[CHCU_MAX_DEVICES];
 } chcu_device;
@@ -55,6 +52,13 @@ typedef struct chcu_device {
 typedef struct chcu_stream {
     chcu_device *dev;
     cudaStream_t s;
+    /* Its own cuBLAS handle, made at the first GEMM and bound to `s` for
+     * good: cuBLAS promises the same bits run after run only with one
+     * active stream per handle (and workspace), and replicas that share a
+     * device must stay identical. No two threads may use a handle at once:
+     * blas_lock is held from its creation to the end of each call. */
+    pthread_mutex_t blas_lock;
+    cublasHandle_t blas;
     /* Device scratch for ops that need temporaries (row losses, partial
      * sums). Held from acquire until the work using it is queued; work
      * queued later on the same stream runs after, so it may then reuse it. */

@@ -115,10 +115,6 @@ static void chcu_device_close(void *dev)
     chcu_device *d = (chcu_device *)dev;
     if (!d)
         return;
-    int caller = chcu_current();
-    if (d->blas && chcu_enter(d) == CH_OK)
-        (void)chcu_blas_check(cublasDestroy(d->blas), "cublasDestroy");
-    chcu_restore(caller);
     pthread_mutex_destroy(&d->lock);
     free(d);
 }
@@ -137,13 +133,12 @@ static ch_status chcu_device_open(void *ctx, int index, void **dev)
     d->index = index;
     d->sm_count = be->info[index].sm_count;
     d->memory_bytes = be->info[index].memory_bytes;
+    /* The device's primary context is made now, so that a device that
+     * cannot start fails here rather than at its first op. */
     int caller = chcu_current();
     ch_status st = chcu_enter(d);
-    if (!st)
-        st = chcu_blas_check(cublasCreate(&d->blas), "cublasCreate");
     chcu_restore(caller);
     if (st) {
-        d->blas = NULL;
         chcu_device_close(d);
         return st;
     }
