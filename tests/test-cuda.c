@@ -445,46 +445,167 @@ static ch_bmem bmem_of(const ch_tensor *t)
     return m;
 }
 
-/* The backend's all-reduce (data parallelism calls it through the core):
- * buffer i holds i + 1 everywhere; each must end with the sum. With one
- * GPU this still runs NCCL's (or the fallback's) path for one device. */
-static void test_allreduce(ch_device **devs, int count)
+/* One all-reduce of `n` floats, called the way ch_reducer calls it:
+ * replica i on devs[i] (a device may be listed several times) and on a
+ * stream of its own. */
+typedef struct areduce {
+    int count;
+    int64_t n;
+    char label[96];
+    ch_stream *stream[MAX_CUDA];
+    ch_tensor *t[MAX_CUDA];
+    float *x[MAX_CUDA];
+} areduce;
+
+static void areduce_free(areduce *r)
 {
-    const int64_t n = 100003;
-    const ch_backend_i *be = devs[0]->be->iface;
-    if (!be->allreduce_sum) {
-        tap_skip("cuda allreduce_sum: slot not filled");
-        return;
+    for (int i = 0; i < r->count; i++) {
+        ch_tensor_free(r->t[i]);
+        ch_stream_free(r->stream[i]);
+        free(r->x[i]);
     }
-    ch_tensor *t[MAX_CUDA] = {0};
+}
+
+static int areduce_make(areduce *r, ch_device *const *devs, int count, int64_t n)
+{
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    for (int i = 0; i < count; i++) {
+        size_t len = strlen(r->label);
+        snprintf(r->label + len, sizeof r->label - len, "%s%s", i ? "," : "", ch_device_id(devs[i]));
+    }
+    int64_t shape[1] = {n};
+    for (int i = 0; i < count; i++) {
+        r->count = i + 1;
+        if (!(r->x[i] = random_floats(n, 101 + (uint64_t)i)) ||
+            !tap_status_ok(ch_stream_new(&r->stream[i], devs[i]), "ch_stream_new on %s",
+                           ch_device_id(devs[i])) ||
+            !(r->t[i] = upload(devs[i], 1, shape, NULL)))
+            return 0;
+    }
+    return 1;
+}
+
+/* Upload the inputs, reduce, wait; the results downloaded into got[]. */
+static int areduce_run(areduce *r, float **got)
+{
+    const ch_backend_i *be = r->t[0]->dev->be->iface;
     void *streams[MAX_CUDA];
     ch_bmem bufs[MAX_CUDA];
-    int64_t shape[1] = {n};
-    int ok = 1;
-    for (int i = 0; i < count && ok; i++) {
-        ok = (t[i] = upload(devs[i], 1, shape, NULL)) != NULL &&
-             tap_status_ok(ch_fill(t[i], (double)(i + 1)), "fill on %s", ch_device_id(devs[i]));
-        if (ok) {
-            streams[i] = devs[i]->default_stream->handle;
-            bufs[i] = bmem_of(t[i]);
+    for (int i = 0; i < r->count; i++) {
+        if (!tap_status_ok(ch_tensor_upload(r->t[i], r->x[i], (size_t)r->n * 4), "upload"))
+            return 0;
+        streams[i] = r->stream[i]->handle;
+        bufs[i] = bmem_of(r->t[i]);
+    }
+    ch_status st = be->allreduce_sum(r->count, streams, bufs, r->n);
+    for (int i = 0; i < r->count && st == CH_OK; i++)
+        st = ch_stream_sync(r->stream[i]);
+    if (!tap_status_ok(st, "allreduce_sum over {%s}, %" PRId64 " floats", r->label, r->n))
+        return 0;
+    for (int i = 0; i < r->count; i++)
+        if (!(got[i] = download(r->t[i])))
+            return 0;
+    return 1;
+}
+
+/* Every replica holds the sum (to float rounding: |error| <= count * eps *
+ * sum |x|), the same bits as replica 0, and the same bits as a second run.
+ * The message shows the first sum off, or else the closest to its bound. */
+static void areduce_check(const areduce *r, float *const *got, float *const *again)
+{
+    int64_t bad = 0, shown = 0;
+    double shown_want = 0.0, shown_tol = 0.0, closest = -1.0;
+    for (int64_t k = 0; k < r->n; k++) {
+        double want = 0.0, mag = 0.0;
+        for (int i = 0; i < r->count; i++) {
+            want += r->x[i][k];
+            mag += fabs(r->x[i][k]);
+        }
+        double err = fabs(got[0][k] - want), tol = r->count * 1.2e-7 * mag;
+        int off = !(err <= tol);
+        if ((off && bad++ == 0) || (!bad && err > closest * tol)) {
+            shown = k;
+            shown_want = want;
+            shown_tol = tol;
+            closest = tol > 0.0 ? err / tol : 0.0;
         }
     }
-    float want = (float)(count * (count + 1) / 2);
-    if (ok && tap_status_ok(be->allreduce_sum(count, streams, bufs, n),
-                            "cuda allreduce_sum over %d devices", count)) {
-        for (int i = 0; i < count; i++) {
-            float *y = download(t[i]);
-            int64_t bad = 0;
-            for (int64_t k = 0; y && k < n; k++)
-                bad += y[k] != want;
-            tap_ok(y && bad == 0, "allreduce_sum on %s: %" PRId64 " of %" PRId64
-                   " elements differ from %g (first %g)", ch_device_id(devs[i]), bad, n, want,
-                   y ? y[0] : NAN);
-            free(y);
-        }
+    tap_ok(bad == 0, "allreduce_sum over {%s}: %" PRId64 " of %" PRId64 " sums off (element %"
+           PRId64 ": got %.9g, want %.9g +- %.3g)", r->label, bad, r->n, shown, got[0][shown],
+           shown_want, shown_tol);
+    int differ = 0;
+    for (int i = 1; i < r->count; i++)
+        differ += memcmp(got[i], got[0], (size_t)r->n * 4) != 0;
+    tap_ok(differ == 0, "allreduce_sum over {%s}: %d of %d replicas differ in bits from the "
+           "first", r->label, differ, r->count - 1);
+    tap_ok(memcmp(again[0], got[0], (size_t)r->n * 4) == 0,
+           "allreduce_sum over {%s}: the same bits twice", r->label);
+}
+
+/* The case, run twice. */
+static void test_allreduce(ch_device *const *devs, int count, int64_t n)
+{
+    areduce r;
+    float *got[MAX_CUDA] = {0}, *again[MAX_CUDA] = {0};
+    if (areduce_make(&r, devs, count, n) && areduce_run(&r, got) && areduce_run(&r, again))
+        areduce_check(&r, got, again);
+    for (int i = 0; i < r.count; i++) {
+        free(got[i]);
+        free(again[i]);
     }
-    for (int i = 0; i < count; i++)
-        ch_tensor_free(t[i]);
+    areduce_free(&r);
+}
+
+/* Lists that reach every path: two and three replicas on one device (the
+ * sum on the device, then NCCL's one-rank communicator), every device
+ * once, every device twice, and the devices in reverse order with a
+ * growing buffer (the first stream's scratch, grown while another device
+ * is current). */
+typedef struct rlist {
+    ch_device *dev[MAX_CUDA];
+    int n;
+} rlist;
+
+static int make_lists(rlist *out, ch_device *const *devs, int count)
+{
+    int k = 0;
+    for (int rep = 2; rep <= 3; rep++, k++) {
+        out[k].n = rep;
+        for (int i = 0; i < rep; i++)
+            out[k].dev[i] = devs[0];
+    }
+    if (count < 2)
+        return k;
+    int once = count < MAX_CUDA / 2 ? count : MAX_CUDA / 2;
+    out[k].n = once;
+    out[k + 1].n = 2 * once;
+    out[k + 2].n = once;
+    for (int i = 0; i < once; i++) {
+        out[k].dev[i] = devs[i];
+        out[k + 1].dev[2 * i] = out[k + 1].dev[2 * i + 1] = devs[i];
+        out[k + 2].dev[i] = devs[once - 1 - i];
+    }
+    return k + 3;
+}
+
+static void test_allreduce_lists(ch_device *const *devs, int count)
+{
+    rlist lists[5];
+    int nlists = make_lists(lists, devs, count);
+    for (int l = 0; l < nlists; l++)
+        test_allreduce(lists[l].dev, lists[l].n, l == nlists - 1 && count >= 2 ? 3000017 : 100003);
+}
+
+static int cuda_devices(ch_device **devs)
+{
+    int count = 0;
+    for (int i = 0; i < ch_device_count() && count < MAX_CUDA; i++) {
+        ch_device *d;
+        if (ch_device_get(&d, i) == CH_OK && strncmp(ch_device_id(d), "cuda:", 5) == 0)
+            devs[count++] = d;
+    }
+    return count;
 }
 
 static void test_peer(ch_device *src, ch_device *dst)
@@ -549,24 +670,19 @@ int main(void)
         return tap_done();
     }
     ch_device *devs[MAX_CUDA];
-    int count = 0;
-    for (int i = 0; i < ch_device_count() && count < MAX_CUDA; i++) {
-        ch_device *d;
-        if (ch_device_get(&d, i) == CH_OK && strncmp(ch_device_id(d), "cuda:", 5) == 0)
-            devs[count++] = d;
-    }
+    int count = cuda_devices(devs);
     tap_ok(count == cu.device_count || getenv("CHORUS_DEVICES"),
            "every CUDA device is visible: %d of %d", count, cu.device_count);
     for (int i = 0; i < count; i++)
         test_device(devs[i]);
-    if (count > 0)
-        test_allreduce(devs, count);
     if (count < 2)
         tap_skip("peer copies: %d CUDA device", count);
     for (int i = 0; i < count; i++)
         for (int j = 0; j < count; j++)
             if (i != j)
                 test_peer(devs[i], devs[j]);
+    if (count > 0)
+        test_allreduce_lists(devs, count);
     ch_shutdown();
     return tap_done();
 }
