@@ -5,12 +5,14 @@
  * there, it must say why (no driver, no device) and leave the rest of the
  * library working. */
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "tap.h"
@@ -445,6 +447,58 @@ static ch_bmem bmem_of(const ch_tensor *t)
     return m;
 }
 
+/* What the library writes on stderr (fd 2) between capture_begin and
+ * capture_end: the all-reduce's note when it falls back from NCCL. */
+typedef struct capture {
+    FILE *file;
+    int saved;
+} capture;
+
+static int capture_begin(capture *c)
+{
+    fflush(stderr);
+    c->file = tmpfile();
+    c->saved = c->file ? dup(2) : -1;
+    if (c->saved < 0 || dup2(fileno(c->file), 2) < 0) {
+        if (c->saved >= 0)
+            close(c->saved);
+        if (c->file)
+            fclose(c->file);
+        c->file = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+/* The text captured (the caller frees it), or NULL. */
+static char *capture_end(capture *c)
+{
+    if (!c->file)
+        return NULL;
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    long size = ftell(c->file);
+    char *text = size >= 0 ? calloc(1, (size_t)size + 1) : NULL;
+    rewind(c->file);
+    if (text && fread(text, 1, (size_t)size, c->file) != (size_t)size) {
+        free(text);
+        text = NULL;
+    }
+    fclose(c->file);
+    return text;
+}
+
+static int count_of(const char *text, const char *needle)
+{
+    int k = 0;
+    for (const char *p = text; p && (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        k++;
+    return k;
+}
+
+#define NCCL_NOTE "no NCCL communicator"
+
 /* One all-reduce of `n` floats, called the way ch_reducer calls it:
  * replica i on devs[i] (a device may be listed several times) and on a
  * stream of its own. */
@@ -543,18 +597,28 @@ static void areduce_check(const areduce *r, float *const *got, float *const *aga
            "allreduce_sum over {%s}: the same bits twice", r->label);
 }
 
-/* The case, run twice. */
-static void test_allreduce(ch_device *const *devs, int count, int64_t n)
+/* The case, run twice; what the module said on stderr meanwhile is
+ * returned (the caller frees it). */
+static char *test_allreduce(ch_device *const *devs, int count, int64_t n)
 {
     areduce r;
     float *got[MAX_CUDA] = {0}, *again[MAX_CUDA] = {0};
-    if (areduce_make(&r, devs, count, n) && areduce_run(&r, got) && areduce_run(&r, again))
+    capture cap;
+    int captured = capture_begin(&cap);
+    int ok = areduce_make(&r, devs, count, n) && areduce_run(&r, got) && areduce_run(&r, again);
+    char *said = captured ? capture_end(&cap) : NULL;
+    if (!captured)
+        tap_diag("stderr not captured: %s", strerror(errno));
+    if (said && *said)
+        tap_diag("stderr: %s", said);
+    if (ok)
         areduce_check(&r, got, again);
     for (int i = 0; i < r.count; i++) {
         free(got[i]);
         free(again[i]);
     }
     areduce_free(&r);
+    return said;
 }
 
 /* Lists that reach every path: two and three replicas on one device (the
@@ -589,12 +653,20 @@ static int make_lists(rlist *out, ch_device *const *devs, int count)
     return k + 3;
 }
 
-static void test_allreduce_lists(ch_device *const *devs, int count)
+/* Every list, under the NCCL mode the backend was started with; returns
+ * how many notes of a fallback from NCCL stderr showed. */
+static int test_allreduce_lists(ch_device *const *devs, int count)
 {
     rlist lists[5];
     int nlists = make_lists(lists, devs, count);
-    for (int l = 0; l < nlists; l++)
-        test_allreduce(lists[l].dev, lists[l].n, l == nlists - 1 && count >= 2 ? 3000017 : 100003);
+    int notes = 0;
+    for (int l = 0; l < nlists; l++) {
+        int64_t n = l == nlists - 1 && count >= 2 ? 3000017 : 100003;
+        char *said = test_allreduce(lists[l].dev, lists[l].n, n);
+        notes += count_of(said, NCCL_NOTE);
+        free(said);
+    }
+    return notes;
 }
 
 static int cuda_devices(ch_device **devs)
@@ -606,6 +678,77 @@ static int cuda_devices(ch_device **devs)
             devs[count++] = d;
     }
     return count;
+}
+
+/* Restart the library with CHORUS_CUDA_NCCL=mode: 1 when it finds `want`
+ * CUDA devices again. */
+static int restart_with(const char *mode, ch_device **devs, int want)
+{
+    ch_shutdown();
+    if (setenv("CHORUS_CUDA_NCCL", mode, 1) != 0 ||
+        !tap_status_ok(ch_init(), "ch_init with CHORUS_CUDA_NCCL=%s", mode))
+        return 0;
+    int count = cuda_devices(devs);
+    return tap_ok(count == want, "CHORUS_CUDA_NCCL=%s: %d CUDA devices after a restart, want %d",
+                  mode, count, want);
+}
+
+/* The default run: NCCL where the module has it. A one-rank communicator
+ * can be made wherever NCCL works at all, so on one GPU no fallback is
+ * allowed; with several, a VM without peer access or shared memory may
+ * legitimately fall back, and the notes are only shown. */
+static void test_allreduce_default(ch_device *const *devs, int count)
+{
+    int notes = test_allreduce_lists(devs, count);
+    if (count < 2)
+        tap_ok(notes == 0, "one GPU, CHORUS_CUDA_NCCL %s: %d notes of a fallback from NCCL, "
+               "want 0", getenv("CHORUS_CUDA_NCCL") ? "set" : "unset", notes);
+    else
+        tap_diag("%d GPUs: %d notes of a fallback from NCCL", count, notes);
+}
+
+/* The fallback from NCCL, forced, and the peer path alone: the same sums,
+ * and a note only where the module has NCCL to fall back from, once per
+ * device list NCCL would have had: {0} (one GPU, or replicas sharing it),
+ * then with several GPUs every device once, and in reverse order. */
+static void test_allreduce_modes(int count)
+{
+    ch_device *devs[MAX_CUDA];
+#ifdef CH_TEST_HAVE_NCCL
+    int want = count < 2 ? 1 : 3;
+#else
+    int want = 0;
+    tap_diag("module built without NCCL: CHORUS_CUDA_NCCL=fail has nothing to fall back from");
+#endif
+    if (restart_with("fail", devs, count)) {
+        int notes = test_allreduce_lists(devs, count);
+        tap_ok(notes == want, "CHORUS_CUDA_NCCL=fail: %d notes of the fallback to peer copies "
+               "on stderr, want %d (one per device list)", notes, want);
+    }
+    if (restart_with("off", devs, count)) {
+        int notes = test_allreduce_lists(devs, count);
+        tap_ok(notes == 0, "CHORUS_CUDA_NCCL=off: %d notes of a fallback, want 0", notes);
+    }
+    unsetenv("CHORUS_CUDA_NCCL");
+}
+
+/* A mistyped CHORUS_CUDA_NCCL makes the backend unavailable, saying why
+ * (checked before the driver is asked, so this runs without a GPU too);
+ * the library starts and the host still works. */
+static void test_bad_nccl_mode(void)
+{
+#ifdef CH_TEST_HAVE_CUDA
+    ch_device *devs[MAX_CUDA];
+    ch_backend_info cu;
+    if (restart_with("nccl", devs, 0))
+        tap_ok(find_backend("cuda", &cu) && !cu.available && strstr(cu.detail, "CHORUS_CUDA_NCCL"),
+               "CHORUS_CUDA_NCCL=nccl: cuda unavailable, saying why: \"%s\"", cu.detail);
+    ch_device *host = NULL;
+    tap_status_ok(ch_device_by_name(&host, "host"), "host device with cuda refused");
+    unsetenv("CHORUS_CUDA_NCCL");
+#else
+    tap_skip("CHORUS_CUDA_NCCL: the cuda module is not built");
+#endif
 }
 
 static void test_peer(ch_device *src, ch_device *dst)
@@ -666,6 +809,7 @@ int main(void)
     if (!cu.available) {
         test_unavailable(&cu);
         tap_skip("no CUDA device (%s)", cu.detail);
+        test_bad_nccl_mode();
         ch_shutdown();
         return tap_done();
     }
@@ -681,8 +825,11 @@ int main(void)
         for (int j = 0; j < count; j++)
             if (i != j)
                 test_peer(devs[i], devs[j]);
-    if (count > 0)
-        test_allreduce_lists(devs, count);
+    if (count > 0) {
+        test_allreduce_default(devs, count);
+        test_allreduce_modes(count);
+    }
+    test_bad_nccl_mode();
     ch_shutdown();
     return tap_done();
 }

@@ -7,12 +7,15 @@
  * GPU make a one-rank communicator); the total is then copied back to the
  * device's other buffers.
  *
- * Peer copies (without NCCL): every buffer is summed into the first one,
- * in list order, through a copy on the first device (cudaMemcpyPeerAsync,
- * staged by the driver where the devices have no peer access; the same
- * device is read in place); the total is copied back.
+ * Peer copies (without NCCL, with CHORUS_CUDA_NCCL=off, or where NCCL
+ * cannot make a communicator, as in a VM without peer access or shared
+ * memory): every buffer is summed into the first one, in list order,
+ * through a copy on the first device (cudaMemcpyPeerAsync, staged by the
+ * driver where the devices have no peer access; the same device is read
+ * in place); the total is copied back.
  *
  * Every buffer ends with the same bits: one sum, copied. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common.cuh"
@@ -32,13 +35,31 @@ static int chcu_group_dev(const chcu_group *g, int i)
     return g->s[i]->dev->index;
 }
 
+ch_status chcu_nccl_mode_of_env(chcu_nccl_mode *mode)
+{
+    const char *v = getenv("CHORUS_CUDA_NCCL");
+    *mode = CHCU_NCCL_ON;
+    if (!v || !*v || strcmp(v, "on") == 0)
+        return CH_OK;
+    if (strcmp(v, "off") == 0)
+        *mode = CHCU_NCCL_OFF;
+    else if (strcmp(v, "fail") == 0)
+        *mode = CHCU_NCCL_FAIL;
+    else
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "CHORUS_CUDA_NCCL is \"%.32s\": expected on, off or fail", v);
+    return CH_OK;
+}
+
 #ifdef CH_HAVE_NCCL
 #include <nccl.h>
 
 /* Communicators for one ordered list of devices, made once and kept until
- * shutdown: ncclCommInitAll is far too slow to repeat per call. */
+ * shutdown (ncclCommInitAll is far too slow to repeat per call); or, where
+ * they could not be made, a note that this list takes the peer path. */
 struct chcu_comm {
     int count;
+    int failed;
     int devs[CHCU_MAX_DEVICES];
     ncclComm_t comms[CHCU_MAX_DEVICES];
     chcu_comm *next;
@@ -56,7 +77,7 @@ void chcu_comms_free(chcu_backend *be)
     while (be->comms) {
         chcu_comm *c = be->comms;
         be->comms = c->next;
-        for (int i = 0; i < c->count; i++)
+        for (int i = 0; i < c->count && !c->failed; i++)
             (void)chcu_nccl_check(ncclCommDestroy(c->comms[i]), "ncclCommDestroy");
         free(c);
     }
@@ -70,30 +91,55 @@ static chcu_comm *chcu_comm_find(chcu_backend *be, int count, const int *devs)
     return NULL;
 }
 
+/* Said once per device list, on stderr: a run that falls back is slower,
+ * not wrong, and its user should know why. */
+static void chcu_comm_note(const chcu_comm *c, const char *why)
+{
+    char list[8 * CHCU_MAX_DEVICES + 1] = "";
+    for (int i = 0; i < c->count; i++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%scuda:%d", i ? "," : "", c->devs[i]);
+    }
+    fprintf(stderr,
+            "chorus: cuda: no NCCL communicator for %s (%s); the all-reduce uses peer copies "
+            "instead\n",
+            list, why);
+}
+
+static void chcu_comm_init(const chcu_backend *be, chcu_comm *c)
+{
+    if (be->nccl == CHCU_NCCL_FAIL) {
+        c->failed = 1;
+        chcu_comm_note(c, "CHORUS_CUDA_NCCL=fail");
+        return;
+    }
+    ncclResult_t r = ncclCommInitAll(c->comms, c->count, c->devs);
+    if (r == ncclSuccess)
+        return;
+    /* A failed init may leave a CUDA error behind for the next launch check. */
+    (void)cudaGetLastError();
+    c->failed = 1;
+    char why[160];
+    snprintf(why, sizeof why, "ncclCommInitAll: %s", ncclGetErrorString(r));
+    chcu_comm_note(c, why);
+}
+
+/* The communicators for `devs`, made on first use: *out is NULL where NCCL
+ * cannot serve this list (the caller takes the peer path). */
 static ch_status chcu_comm_get(chcu_backend *be, int count, const int *devs, chcu_comm **out)
 {
     pthread_mutex_lock(&be->lock);
     chcu_comm *c = chcu_comm_find(be, count, devs);
-    ch_status st = CH_OK;
-    if (!c) {
-        c = (chcu_comm *)calloc(1, sizeof *c);
-        if (!c)
-            st = chi_error(CH_ERR_OUT_OF_MEMORY, "cuda allreduce: out of host memory");
-        else
-            st = chcu_nccl_check(ncclCommInitAll(c->comms, count, devs), "ncclCommInitAll");
-        if (!st) {
-            c->count = count;
-            memcpy(c->devs, devs, (size_t)count * sizeof *devs);
-            c->next = be->comms;
-            be->comms = c;
-        } else {
-            free(c);
-            c = NULL;
-        }
+    if (!c && (c = (chcu_comm *)calloc(1, sizeof *c)) != NULL) {
+        c->count = count;
+        memcpy(c->devs, devs, (size_t)count * sizeof *devs);
+        chcu_comm_init(be, c);
+        c->next = be->comms;
+        be->comms = c;
     }
     pthread_mutex_unlock(&be->lock);
-    *out = c;
-    return st;
+    *out = c && !c->failed ? c : NULL;
+    return c ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "cuda allreduce: out of host memory");
 }
 
 #else
@@ -262,14 +308,18 @@ static ch_status chcu_nccl_sum(chcu_group *g, int64_t n, const chcu_comm *c)
     return st ? st : end;
 }
 
-static ch_status chcu_nccl_allreduce(chcu_group *g, int64_t n)
+/* CH_OK with *done 0 where NCCL cannot serve these devices. */
+static ch_status chcu_nccl_allreduce(chcu_group *g, int64_t n, int *done)
 {
     int devs[CHCU_MAX_DEVICES];
     int nleaders = chcu_group_leaders(g, devs);
     chcu_comm *c;
+    *done = 0;
     ch_status st = chcu_comm_get(g->s[0]->dev->be, nleaders, devs, &c);
-    if (!st)
-        st = chcu_group_gather(g, n, NULL);
+    if (st || !c)
+        return st;
+    *done = 1;
+    st = chcu_group_gather(g, n, NULL);
     if (!st)
         st = chcu_nccl_sum(g, n, c);
     if (!st)
@@ -285,7 +335,12 @@ static ch_status chcu_allreduce_on(chcu_group *g, int64_t n)
     if (st)
         return st;
 #ifdef CH_HAVE_NCCL
-    return chcu_nccl_allreduce(g, n);
+    if (g->s[0]->dev->be->nccl != CHCU_NCCL_OFF) {
+        int done;
+        st = chcu_nccl_allreduce(g, n, &done);
+        if (st || done)
+            return st;
+    }
 #endif
     return chcu_peer_allreduce(g, n);
 }

@@ -32,9 +32,15 @@ typedef struct chcu_dev_info {
 
 typedef struct chcu_comm chcu_comm;
 
+/* How the all-reduce uses NCCL, from CHORUS_CUDA_NCCL at init: "on" (the
+ * default: wherever the module has it), "off" (peer copies always), or
+ * "fail" (as if no communicator could be made: tests the fallback). */
+typedef enum chcu_nccl_mode { CHCU_NCCL_ON, CHCU_NCCL_OFF, CHCU_NCCL_FAIL } chcu_nccl_mode;
+
 typedef struct chcu_backend {
     int ndevices;
     chcu_dev_info *info;
+    chcu_nccl_mode nccl;
     pthread_mutex_t lock;   /* guards comms */
     chcu_comm *comms;       /* all-reduce communicators, by device list */
 } chcu_backend;
@@ -197,6 +203,8 @@ ch_status chcu_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
 ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n);
 int chcu_can_allreduce(void *dev_a, void *dev_b);
+/* The mode CHORUS_CUDA_NCCL asks for, or an error naming a bad value. */
+ch_status chcu_nccl_mode_of_env(chcu_nccl_mode *mode);
 void chcu_comms_free(chcu_backend *be);
 
 #endif

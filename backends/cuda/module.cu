@@ -60,8 +60,12 @@ static ch_status chcu_init(void **ctx, int *ndevices)
 {
     *ctx = NULL;
     *ndevices = 0;
+    chcu_nccl_mode nccl;
+    ch_status st = chcu_nccl_mode_of_env(&nccl);
+    if (st)
+        return st;
     int count;
-    ch_status st = chcu_count(&count);
+    st = chcu_count(&count);
     if (st)
         return st;
     /* Peer flags live in a fixed table; more GPUs than that in one process
@@ -83,6 +87,7 @@ static ch_status chcu_init(void **ctx, int *ndevices)
     }
     be->info = info;
     be->ndevices = count;
+    be->nccl = nccl;
     for (int i = 0; i < count; i++) {
         st = chcu_read_info(i, &info[i]);
         if (st) {
