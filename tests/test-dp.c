@@ -435,9 +435,18 @@ static void test_binding(ch_module *model, ch_device **devs, int n, const char *
     ch_dp_free(dp);
 }
 
+/* Peer reduction needs one backend: "cuda:0" and "cuda:1" share one. */
+static int same_backend(const ch_device *a, const ch_device *b)
+{
+    const char *x = ch_device_id(a), *y = ch_device_id(b);
+    size_t n = strcspn(x, ":");
+    return n == strcspn(y, ":") && strncmp(x, y, n) == 0;
+}
+
 /* CHORUS_TEST_DEVICES (the GPU check sets "cuda:0,cuda:0") replaces the
- * three replicas of most checks: its entries, repeated to three. 0 when
- * it is not set or names no device here. */
+ * three replicas of most checks: its entries, repeated to three; the peer
+ * checks take its first two, or the first twice where the second is of
+ * another backend. 0 when it is not set or names no device here. */
 static int env_devices(ch_device **three, char *names, size_t size)
 {
     ch_device *devs[8];
@@ -488,7 +497,7 @@ int main(void)
     const char *pair_names = ocl0 ? "opencl:0,opencl:1" : "host,host";
     if (names == env_names[0]) {
         pair[0] = three[0];
-        pair[1] = three[1];
+        pair[1] = same_backend(three[0], three[1]) ? three[1] : three[0];
         snprintf(env_names[1], sizeof env_names[1], "%s,%s", ch_device_id(pair[0]),
                  ch_device_id(pair[1]));
         pair_names = env_names[1];
