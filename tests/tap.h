@@ -39,6 +39,11 @@ float tap_rng_uniform(tap_rng *r, float lo, float hi);
 /* Devices to run op tests on: every visible device (host included),
  * including OpenCL CPU devices. */
 int tap_devices(ch_device **out, int capacity);
+/* The devices CHORUS_TEST_DEVICES names, a comma-separated list in which a
+ * device may repeat ("cuda:0,cuda:0": replicas sharing a GPU, as the GPU
+ * check sets it): how many; 0 when it is unset; -1, after a failing TAP
+ * line, when it names a device that is not here or too many. */
+int tap_env_devices(ch_device **out, int capacity);
 /* A Sequential of the n children (ownership passes to it); NULL when a
  * child is NULL or an add fails, the message in ch_last_error(). */
 ch_module *tap_sequential(int n, ch_module *const *children);

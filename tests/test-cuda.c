@@ -5,11 +5,14 @@
  * there, it must say why (no driver, no device) and leave the rest of the
  * library working. */
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "tap.h"
@@ -347,6 +350,95 @@ static void test_softmax_rows(ch_device *dev, int64_t n, int64_t c)
     free(x);
 }
 
+/* ---- GEMM on concurrent streams -------------------------------------------- */
+
+/* One thread's GEMMs: c = a @ b, `reps` times, queued on its own stream of
+ * the device while the other thread does the same on another. */
+typedef struct gemm_job {
+    ch_stream *stream;
+    ch_tensor *c;
+    const ch_tensor *a, *b;
+    int reps;
+    ch_status st;
+    char error[256];
+} gemm_job;
+
+static void *gemm_worker(void *arg)
+{
+    gemm_job *j = arg;
+    j->st = ch_stream_set_current(j->stream);
+    for (int r = 0; r < j->reps && j->st == CH_OK; r++)
+        j->st = ch_gemm(j->c, 0, 0, 1.0f, j->a, j->b, 0.0f);
+    if (j->st == CH_OK)
+        j->st = ch_stream_sync(j->stream);
+    if (j->st != CH_OK)
+        snprintf(j->error, sizeof j->error, "%s", ch_last_error());
+    ch_stream_reset_current(ch_stream_device(j->stream));
+    return NULL;
+}
+
+/* Replicas on one device must stay identical: GEMMs queued at the same
+ * time from two threads, each on its own stream, give the bits the same
+ * GEMM gives alone on the default stream. [m, k] @ [k, n] with a long k,
+ * where cuBLAS may split the sum and use its workspace. */
+static void test_gemm_streams(ch_device *dev, int64_t m, int64_t k, int64_t n)
+{
+    enum { JOBS = 2 };
+    int64_t as[2] = {m, k}, bs[2] = {k, n}, cs[2] = {m, n};
+    float *ha = random_floats(m * k, 31), *hb = random_floats(k * n, 37);
+    ch_tensor *a = upload(dev, 2, as, ha), *b = upload(dev, 2, bs, hb), *ref = upload(dev, 2, cs, NULL);
+    gemm_job jobs[JOBS];
+    memset(jobs, 0, sizeof jobs);
+    pthread_t threads[JOBS];
+    int started = 0;
+    float *want = NULL;
+    if (!a || !b || !ref || !tap_status_ok(ch_gemm(ref, 0, 0, 1.0f, a, b, 0.0f), "%s: gemm alone",
+                                           ch_device_id(dev)) ||
+        !(want = download(ref)))
+        goto out;
+    for (int i = 0; i < JOBS; i++) {
+        jobs[i].a = a;
+        jobs[i].b = b;
+        jobs[i].reps = 8;
+        if (!tap_status_ok(ch_stream_new(&jobs[i].stream, dev), "ch_stream_new") ||
+            !(jobs[i].c = upload(dev, 2, cs, NULL)))
+            goto out;
+    }
+    for (; started < JOBS; started++)
+        if (pthread_create(&threads[started], NULL, gemm_worker, &jobs[started]) != 0)
+            break;
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    tap_ok(started == JOBS, "%s: %d gemm threads started", ch_device_id(dev), started);
+    for (int i = 0; i < started; i++) {
+        float *got = NULL;
+        if (!tap_status_ok(jobs[i].st, "%s: %d gemms queued from thread %d%s%s", ch_device_id(dev),
+                           jobs[i].reps, i, jobs[i].error[0] ? ": " : "", jobs[i].error) ||
+            !(got = download(jobs[i].c)))
+            continue;
+        int64_t diff = 0, first = -1;
+        for (int64_t e = 0; e < m * n; e++)
+            if (memcmp(&got[e], &want[e], sizeof *got) != 0 && diff++ == 0)
+                first = e;
+        tap_ok(diff == 0, "%s: [%" PRId64 ", %" PRId64 "] @ [%" PRId64 ", %" PRId64
+               "] on stream %d beside another: %" PRId64 " elements differ from the gemm alone "
+               "(first %" PRId64 ": %.9g vs %.9g)", ch_device_id(dev), m, k, k, n, i, diff, first,
+               first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
+        free(got);
+    }
+out:
+    for (int i = 0; i < JOBS; i++) {
+        ch_tensor_free(jobs[i].c);
+        ch_stream_free(jobs[i].stream);
+    }
+    free(want);
+    ch_tensor_free(a);
+    ch_tensor_free(b);
+    ch_tensor_free(ref);
+    free(ha);
+    free(hb);
+}
+
 /* ---- several devices ------------------------------------------------------- */
 
 static ch_bmem bmem_of(const ch_tensor *t)
@@ -355,46 +447,308 @@ static ch_bmem bmem_of(const ch_tensor *t)
     return m;
 }
 
-/* The backend's all-reduce (data parallelism calls it through the core):
- * buffer i holds i + 1 everywhere; each must end with the sum. With one
- * GPU this still runs NCCL's (or the fallback's) path for one device. */
-static void test_allreduce(ch_device **devs, int count)
+/* What the library writes on stderr (fd 2) between capture_begin and
+ * capture_end: the all-reduce's note when it falls back from NCCL. */
+typedef struct capture {
+    FILE *file;
+    int saved;
+} capture;
+
+static int capture_begin(capture *c)
 {
-    const int64_t n = 100003;
-    const ch_backend_i *be = devs[0]->be->iface;
-    if (!be->allreduce_sum) {
-        tap_skip("cuda allreduce_sum: slot not filled");
-        return;
+    fflush(stderr);
+    c->file = tmpfile();
+    c->saved = c->file ? dup(2) : -1;
+    if (c->saved < 0 || dup2(fileno(c->file), 2) < 0) {
+        if (c->saved >= 0)
+            close(c->saved);
+        if (c->file)
+            fclose(c->file);
+        c->file = NULL;
+        return 0;
     }
-    ch_tensor *t[MAX_CUDA] = {0};
+    return 1;
+}
+
+/* The text captured (the caller frees it), or NULL. */
+static char *capture_end(capture *c)
+{
+    if (!c->file)
+        return NULL;
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    long size = ftell(c->file);
+    char *text = size >= 0 ? calloc(1, (size_t)size + 1) : NULL;
+    rewind(c->file);
+    if (text && fread(text, 1, (size_t)size, c->file) != (size_t)size) {
+        free(text);
+        text = NULL;
+    }
+    fclose(c->file);
+    return text;
+}
+
+static int count_of(const char *text, const char *needle)
+{
+    int k = 0;
+    for (const char *p = text; p && (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        k++;
+    return k;
+}
+
+#define NCCL_NOTE "no NCCL communicator"
+
+/* One all-reduce of `n` floats, called the way ch_reducer calls it:
+ * replica i on devs[i] (a device may be listed several times) and on a
+ * stream of its own. */
+typedef struct areduce {
+    int count;
+    int64_t n;
+    char label[96];
+    ch_stream *stream[MAX_CUDA];
+    ch_tensor *t[MAX_CUDA];
+    float *x[MAX_CUDA];
+} areduce;
+
+static void areduce_free(areduce *r)
+{
+    for (int i = 0; i < r->count; i++) {
+        ch_tensor_free(r->t[i]);
+        ch_stream_free(r->stream[i]);
+        free(r->x[i]);
+    }
+}
+
+static int areduce_make(areduce *r, ch_device *const *devs, int count, int64_t n)
+{
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    for (int i = 0; i < count; i++) {
+        size_t len = strlen(r->label);
+        snprintf(r->label + len, sizeof r->label - len, "%s%s", i ? "," : "", ch_device_id(devs[i]));
+    }
+    int64_t shape[1] = {n};
+    for (int i = 0; i < count; i++) {
+        r->count = i + 1;
+        if (!(r->x[i] = random_floats(n, 101 + (uint64_t)i)) ||
+            !tap_status_ok(ch_stream_new(&r->stream[i], devs[i]), "ch_stream_new on %s",
+                           ch_device_id(devs[i])) ||
+            !(r->t[i] = upload(devs[i], 1, shape, NULL)))
+            return 0;
+    }
+    return 1;
+}
+
+/* Upload the inputs, reduce, wait; the results downloaded into got[]. */
+static int areduce_run(areduce *r, float **got)
+{
+    const ch_backend_i *be = r->t[0]->dev->be->iface;
     void *streams[MAX_CUDA];
     ch_bmem bufs[MAX_CUDA];
-    int64_t shape[1] = {n};
-    int ok = 1;
-    for (int i = 0; i < count && ok; i++) {
-        ok = (t[i] = upload(devs[i], 1, shape, NULL)) != NULL &&
-             tap_status_ok(ch_fill(t[i], (double)(i + 1)), "fill on %s", ch_device_id(devs[i]));
-        if (ok) {
-            streams[i] = devs[i]->default_stream->handle;
-            bufs[i] = bmem_of(t[i]);
+    for (int i = 0; i < r->count; i++) {
+        if (!tap_status_ok(ch_tensor_upload(r->t[i], r->x[i], (size_t)r->n * 4), "upload"))
+            return 0;
+        streams[i] = r->stream[i]->handle;
+        bufs[i] = bmem_of(r->t[i]);
+    }
+    ch_status st = be->allreduce_sum(r->count, streams, bufs, r->n);
+    for (int i = 0; i < r->count && st == CH_OK; i++)
+        st = ch_stream_sync(r->stream[i]);
+    if (!tap_status_ok(st, "allreduce_sum over {%s}, %" PRId64 " floats", r->label, r->n))
+        return 0;
+    for (int i = 0; i < r->count; i++)
+        if (!(got[i] = download(r->t[i])))
+            return 0;
+    return 1;
+}
+
+/* Every replica holds the sum (to float rounding: |error| <= count * eps *
+ * sum |x|), the same bits as replica 0, and the same bits as a second run.
+ * The message shows the first sum off, or else the closest to its bound. */
+static void areduce_check(const areduce *r, float *const *got, float *const *again)
+{
+    int64_t bad = 0, shown = 0;
+    double shown_want = 0.0, shown_tol = 0.0, closest = -1.0;
+    for (int64_t k = 0; k < r->n; k++) {
+        double want = 0.0, mag = 0.0;
+        for (int i = 0; i < r->count; i++) {
+            want += r->x[i][k];
+            mag += fabs(r->x[i][k]);
+        }
+        double err = fabs(got[0][k] - want), tol = r->count * 1.2e-7 * mag;
+        int off = !(err <= tol);
+        if ((off && bad++ == 0) || (!bad && err > closest * tol)) {
+            shown = k;
+            shown_want = want;
+            shown_tol = tol;
+            closest = tol > 0.0 ? err / tol : 0.0;
         }
     }
-    float want = (float)(count * (count + 1) / 2);
-    if (ok && tap_status_ok(be->allreduce_sum(count, streams, bufs, n),
-                            "cuda allreduce_sum over %d devices", count)) {
-        for (int i = 0; i < count; i++) {
-            float *y = download(t[i]);
-            int64_t bad = 0;
-            for (int64_t k = 0; y && k < n; k++)
-                bad += y[k] != want;
-            tap_ok(y && bad == 0, "allreduce_sum on %s: %" PRId64 " of %" PRId64
-                   " elements differ from %g (first %g)", ch_device_id(devs[i]), bad, n, want,
-                   y ? y[0] : NAN);
-            free(y);
-        }
+    tap_ok(bad == 0, "allreduce_sum over {%s}: %" PRId64 " of %" PRId64 " sums off (element %"
+           PRId64 ": got %.9g, want %.9g +- %.3g)", r->label, bad, r->n, shown, got[0][shown],
+           shown_want, shown_tol);
+    int differ = 0;
+    for (int i = 1; i < r->count; i++)
+        differ += memcmp(got[i], got[0], (size_t)r->n * 4) != 0;
+    tap_ok(differ == 0, "allreduce_sum over {%s}: %d of %d replicas differ in bits from the "
+           "first", r->label, differ, r->count - 1);
+    tap_ok(memcmp(again[0], got[0], (size_t)r->n * 4) == 0,
+           "allreduce_sum over {%s}: the same bits twice", r->label);
+}
+
+/* The case, run twice; what the module said on stderr meanwhile is
+ * returned (the caller frees it). */
+static char *test_allreduce(ch_device *const *devs, int count, int64_t n)
+{
+    areduce r;
+    float *got[MAX_CUDA] = {0}, *again[MAX_CUDA] = {0};
+    capture cap;
+    int captured = capture_begin(&cap);
+    int ok = areduce_make(&r, devs, count, n) && areduce_run(&r, got) && areduce_run(&r, again);
+    char *said = captured ? capture_end(&cap) : NULL;
+    if (!captured)
+        tap_diag("stderr not captured: %s", strerror(errno));
+    if (said && *said)
+        tap_diag("stderr: %s", said);
+    if (ok)
+        areduce_check(&r, got, again);
+    for (int i = 0; i < r.count; i++) {
+        free(got[i]);
+        free(again[i]);
     }
-    for (int i = 0; i < count; i++)
-        ch_tensor_free(t[i]);
+    areduce_free(&r);
+    return said;
+}
+
+/* Lists that reach every path: two and three replicas on one device (the
+ * sum on the device, then NCCL's one-rank communicator), every device
+ * once, every device twice, and the devices in reverse order with a
+ * growing buffer (the first stream's scratch, grown while another device
+ * is current). */
+typedef struct rlist {
+    ch_device *dev[MAX_CUDA];
+    int n;
+} rlist;
+
+static int make_lists(rlist *out, ch_device *const *devs, int count)
+{
+    int k = 0;
+    for (int rep = 2; rep <= 3; rep++, k++) {
+        out[k].n = rep;
+        for (int i = 0; i < rep; i++)
+            out[k].dev[i] = devs[0];
+    }
+    if (count < 2)
+        return k;
+    int once = count < MAX_CUDA / 2 ? count : MAX_CUDA / 2;
+    out[k].n = once;
+    out[k + 1].n = 2 * once;
+    out[k + 2].n = once;
+    for (int i = 0; i < once; i++) {
+        out[k].dev[i] = devs[i];
+        out[k + 1].dev[2 * i] = out[k + 1].dev[2 * i + 1] = devs[i];
+        out[k + 2].dev[i] = devs[once - 1 - i];
+    }
+    return k + 3;
+}
+
+/* Every list, under the NCCL mode the backend was started with; returns
+ * how many notes of a fallback from NCCL stderr showed. */
+static int test_allreduce_lists(ch_device *const *devs, int count)
+{
+    rlist lists[5];
+    int nlists = make_lists(lists, devs, count);
+    int notes = 0;
+    for (int l = 0; l < nlists; l++) {
+        int64_t n = l == nlists - 1 && count >= 2 ? 3000017 : 100003;
+        char *said = test_allreduce(lists[l].dev, lists[l].n, n);
+        notes += count_of(said, NCCL_NOTE);
+        free(said);
+    }
+    return notes;
+}
+
+static int cuda_devices(ch_device **devs)
+{
+    int count = 0;
+    for (int i = 0; i < ch_device_count() && count < MAX_CUDA; i++) {
+        ch_device *d;
+        if (ch_device_get(&d, i) == CH_OK && strncmp(ch_device_id(d), "cuda:", 5) == 0)
+            devs[count++] = d;
+    }
+    return count;
+}
+
+/* Restart the library with CHORUS_CUDA_NCCL=mode: 1 when it finds `want`
+ * CUDA devices again. */
+static int restart_with(const char *mode, ch_device **devs, int want)
+{
+    ch_shutdown();
+    if (setenv("CHORUS_CUDA_NCCL", mode, 1) != 0 ||
+        !tap_status_ok(ch_init(), "ch_init with CHORUS_CUDA_NCCL=%s", mode))
+        return 0;
+    int count = cuda_devices(devs);
+    return tap_ok(count == want, "CHORUS_CUDA_NCCL=%s: %d CUDA devices after a restart, want %d",
+                  mode, count, want);
+}
+
+/* The default run: NCCL where the module has it. A one-rank communicator
+ * can be made wherever NCCL works at all, so on one GPU no fallback is
+ * allowed; with several, a VM without peer access or shared memory may
+ * legitimately fall back, and the notes are only shown. */
+static void test_allreduce_default(ch_device *const *devs, int count)
+{
+    int notes = test_allreduce_lists(devs, count);
+    if (count < 2)
+        tap_ok(notes == 0, "one GPU, CHORUS_CUDA_NCCL %s: %d notes of a fallback from NCCL, "
+               "want 0", getenv("CHORUS_CUDA_NCCL") ? "set" : "unset", notes);
+    else
+        tap_diag("%d GPUs: %d notes of a fallback from NCCL", count, notes);
+}
+
+/* The fallback from NCCL, forced, and the peer path alone: the same sums,
+ * and a note only where the module has NCCL to fall back from, once per
+ * device list NCCL would have had: {0} (one GPU, or replicas sharing it),
+ * then with several GPUs every device once, and in reverse order. */
+static void test_allreduce_modes(int count)
+{
+    ch_device *devs[MAX_CUDA];
+#ifdef CH_TEST_HAVE_NCCL
+    int want = count < 2 ? 1 : 3;
+#else
+    int want = 0;
+    tap_diag("module built without NCCL: CHORUS_CUDA_NCCL=fail has nothing to fall back from");
+#endif
+    if (restart_with("fail", devs, count)) {
+        int notes = test_allreduce_lists(devs, count);
+        tap_ok(notes == want, "CHORUS_CUDA_NCCL=fail: %d notes of the fallback to peer copies "
+               "on stderr, want %d (one per device list)", notes, want);
+    }
+    if (restart_with("off", devs, count)) {
+        int notes = test_allreduce_lists(devs, count);
+        tap_ok(notes == 0, "CHORUS_CUDA_NCCL=off: %d notes of a fallback, want 0", notes);
+    }
+    unsetenv("CHORUS_CUDA_NCCL");
+}
+
+/* A mistyped CHORUS_CUDA_NCCL makes the backend unavailable, saying why
+ * (checked before the driver is asked, so this runs without a GPU too);
+ * the library starts and the host still works. */
+static void test_bad_nccl_mode(void)
+{
+#ifdef CH_TEST_HAVE_CUDA
+    ch_device *devs[MAX_CUDA];
+    ch_backend_info cu;
+    if (restart_with("nccl", devs, 0))
+        tap_ok(find_backend("cuda", &cu) && !cu.available && strstr(cu.detail, "CHORUS_CUDA_NCCL"),
+               "CHORUS_CUDA_NCCL=nccl: cuda unavailable, saying why: \"%s\"", cu.detail);
+    ch_device *host = NULL;
+    tap_status_ok(ch_device_by_name(&host, "host"), "host device with cuda refused");
+    unsetenv("CHORUS_CUDA_NCCL");
+#else
+    tap_skip("CHORUS_CUDA_NCCL: the cuda module is not built");
+#endif
 }
 
 static void test_peer(ch_device *src, ch_device *dst)
@@ -440,6 +794,8 @@ static void test_device(ch_device *dev)
     test_bias_grad(dev, 7, 5, 30011);
     test_bias_grad(dev, 64, 16, 1024);
     test_softmax_rows(dev, 20011, 10);
+    test_gemm_streams(dev, 1024, 1024, 1024);
+    test_gemm_streams(dev, 64, 65536, 64);
     test_oom(dev);
 }
 
@@ -455,28 +811,27 @@ int main(void)
     if (!cu.available) {
         test_unavailable(&cu);
         tap_skip("no CUDA device (%s)", cu.detail);
+        test_bad_nccl_mode();
         ch_shutdown();
         return tap_done();
     }
     ch_device *devs[MAX_CUDA];
-    int count = 0;
-    for (int i = 0; i < ch_device_count() && count < MAX_CUDA; i++) {
-        ch_device *d;
-        if (ch_device_get(&d, i) == CH_OK && strncmp(ch_device_id(d), "cuda:", 5) == 0)
-            devs[count++] = d;
-    }
+    int count = cuda_devices(devs);
     tap_ok(count == cu.device_count || getenv("CHORUS_DEVICES"),
            "every CUDA device is visible: %d of %d", count, cu.device_count);
     for (int i = 0; i < count; i++)
         test_device(devs[i]);
-    if (count > 0)
-        test_allreduce(devs, count);
     if (count < 2)
         tap_skip("peer copies: %d CUDA device", count);
     for (int i = 0; i < count; i++)
         for (int j = 0; j < count; j++)
             if (i != j)
                 test_peer(devs[i], devs[j]);
+    if (count > 0) {
+        test_allreduce_default(devs, count);
+        test_allreduce_modes(count);
+    }
+    test_bad_nccl_mode();
     ch_shutdown();
     return tap_done();
 }

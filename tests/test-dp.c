@@ -5,6 +5,7 @@
  * replica ends the step quickly; bad options are errors; more than 64
  * replicas, and a replica whose share of the batch is zero. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -599,6 +600,32 @@ static void test_binding(ch_module *model, ch_device **devs, int n, const char *
     ch_dp_free(dp);
 }
 
+/* Peer reduction needs one backend: "cuda:0" and "cuda:1" share one. */
+static int same_backend(const ch_device *a, const ch_device *b)
+{
+    const char *x = ch_device_id(a), *y = ch_device_id(b);
+    size_t n = strcspn(x, ":");
+    return n == strcspn(y, ":") && strncmp(x, y, n) == 0;
+}
+
+/* CHORUS_TEST_DEVICES (the GPU check sets "cuda:0,cuda:0") replaces the
+ * three replicas of most checks: its entries, repeated to three; the peer
+ * checks take its first two, or the first twice where the second is of
+ * another backend. 0 when it is not set or names no device here. */
+static int env_devices(ch_device **three, char *names, size_t size)
+{
+    ch_device *devs[8];
+    int n = tap_env_devices(devs, 8);
+    if (n < 1)
+        return 0;
+    for (int i = 0; i < 3; i++)
+        three[i] = devs[i % n];
+    snprintf(names, size, "%s,%s,%s", ch_device_id(three[0]), ch_device_id(three[1]),
+             ch_device_id(three[2]));
+    tap_diag("CHORUS_TEST_DEVICES: replicas on %s", names);
+    return 1;
+}
+
 int main(void)
 {
     if (ch_init() != CH_OK)
@@ -621,7 +648,10 @@ int main(void)
 
     ch_device *three[3] = {host, host, host};
     const char *names = "host,host,host";
-    if (ocl0) {
+    char env_names[2][64];
+    if (env_devices(three, env_names[0], sizeof env_names[0])) {
+        names = env_names[0];
+    } else if (ocl0) {
         three[1] = ocl0;
         three[2] = ocl1;
         names = "host,opencl:0,opencl:1";
@@ -630,6 +660,13 @@ int main(void)
     }
     ch_device *pair[2] = {ocl0 ? ocl0 : host, ocl1 ? ocl1 : host};
     const char *pair_names = ocl0 ? "opencl:0,opencl:1" : "host,host";
+    if (names == env_names[0]) {
+        pair[0] = three[0];
+        pair[1] = same_backend(three[0], three[1]) ? three[1] : three[0];
+        snprintf(env_names[1], sizeof env_names[1], "%s,%s", ch_device_id(pair[0]),
+                 ch_device_id(pair[1]));
+        pair_names = env_names[1];
+    }
     ch_device *hosts[3] = {host, host, host};
 
     const float uneven[3] = {1, 2, 5};
@@ -654,8 +691,9 @@ int main(void)
     equivalent("peer reduction", pair, 2, pair_names, o, plain, single, l1, &bs);
     equivalent("peer reduction", hosts, 3, "host,host,host", o, plain, single, l1, &bs);
     /* CUDA, when there is a GPU: two replicas on one GPU reduce peer to
-     * peer (the copy path: NCCL refuses a device twice), and a GPU beside
-     * the host and OpenCL reduces with auto. */
+     * peer (summed on the GPU, then NCCL's one-rank communicator where the
+     * module has NCCL), and a GPU beside the host and OpenCL reduces with
+     * auto. */
     ch_device *gpu = NULL;
     if (ch_device_by_name(&gpu, "cuda:0") == CH_OK) {
         ch_device *gpus[2] = {gpu, gpu}, *mixed[3] = {gpu, host, ocl0 ? ocl0 : host};

@@ -3,7 +3,7 @@
  * sub-ranges; the same bits on every host-staged run; grouping; peer
  * refusals; every argument error; the caller's current streams. Run with
  * POCL_DEVICES="pthread pthread" (the harness sets it) for two OpenCL
- * devices in one platform. */
+ * devices in one platform; CHORUS_TEST_DEVICES adds a list of one's own. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -320,6 +320,20 @@ static void run_case(const rcase *c)
     plist_free(&p);
 }
 
+/* CHORUS_TEST_DEVICES (the GPU check sets "cuda:0,cuda:0" and
+ * "cuda:0,cuda:0,cuda:0") is one more case, in every mode. */
+static void run_env_case(void)
+{
+    ch_device *devs[MAXP];
+    rcase c;
+    memset(&c, 0, sizeof c);
+    c.n = tap_env_devices(devs, MAXP);
+    for (int i = 0; i < c.n; i++)
+        c.names[i] = ch_device_id(devs[i]);
+    if (c.n > 0)
+        run_case(&c);
+}
+
 /* ---- grouping in auto -------------------------------------------------- */
 
 static void test_auto_groups(void)
@@ -564,6 +578,7 @@ int main(void)
     test_many_host();
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         run_case(&cases[c]);
+    run_env_case();
     ch_shutdown();
     return tap_done();
 }

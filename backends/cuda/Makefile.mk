@@ -27,7 +27,7 @@ cuda_module_headers = backends/cuda/common.cuh
 # Distributed whatever configure found, so that `make dist` without CUDA
 # still ships the module.
 EXTRA_DIST += $(cuda_module_sources) $(cuda_module_headers) bench/bench-cublas.c \
-	tests/gpu/check.sh
+	tests/gpu/check.sh tests/gpu/prepare.sh
 
 if HAVE_NCCL
 cuda_nccl_defs = -DCH_HAVE_NCCL=1

@@ -1,19 +1,65 @@
-/* In-place all-reduce (sum) over a group of CUDA devices of this process:
- * NCCL when the module is built with it and every device is listed once
- * (ncclCommInitAll refuses a device twice); otherwise peer copies into the
- * first device, a sum there in list order, and copies back
- * (cudaMemcpyPeerAsync works within one device too). */
+/* In-place all-reduce (sum) over a group of streams of CUDA devices of this
+ * process.
+ *
+ * NCCL (when the module has it): each device's buffers are first summed
+ * into the first of them, in list order; NCCL sums those over the distinct
+ * devices (ncclCommInitAll refuses a device twice, so two replicas on one
+ * GPU make a one-rank communicator); the total is then copied back to the
+ * device's other buffers.
+ *
+ * Peer copies (without NCCL, with CHORUS_CUDA_NCCL=off, or where NCCL
+ * cannot make a communicator, as in a VM without peer access or shared
+ * memory): every buffer is summed into the first one, in list order,
+ * through a copy on the first device (cudaMemcpyPeerAsync, staged by the
+ * driver where the devices have no peer access; the same device is read
+ * in place); the total is copied back.
+ *
+ * Every buffer ends with the same bits: one sum, copied. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common.cuh"
+
+/* The streams and buffers of one call; lead[i] is the member whose buffer
+ * receives member i's: itself for a leader. */
+typedef struct chcu_group {
+    int count;
+    chcu_stream *s[CHCU_MAX_DEVICES];
+    ch_bmem buf[CHCU_MAX_DEVICES];
+    int lead[CHCU_MAX_DEVICES];
+    cudaEvent_t ev[CHCU_MAX_DEVICES];
+} chcu_group;
+
+static int chcu_group_dev(const chcu_group *g, int i)
+{
+    return g->s[i]->dev->index;
+}
+
+ch_status chcu_nccl_mode_of_env(chcu_nccl_mode *mode)
+{
+    const char *v = getenv("CHORUS_CUDA_NCCL");
+    *mode = CHCU_NCCL_ON;
+    if (!v || !*v || strcmp(v, "on") == 0)
+        return CH_OK;
+    if (strcmp(v, "off") == 0)
+        *mode = CHCU_NCCL_OFF;
+    else if (strcmp(v, "fail") == 0)
+        *mode = CHCU_NCCL_FAIL;
+    else
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "CHORUS_CUDA_NCCL is \"%.32s\": expected on, off or fail", v);
+    return CH_OK;
+}
 
 #ifdef CH_HAVE_NCCL
 #include <nccl.h>
 
 /* Communicators for one ordered list of devices, made once and kept until
- * shutdown: ncclCommInitAll is far too slow to repeat per call. */
+ * shutdown (ncclCommInitAll is far too slow to repeat per call); or, where
+ * they could not be made, a note that this list takes the peer path. */
 struct chcu_comm {
     int count;
+    int failed;
     int devs[CHCU_MAX_DEVICES];
     ncclComm_t comms[CHCU_MAX_DEVICES];
     chcu_comm *next;
@@ -31,7 +77,7 @@ void chcu_comms_free(chcu_backend *be)
     while (be->comms) {
         chcu_comm *c = be->comms;
         be->comms = c->next;
-        for (int i = 0; i < c->count; i++)
+        for (int i = 0; i < c->count && !c->failed; i++)
             (void)chcu_nccl_check(ncclCommDestroy(c->comms[i]), "ncclCommDestroy");
         free(c);
     }
@@ -45,51 +91,55 @@ static chcu_comm *chcu_comm_find(chcu_backend *be, int count, const int *devs)
     return NULL;
 }
 
+/* Said once per device list, on stderr: a run that falls back is slower,
+ * not wrong, and its user should know why. */
+static void chcu_comm_note(const chcu_comm *c, const char *why)
+{
+    char list[8 * CHCU_MAX_DEVICES + 1] = "";
+    for (int i = 0; i < c->count; i++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%scuda:%d", i ? "," : "", c->devs[i]);
+    }
+    fprintf(stderr,
+            "chorus: cuda: no NCCL communicator for %s (%s); the all-reduce uses peer copies "
+            "instead\n",
+            list, why);
+}
+
+static void chcu_comm_init(const chcu_backend *be, chcu_comm *c)
+{
+    if (be->nccl == CHCU_NCCL_FAIL) {
+        c->failed = 1;
+        chcu_comm_note(c, "CHORUS_CUDA_NCCL=fail");
+        return;
+    }
+    ncclResult_t r = ncclCommInitAll(c->comms, c->count, c->devs);
+    if (r == ncclSuccess)
+        return;
+    /* A failed init may leave a CUDA error behind for the next launch check. */
+    (void)cudaGetLastError();
+    c->failed = 1;
+    char why[160];
+    snprintf(why, sizeof why, "ncclCommInitAll: %s", ncclGetErrorString(r));
+    chcu_comm_note(c, why);
+}
+
+/* The communicators for `devs`, made on first use: *out is NULL where NCCL
+ * cannot serve this list (the caller takes the peer path). */
 static ch_status chcu_comm_get(chcu_backend *be, int count, const int *devs, chcu_comm **out)
 {
     pthread_mutex_lock(&be->lock);
     chcu_comm *c = chcu_comm_find(be, count, devs);
-    ch_status st = CH_OK;
-    if (!c) {
-        c = (chcu_comm *)calloc(1, sizeof *c);
-        if (!c)
-            st = chi_error(CH_ERR_OUT_OF_MEMORY, "cuda allreduce: out of host memory");
-        else
-            st = chcu_nccl_check(ncclCommInitAll(c->comms, count, devs), "ncclCommInitAll");
-        if (!st) {
-            c->count = count;
-            memcpy(c->devs, devs, (size_t)count * sizeof *devs);
-            c->next = be->comms;
-            be->comms = c;
-        } else {
-            free(c);
-            c = NULL;
-        }
+    if (!c && (c = (chcu_comm *)calloc(1, sizeof *c)) != NULL) {
+        c->count = count;
+        memcpy(c->devs, devs, (size_t)count * sizeof *devs);
+        chcu_comm_init(be, c);
+        c->next = be->comms;
+        be->comms = c;
     }
     pthread_mutex_unlock(&be->lock);
-    *out = c;
-    return st;
-}
-
-static ch_status chcu_nccl_allreduce(int count, void *const *streams, const ch_bmem *bufs,
-                                     int64_t n, const int *devs)
-{
-    chcu_comm *c;
-    ch_status st = chcu_comm_get(((chcu_stream *)streams[0])->dev->be, count, devs, &c);
-    if (st)
-        return st;
-    st = chcu_nccl_check(ncclGroupStart(), "ncclGroupStart");
-    if (st)
-        return st;
-    for (int i = 0; i < count && !st; i++) {
-        float *p = chcu_at<float>(bufs[i]);
-        st = chcu_nccl_check(ncclAllReduce(p, p, (size_t)n, ncclFloat, ncclSum, c->comms[i],
-                                           ((chcu_stream *)streams[i])->s),
-                             "ncclAllReduce");
-    }
-    /* The group must be closed even when a call in it failed. */
-    ch_status end = chcu_nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-    return st ? st : end;
+    *out = c && !c->failed ? c : NULL;
+    return c ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "cuda allreduce: out of host memory");
 }
 
 #else
@@ -101,13 +151,7 @@ void chcu_comms_free(chcu_backend *be)
 
 #endif
 
-/* ---- the peer-copy path ---- */
-
-typedef struct chcu_group {
-    int count;
-    chcu_stream *s[CHCU_MAX_DEVICES];
-    cudaEvent_t ev[CHCU_MAX_DEVICES];
-} chcu_group;
+/* ---- ordering and copies inside a group ---- */
 
 static ch_status chcu_group_events(chcu_group *g)
 {
@@ -129,83 +173,176 @@ static void chcu_group_free(chcu_group *g)
             (void)chcu_check(cudaEventDestroy(g->ev[i]), "cudaEventDestroy");
 }
 
-/* `to` waits for the work queued so far on `from`. */
-static ch_status chcu_group_order(chcu_group *g, int from, int to)
+/* Mark the work queued so far on member i's stream. */
+static ch_status chcu_group_mark(chcu_group *g, int i)
 {
-    ch_status st = chcu_enter(g->s[from]->dev);
+    ch_status st = chcu_enter(g->s[i]->dev);
     if (!st)
-        st = chcu_check(cudaEventRecord(g->ev[from], g->s[from]->s), "cudaEventRecord");
-    if (!st)
-        st = chcu_enter(g->s[to]->dev);
+        st = chcu_check(cudaEventRecord(g->ev[i], g->s[i]->s), "cudaEventRecord");
+    return st;
+}
+
+/* `to` waits for the last mark of `from`. */
+static ch_status chcu_group_wait(chcu_group *g, int from, int to)
+{
+    ch_status st = chcu_enter(g->s[to]->dev);
     if (!st)
         st = chcu_check(cudaStreamWaitEvent(g->s[to]->s, g->ev[from], 0), "cudaStreamWaitEvent");
     return st;
 }
 
-/* buf[0] = buf[0] + buf[1] + ... in that order, through `tmp` on device 0. */
-static ch_status chcu_group_sum(chcu_group *g, const ch_bmem *bufs, int64_t n, void *tmp)
+/* buf[lead[i]] += buf[i] for every member, in list order, on the leader's
+ * stream. A member on another device than its leader goes through `tmp`,
+ * on the leader's device. */
+static ch_status chcu_group_gather(chcu_group *g, int64_t n, void *tmp)
 {
-    chcu_stream *s0 = g->s[0];
     size_t bytes = (size_t)n * sizeof(float);
     ch_bmem t = {tmp, 0};
-    for (int i = 1; i < g->count; i++) {
-        /* The same device listed again: its buffer is read in place. */
-        int same = g->s[i]->dev->index == s0->dev->index;
-        ch_status st = chcu_group_order(g, i, 0);
+    for (int i = 0; i < g->count; i++) {
+        int l = g->lead[i];
+        if (l == i)
+            continue;
+        int same = chcu_group_dev(g, i) == chcu_group_dev(g, l);
+        ch_status st = chcu_group_mark(g, i);
         if (!st)
-            st = chcu_enter(s0->dev);
+            st = chcu_group_wait(g, i, l);
         if (!st && !same)
-            st = chcu_check(cudaMemcpyPeerAsync(tmp, s0->dev->index, chcu_at<char>(bufs[i]),
-                                                g->s[i]->dev->index, bytes, s0->s),
+            st = chcu_check(cudaMemcpyPeerAsync(tmp, chcu_group_dev(g, l), chcu_at<char>(g->buf[i]),
+                                                chcu_group_dev(g, i), bytes, g->s[l]->s),
                             "cudaMemcpyPeerAsync");
         if (!st)
-            st = chcu_binary(s0, CH_BIN_ADD, n, bufs[0], bufs[0], same ? bufs[i] : t);
+            st = chcu_binary(g->s[l], CH_BIN_ADD, n, g->buf[l], g->buf[l], same ? g->buf[i] : t);
         if (st)
             return st;
     }
     return CH_OK;
 }
 
-/* Every other buffer gets the sum; device 0's stream then waits for those
- * copies so that later work there cannot overwrite the sum under them. */
-static ch_status chcu_group_scatter(chcu_group *g, const ch_bmem *bufs, int64_t n)
+/* buf[i] = buf[lead[i]] for every member; each leader's stream then waits
+ * for those copies, so that later work there cannot overwrite the total
+ * under them. The copies of one leader run side by side. */
+static ch_status chcu_group_scatter(chcu_group *g, int64_t n)
 {
     size_t bytes = (size_t)n * sizeof(float);
-    for (int i = 1; i < g->count; i++) {
-        ch_status st = chcu_group_order(g, 0, i);
+    for (int i = 0; i < g->count; i++) {
+        ch_status st = g->lead[i] == i ? chcu_group_mark(g, i) : CH_OK;
+        if (st)
+            return st;
+    }
+    for (int i = 0; i < g->count; i++) {
+        int l = g->lead[i];
+        if (l == i)
+            continue;
+        ch_status st = chcu_group_wait(g, l, i);
         if (!st)
-            st = chcu_check(cudaMemcpyPeerAsync(chcu_at<char>(bufs[i]), g->s[i]->dev->index,
-                                                chcu_at<char>(bufs[0]), g->s[0]->dev->index,
+            st = chcu_check(cudaMemcpyPeerAsync(chcu_at<char>(g->buf[i]), chcu_group_dev(g, i),
+                                                chcu_at<char>(g->buf[l]), chcu_group_dev(g, l),
                                                 bytes, g->s[i]->s),
                             "cudaMemcpyPeerAsync");
         if (!st)
-            st = chcu_group_order(g, i, 0);
+            st = chcu_group_mark(g, i);
+        if (!st)
+            st = chcu_group_wait(g, i, l);
         if (st)
             return st;
     }
     return CH_OK;
 }
 
-static ch_status chcu_peer_allreduce(int count, void *const *streams, const ch_bmem *bufs,
-                                     int64_t n)
+/* ---- the two paths ---- */
+
+static ch_status chcu_peer_allreduce(chcu_group *g, int64_t n)
 {
-    chcu_group g;
-    memset(&g, 0, sizeof g);
-    g.count = count;
-    for (int i = 0; i < count; i++)
-        g.s[i] = (chcu_stream *)streams[i];
-    void *tmp;
-    ch_status st = chcu_scratch_acquire(g.s[0], (size_t)n * sizeof(float), &tmp);
+    int remote = 0;
+    for (int i = 0; i < g->count; i++) {
+        g->lead[i] = 0;
+        remote |= chcu_group_dev(g, i) != chcu_group_dev(g, 0);
+    }
+    void *tmp = NULL;
+    if (remote) {
+        ch_status st = chcu_scratch_acquire(g->s[0], (size_t)n * sizeof(float), &tmp);
+        if (st)
+            return st;
+    }
+    ch_status st = chcu_group_gather(g, n, tmp);
+    if (!st)
+        st = chcu_group_scatter(g, n);
+    if (remote)
+        chcu_scratch_release(g->s[0]);
+    return st;
+}
+
+#ifdef CH_HAVE_NCCL
+
+/* Each member's leader: the first member on its device. The leaders'
+ * devices, in list order, go to `devs`; returns how many. */
+static int chcu_group_leaders(chcu_group *g, int *devs)
+{
+    int nleaders = 0;
+    for (int i = 0; i < g->count; i++) {
+        g->lead[i] = i;
+        for (int j = 0; j < i && g->lead[i] == i; j++)
+            if (chcu_group_dev(g, j) == chcu_group_dev(g, i))
+                g->lead[i] = g->lead[j];
+        if (g->lead[i] == i)
+            devs[nleaders++] = chcu_group_dev(g, i);
+    }
+    return nleaders;
+}
+
+static ch_status chcu_nccl_sum(chcu_group *g, int64_t n, const chcu_comm *c)
+{
+    ch_status st = chcu_nccl_check(ncclGroupStart(), "ncclGroupStart");
     if (st)
         return st;
-    st = chcu_group_events(&g);
+    for (int i = 0, k = 0; i < g->count && !st; i++) {
+        if (g->lead[i] != i)
+            continue;
+        float *p = chcu_at<float>(g->buf[i]);
+        st = chcu_nccl_check(ncclAllReduce(p, p, (size_t)n, ncclFloat, ncclSum, c->comms[k++],
+                                           g->s[i]->s),
+                             "ncclAllReduce");
+    }
+    /* The group must be closed even when a call in it failed. */
+    ch_status end = chcu_nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    return st ? st : end;
+}
+
+/* CH_OK with *done 0 where NCCL cannot serve these devices. */
+static ch_status chcu_nccl_allreduce(chcu_group *g, int64_t n, int *done)
+{
+    int devs[CHCU_MAX_DEVICES];
+    int nleaders = chcu_group_leaders(g, devs);
+    chcu_comm *c;
+    *done = 0;
+    ch_status st = chcu_comm_get(g->s[0]->dev->be, nleaders, devs, &c);
+    if (st || !c)
+        return st;
+    *done = 1;
+    st = chcu_group_gather(g, n, NULL);
     if (!st)
-        st = chcu_group_sum(&g, bufs, n, tmp);
+        st = chcu_nccl_sum(g, n, c);
     if (!st)
-        st = chcu_group_scatter(&g, bufs, n);
-    chcu_scratch_release(g.s[0]);
-    chcu_group_free(&g);
+        st = chcu_group_scatter(g, n);
     return st;
+}
+
+#endif
+
+static ch_status chcu_allreduce_on(chcu_group *g, int64_t n)
+{
+    ch_status st = chcu_group_events(g);
+    if (st)
+        return st;
+#ifdef CH_HAVE_NCCL
+    if (g->s[0]->dev->be->nccl != CHCU_NCCL_OFF) {
+        int done;
+        st = chcu_nccl_allreduce(g, n, &done);
+        if (st || done)
+            return st;
+    }
+#endif
+    return chcu_peer_allreduce(g, n);
 }
 
 ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs, int64_t n)
@@ -215,18 +352,18 @@ ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *buf
                          CHCU_MAX_DEVICES);
     if (count < 2)
         return CH_OK;
-#ifdef CH_HAVE_NCCL
-    int devs[CHCU_MAX_DEVICES];
-    int repeated = 0;
+    chcu_group g;
+    memset(&g, 0, sizeof g);
+    g.count = count;
     for (int i = 0; i < count; i++) {
-        devs[i] = ((chcu_stream *)streams[i])->dev->index;
-        for (int j = 0; j < i; j++)
-            repeated |= devs[j] == devs[i];
+        g.s[i] = (chcu_stream *)streams[i];
+        g.buf[i] = bufs[i];
     }
-    if (!repeated)
-        return chcu_nccl_allreduce(count, streams, bufs, n, devs);
-#endif
-    return chcu_peer_allreduce(count, streams, bufs, n);
+    int caller = chcu_current();
+    ch_status st = chcu_allreduce_on(&g, n);
+    chcu_group_free(&g);
+    chcu_restore(caller);
+    return st;
 }
 
 /* NCCL, or peer copies (staged by the driver where the devices have no

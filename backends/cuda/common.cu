@@ -53,11 +53,33 @@ ch_status chcu_enter(const chcu_device *dev)
     return chcu_check(cudaSetDevice(dev->index), "cudaSetDevice");
 }
 
+int chcu_current(void)
+{
+    int index = -1;
+    if (cudaGetDevice(&index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return index;
+}
+
+void chcu_restore(int index)
+{
+    if (index >= 0 && cudaSetDevice(index) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+/* Entered here, not by the caller: the all-reduce acquires the first
+ * stream's scratch while another device of its group is current, and
+ * cudaMalloc allocates on the current device. */
 static ch_status chcu_scratch_grow(chcu_stream *s, size_t bytes)
 {
+    ch_status st = chcu_enter(s->dev);
+    if (st)
+        return st;
     if (s->scratch) {
         /* Work queued earlier may still read the old buffer. */
-        ch_status st = chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize(scratch)");
+        st = chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize(scratch)");
         if (st)
             return st;
         st = chcu_check(cudaFree(s->scratch), "cudaFree(scratch)");

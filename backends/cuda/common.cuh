@@ -1,9 +1,11 @@
 /* The CUDA backend's private structures and helpers, shared by its .cu files.
  *
  * Contexts: the backend context (chcu_backend) holds what init learnt about
- * every device; a device context (chcu_device) holds the cuBLAS handle; a
- * stream (chcu_stream) knows its device, so every slot can make that device
- * current first (threads may have switched it). */
+ * every device; a device context (chcu_device) its peer flags; a stream
+ * (chcu_stream) its cuBLAS handle and scratch, and knows its device, so
+ * every slot can make that device current first (threads may have switched
+ * it). Anything that creates device-bound state (memory, streams, events,
+ * cuBLAS handles) runs with its device current. */
 #ifndef CHORUS_CUDA_COMMON_CUH
 #define CHORUS_CUDA_COMMON_CUH
 
@@ -30,9 +32,15 @@ typedef struct chcu_dev_info {
 
 typedef struct chcu_comm chcu_comm;
 
+/* How the all-reduce uses NCCL, from CHORUS_CUDA_NCCL at init: "on" (the
+ * default: wherever the module has it), "off" (peer copies always), or
+ * "fail" (as if no communicator could be made: tests the fallback). */
+typedef enum chcu_nccl_mode { CHCU_NCCL_ON, CHCU_NCCL_OFF, CHCU_NCCL_FAIL } chcu_nccl_mode;
+
 typedef struct chcu_backend {
     int ndevices;
     chcu_dev_info *info;
+    chcu_nccl_mode nccl;
     pthread_mutex_t lock;   /* guards comms */
     chcu_comm *comms;       /* all-reduce communicators, by device list */
 } chcu_backend;
@@ -42,10 +50,7 @@ typedef struct chcu_device {
     int index;
     int sm_count;
     uint64_t memory_bytes;
-    cublasHandle_t blas;
-    /* The handle's stream is shared state: held from cublasSetStream to the
-     * end of the call that uses it. Also guards peer[]. */
-    pthread_mutex_t lock;
+    pthread_mutex_t lock;   /* guards peer[] */
     /* peer[i]: 0 not asked yet, 1 this device reads cuda:i directly, 2 not */
     unsigned char peer[CHCU_MAX_DEVICES];
 } chcu_device;
@@ -53,6 +58,13 @@ typedef struct chcu_device {
 typedef struct chcu_stream {
     chcu_device *dev;
     cudaStream_t s;
+    /* Its own cuBLAS handle, made at the first GEMM and bound to `s` for
+     * good: cuBLAS promises the same bits run after run only with one
+     * active stream per handle (and workspace), and replicas that share a
+     * device must stay identical. No two threads may use a handle at once:
+     * blas_lock is held from its creation to the end of each call. */
+    pthread_mutex_t blas_lock;
+    cublasHandle_t blas;
     /* Device scratch for ops that need temporaries (row losses, partial
      * sums). Held from acquire until the work using it is queued; work
      * queued later on the same stream runs after, so it may then reuse it. */
@@ -76,6 +88,11 @@ ch_status chcu_blas_check(cublasStatus_t st, const char *call);
 /* After a kernel launch: CH_OK or the launch error named after `kernel`. */
 ch_status chcu_launched(const char *kernel);
 ch_status chcu_enter(const chcu_device *dev);
+/* The calling thread's current device (-1 when it cannot be read), and
+ * back to it: slots that enter several devices, or that open and close
+ * them, leave the caller's CUDA code on the device it had chosen. */
+int chcu_current(void);
+void chcu_restore(int index);
 
 /* ---- scratch ---- */
 ch_status chcu_scratch_acquire(chcu_stream *s, size_t bytes, void **ptr);
@@ -185,6 +202,8 @@ ch_status chcu_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
 ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n);
 int chcu_can_allreduce(void *dev_a, void *dev_b);
+/* The mode CHORUS_CUDA_NCCL asks for, or an error naming a bad value. */
+ch_status chcu_nccl_mode_of_env(chcu_nccl_mode *mode);
 void chcu_comms_free(chcu_backend *be);
 
 #endif

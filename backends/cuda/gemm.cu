@@ -13,6 +13,25 @@ static int chcu_fits_int(int64_t v)
     return v <= INT_MAX;
 }
 
+/* The stream's handle, made on first use; called with blas_lock held and
+ * the stream's device current (cublasCreate binds the handle to it). */
+static ch_status chcu_stream_blas(chcu_stream *s)
+{
+    if (s->blas)
+        return CH_OK;
+    cublasHandle_t h;
+    ch_status st = chcu_blas_check(cublasCreate(&h), "cublasCreate");
+    if (st)
+        return st;
+    st = chcu_blas_check(cublasSetStream(h, s->s), "cublasSetStream");
+    if (st) {
+        (void)cublasDestroy(h);
+        return st;
+    }
+    s->blas = h;
+    return CH_OK;
+}
+
 ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                     float alpha, ch_bmem a, int64_t lda, ch_bmem b, int64_t ldb, float beta,
                     ch_bmem c, int64_t ldc)
@@ -23,19 +42,18 @@ ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n
                          "cublasSgemm: a size or stride beyond INT_MAX (m %lld, n %lld, k %lld)",
                          (long long)m, (long long)n, (long long)k);
     chcu_stream *s = (chcu_stream *)stream;
-    chcu_device *d = s->dev;
-    ch_status st = chcu_enter(d);
+    ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    pthread_mutex_lock(&d->lock);
-    st = chcu_blas_check(cublasSetStream(d->blas, s->s), "cublasSetStream");
+    pthread_mutex_lock(&s->blas_lock);
+    st = chcu_stream_blas(s);
     if (!st)
-        st = chcu_blas_check(cublasSgemm(d->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+        st = chcu_blas_check(cublasSgemm(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
                                          (int)k, &alpha, chcu_at<float>(b), (int)ldb,
                                          chcu_at<float>(a), (int)lda, &beta, chcu_at<float>(c),
                                          (int)ldc),
                              "cublasSgemm");
-    pthread_mutex_unlock(&d->lock);
+    pthread_mutex_unlock(&s->blas_lock);
     return st;
 }

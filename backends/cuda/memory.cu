@@ -98,8 +98,11 @@ int chcu_can_peer(void *src_dev, void *dst_dev)
     if (src->index == dst->index)
         return 1;
     pthread_mutex_lock(&dst->lock);
-    if (dst->peer[src->index] == 0)
+    if (dst->peer[src->index] == 0) {
+        int caller = chcu_current();
         dst->peer[src->index] = chcu_peer_enable(dst, src) ? 1 : 2;
+        chcu_restore(caller);
+    }
     int ok = dst->peer[src->index] == 1;
     pthread_mutex_unlock(&dst->lock);
     return ok;

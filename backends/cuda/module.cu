@@ -60,8 +60,12 @@ static ch_status chcu_init(void **ctx, int *ndevices)
 {
     *ctx = NULL;
     *ndevices = 0;
+    chcu_nccl_mode nccl;
+    ch_status st = chcu_nccl_mode_of_env(&nccl);
+    if (st)
+        return st;
     int count;
-    ch_status st = chcu_count(&count);
+    st = chcu_count(&count);
     if (st)
         return st;
     /* Peer flags live in a fixed table; more GPUs than that in one process
@@ -83,6 +87,7 @@ static ch_status chcu_init(void **ctx, int *ndevices)
     }
     be->info = info;
     be->ndevices = count;
+    be->nccl = nccl;
     for (int i = 0; i < count; i++) {
         st = chcu_read_info(i, &info[i]);
         if (st) {
@@ -115,8 +120,6 @@ static void chcu_device_close(void *dev)
     chcu_device *d = (chcu_device *)dev;
     if (!d)
         return;
-    if (d->blas && chcu_enter(d) == CH_OK)
-        (void)chcu_blas_check(cublasDestroy(d->blas), "cublasDestroy");
     pthread_mutex_destroy(&d->lock);
     free(d);
 }
@@ -135,11 +138,12 @@ static ch_status chcu_device_open(void *ctx, int index, void **dev)
     d->index = index;
     d->sm_count = be->info[index].sm_count;
     d->memory_bytes = be->info[index].memory_bytes;
+    /* The device's primary context is made now, so that a device that
+     * cannot start fails here rather than at its first op. */
+    int caller = chcu_current();
     ch_status st = chcu_enter(d);
-    if (!st)
-        st = chcu_blas_check(cublasCreate(&d->blas), "cublasCreate");
+    chcu_restore(caller);
     if (st) {
-        d->blas = NULL;
         chcu_device_close(d);
         return st;
     }

@@ -15,12 +15,18 @@ ch_status chcu_stream_new(void *dev, void **stream)
         free(s);
         return chi_error(CH_ERR_INTERNAL, "cuda stream_new: pthread_mutex_init failed");
     }
+    if (pthread_mutex_init(&s->blas_lock, NULL) != 0) {
+        pthread_mutex_destroy(&s->scratch_lock);
+        free(s);
+        return chi_error(CH_ERR_INTERNAL, "cuda stream_new: pthread_mutex_init failed");
+    }
     s->dev = d;
     /* Non-blocking: never serialised with the legacy default stream that
      * other code in the process may use. */
     st = chcu_check(cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking),
                     "cudaStreamCreateWithFlags");
     if (st) {
+        pthread_mutex_destroy(&s->blas_lock);
         pthread_mutex_destroy(&s->scratch_lock);
         free(s);
         return st;
@@ -35,10 +41,14 @@ void chcu_stream_free(void *stream)
     if (!s)
         return;
     if (chcu_enter(s->dev) == CH_OK) {
+        /* The handle first: it is bound to the stream. */
+        if (s->blas)
+            (void)chcu_blas_check(cublasDestroy(s->blas), "cublasDestroy");
         (void)chcu_check(cudaStreamDestroy(s->s), "cudaStreamDestroy");
         if (s->scratch)
             (void)chcu_check(cudaFree(s->scratch), "cudaFree(scratch)");
     }
+    pthread_mutex_destroy(&s->blas_lock);
     pthread_mutex_destroy(&s->scratch_lock);
     free(s);
 }

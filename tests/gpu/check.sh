@@ -1,389 +1,654 @@
 #!/usr/bin/env bash
-# Build Chorus with its CUDA backend on an NVIDIA GPU machine, run the CUDA
-# tests and benchmarks, and print a table. One call, a few minutes.
+# The GPU check: build Chorus with its CUDA backend on an NVIDIA machine,
+# run every CUDA test, the benchmarks and one epoch of training, and write
+# what came out to OUTDIR/summary.txt. One run, within a time budget.
 #
 #   tests/gpu/check.sh OUTDIR
 #
-# Made for a machine with a driver, nvcc, cuBLAS and NCCL but none of
-# Debian's -dev packages (no autotools, hwloc, OpenBLAS, jansson or zlib
-# headers) and no network. So it does not run configure: it compiles the
-# core (lib/), the host backend, the CUDA module, the tests and the
-# benchmarks directly with gcc and nvcc, in a build folder outside the
-# tree. Of nn/, the checkpoints and the IDX data sets are left out (they
-# need jansson and zlib): the layers, optimizers and data parallelism are
-# in; so are hwloc and OpenBLAS left out (the host backend uses its blocked
-# C GEMM). cuBLAS and NCCL come
-# from the CUDA toolkit or else from Python packages (nvidia-cublas,
-# nvidia-nccl); without NCCL the module uses its peer-copy all-reduce.
+# docs/GPU_CHECK.md says how to prepare it, run it and read the summary.
 #
-# OUTDIR receives seven files: summary.txt, probe.log, build.log,
-# test-cuda.log, test-ops.log, tests-more.log, bench.log. Every step runs
-# even when an earlier one failed (as far as it can); the exit status is 0
-# only when every step passed.
+# Made for a machine with a driver, nvcc, gcc and python3 (whose pip
+# packages may bring cuBLAS and NCCL) but none of Debian's -dev packages
+# and no network. So no configure: every .c of lib/, backends/host/ and
+# nn/ and every .cu of backends/cuda/ is compiled by hand (globbed, so that
+# files added or renamed need no change here), as a test build: every
+# symbol visible and the test hooks in (CHI_TEST_HOOKS); no hwloc, no
+# OpenBLAS (the host backend's blocked C GEMM), no OpenCL. The headers of
+# zlib and jansson, the libraries the machine lacks, and Fashion-MNIST come
+# from the folder tests/gpu/prepare.sh fills (_gpu/, carried beside the
+# tree). The test and benchmark programs take their sources from the
+# Makefile.mk lists, the nvcc flags are those of backends/cuda/Makefile.mk.
 #
-# Environment: CUDA_ARCH (default: the first GPU's compute capability, as
-# "90"), CHECK_BUILD (build folder, default /tmp/chorus-gpu-check),
-# CHECK_BUDGET (seconds for the whole run, default 540: steps are cut short
-# so that the script ends in time). Every source compiles in parallel.
+# Without a GPU (a rehearsal) it builds everything, runs test-cuda (which
+# must then say why CUDA is unavailable) and a short training on the host
+# (the carried data and zlib), and reports every GPU step as "skipped: no
+# GPU".
+#
+# OUTDIR receives summary.txt (read it first), probe.log, build.log,
+# tests.log, bench.log, train.log and, where compute-sanitizer exists,
+# sanitizer.log. Every step runs under a time limit, cut to what is left of
+# the budget, and is printed as it ends. The exit status is 0 when every
+# step passed or was skipped.
+#
+# Environment:
+#   CHECK_BUDGET  seconds for the whole run (default 400; the build may
+#                 take three fifths of it)
+#   CHECK_BUILD   build folder (default /tmp/chorus-gpu-check, emptied)
+#   CHECK_CARRY   the prepared folder (default _gpu at the top of the tree)
+#   CUDA_ARCH     compute capabilities to compile for, e.g. "90" or "90
+#                 100" (default: the GPU's; without one, configure's
+#                 default list)
 set -u
 
-if [ $# -ne 1 ]; then
-    echo "usage: tests/gpu/check.sh OUTDIR" >&2
-    exit 2
-fi
-mkdir -p "$1" || exit 2
-outdir=$(cd "$1" && pwd)
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=""
 B=${CHECK_BUILD:-/tmp/chorus-gpu-check}
-BUDGET=${CHECK_BUDGET:-540}
+CARRY=${CHECK_CARRY:-$SRC/_gpu}
+BUDGET=${CHECK_BUDGET:-400}
+RESERVE=10
 START=$(date +%s)
-SUMMARY="$outdir/summary.txt"
 FAILED=0
 ROWS=()
+NOTES=()
 
-log() { printf '%s\n' "$*"; }
 elapsed() { echo $(($(date +%s) - START)); }
+log() { printf '%s\n' "$*"; }
 
 # Seconds a step may take: its own limit, or what is left of the budget.
 limit() {
-    local left=$((BUDGET - $(elapsed) - 15))
+    local left=$((BUDGET - $(elapsed) - RESERVE))
     [ "$left" -lt 1 ] && left=1
     [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
 }
 
+out_of_time() { [ $((BUDGET - $(elapsed) - RESERVE)) -lt 3 ]; }
+
 row() { # step result seconds detail
-    ROWS+=("$(printf '%-16s %-7s %5s  %s' "$1" "$2" "$3" "$4")")
-    [ "$2" = ok ] || [ "$2" = skipped ] || FAILED=1
+    ROWS+=("$(printf '%-18s %-8s %5s  %s' "$1" "$2" "$3" "$4")")
+    printf '[%4ss] %-18s %-8s %s\n' "$(elapsed)" "$1" "$2" "$4"
+    case $2 in ok | skipped) ;; *) FAILED=1 ;; esac
 }
 
-# TAP counts of a log: "N ok, N not ok, N skipped".
-tap_counts() {
-    local ok notok skip
-    ok=$(grep -c '^ok ' "$1" 2>/dev/null)
-    notok=$(grep -c '^not ok ' "$1" 2>/dev/null)
-    skip=$(grep -ci '^ok .*# skip' "$1" 2>/dev/null)
-    echo "${ok:-0} ok, ${notok:-0} not ok, ${skip:-0} skipped"
-}
+note() { NOTES+=("$*"); }
 
 # ---- probe ------------------------------------------------------------------
 
-NVCC=""
-CUDA_HOME=""
-CUDA_INCS=()     # -I folders for cuBLAS / NCCL headers outside the toolkit
-CUBLAS_SO=""
-CUBLASLT_SO=""
-NCCL_SO=""
-NCCL_INC=""
-CUDART=""
-LIBDIRS=""
+NVCC="" CUDA_HOME="" GPU="" GPU_ARCH="" NVDIRS=()
+CUBLAS_SO="" NCCL_SO="" CUDART="" CUBLAS_INC="" NCCL_INC="" SANITIZER=""
+LIBDIRS=()
 
-FOUND=""
-
-# pick regex candidates...: the first candidate that exists, else the first
-# path found on the machine that matches regex.
-pick() {
-    local re=$1
-    shift
-    first_of "$@" && return 0
-    printf '%s\n' "$FOUND" | grep -m 1 -- "$re"
-}
-
-first_of() { # first existing file among the arguments
+first() { # the first of the arguments that exists
     local f
-    for f in "$@"; do
-        [ -e "$f" ] && { echo "$f"; return 0; }
-    done
+    for f in "$@"; do [ -e "$f" ] && { echo "$f"; return 0; }; done
     return 1
 }
 
-# Every place the libraries and headers may live, in one walk: the toolkit,
-# the system, and Python packages (pip's nvidia-* wheels put them under
-# site-packages/nvidia).
-find_all() {
-    timeout "$(limit 90)" find / -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune \
-        -o \( -name 'libcublas.so*' -o -name 'libcublasLt.so*' -o -name 'libnccl.so*' \
-        -o -name 'libcudart*' -o -name cublas_v2.h -o -name nccl.h \) -print 2>/dev/null | sort
+# Where libraries and headers may be: the toolkit, then pip's nvidia-*
+# packages (site-packages/nvidia/<package>/{lib,include}), then the system.
+# A few globs, never a walk of the file system.
+lib_dirs() {
+    local d
+    printf '%s\n' "$CUDA_HOME/lib64" "$CUDA_HOME"/targets/*/lib
+    for d in ${NVDIRS[@]+"${NVDIRS[@]}"}; do printf '%s\n' "$d"/*/lib; done
+    printf '%s\n' /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/lib
+}
+
+inc_dirs() {
+    local d
+    printf '%s\n' "$CUDA_HOME/include" "$CUDA_HOME"/targets/*/include
+    for d in ${NVDIRS[@]+"${NVDIRS[@]}"}; do printf '%s\n' "$d"/*/include; done
+    printf '%s\n' /usr/include /usr/local/include
+}
+
+find_lib() { # glob: the first match in lib_dirs
+    local d f
+    while read -r d; do
+        for f in "$d"/$1; do [ -e "$f" ] && { echo "$f"; return 0; }; done
+    done < <(lib_dirs)
+    return 1
+}
+
+find_inc() { # header: the folder holding it
+    local d
+    while read -r d; do [ -f "$d/$1" ] && { echo "$d"; return 0; }; done < <(inc_dirs)
+    return 1
+}
+
+probe_gpu() {
+    log "== nvidia-smi"
+    if ! command -v nvidia-smi >/dev/null; then
+        log "nvidia-smi: not found"
+        return
+    fi
+    timeout 20 nvidia-smi
+    local q
+    q=$(timeout 20 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version,pci.bus_id \
+        --format=csv,noheader 2>/dev/null | head -n 1)
+    log "query: ${q:-none}"
+    [ -n "$q" ] || return
+    GPU=$q
+    GPU_ARCH=$(printf '%s' "$q" | cut -d, -f2 | tr -d ' .')
+}
+
+probe_python() {
+    log "== python: $(python3 --version 2>&1)"
+    # nvidia is a namespace package: one folder per site-packages holding it.
+    mapfile -t NVDIRS < <(timeout 20 python3 -c \
+        'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null)
+    log "site-packages/nvidia: ${NVDIRS[*]:-none}"
+    timeout 20 python3 -c 'import importlib.metadata as m
+for d in sorted(m.distributions(), key=lambda d: d.metadata["Name"].lower()):
+    n = d.metadata["Name"]
+    if n.lower().startswith(("nvidia-", "torch")):
+        print("  ", n, d.version)' 2>/dev/null
 }
 
 probe() {
-    log "== date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), host: $(uname -n), $(uname -srm)"
-    log "== source: $SRC"
-    log "== nvidia-smi"
-    if command -v nvidia-smi >/dev/null; then
-        nvidia-smi
-        nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version,pci.bus_id \
-            --format=csv
-    else
-        log "nvidia-smi: not found"
-    fi
-    NVCC=$(command -v nvcc || first_of /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc)
+    log "== $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n), $(uname -srm), $(nproc) CPUs"
+    log "== source: $SRC ($(git -C "$SRC" log -1 --format='%h %s' 2>/dev/null || echo 'not a git tree'))"
+    probe_gpu
+    NVCC=$(command -v nvcc || first /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc)
     log "== nvcc: ${NVCC:-not found}"
     if [ -n "$NVCC" ]; then
-        "$NVCC" --version
+        NVCC=$(readlink -f "$NVCC")
+        "$NVCC" --version | tail -n 2
         CUDA_HOME=$(cd "$(dirname "$NVCC")/.." && pwd)
     fi
     log "== gcc: $(gcc --version 2>&1 | head -n 1)"
-    log "== python: $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n 1)"
-    log "== libraries and headers found"
-    FOUND=$(find_all)
-    printf '%s\n' "$FOUND"
-    local tk="$CUDA_HOME" cublas_h
-    CUBLAS_SO=$(pick '/libcublas\.so\.[0-9]*$' "$tk"/lib64/libcublas.so.[0-9]* \
-        "$tk"/targets/*/lib/libcublas.so.[0-9]*)
-    CUBLASLT_SO=$(pick '/libcublasLt\.so\.[0-9]*$' \
-        "$(dirname "${CUBLAS_SO:-/none}")"/libcublasLt.so.[0-9]*)
-    cublas_h=$(pick '/cublas_v2\.h$' "$tk"/include/cublas_v2.h "$tk"/targets/*/include/cublas_v2.h)
-    [ -n "$cublas_h" ] && CUDA_INCS+=("-I$(dirname "$cublas_h")")
-    NCCL_SO=$(pick '/libnccl\.so\.[0-9]*$' "$tk"/lib64/libnccl.so.[0-9]*)
-    NCCL_INC=$(pick '/nccl\.h$' "$tk"/include/nccl.h /usr/include/nccl.h)
-    [ -n "$NCCL_INC" ] && CUDA_INCS+=("-I$(dirname "$NCCL_INC")")
-    # Static cudart needs only the driver at run time; the Python wheels
-    # ship only the shared one.
-    CUDART=$(pick '/libcudart\.so\.[0-9]*$' "$tk"/lib64/libcudart_static.a \
-        "$tk"/targets/*/lib/libcudart_static.a "$tk"/lib64/libcudart.so.[0-9]*)
+    probe_python
+    CUBLAS_SO=$(find_lib 'libcublas.so.[0-9]*')
+    CUBLAS_INC=$(find_inc cublas_v2.h)
+    NCCL_SO=$(find_lib 'libnccl.so.[0-9]*')
+    NCCL_INC=$(find_inc nccl.h)
+    # Static cudart needs only the driver at run time; the wheels ship only
+    # the shared one.
+    CUDART=$(first "$CUDA_HOME/lib64/libcudart_static.a" "$CUDA_HOME"/targets/*/lib/libcudart_static.a ||
+        find_lib 'libcudart.so.[0-9]*')
+    SANITIZER=$(command -v compute-sanitizer ||
+        first "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/compute-sanitizer")
     local f
-    for f in "$CUBLAS_SO" "$CUBLASLT_SO" "$NCCL_SO" "$CUDART"; do
-        [ -n "$f" ] && LIBDIRS="$LIBDIRS:$(dirname "$f")"
+    for f in "$CUBLAS_SO" "$NCCL_SO" "$CUDART"; do
+        [ -n "$f" ] && LIBDIRS+=("$(dirname "$f")")
     done
     if [ -z "${CUDA_ARCH:-}" ]; then
-        CUDA_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
-            head -n 1 | tr -d ' .')
-        CUDA_ARCH=${CUDA_ARCH:-90}
+        CUDA_ARCH=${GPU_ARCH:-$(sed -n 's/.*with_cuda_arch="\([0-9 ]*\)".*/\1/p' \
+            "$SRC/configure.ac" | head -n 1)}
     fi
-    log "== chosen: nvcc $NVCC, arch sm_$CUDA_ARCH"
-    log "   cuBLAS $CUBLAS_SO ($CUBLASLT_SO), headers ${cublas_h:-none}"
-    log "   NCCL ${NCCL_SO:-none}, header ${NCCL_INC:-none}"
-    log "   cudart $CUDART"
-    [ -n "$NVCC" ] && [ -n "$CUBLAS_SO" ] && [ -n "$cublas_h" ] && [ -n "$CUDART" ]
+    log "== searched (in this order): $(lib_dirs | while read -r d; do [ -d "$d" ] && echo "$d"; done | paste -sd' ')"
+    log "== chosen"
+    log "nvcc      ${NVCC:-none} (arch: $CUDA_ARCH)"
+    log "cuBLAS    ${CUBLAS_SO:-none}, cublas_v2.h in ${CUBLAS_INC:-none}"
+    log "NCCL      ${NCCL_SO:-none}, nccl.h in ${NCCL_INC:-none}"
+    log "cudart    ${CUDART:-none}"
+    log "sanitizer ${SANITIZER:-none}"
+}
+
+# ---- the carried folder -----------------------------------------------------
+
+ZINC="" JINC="" ZLIB="" JLIB="" DATA="" CARRY_USED=""
+
+# A library the system has (by soname), else the carried copy.
+pick_lib() { # soname
+    local f
+    f=$(ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n && /x86-64/ { print $NF; exit }')
+    if [ -n "$f" ]; then
+        echo "$f"
+    elif [ -f "$CARRY/lib/$1" ]; then
+        echo "$CARRY/lib/$1"
+    fi
+}
+
+carried() {
+    local used=()
+    if [ -f "$CARRY/MANIFEST" ]; then
+        log "== $CARRY/MANIFEST"
+        sed -n '1,2p' "$CARRY/MANIFEST"
+        if (cd "$CARRY" && awk '!/^#/ { print $1 "  " $3 }' MANIFEST | sha256sum -c --quiet); then
+            log "every file matches its checksum"
+        else
+            note "the carried folder $CARRY does not match its MANIFEST (probe.log)"
+            FAILED=1
+        fi
+    else
+        log "== no carried folder at $CARRY"
+    fi
+    # Headers: the carried ones (made for this), else the system's.
+    ZINC=$(first "$CARRY/include/zlib.h" /usr/include/zlib.h)
+    JINC=$(first "$CARRY/include/jansson.h" /usr/include/jansson.h)
+    ZLIB=$(pick_lib libz.so.1)
+    JLIB=$(pick_lib libjansson.so.4)
+    DATA=$(first "$CARRY/data/fashion-mnist/train-images-idx3-ubyte.gz" \
+        /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz)
+    ZINC=${ZINC%/*} JINC=${JINC%/*} DATA=${DATA%/*}
+    [ "$ZINC" = "$CARRY/include" ] && used+=("zlib.h")
+    [ "$JINC" = "$CARRY/include" ] && used+=("jansson.h")
+    case $ZLIB in "$CARRY"/*) used+=("libz.so.1") ;; esac
+    case $JLIB in "$CARRY"/*) used+=("libjansson.so.4") ;; esac
+    [ "$DATA" = "$CARRY/data/fashion-mnist" ] && used+=("Fashion-MNIST")
+    log "zlib.h in ${ZINC:-none}, libz ${ZLIB:-none}"
+    log "jansson.h in ${JINC:-none}, libjansson ${JLIB:-none}"
+    log "Fashion-MNIST in ${DATA:-none}"
+    if [ ${#used[@]} -gt 0 ]; then
+        CARRY_USED="$CARRY, used: $(printf '%s\n' "${used[@]}" | paste -sd, | sed 's/,/, /g')"
+    else
+        CARRY_USED="${CARRY}: not used (absent, or the system had everything)"
+    fi
+    log "$CARRY_USED"
 }
 
 # ---- build ------------------------------------------------------------------
 
-CFLAGS_C=(-std=gnu11 -O2 -g -Wall -Wextra -fPIC -fvisibility=hidden -fopenmp -pthread)
+CFLAGS=(-std=gnu11 -O2 -g -Wall -Wextra -ffp-contract=off -fPIC -fopenmp -pthread
+    -DHAVE_CONFIG_H -DCHI_TEST_HOOKS)
 BUILT=()
+NO_ZLIB=0 NO_JANSSON=0
 
-compile_c() { # output source...: one program or object, logged
-    log "gcc -o $*"
-    gcc "${CFLAGS_C[@]}" -I"$B" -I"$SRC/include" -I"$SRC/lib" -I"$SRC/backends/host" "$@"
+cc() { # gcc with the project's flags and include folders
+    gcc "${CFLAGS[@]}" -I"$B" -I"$SRC/include" -I"$SRC/lib" -I"$SRC/backends/host" \
+        ${ZINC:+-I"$ZINC"} ${JINC:+-I"$JINC"} "$@"
 }
 
-build_core() {
+# The .c files an Automake variable lists (=, += and continued lines).
+am_sources() {
+    cat "$SRC"/Makefile.am "$SRC"/*/Makefile.mk "$SRC"/*/*.mk 2>/dev/null |
+        sed -e ':a' -e '/\\$/N; s/\\\n/ /; ta' |
+        awk -v v="$1" '$1 == v && ($2 == "=" || $2 == "+=") {
+            for (i = 3; i <= NF; i++) if ($i ~ /\.c$/) print $i }' | sort -u
+}
+
+# Run jobs in the background, at most $(nproc) at once; wait_all: 0 when
+# every one succeeded.
+PIDS=()
+spawn() {
+    while [ "$(jobs -pr | wc -l)" -ge "$(nproc)" ]; do wait -n; done
+    "$@" &
+    PIDS+=($!)
+}
+wait_all() {
+    local p rc=0
+    for p in "${PIDS[@]}"; do wait "$p" || rc=1; done
+    PIDS=()
+    return $rc
+}
+
+# Sources of the library, less those whose headers are missing.
+lib_sources() {
+    local f
+    for f in "$SRC"/lib/*.c "$SRC"/backends/host/*.c "$SRC"/nn/*.c; do
+        if [ "$NO_ZLIB" = 1 ] && grep -q '#include <zlib.h>' "$f"; then continue; fi
+        if [ "$NO_JANSSON" = 1 ] && grep -q '#include <jansson.h>' "$f"; then continue; fi
+        echo "$f"
+    done
+}
+
+build_lib() {
     mkdir -p "$B/obj" "$B/mod" "$B/cuda" || return 1
     local version
     version=$(sed -n 's/^AC_INIT(\[[^]]*\], *\[\([^]]*\)\].*/\1/p' "$SRC/configure.ac")
-    printf '#define PACKAGE_VERSION "%s"\n#define VERSION "%s"\n' "${version:-0.0.0}" \
-        "${version:-0.0.0}" >"$B/config.h"
-    local f pids=() objs=() rc=0
-    for f in "$SRC"/lib/*.c "$SRC"/backends/host/*.c "$SRC"/nn/module.c "$SRC"/nn/optim.c \
-        "$SRC"/nn/presets.c "$SRC"/nn/dp.c; do
-        local o
+    {
+        printf '#define PACKAGE_VERSION "%s"\n#define VERSION "%s"\n' "$version" "$version"
+        [ -n "$NVCC" ] && printf '#define CH_BUILT_CUDA 1\n'
+    } >"$B/config.h"
+    [ -n "$ZINC" ] && [ -n "$ZLIB" ] || { NO_ZLIB=1; log "no zlib: data sets left out"; }
+    [ -n "$JINC" ] && [ -n "$JLIB" ] || { NO_JANSSON=1; log "no jansson: checkpoints left out"; }
+    local f o objs=()
+    while read -r f; do
         o="$B/obj/$(basename "$(dirname "$f")")-$(basename "$f" .c).o"
         objs+=("$o")
-        compile_c -DHAVE_CONFIG_H "-DCH_BACKEND_DIR=\"$B/mod\"" -c -o "$o" "$f" &
-        pids+=($!)
-    done
-    for f in "${pids[@]}"; do wait "$f" || rc=1; done
-    [ $rc -eq 0 ] || return 1
-    log "gcc -shared -o $B/libchorus.so.0"
+        log "gcc -c $f"
+        spawn cc "-DCH_BACKEND_DIR=\"$B/mod\"" -c -o "$o" "$f"
+    done < <(lib_sources)
+    wait_all || return 1
+    log "gcc -shared -o $B/libchorus.so.0 (${#objs[@]} objects)"
     gcc -shared -fopenmp -pthread -Wl,-soname,libchorus.so.0 -o "$B/libchorus.so.0" "${objs[@]}" \
-        -lm -ldl || return 1
+        ${ZLIB:+"$ZLIB"} ${JLIB:+"$JLIB"} -lm -ldl || return 1
     ln -sf libchorus.so.0 "$B/libchorus.so"
 }
 
+gencode() {
+    local a last=""
+    for a in $CUDA_ARCH; do
+        printf -- '-gencode=arch=compute_%s,code=sm_%s\n' "$a" "$a"
+        last=$a
+    done
+    [ -n "$last" ] && printf -- '-gencode=arch=compute_%s,code=compute_%s\n' "$last" "$last"
+    [ "$(echo "$CUDA_ARCH" | wc -w)" -gt 1 ] && printf -- '--threads=0\n'
+}
+
 build_module() {
-    local nccl_def=() nccl_lib=()
+    local nccl_def=() nccl_lib=() incs=(-I"$CUDA_HOME/include") f o
+    [ -n "$CUBLAS_INC" ] && incs+=(-I"$CUBLAS_INC")
     if [ -n "$NCCL_SO" ] && [ -n "$NCCL_INC" ]; then
         nccl_def=(-DCH_HAVE_NCCL=1)
         nccl_lib=("$NCCL_SO")
+        incs+=(-I"$NCCL_INC")
     fi
-    local f pids=() rc=0
+    local gen
+    mapfile -t gen < <(gencode)
     for f in "$SRC"/backends/cuda/*.cu; do
-        local o
         o="$B/cuda/$(basename "$f" .cu).o"
-        log "nvcc -o $o $f"
-        "$NVCC" -gencode="arch=compute_$CUDA_ARCH,code=sm_$CUDA_ARCH" -std=c++20 -O3 --fmad=false \
-            -Xcompiler=-fPIC -Xcompiler=-Wall,-Wextra,-fvisibility=hidden \
-            -I"$SRC/include" -I"$SRC/lib" "${CUDA_INCS[@]}" "${nccl_def[@]}" -c -o "$o" "$f" &
-        pids+=($!)
+        log "nvcc ${gen[*]} -c $f"
+        spawn "$NVCC" "${gen[@]}" -std=c++20 -O3 --fmad=false -Xcompiler=-fPIC \
+            -Xcompiler=-Wall,-Wextra -I"$B" -I"$SRC/include" -I"$SRC/lib" "${incs[@]}" \
+            ${nccl_def[@]+"${nccl_def[@]}"} -c -o "$o" "$f"
     done
-    for f in "${pids[@]}"; do wait "$f" || rc=1; done
-    [ $rc -eq 0 ] || return 1
+    wait_all || return 1
+    local rp=() d
+    for d in "${LIBDIRS[@]}"; do rp+=("-Wl,-rpath,$d" "-Wl,-rpath-link,$d"); done
     log "g++ -shared -o $B/mod/chorus-cuda.so (NCCL: ${nccl_lib[*]:-no})"
     g++ -shared -o "$B/mod/chorus-cuda.so" "$B"/cuda/*.o -L"$B" -lchorus "$CUBLAS_SO" \
-        "${nccl_lib[@]}" "$CUDART" -ldl -lrt -lpthread -lstdc++ || return 1
+        ${nccl_lib[@]+"${nccl_lib[@]}"} "$CUDART" ${rp[@]+"${rp[@]}"} -ldl -lrt -lpthread \
+        -lstdc++ || return 1
     nm -D --defined-only "$B/mod/chorus-cuda.so" | grep -q ' chorus_backend_entry$' ||
         { log "chorus-cuda.so does not export chorus_backend_entry"; return 1; }
 }
 
+program() { # name folder [extra gcc arguments]: sources from the Makefile.mk lists
+    local name=$1 dir=$2
+    shift 2
+    local var srcs=() f
+    var=$(printf '%s_%s_SOURCES' "$dir" "$name" | tr -- '-/.' '___')
+    while read -r f; do srcs+=("$SRC/$f"); done < <(am_sources "$var")
+    [ ${#srcs[@]} -gt 0 ] || srcs=("$SRC/$dir/$name.c")
+    [ "$dir" = tests ] && while read -r f; do srcs+=("$SRC/$f"); done \
+        < <(am_sources tests_libtestutil_la_SOURCES)
+    log "gcc -o $B/$name ${srcs[*]#"$SRC"/}"
+    cc -I"$SRC/tests" -o "$B/$name" "${srcs[@]}" "$@" -L"$B" -lchorus ${ZLIB:+"$ZLIB"} -lm \
+        -lpthread && touch "$B/$name.built"
+}
+
 build_programs() {
-    local rc=0 t
-    local util=("$SRC/tests/tap.c")
-    [ -f "$SRC/tests/ref.c" ] && util+=("$SRC/tests/ref.c")
-    for t in test-core test-cuda test-ops test-ops-grad test-errors test-reduce test-dp; do
-        [ -f "$SRC/tests/$t.c" ] || continue
-        local defs=()
-        # As in tests/cuda.mk: the module was built, so it must load.
-        [ "$t" = test-cuda ] && defs=(-DCH_TEST_HAVE_CUDA=1)
-        if compile_c "${defs[@]}" -I"$SRC/tests" -o "$B/$t" "$SRC/tests/$t.c" "${util[@]}" \
-            -L"$B" -lchorus -lm; then
-            BUILT+=("$t")
-        else
-            rc=1
+    local t defs
+    for t in test-cuda test-ops test-ops-grad test-errors test-reduce test-dp; do
+        defs=()
+        if [ "$t" = test-cuda ] && [ -f "$B/mod/chorus-cuda.so" ]; then
+            defs=(-DCH_TEST_HAVE_CUDA=1)
+            [ -n "$NCCL_SO" ] && [ -n "$NCCL_INC" ] && defs+=(-DCH_TEST_HAVE_NCCL=1)
         fi
+        spawn program "$t" tests ${defs[@]+"${defs[@]}"}
     done
-    if compile_c -o "$B/chorus-info" "$SRC/utils/chorus-info.c" -L"$B" -lchorus; then
-        BUILT+=(chorus-info)
-    else
-        rc=1
-    fi
-    if [ -f "$SRC/bench/bench-ops.c" ]; then
-        if compile_c -o "$B/bench-ops" "$SRC/bench/bench-ops.c" -L"$B" -lchorus -lm; then
-            BUILT+=(bench-ops)
-        else
-            rc=1
-        fi
-    fi
-    for t in bench-allreduce bench-dp; do
-        [ -f "$SRC/bench/$t.c" ] || continue
-        if compile_c -o "$B/$t" "$SRC/bench/$t.c" -L"$B" -lchorus -lm; then
-            BUILT+=("$t")
-        else
-            rc=1
-        fi
-    done
-    if compile_c "${CUDA_INCS[@]}" -I"$CUDA_HOME/include" -o "$B/bench-cublas" \
-        "$SRC/bench/bench-cublas.c" -L"$B" -lchorus "$CUBLAS_SO" "$CUDART" -ldl -lrt -lm -lstdc++; then
-        BUILT+=(bench-cublas)
-    else
-        rc=1
-    fi
-    return $rc
+    spawn program chorus-info utils
+    [ "$NO_ZLIB$NO_JANSSON" = 00 ] && spawn program chorus-train utils
+    for t in bench-ops bench-train bench-dp bench-allreduce; do spawn program "$t" bench; done
+    local rp=() d
+    for d in "${LIBDIRS[@]}"; do rp+=("-Wl,-rpath-link,$d"); done
+    [ -n "$CUBLAS_SO" ] && spawn program bench-cublas bench -I"$CUDA_HOME/include" \
+        ${CUBLAS_INC:+-I"$CUBLAS_INC"} "$CUBLAS_SO" "$CUDART" ${rp[@]+"${rp[@]}"} -ldl -lrt -lstdc++
+    wait_all
+    for t in "$B"/*.built; do [ -e "$t" ] && BUILT+=("$(basename "$t" .built)"); done
 }
 
 build() {
     rm -rf "$B" && mkdir -p "$B" || return 1
-    build_core || { log "BUILD FAILED: libchorus"; return 1; }
+    build_lib || { log "BUILD FAILED: libchorus"; return 1; }
     local rc=0
-    build_module || { log "BUILD FAILED: chorus-cuda.so"; rc=1; }
+    if [ -n "$NVCC" ] && [ -n "$CUBLAS_SO" ] && [ -n "$CUDART" ]; then
+        build_module || { log "BUILD FAILED: chorus-cuda.so"; rc=1; }
+    else
+        log "no nvcc, cuBLAS or cudart: the CUDA module is not built"
+        rc=1
+    fi
     build_programs || { log "BUILD FAILED: some programs"; rc=1; }
     log "built: ${BUILT[*]:-nothing}"
     return $rc
 }
 
-built() { # name: was it built?
-    local p
-    for p in "${BUILT[@]:-}"; do [ "$p" = "$1" ] && return 0; done
-    return 1
+built() { [ -e "$B/$1.built" ]; }
+
+# ---- steps ------------------------------------------------------------------
+
+NCUDA=0 CUDA_WHY=""
+
+# What the library itself sees: the CUDA devices chorus-info lists, or why
+# the backend is unavailable.
+cuda_devices() {
+    built chorus-info || { CUDA_WHY="chorus-info was not built"; return; }
+    NCUDA=$(timeout 30 "$B/chorus-info" --json 2>/dev/null | grep -c '"id": "cuda:')
+    CUDA_WHY=$(timeout 30 "$B/chorus-info" 2>&1 | tee -a "$OUT/tests.log" |
+        awk '$1 == "cuda" && $2 != "loaded" { $1 = $2 = ""; sub(/^ +/, ""); print; exit }')
 }
 
-# ---- run --------------------------------------------------------------------
+tap_counts() { # log: "N ok, N not ok, N skipped" and whether the plan came
+    local ok notok skip plan
+    ok=$(grep -c '^ok ' "$1")
+    skip=$(grep -ci '^ok .*# skip' "$1")
+    notok=$(grep -c '^not ok ' "$1")
+    plan=$(grep -m 1 -E '^1\.\.[0-9]+' "$1" || echo "no plan: it stopped early")
+    echo "$((ok - skip)) ok, $notok not ok, $skip skipped ($plan)"
+}
 
-# run_tap step log program [args]: a TAP program under a time limit, its
-# output appended to `log`.
-run_tap() {
-    local step=$1 logf=$2 prog=$3
-    shift 3
+DETAIL_FN=""
+
+# run STEP KIND LOG LIMIT [VAR=value ...] PROGRAM [ARGS]: one program under
+# a time limit, its output appended to LOG. KIND tap: the TAP counts
+# decide; plain: the exit status. DETAIL_FN, when set, writes the detail
+# of a step that passed.
+run() {
+    local step=$1 kind=$2 logf=$3 lim=$4
+    shift 4
+    local envs=()
+    while [[ $1 == *=* ]]; do envs+=("$1"); shift; done
+    local prog=$1
+    shift
     if ! built "$prog"; then
         row "$step" skipped 0 "not built"
-        return
+        return 1
     fi
-    local t0 rc secs lim own="$B/$prog.out"
-    lim=$(limit 240)
+    if out_of_time; then
+        row "$step" skipped 0 "no time left in the budget"
+        return 1
+    fi
+    lim=$(limit "$lim")
+    local own="$B/$step.out" t0 rc secs
     t0=$(date +%s)
-    timeout "$lim" "$B/$prog" "$@" >"$own" 2>&1
+    env ${envs[@]+"${envs[@]}"} timeout -k 5 "$lim" "$B/$prog" "$@" >"$own" 2>&1
     rc=$?
     secs=$(($(date +%s) - t0))
-    { echo "== $prog $* (limit ${lim}s, exit $rc, ${secs}s)"; cat "$own"; } >>"$logf"
-    local counts
-    counts=$(tap_counts "$own")
-    if [ $rc -eq 124 ]; then
-        row "$step" TIMEOUT "$secs" "after ${lim}s; $counts"
-    elif [ $rc -ne 0 ]; then
-        row "$step" FAILED "$secs" "exit $rc; $counts"
+    { echo "== $step: ${envs[*]+"${envs[*]}"} $prog $* (limit ${lim}s, exit $rc, ${secs}s)"; cat "$own"; echo; } >>"$logf"
+    local detail result=ok
+    if [ "$kind" = tap ]; then
+        detail=$(tap_counts "$own")
+        grep '^not ok' "$own" | head -n 8 | sed "s|^|$step: |" >>"$B/failures"
+        grep -q '^not ok' "$own" || ! grep -q '^1\.\.' "$own" && result=FAILED
     else
-        row "$step" ok "$secs" "$counts"
+        detail="exit $rc"
     fi
-    grep '^not ok' "$own" | head -n 20 >>"$outdir/failures.tmp"
+    [ $rc -eq 0 ] || result=FAILED
+    [ $rc -eq 124 ] || [ $rc -eq 137 ] && { result=TIMEOUT; detail="after ${lim}s; $detail"; }
+    if [ "$result" = ok ] && [ -n "$DETAIL_FN" ]; then
+        detail=$("$DETAIL_FN" "$step")
+    elif [ "$result" != ok ] && [ "$kind" = plain ]; then
+        tail -n 3 "$own" | sed "s|^|$step: |" >>"$B/failures"
+    fi
+    row "$step" "$result" "$secs" "$detail"
+    [ "$result" = ok ]
 }
 
-run_prog() { # step log program [args]: a plain program, exit status decides
-    local step=$1 logf=$2 prog=$3
-    shift 3
-    if ! built "$prog"; then
-        row "$step" skipped 0 "not built"
+# A GPU step: skipped without a GPU the library can use.
+gpu() {
+    if [ "$NCUDA" -lt 1 ]; then
+        row "$1" skipped 0 "no GPU"
+        return 1
+    fi
+    run "$@"
+}
+
+bench_block() { # step title: its output into the summary's benchmark part
+    [ -s "$B/$1.out" ] || return
+    printf '\n== %s\n' "$2" >>"$B/benchmarks"
+    grep -v '^$' "$B/$1.out" | head -n 40 >>"$B/benchmarks"
+}
+
+train_detail() { # step: accuracy and speed from chorus-train --json
+    local j
+    j=$(grep -m 1 '^{.*test_accuracy' "$B/$1.out") || { echo "exit 0, no JSON result"; return; }
+    printf '%s\n' "$j" | sed -e 's/.*"test_accuracy": *\([0-9.]*\).*"samples_per_s": *\([0-9.]*\).*"steps": *\([0-9]*\).*/test accuracy \1, \2 samples\/s, \3 steps/'
+}
+
+run_tests() {
+    local t
+    # Without a GPU too: the module must load and say why it found none.
+    run test-cuda tap "$OUT/tests.log" 120 test-cuda
+    gpu test-ops tap "$OUT/tests.log" 120 test-ops
+    for t in test-ops-grad test-errors; do gpu "$t" tap "$OUT/tests.log" 90 "$t"; done
+    gpu test-reduce tap "$OUT/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce
+    gpu test-dp tap "$OUT/tests.log" 90 CHORUS_TEST_DEVICES=cuda:0,cuda:0 test-dp
+}
+
+run_train() {
+    local args=(--epochs 1 --json --quiet --data "$DATA")
+    if [ -z "$DATA" ]; then
+        row train-host skipped 0 "no Fashion-MNIST (run tests/gpu/prepare.sh and carry _gpu)"
+        row train-cuda skipped 0 "no Fashion-MNIST"
         return
     fi
-    local t0 rc lim own="$B/$prog.out"
+    DETAIL_FN=train_detail
+    # The data path (carried files, zlib) on the host, quickly: 1000 images.
+    run train-host plain "$OUT/train.log" 60 chorus-train --devices host --model mlp \
+        --limit 1000 "${args[@]}"
+    gpu train-cuda plain "$OUT/train.log" 150 chorus-train --devices cuda:0 --model cnn \
+        "${args[@]}"
+    DETAIL_FN=""
+}
+
+run_benches() {
+    gpu bench-cublas plain "$OUT/bench.log" 60 bench-cublas 1024 2048 4096 &&
+        bench_block bench-cublas "bench-cublas: ch_gemm against cublasSgemm on cuda:0"
+    gpu bench-train plain "$OUT/bench.log" 60 bench-train --devices cuda:0 &&
+        bench_block bench-train "bench-train --devices cuda:0 (mlp and cnn, samples/s)"
+    gpu bench-ops plain "$OUT/bench.log" 60 bench-ops --devices cuda:0 --sizes 1024,4096 &&
+        bench_block bench-ops "bench-ops --devices cuda:0"
+    gpu allreduce-x2 plain "$OUT/bench.log" 40 bench-allreduce --devices cuda:0,cuda:0 \
+        --mode peer --max-mb 256 && bench_block allreduce-x2 "bench-allreduce, cuda:0 x2"
+    gpu allreduce-x3 plain "$OUT/bench.log" 40 bench-allreduce --devices cuda:0,cuda:0,cuda:0 \
+        --mode peer --max-mb 256 && bench_block allreduce-x3 "bench-allreduce, cuda:0 x3"
+    gpu bench-dp plain "$OUT/bench.log" 60 bench-dp --devices cuda:0,cuda:0 --model cnn \
+        --reduce peer && bench_block bench-dp "bench-dp --devices cuda:0,cuda:0 --model cnn"
+}
+
+# compute-sanitizer's memcheck over test-ops on cuda:0 alone: optional,
+# last, with whatever time is left (up to three minutes).
+run_sanitizer() {
+    if [ -z "$SANITIZER" ]; then
+        row memcheck skipped 0 "no compute-sanitizer on this machine"
+        return
+    fi
+    [ "$NCUDA" -lt 1 ] && { row memcheck skipped 0 "no GPU"; return; }
+    built test-ops || { row memcheck skipped 0 "test-ops not built"; return; }
+    out_of_time && { row memcheck skipped 0 "no time left in the budget"; return; }
+    local lim t0 rc errs
     lim=$(limit 180)
     t0=$(date +%s)
-    timeout "$lim" "$B/$prog" "$@" >"$own" 2>&1
+    CHORUS_DEVICES=cuda:0 timeout -k 5 "$lim" "$SANITIZER" --tool memcheck --error-exitcode 97 \
+        --print-limit 20 "$B/test-ops" >"$OUT/sanitizer.log" 2>&1
     rc=$?
-    { echo "== $prog $* (limit ${lim}s, exit $rc)"; cat "$own"; } >>"$logf"
-    local detail="exit $rc"
-    [ "$prog" = bench-cublas ] && [ $rc -eq 0 ] &&
-        detail=$(awk '$1 ~ /^[0-9]+$/ { printf "n=%s ratio %s; ", $1, $5 }' "$own")
-    [ $rc -eq 124 ] && detail="timed out after ${lim}s"
-    row "$step" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" "$(($(date +%s) - t0))" "$detail"
+    errs=$(grep -m 1 -E 'ERROR SUMMARY: [0-9]+' "$OUT/sanitizer.log" || true)
+    case $rc in
+    0) row memcheck ok $(($(date +%s) - t0)) "${errs:-no errors}; $(tap_counts "$OUT/sanitizer.log")" ;;
+    124 | 137) row memcheck TIMEOUT $(($(date +%s) - t0)) "cut at ${lim}s (partial: $(tap_counts "$OUT/sanitizer.log"))" ;;
+    *) row memcheck FAILED $(($(date +%s) - t0)) "exit $rc; ${errs:-see sanitizer.log}" ;;
+    esac
+}
+
+# ---- summary ----------------------------------------------------------------
+
+summary() {
+    {
+        log "Chorus GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(elapsed) s of a $BUDGET s budget"
+        log "source:   $(git -C "$SRC" log -1 --format='%h %s' 2>/dev/null || echo "$SRC")"
+        log "GPU:      ${GPU:-none seen by nvidia-smi}; the library sees $NCUDA CUDA device(s)${CUDA_WHY:+ ($CUDA_WHY)}"
+        log "toolkit:  ${NVCC:-no nvcc}, arch $CUDA_ARCH; cuBLAS ${CUBLAS_SO:-none}; NCCL ${NCCL_SO:-none}; cudart ${CUDART##*/}"
+        log "carried:  $CARRY_USED"
+        log "build:    $(grep -c 'warning:' "$OUT/build.log" 2>/dev/null) compiler warnings (build.log)"
+        local n
+        for n in ${NOTES[@]+"${NOTES[@]}"}; do log "note:     $n"; done
+        log ""
+        printf '%-18s %-8s %5s  %s\n' step result secs detail
+        printf '%s\n' "${ROWS[@]}"
+        if [ -s "$B/failures" ]; then
+            log ""
+            log "First failures (the full output is in tests.log):"
+            cat "$B/failures"
+        fi
+        [ -s "$B/benchmarks" ] && { log ""; log "Benchmarks (bench.log has everything):"; cat "$B/benchmarks"; }
+    } >"$OUT/summary.txt"
 }
 
 main() {
-    local t0 secs
-    : >"$outdir/failures.tmp"
+    local t0
+    rm -f "$OUT"/{summary.txt,probe.log,build.log,tests.log,bench.log,train.log,sanitizer.log}
+    : >"$OUT/tests.log"
+    log "Chorus GPU check: source $SRC, build $B, output $OUT, budget ${BUDGET}s"
 
     t0=$(date +%s)
-    if probe >"$outdir/probe.log" 2>&1; then
-        row probe ok $(($(date +%s) - t0)) "sm_$CUDA_ARCH, NCCL: $([ -n "$NCCL_SO" ] && echo yes || echo no)"
+    { probe; carried; } >"$OUT/probe.log" 2>&1
+    if [ -n "$NVCC" ] && [ -n "$CUBLAS_SO" ] && [ -n "$CUDART" ]; then
+        row probe ok $(($(date +%s) - t0)) "${GPU:-no GPU}; arch $CUDA_ARCH; NCCL $([ -n "$NCCL_SO" ] && echo yes || echo no)"
     else
         row probe FAILED $(($(date +%s) - t0)) "no nvcc, cuBLAS or cudart: see probe.log"
     fi
 
     t0=$(date +%s)
-    if [ -z "$NVCC" ] || [ -z "$CUBLAS_SO" ] || [ -z "$CUDART" ]; then
-        row build skipped 0 "nothing to build with"
-    elif build >"$outdir/build.log" 2>&1; then
-        row build ok $(($(date +%s) - t0)) "${BUILT[*]}"
+    local state rc lim
+    state=$(mktemp) || return 1
+    declare -p SRC B NVCC CUDA_HOME CUDA_ARCH CUBLAS_SO CUBLAS_INC NCCL_SO NCCL_INC CUDART \
+        LIBDIRS ZINC JINC ZLIB JLIB >"$state"
+    lim=$(limit $((BUDGET * 3 / 5)))
+    timeout -k 5 "$lim" bash "$SELF" --build "$state" >"$OUT/build.log" 2>&1
+    rc=$?
+    rm -f "$state"
+    if [ $rc -eq 0 ]; then
+        row build ok $(($(date +%s) - t0)) "$(tail -n 1 "$OUT/build.log")"
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        row build TIMEOUT $(($(date +%s) - t0)) "cut at ${lim}s; see build.log"
     else
-        row build FAILED $(($(date +%s) - t0)) "see build.log; built: ${BUILT[*]:-nothing}"
+        row build FAILED $(($(date +%s) - t0)) "see build.log; $(grep -m 1 'BUILD FAILED' "$OUT/build.log" || tail -n 1 "$OUT/build.log")"
     fi
+    mkdir -p "$B" && : >"$B/failures" && : >"$B/benchmarks"
 
     export CHORUS_BACKEND_PATH="$B/mod"
-    export LD_LIBRARY_PATH="$B$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    unset CHORUS_DEVICES
-    log "CHORUS_BACKEND_PATH=$CHORUS_BACKEND_PATH" >>"$outdir/tests-more.log"
-    log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$outdir/tests-more.log"
+    # The carried libraries the system lacks, alone in a folder of their own.
+    local ld="$B" d l
+    for l in "$ZLIB" "$JLIB"; do
+        case $l in "$CARRY"/*) mkdir -p "$B/carried" && cp "$l" "$B/carried/" ;; esac
+    done
+    [ -d "$B/carried" ] && ld="$ld:$B/carried"
+    for d in $(printf '%s\n' ${LIBDIRS[@]+"${LIBDIRS[@]}"} | awk '!seen[$0]++'); do ld="$ld:$d"; done
+    export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    unset CHORUS_DEVICES CHORUS_CUDA_NCCL CHORUS_TEST_DEVICES
+    log "CHORUS_BACKEND_PATH=$CHORUS_BACKEND_PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/tests.log"
 
-    run_prog chorus-info "$outdir/tests-more.log" chorus-info
-    run_tap test-cuda "$outdir/test-cuda.log" test-cuda
-    run_tap test-ops "$outdir/test-ops.log" test-ops
-    run_tap test-core "$outdir/tests-more.log" test-core
-    run_tap test-errors "$outdir/tests-more.log" test-errors
-    run_tap test-ops-grad "$outdir/tests-more.log" test-ops-grad
-    run_prog bench-cublas "$outdir/bench.log" bench-cublas 1024 2048 4096
-    run_prog bench-ops "$outdir/bench.log" bench-ops --devices cuda:0 --sizes 1024,4096
-    run_tap test-reduce "$outdir/tests-more.log" test-reduce
-    run_tap test-dp "$outdir/tests-more.log" test-dp
-    run_prog bench-allreduce "$outdir/bench.log" bench-allreduce --devices cuda:0,cuda:0,cuda:0 \
-        --max-mb 256
-    run_prog bench-dp "$outdir/bench.log" bench-dp --devices cuda:0,host --model cnn
-
-    {
-        log "Chorus GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(elapsed) s"
-        log "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
-        printf '%-16s %-7s %5s  %s\n' step result secs detail
-        printf '%s\n' "${ROWS[@]}"
-        if [ -s "$outdir/failures.tmp" ]; then
-            log ""
-            log "First failures:"
-            cat "$outdir/failures.tmp"
-        fi
-        if [ -f "$B/bench-cublas.out" ]; then
-            log ""
-            cat "$B/bench-cublas.out"
-        fi
-    } >"$SUMMARY"
-    rm -f "$outdir/failures.tmp"
-    cat "$SUMMARY"
+    cuda_devices
+    if [ "$NCUDA" -gt 0 ]; then
+        row cuda-backend ok 0 "$NCUDA CUDA device(s)"
+    elif [ -n "$GPU" ]; then
+        row cuda-backend FAILED 0 "nvidia-smi sees a GPU, the library none: ${CUDA_WHY:-?}"
+    else
+        row cuda-backend skipped 0 "no GPU${CUDA_WHY:+ ($CUDA_WHY)}"
+    fi
+    run_tests
+    run_train
+    run_benches
+    run_sanitizer
+    summary
+    log ""
+    cat "$OUT/summary.txt"
     return $FAILED
 }
 
+# The build runs as a child of its own, so that one time limit covers it
+# and every compiler it starts.
+if [ "${1:-}" = --build ] && [ $# -eq 2 ]; then
+    # shellcheck disable=SC1090
+    . "$2"
+    build
+    exit
+fi
+if [ $# -ne 1 ]; then
+    echo "usage: tests/gpu/check.sh OUTDIR" >&2
+    exit 2
+fi
+mkdir -p "$1" || exit 2
+OUT=$(cd "$1" && pwd)
 main
