@@ -139,18 +139,11 @@ int tap_env_devices(ch_device **out, int capacity)
     const char *list = getenv("CHORUS_TEST_DEVICES");
     if (!list || !*list)
         return 0;
-    char copy[256];
-    snprintf(copy, sizeof copy, "%s", list);
-    int k = 0;
-    for (char *save = NULL, *name = strtok_r(copy, ",", &save); name;
-         name = strtok_r(NULL, ",", &save)) {
-        if (k == capacity)
-            return tap_ok(0, "CHORUS_TEST_DEVICES=\"%s\": more than %d devices", list,
-                          capacity) - 1;
-        if (!tap_status_ok(ch_device_by_name(&out[k++], name), "CHORUS_TEST_DEVICES: %s", name))
-            return -1;
-    }
-    return k;
+    int n = 0;
+    if (!tap_status_ok(ch_device_list_parse_replicas(out, capacity, &n, list),
+                       "CHORUS_TEST_DEVICES=\"%s\"", list))
+        return -1;
+    return n;
 }
 
 ch_module *tap_sequential(int n, ch_module *const *children)
