@@ -3,9 +3,20 @@
  * A backend is a table of function pointers (ch_backend_i) plus the contexts
  * its functions return. The core owns validation: an op slot is only called
  * with shapes, dtypes and devices already checked, sizes >= 1, and every
- * buffer large enough. Slots marked "optional" may be NULL; the core then
- * falls back (a copy between devices goes through pinned host memory, a
- * missing pinned allocator uses malloc).
+ * buffer large enough.
+ *
+ * Which slots may be NULL:
+ *   - lifetime, memory (alloc, free), streams and events, and transfers
+ *     (upload, download, copy) are required: ch_init refuses a module that
+ *     leaves one NULL, naming it;
+ *   - slots marked "optional" may be NULL and the core falls back: mem_info
+ *     (ch_device_memory reports unavailable), host_alloc with host_free (both
+ *     or neither: pinned buffers become plain malloc'ed memory), can_peer and
+ *     peer_copy (copies between devices go through host memory; peer_copy
+ *     needs can_peer), allreduce_sum and can_allreduce (peer reduction is
+ *     refused for the backend, host-staged reduction works);
+ *   - an op slot may be NULL: the op then fails with CH_ERR_UNSUPPORTED
+ *     naming the op and the backend.
  *
  * Handles:
  *   backend context  returned by init, passed to device_props/device_open

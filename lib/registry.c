@@ -70,6 +70,33 @@ static void find_module(const char *name, char *path, size_t size, char *searche
     path[0] = '\0';
 }
 
+/* The first slot the core calls without looking that `iface` leaves NULL,
+ * or NULL when it has them all (lib/backend.h says which may be missing). */
+static const char *missing_slot(const ch_backend_i *iface)
+{
+#define REQUIRED(slot) {#slot, iface->slot == NULL}
+    const struct {
+        const char *name;
+        int missing;
+    } slots[] = {
+        REQUIRED(init),         REQUIRED(shutdown),   REQUIRED(device_props),
+        REQUIRED(device_open),  REQUIRED(device_close), REQUIRED(alloc),
+        REQUIRED(free),         REQUIRED(stream_new), REQUIRED(stream_free),
+        REQUIRED(stream_sync),  REQUIRED(event_new),  REQUIRED(event_free),
+        REQUIRED(event_record), REQUIRED(event_wait), REQUIRED(event_sync),
+        REQUIRED(upload),       REQUIRED(download),   REQUIRED(copy),
+    };
+#undef REQUIRED
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
+        if (slots[i].missing)
+            return slots[i].name;
+    if (!iface->host_alloc != !iface->host_free)
+        return iface->host_alloc ? "host_free (it has host_alloc)" : "host_alloc (it has host_free)";
+    if (iface->peer_copy && !iface->can_peer)
+        return "can_peer (it has peer_copy)";
+    return NULL;
+}
+
 /* `path` names the module in messages ("built in" for the host). Nothing
  * but abi_version is read from a table of another version: its layout may
  * differ. */
@@ -80,6 +107,12 @@ static ch_status start_backend(chi_backend *be, const ch_backend_i *iface, const
                    "%s was built for backend ABI version %u, this libchorus speaks version "
                    "%d: rebuild the module with this library",
                    path, (unsigned)iface->abi_version, CH_BACKEND_ABI_VERSION);
+        return CH_ERR_UNAVAILABLE;
+    }
+    const char *missing = missing_slot(iface);
+    if (missing) {
+        set_detail(be, "%s has no %s slot, which every backend must fill: fix the module",
+                   path, missing);
         return CH_ERR_UNAVAILABLE;
     }
     ch_clear_error();

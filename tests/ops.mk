@@ -13,8 +13,8 @@ tests_test_errors_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS)
 
 # What crosses the backend ABI: test-abi calls the slots of every backend
 # directly (the host's from the two sources that hold them, compiled in
-# here), and loads a module built for the previous ABI version under the
-# name of a real one.
+# here), and loads a module built for the previous ABI version, and one that
+# leaves a required slot NULL, under the names of real ones.
 check_PROGRAMS += tests/test-abi
 tests_test_abi_SOURCES = tests/test-abi.c backends/host/elementwise.c backends/host/reduce.c
 tests_test_abi_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
@@ -25,6 +25,11 @@ check_LTLIBRARIES += tests/wrong-abi/chorus-cuda.la
 tests_wrong_abi_chorus_cuda_la_SOURCES = tests/wrong-abi-module.c
 tests_wrong_abi_chorus_cuda_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
 	-rpath $(abs_builddir)/tests/wrong-abi
+check_LTLIBRARIES += tests/missing-slot/chorus-opencl.la
+tests_missing_slot_chorus_opencl_la_SOURCES = tests/missing-slot-module.c
+tests_missing_slot_chorus_opencl_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
+	-rpath $(abs_builddir)/tests/missing-slot
 AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_WRONG_ABI_DIR='$(abs_top_builddir)/tests/wrong-abi/.libs'; \
-	export CHORUS_TEST_WRONG_ABI_DIR;
+	CHORUS_TEST_MISSING_SLOT_DIR='$(abs_top_builddir)/tests/missing-slot/.libs'; \
+	export CHORUS_TEST_WRONG_ABI_DIR CHORUS_TEST_MISSING_SLOT_DIR;

@@ -1,5 +1,6 @@
 /* What crosses the backend ABI (lib/backend.h). A module built for another
- * ABI version is refused with a message naming both versions, and ch_init
+ * ABI version is refused with a message naming both versions, one that
+ * leaves a required slot NULL with a message naming the slot, and ch_init
  * still succeeds with the other backends. Every backend answers an enum
  * value beyond those it was built with (what a newer core could pass) with
  * CH_ERR_UNSUPPORTED and a message, never with a default: the slots are
@@ -53,6 +54,34 @@ static void test_wrong_abi(const char *search)
         check_refused(dir);
         ch_device *host = NULL;
         tap_status_ok(ch_device_by_name(&host, "host"), "the host device is still there");
+        ch_shutdown();
+    }
+    setenv("CHORUS_BACKEND_PATH", search, 1);
+}
+
+/* ---- A module without a required slot ---------------------------------------- */
+
+static void test_missing_slot(const char *search)
+{
+    const char *dir = getenv("CHORUS_TEST_MISSING_SLOT_DIR");
+    if (!tap_ok(dir && *dir, "CHORUS_TEST_MISSING_SLOT_DIR names the folder of the module "
+                             "without alloc (make check sets it)"))
+        return;
+    char path[8200];
+    snprintf(path, sizeof path, "%s:%s", dir, search);
+    setenv("CHORUS_BACKEND_PATH", path, 1);
+    if (tap_status_ok(ch_init(), "ch_init with a module without alloc first on the path")) {
+        int found = 0;
+        for (int i = 0; i < ch_backend_count(); i++) {
+            ch_backend_info info;
+            if (ch_backend_get_info(i, &info) != CH_OK || strcmp(info.name, "opencl") != 0)
+                continue;
+            found = 1;
+            tap_ok(!info.available, "the opencl module without alloc is unavailable");
+            tap_ok(strstr(info.detail, "has no alloc slot") && strstr(info.detail, dir),
+                   "its detail names the module and the slot: \"%s\"", info.detail);
+        }
+        tap_ok(found, "ch_backend_get_info lists the opencl backend");
         ch_shutdown();
     }
     setenv("CHORUS_BACKEND_PATH", search, 1);
@@ -215,6 +244,7 @@ int main(void)
     char search[4096];
     snprintf(search, sizeof search, "%s", env ? env : "");
     test_wrong_abi(search);
+    test_missing_slot(search);
     test_host_values();
     test_module("opencl", search);
     test_module("cuda", search);
