@@ -478,6 +478,12 @@ static void test_conv(ch_device *dev)
     }
     test_im2col(dev, 1, 2, 17, 31, &conv_windows[2]);
     test_col2im(dev, 1, 2, 17, 31, &conv_windows[2]);
+    /* Past the host's threshold for threads (131072 elements), in odd
+     * counts of planes, so the work is cut between threads mid-batch. */
+    test_im2col(dev, 3, 7, 29, 31, &conv_windows[1]);
+    test_col2im(dev, 3, 7, 29, 31, &conv_windows[1]);
+    test_im2col(dev, 5, 3, 61, 63, &conv_windows[2]);
+    test_col2im(dev, 5, 3, 61, 63, &conv_windows[2]);
 }
 
 static void test_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
@@ -539,6 +545,11 @@ static void test_pooling(ch_device *dev)
     test_maxpool_backward(dev, 1, 2, 7, 9, &k2s2);
     test_maxpool_backward(dev, 2, 3, 9, 9, &k3s2p1);
     test_maxpool_backward(dev, 1, 2, 6, 7, &k3s2p1);
+    /* Enough planes for the host's threads, an odd count, odd widths. */
+    test_maxpool(dev, 5, 7, 62, 65, &k2s2);
+    test_maxpool(dev, 5, 7, 61, 64, &k3s2p1);
+    test_maxpool_backward(dev, 5, 7, 62, 65, &k2s2);
+    test_maxpool_backward(dev, 5, 7, 61, 64, &k3s2p1);
 }
 
 /* ---- Reductions ---------------------------------------------------------- */
