@@ -370,7 +370,7 @@ static void test_device(ch_device *dev)
 {
     static const ch_window2d windows[] = {
         {3, 3, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 3, 2, 2, 1, 1},
-        {2, 2, 2, 2, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0},
+        {2, 2, 2, 2, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0}, {3, 5, 1, 1, 0, 2},
     };
     static const ch_window2d k2s2 = {2, 2, 2, 2, 0, 0}, k3s2p1 = {3, 3, 2, 2, 1, 1};
     for (int act = CH_ACT_RELU; act <= CH_ACT_SIGMOID; act++)

@@ -467,7 +467,7 @@ static void test_col2im(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_
 
 static const ch_window2d conv_windows[] = {
     {3, 3, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 3, 2, 2, 1, 1}, {2, 2, 2, 2, 0, 0},
-    {1, 1, 1, 1, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0},
+    {1, 1, 1, 1, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0}, {3, 5, 1, 1, 0, 2},
 };
 
 static void test_conv(ch_device *dev)
@@ -484,6 +484,10 @@ static void test_conv(ch_device *dev)
     test_col2im(dev, 3, 7, 29, 31, &conv_windows[1]);
     test_im2col(dev, 5, 3, 61, 63, &conv_windows[2]);
     test_col2im(dev, 5, 3, 61, 63, &conv_windows[2]);
+    /* Stride 1 and as wide as the input, but a plane too large for the
+     * host's whole-plane shifts (4096 positions): its per-row loops. */
+    test_im2col(dev, 1, 2, 64, 70, &conv_windows[1]);
+    test_col2im(dev, 1, 2, 64, 70, &conv_windows[1]);
 }
 
 static void test_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,

@@ -5,12 +5,14 @@
  * planes of its output: the backward passes clear a plane and add into it
  * (the plane stays in L1), with no races and a fixed order of the sums.
  * The bounds of each kernel tap are worked out once per row, never per
- * element, so the inner loops are plain copies, adds and compares. */
+ * element, so the inner loops are plain copies, adds and compares; for
+ * stride 1 and an output as wide as the input, once per plane (below). */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "host.h"
@@ -36,6 +38,84 @@ static void window_range(int64_t o, int s, int p, int k, int64_t in, int64_t *lo
     *hi = first + k < in ? first + k : in;
 }
 
+/* ---- stride 1, output as wide as the input ----------------------------------
+ * The "same" convolutions of the cnn: tap (ki, kj) then moves the whole
+ * plane by one offset, (ki - ph) * w + (kj - pw), so each tap is one loop
+ * over the plane rather than one short loop per row (14 or 28 elements
+ * here, where the loop overhead cost more than the copy). The entries
+ * whose column falls in the padding wrap to the next or previous row under
+ * that offset; a mask per kj (one byte per output position) drops them.
+ * Planes up to SHIFT_MAX_PLANE positions: wider rows are long enough for
+ * the per-row loops, and the mask stays small. */
+
+#define SHIFT_MAX_PLANE 4096
+
+static int shift_applies(const ch_conv_geom *g)
+{
+    return g->sh == 1 && g->sw == 1 && g->ow == g->w && g->oh * g->ow <= SHIFT_MAX_PLANE;
+}
+
+/* mask[kj * OH*OW + q] = 1 where output position q's tap kj reads inside
+ * the row. NULL when out of memory. */
+static unsigned char *shift_masks(const ch_conv_geom *g)
+{
+    int64_t plane_out = g->oh * g->ow;
+    unsigned char *mask = malloc((size_t)(g->kw * plane_out));
+    for (int kj = 0; mask && kj < g->kw; kj++) {
+        int64_t x0, x1;
+        tap_range(g->w, g->ow, g->sw, g->pw, kj, &x0, &x1);
+        for (int64_t q = 0; q < plane_out; q++)
+            mask[kj * plane_out + q] = q % g->ow >= x0 && q % g->ow < x1;
+    }
+    return mask;
+}
+
+/* Tap (ki, kj) reads output positions [*begin, *end) at plane index
+ * q + *shift; outside them (and where the mask is 0) it reads padding.
+ * Every index q + shift of the range lies inside the plane. */
+static void shift_span(const ch_conv_geom *g, int ki, int kj, int64_t *begin, int64_t *end,
+                       int64_t *shift)
+{
+    int64_t y0, y1, x0, x1;
+    tap_range(g->h, g->oh, 1, g->ph, ki, &y0, &y1);
+    tap_range(g->w, g->ow, 1, g->pw, kj, &x0, &x1);
+    *begin = y0 * g->ow + x0;
+    *end = y0 < y1 && x0 < x1 ? (y1 - 1) * g->ow + x1 : *begin;
+    *shift = (int64_t)(ki - g->ph) * g->w + (kj - g->pw);
+}
+
+static void im2col_shift(float *restrict dst, const float *restrict plane,
+                         const unsigned char *restrict mask, const ch_conv_geom *g, int ki,
+                         int kj)
+{
+    int64_t begin, end, shift, plane_out = g->oh * g->ow;
+    shift_span(g, ki, kj, &begin, &end, &shift);
+    const unsigned char *m = mask + kj * plane_out;
+    memset(dst, 0, (size_t)begin * sizeof *dst);
+    CHI_OMP(omp simd)
+    for (int64_t q = begin; q < end; q++) {
+        float v = plane[q + shift];
+        dst[q] = m[q] ? v : 0.0f;
+    }
+    memset(dst + end, 0, (size_t)(plane_out - end) * sizeof *dst);
+}
+
+static void col2im_shift(float *restrict plane, const float *restrict src,
+                         const unsigned char *restrict mask, const ch_conv_geom *g, int ki,
+                         int kj)
+{
+    int64_t begin, end, shift;
+    shift_span(g, ki, kj, &begin, &end, &shift);
+    const unsigned char *m = mask + kj * g->oh * g->ow;
+    CHI_OMP(omp simd)
+    for (int64_t q = begin; q < end; q++) {
+        float v = src[q];
+        plane[q + shift] += m[q] ? v : 0.0f;
+    }
+}
+
+/* ---- any geometry -------------------------------------------------------- */
+
 /* The OH*OW entries of one col row: tap (ki, kj) of every window over one
  * input plane, zero where the tap falls in the padding. */
 static void im2col_row(float *restrict dst, const float *restrict plane, const ch_conv_geom *g,
@@ -60,6 +140,11 @@ static void im2col_row(float *restrict dst, const float *restrict plane, const c
     memset(dst + y1 * g->ow, 0, (size_t)((g->oh - y1) * g->ow) * sizeof *dst);
 }
 
+static ch_status no_mask(void)
+{
+    return chi_error(CH_ERR_OUT_OF_MEMORY, "host conv: out of memory for the tap masks");
+}
+
 ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x)
 {
     (void)stream;
@@ -67,12 +152,21 @@ ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_b
     const float *px = chi_host_f32(x);
     int64_t taps = g->kh * g->kw, rows = g->c * taps, plane_out = g->oh * g->ow;
     int64_t row_len = g->n * plane_out;
+    unsigned char *mask = NULL;
+    if (shift_applies(g) && !(mask = shift_masks(g)))
+        return no_mask();
     CHI_OMP(omp parallel for collapse(2) schedule(static) if (rows * row_len > CHI_HOST_PAR_MIN))
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t nn = 0; nn < g->n; nn++)
-            im2col_row(pc + r * row_len + nn * plane_out,
-                       px + (nn * g->c + r / taps) * g->h * g->w, g, (int)(r % taps / g->kw),
-                       (int)(r % g->kw));
+        for (int64_t nn = 0; nn < g->n; nn++) {
+            float *dst = pc + r * row_len + nn * plane_out;
+            const float *plane = px + (nn * g->c + r / taps) * g->h * g->w;
+            int ki = (int)(r % taps / g->kw), kj = (int)(r % g->kw);
+            if (mask)
+                im2col_shift(dst, plane, mask, g, ki, kj);
+            else
+                im2col_row(dst, plane, g, ki, kj);
+        }
+    free(mask);
     return CH_OK;
 }
 
@@ -105,17 +199,26 @@ ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bm
     const float *pc = chi_host_f32(col);
     int64_t plane = g->h * g->w, plane_out = g->oh * g->ow, row_len = g->n * plane_out;
     int64_t work = g->n * g->c * g->kh * g->kw * plane_out;
+    unsigned char *mask = NULL;
+    if (shift_applies(g) && !(mask = shift_masks(g)))
+        return no_mask();
+    /* Channel-major, so that the col rows of one channel stream in order. */
     CHI_OMP(omp parallel for collapse(2) schedule(static) if (work > CHI_HOST_PAR_MIN))
-    for (int64_t nn = 0; nn < g->n; nn++)
-        for (int64_t ci = 0; ci < g->c; ci++) {
+    for (int64_t ci = 0; ci < g->c; ci++)
+        for (int64_t nn = 0; nn < g->n; nn++) {
             float *out = pdx + (nn * g->c + ci) * plane;
             memset(out, 0, (size_t)plane * sizeof *out);
             for (int ki = 0; ki < g->kh; ki++)
                 for (int kj = 0; kj < g->kw; kj++) {
                     int64_t r = (ci * g->kh + ki) * g->kw + kj;
-                    col2im_row(out, pc + r * row_len + nn * plane_out, g, ki, kj);
+                    const float *src = pc + r * row_len + nn * plane_out;
+                    if (mask)
+                        col2im_shift(out, src, mask, g, ki, kj);
+                    else
+                        col2im_row(out, src, g, ki, kj);
                 }
         }
+    free(mask);
     return CH_OK;
 }
 
