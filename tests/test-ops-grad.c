@@ -381,6 +381,7 @@ static void test_device(ch_device *dev)
     grad_bias(dev, SHAPE(3, 5, 7, 9), 1);
     grad_bias(dev, SHAPE(2, 3, 4, 5), 3);
     grad_bias(dev, SHAPE(17, 33), 0);
+    grad_bias(dev, SHAPE(5, 33, 29, 31), 1);
     for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++)
         grad_col2im(dev, 2, 3, 7, 8, &windows[i]);
     grad_transpose01(dev, 17, 31, 1);

@@ -350,6 +350,9 @@ static void test_bias(ch_device *dev)
     }
     test_bias_grad(dev, SHAPE(2, 3, 4, 5), 3, 0.0f);
     test_bias_grad(dev, SHAPE(17, 33), 0, 1.0f);
+    /* A convolution's layout past the host's threshold for threads
+     * (131072 elements), an odd channel count. */
+    test_bias_grad(dev, SHAPE(5, 33, 29, 31), 1, 1.0f);
 }
 
 /* ---- Softmax cross-entropy ----------------------------------------------- */
