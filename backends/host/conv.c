@@ -245,9 +245,18 @@ static void pool_window(const float *plane, const ch_conv_geom *g, int64_t oy, i
     *idx = (int32_t)at;
 }
 
+/* Takes v (at position i) over *best (at *at) if it is larger: selects
+ * written as masks, so that neither the vector loop nor its scalar tail
+ * branches (on real data the comparison is a coin flip to a predictor). */
+static inline void pool_take(float v, int32_t i, float *best, int32_t *at)
+{
+    int32_t gt = -(int32_t)(v > *best);
+    *at = (*at & ~gt) | (i & gt);
+    *best = v > *best ? v : *best;
+}
+
 /* The common 2x2 window with stride 2 and no padding, one output row: the
- * same scan order and tie rule as pool_window, with selects instead of
- * branches (on real data the comparisons are coin flips to a predictor). */
+ * same scan order and tie rule as pool_window, without bounds. */
 static void pool_row_2x2(const float *restrict plane, int64_t w, int64_t oy, int64_t ow,
                          float *restrict y, int32_t *restrict idx)
 {
@@ -255,17 +264,12 @@ static void pool_row_2x2(const float *restrict plane, int64_t w, int64_t oy, int
     int32_t top = (int32_t)(2 * oy * w), bottom = (int32_t)((2 * oy + 1) * w);
     CHI_OMP(omp simd)
     for (int64_t ox = 0; ox < ow; ox++) {
-        float best = r0[2 * ox], v;
-        int32_t at = top + 2 * (int32_t)ox;
-        v = r0[2 * ox + 1];
-        at = v > best ? top + 2 * (int32_t)ox + 1 : at;
-        best = v > best ? v : best;
-        v = r1[2 * ox];
-        at = v > best ? bottom + 2 * (int32_t)ox : at;
-        best = v > best ? v : best;
-        v = r1[2 * ox + 1];
-        at = v > best ? bottom + 2 * (int32_t)ox + 1 : at;
-        best = v > best ? v : best;
+        int32_t x = 2 * (int32_t)ox;
+        float best = r0[x];
+        int32_t at = top + x;
+        pool_take(r0[x + 1], top + x + 1, &best, &at);
+        pool_take(r1[x], bottom + x, &best, &at);
+        pool_take(r1[x + 1], bottom + x + 1, &best, &at);
         y[ox] = best;
         idx[ox] = at;
     }
