@@ -11,7 +11,8 @@ zero_grad + forward + loss + backward + optimizer step; 3 warm-up steps,
 then the median of --steps timed steps, reported as batch / median.
 
 --compare runs our bench-train (on the host) and this script in turn, each
-in a fresh process with the same thread count, --rounds times, and prints
+in a fresh process with the same thread count, --rounds times (PyTorch
+first in every other round), and prints
 for each model the median of the per-round medians, their spread and the
 speed ratio ours / PyTorch's. Interleaving matters on a shared machine:
 absolute rates drift by 2x within minutes, the ratio within a round much
@@ -89,12 +90,13 @@ def compare(args):
     rate = {(side, m): [] for side in ("ours", "torch") for m in args.models}
     share = {m: [] for m in args.models}
     for r in range(args.rounds):
-        for row in run_json(ours_cmd, env):
-            rate[("ours", row["model"])].append(row["samples_per_s"])
-            if "gemm_share" in row:
-                share[row["model"]].append(row["gemm_share"])
-        for row in run_json(theirs_cmd, env):
-            rate[("torch", row["model"])].append(row["samples_per_s"])
+        # ABBA: every other round PyTorch goes first, so that a drift of
+        # the machine during a round favours neither side.
+        for side in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
+            for row in run_json(ours_cmd if side == "ours" else theirs_cmd, env):
+                rate[(side, row["model"])].append(row["samples_per_s"])
+                if "gemm_share" in row:
+                    share[row["model"]].append(row["gemm_share"])
         line = ", ".join(f"{m} {rate[('ours', m)][-1]:.0f} / {rate[('torch', m)][-1]:.0f}"
                          for m in args.models)
         print(f"round {r + 1}/{args.rounds}: ours / PyTorch samples/s: {line}", flush=True)
