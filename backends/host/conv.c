@@ -12,7 +12,6 @@
 #endif
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "host.h"
@@ -45,29 +44,28 @@ static void window_range(int64_t o, int s, int p, int k, int64_t in, int64_t *lo
  * here, where the loop overhead cost more than the copy). The entries
  * whose column falls in the padding wrap to the next or previous row under
  * that offset; a mask per kj (one byte per output position) drops them.
- * Planes up to SHIFT_MAX_PLANE positions: wider rows are long enough for
- * the per-row loops, and the mask stays small. */
+ * The masks live on the stack, up to SHIFT_MASK_BYTES: larger planes have
+ * rows long enough for the per-row loops. */
 
-#define SHIFT_MAX_PLANE 4096
+#define SHIFT_MASK_BYTES 16384
 
 static int shift_applies(const ch_conv_geom *g)
 {
-    return g->sh == 1 && g->sw == 1 && g->ow == g->w && g->oh * g->ow <= SHIFT_MAX_PLANE;
+    return g->sh == 1 && g->sw == 1 && g->ow == g->w &&
+           g->kw * g->oh * g->ow <= SHIFT_MASK_BYTES;
 }
 
 /* mask[kj * OH*OW + q] = 1 where output position q's tap kj reads inside
- * the row. NULL when out of memory. */
-static unsigned char *shift_masks(const ch_conv_geom *g)
+ * the row. */
+static void shift_masks(const ch_conv_geom *g, unsigned char *mask)
 {
     int64_t plane_out = g->oh * g->ow;
-    unsigned char *mask = malloc((size_t)(g->kw * plane_out));
-    for (int kj = 0; mask && kj < g->kw; kj++) {
+    for (int kj = 0; kj < g->kw; kj++) {
         int64_t x0, x1;
         tap_range(g->w, g->ow, g->sw, g->pw, kj, &x0, &x1);
         for (int64_t q = 0; q < plane_out; q++)
             mask[kj * plane_out + q] = q % g->ow >= x0 && q % g->ow < x1;
     }
-    return mask;
 }
 
 /* Tap (ki, kj) reads output positions [*begin, *end) at plane index
@@ -140,11 +138,6 @@ static void im2col_row(float *restrict dst, const float *restrict plane, const c
     memset(dst + y1 * g->ow, 0, (size_t)((g->oh - y1) * g->ow) * sizeof *dst);
 }
 
-static ch_status no_mask(void)
-{
-    return chi_error(CH_ERR_OUT_OF_MEMORY, "host conv: out of memory for the tap masks");
-}
-
 ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x)
 {
     (void)stream;
@@ -152,9 +145,9 @@ ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_b
     const float *px = chi_host_f32(x);
     int64_t taps = g->kh * g->kw, rows = g->c * taps, plane_out = g->oh * g->ow;
     int64_t row_len = g->n * plane_out;
-    unsigned char *mask = NULL;
-    if (shift_applies(g) && !(mask = shift_masks(g)))
-        return no_mask();
+    unsigned char masks[SHIFT_MASK_BYTES], *mask = shift_applies(g) ? masks : NULL;
+    if (mask)
+        shift_masks(g, mask);
     CHI_OMP(omp parallel for collapse(2) schedule(static) if (rows * row_len > CHI_HOST_PAR_MIN))
     for (int64_t r = 0; r < rows; r++)
         for (int64_t nn = 0; nn < g->n; nn++) {
@@ -166,7 +159,6 @@ ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_b
             else
                 im2col_row(dst, plane, g, ki, kj);
         }
-    free(mask);
     return CH_OK;
 }
 
@@ -199,9 +191,9 @@ ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bm
     const float *pc = chi_host_f32(col);
     int64_t plane = g->h * g->w, plane_out = g->oh * g->ow, row_len = g->n * plane_out;
     int64_t work = g->n * g->c * g->kh * g->kw * plane_out;
-    unsigned char *mask = NULL;
-    if (shift_applies(g) && !(mask = shift_masks(g)))
-        return no_mask();
+    unsigned char masks[SHIFT_MASK_BYTES], *mask = shift_applies(g) ? masks : NULL;
+    if (mask)
+        shift_masks(g, mask);
     /* Channel-major, so that the col rows of one channel stream in order. */
     CHI_OMP(omp parallel for collapse(2) schedule(static) if (work > CHI_HOST_PAR_MIN))
     for (int64_t ci = 0; ci < g->c; ci++)
@@ -218,7 +210,6 @@ ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bm
                         col2im_row(out, src, g, ki, kj);
                 }
         }
-    free(mask);
     return CH_OK;
 }
 
