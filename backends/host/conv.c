@@ -266,9 +266,14 @@ static void pool_row_2x2(const float *restrict plane, int64_t w, int64_t oy, int
     }
 }
 
+static int pool_is_2x2(const ch_conv_geom *g)
+{
+    return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0;
+}
+
 static void pool_plane(const float *plane, const ch_conv_geom *g, float *y, int32_t *idx)
 {
-    int fast = g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0;
+    int fast = pool_is_2x2(g);
     for (int64_t oy = 0; oy < g->oh; oy++) {
         float *yr = y + oy * g->ow;
         int32_t *ir = idx + oy * g->ow;
@@ -294,8 +299,62 @@ ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem 
     return CH_OK;
 }
 
+/* Adds dy[o] at idx[o] where that lies in output o's window: rows
+ * [y0, y1) and columns [x0, x1) of the plane. The device backends gather
+ * dx from the windows that cover each position, so an index outside its
+ * own window (never one ch_maxpool2d writes) is skipped here too, and
+ * nothing is written outside the plane. */
+static inline void unpool_one(float *dx, float dy, int32_t at, int64_t w, int64_t y0, int64_t y1,
+                              int64_t x0, int64_t x1)
+{
+    int64_t rel = at - (y0 * w + x0); /* (r, c) of the window as r * w + c */
+    int in = 0;
+    for (int64_t r = 0; r < y1 - y0; r++)
+        in |= (uint64_t)(rel - r * w) < (uint64_t)(x1 - x0);
+    if (in)
+        dx[at] += dy;
+}
+
 /* dx = 0, then each output's dy added at the position it chose, in output
  * order: a position chosen by several overlapping windows gets their sum. */
+static void unpool_plane(float *restrict dx, const float *restrict dy, const int32_t *restrict idx,
+                         const ch_conv_geom *g)
+{
+    memset(dx, 0, (size_t)(g->h * g->w) * sizeof *dx);
+    for (int64_t oy = 0; oy < g->oh; oy++) {
+        int64_t y0, y1;
+        window_range(oy, g->sh, g->ph, g->kh, g->h, &y0, &y1);
+        for (int64_t ox = 0; ox < g->ow; ox++) {
+            int64_t x0, x1, o = oy * g->ow + ox;
+            window_range(ox, g->sw, g->pw, g->kw, g->w, &x0, &x1);
+            unpool_one(dx, dy[o], idx[o], g->w, y0, y1, x0, x1);
+        }
+    }
+}
+
+/* The same for the 2x2 stride-2 window without padding, given each
+ * output's window corner: the window test is then one vector loop over the
+ * plane, and only the scatter is scalar. */
+#define UNPOOL_MAX_PLANE 4096
+
+static void unpool_plane_2x2(float *restrict dx, const float *restrict dy,
+                             const int32_t *restrict idx, const int32_t *restrict corner,
+                             const ch_conv_geom *g)
+{
+    int32_t at[UNPOOL_MAX_PLANE], w = (int32_t)g->w;
+    int64_t plane_out = g->oh * g->ow;
+    CHI_OMP(omp simd)
+    for (int64_t o = 0; o < plane_out; o++) {
+        int32_t rel = idx[o] - corner[o];
+        int32_t in = -(int32_t)(((uint32_t)rel < 2u) | ((uint32_t)(rel - w) < 2u));
+        at[o] = (idx[o] & in) | ~in; /* -1 where skipped */
+    }
+    memset(dx, 0, (size_t)(g->h * g->w) * sizeof *dx);
+    for (int64_t o = 0; o < plane_out; o++)
+        if (at[o] >= 0)
+            dx[at[o]] += dy[o];
+}
+
 ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
                                     ch_bmem dy, ch_bmem idx)
 {
@@ -304,15 +363,19 @@ ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem
     const float *pdy = chi_host_f32(dy);
     const int32_t *pi = chi_host_i32(idx);
     int64_t planes = g->n * g->c, plane_in = g->h * g->w, plane_out = g->oh * g->ow;
+    int32_t corners[UNPOOL_MAX_PLANE];
+    int fast = pool_is_2x2(g) && plane_out <= UNPOOL_MAX_PLANE;
+    for (int64_t o = 0; fast && o < plane_out; o++)
+        corners[o] = (int32_t)(2 * (o / g->ow) * g->w + 2 * (o % g->ow));
     CHI_OMP(omp parallel for schedule(static) if (planes * plane_in > CHI_HOST_PAR_MIN))
     for (int64_t p = 0; p < planes; p++) {
         float *out = pdx + p * plane_in;
         const float *d = pdy + p * plane_out;
         const int32_t *at = pi + p * plane_out;
-        memset(out, 0, (size_t)plane_in * sizeof *out);
-        for (int64_t o = 0; o < plane_out; o++)
-            if (at[o] >= 0)
-                out[at[o]] += d[o];
+        if (fast)
+            unpool_plane_2x2(out, d, at, corners, g);
+        else
+            unpool_plane(out, d, at, g);
     }
     return CH_OK;
 }
