@@ -1,6 +1,7 @@
 /* bench-train: training samples/s of the mlp and the cnn on each device,
- * and, for the mlp on the host, the ratio to the rate its GEMMs alone would
- * allow at OpenBLAS's speed on the same shapes, measured in the same run.
+ * and, on the host, the share of the step spent in GEMM: the rate the
+ * step's GEMMs alone would allow at OpenBLAS's speed (the same shapes,
+ * timed with cblas_sgemm in the same run) against the measured rate.
  *
  * The data are random images in device memory: this measures the training
  * step (forward, loss, backward, optimizer), not the loader. */
@@ -64,35 +65,74 @@ static double train_rate(const char *model, ch_device *dev, int batch, int steps
 }
 
 #ifdef HAVE_BLAS
-/* One GEMM of the mlp's step, row-major: C[M,N] = op(A) op(B). */
+/* One GEMM of a training step, row-major: C[M,N] = op(A) op(B) (+ C). */
 typedef struct gemm_shape {
-    int ta, tb, m, n, k;
+    int ta, tb, m, n, k, accumulate;
 } gemm_shape;
 
-/* Seconds for the mlp step's GEMMs at OpenBLAS's speed: forward y = x W^T,
- * backward dW = dy^T x and dx = dy W, for each Linear layer (the first
- * layer's dx is not needed). Median of `reps` runs of the whole set. */
-static double mlp_gemm_seconds(int batch, int reps)
+#define MAX_GEMMS 16
+
+/* A Linear layer's GEMMs: forward y = x W^T, backward dW += dy^T x and,
+ * unless it is the first layer with parameters, dx = dy W. */
+static int linear_gemms(gemm_shape *g, int batch, int in, int out, int want_dx)
 {
-    const int dims[4] = {784, 512, 512, 10};
-    gemm_shape g[9];
     int n = 0;
-    for (int l = 0; l < 3; l++) {
-        int in = dims[l], out = dims[l + 1];
-        g[n++] = (gemm_shape){0, 1, batch, out, in};
-        g[n++] = (gemm_shape){1, 0, out, in, batch};
-        if (l > 0)
-            g[n++] = (gemm_shape){0, 0, batch, in, out};
+    g[n++] = (gemm_shape){0, 1, batch, out, in, 0};
+    g[n++] = (gemm_shape){1, 0, out, in, batch, 1};
+    if (want_dx)
+        g[n++] = (gemm_shape){0, 0, batch, in, out, 0};
+    return n;
+}
+
+/* A 3x3 convolution over `pixels` output positions per sample as the
+ * Conv2d module runs it: forward y = W col, backward dW += dy col^T and,
+ * unless it is the first layer, dcol = W^T dy. */
+static int conv_gemms(gemm_shape *g, int batch, int in, int out, int pixels, int want_dx)
+{
+    int n = 0, ckk = in * 9, cols = batch * pixels;
+    g[n++] = (gemm_shape){0, 0, out, cols, ckk, 0};
+    g[n++] = (gemm_shape){0, 1, out, ckk, cols, 1};
+    if (want_dx)
+        g[n++] = (gemm_shape){1, 0, ckk, cols, out, 0};
+    return n;
+}
+
+/* The GEMMs of one training step of the preset `model`. */
+static int step_gemms(gemm_shape *g, const char *model, int batch)
+{
+    int n = 0;
+    if (strcmp(model, "mlp") == 0) {
+        n += linear_gemms(g + n, batch, 784, 512, 0);
+        n += linear_gemms(g + n, batch, 512, 512, 1);
+        n += linear_gemms(g + n, batch, 512, 10, 1);
+    } else {
+        n += conv_gemms(g + n, batch, 1, 32, 28 * 28, 0);
+        n += conv_gemms(g + n, batch, 32, 64, 14 * 14, 1);
+        n += linear_gemms(g + n, batch, 3136, 128, 1);
+        n += linear_gemms(g + n, batch, 128, 10, 1);
     }
+    return n;
+}
+
+/* Seconds for a step's GEMMs at OpenBLAS's speed: median of `reps` runs
+ * of the whole set. */
+static double gemm_seconds(const char *model, int batch, int reps)
+{
+    gemm_shape g[MAX_GEMMS];
+    int n = step_gemms(g, model, batch);
     /* Each GEMM gets operands of its own, as in the model (weights,
      * activations and gradients are different memory): one shared set would
      * stay in cache and flatter the bound. */
-    float *buf[9][3];
+    float *buf[MAX_GEMMS][3];
     for (int i = 0; i < n; i++) {
         size_t sizes[3] = {(size_t)g[i].m * g[i].k, (size_t)g[i].k * g[i].n,
                            (size_t)g[i].m * g[i].n};
         for (int j = 0; j < 3; j++) {
             buf[i][j] = malloc(sizeof(float) * sizes[j]);
+            if (!buf[i][j]) {
+                fprintf(stderr, "bench-train: out of memory\n");
+                exit(1);
+            }
             for (size_t e = 0; e < sizes[j]; e++)
                 buf[i][j][e] = 0.001f * (float)(e % 1000);
         }
@@ -104,8 +144,8 @@ static double mlp_gemm_seconds(int batch, int reps)
             int lda = g[i].ta ? g[i].m : g[i].k, ldb = g[i].tb ? g[i].k : g[i].n;
             cblas_sgemm(CblasRowMajor, g[i].ta ? CblasTrans : CblasNoTrans,
                         g[i].tb ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, 1.0f,
-                        buf[i][0], lda, buf[i][1], ldb, g[i].ta ? 1.0f : 0.0f, buf[i][2],
-                        g[i].n); /* dW accumulates */
+                        buf[i][0], lda, buf[i][1], ldb, g[i].accumulate ? 1.0f : 0.0f,
+                        buf[i][2], g[i].n);
         }
         if (r >= 0)
             t[r] = ch_clock_seconds() - t0;
@@ -169,25 +209,25 @@ int main(int argc, char **argv)
                 continue;
             double rate = train_rate(models[mi], devs[d], batch, steps);
             const char *id = ch_device_id(devs[d]);
-            double ratio = -1, bound = -1;
+            double share = -1, bound = -1;
 #ifdef HAVE_BLAS
-            if (mi == 0 && strcmp(id, "host") == 0) {
-                bound = batch / mlp_gemm_seconds(batch, steps);
-                ratio = rate / bound;
+            if (strcmp(id, "host") == 0) {
+                bound = batch / gemm_seconds(models[mi], batch, steps);
+                share = rate / bound;
             }
 #endif
             if (json) {
                 printf("%s{\"device\":\"%s\",\"model\":\"%s\",\"batch\":%d,\"samples_per_s\":%.1f",
                        first ? "" : ",", id, models[mi], batch, rate);
-                if (ratio >= 0)
-                    printf(",\"gemm_bound_samples_per_s\":%.1f,\"ratio\":%.3f", bound, ratio);
+                if (share >= 0)
+                    printf(",\"gemm_bound_samples_per_s\":%.1f,\"gemm_share\":%.3f", bound, share);
                 printf("}");
             } else {
                 printf("%-10s %-5s %6d %14.1f\n", id, models[mi], batch, rate);
-                if (ratio >= 0)
+                if (share >= 0)
                     printf("%-10s %-5s %6d %14.1f  GEMM-bound rate at OpenBLAS speed; "
-                           "ratio %.3f\n",
-                           id, "mlp", batch, bound, ratio);
+                           "GEMM share %.3f\n",
+                           id, models[mi], batch, bound, share);
             }
             first = 0;
         }

@@ -259,6 +259,31 @@ static void grad_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64
     tc_end_err(&c, ref_err_scaled(got, want, nx, 1e-6), TOL_FD);
 }
 
+/* The backward routes each dy to the input its window chose, so
+ * <maxpool_backward(dy), x> == <dy, maxpool(x)>: a check that scales to
+ * inputs too large for finite differences. */
+static void grad_maxpool_route(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
+                               const ch_window2d *win)
+{
+    tcase c;
+    tc_begin(&c, dev, "maxpool2d_backward routes dy to the max: <dx,x> == <dy,y> x [%" PRId64
+             ",%" PRId64 ",%" PRId64 ",%" PRId64 "] k%dx%d s%dx%d p%dx%d", n, ch, h, w, win->kh,
+             win->kw, win->sh, win->sw, win->ph, win->pw);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t nx = n * ch * h * w, ny = n * ch * g.oh * g.ow;
+    float *x = tc_random(&c, nx, -1, 1);
+    float *dy = tc_random(&c, ny, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), x);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, SHAPE(n, ch, g.oh, g.ow), NULL);
+    ch_tensor *tidx = tc_tensor(&c, CH_I32, SHAPE(n, ch, g.oh, g.ow), NULL);
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, SHAPE(n, ch, g.oh, g.ow), dy);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), tc_random(&c, nx, 5, 9));
+    TC(&c, ch_maxpool2d(ty, tidx, tx, win));
+    TC(&c, ch_maxpool2d_backward(tdx, tdy, tidx, win));
+    float *y = tc_fetch(&c, ty, ny), *dx = tc_fetch(&c, tdx, nx);
+    end_adjoint(&c, dot(dx, x, nx), dot(dy, y, ny), dot_abs(dx, x, nx));
+}
+
 /* ---- GEMM: gradients of L = <alpha op(A) op(B), G> ----------------------- */
 
 typedef struct gemm_setup {
@@ -348,7 +373,7 @@ static void test_device(ch_device *dev)
 {
     static const ch_window2d windows[] = {
         {3, 3, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 3, 2, 2, 1, 1},
-        {2, 2, 2, 2, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0},
+        {2, 2, 2, 2, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0}, {3, 5, 1, 1, 0, 2},
     };
     static const ch_window2d k2s2 = {2, 2, 2, 2, 0, 0}, k3s2p1 = {3, 3, 2, 2, 1, 1};
     for (int act = 0; act < CH_ACT_COUNT; act++)
@@ -359,12 +384,19 @@ static void test_device(ch_device *dev)
     grad_bias(dev, SHAPE(3, 5, 7, 9), 1);
     grad_bias(dev, SHAPE(2, 3, 4, 5), 3);
     grad_bias(dev, SHAPE(17, 33), 0);
+    grad_bias(dev, SHAPE(5, 33, 29, 31), 1);
     for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++)
         grad_col2im(dev, 2, 3, 7, 8, &windows[i]);
     grad_transpose01(dev, 17, 31, 1);
     grad_transpose01(dev, 5, 7, 3);
     grad_maxpool(dev, 1, 2, 6, 6, &k2s2);
     grad_maxpool(dev, 1, 2, 7, 5, &k3s2p1);
+    /* Past the host's threshold for threads (131072 elements), odd sizes. */
+    grad_col2im(dev, 3, 7, 29, 31, &windows[1]);
+    grad_col2im(dev, 5, 3, 61, 63, &windows[2]);
+    grad_maxpool_route(dev, 1, 2, 7, 9, &k2s2);
+    grad_maxpool_route(dev, 5, 7, 62, 65, &k2s2);
+    grad_maxpool_route(dev, 5, 7, 61, 64, &k3s2p1);
     for (int t = 0; t < 4; t++)
         grad_gemm(dev, t >> 1, t & 1);
 }

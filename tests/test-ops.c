@@ -378,6 +378,9 @@ static void test_bias(ch_device *dev)
     }
     test_bias_grad(dev, SHAPE(2, 3, 4, 5), 3, 0.0f);
     test_bias_grad(dev, SHAPE(17, 33), 0, 1.0f);
+    /* A convolution's layout past the host's threshold for threads
+     * (131072 elements), an odd channel count. */
+    test_bias_grad(dev, SHAPE(5, 33, 29, 31), 1, 1.0f);
 }
 
 /* ---- Softmax cross-entropy ----------------------------------------------- */
@@ -571,7 +574,7 @@ static void test_col2im(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_
 
 static const ch_window2d conv_windows[] = {
     {3, 3, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 3, 2, 2, 1, 1}, {2, 2, 2, 2, 0, 0},
-    {1, 1, 1, 1, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0},
+    {1, 1, 1, 1, 0, 0}, {5, 5, 2, 2, 2, 2}, {3, 2, 2, 1, 1, 0}, {3, 5, 1, 1, 0, 2},
 };
 
 static void test_conv(ch_device *dev)
@@ -582,6 +585,16 @@ static void test_conv(ch_device *dev)
     }
     test_im2col(dev, 1, 2, 17, 31, &conv_windows[2]);
     test_col2im(dev, 1, 2, 17, 31, &conv_windows[2]);
+    /* Past the host's threshold for threads (131072 elements), in odd
+     * counts of planes, so the work is cut between threads mid-batch. */
+    test_im2col(dev, 3, 7, 29, 31, &conv_windows[1]);
+    test_col2im(dev, 3, 7, 29, 31, &conv_windows[1]);
+    test_im2col(dev, 5, 3, 61, 63, &conv_windows[2]);
+    test_col2im(dev, 5, 3, 61, 63, &conv_windows[2]);
+    /* Stride 1 and as wide as the input, but a plane too large for the
+     * host's whole-plane shifts (16 KiB of tap masks): its per-row loops. */
+    test_im2col(dev, 1, 2, 75, 80, &conv_windows[1]);
+    test_col2im(dev, 1, 2, 75, 80, &conv_windows[1]);
 }
 
 static void test_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
@@ -634,6 +647,43 @@ static void test_maxpool_backward(ch_device *dev, int64_t n, int64_t ch, int64_t
     tc_end_err(&c, ref_err(tc_fetch(&c, tdx, nx), want, mag, nx), TOL_ROUND);
 }
 
+/* Indices that no forward writes: outside the plane, or a position in
+ * another output's window. Every backend skips them (the host scatters dy
+ * to idx, the devices gather from the windows covering each position), so
+ * dx is the reference with those outputs' dy left out. */
+static void test_maxpool_backward_stray(ch_device *dev, int64_t h, int64_t w,
+                                        const ch_window2d *win)
+{
+    char ws[64];
+    tcase c;
+    window_str(ws, sizeof ws, win);
+    tc_begin(&c, dev, "maxpool2d_backward skips indices outside their window, dx [2,3,%" PRId64
+             ",%" PRId64 "] %s", h, w, ws);
+    ref_geom g = ref_geom_make(2, 3, h, w, win);
+    int64_t plane_out = g.oh * g.ow, ny = 6 * plane_out, nx = 6 * h * w;
+    float *x = tc_random(&c, nx, -1, 1);
+    float *dy = tc_random(&c, ny, -1, 1);
+    int32_t *idx = tc_ints(&c, ny), *stray = tc_ints(&c, ny);
+    ref_maxpool(tc_doubles(&c, ny), idx, &g, x);
+    memcpy(stray, idx, (size_t)ny * sizeof *idx);
+    float *dy_kept = tc_floats(&c, ny);
+    memcpy(dy_kept, dy, (size_t)ny * sizeof *dy);
+    /* Plane 1: below the plane, past it, far past it, and the last
+     * output's choice given to the first output (whose window it is not). */
+    const int32_t bad[4] = {-1, (int32_t)(h * w), INT32_MAX, idx[2 * plane_out - 1]};
+    for (int i = 0; i < 4; i++) {
+        stray[plane_out + i] = bad[i];
+        dy_kept[plane_out + i] = 0.0f;
+    }
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, SHAPE(2, 3, g.oh, g.ow), dy);
+    ch_tensor *tidx = tc_tensor(&c, CH_I32, SHAPE(2, 3, g.oh, g.ow), stray);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(2, 3, h, w), tc_random(&c, nx, 5, 9));
+    TC(&c, ch_maxpool2d_backward(tdx, tdy, tidx, win));
+    double *want = tc_doubles(&c, nx);
+    ref_maxpool_backward(want, &g, dy_kept, idx);
+    tc_end_err(&c, ref_err(tc_fetch(&c, tdx, nx), want, nx), TOL_ELEM);
+}
+
 static void test_pooling(ch_device *dev)
 {
     static const ch_window2d k2s2 = {2, 2, 2, 2, 0, 0}, k3s2p1 = {3, 3, 2, 2, 1, 1};
@@ -645,6 +695,13 @@ static void test_pooling(ch_device *dev)
     test_maxpool_backward(dev, 1, 2, 7, 9, &k2s2);
     test_maxpool_backward(dev, 2, 3, 9, 9, &k3s2p1);
     test_maxpool_backward(dev, 1, 2, 6, 7, &k3s2p1);
+    /* Enough planes for the host's threads, an odd count, odd widths. */
+    test_maxpool(dev, 5, 7, 62, 65, &k2s2);
+    test_maxpool(dev, 5, 7, 61, 64, &k3s2p1);
+    test_maxpool_backward(dev, 5, 7, 62, 65, &k2s2);
+    test_maxpool_backward(dev, 5, 7, 61, 64, &k3s2p1);
+    test_maxpool_backward_stray(dev, 8, 10, &k2s2);
+    test_maxpool_backward_stray(dev, 9, 11, &k3s2p1);
 }
 
 /* ---- Reductions ---------------------------------------------------------- */

@@ -1,7 +1,12 @@
 /* Host convolution helpers and pooling: im2col and its adjoint col2im,
- * max-pooling forward and backward. The backward passes are gathers: each
- * input element is computed by one thread from every output that reads it,
- * so there are no races and the sums run in a fixed order. */
+ * max-pooling forward and backward.
+ *
+ * Every pass works one [H, W] plane at a time, so a thread owns whole
+ * planes of its output: the backward passes clear a plane and add into it
+ * (the plane stays in L1), with no races and a fixed order of the sums.
+ * The bounds of each kernel tap are worked out once per row, never per
+ * element, so the inner loops are plain copies, adds and compares; for
+ * stride 1 and an output as wide as the input, once per plane (below). */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -11,34 +16,126 @@
 
 #include "host.h"
 
-/* The output rows [lo, hi] whose window (stride s, padding p, size k)
- * covers input row i, clipped to [0, out). Empty when lo > hi. */
-static void covering(int64_t i, int s, int p, int k, int64_t out, int64_t *lo,
-                     int64_t *hi)
+/* The outputs [*lo, *hi) along one axis whose tap k reads inside the input:
+ * 0 <= o*s - p + k < in, clipped to [0, out). */
+static void tap_range(int64_t in, int64_t out, int s, int p, int k, int64_t *lo, int64_t *hi)
 {
-    int64_t first = i + p - k + 1;
-    *lo = first <= 0 ? 0 : (first + s - 1) / s;
-    *hi = (i + p) / s;
-    if (*hi > out - 1)
-        *hi = out - 1;
+    int64_t before = p - k, last = in - 1 + p - k;
+    *lo = before <= 0 ? 0 : (before + s - 1) / s;
+    *hi = last < 0 ? 0 : last / s + 1;
+    if (*hi > out)
+        *hi = out;
+    if (*lo > *hi)
+        *lo = *hi;
 }
 
-/* One row of col: entry (ci, ki, kj) of every window of image nn. */
-static void im2col_row(float *dst, const float *plane, const ch_conv_geom *g, int ki,
-                       int kj)
+/* The input rows [*lo, *hi) that output row o's window covers. */
+static void window_range(int64_t o, int s, int p, int k, int64_t in, int64_t *lo, int64_t *hi)
 {
-    for (int64_t oy = 0; oy < g->oh; oy++) {
-        int64_t iy = oy * g->sh - g->ph + ki;
-        float *out = dst + oy * g->ow;
-        if (iy < 0 || iy >= g->h) {
-            memset(out, 0, (size_t)g->ow * sizeof *out);
-            continue;
-        }
-        for (int64_t ox = 0; ox < g->ow; ox++) {
-            int64_t ix = ox * g->sw - g->pw + kj;
-            out[ox] = ix >= 0 && ix < g->w ? plane[iy * g->w + ix] : 0.0f;
-        }
+    int64_t first = o * s - p;
+    *lo = first < 0 ? 0 : first;
+    *hi = first + k < in ? first + k : in;
+}
+
+/* ---- stride 1, output as wide as the input ----------------------------------
+ * The "same" convolutions of the cnn: tap (ki, kj) then moves the whole
+ * plane by one offset, (ki - ph) * w + (kj - pw), so each tap is one loop
+ * over the plane rather than one short loop per row (14 or 28 elements
+ * here, where the loop overhead cost more than the copy). The entries
+ * whose column falls in the padding wrap to the next or previous row under
+ * that offset; a mask per kj (one byte per output position) drops them.
+ * The masks live on the stack, up to SHIFT_MASK_BYTES: larger planes have
+ * rows long enough for the per-row loops. */
+
+#define SHIFT_MASK_BYTES 16384
+
+static int shift_applies(const ch_conv_geom *g)
+{
+    return g->sh == 1 && g->sw == 1 && g->ow == g->w &&
+           g->kw * g->oh * g->ow <= SHIFT_MASK_BYTES;
+}
+
+/* mask[kj * OH*OW + q] = 1 where output position q's tap kj reads inside
+ * the row. */
+static void shift_masks(const ch_conv_geom *g, unsigned char *mask)
+{
+    int64_t plane_out = g->oh * g->ow;
+    for (int kj = 0; kj < g->kw; kj++) {
+        int64_t x0, x1;
+        tap_range(g->w, g->ow, g->sw, g->pw, kj, &x0, &x1);
+        for (int64_t q = 0; q < plane_out; q++)
+            mask[kj * plane_out + q] = q % g->ow >= x0 && q % g->ow < x1;
     }
+}
+
+/* Tap (ki, kj) reads output positions [*begin, *end) at plane index
+ * q + *shift; outside them (and where the mask is 0) it reads padding.
+ * Every index q + shift of the range lies inside the plane. */
+static void shift_span(const ch_conv_geom *g, int ki, int kj, int64_t *begin, int64_t *end,
+                       int64_t *shift)
+{
+    int64_t y0, y1, x0, x1;
+    tap_range(g->h, g->oh, 1, g->ph, ki, &y0, &y1);
+    tap_range(g->w, g->ow, 1, g->pw, kj, &x0, &x1);
+    *begin = y0 * g->ow + x0;
+    *end = y0 < y1 && x0 < x1 ? (y1 - 1) * g->ow + x1 : *begin;
+    *shift = (int64_t)(ki - g->ph) * g->w + (kj - g->pw);
+}
+
+static void im2col_shift(float *restrict dst, const float *restrict plane,
+                         const unsigned char *restrict mask, const ch_conv_geom *g, int ki,
+                         int kj)
+{
+    int64_t begin, end, shift, plane_out = g->oh * g->ow;
+    shift_span(g, ki, kj, &begin, &end, &shift);
+    const unsigned char *m = mask + kj * plane_out;
+    memset(dst, 0, (size_t)begin * sizeof *dst);
+    CHI_OMP(omp simd)
+    for (int64_t q = begin; q < end; q++) {
+        float v = plane[q + shift];
+        dst[q] = m[q] ? v : 0.0f;
+    }
+    memset(dst + end, 0, (size_t)(plane_out - end) * sizeof *dst);
+}
+
+static void col2im_shift(float *restrict plane, const float *restrict src,
+                         const unsigned char *restrict mask, const ch_conv_geom *g, int ki,
+                         int kj)
+{
+    int64_t begin, end, shift;
+    shift_span(g, ki, kj, &begin, &end, &shift);
+    const unsigned char *m = mask + kj * g->oh * g->ow;
+    CHI_OMP(omp simd)
+    for (int64_t q = begin; q < end; q++) {
+        float v = src[q];
+        plane[q + shift] += m[q] ? v : 0.0f;
+    }
+}
+
+/* ---- any geometry -------------------------------------------------------- */
+
+/* The OH*OW entries of one col row: tap (ki, kj) of every window over one
+ * input plane, zero where the tap falls in the padding. */
+static void im2col_row(float *restrict dst, const float *restrict plane, const ch_conv_geom *g,
+                       int ki, int kj)
+{
+    int64_t y0, y1, x0, x1;
+    tap_range(g->h, g->oh, g->sh, g->ph, ki, &y0, &y1);
+    tap_range(g->w, g->ow, g->sw, g->pw, kj, &x0, &x1);
+    memset(dst, 0, (size_t)(y0 * g->ow) * sizeof *dst);
+    for (int64_t oy = y0; oy < y1; oy++) {
+        float *out = dst + oy * g->ow;
+        const float *in = plane + (oy * g->sh - g->ph + ki) * g->w;
+        int64_t ix0 = x0 * g->sw - g->pw + kj; /* >= 0 by tap_range */
+        memset(out, 0, (size_t)x0 * sizeof *out);
+        if (g->sw == 1)
+            memcpy(out + x0, in + ix0, (size_t)(x1 - x0) * sizeof *out);
+        else
+            for (int64_t ox = x0; ox < x1; ox++)
+                out[ox] = in[ix0 + (ox - x0) * g->sw];
+        memset(out + x1, 0, (size_t)(g->ow - x1) * sizeof *out);
+    }
+    memset(dst + y1 * g->ow, 0, (size_t)((g->oh - y1) * g->ow) * sizeof *dst);
 }
 
 ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x)
@@ -46,54 +143,72 @@ ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_b
     (void)stream;
     float *pc = chi_host_f32(col);
     const float *px = chi_host_f32(x);
-    int64_t rows = g->c * g->kh * g->kw, plane_out = g->oh * g->ow;
+    int64_t taps = g->kh * g->kw, rows = g->c * taps, plane_out = g->oh * g->ow;
     int64_t row_len = g->n * plane_out;
-    CHI_OMP(omp parallel for collapse(2) if (rows * row_len > CHI_HOST_PAR_MIN))
+    unsigned char masks[SHIFT_MASK_BYTES], *mask = shift_applies(g) ? masks : NULL;
+    if (mask)
+        shift_masks(g, mask);
+    CHI_OMP(omp parallel for collapse(2) schedule(static) if (rows * row_len > CHI_HOST_PAR_MIN))
     for (int64_t r = 0; r < rows; r++)
         for (int64_t nn = 0; nn < g->n; nn++) {
-            int64_t ci = r / (g->kh * g->kw);
-            int ki = (int)(r / g->kw % g->kh), kj = (int)(r % g->kw);
-            im2col_row(pc + r * row_len + nn * plane_out,
-                       px + (nn * g->c + ci) * g->h * g->w, g, ki, kj);
+            float *dst = pc + r * row_len + nn * plane_out;
+            const float *plane = px + (nn * g->c + r / taps) * g->h * g->w;
+            int ki = (int)(r % taps / g->kw), kj = (int)(r % g->kw);
+            if (mask)
+                im2col_shift(dst, plane, mask, g, ki, kj);
+            else
+                im2col_row(dst, plane, g, ki, kj);
         }
     return CH_OK;
 }
 
-/* dx[nn, ci, iy, ix]: the sum of every col entry taken from there. */
-static float col2im_one(const float *pc, const ch_conv_geom *g, int64_t nn,
-                        int64_t ci, int64_t iy, int64_t ix)
+/* Adds one col row (tap (ki, kj) of every window of the plane) back into
+ * the input plane it was taken from. */
+static void col2im_row(float *restrict plane, const float *restrict src, const ch_conv_geom *g,
+                       int ki, int kj)
 {
-    int64_t row_len = g->n * g->oh * g->ow;
-    double s = 0.0;
-    for (int ki = 0; ki < g->kh; ki++) {
-        int64_t ty = iy + g->ph - ki;
-        if (ty < 0 || ty % g->sh != 0 || ty / g->sh >= g->oh)
-            continue;
-        for (int kj = 0; kj < g->kw; kj++) {
-            int64_t tx = ix + g->pw - kj;
-            if (tx < 0 || tx % g->sw != 0 || tx / g->sw >= g->ow)
-                continue;
-            int64_t r = (ci * g->kh + ki) * g->kw + kj;
-            int64_t q = (nn * g->oh + ty / g->sh) * g->ow + tx / g->sw;
-            s += pc[r * row_len + q];
-        }
+    int64_t y0, y1, x0, x1;
+    tap_range(g->h, g->oh, g->sh, g->ph, ki, &y0, &y1);
+    tap_range(g->w, g->ow, g->sw, g->pw, kj, &x0, &x1);
+    for (int64_t oy = y0; oy < y1; oy++) {
+        float *out = plane + (oy * g->sh - g->ph + ki) * g->w + (x0 * g->sw - g->pw + kj);
+        const float *in = src + oy * g->ow + x0;
+        if (g->sw == 1)
+            for (int64_t i = 0; i < x1 - x0; i++)
+                out[i] += in[i];
+        else
+            for (int64_t i = 0; i < x1 - x0; i++)
+                out[i * g->sw] += in[i];
     }
-    return (float)s;
 }
 
+/* dx[nn, ci] = the sum over the taps, in tap order, of the col entries
+ * taken from each position. */
 ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem col)
 {
     (void)stream;
     float *pdx = chi_host_f32(dx);
     const float *pc = chi_host_f32(col);
-    int64_t plane = g->h * g->w;
-    CHI_OMP(omp parallel for collapse(2) if (g->n * g->c * plane > CHI_HOST_PAR_MIN / 16))
-    for (int64_t nn = 0; nn < g->n; nn++)
-        for (int64_t ci = 0; ci < g->c; ci++) {
+    int64_t plane = g->h * g->w, plane_out = g->oh * g->ow, row_len = g->n * plane_out;
+    int64_t work = g->n * g->c * g->kh * g->kw * plane_out;
+    unsigned char masks[SHIFT_MASK_BYTES], *mask = shift_applies(g) ? masks : NULL;
+    if (mask)
+        shift_masks(g, mask);
+    /* Channel-major, so that the col rows of one channel stream in order. */
+    CHI_OMP(omp parallel for collapse(2) schedule(static) if (work > CHI_HOST_PAR_MIN))
+    for (int64_t ci = 0; ci < g->c; ci++)
+        for (int64_t nn = 0; nn < g->n; nn++) {
             float *out = pdx + (nn * g->c + ci) * plane;
-            for (int64_t iy = 0; iy < g->h; iy++)
-                for (int64_t ix = 0; ix < g->w; ix++)
-                    out[iy * g->w + ix] = col2im_one(pc, g, nn, ci, iy, ix);
+            memset(out, 0, (size_t)plane * sizeof *out);
+            for (int ki = 0; ki < g->kh; ki++)
+                for (int kj = 0; kj < g->kw; kj++) {
+                    int64_t r = (ci * g->kh + ki) * g->kw + kj;
+                    const float *src = pc + r * row_len + nn * plane_out;
+                    if (mask)
+                        col2im_shift(out, src, mask, g, ki, kj);
+                    else
+                        col2im_row(out, src, g, ki, kj);
+                }
         }
     return CH_OK;
 }
@@ -101,28 +216,73 @@ ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bm
 /* The max of one window, scanning it row by row: padding never wins and a
  * tie keeps the first position. A window lying wholly in the padding has
  * no max: -inf at index -1. */
-static void pool_window(const float *plane, const ch_conv_geom *g, int64_t oy,
-                        int64_t ox, float *y, int32_t *idx)
+static void pool_window(const float *plane, const ch_conv_geom *g, int64_t oy, int64_t ox,
+                        float *y, int32_t *idx)
 {
+    int64_t y0, y1, x0, x1;
+    window_range(oy, g->sh, g->ph, g->kh, g->h, &y0, &y1);
+    window_range(ox, g->sw, g->pw, g->kw, g->w, &x0, &x1);
     float best = -INFINITY;
     int64_t at = -1;
-    for (int ki = 0; ki < g->kh; ki++) {
-        int64_t iy = oy * g->sh - g->ph + ki;
-        if (iy < 0 || iy >= g->h)
-            continue;
-        for (int kj = 0; kj < g->kw; kj++) {
-            int64_t ix = ox * g->sw - g->pw + kj;
-            if (ix < 0 || ix >= g->w)
-                continue;
+    for (int64_t iy = y0; iy < y1; iy++)
+        for (int64_t ix = x0; ix < x1; ix++) {
             float v = plane[iy * g->w + ix];
             if (at < 0 || v > best) {
                 best = v;
                 at = iy * g->w + ix;
             }
         }
-    }
     *y = best;
     *idx = (int32_t)at;
+}
+
+/* Takes v (at position i) over *best (at *at) if it is larger: selects
+ * written as masks, so that neither the vector loop nor its scalar tail
+ * branches (on real data the comparison is a coin flip to a predictor). */
+static inline void pool_take(float v, int32_t i, float *best, int32_t *at)
+{
+    int32_t gt = -(int32_t)(v > *best);
+    *at = (*at & ~gt) | (i & gt);
+    *best = v > *best ? v : *best;
+}
+
+/* The common 2x2 window with stride 2 and no padding, one output row: the
+ * same scan order and tie rule as pool_window, without bounds. */
+static void pool_row_2x2(const float *restrict plane, int64_t w, int64_t oy, int64_t ow,
+                         float *restrict y, int32_t *restrict idx)
+{
+    const float *r0 = plane + 2 * oy * w, *r1 = r0 + w;
+    int32_t top = (int32_t)(2 * oy * w), bottom = (int32_t)((2 * oy + 1) * w);
+    CHI_OMP(omp simd)
+    for (int64_t ox = 0; ox < ow; ox++) {
+        int32_t x = 2 * (int32_t)ox;
+        float best = r0[x];
+        int32_t at = top + x;
+        pool_take(r0[x + 1], top + x + 1, &best, &at);
+        pool_take(r1[x], bottom + x, &best, &at);
+        pool_take(r1[x + 1], bottom + x + 1, &best, &at);
+        y[ox] = best;
+        idx[ox] = at;
+    }
+}
+
+static int pool_is_2x2(const ch_conv_geom *g)
+{
+    return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0;
+}
+
+static void pool_plane(const float *plane, const ch_conv_geom *g, float *y, int32_t *idx)
+{
+    int fast = pool_is_2x2(g);
+    for (int64_t oy = 0; oy < g->oh; oy++) {
+        float *yr = y + oy * g->ow;
+        int32_t *ir = idx + oy * g->ow;
+        if (fast)
+            pool_row_2x2(plane, g->w, oy, g->ow, yr, ir);
+        else
+            for (int64_t ox = 0; ox < g->ow; ox++)
+                pool_window(plane, g, oy, ox, yr + ox, ir + ox);
+    }
 }
 
 ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
@@ -132,34 +292,67 @@ ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem 
     float *py = chi_host_f32(y);
     int32_t *pi = chi_host_i32(idx);
     const float *px = chi_host_f32(x);
-    int64_t plane_in = g->h * g->w, plane_out = g->oh * g->ow;
-    CHI_OMP(omp parallel for collapse(2) if (g->n * g->c * plane_out > CHI_HOST_PAR_MIN / 16))
-    for (int64_t nn = 0; nn < g->n; nn++)
-        for (int64_t ci = 0; ci < g->c; ci++) {
-            int64_t p = nn * g->c + ci;
-            for (int64_t oy = 0; oy < g->oh; oy++)
-                for (int64_t ox = 0; ox < g->ow; ox++)
-                    pool_window(px + p * plane_in, g, oy, ox,
-                                py + p * plane_out + oy * g->ow + ox,
-                                pi + p * plane_out + oy * g->ow + ox);
-        }
+    int64_t planes = g->n * g->c, plane_in = g->h * g->w, plane_out = g->oh * g->ow;
+    CHI_OMP(omp parallel for schedule(static) if (planes * plane_in > CHI_HOST_PAR_MIN))
+    for (int64_t p = 0; p < planes; p++)
+        pool_plane(px + p * plane_in, g, py + p * plane_out, pi + p * plane_out);
     return CH_OK;
 }
 
-/* dx at (iy, ix): the dy of every window that covers it and chose it. */
-static float unpool_one(const float *dy, const int32_t *idx, const ch_conv_geom *g,
-                        int64_t iy, int64_t ix)
+/* Adds dy[o] at idx[o] where that lies in output o's window: rows
+ * [y0, y1) and columns [x0, x1) of the plane. The device backends gather
+ * dx from the windows that cover each position, so an index outside its
+ * own window (never one ch_maxpool2d writes) is skipped here too, and
+ * nothing is written outside the plane. */
+static inline void unpool_one(float *dx, float dy, int32_t at, int64_t w, int64_t y0, int64_t y1,
+                              int64_t x0, int64_t x1)
 {
-    int64_t ylo, yhi, xlo, xhi;
-    covering(iy, g->sh, g->ph, g->kh, g->oh, &ylo, &yhi);
-    covering(ix, g->sw, g->pw, g->kw, g->ow, &xlo, &xhi);
-    int64_t self = iy * g->w + ix;
-    double s = 0.0;
-    for (int64_t oy = ylo; oy <= yhi; oy++)
-        for (int64_t ox = xlo; ox <= xhi; ox++)
-            if (idx[oy * g->ow + ox] == self)
-                s += dy[oy * g->ow + ox];
-    return (float)s;
+    int64_t rel = at - (y0 * w + x0); /* (r, c) of the window as r * w + c */
+    int in = 0;
+    for (int64_t r = 0; r < y1 - y0; r++)
+        in |= (uint64_t)(rel - r * w) < (uint64_t)(x1 - x0);
+    if (in)
+        dx[at] += dy;
+}
+
+/* dx = 0, then each output's dy added at the position it chose, in output
+ * order: a position chosen by several overlapping windows gets their sum. */
+static void unpool_plane(float *restrict dx, const float *restrict dy, const int32_t *restrict idx,
+                         const ch_conv_geom *g)
+{
+    memset(dx, 0, (size_t)(g->h * g->w) * sizeof *dx);
+    for (int64_t oy = 0; oy < g->oh; oy++) {
+        int64_t y0, y1;
+        window_range(oy, g->sh, g->ph, g->kh, g->h, &y0, &y1);
+        for (int64_t ox = 0; ox < g->ow; ox++) {
+            int64_t x0, x1, o = oy * g->ow + ox;
+            window_range(ox, g->sw, g->pw, g->kw, g->w, &x0, &x1);
+            unpool_one(dx, dy[o], idx[o], g->w, y0, y1, x0, x1);
+        }
+    }
+}
+
+/* The same for the 2x2 stride-2 window without padding, given each
+ * output's window corner: the window test is then one vector loop over the
+ * plane, and only the scatter is scalar. */
+#define UNPOOL_MAX_PLANE 4096
+
+static void unpool_plane_2x2(float *restrict dx, const float *restrict dy,
+                             const int32_t *restrict idx, const int32_t *restrict corner,
+                             const ch_conv_geom *g)
+{
+    int32_t at[UNPOOL_MAX_PLANE], w = (int32_t)g->w;
+    int64_t plane_out = g->oh * g->ow;
+    CHI_OMP(omp simd)
+    for (int64_t o = 0; o < plane_out; o++) {
+        int32_t rel = idx[o] - corner[o];
+        int32_t in = -(int32_t)(((uint32_t)rel < 2u) | ((uint32_t)(rel - w) < 2u));
+        at[o] = (idx[o] & in) | ~in; /* -1 where skipped */
+    }
+    memset(dx, 0, (size_t)(g->h * g->w) * sizeof *dx);
+    for (int64_t o = 0; o < plane_out; o++)
+        if (at[o] >= 0)
+            dx[at[o]] += dy[o];
 }
 
 ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
@@ -169,15 +362,20 @@ ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem
     float *pdx = chi_host_f32(dx);
     const float *pdy = chi_host_f32(dy);
     const int32_t *pi = chi_host_i32(idx);
-    int64_t plane_in = g->h * g->w, plane_out = g->oh * g->ow;
-    CHI_OMP(omp parallel for collapse(2) if (g->n * g->c * plane_in > CHI_HOST_PAR_MIN / 16))
-    for (int64_t nn = 0; nn < g->n; nn++)
-        for (int64_t ci = 0; ci < g->c; ci++) {
-            int64_t p = nn * g->c + ci;
-            for (int64_t iy = 0; iy < g->h; iy++)
-                for (int64_t ix = 0; ix < g->w; ix++)
-                    pdx[p * plane_in + iy * g->w + ix] =
-                        unpool_one(pdy + p * plane_out, pi + p * plane_out, g, iy, ix);
-        }
+    int64_t planes = g->n * g->c, plane_in = g->h * g->w, plane_out = g->oh * g->ow;
+    int32_t corners[UNPOOL_MAX_PLANE];
+    int fast = pool_is_2x2(g) && plane_out <= UNPOOL_MAX_PLANE;
+    for (int64_t o = 0; fast && o < plane_out; o++)
+        corners[o] = (int32_t)(2 * (o / g->ow) * g->w + 2 * (o % g->ow));
+    CHI_OMP(omp parallel for schedule(static) if (planes * plane_in > CHI_HOST_PAR_MIN))
+    for (int64_t p = 0; p < planes; p++) {
+        float *out = pdx + p * plane_in;
+        const float *d = pdy + p * plane_out;
+        const int32_t *at = pi + p * plane_out;
+        if (fast)
+            unpool_plane_2x2(out, d, at, corners, g);
+        else
+            unpool_plane(out, d, at, g);
+    }
     return CH_OK;
 }

@@ -135,17 +135,19 @@ ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
 }
 
 /* db[c] = beta db[c] + sum of dy[o, c, i]; beta == 0 does not read db.
- * Each task owns COL_BLOCK channels and walks dy in memory order. */
+ * Each task owns COL_BLOCK channels and walks dy in memory order; one
+ * channel when each is a run of `inner` elements (a convolution's 32 or
+ * 64 channels would otherwise be a single task). */
 ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
                              ch_bmem db, ch_bmem dy, float beta)
 {
     (void)stream;
     float *pdb = chi_host_f32(db);
     const float *pdy = chi_host_f32(dy);
-    int64_t blocks = (c + COL_BLOCK - 1) / COL_BLOCK;
+    int64_t block = inner == 1 ? COL_BLOCK : 1, blocks = (c + block - 1) / block;
     CHI_OMP(omp parallel for if (outer * c * inner > CHI_HOST_PAR_MIN))
     for (int64_t b = 0; b < blocks; b++) {
-        int64_t c0 = b * COL_BLOCK, count = c - c0 < COL_BLOCK ? c - c0 : COL_BLOCK;
+        int64_t c0 = b * block, count = c - c0 < block ? c - c0 : block;
         double acc[COL_BLOCK] = {0};
         if (inner == 1) {
             /* dy is [outer, c] (Linear): rows in order, side by side. */

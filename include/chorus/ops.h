@@ -117,7 +117,8 @@ CH_API ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2
  * wins); idx (i32, y's shape) = the index within the H*W plane of the max. */
 CH_API ch_status ch_maxpool2d(ch_tensor *y, ch_tensor *idx, const ch_tensor *x,
                               const ch_window2d *w);
-/* dx [N, C, H, W] = dy routed back to the positions idx names (overwrites). */
+/* dx [N, C, H, W] = dy routed back to the positions idx names (overwrites);
+ * an index outside its own output's window is skipped. */
 CH_API ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy,
                                        const ch_tensor *idx, const ch_window2d *w);
 
