@@ -83,7 +83,7 @@ int main(int argc, char **argv)
         switch (c) {
         case 'd': devices = optarg; break;
         case 'm':
-            if (ch_reduce_mode_parse(optarg, &mode) != CH_OK) {
+            if (ch_reduce_mode_parse(&mode, optarg) != CH_OK) {
                 fprintf(stderr, "bench-allreduce: --mode: %s\n", ch_last_error());
                 return 2;
             }

@@ -89,7 +89,7 @@ static double dp_step(ch_dp *dp, const ch_batch *b)
 {
     float l;
     double t0 = ch_clock_seconds();
-    BENCH_CHECK(ch_dp_step(dp, b, 1e-3f, &l));
+    BENCH_CHECK(ch_dp_step(dp, &l, b, 1e-3f));
     return ch_clock_seconds() - t0;
 }
 
@@ -187,7 +187,7 @@ int main(int argc, char **argv)
     }
     dp_config cfg = {CH_REDUCE_HOST, strcmp(split, "auto") == 0 ? CH_DP_SPLIT_AUTO
                                                                 : CH_DP_SPLIT_EQUAL};
-    if (batch < 8 || steps < 1 || rounds < 1 || ch_reduce_mode_parse(reduce, &cfg.reduce) ||
+    if (batch < 8 || steps < 1 || rounds < 1 || ch_reduce_mode_parse(&cfg.reduce, reduce) ||
         (strcmp(split, "auto") && strcmp(split, "equal"))) {
         fprintf(stderr, "bench-dp: --batch must be >= 8, --steps and --rounds >= 1, --reduce "
                 "host, peer or auto, --split equal or auto\n");

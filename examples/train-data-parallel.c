@@ -25,9 +25,9 @@ static int run_epoch(ch_dp *dp, ch_loader *loader, int train, int64_t *correct, 
         float loss = 0;
         int64_t right = 0;
         if (train)
-            CHECK(ch_dp_step(dp, b, 1e-3f, &loss)); /* split, forward, backward, reduce, step */
+            CHECK(ch_dp_step(dp, &loss, b, 1e-3f)); /* split, forward, backward, reduce, step */
         else
-            CHECK(ch_dp_evaluate(dp, b, &loss, &right));
+            CHECK(ch_dp_evaluate(dp, &loss, &right, b));
         *correct += right;
         *seen += b->count;
         if (train && b->number % 200 == 0)

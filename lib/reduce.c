@@ -65,7 +65,7 @@ const char *ch_reduce_mode_name(ch_reduce_mode mode)
     return "?";
 }
 
-ch_status ch_reduce_mode_parse(const char *name, ch_reduce_mode *mode)
+ch_status ch_reduce_mode_parse(ch_reduce_mode *mode, const char *name)
 {
     if (!name || !mode)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reduce_mode_parse: %s is NULL",

@@ -367,7 +367,7 @@ ch_status ch_dataset_mnist_open(ch_dataset **out, const char *dir, int train,
     ch_idx_options own;
     ch_status st = mnist_open(&ds, dir, 1, &identity);
     if (st == CH_OK)
-        st = ch_dataset_stats(&own, ds);
+        st = ch_dataset_stats(ds, &own);
     if (st == CH_OK && train) {
         normalize(ds, &own);
         *out = ds;
@@ -386,7 +386,7 @@ static float four_digits(double x)
     return strtof(text, NULL);
 }
 
-ch_status ch_dataset_stats(ch_idx_options *out, const ch_dataset *ds)
+ch_status ch_dataset_stats(const ch_dataset *ds, ch_idx_options *out)
 {
     if (!out || !ds)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_stats: %s is NULL",
@@ -408,7 +408,7 @@ ch_status ch_dataset_stats(ch_idx_options *out, const ch_dataset *ds)
     return CH_OK;
 }
 
-ch_status ch_dataset_normalization(ch_idx_options *out, const ch_dataset *ds)
+ch_status ch_dataset_normalization(const ch_dataset *ds, ch_idx_options *out)
 {
     if (!out || !ds)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_normalization: %s is NULL",
@@ -446,7 +446,7 @@ int64_t ch_dataset_sample_numel(const ch_dataset *ds)
 
 int ch_dataset_classes(const ch_dataset *ds) { return ds ? ds->classes : 0; }
 
-ch_status ch_dataset_get(const ch_dataset *ds, int64_t index, float *image, int32_t *label)
+ch_status ch_dataset_get(const ch_dataset *ds, float *image, int32_t *label, int64_t index)
 {
     if (!ds)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_get: ds is NULL");

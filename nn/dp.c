@@ -915,7 +915,7 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     return CH_OK;
 }
 
-ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss)
+ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr)
 {
     if (!dp || !batch || !loss)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_step: %s is NULL",
@@ -955,7 +955,7 @@ static ch_status infer_call(ch_dp *dp, job j, const ch_batch *batch, ch_tensor *
     return call_status(dp, j == JOB_PREDICT ? "ch_dp_predict" : "ch_dp_evaluate");
 }
 
-ch_status ch_dp_predict(ch_dp *dp, const ch_batch *batch, ch_tensor *out)
+ch_status ch_dp_predict(ch_dp *dp, ch_tensor *out, const ch_batch *batch)
 {
     if (!dp || !batch || !out)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_predict: %s is NULL",
@@ -973,7 +973,7 @@ ch_status ch_dp_predict(ch_dp *dp, const ch_batch *batch, ch_tensor *out)
     return infer_call(dp, JOB_PREDICT, batch, out);
 }
 
-ch_status ch_dp_evaluate(ch_dp *dp, const ch_batch *batch, float *loss, int64_t *correct)
+ch_status ch_dp_evaluate(ch_dp *dp, float *loss, int64_t *correct, const ch_batch *batch)
 {
     if (!dp || !batch)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_evaluate: %s is NULL",

@@ -307,7 +307,7 @@ static ch_status sum_squares(const ch_tensor *g, double *out)
     return st;
 }
 
-ch_status ch_clip_grad_norm(ch_module *model, float max_norm, float *norm)
+ch_status ch_clip_grad_norm(ch_module *model, float *norm, float max_norm)
 {
     if (!model)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_clip_grad_norm: model is NULL");

@@ -42,7 +42,7 @@ static void check_content(const ch_dataset *ds, float mean, float std, const cha
     float image[ROWS * COLS];
     int32_t label = -1;
     for (int64_t i = 0; i < ch_dataset_size(ds); i++) {
-        if (ch_dataset_get(ds, i, image, &label) != CH_OK) {
+        if (ch_dataset_get(ds, image, &label, i) != CH_OK) {
             tap_ok(0, "%s: ch_dataset_get(%lld): %s", what, (long long)i, ch_last_error());
             return;
         }
@@ -267,13 +267,13 @@ static void test_bad_arguments(const char *img, const char *lab)
     tap_status_is(ch_dataset_mnist_open(&ds, NULL, 1, NULL), CH_ERR_INVALID_ARGUMENT,
                   "dir is NULL", "mnist_open: dir NULL");
     ch_idx_options st;
-    tap_status_is(ch_dataset_stats(NULL, ds), CH_ERR_INVALID_ARGUMENT, "out is NULL",
+    tap_status_is(ch_dataset_stats(ds, NULL), CH_ERR_INVALID_ARGUMENT, "out is NULL",
                   "stats: out NULL");
-    tap_status_is(ch_dataset_stats(&st, NULL), CH_ERR_INVALID_ARGUMENT, "ds is NULL",
+    tap_status_is(ch_dataset_stats(NULL, &st), CH_ERR_INVALID_ARGUMENT, "ds is NULL",
                   "stats: ds NULL");
-    tap_status_is(ch_dataset_normalization(NULL, ds), CH_ERR_INVALID_ARGUMENT, "out is NULL",
+    tap_status_is(ch_dataset_normalization(ds, NULL), CH_ERR_INVALID_ARGUMENT, "out is NULL",
                   "normalization: out NULL");
-    tap_status_is(ch_dataset_normalization(&st, NULL), CH_ERR_INVALID_ARGUMENT, "ds is NULL",
+    tap_status_is(ch_dataset_normalization(NULL, &st), CH_ERR_INVALID_ARGUMENT, "ds is NULL",
                   "normalization: ds NULL");
     tap_ok(ch_dataset_size(NULL) == 0 && ch_dataset_classes(NULL) == 0 &&
                ch_dataset_sample_numel(NULL) == 0,
@@ -289,11 +289,11 @@ static void test_get_and_head(const char *img, const char *lab)
         return;
     float image[ROWS * COLS];
     int32_t label;
-    tap_status_is(ch_dataset_get(ds, N, image, &label), CH_ERR_INVALID_ARGUMENT,
+    tap_status_is(ch_dataset_get(ds, image, &label, N), CH_ERR_INVALID_ARGUMENT,
                   "index is 1000, expected 0 to 999", "get: index past the end");
-    tap_status_is(ch_dataset_get(ds, -1, image, &label), CH_ERR_INVALID_ARGUMENT,
+    tap_status_is(ch_dataset_get(ds, image, &label, -1), CH_ERR_INVALID_ARGUMENT,
                   "index is -1", "get: negative index");
-    tap_status_is(ch_dataset_get(ds, 0, NULL, &label), CH_ERR_INVALID_ARGUMENT,
+    tap_status_is(ch_dataset_get(ds, NULL, &label, 0), CH_ERR_INVALID_ARGUMENT,
                   "image is NULL", "get: image NULL");
     tap_status_is(ch_dataset_head(&head, ds, N + 1), CH_ERR_INVALID_ARGUMENT,
                   "count is 1001, expected 1 to 1000", "head: more than the data set");
@@ -302,13 +302,13 @@ static void test_get_and_head(const char *img, const char *lab)
     if (tap_status_ok(ch_dataset_head(&head, ds, 17), "head of 17")) {
         float a[ROWS * COLS], b[ROWS * COLS];
         int32_t la, lb;
-        int same = ch_dataset_get(head, 16, a, &la) == CH_OK &&
-                   ch_dataset_get(ds, 16, b, &lb) == CH_OK && memcmp(a, b, sizeof a) == 0 &&
+        int same = ch_dataset_get(head, a, &la, 16) == CH_OK &&
+                   ch_dataset_get(ds, b, &lb, 16) == CH_OK && memcmp(a, b, sizeof a) == 0 &&
                    la == lb;
         tap_ok(ch_dataset_size(head) == 17, "head: size %lld, want 17",
                (long long)ch_dataset_size(head));
         tap_ok(same, "head: sample 16 equals the source's sample 16");
-        tap_status_is(ch_dataset_get(head, 17, a, &la), CH_ERR_INVALID_ARGUMENT,
+        tap_status_is(ch_dataset_get(head, a, &la, 17), CH_ERR_INVALID_ARGUMENT,
                       "index is 17, expected 0 to 16", "head: sample 17 is out of range");
     }
     ch_dataset_free(head);
@@ -352,9 +352,9 @@ static void test_own_stats(void)
     ch_dataset *ds = NULL;
     if (tap_status_ok(ch_dataset_mnist_open(&ds, tmp, 1, NULL), "mnist_open: train, no options")) {
         check_content(ds, train.mean, train.std, "mnist_open train: its own mean and std");
-        ch_dataset_normalization(&got, ds);
+        ch_dataset_normalization(ds, &got);
         same_options(got, train, "mnist_open train: ch_dataset_normalization");
-        ch_dataset_stats(&got, ds);
+        ch_dataset_stats(ds, &got);
         same_options(got, train, "ch_dataset_stats of the training set");
     }
     ch_dataset_free(ds);
@@ -379,7 +379,7 @@ static void test_flat_stats(void)
     ch_dataset *ds = NULL;
     ch_idx_options got = {0, 0};
     if (tap_status_ok(ch_dataset_idx_open(&ds, ip, lp, CLASSES, NULL), "open a flat set"))
-        tap_status_ok(ch_dataset_stats(&got, ds), "stats of a flat set");
+        tap_status_ok(ch_dataset_stats(ds, &got), "stats of a flat set");
     same_options(got, (ch_idx_options){0.2f, 1.0f}, "a set of pixels all 51: mean 0.2, std 1");
     ch_dataset_free(ds);
     free(img);
@@ -438,7 +438,7 @@ static void test_fashion_mnist(void)
         /* Its statistics round to the published constants, so a run with
          * no options normalises as one with them always did. */
         ch_idx_options got;
-        ch_dataset_normalization(&got, ds);
+        ch_dataset_normalization(ds, &got);
         same_options(got, (ch_idx_options){0.2860f, 0.3530f},
                      sets[s].train ? "Fashion-MNIST train, no options"
                                    : "Fashion-MNIST test, no options: the training set's");

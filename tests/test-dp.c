@@ -133,15 +133,15 @@ static float train(ch_module *out, ch_device **devs, int n, ch_dp_options o, run
             ch_batch b = bs->b[s];
             if (!how.dropout && s == STEPS - 1)
                 b.count = BATCH - 7;
-            st = ch_dp_step(dp, &b, 0.05f, &loss);
+            st = ch_dp_step(dp, &loss, &b, 0.05f);
             continue;
         }
-        st = ch_dp_step(dp, &bs->micro[s][0], 0.05f, &loss);
+        st = ch_dp_step(dp, &loss, &bs->micro[s][0], 0.05f);
         if (st == CH_OK && ch_dp_pending(dp) != 1)
             st = chi_error(CH_ERR_INTERNAL, "%d micro-batches pending after the first, want 1",
                            ch_dp_pending(dp));
         if (st == CH_OK)
-            st = ch_dp_step(dp, &bs->micro[s][1], 0.05f, &loss);
+            st = ch_dp_step(dp, &loss, &bs->micro[s][1], 0.05f);
         if (st == CH_OK && ch_dp_pending(dp) != 0)
             st = chi_error(CH_ERR_INTERNAL, "%d micro-batches pending after the update",
                            ch_dp_pending(dp));
@@ -220,7 +220,7 @@ static void test_fault(ch_module *model, ch_device **devs, int n, const char *na
     struct timespec t0;
     chi_dp_fail_next(dp, 1);
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    ch_status st = ch_dp_step(dp, &bs->b[0], 0.05f, &loss);
+    ch_status st = ch_dp_step(dp, &loss, &bs->b[0], 0.05f);
     double secs = seconds_since(&t0);
     tap_status_is(st, CH_ERR_INTERNAL, "replica 1", "%s: a failing replica's error is "
                   "returned, naming it", what);
@@ -228,14 +228,14 @@ static void test_fault(ch_module *model, ch_device **devs, int n, const char *na
     /* The reducer thread failing instead: the workers stop waiting for it. */
     chi_dp_fail_reduce_next(dp);
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    st = ch_dp_step(dp, &bs->b[0], 0.05f, &loss);
+    st = ch_dp_step(dp, &loss, &bs->b[0], 0.05f);
     if (st == CH_OK && o.accumulate > 1) /* a micro-batch reduces nothing: the next does */
-        st = ch_dp_step(dp, &bs->b[0], 0.05f, &loss);
+        st = ch_dp_step(dp, &loss, &bs->b[0], 0.05f);
     secs = seconds_since(&t0);
     tap_status_is(st, CH_ERR_INTERNAL, "reducing gradients", "%s: a failing reduction's "
                   "error is returned, naming it", what);
     tap_ok(secs < 1.0, "%s: ... within a second (%.3f s)", what, secs);
-    st = ch_dp_step(dp, &bs->b[1], 0.05f, &loss);
+    st = ch_dp_step(dp, &loss, &bs->b[1], 0.05f);
     tap_status_ok(st, "%s: the next step runs", what);
     tap_ok(loss > 0.0f && loss < 4.0f, "%s: ... with a finite, positive loss (%.4f)", what,
            loss);
@@ -285,7 +285,7 @@ static void test_evaluate(ch_module *model, ch_device **devs, int n, const char 
     ch_device *where[2] = {devs[n - 1], host};
     for (int k = 0; k < 2; k++) {
         ch_tensor_new(&out, where[k], CH_F32, 2, os);
-        ch_status st = ch_dp_predict(dp, b, out);
+        ch_status st = ch_dp_predict(dp, out, b);
         double worst = 0;
         if (st == CH_OK)
             st = ch_tensor_download(out, got, sizeof got);
@@ -298,13 +298,13 @@ static void test_evaluate(ch_module *model, ch_device **devs, int n, const char 
     }
     float loss = 0;
     int64_t right = -1;
-    ch_status st = ch_dp_evaluate(dp, b, &loss, &right);
+    ch_status st = ch_dp_evaluate(dp, &loss, &right, b);
     tap_ok(st == CH_OK && right == want_right && fabs(loss - want_loss) < 1e-5 * (1 + want_loss),
            "ch_dp_evaluate over %s: loss %.6f (want %.6f), %lld correct (want %lld)", names,
            loss, want_loss, (long long)right, (long long)want_right);
     int64_t bad_shape[2] = {BATCH - 1, 10};
     ch_tensor_new(&out, host, CH_F32, 2, bad_shape);
-    tap_status_is(ch_dp_predict(dp, b, out), CH_ERR_SHAPE, "rows",
+    tap_status_is(ch_dp_predict(dp, out, b), CH_ERR_SHAPE, "rows",
                   "predicting into an output with the wrong number of rows");
     ch_tensor_free(out);
     ch_tensor_free(x);
@@ -321,18 +321,18 @@ static void test_accumulate_errors(ch_module *model, ch_device **devs, int n,
         return;
     float loss;
     tap_status_ok(ch_dp_flush(dp, 0.05f), "flushing with nothing pending is a no-op");
-    ch_dp_step(dp, &bs->micro[0][0], 0.05f, &loss);
+    ch_dp_step(dp, &loss, &bs->micro[0][0], 0.05f);
     int64_t os[2] = {HALF, 10};
     ch_tensor *out = NULL;
     ch_tensor_new(&out, host, CH_F32, 2, os);
-    tap_status_is(ch_dp_predict(dp, &bs->micro[0][1], out), CH_ERR_STATE, "accumulated",
+    tap_status_is(ch_dp_predict(dp, out, &bs->micro[0][1]), CH_ERR_STATE, "accumulated",
                   "predicting with micro-batches pending is an error");
-    tap_status_is(ch_dp_evaluate(dp, &bs->micro[0][1], NULL, NULL), CH_ERR_STATE, "flush",
+    tap_status_is(ch_dp_evaluate(dp, NULL, NULL, &bs->micro[0][1]), CH_ERR_STATE, "flush",
                   "evaluating with micro-batches pending is an error");
     tap_ok(ch_dp_pending(dp) == 1, "one micro-batch pending (%d)", ch_dp_pending(dp));
     tap_status_ok(ch_dp_flush(dp, 0.05f), "flushing one of three micro-batches");
     tap_ok(ch_dp_pending(dp) == 0, "nothing pending after the flush");
-    tap_status_ok(ch_dp_predict(dp, &bs->micro[0][1], out), "predicting after the flush");
+    tap_status_ok(ch_dp_predict(dp, out, &bs->micro[0][1]), "predicting after the flush");
     tap_status_is(ch_dp_flush(dp, -1.0f), CH_ERR_INVALID_ARGUMENT, "lr", "a negative lr");
     ch_tensor_free(out);
     ch_dp_free(dp);
@@ -390,19 +390,19 @@ static void test_errors(ch_module *model, ch_device **three, int n, const batche
     o = options();
     if (tap_status_ok(ch_dp_new(&dp, model, three, n, &o), "a dp for bad calls")) {
         float loss;
-        tap_status_is(ch_dp_step(dp, &bs->b[0], NAN, &loss), CH_ERR_INVALID_ARGUMENT, "lr",
+        tap_status_is(ch_dp_step(dp, &loss, &bs->b[0], NAN), CH_ERR_INVALID_ARGUMENT, "lr",
                       "a step with lr NaN");
         ch_batch empty = bs->b[0];
         empty.count = 0;
-        tap_status_is(ch_dp_step(dp, &empty, 0.1f, &loss), CH_ERR_INVALID_ARGUMENT, "0 samples",
+        tap_status_is(ch_dp_step(dp, &loss, &empty, 0.1f), CH_ERR_INVALID_ARGUMENT, "0 samples",
                       "an empty batch");
         ch_batch big = bs->b[0];
         big.count = 2 * BATCH;
-        tap_status_is(ch_dp_step(dp, &big, 0.1f, &loss), CH_ERR_SHAPE, "images",
+        tap_status_is(ch_dp_step(dp, &loss, &big, 0.1f), CH_ERR_SHAPE, "images",
                       "a batch larger than its buffers");
-        tap_status_is(ch_dp_evaluate(NULL, &bs->b[0], NULL, NULL), CH_ERR_INVALID_ARGUMENT,
+        tap_status_is(ch_dp_evaluate(NULL, NULL, NULL, &bs->b[0]), CH_ERR_INVALID_ARGUMENT,
                       "dp", "evaluating a NULL dp");
-        tap_status_is(ch_dp_predict(dp, &bs->b[0], NULL), CH_ERR_INVALID_ARGUMENT, "out",
+        tap_status_is(ch_dp_predict(dp, NULL, &bs->b[0]), CH_ERR_INVALID_ARGUMENT, "out",
                       "predicting into NULL");
         tap_status_is(ch_dp_last_compute(dp, NULL, n + 1), CH_ERR_INVALID_ARGUMENT,
                       "number of replicas", "dp_last_compute with the wrong count");
@@ -437,7 +437,7 @@ static ch_status train_linear(ch_module *out, ch_device **devs, int n, const ch_
     float loss;
     ch_status st = model ? ch_dp_new(&dp, model, devs, n, &o) : CH_ERR_OUT_OF_MEMORY;
     for (int s = 0; st == CH_OK && s < steps; s++)
-        st = ch_dp_step(dp, &b[s], 0.05f, &loss);
+        st = ch_dp_step(dp, &loss, &b[s], 0.05f);
     if (st == CH_OK && counts)
         st = ch_dp_last_step(dp, counts, NULL, n);
     if (st == CH_OK)
@@ -545,9 +545,9 @@ static void test_zero_share(ch_device **devs, int n, const char *names, const ba
     if (st == CH_OK)
         st = ch_dp_new(&dp1, got, one, 1, &o);
     if (st == CH_OK)
-        st = ch_dp_evaluate(dp, &e, &loss, &right);
+        st = ch_dp_evaluate(dp, &loss, &right, &e);
     if (st == CH_OK)
-        st = ch_dp_evaluate(dp1, &e, &loss1, &right1);
+        st = ch_dp_evaluate(dp1, &loss1, &right1, &e);
     tap_ok(st == CH_OK && right == right1 && fabsf(loss - loss1) < 1e-5f * (1 + loss1),
            "ch_dp_evaluate of %d samples over %s: loss %.6f, %lld correct (one replica: %.6f, "
            "%lld)", n - 1, names, loss, (long long)right, loss1, (long long)right1);
@@ -556,9 +556,9 @@ static void test_zero_share(ch_device **devs, int n, const char *names, const ba
     if (st == CH_OK)
         st = ch_tensor_new(&out1, host, CH_F32, 2, os);
     if (st == CH_OK)
-        st = ch_dp_predict(dp, &e, out);
+        st = ch_dp_predict(dp, out, &e);
     if (st == CH_OK)
-        st = ch_dp_predict(dp1, &e, out1);
+        st = ch_dp_predict(dp1, out1, &e);
     if (st == CH_OK)
         st = ch_tensor_download(out, y, sizeof(float) * (size_t)(n - 1) * 10);
     if (st == CH_OK)
@@ -748,7 +748,7 @@ int main(void)
         float loss;
         ch_status st = CH_OK;
         for (int s = 0; st == CH_OK && s < STEPS; s++) {
-            st = ch_dp_step(ov, &bs.b[s], 0.05f, &loss);
+            st = ch_dp_step(ov, &loss, &bs.b[s], 0.05f);
             most = fmax(most, ch_dp_last_overlap(ov));
         }
         tap_ok(st == CH_OK && ch_dp_bucket_count(ov) > 2 && most > 0.0,
@@ -772,7 +772,7 @@ int main(void)
         float loss = 0;
         int s = 0;
         for (; st == CH_OK && s < STEPS; s++)
-            st = ch_dp_step(dp, &bs.b[s], k ? 1e-3f : 0.05f, &loss);
+            st = ch_dp_step(dp, &loss, &bs.b[s], k ? 1e-3f : 0.05f);
         tap_status_ok(st, "%s over %s: replicas bit-identical after each of %d steps (%d ran)",
                       k ? "AdamW" : "SGD with momentum", names, STEPS, s);
         ch_dp_free(dp);
@@ -785,12 +785,12 @@ int main(void)
     o.check_every = 1;
     if (tap_status_ok(ch_dp_new(&dp, single, three, 3, &o), "a dp checking replicas every step")) {
         float loss = 0;
-        tap_status_ok(ch_dp_step(dp, &bs.b[0], 0.05f, &loss), "replicas agree after a step");
+        tap_status_ok(ch_dp_step(dp, &loss, &bs.b[0], 0.05f), "replicas agree after a step");
         ch_tensor *w;
         ch_module_param(ch_dp_replica(dp, 2), 0, NULL, &w, NULL);
         ch_fill(w, 0.5);
         ch_device_sync(ch_tensor_device(w));
-        tap_status_is(ch_dp_step(dp, &bs.b[1], 0.05f, &loss), CH_ERR_INTERNAL, "replica 2",
+        tap_status_is(ch_dp_step(dp, &loss, &bs.b[1], 0.05f), CH_ERR_INTERNAL, "replica 2",
                       "a replica whose parameters diverged is named");
         ch_dp_free(dp);
         dp = NULL;

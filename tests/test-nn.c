@@ -548,7 +548,7 @@ static void test_mse_and_clip(ch_device *dev)
     ch_fill(gw, 2.0); /* 6 elements of 2, 2 of 2: norm sqrt(8 * 4) */
     ch_fill(gb, 2.0);
     float norm = 0, after[6];
-    tap_status_ok(ch_clip_grad_norm(m, 1.0f, &norm), "clip_grad_norm on %s", id);
+    tap_status_ok(ch_clip_grad_norm(m, &norm, 1.0f), "clip_grad_norm on %s", id);
     ch_tensor_download(gw, after, sizeof after);
     double want = sqrt(32.0), clipped = 2.0 / want;
     tap_ok(fabs(norm - want) < 1e-5 && fabs(after[0] - clipped) < 1e-5,
@@ -556,7 +556,7 @@ static void test_mse_and_clip(ch_device *dev)
            want, after[0], clipped);
     ch_fill(gw, 0.1);
     ch_tensor_download(gw, after, sizeof after);
-    ch_clip_grad_norm(m, 10.0f, &norm);
+    ch_clip_grad_norm(m, &norm, 10.0f);
     float kept[6];
     ch_tensor_download(gw, kept, sizeof kept);
     tap_ok(memcmp(kept, after, sizeof kept) == 0, "clip_grad_norm on %s leaves a small norm (%.4f) "
@@ -655,7 +655,7 @@ static void test_errors(void)
     tap_status_is(ch_optimizer_step(opt, 0.1f), CH_ERR_STATE, "parameters",
                   "stepping an optimizer whose model grew");
     ch_optimizer_free(opt);
-    tap_status_is(ch_clip_grad_norm(seq, 0.0f, NULL), CH_ERR_INVALID_ARGUMENT, "max_norm",
+    tap_status_is(ch_clip_grad_norm(seq, NULL, 0.0f), CH_ERR_INVALID_ARGUMENT, "max_norm",
                   "clipping to a norm of 0");
     tap_status_is(ch_checkpoint_save(NULL, seq, NULL, NULL), CH_ERR_INVALID_ARGUMENT, "path",
                   "saving to a NULL path");
@@ -673,7 +673,7 @@ static void test_errors(void)
                   "a dp with NULL options");
     float lossv;
     if (tap_status_ok(ch_dp_new(&dp, seq, devs, 1, &o), "a dp of one replica")) {
-        tap_status_is(ch_dp_step(dp, NULL, 0.1f, &lossv), CH_ERR_INVALID_ARGUMENT, "batch",
+        tap_status_is(ch_dp_step(dp, &lossv, NULL, 0.1f), CH_ERR_INVALID_ARGUMENT, "batch",
                       "a dp step without a batch");
         tap_status_is(ch_dp_last_step(dp, NULL, NULL, 4), CH_ERR_INVALID_ARGUMENT,
                       "number of replicas", "dp_last_step with the wrong count");

@@ -439,14 +439,14 @@ static void test_errors(void)
            "ch_reduce_mode_name: host, peer, auto, ? for anything else");
     int parsed = 1;
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++)
-        parsed &= ch_reduce_mode_parse(ch_reduce_mode_name(modes[m]), &mode) == CH_OK &&
+        parsed &= ch_reduce_mode_parse(&mode, ch_reduce_mode_name(modes[m])) == CH_OK &&
                   mode == modes[m];
     tap_ok(parsed, "ch_reduce_mode_parse: the names back to the modes");
-    tap_status_is(ch_reduce_mode_parse("nccl", &mode), CH_ERR_INVALID_ARGUMENT,
+    tap_status_is(ch_reduce_mode_parse(&mode, "nccl"), CH_ERR_INVALID_ARGUMENT,
                   "host, peer or auto", "ch_reduce_mode_parse(\"nccl\") names the words");
-    tap_status_is(ch_reduce_mode_parse(NULL, &mode), CH_ERR_INVALID_ARGUMENT, "name is NULL",
+    tap_status_is(ch_reduce_mode_parse(&mode, NULL), CH_ERR_INVALID_ARGUMENT, "name is NULL",
                   "ch_reduce_mode_parse: NULL name");
-    tap_status_is(ch_reduce_mode_parse("host", NULL), CH_ERR_INVALID_ARGUMENT, "mode is NULL",
+    tap_status_is(ch_reduce_mode_parse(NULL, "host"), CH_ERR_INVALID_ARGUMENT, "mode is NULL",
                   "ch_reduce_mode_parse: NULL mode");
 
     ch_device *host;

@@ -212,7 +212,7 @@ static int parse_options(int argc, char **argv, options *o)
         strcmp(o->schedule, "constant"))
         return fail_usage("--schedule is cosine, step or constant, not \"%s\"", o->schedule);
     ch_reduce_mode mode;
-    if (ch_reduce_mode_parse(o->reduce, &mode) != CH_OK)
+    if (ch_reduce_mode_parse(&mode, o->reduce) != CH_OK)
         return fail_usage("--reduce is auto, host or peer, not \"%s\"", o->reduce);
     if (strcmp(o->split, "equal") != 0 && strcmp(o->split, "auto") != 0 && !parse_weights(o))
         return fail_usage("--split is auto, equal or positive weights W1,W2,..., not \"%s\"",
@@ -250,7 +250,7 @@ typedef struct trainer {
  * --accumulate K, once every K batches). */
 static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out, int *updated)
 {
-    ch_status st = ch_dp_step(t->dp, b, ch_lr_at(&t->lr, t->step), loss_out);
+    ch_status st = ch_dp_step(t->dp, loss_out, b, ch_lr_at(&t->lr, t->step));
     *updated = ch_dp_pending(t->dp) == 0;
     return st;
 }
@@ -464,7 +464,7 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
             break;
         float l = 0;
         int64_t right = 0;
-        st = ch_dp_evaluate(t->dp, b, &l, &right);
+        st = ch_dp_evaluate(t->dp, &l, &right, b);
         correct += right;
         loss_sum += (double)l * b->count;
         total += b->count;
@@ -481,7 +481,7 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
 static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
 {
     ch_dp_options d = {0};
-    if (ch_reduce_mode_parse(t->o->reduce, &d.reduce) != CH_OK)
+    if (ch_reduce_mode_parse(&d.reduce, t->o->reduce) != CH_OK)
         return CH_ERR_INVALID_ARGUMENT;
     d.split = t->o->nweights                          ? CH_DP_SPLIT_WEIGHTS
               : strcmp(t->o->split, "equal") == 0 ? CH_DP_SPLIT_EQUAL
@@ -659,7 +659,7 @@ static int open_data(trainer *t)
     }
     const ch_idx_options *norm = o->norm.std > 0 ? &o->norm : recorded.std > 0 ? &recorded : NULL;
     if (ch_dataset_mnist_open(&t->train, o->data, 1, norm) != CH_OK ||
-        ch_dataset_normalization(&t->norm, t->train) != CH_OK ||
+        ch_dataset_normalization(t->train, &t->norm) != CH_OK ||
         ch_dataset_mnist_open(&t->test, o->data, 0, &t->norm) != CH_OK) {
         fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
         return EXIT_USAGE;

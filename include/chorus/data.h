@@ -46,10 +46,10 @@ CH_API ch_status ch_dataset_mnist_open(ch_dataset **out, const char *dir, int tr
  * gets std 1: there is no spread to scale. Normalising a test set with its
  * training set's statistics keeps the two alike: pass these as the test
  * set's options. */
-CH_API ch_status ch_dataset_stats(ch_idx_options *out, const ch_dataset *ds);
+CH_API ch_status ch_dataset_stats(const ch_dataset *ds, ch_idx_options *out);
 
 /* The mean and std `ds` was opened with (a head view shares its source's). */
-CH_API ch_status ch_dataset_normalization(ch_idx_options *out, const ch_dataset *ds);
+CH_API ch_status ch_dataset_normalization(const ch_dataset *ds, ch_idx_options *out);
 
 CH_API void ch_dataset_free(ch_dataset *ds);
 CH_API int64_t ch_dataset_size(const ch_dataset *ds);
@@ -58,8 +58,8 @@ CH_API int ch_dataset_sample_shape(const ch_dataset *ds, int64_t shape[CH_MAX_DI
 CH_API int64_t ch_dataset_sample_numel(const ch_dataset *ds);
 CH_API int ch_dataset_classes(const ch_dataset *ds);
 /* Copy sample `index` into `image` (sample_numel floats) and `*label`. */
-CH_API ch_status ch_dataset_get(const ch_dataset *ds, int64_t index, float *image,
-                                int32_t *label);
+CH_API ch_status ch_dataset_get(const ch_dataset *ds, float *image, int32_t *label,
+                                int64_t index);
 /* A data set of the first `count` samples of `ds` (sharing its memory; ds
  * must outlive it): for short runs and tests. */
 CH_API ch_status ch_dataset_head(ch_dataset **out, const ch_dataset *ds, int64_t count);

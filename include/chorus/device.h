@@ -42,6 +42,7 @@ CH_API ch_status ch_backend_get_info(int index, ch_backend_info *info);
 /* Number of visible devices; 0 before ch_init. */
 CH_API int ch_device_count(void);
 
+/* Devices are borrowed: they belong to the library until ch_shutdown. */
 CH_API ch_status ch_device_get(ch_device **out, int index);
 
 /* "host", "cuda:N", "opencl:N". */

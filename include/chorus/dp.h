@@ -79,7 +79,7 @@ CH_API void ch_dp_free(ch_dp *dp);
  * calls add its gradient (scaled by 1/k) and return, the k-th reduces and
  * updates. Micro-batches of equal size then give the update of one step on
  * their concatenation. */
-CH_API ch_status ch_dp_step(ch_dp *dp, const ch_batch *batch, float lr, float *loss);
+CH_API ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr);
 
 /* Micro-batches accumulated since the last update (0 when none). */
 CH_API int ch_dp_pending(const ch_dp *dp);
@@ -92,13 +92,13 @@ CH_API ch_status ch_dp_flush(ch_dp *dp, float lr);
 /* Evaluation over the replicas, each on its share, in evaluation mode
  * (dropout off): `out` ([count, outputs], f32, on any device) gets the
  * model's outputs for the batch, in batch order. */
-CH_API ch_status ch_dp_predict(ch_dp *dp, const ch_batch *batch, ch_tensor *out);
+CH_API ch_status ch_dp_predict(ch_dp *dp, ch_tensor *out, const ch_batch *batch);
 
 /* The batch's mean loss and the number of samples whose largest output is
  * the label, computed over the replicas in evaluation mode. Either output
  * may be NULL. */
-CH_API ch_status ch_dp_evaluate(ch_dp *dp, const ch_batch *batch, float *loss,
-                                int64_t *correct);
+CH_API ch_status ch_dp_evaluate(ch_dp *dp, float *loss, int64_t *correct,
+                                const ch_batch *batch);
 
 /* How the last step went: samples per replica, each replica's seconds
  * (its whole step, waiting included) and its compute seconds (forward and
@@ -119,13 +119,13 @@ CH_API int ch_dp_bucket_count(const ch_dp *dp);
 CH_API int ch_dp_bound(const ch_dp *dp, int index);
 
 /* The optimizer of replica `index` (for checkpoints: every replica's state
- * is the same). */
+ * is the same). Borrowed: it belongs to dp. */
 CH_API ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index);
 
 /* Copy the parameters of replica 0 into `model` (same structure). */
 CH_API ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model);
 
-/* The replica on devices[index]. */
+/* The replica on devices[index]. Borrowed: it belongs to dp. */
 CH_API ch_module *ch_dp_replica(const ch_dp *dp, int index);
 
 #ifdef __cplusplus

@@ -12,7 +12,7 @@ extern "C" {
 /* ---- Modules -----------------------------------------------------------------
  * A module has explicit forward and backward passes built from the core's
  * ops, so it runs on every backend. Modules are created on the host device
- * with their parameters uninitialised; ch_module_init draws them from a seed
+ * with their parameters and gradients zero; ch_module_init draws them from a seed
  * (PyTorch's default scheme, from the Philox stream: the same numbers on every
  * backend), ch_module_to moves them. Parameter names and layouts follow
  * PyTorch's state_dict for the same nn.Sequential ("0.weight", "3.bias";
@@ -42,6 +42,7 @@ CH_API void ch_module_free(ch_module *m);
 /* "Linear", "Conv2d", "ReLU", ..., "Sequential". */
 CH_API const char *ch_module_kind(const ch_module *m);
 CH_API int ch_module_child_count(const ch_module *m);
+/* Borrowed: the child belongs to m. NULL when index is out of range. */
 CH_API ch_module *ch_module_child(const ch_module *m, int index);
 
 /* Draw every parameter from `seed`: PyTorch's defaults (Kaiming-uniform
@@ -76,7 +77,8 @@ CH_API ch_status ch_module_forward(ch_module *m, ch_tensor **y, const ch_tensor 
 CH_API ch_status ch_module_backward(ch_module *m, ch_tensor **dx, const ch_tensor *dy);
 CH_API ch_status ch_module_zero_grad(ch_module *m);
 
-/* Parameters in state_dict order, with their gradients. */
+/* Parameters in state_dict order, with their gradients: *name, *value and
+ * *grad are borrowed (they belong to the module); any of them may be NULL. */
 CH_API int ch_module_param_count(const ch_module *m);
 CH_API ch_status ch_module_param(const ch_module *m, int index, const char **name,
                                  ch_tensor **value, ch_tensor **grad);
@@ -92,7 +94,9 @@ typedef enum ch_loss_kind { CH_LOSS_CROSS_ENTROPY = 0, CH_LOSS_MSE = 1 } ch_loss
 CH_API ch_status ch_loss_new(ch_loss **out, ch_loss_kind kind);
 CH_API void ch_loss_free(ch_loss *loss);
 /* target: i32 labels [N] for cross-entropy, f32 of the prediction's shape
- * for MSE (mean over all elements). */
+ * for MSE (mean over all elements). *value and backward's *dpred are
+ * borrowed: they belong to the loss and stay valid until its next forward
+ * (value) or backward (dpred). */
 CH_API ch_status ch_loss_forward(ch_loss *loss, ch_tensor **value, const ch_tensor *pred,
                                  const ch_tensor *target);
 CH_API ch_status ch_loss_backward(ch_loss *loss, ch_tensor **dpred, float scale);
@@ -123,7 +127,8 @@ CH_API void ch_optimizer_free(ch_optimizer *opt);
 CH_API ch_status ch_optimizer_step(ch_optimizer *opt, float lr);
 CH_API int64_t ch_optimizer_steps(const ch_optimizer *opt);
 /* State tensors for checkpoints: for each parameter, "momentum" (SGD) or
- * "exp_avg", "exp_avg_sq" (Adam); NULL when the state does not exist yet. */
+ * "exp_avg", "exp_avg_sq" (Adam); NULL when the state does not exist yet.
+ * *name and *value are borrowed (they belong to the optimizer). */
 CH_API int ch_optimizer_state_count(const ch_optimizer *opt);
 CH_API ch_status ch_optimizer_state(const ch_optimizer *opt, int index, const char **name,
                                     ch_tensor **value);
@@ -131,7 +136,7 @@ CH_API ch_status ch_optimizer_set_steps(ch_optimizer *opt, int64_t steps);
 
 /* Scale every gradient so that their global L2 norm is at most max_norm;
  * *norm gets the norm before clipping (may be NULL). */
-CH_API ch_status ch_clip_grad_norm(ch_module *model, float max_norm, float *norm);
+CH_API ch_status ch_clip_grad_norm(ch_module *model, float *norm, float max_norm);
 
 /* ---- Learning-rate schedules ------------------------------------------------- */
 

@@ -28,7 +28,7 @@ typedef enum ch_reduce_mode {
 /* "host", "peer", "auto"; "?" for anything else. */
 CH_API const char *ch_reduce_mode_name(ch_reduce_mode mode);
 /* The reverse; CH_ERR_INVALID_ARGUMENT naming the accepted words. */
-CH_API ch_status ch_reduce_mode_parse(const char *name, ch_reduce_mode *mode);
+CH_API ch_status ch_reduce_mode_parse(ch_reduce_mode *mode, const char *name);
 
 typedef struct ch_reducer ch_reducer;
 

@@ -30,6 +30,7 @@ CH_API ch_status ch_device_default_stream(ch_stream **out, ch_device *dev);
 CH_API ch_status ch_stream_set_current(ch_stream *stream);
 /* Back to the default stream for `dev` on this thread. */
 CH_API ch_status ch_stream_reset_current(ch_device *dev);
+/* Borrowed: the caller's stream, or the device's default stream. */
 CH_API ch_status ch_stream_get_current(ch_stream **out, ch_device *dev);
 
 /* Events mark a point in a stream. Waiting on an event of another device
