@@ -5,7 +5,7 @@
  * value beyond those it was built with (what a newer core could pass) with
  * CH_ERR_UNSUPPORTED and a message, never with a default: the slots are
  * called directly, as the core would, the host's from its sources compiled
- * into this program (elementwise.c and reduce.c, which hold them), the
+ * into this program (elementwise.c and sum.c, which hold them), the
  * modules' from chorus-<name>.so found on CHORUS_BACKEND_PATH. */
 #include <dlfcn.h>
 #include <stdio.h>

@@ -10,13 +10,13 @@
 # headers it includes, listed by hand below.
 cuda_module_sources = \
 	backends/cuda/common.cu \
-	backends/cuda/module.cu \
+	backends/cuda/backend.cu \
 	backends/cuda/memory.cu \
 	backends/cuda/stream.cu \
 	backends/cuda/gemm.cu \
 	backends/cuda/elementwise.cu \
 	backends/cuda/optim.cu \
-	backends/cuda/reduce.cu \
+	backends/cuda/sum.cu \
 	backends/cuda/softmax.cu \
 	backends/cuda/layout.cu \
 	backends/cuda/pool.cu \
@@ -60,8 +60,8 @@ backends_cuda_chorus_cuda_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -sha
 backends_cuda_chorus_cuda_la_LIBADD = libchorus.la -lcublas $(cuda_nccl_libs) \
 	-lcudart_static -ldl -lrt -lpthread -lstdc++
 
-$(cuda_module_sources:.cu=.lo): $(cuda_module_headers) lib/backend.h lib/philox.h \
-	include/chorus.h include/chorus/export.h include/chorus/status.h \
+$(cuda_module_sources:.cu=.lo): $(cuda_module_headers) lib/backend.h lib/error.h lib/philox.h \
+	include/chorus.h include/chorus/export.h include/chorus/status.h include/chorus/clock.h \
 	include/chorus/device.h include/chorus/stream.h include/chorus/tensor.h \
 	include/chorus/ops.h include/chorus/data.h include/chorus/nn.h \
 	include/chorus/reduce.h include/chorus/dp.h

@@ -126,7 +126,7 @@ template <typename T> static inline T *chcu_at(ch_bmem m)
     return (T *)((char *)m.ptr + m.off);
 }
 
-/* ---- deterministic sums along an axis (reduce.cu) ---- */
+/* ---- deterministic sums along an axis (sum.cu) ---- */
 
 /* y[o, i] = sum over k < n of x[o, k, i] / divisor (+ beta * y[o, i] when
  * beta != 0) for x seen as [outer, n, inner]. Summed in double, in an order

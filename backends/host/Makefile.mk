@@ -2,10 +2,11 @@
 # libchorus as the reference every other backend is tested against.
 libchorus_la_SOURCES += \
 	backends/host/host.h \
-	backends/host/host.c \
+	backends/host/backend.c \
 	backends/host/gemm.c \
 	backends/host/elementwise.c \
-	backends/host/reduce.c \
+	backends/host/sum.c \
+	backends/host/softmax.c \
 	backends/host/conv.c \
 	backends/host/optim.c \
 	backends/host/allreduce.c

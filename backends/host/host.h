@@ -72,13 +72,15 @@ ch_status chi_host_transpose01(void *stream, int64_t a, int64_t b, int64_t inner
 ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
                         uint64_t seed, uint64_t offset, float a, float b);
 
-/* reduce.c */
+/* sum.c */
 ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
                              ch_bmem db, ch_bmem dy, float beta);
 ch_status chi_host_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
                             int64_t inner, ch_bmem y, ch_bmem x);
 ch_status chi_host_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
                           ch_bmem y, ch_bmem x);
+
+/* softmax.c */
 ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
                                 ch_bmem probs, ch_bmem logits, ch_bmem labels);
 ch_status chi_host_softmax_xent_backward(void *stream, int64_t n, int64_t c,

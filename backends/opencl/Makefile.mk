@@ -8,8 +8,8 @@ opencl_kernels = \
 	backends/opencl/common.cl \
 	backends/opencl/elementwise.cl \
 	backends/opencl/gemm.cl \
-	backends/opencl/reduce.cl \
-	backends/opencl/loss.cl \
+	backends/opencl/sum.cl \
+	backends/opencl/softmax.cl \
 	backends/opencl/conv.cl \
 	backends/opencl/rand.cl
 EXTRA_DIST += $(opencl_kernels)

@@ -23,8 +23,8 @@
 typedef enum chcl_prog_id {
     CHCL_P_ELEMENTWISE,
     CHCL_P_GEMM,
-    CHCL_P_REDUCE,
-    CHCL_P_LOSS,
+    CHCL_P_SUM,
+    CHCL_P_SOFTMAX,
     CHCL_P_CONV,
     CHCL_P_RAND,
     CHCL_P_COUNT
@@ -269,8 +269,8 @@ extern const int chcl_enum_count;
 extern const char chcl_src_common[];
 extern const char chcl_src_elementwise[];
 extern const char chcl_src_gemm[];
-extern const char chcl_src_reduce[];
-extern const char chcl_src_loss[];
+extern const char chcl_src_sum[];
+extern const char chcl_src_softmax[];
 extern const char chcl_src_conv[];
 extern const char chcl_src_rand[];
 extern const char chcl_src_philox[];

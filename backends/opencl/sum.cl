@@ -1,5 +1,6 @@
-/* Sums along an axis, argmax and the bias gradient. Every output is computed in a fixed order, so the same inputs
- * give the same bits on every run: either one work-item per output summing
+/* Sums along an axis, argmax and the bias gradient. Every output is
+ * computed in a fixed order, so the same inputs give the same bits on every
+ * run: either one work-item per output summing
  * sequentially, or one work-group per output where each work-item sums a
  * fixed stride and a tree in local memory combines the partial sums. */
 

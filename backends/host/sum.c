@@ -1,5 +1,5 @@
-/* Host ops that combine many elements: sums, means, argmax, bias
- * gradients and the fused softmax-cross-entropy.
+/* Host ops that combine many elements along an axis: sums, means, argmax
+ * and bias gradients.
  *
  * Every result is the same bits whatever the thread count: each output
  * element is summed by one thread in a fixed order, and a long sum is cut
@@ -167,82 +167,5 @@ ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inn
             pdb[c0 + t] = (float)(old + acc[t]);
         }
     }
-    return CH_OK;
-}
-
-/* ---- softmax cross-entropy --------------------------------------------------- */
-
-/* Labels outside [0, C) are an error on every backend (ops.h); the message
- * names the first, as the device backends' do. */
-static ch_status check_labels(const char *fn, const int32_t *labels, int64_t n,
-                              int64_t c)
-{
-    for (int64_t i = 0; i < n; i++)
-        if (labels[i] < 0 || labels[i] >= c)
-            return chi_error(CH_ERR_INVALID_ARGUMENT,
-                             "%s: labels[%lld] = %d is out of [0, %lld)", fn,
-                             (long long)i, (int)labels[i], (long long)c);
-    return CH_OK;
-}
-
-/* One row: probs = softmax(logits) after subtracting the row's max (so exp
- * never overflows); returns -log probs[label]. */
-static double softmax_row(float *probs, const float *logits, int64_t c, int32_t label)
-{
-    float max = logits[0];
-    for (int64_t j = 1; j < c; j++)
-        if (logits[j] > max)
-            max = logits[j];
-    double sum = 0.0;
-    for (int64_t j = 0; j < c; j++)
-        sum += exp((double)logits[j] - max);
-    for (int64_t j = 0; j < c; j++)
-        probs[j] = (float)(exp((double)logits[j] - max) / sum);
-    return log(sum) - ((double)logits[label] - max);
-}
-
-ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
-                                ch_bmem probs, ch_bmem logits, ch_bmem labels)
-{
-    (void)stream;
-    const int32_t *pl = chi_host_i32(labels);
-    ch_status st = check_labels("ch_softmax_xent", pl, n, c);
-    if (st != CH_OK)
-        return st;
-    double *row_loss = malloc((size_t)n * sizeof *row_loss);
-    if (!row_loss)
-        return chi_error(CH_ERR_OUT_OF_MEMORY, "softmax_xent: malloc(%zu) failed",
-                         (size_t)n * sizeof *row_loss);
-    float *pp = chi_host_f32(probs);
-    const float *px = chi_host_f32(logits);
-    CHI_OMP(omp parallel for if (n * c > CHI_HOST_PAR_MIN / 16))
-    for (int64_t i = 0; i < n; i++)
-        row_loss[i] = softmax_row(pp + i * c, px + i * c, c, pl[i]);
-    double total = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        total += row_loss[i];
-    free(row_loss);
-    chi_host_f32(loss)[0] = (float)(total / (double)n);
-    return CH_OK;
-}
-
-ch_status chi_host_softmax_xent_backward(void *stream, int64_t n, int64_t c,
-                                         ch_bmem dlogits, ch_bmem probs,
-                                         ch_bmem labels, float scale)
-{
-    (void)stream;
-    const int32_t *pl = chi_host_i32(labels);
-    ch_status st = check_labels("ch_softmax_xent_backward", pl, n, c);
-    if (st != CH_OK)
-        return st;
-    float *pd = chi_host_f32(dlogits);
-    const float *pp = chi_host_f32(probs);
-    double k = (double)scale / (double)n;
-    CHI_OMP(omp parallel for if (n * c > CHI_HOST_PAR_MIN))
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < c; j++) {
-            double onehot = j == pl[i] ? 1.0 : 0.0;
-            pd[i * c + j] = (float)(k * ((double)pp[i * c + j] - onehot));
-        }
     return CH_OK;
 }
