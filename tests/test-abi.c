@@ -40,18 +40,19 @@ static void check_refused(const char *dir)
     tap_ok(found, "ch_backend_get_info lists the cuda backend");
 }
 
-static void test_wrong_abi(const char *search)
+/* ch_init with the module in the folder $env first on CHORUS_BACKEND_PATH
+ * (`search` after it), `check` on what it made of it, then the path back. */
+static void with_module_first(const char *env, const char *what, const char *search,
+                              void (*check)(const char *dir))
 {
-    const char *dir = getenv("CHORUS_TEST_WRONG_ABI_DIR");
-    if (!tap_ok(dir && *dir, "CHORUS_TEST_WRONG_ABI_DIR names the folder of the wrong "
-                             "module (make check sets it)"))
+    const char *dir = getenv(env);
+    if (!tap_ok(dir && *dir, "%s names the folder of %s (make check sets it)", env, what))
         return;
     char path[8200];
     snprintf(path, sizeof path, "%s:%s", dir, search);
     setenv("CHORUS_BACKEND_PATH", path, 1);
-    if (tap_status_ok(ch_init(), "ch_init with a module of ABI version %d first on the path",
-                      CH_BACKEND_ABI_VERSION - 1)) {
-        check_refused(dir);
+    if (tap_status_ok(ch_init(), "ch_init with %s first on the path", what)) {
+        check(dir);
         ch_device *host = NULL;
         tap_status_ok(ch_device_by_name(&host, "host"), "the host device is still there");
         ch_shutdown();
@@ -61,30 +62,19 @@ static void test_wrong_abi(const char *search)
 
 /* ---- A module without a required slot ---------------------------------------- */
 
-static void test_missing_slot(const char *search)
+static void check_no_alloc(const char *dir)
 {
-    const char *dir = getenv("CHORUS_TEST_MISSING_SLOT_DIR");
-    if (!tap_ok(dir && *dir, "CHORUS_TEST_MISSING_SLOT_DIR names the folder of the module "
-                             "without alloc (make check sets it)"))
-        return;
-    char path[8200];
-    snprintf(path, sizeof path, "%s:%s", dir, search);
-    setenv("CHORUS_BACKEND_PATH", path, 1);
-    if (tap_status_ok(ch_init(), "ch_init with a module without alloc first on the path")) {
-        int found = 0;
-        for (int i = 0; i < ch_backend_count(); i++) {
-            ch_backend_info info;
-            if (ch_backend_get_info(i, &info) != CH_OK || strcmp(info.name, "opencl") != 0)
-                continue;
-            found = 1;
-            tap_ok(!info.available, "the opencl module without alloc is unavailable");
-            tap_ok(strstr(info.detail, "has no alloc slot") && strstr(info.detail, dir),
-                   "its detail names the module and the slot: \"%s\"", info.detail);
-        }
-        tap_ok(found, "ch_backend_get_info lists the opencl backend");
-        ch_shutdown();
+    int found = 0;
+    for (int i = 0; i < ch_backend_count(); i++) {
+        ch_backend_info info;
+        if (ch_backend_get_info(i, &info) != CH_OK || strcmp(info.name, "opencl") != 0)
+            continue;
+        found = 1;
+        tap_ok(!info.available, "the opencl module without alloc is unavailable");
+        tap_ok(strstr(info.detail, "has no alloc slot") && strstr(info.detail, dir),
+               "its detail names the module and the slot: \"%s\"", info.detail);
     }
-    setenv("CHORUS_BACKEND_PATH", search, 1);
+    tap_ok(found, "ch_backend_get_info lists the opencl backend");
 }
 
 /* ---- Enum values beyond a backend's ----------------------------------------- */
@@ -243,8 +233,10 @@ int main(void)
     const char *env = getenv("CHORUS_BACKEND_PATH");
     char search[4096];
     snprintf(search, sizeof search, "%s", env ? env : "");
-    test_wrong_abi(search);
-    test_missing_slot(search);
+    with_module_first("CHORUS_TEST_WRONG_ABI_DIR", "a module of the previous ABI version", search,
+                      check_refused);
+    with_module_first("CHORUS_TEST_MISSING_SLOT_DIR", "a module without alloc", search,
+                      check_no_alloc);
     test_host_values();
     test_module("opencl", search);
     test_module("cuda", search);

@@ -15,17 +15,7 @@ if [ ! -f "$lib" ]; then
     exit 0
 fi
 
-n=0
-failed=0
-ok() {
-    n=$((n + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $n - $2"
-    else
-        echo "not ok $n - $2"
-        failed=1
-    fi
-}
+. "$(dirname "$0")/tap.sh"
 
 # The dynamic symbols a library defines, one per line.
 exported() {
@@ -44,7 +34,7 @@ ok $? "libchorus exports nothing but ch_* and chi_error${extra:+ (also: $extra)}
 for name in opencl cuda; do
     mod=$top/backends/$name/.libs/chorus-$name.so
     if [ ! -f "$mod" ]; then
-        echo "ok $((n = n + 1)) # SKIP the $name module is not built"
+        skip "the $name module is not built"
         continue
     fi
     syms=$(exported "$mod" | tr '\n' ' ')
@@ -52,5 +42,4 @@ for name in opencl cuda; do
     ok $? "chorus-$name.so exports chorus_backend_entry alone (got: $syms)"
 done
 
-echo "1..$n"
-exit $failed
+tap_done

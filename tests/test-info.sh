@@ -10,17 +10,7 @@ if ! command -v python3 >/dev/null 2>&1; then
     exit 0
 fi
 
-n=0
-failed=0
-ok() {
-    n=$((n + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $n - $2"
-    else
-        echo "not ok $n - $2"
-        failed=1
-    fi
-}
+. "$(dirname "$0")/tap.sh"
 
 # ids of the devices in the JSON on stdin, comma-separated; fails if it does
 # not parse, is not one array, or a device lacks a required key.
@@ -62,8 +52,7 @@ if [ -n "${POCL_DEVICES:-}" ] && grep -Eq '^ +opencl +loaded' "$tmp.txt"; then
     *) ok 1 "with POCL_DEVICES=\"$POCL_DEVICES\", opencl:0 and opencl:1 are listed (ids: $ids)" ;;
     esac
 else
-    n=$((n + 1))
-    echo "ok $n # SKIP the OpenCL backend is not loaded or POCL_DEVICES is unset"
+    skip "the OpenCL backend is not loaded or POCL_DEVICES is unset"
 fi
 
 ids=$(CHORUS_DEVICES=host "$info" --json 2>"$tmp.err" | json_ids 2>>"$tmp.err")
@@ -99,9 +88,7 @@ if grep -Eq '^ +opencl +loaded' "$tmp.txt"; then
         grep -Eq '^ +host ' "$tmp.out"
     ok $? "with no OpenCL driver, OpenCL is unavailable with the reason and host still runs: status $status, $(grep -E '^ +opencl ' "$tmp.out" | tr -s ' ')"
 else
-    n=$((n + 1))
-    echo "ok $n # SKIP the OpenCL backend is not loaded here"
+    skip "the OpenCL backend is not loaded here"
 fi
 
-echo "1..$n"
-exit $failed
+tap_done

@@ -14,12 +14,7 @@ if [ ! -r "$data/train-images-idx3-ubyte.gz" ] && [ ! -r "$data/train-images-idx
     exit 0
 fi
 
-n=0
-failed=0
-ok() {
-    n=$((n + 1))
-    if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi
-}
+. "$(dirname "$0")/tap.sh"
 
 # Quick settings shared by every run: the mlp on 2000 samples, host only.
 quick="--data $data --devices host --model mlp --limit 2000 --batch 50 --quiet"
@@ -221,8 +216,7 @@ assert d["steps"] == 25 and d["test_accuracy"] >= 0.6, d
 else
     for what in "learns" "shares" "auto learns" "auto shares" "resume" "accumulate" "all" \
         "all without CHORUS_DEVICES" "peer refused"; do
-        n=$((n + 1))
-        echo "ok $n # SKIP no opencl:0 and opencl:1 for data parallel training ($what)"
+        skip "no opencl:0 and opencl:1 for data parallel training ($what)"
     done
 fi
 
@@ -272,5 +266,4 @@ status=$?
 test "$status" -eq 1 && cmp -s "$tmp/one.st" "$tmp/keep.st"
 ok $? "a corrupt --resume file: exit 1, the existing checkpoint untouched (got $status)"
 
-echo "1..$n"
-exit $failed
+tap_done

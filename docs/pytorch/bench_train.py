@@ -27,20 +27,11 @@ import sys
 import time
 
 
-def build(kind):
-    from torch import nn
-    if kind == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(),
-                             nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-    return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
-
-
 def train_rate(kind, batch, steps):
     import torch
     torch.manual_seed(1)
-    model = build(kind)
+    from models import preset
+    model = preset(kind)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     x = torch.randn(batch, 1, 28, 28)

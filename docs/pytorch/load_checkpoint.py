@@ -18,16 +18,8 @@ import sys
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from torch import nn
 
-
-def model(kind):
-    if kind == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(),
-                             nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-    return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+from models import preset
 
 
 def idx(path):
@@ -51,7 +43,7 @@ def main():
     mean = float(meta.get("input_mean", 0.2860))
     std = float(meta.get("input_std", 0.3530))
     weights = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
-    net = model(kind)
+    net = preset(kind)
     net.load_state_dict(weights, strict=True)
     print("loaded", len(weights), "tensors into", kind)
     if len(sys.argv) > 3:
