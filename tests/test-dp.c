@@ -11,7 +11,6 @@
 
 #include "tap.h"
 #include "../nn/nn.h" /* chi_dp_fail_next, the fault-injection hook */
-#include <time.h>
 
 enum { BATCH = 24, HALF = BATCH / 2, STEPS = 20 };
 
@@ -201,14 +200,12 @@ static void equivalent(const char *what, ch_device **devs, int n, const char *na
     ch_module_free(m);
 }
 
-static double seconds_since(const struct timespec *t0)
-{
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
-}
+/* A failure must end the step at once, not after a timeout or never; the
+ * bound is loose enough for a loaded machine (the step itself takes
+ * milliseconds). */
+#define PROMPT_SECONDS 10.0
 
-/* A replica that fails mid-step: the step returns its error quickly, and
+/* A replica that fails mid-step: the step returns its error promptly, and
  * the next step and the teardown neither hang nor fail. */
 static void test_fault(ch_module *model, ch_device **devs, int n, const char *names,
                        ch_dp_options o, const char *what, const batches *bs)
@@ -217,30 +214,34 @@ static void test_fault(ch_module *model, ch_device **devs, int n, const char *na
     if (!tap_status_ok(ch_dp_new(&dp, model, devs, n, &o), "a dp over %s (%s)", names, what))
         return;
     float loss = 0;
-    struct timespec t0;
     chi_dp_fail_next(dp, 1);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = ch_clock_seconds();
     ch_status st = ch_dp_step(dp, &loss, &bs->b[0], 0.05f);
-    double secs = seconds_since(&t0);
+    double secs = ch_clock_seconds() - t0;
     tap_status_is(st, CH_ERR_INTERNAL, "replica 1", "%s: a failing replica's error is "
                   "returned, naming it", what);
-    tap_ok(secs < 1.0, "%s: ... within a second (%.3f s)", what, secs);
+    tap_ok(secs < PROMPT_SECONDS, "%s: ... promptly (%.3f s, want < %.0f)", what, secs,
+           PROMPT_SECONDS);
     /* The reducer thread failing instead: the workers stop waiting for it. */
     chi_dp_fail_reduce_next(dp);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = ch_clock_seconds();
     st = ch_dp_step(dp, &loss, &bs->b[0], 0.05f);
     if (st == CH_OK && o.accumulate > 1) /* a micro-batch reduces nothing: the next does */
         st = ch_dp_step(dp, &loss, &bs->b[0], 0.05f);
-    secs = seconds_since(&t0);
+    secs = ch_clock_seconds() - t0;
     tap_status_is(st, CH_ERR_INTERNAL, "reducing gradients", "%s: a failing reduction's "
                   "error is returned, naming it", what);
-    tap_ok(secs < 1.0, "%s: ... within a second (%.3f s)", what, secs);
+    tap_ok(secs < PROMPT_SECONDS, "%s: ... promptly (%.3f s, want < %.0f)", what, secs,
+           PROMPT_SECONDS);
     st = ch_dp_step(dp, &loss, &bs->b[1], 0.05f);
     tap_status_ok(st, "%s: the next step runs", what);
     tap_ok(loss > 0.0f && loss < 4.0f, "%s: ... with a finite, positive loss (%.4f)", what,
            loss);
+    t0 = ch_clock_seconds();
     ch_dp_free(dp);
-    tap_ok(1, "%s: teardown after a failure returns", what);
+    secs = ch_clock_seconds() - t0;
+    tap_ok(secs < PROMPT_SECONDS, "%s: teardown after a failure returns promptly (%.3f s)", what,
+           secs);
 }
 
 /* Outputs and accuracy over the replicas against one model. */

@@ -5,7 +5,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "philox.h"
 #include "ref.h"
@@ -1256,16 +1255,9 @@ static void test_random_vs_host(ch_device *dev, ch_device *host)
 
 /* ---- Main ---------------------------------------------------------------- */
 
-static double seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void test_device(ch_device *dev)
 {
-    double t0 = seconds();
+    double t0 = ch_clock_seconds();
     test_data_movement(dev);
     test_gemms(dev);
     test_elementwise(dev);
@@ -1280,7 +1272,7 @@ static void test_device(ch_device *dev)
     test_optimizers(dev);
     test_random(dev);
     test_views(dev);
-    tap_diag("%s: %.1f s", ch_device_id(dev), seconds() - t0);
+    tap_diag("%s: %.1f s", ch_device_id(dev), ch_clock_seconds() - t0);
 }
 
 int main(void)
