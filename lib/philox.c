@@ -9,5 +9,5 @@
 void ch_philox4x32(uint32_t ctr[4], uint64_t key)
 {
     if (ctr)
-        ch_philox4x32_10(ctr, (uint32_t)key, (uint32_t)(key >> 32));
+        chi_philox4x32_10(ctr, (uint32_t)key, (uint32_t)(key >> 32));
 }

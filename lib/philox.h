@@ -11,62 +11,62 @@
 #ifdef __OPENCL_VERSION__
 /* No fused multiply-adds: they would change the bits of a + b * u. */
 #pragma OPENCL FP_CONTRACT OFF
-typedef uint ch_philox_u32;
-typedef ulong ch_philox_u64;
-#define CH_PHILOX_FN
-#define CH_PHILOX_SQRT sqrt
-#define CH_PHILOX_LOG log
-#define CH_PHILOX_COS cos
+typedef uint chi_philox_u32;
+typedef ulong chi_philox_u64;
+#define CHI_PHILOX_FN
+#define CHI_PHILOX_SQRT sqrt
+#define CHI_PHILOX_LOG log
+#define CHI_PHILOX_COS cos
 #else
 #include <math.h>
 #include <stdint.h>
-typedef uint32_t ch_philox_u32;
-typedef uint64_t ch_philox_u64;
+typedef uint32_t chi_philox_u32;
+typedef uint64_t chi_philox_u64;
 #ifdef __CUDACC__
-#define CH_PHILOX_FN __host__ __device__ static inline
+#define CHI_PHILOX_FN __host__ __device__ static inline
 #else
-#define CH_PHILOX_FN static inline
+#define CHI_PHILOX_FN static inline
 #endif
-#define CH_PHILOX_SQRT sqrtf
-#define CH_PHILOX_LOG logf
-#define CH_PHILOX_COS cosf
+#define CHI_PHILOX_SQRT sqrtf
+#define CHI_PHILOX_LOG logf
+#define CHI_PHILOX_COS cosf
 #endif
 
-#define CH_PHILOX_M0 0xD2511F53u
-#define CH_PHILOX_M1 0xCD9E8D57u
-#define CH_PHILOX_W0 0x9E3779B9u
-#define CH_PHILOX_W1 0xBB67AE85u
+#define CHI_PHILOX_M0 0xD2511F53u
+#define CHI_PHILOX_M1 0xCD9E8D57u
+#define CHI_PHILOX_W0 0x9E3779B9u
+#define CHI_PHILOX_W1 0xBB67AE85u
 
-CH_PHILOX_FN void ch_philox4x32_10(ch_philox_u32 ctr[4], ch_philox_u32 k0, ch_philox_u32 k1)
+CHI_PHILOX_FN void chi_philox4x32_10(chi_philox_u32 ctr[4], chi_philox_u32 k0, chi_philox_u32 k1)
 {
     for (int r = 0; r < 10; r++) {
-        ch_philox_u64 p0 = (ch_philox_u64)CH_PHILOX_M0 * ctr[0];
-        ch_philox_u64 p1 = (ch_philox_u64)CH_PHILOX_M1 * ctr[2];
-        ch_philox_u32 hi0 = (ch_philox_u32)(p0 >> 32), lo0 = (ch_philox_u32)p0;
-        ch_philox_u32 hi1 = (ch_philox_u32)(p1 >> 32), lo1 = (ch_philox_u32)p1;
-        ch_philox_u32 c0 = hi1 ^ ctr[1] ^ k0;
-        ch_philox_u32 c2 = hi0 ^ ctr[3] ^ k1;
+        chi_philox_u64 p0 = (chi_philox_u64)CHI_PHILOX_M0 * ctr[0];
+        chi_philox_u64 p1 = (chi_philox_u64)CHI_PHILOX_M1 * ctr[2];
+        chi_philox_u32 hi0 = (chi_philox_u32)(p0 >> 32), lo0 = (chi_philox_u32)p0;
+        chi_philox_u32 hi1 = (chi_philox_u32)(p1 >> 32), lo1 = (chi_philox_u32)p1;
+        chi_philox_u32 c0 = hi1 ^ ctr[1] ^ k0;
+        chi_philox_u32 c2 = hi0 ^ ctr[3] ^ k1;
         ctr[0] = c0;
         ctr[1] = lo1;
         ctr[2] = c2;
         ctr[3] = lo0;
-        k0 += CH_PHILOX_W0;
-        k1 += CH_PHILOX_W1;
+        k0 += CHI_PHILOX_W0;
+        k1 += CHI_PHILOX_W1;
     }
 }
 
 /* The two words element `index` of a stream draws from: the counter
  * (index low, index high, 0, 0) under the key (seed low, seed high). */
-CH_PHILOX_FN void ch_philox_words(ch_philox_u64 seed, ch_philox_u64 index, ch_philox_u32 *w0,
-                                  ch_philox_u32 *w1)
+CHI_PHILOX_FN void chi_philox_words(chi_philox_u64 seed, chi_philox_u64 index, chi_philox_u32 *w0,
+                                  chi_philox_u32 *w1)
 {
-    ch_philox_u32 ctr[4] = {(ch_philox_u32)index, (ch_philox_u32)(index >> 32), 0u, 0u};
-    ch_philox4x32_10(ctr, (ch_philox_u32)seed, (ch_philox_u32)(seed >> 32));
+    chi_philox_u32 ctr[4] = {(chi_philox_u32)index, (chi_philox_u32)(index >> 32), 0u, 0u};
+    chi_philox4x32_10(ctr, (chi_philox_u32)seed, (chi_philox_u32)(seed >> 32));
     *w0 = ctr[0];
     *w1 = ctr[1];
 }
 
-CH_PHILOX_FN float ch_philox_unit(ch_philox_u32 w) /* [0, 1) */
+CHI_PHILOX_FN float chi_philox_unit(chi_philox_u32 w) /* [0, 1) */
 {
     return (float)(w >> 8) * (1.0f / 16777216.0f);
 }
@@ -74,35 +74,35 @@ CH_PHILOX_FN float ch_philox_unit(ch_philox_u32 w) /* [0, 1) */
 /* ---- One element of each stream of ops.h, in float ----------------------- */
 
 /* lo + (hi - lo) u: the same bits on every backend. */
-CH_PHILOX_FN float ch_philox_uniform(ch_philox_u64 seed, ch_philox_u64 index, float lo, float hi)
+CHI_PHILOX_FN float chi_philox_uniform(chi_philox_u64 seed, chi_philox_u64 index, float lo, float hi)
 {
-    ch_philox_u32 w0, w1;
-    ch_philox_words(seed, index, &w0, &w1);
-    return lo + (hi - lo) * ch_philox_unit(w0);
+    chi_philox_u32 w0, w1;
+    chi_philox_words(seed, index, &w0, &w1);
+    return lo + (hi - lo) * chi_philox_unit(w0);
 }
 
 /* u >= p ? keep : 0, keep = 1 / (1 - p) computed once by the caller in
  * float: the same bits on every backend. */
-CH_PHILOX_FN float ch_philox_dropout(ch_philox_u64 seed, ch_philox_u64 index, float p,
+CHI_PHILOX_FN float chi_philox_dropout(chi_philox_u64 seed, chi_philox_u64 index, float p,
                                      float keep)
 {
-    ch_philox_u32 w0, w1;
-    ch_philox_words(seed, index, &w0, &w1);
-    return ch_philox_unit(w0) >= p ? keep : 0.0f;
+    chi_philox_u32 w0, w1;
+    chi_philox_words(seed, index, &w0, &w1);
+    return chi_philox_unit(w0) >= p ? keep : 0.0f;
 }
 
 /* mean + std z, z = sqrt(-2 ln u1) cos(2 pi u2) with u1 in (0, 1] (never 0,
  * so the log is finite) and u2 in [0, 1): the same u1 and u2 everywhere,
  * but sqrt, log and cos are each device's own. */
-CH_PHILOX_FN float ch_philox_normal(ch_philox_u64 seed, ch_philox_u64 index, float mean,
+CHI_PHILOX_FN float chi_philox_normal(chi_philox_u64 seed, chi_philox_u64 index, float mean,
                                     float std)
 {
-    ch_philox_u32 w0, w1;
-    ch_philox_words(seed, index, &w0, &w1);
+    chi_philox_u32 w0, w1;
+    chi_philox_words(seed, index, &w0, &w1);
     float u1 = (float)((w0 >> 8) + 1u) * (1.0f / 16777216.0f);
-    float u2 = ch_philox_unit(w1);
-    float z = CH_PHILOX_SQRT(-2.0f * CH_PHILOX_LOG(u1)) *
-              CH_PHILOX_COS(6.28318530717958647692f * u2);
+    float u2 = chi_philox_unit(w1);
+    float z = CHI_PHILOX_SQRT(-2.0f * CHI_PHILOX_LOG(u1)) *
+              CHI_PHILOX_COS(6.28318530717958647692f * u2);
     return mean + std * z;
 }
 

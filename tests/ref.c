@@ -413,8 +413,8 @@ void ref_rand_uniform(float *y, int64_t n, uint64_t seed, uint64_t offset, float
 {
     for (int64_t i = 0; i < n; i++) {
         uint32_t w0, w1;
-        ch_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
-        y[i] = lo + (hi - lo) * ch_philox_unit(w0);
+        chi_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
+        y[i] = lo + (hi - lo) * chi_philox_unit(w0);
     }
 }
 
@@ -423,7 +423,7 @@ void ref_rand_normal(double *y, int64_t n, uint64_t seed, uint64_t offset, doubl
 {
     for (int64_t i = 0; i < n; i++) {
         uint32_t w0, w1;
-        ch_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
+        chi_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
         double u1 = ((double)(w0 >> 8) + 1.0) / 16777216.0;
         double u2 = (double)(w1 >> 8) / 16777216.0;
         y[i] = mean + std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
@@ -435,7 +435,7 @@ void ref_rand_normal_mag(double *mag, int64_t n, uint64_t seed, uint64_t offset,
 {
     for (int64_t i = 0; i < n; i++) {
         uint32_t w0, w1;
-        ch_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
+        chi_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
         double u1 = ((double)(w0 >> 8) + 1.0) / 16777216.0;
         mag[i] = fabs(mean) + fabs(std) * sqrt(-2.0 * log(u1));
     }
@@ -446,8 +446,8 @@ void ref_dropout_mask(float *y, int64_t n, uint64_t seed, uint64_t offset, float
     float keep = 1.0f / (1.0f - p);
     for (int64_t i = 0; i < n; i++) {
         uint32_t w0, w1;
-        ch_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
-        y[i] = ch_philox_unit(w0) >= p ? keep : 0.0f;
+        chi_philox_words(seed, offset + (uint64_t)i, &w0, &w1);
+        y[i] = chi_philox_unit(w0) >= p ? keep : 0.0f;
     }
 }
 

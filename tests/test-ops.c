@@ -42,7 +42,7 @@ static float *narrow(tcase *c, const double *x, int64_t n)
 static void philox_kat(const uint32_t in[4], uint32_t k0, uint32_t k1, const uint32_t want[4])
 {
     uint32_t ctr[4] = {in[0], in[1], in[2], in[3]};
-    ch_philox4x32_10(ctr, k0, k1);
+    chi_philox4x32_10(ctr, k0, k1);
     tap_ok(memcmp(ctr, want, sizeof ctr) == 0,
            "philox4x32-10 KAT ctr %08x %08x %08x %08x key %08x %08x: got %08x %08x %08x "
            "%08x, want %08x %08x %08x %08x",
@@ -667,10 +667,11 @@ static void test_maxpool_backward_stray(ch_device *dev, int64_t h, int64_t w,
     memcpy(stray, idx, (size_t)ny * sizeof *idx);
     float *dy_kept = tc_floats(&c, ny);
     memcpy(dy_kept, dy, (size_t)ny * sizeof *dy);
-    /* Plane 1: below the plane, past it, far past it, and the last
-     * output's choice given to the first output (whose window it is not). */
-    const int32_t bad[4] = {-1, (int32_t)(h * w), INT32_MAX, idx[2 * plane_out - 1]};
-    for (int i = 0; i < 4; i++) {
+    /* Plane 1: below the plane, far below, past it, far past it, and the
+     * last output's choice given to the first output (whose window it is
+     * not). */
+    const int32_t bad[5] = {-1, INT32_MIN, (int32_t)(h * w), INT32_MAX, idx[2 * plane_out - 1]};
+    for (int i = 0; i < 5; i++) {
         stray[plane_out + i] = bad[i];
         dy_kept[plane_out + i] = 0.0f;
     }

@@ -12,11 +12,11 @@ __global__ void rand_kernel(float *y, int64_t n, uint64_t seed, uint64_t offset,
     {
         uint64_t index = offset + (uint64_t)i;
         if (K == CH_RAND_UNIFORM)
-            y[i] = ch_philox_uniform(seed, index, a, b);
+            y[i] = chi_philox_uniform(seed, index, a, b);
         else if (K == CH_RAND_NORMAL)
-            y[i] = ch_philox_normal(seed, index, a, b);
+            y[i] = chi_philox_normal(seed, index, a, b);
         else
-            y[i] = ch_philox_dropout(seed, index, a, b); /* b = 1 / (1 - p) */
+            y[i] = chi_philox_dropout(seed, index, a, b); /* b = 1 / (1 - p) */
     }
 }
 

@@ -345,8 +345,10 @@ static void unpool_plane_2x2(float *restrict dx, const float *restrict dy,
     int64_t plane_out = g->oh * g->ow;
     CHI_OMP(omp simd)
     for (int64_t o = 0; o < plane_out; o++) {
-        int32_t rel = idx[o] - corner[o];
-        int32_t in = -(int32_t)(((uint32_t)rel < 2u) | ((uint32_t)(rel - w) < 2u));
+        /* Unsigned: an index anywhere in int32's range (INT32_MIN too) is
+         * only compared, never overflowed. */
+        uint32_t rel = (uint32_t)idx[o] - (uint32_t)corner[o];
+        int32_t in = -(int32_t)((rel < 2u) | (rel - (uint32_t)w < 2u));
         at[o] = (idx[o] & in) | ~in; /* -1 where skipped */
     }
     memset(dx, 0, (size_t)(g->h * g->w) * sizeof *dx);

@@ -237,18 +237,18 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
     case CH_RAND_UNIFORM:
         CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
         for (int64_t i = 0; i < n; i++)
-            py[i] = ch_philox_uniform(seed, offset + (uint64_t)i, a, b);
+            py[i] = chi_philox_uniform(seed, offset + (uint64_t)i, a, b);
         return CH_OK;
     case CH_RAND_NORMAL:
         CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
         for (int64_t i = 0; i < n; i++)
-            py[i] = ch_philox_normal(seed, offset + (uint64_t)i, a, b);
+            py[i] = chi_philox_normal(seed, offset + (uint64_t)i, a, b);
         return CH_OK;
     case CH_RAND_DROPOUT: {
         float keep = 1.0f / (1.0f - a);
         CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
         for (int64_t i = 0; i < n; i++)
-            py[i] = ch_philox_dropout(seed, offset + (uint64_t)i, a, keep);
+            py[i] = chi_philox_dropout(seed, offset + (uint64_t)i, a, keep);
         return CH_OK;
     }
     case CH_RAND_COUNT:

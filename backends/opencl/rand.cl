@@ -14,9 +14,9 @@ __kernel void rand(__global float *y, ulong yo, int n, ulong seed, ulong offset,
     ulong index = offset + (ulong)i;
     float r;
     switch (kind) {
-    case CH_RAND_UNIFORM: r = ch_philox_uniform(seed, index, a, b); break;
-    case CH_RAND_NORMAL: r = ch_philox_normal(seed, index, a, b); break;
-    case CH_RAND_DROPOUT: r = ch_philox_dropout(seed, index, a, b); break;
+    case CH_RAND_UNIFORM: r = chi_philox_uniform(seed, index, a, b); break;
+    case CH_RAND_NORMAL: r = chi_philox_normal(seed, index, a, b); break;
+    case CH_RAND_DROPOUT: r = chi_philox_dropout(seed, index, a, b); break;
     default: r = NAN; break;
     }
     y[yo + i] = r;
