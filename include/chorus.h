@@ -17,11 +17,11 @@
  *     logits, labels);
  *   - a call that acts on an object takes that object first, then what it
  *     writes, then what it reads: ch_module_forward(m, &y, x),
- *     ch_dp_step(dp, &loss, batch, lr), ch_device_get_info(dev, &info),
- *     ch_dataset_get(ds, image, &label, index). An index that picks the
- *     object, or a part of it, comes with the object
- *     (ch_backend_get_info(index, &info), ch_module_param(m, index, &name,
- *     &value, &grad)); the length of output arrays follows them
+ *     ch_dp_step(dp, &loss, batch, lr), ch_device_get_info(dev, &info).
+ *     An index that picks the object, or a part of it, comes with the
+ *     object (ch_backend_get_info(index, &info), ch_dataset_get(ds, index,
+ *     image, &label), ch_module_param(m, index, &name, &value, &grad));
+ *     the length of output arrays follows them
  *     (ch_dp_last_step(dp, counts, seconds, n)); a checkpoint's file comes
  *     first (ch_checkpoint_load(path, model, opt, &state)).
  *

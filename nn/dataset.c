@@ -446,7 +446,7 @@ int64_t ch_dataset_sample_numel(const ch_dataset *ds)
 
 int ch_dataset_classes(const ch_dataset *ds) { return ds ? ds->classes : 0; }
 
-ch_status ch_dataset_get(const ch_dataset *ds, float *image, int32_t *label, int64_t index)
+ch_status ch_dataset_get(const ch_dataset *ds, int64_t index, float *image, int32_t *label)
 {
     if (!ds)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dataset_get: ds is NULL");

@@ -42,7 +42,7 @@ static void check_content(const ch_dataset *ds, float mean, float std, const cha
     float image[ROWS * COLS];
     int32_t label = -1;
     for (int64_t i = 0; i < ch_dataset_size(ds); i++) {
-        if (ch_dataset_get(ds, image, &label, i) != CH_OK) {
+        if (ch_dataset_get(ds, i, image, &label) != CH_OK) {
             tap_ok(0, "%s: ch_dataset_get(%lld): %s", what, (long long)i, ch_last_error());
             return;
         }
@@ -289,11 +289,11 @@ static void test_get_and_head(const char *img, const char *lab)
         return;
     float image[ROWS * COLS];
     int32_t label;
-    tap_status_is(ch_dataset_get(ds, image, &label, N), CH_ERR_INVALID_ARGUMENT,
+    tap_status_is(ch_dataset_get(ds, N, image, &label), CH_ERR_INVALID_ARGUMENT,
                   "index is 1000, expected 0 to 999", "get: index past the end");
-    tap_status_is(ch_dataset_get(ds, image, &label, -1), CH_ERR_INVALID_ARGUMENT,
+    tap_status_is(ch_dataset_get(ds, -1, image, &label), CH_ERR_INVALID_ARGUMENT,
                   "index is -1", "get: negative index");
-    tap_status_is(ch_dataset_get(ds, NULL, &label, 0), CH_ERR_INVALID_ARGUMENT,
+    tap_status_is(ch_dataset_get(ds, 0, NULL, &label), CH_ERR_INVALID_ARGUMENT,
                   "image is NULL", "get: image NULL");
     tap_status_is(ch_dataset_head(&head, ds, N + 1), CH_ERR_INVALID_ARGUMENT,
                   "count is 1001, expected 1 to 1000", "head: more than the data set");
@@ -302,13 +302,13 @@ static void test_get_and_head(const char *img, const char *lab)
     if (tap_status_ok(ch_dataset_head(&head, ds, 17), "head of 17")) {
         float a[ROWS * COLS], b[ROWS * COLS];
         int32_t la, lb;
-        int same = ch_dataset_get(head, a, &la, 16) == CH_OK &&
-                   ch_dataset_get(ds, b, &lb, 16) == CH_OK && memcmp(a, b, sizeof a) == 0 &&
+        int same = ch_dataset_get(head, 16, a, &la) == CH_OK &&
+                   ch_dataset_get(ds, 16, b, &lb) == CH_OK && memcmp(a, b, sizeof a) == 0 &&
                    la == lb;
         tap_ok(ch_dataset_size(head) == 17, "head: size %lld, want 17",
                (long long)ch_dataset_size(head));
         tap_ok(same, "head: sample 16 equals the source's sample 16");
-        tap_status_is(ch_dataset_get(head, a, &la, 17), CH_ERR_INVALID_ARGUMENT,
+        tap_status_is(ch_dataset_get(head, 17, a, &la), CH_ERR_INVALID_ARGUMENT,
                       "index is 17, expected 0 to 16", "head: sample 17 is out of range");
     }
     ch_dataset_free(head);

@@ -51,7 +51,7 @@ static void check_batch(run *r, const ch_batch *b, int64_t epoch, int64_t first)
         float want[NUMEL];
         int32_t label;
         int64_t index = b->indices[k];
-        if (ch_dataset_get(ds, want, &label, index) != CH_OK) {
+        if (ch_dataset_get(ds, index, want, &label) != CH_OK) {
             problem(r, &r->content_ok, "index %lld (sample %lld) is not in the data set",
                     (long long)index, (long long)r->n);
         } else if (memcmp(want, images + (size_t)k * NUMEL, sizeof want) != 0 ||

@@ -58,8 +58,8 @@ CH_API int ch_dataset_sample_shape(const ch_dataset *ds, int64_t shape[CH_MAX_DI
 CH_API int64_t ch_dataset_sample_numel(const ch_dataset *ds);
 CH_API int ch_dataset_classes(const ch_dataset *ds);
 /* Copy sample `index` into `image` (sample_numel floats) and `*label`. */
-CH_API ch_status ch_dataset_get(const ch_dataset *ds, float *image, int32_t *label,
-                                int64_t index);
+CH_API ch_status ch_dataset_get(const ch_dataset *ds, int64_t index, float *image,
+                                int32_t *label);
 /* A data set of the first `count` samples of `ds` (sharing its memory; ds
  * must outlive it): for short runs and tests. */
 CH_API ch_status ch_dataset_head(ch_dataset **out, const ch_dataset *ds, int64_t count);
