@@ -239,6 +239,15 @@ static inline ch_status chi_unknown_enum(const char *backend, const char *slot,
                      backend, slot, what, value, count - 1, CH_BACKEND_ABI_VERSION);
 }
 
+/* What every backend answers for a label outside [0, classes) in the
+ * softmax-cross-entropy slots: `row` is the first row that has one. */
+static inline ch_status chi_bad_label(const char *fn, int64_t row, int64_t label,
+                                      int64_t classes)
+{
+    return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: labels[%lld] = %lld is out of [0, %lld)", fn,
+                     (long long)row, (long long)label, (long long)classes);
+}
+
 /* Whether `value` is one of the `count` values of its enum. */
 static inline int chi_enum_known(int value, int count)
 {

@@ -36,8 +36,7 @@ static ch_status labels_check(const chcu_stream *s, const char *fn, const unsign
     st = read_back(s, &label, labels + row, sizeof label);
     if (st)
         return st;
-    return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: labels[%u] = %d is out of [0, %lld)", fn, row,
-                     (int)label, (long long)c);
+    return chi_bad_label(fn, row, label, c);
 }
 
 __device__ static float warp_max(float v)

@@ -17,9 +17,7 @@ static ch_status check_labels(const char *fn, const int32_t *labels, int64_t n,
 {
     for (int64_t i = 0; i < n; i++)
         if (labels[i] < 0 || labels[i] >= c)
-            return chi_error(CH_ERR_INVALID_ARGUMENT,
-                             "%s: labels[%lld] = %d is out of [0, %lld)", fn,
-                             (long long)i, (int)labels[i], (long long)c);
+            return chi_bad_label(fn, i, labels[i], c);
     return CH_OK;
 }
 

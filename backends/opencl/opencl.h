@@ -111,6 +111,7 @@ typedef struct chcl_device {
 typedef struct chcl_stream {
     chcl_device *dev;
     cl_command_queue queue;
+    cl_mem flag;                   /* the loss slots' bad-label word, NULL until used */
 } chcl_stream;
 
 typedef struct chcl_event {

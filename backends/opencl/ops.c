@@ -141,19 +141,22 @@ static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
 
 #define NO_ROW 0xffffffffu
 
-/* A scratch word holding NO_ROW once the stream gets there. */
-static ch_status flag_new(chcl_stream *s, cl_mem *flag)
+/* The stream's flag word (made on first use, kept with the stream), set
+ * to NO_ROW once the stream gets there. */
+static ch_status flag_reset(chcl_stream *s, cl_mem *flag)
 {
-    ch_status st = chcl_scratch_new(s->dev, sizeof(cl_uint), flag);
-    if (st != CH_OK)
-        return st;
+    if (!s->flag) {
+        ch_status st = chcl_scratch_new(s->dev, sizeof(cl_uint), &s->flag);
+        if (st != CH_OK)
+            return st;
+    }
     cl_uint none = NO_ROW;
-    cl_int err = clEnqueueFillBuffer(s->queue, *flag, &none, sizeof none, 0, sizeof none, 0,
+    cl_int err = clEnqueueFillBuffer(s->queue, s->flag, &none, sizeof none, 0, sizeof none, 0,
                                      NULL, NULL);
-    if (err == CL_SUCCESS)
-        return CH_OK;
-    clReleaseMemObject(*flag);
-    return chcl_err(err, "clEnqueueFillBuffer");
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clEnqueueFillBuffer");
+    *flag = s->flag;
+    return CH_OK;
 }
 
 /* Waits for the flag; the error names the first bad row and its label. */
@@ -173,8 +176,7 @@ static ch_status labels_check(chcl_stream *s, const char *fn, cl_mem flag, ch_bm
                               NULL, NULL);
     if (err != CL_SUCCESS)
         return chcl_err(err, "clEnqueueReadBuffer");
-    return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: labels[%u] = %d is out of [0, %lld)", fn,
-                     (unsigned)row, (int)label, (long long)c);
+    return chi_bad_label(fn, row, label, c);
 }
 
 static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem probs,
@@ -201,15 +203,13 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
         st = chcl_scratch_new(s->dev, (size_t)n * sizeof(cl_float), &rows);
     if (st != CH_OK)
         return st;
-    st = flag_new(s, &flag);
-    if (st == CH_OK) {
+    st = flag_reset(s, &flag);
+    if (st == CH_OK)
         st = softmax_rows(s, n, c, probs, rows, logits, labels, flag);
-        if (st == CH_OK)
-            st = loss_mean(s, loss, rows, n);
-        if (st == CH_OK)
-            st = labels_check(s, "ch_softmax_xent", flag, labels, c);
-        clReleaseMemObject(flag);
-    }
+    if (st == CH_OK)
+        st = loss_mean(s, loss, rows, n);
+    if (st == CH_OK)
+        st = labels_check(s, "ch_softmax_xent", flag, labels, c);
     clReleaseMemObject(rows);
     return st;
 }
@@ -221,7 +221,7 @@ ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
     ch_status st = check_3d("softmax_xent_backward", n, c, 1);
     cl_mem flag = NULL;
     if (st == CH_OK)
-        st = flag_new(s, &flag);
+        st = flag_reset(s, &flag);
     if (st != CH_OK)
         return st;
     chcl_ref D = chcl_ref_of(dlogits), P = chcl_ref_of(probs), LB = chcl_ref_of(labels);
@@ -232,7 +232,6 @@ ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
     st = chcl_launch1(s, CHCL_K_SOFTMAX_BACKWARD, CHCL_COUNT_OF(args), args, total);
     if (st == CH_OK)
         st = labels_check(s, "ch_softmax_xent_backward", flag, labels, c);
-    clReleaseMemObject(flag);
     return st;
 }
 

@@ -9,7 +9,7 @@
 ch_status chcl_stream_new(void *dev, void **stream)
 {
     chcl_device *d = dev;
-    chcl_stream *s = malloc(sizeof *s);
+    chcl_stream *s = calloc(1, sizeof *s);
     if (!s)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "opencl stream_new: %zu bytes", sizeof *s);
     cl_int err;
@@ -30,6 +30,8 @@ void chcl_stream_free(void *stream)
         return;
     /* Commands still queued finish first, then the queue goes. */
     clFinish(s->queue);
+    if (s->flag)
+        clReleaseMemObject(s->flag);
     clReleaseCommandQueue(s->queue);
     free(s);
 }
