@@ -84,12 +84,13 @@ static int linear_gemms(gemm_shape *g, int batch, int in, int out, int want_dx)
     return n;
 }
 
-/* A 3x3 convolution over `pixels` output positions per sample as the
- * Conv2d module runs it: forward y = W col, backward dW += dy col^T and,
- * unless it is the first layer, dcol = W^T dy. */
-static int conv_gemms(gemm_shape *g, int batch, int in, int out, int pixels, int want_dx)
+/* A convolution with `ckk` = C*kh*kw inputs per output over `pixels`
+ * output positions per sample as the Conv2d module runs it: forward
+ * y = W col, backward dW += dy col^T and, unless it is the first layer,
+ * dcol = W^T dy. */
+static int conv_gemms(gemm_shape *g, int batch, int ckk, int out, int pixels, int want_dx)
 {
-    int n = 0, ckk = in * 9, cols = batch * pixels;
+    int n = 0, cols = batch * pixels;
     g[n++] = (gemm_shape){0, 0, out, cols, ckk, 0};
     g[n++] = (gemm_shape){0, 1, out, ckk, cols, 1};
     if (want_dx)
@@ -97,20 +98,43 @@ static int conv_gemms(gemm_shape *g, int batch, int in, int out, int pixels, int
     return n;
 }
 
-/* The GEMMs of one training step of the preset `model`. */
+/* The GEMMs of one training step of the preset `model`, read off the
+ * model itself: its layers run one by one on the host, each Linear and
+ * Conv2d giving its shapes (a convolution's output plane from its output). */
 static int step_gemms(gemm_shape *g, const char *model, int batch)
 {
-    int n = 0;
-    if (strcmp(model, "mlp") == 0) {
-        n += linear_gemms(g + n, batch, 784, 512, 0);
-        n += linear_gemms(g + n, batch, 512, 512, 1);
-        n += linear_gemms(g + n, batch, 512, 10, 1);
-    } else {
-        n += conv_gemms(g + n, batch, 1, 32, 28 * 28, 0);
-        n += conv_gemms(g + n, batch, 32, 64, 14 * 14, 1);
-        n += linear_gemms(g + n, batch, 3136, 128, 1);
-        n += linear_gemms(g + n, batch, 128, 10, 1);
+    ch_device *host;
+    ch_module *m = NULL;
+    ch_tensor *x = NULL;
+    int64_t xs[4] = {batch, 1, 28, 28};
+    BENCH_CHECK(ch_device_by_name(&host, "host"));
+    BENCH_CHECK(ch_nn_preset(&m, model));
+    BENCH_CHECK(ch_tensor_new(&x, host, CH_F32, 4, xs));
+    BENCH_CHECK(ch_fill(x, 0.5));
+    const ch_tensor *in = x;
+    int n = 0, first = 1;
+    for (int i = 0; i < ch_module_child_count(m); i++) {
+        ch_module *c = ch_module_child(m, i);
+        ch_tensor *y, *w;
+        BENCH_CHECK(ch_module_forward(c, &y, in));
+        in = y;
+        if (ch_module_param_count(c) == 0)
+            continue;
+        if (n + 3 > MAX_GEMMS) {
+            fprintf(stderr, "bench-train: %s has more than %d GEMMs\n", model, MAX_GEMMS);
+            exit(1);
+        }
+        BENCH_CHECK(ch_module_param(c, 0, NULL, &w, NULL));
+        int out = (int)ch_tensor_dim(w, 0), fan_in = (int)(ch_tensor_numel(w) / out);
+        if (strcmp(ch_module_kind(c), "Conv2d") == 0)
+            n += conv_gemms(g + n, batch, fan_in, out,
+                            (int)(ch_tensor_dim(y, 2) * ch_tensor_dim(y, 3)), !first);
+        else
+            n += linear_gemms(g + n, batch, fan_in, out, !first);
+        first = 0;
     }
+    ch_tensor_free(x);
+    ch_module_free(m);
     return n;
 }
 

@@ -17,6 +17,7 @@ libchorus_la_SOURCES = \
 	lib/version.c \
 	lib/philox.c \
 	lib/error.h \
+	lib/omp.h \
 	lib/core.h \
 	lib/backend.h \
 	lib/discover.h \
@@ -25,7 +26,10 @@ libchorus_la_SOURCES = \
 	lib/optim_consts.h
 libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
 libchorus_la_LIBADD = $(BLAS_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 $(OPENMP_CFLAGS)
+# -version-info current:revision:age (libtool's rules): current goes up
+# with every change that breaks callers built against the previous
+# headers (1: argument orders, ch_train_state's normalisation fields).
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 1:0:0 $(OPENMP_CFLAGS)
 
 nobase_include_HEADERS += \
 	include/chorus.h \

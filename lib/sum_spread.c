@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "omp.h"
 
 /* Floats per chunk: 64 KiB per source, so a chunk of the total stays in
  * the L2 cache while it is copied out. */
@@ -84,9 +85,7 @@ void chi_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src, in
     if (n <= 0 || nsrc < 1)
         return;
     int64_t chunks = (n + SPREAD_CHUNK - 1) / SPREAD_CHUNK;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel: chunks > SPREAD_PAR_CHUNKS)
-#endif
+    CHI_OMP(omp parallel for schedule(static) if (parallel: chunks > SPREAD_PAR_CHUNKS))
     for (int64_t c = 0; c < chunks; c++) {
         int64_t lo = c * SPREAD_CHUNK;
         int64_t len = n - lo < SPREAD_CHUNK ? n - lo : SPREAD_CHUNK;

@@ -17,9 +17,13 @@ fi
 
 . "$(dirname "$0")/tap.sh"
 
-# The dynamic symbols a library defines, one per line.
+tmp=${TMPDIR:-/tmp}/test-exports.$$
+trap 'rm -f "$tmp"' EXIT
+
+# The dynamic symbols a library defines, one per line; fails when nm does.
 exported() {
-    nm -D --defined-only "$1" | awk 'NF == 3 { print $3 }'
+    nm -D --defined-only "$1" >"$tmp" || return 1
+    awk 'NF == 3 { print $3 }' "$tmp"
 }
 
 syms=$(exported "$lib")

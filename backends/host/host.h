@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include "backend.h"
+#include "omp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,13 +21,6 @@ ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n,
                                  float alpha, const float *a, int64_t lda, const float *b,
                                  int64_t ldb, float beta, float *c, int64_t ldc);
 
-/* OpenMP pragmas through a macro, so a build without OpenMP compiles them
- * away instead of warning about unknown pragmas. */
-#ifdef _OPENMP
-#define CHI_OMP(x) _Pragma(#x)
-#else
-#define CHI_OMP(x)
-#endif
 
 /* Below this many elements an op runs on one thread: starting the team
  * (and waking threads that went to sleep) costs more than it saves for a
