@@ -34,7 +34,8 @@ typedef struct chcu_comm chcu_comm;
 
 /* How the all-reduce uses NCCL, from CHORUS_CUDA_NCCL at init: "on" (the
  * default: wherever the module has it), "off" (peer copies always), or
- * "fail" (as if no communicator could be made: tests the fallback). */
+ * "fail" (as if no communicator could be made: test builds only, see
+ * allreduce.cu). */
 typedef enum chcu_nccl_mode { CHCU_NCCL_ON, CHCU_NCCL_OFF, CHCU_NCCL_FAIL } chcu_nccl_mode;
 
 typedef struct chcu_backend {

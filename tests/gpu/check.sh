@@ -300,10 +300,10 @@ build_lib() {
         spawn cc "-DCH_BACKEND_DIR=\"$B/mod\"" -c -o "$o" "$f"
     done < <(lib_sources)
     wait_all || return 1
-    log "gcc -shared -o $B/libchorus.so.0 (${#objs[@]} objects)"
-    gcc -shared -fopenmp -pthread -Wl,-soname,libchorus.so.0 -o "$B/libchorus.so.0" "${objs[@]}" \
+    log "gcc -shared -o $B/libchorus.so.1 (${#objs[@]} objects)"
+    gcc -shared -fopenmp -pthread -Wl,-soname,libchorus.so.1 -o "$B/libchorus.so.1" "${objs[@]}" \
         ${ZLIB:+"$ZLIB"} ${JLIB:+"$JLIB"} -lm -ldl || return 1
-    ln -sf libchorus.so.0 "$B/libchorus.so"
+    ln -sf libchorus.so.1 "$B/libchorus.so"
 }
 
 gencode() {
@@ -330,7 +330,7 @@ build_module() {
         o="$B/cuda/$(basename "$f" .cu).o"
         log "nvcc ${gen[*]} -c $f"
         spawn "$NVCC" "${gen[@]}" -std=c++20 -O3 --fmad=false -Xcompiler=-fPIC \
-            -Xcompiler=-Wall,-Wextra -I"$B" -I"$SRC/include" -I"$SRC/lib" "${incs[@]}" \
+            -Xcompiler=-Wall,-Wextra -DCHI_TEST_HOOKS -I"$B" -I"$SRC/include" -I"$SRC/lib" "${incs[@]}" \
             ${nccl_def[@]+"${nccl_def[@]}"} -c -o "$o" "$f"
     done
     wait_all || return 1
@@ -358,9 +358,17 @@ program() { # name folder [extra gcc arguments]: sources from the Makefile.mk li
         -lpthread && touch "$B/$name.built"
 }
 
+# test-abi's two modules that the registry must refuse.
+abi_modules() {
+    mkdir -p "$B/wrong-abi" "$B/missing-slot" &&
+        cc -shared -o "$B/wrong-abi/chorus-cuda.so" "$SRC/tests/wrong-abi-module.c" &&
+        cc -shared -o "$B/missing-slot/chorus-opencl.so" "$SRC/tests/missing-slot-module.c"
+}
+
 build_programs() {
     local t defs
-    for t in test-cuda test-ops test-ops-grad test-errors test-reduce test-dp; do
+    spawn abi_modules
+    for t in test-cuda test-abi test-ops test-ops-grad test-errors test-reduce test-dp; do
         defs=()
         if [ "$t" = test-cuda ] && [ -f "$B/mod/chorus-cuda.so" ]; then
             defs=(-DCH_TEST_HAVE_CUDA=1)
@@ -490,6 +498,10 @@ run_tests() {
     local t
     # Without a GPU too: the module must load and say why it found none.
     run test-cuda tap "$OUT/tests.log" 120 test-cuda
+    # The CUDA module's answers to enum values beyond its own (GPU), and
+    # the refused modules (everywhere).
+    run test-abi tap "$OUT/tests.log" 60 CHORUS_TEST_WRONG_ABI_DIR="$B/wrong-abi" \
+        CHORUS_TEST_MISSING_SLOT_DIR="$B/missing-slot" test-abi
     gpu test-ops tap "$OUT/tests.log" 120 test-ops
     for t in test-ops-grad test-errors; do gpu "$t" tap "$OUT/tests.log" 90 "$t"; done
     gpu test-reduce tap "$OUT/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce

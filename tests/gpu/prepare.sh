@@ -14,7 +14,7 @@
 #   data/fashion-mnist/   the four IDX files, gzipped
 #   MANIFEST    where each file came from, its size and SHA-256; check.sh
 #               verifies it and says in its summary what it used
-# All plain files (links would not travel), about 31 MiB.
+# All plain files (links would not travel), about 30 MiB.
 set -euo pipefail
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
