@@ -42,7 +42,7 @@ set -u
 
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=""
+OUTDIR=""
 B=${CHECK_BUILD:-/tmp/chorus-gpu-check}
 CARRY=${CHECK_CARRY:-$SRC/_gpu}
 BUDGET=${CHECK_BUDGET:-400}
@@ -413,7 +413,7 @@ NCUDA=0 CUDA_WHY=""
 cuda_devices() {
     built chorus-info || { CUDA_WHY="chorus-info was not built"; return; }
     NCUDA=$(timeout 30 "$B/chorus-info" --json 2>/dev/null | grep -c '"id": "cuda:')
-    CUDA_WHY=$(timeout 30 "$B/chorus-info" 2>&1 | tee -a "$OUT/tests.log" |
+    CUDA_WHY=$(timeout 30 "$B/chorus-info" 2>&1 | tee -a "$OUTDIR/tests.log" |
         awk '$1 == "cuda" && $2 != "loaded" { $1 = $2 = ""; sub(/^ +/, ""); print; exit }')
 }
 
@@ -497,15 +497,15 @@ train_detail() { # step: accuracy and speed from chorus-train --json
 run_tests() {
     local t
     # Without a GPU too: the module must load and say why it found none.
-    run test-cuda tap "$OUT/tests.log" 120 test-cuda
+    run test-cuda tap "$OUTDIR/tests.log" 120 test-cuda
     # The CUDA module's answers to enum values beyond its own (GPU), and
     # the refused modules (everywhere).
-    run test-abi tap "$OUT/tests.log" 60 CHORUS_TEST_WRONG_ABI_DIR="$B/wrong-abi" \
+    run test-abi tap "$OUTDIR/tests.log" 60 CHORUS_TEST_WRONG_ABI_DIR="$B/wrong-abi" \
         CHORUS_TEST_MISSING_SLOT_DIR="$B/missing-slot" test-abi
-    gpu test-ops tap "$OUT/tests.log" 120 test-ops
-    for t in test-ops-grad test-errors; do gpu "$t" tap "$OUT/tests.log" 90 "$t"; done
-    gpu test-reduce tap "$OUT/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce
-    gpu test-dp tap "$OUT/tests.log" 90 CHORUS_TEST_DEVICES=cuda:0,cuda:0 test-dp
+    gpu test-ops tap "$OUTDIR/tests.log" 120 test-ops
+    for t in test-ops-grad test-errors; do gpu "$t" tap "$OUTDIR/tests.log" 90 "$t"; done
+    gpu test-reduce tap "$OUTDIR/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce
+    gpu test-dp tap "$OUTDIR/tests.log" 90 CHORUS_TEST_DEVICES=cuda:0,cuda:0 test-dp
 }
 
 run_train() {
@@ -517,25 +517,25 @@ run_train() {
     fi
     DETAIL_FN=train_detail
     # The data path (carried files, zlib) on the host, quickly: 1000 images.
-    run train-host plain "$OUT/train.log" 60 chorus-train --devices host --model mlp \
+    run train-host plain "$OUTDIR/train.log" 60 chorus-train --devices host --model mlp \
         --limit 1000 "${args[@]}"
-    gpu train-cuda plain "$OUT/train.log" 150 chorus-train --devices cuda:0 --model cnn \
+    gpu train-cuda plain "$OUTDIR/train.log" 150 chorus-train --devices cuda:0 --model cnn \
         "${args[@]}"
     DETAIL_FN=""
 }
 
 run_benches() {
-    gpu bench-cublas plain "$OUT/bench.log" 60 bench-cublas 1024 2048 4096 &&
+    gpu bench-cublas plain "$OUTDIR/bench.log" 60 bench-cublas 1024 2048 4096 &&
         bench_block bench-cublas "bench-cublas: ch_gemm against cublasSgemm on cuda:0"
-    gpu bench-train plain "$OUT/bench.log" 60 bench-train --devices cuda:0 &&
+    gpu bench-train plain "$OUTDIR/bench.log" 60 bench-train --devices cuda:0 &&
         bench_block bench-train "bench-train --devices cuda:0 (mlp and cnn, samples/s)"
-    gpu bench-ops plain "$OUT/bench.log" 60 bench-ops --devices cuda:0 --sizes 1024,4096 &&
+    gpu bench-ops plain "$OUTDIR/bench.log" 60 bench-ops --devices cuda:0 --sizes 1024,4096 &&
         bench_block bench-ops "bench-ops --devices cuda:0"
-    gpu allreduce-x2 plain "$OUT/bench.log" 40 bench-allreduce --devices cuda:0,cuda:0 \
+    gpu allreduce-x2 plain "$OUTDIR/bench.log" 40 bench-allreduce --devices cuda:0,cuda:0 \
         --mode peer --max-mb 256 && bench_block allreduce-x2 "bench-allreduce, cuda:0 x2"
-    gpu allreduce-x3 plain "$OUT/bench.log" 40 bench-allreduce --devices cuda:0,cuda:0,cuda:0 \
+    gpu allreduce-x3 plain "$OUTDIR/bench.log" 40 bench-allreduce --devices cuda:0,cuda:0,cuda:0 \
         --mode peer --max-mb 256 && bench_block allreduce-x3 "bench-allreduce, cuda:0 x3"
-    gpu bench-dp plain "$OUT/bench.log" 60 bench-dp --devices cuda:0,cuda:0 --model cnn \
+    gpu bench-dp plain "$OUTDIR/bench.log" 60 bench-dp --devices cuda:0,cuda:0 --model cnn \
         --reduce peer && bench_block bench-dp "bench-dp --devices cuda:0,cuda:0 --model cnn"
 }
 
@@ -553,12 +553,12 @@ run_sanitizer() {
     lim=$(limit 180)
     t0=$(date +%s)
     CHORUS_DEVICES=cuda:0 timeout -k 5 "$lim" "$SANITIZER" --tool memcheck --error-exitcode 97 \
-        --print-limit 20 "$B/test-ops" >"$OUT/sanitizer.log" 2>&1
+        --print-limit 20 "$B/test-ops" >"$OUTDIR/sanitizer.log" 2>&1
     rc=$?
-    errs=$(grep -m 1 -E 'ERROR SUMMARY: [0-9]+' "$OUT/sanitizer.log" || true)
+    errs=$(grep -m 1 -E 'ERROR SUMMARY: [0-9]+' "$OUTDIR/sanitizer.log" || true)
     case $rc in
-    0) row memcheck ok $(($(date +%s) - t0)) "${errs:-no errors}; $(tap_counts "$OUT/sanitizer.log")" ;;
-    124 | 137) row memcheck TIMEOUT $(($(date +%s) - t0)) "cut at ${lim}s (partial: $(tap_counts "$OUT/sanitizer.log"))" ;;
+    0) row memcheck ok $(($(date +%s) - t0)) "${errs:-no errors}; $(tap_counts "$OUTDIR/sanitizer.log")" ;;
+    124 | 137) row memcheck TIMEOUT $(($(date +%s) - t0)) "cut at ${lim}s (partial: $(tap_counts "$OUTDIR/sanitizer.log"))" ;;
     *) row memcheck FAILED $(($(date +%s) - t0)) "exit $rc; ${errs:-see sanitizer.log}" ;;
     esac
 }
@@ -572,7 +572,7 @@ summary() {
         log "GPU:      ${GPU:-none seen by nvidia-smi}; the library sees $NCUDA CUDA device(s)${CUDA_WHY:+ ($CUDA_WHY)}"
         log "toolkit:  ${NVCC:-no nvcc}, arch $CUDA_ARCH; cuBLAS ${CUBLAS_SO:-none}; NCCL ${NCCL_SO:-none}; cudart ${CUDART##*/}"
         log "carried:  $CARRY_USED"
-        log "build:    $(grep -c 'warning:' "$OUT/build.log" 2>/dev/null) compiler warnings (build.log)"
+        log "build:    $(grep -c 'warning:' "$OUTDIR/build.log" 2>/dev/null) compiler warnings (build.log)"
         local n
         for n in ${NOTES[@]+"${NOTES[@]}"}; do log "note:     $n"; done
         log ""
@@ -584,17 +584,17 @@ summary() {
             cat "$B/failures"
         fi
         [ -s "$B/benchmarks" ] && { log ""; log "Benchmarks (bench.log has everything):"; cat "$B/benchmarks"; }
-    } >"$OUT/summary.txt"
+    } >"$OUTDIR/summary.txt"
 }
 
 main() {
     local t0
-    rm -f "$OUT"/{summary.txt,probe.log,build.log,tests.log,bench.log,train.log,sanitizer.log}
-    : >"$OUT/tests.log"
-    log "Chorus GPU check: source $SRC, build $B, output $OUT, budget ${BUDGET}s"
+    rm -f "$OUTDIR"/{summary.txt,probe.log,build.log,tests.log,bench.log,train.log,sanitizer.log}
+    : >"$OUTDIR/tests.log"
+    log "Chorus GPU check: source $SRC, build $B, output $OUTDIR, budget ${BUDGET}s"
 
     t0=$(date +%s)
-    { probe; carried; } >"$OUT/probe.log" 2>&1
+    { probe; carried; } >"$OUTDIR/probe.log" 2>&1
     if [ -n "$NVCC" ] && [ -n "$CUBLAS_SO" ] && [ -n "$CUDART" ]; then
         row probe ok $(($(date +%s) - t0)) "${GPU:-no GPU}; arch $CUDA_ARCH; NCCL $([ -n "$NCCL_SO" ] && echo yes || echo no)"
     else
@@ -607,15 +607,15 @@ main() {
     declare -p SRC B NVCC CUDA_HOME CUDA_ARCH CUBLAS_SO CUBLAS_INC NCCL_SO NCCL_INC CUDART \
         LIBDIRS ZINC JINC ZLIB JLIB >"$state"
     lim=$(limit $((BUDGET * 3 / 5)))
-    timeout -k 5 "$lim" bash "$SELF" --build "$state" >"$OUT/build.log" 2>&1
+    timeout -k 5 "$lim" bash "$SELF" --build "$state" >"$OUTDIR/build.log" 2>&1
     rc=$?
     rm -f "$state"
     if [ $rc -eq 0 ]; then
-        row build ok $(($(date +%s) - t0)) "$(tail -n 1 "$OUT/build.log")"
+        row build ok $(($(date +%s) - t0)) "$(tail -n 1 "$OUTDIR/build.log")"
     elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
         row build TIMEOUT $(($(date +%s) - t0)) "cut at ${lim}s; see build.log"
     else
-        row build FAILED $(($(date +%s) - t0)) "see build.log; $(grep -m 1 'BUILD FAILED' "$OUT/build.log" || tail -n 1 "$OUT/build.log")"
+        row build FAILED $(($(date +%s) - t0)) "see build.log; $(grep -m 1 'BUILD FAILED' "$OUTDIR/build.log" || tail -n 1 "$OUTDIR/build.log")"
     fi
     mkdir -p "$B" && : >"$B/failures" && : >"$B/benchmarks"
 
@@ -629,7 +629,7 @@ main() {
     for d in $(printf '%s\n' ${LIBDIRS[@]+"${LIBDIRS[@]}"} | awk '!seen[$0]++'); do ld="$ld:$d"; done
     export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     unset CHORUS_DEVICES CHORUS_CUDA_NCCL CHORUS_TEST_DEVICES
-    log "CHORUS_BACKEND_PATH=$CHORUS_BACKEND_PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/tests.log"
+    log "CHORUS_BACKEND_PATH=$CHORUS_BACKEND_PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUTDIR/tests.log"
 
     cuda_devices
     if [ "$NCUDA" -gt 0 ]; then
@@ -645,7 +645,7 @@ main() {
     run_sanitizer
     summary
     log ""
-    cat "$OUT/summary.txt"
+    cat "$OUTDIR/summary.txt"
     return $FAILED
 }
 
@@ -662,5 +662,5 @@ if [ $# -ne 1 ]; then
     exit 2
 fi
 mkdir -p "$1" || exit 2
-OUT=$(cd "$1" && pwd)
+OUTDIR=$(cd "$1" && pwd)
 main
