@@ -302,9 +302,12 @@ static ch_status copy_peer(ch_tensor *dst, const ch_tensor *src, size_t bytes)
         st = be->peer_copy(dst_stream, chi_mem(dst), src->dev->dev, chi_mem(src), bytes);
     if (st != CH_OK)
         return st;
-    /* When src's stream cannot wait for the copy, the host does. */
-    if (stream_after(be, src_stream, dst->dev, dst_stream) != CH_OK)
+    /* When src's stream cannot wait for the copy, the host does; the copy
+     * then succeeded, so the failed wait's message does not stay behind. */
+    if (stream_after(be, src_stream, dst->dev, dst_stream) != CH_OK) {
+        ch_clear_error();
         return be->stream_sync(dst_stream);
+    }
     return CH_OK;
 }
 
