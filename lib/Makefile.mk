@@ -19,6 +19,7 @@ libchorus_la_SOURCES = \
 	lib/error.h \
 	lib/omp.h \
 	lib/core.h \
+	lib/opcheck.h \
 	lib/backend.h \
 	lib/discover.h \
 	lib/registry.h \

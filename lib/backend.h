@@ -45,7 +45,7 @@ extern "C" {
 
 /* Changes whenever the table below or an enum a slot takes changes: a
  * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 3
+#define CH_BACKEND_ABI_VERSION 4
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -208,6 +208,54 @@ typedef struct ch_backend_i {
     ch_status (*rand)(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
                       uint64_t seed, uint64_t offset, float a, float b);
 
+    /* ---- attention and normalisation (added in ABI version 4) ---- */
+    /* gemm's, for `count` matrices: the i-th of A at a + i * stride_a
+     * elements, of B and C likewise */
+    ch_status (*gemm_batched)(void *stream, int trans_a, int trans_b, int64_t count,
+                              int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a,
+                              int64_t lda, int64_t stride_a, ch_bmem b, int64_t ldb,
+                              int64_t stride_b, float beta, ch_bmem c, int64_t ldc,
+                              int64_t stride_c);
+    /* 4-byte elements; xshape[0..ndim) is x's shape, y's dimension i is x's
+     * perm[i]; ndim <= CH_MAX_DIMS */
+    ch_status (*permute)(void *stream, int ndim, const int64_t *xshape, const int *perm,
+                         ch_bmem y, ch_bmem x);
+    /* rows of length s; with causal, row r (t = r % rows_per_matrix) keeps
+     * columns j <= t + s - rows_per_matrix */
+    ch_status (*softmax)(void *stream, int64_t rows, int64_t s, int causal,
+                         int64_t rows_per_matrix, ch_bmem y, ch_bmem x);
+    ch_status (*softmax_backward)(void *stream, int64_t rows, int64_t s, ch_bmem dx,
+                                  ch_bmem dy, ch_bmem y);
+    /* idx i32 [n]; the first index outside [0, v) is reported with
+     * chi_bad_index (like chi_bad_label), its row of y set to 0 */
+    ch_status (*embedding)(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
+                           ch_bmem table, ch_bmem idx);
+    ch_status (*embedding_backward)(void *stream, int64_t n, int64_t v, int64_t d,
+                                    ch_bmem dtable, ch_bmem dy, ch_bmem idx);
+    ch_status (*layernorm)(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
+                           ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma,
+                           ch_bmem beta);
+    /* dx.ptr NULL: not wanted */
+    ch_status (*layernorm_backward)(void *stream, int64_t rows, int64_t d, ch_bmem dx,
+                                    ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
+                                    ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
+    /* a, b seen as [outer, c, inner]; sums [2c + 1] */
+    ch_status (*channel_sums)(void *stream, int64_t outer, int64_t c, int64_t inner,
+                              ch_bmem sums, ch_bmem a, ch_bmem b);
+    /* sums.ptr NULL: evaluation (from the running statistics); running_*.ptr
+     * NULL: not updated */
+    ch_status (*batchnorm_stats)(void *stream, int64_t c, float momentum, float eps,
+                                 ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
+                                 ch_bmem running_var, ch_bmem sums);
+    ch_status (*batchnorm_forward)(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                   ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
+                                   ch_bmem gamma, ch_bmem beta);
+    /* dx.ptr NULL: not wanted */
+    ch_status (*batchnorm_backward)(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                    ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
+                                    ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,
+                                    ch_bmem local, ch_bmem total);
+
     /* ---- collectives (optional) ---- */
     /* In-place sum of `n` floats over `count` buffers of this backend:
      * bufs[i] lives on the device of streams[i] and the work is queued on
@@ -246,6 +294,14 @@ static inline ch_status chi_bad_label(const char *fn, int64_t row, int64_t label
 {
     return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: labels[%lld] = %lld is out of [0, %lld)", fn,
                      (long long)row, (long long)label, (long long)classes);
+}
+
+/* What every backend answers for an embedding index outside [0, rows):
+ * `i` is the first position that has one. */
+static inline ch_status chi_bad_index(const char *fn, int64_t i, int64_t index, int64_t rows)
+{
+    return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: idx[%lld] = %lld is out of [0, %lld)", fn,
+                     (long long)i, (long long)index, (long long)rows);
 }
 
 /* Whether `value` is one of the `count` values of its enum. */

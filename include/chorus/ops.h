@@ -161,6 +161,103 @@ typedef struct ch_adam_params {
 CH_API ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v,
                               const ch_tensor *g, const ch_adam_params *params);
 
+/* ---- Batched GEMM and attention ------------------------------------------ */
+
+/* For every b < B: c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b]; a, b, c
+ * are 3-D, [B, rows, cols] as stored, with ch_gemm's rules per batch
+ * (cuBLAS strided-batched, CLBlast batched, one GEMM per batch on the
+ * host). */
+CH_API ch_status ch_gemm_batched(ch_tensor *c, int trans_a, int trans_b, float alpha,
+                                 const ch_tensor *a, const ch_tensor *b, float beta);
+
+/* y = x with its dimensions reordered: y's dimension i is x's dimension
+ * perm[i] (perm holds 0 .. ndim-1 once each); f32 or i32. */
+CH_API ch_status ch_permute(ch_tensor *y, const ch_tensor *x, const int *perm);
+
+/* Softmax over the last dimension of x [..., T, S] (in place allowed).
+ * causal: row i of every [T, S] matrix sees columns j <= i + (S - T) only,
+ * the others get probability 0 (attention's causal mask; S >= T). */
+CH_API ch_status ch_softmax(ch_tensor *y, const ch_tensor *x, int causal);
+/* dx = y * (dy - sum over the row of dy * y), y the forward output (masked
+ * entries of y are 0, so the mask needs no argument). In place (dx = dy)
+ * allowed. */
+CH_API ch_status ch_softmax_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tensor *y);
+
+/* ---- Embedding ------------------------------------------------------------ */
+
+/* y[i, :] = table[idx[i], :]: table [V, D] f32, idx i32 of N elements (any
+ * shape), y of N * D elements. An index outside [0, V) is
+ * CH_ERR_INVALID_ARGUMENT naming the first one, on every backend; as with
+ * the softmax losses, the op then returns once the stream has run it (a
+ * 4-byte flag is read back; free on the host). */
+CH_API ch_status ch_embedding(ch_tensor *y, const ch_tensor *table, const ch_tensor *idx);
+/* dtable[v, :] += sum of dy[i, :] over the i with idx[i] == v, added in
+ * increasing i: deterministic, no atomics (the same bits on every run).
+ * Indices outside [0, V) contribute nothing. */
+CH_API ch_status ch_embedding_backward(ch_tensor *dtable, const ch_tensor *dy,
+                                       const ch_tensor *idx);
+
+/* ---- Normalisation -------------------------------------------------------- */
+
+/* LayerNorm over the last dimension D of x (rows = numel / D): y = (x -
+ * mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps), var the biased
+ * variance of the row. mean and rstd [rows] are outputs kept for backward.
+ * gamma and beta [D]. */
+CH_API ch_status ch_layernorm(ch_tensor *y, ch_tensor *mean, ch_tensor *rstd,
+                              const ch_tensor *x, const ch_tensor *gamma,
+                              const ch_tensor *beta, float eps);
+/* dx = the input gradient (may be NULL: not wanted); dgamma += sum over
+ * rows of dy * xhat, dbeta += sum over rows of dy (accumulated, as
+ * gradients are), xhat = (x - mean) * rstd. */
+CH_API ch_status ch_layernorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
+                                       const ch_tensor *dy, const ch_tensor *x,
+                                       const ch_tensor *mean, const ch_tensor *rstd,
+                                       const ch_tensor *gamma);
+
+/* BatchNorm over the channels (dimension 1) of x [N, C, ...], in steps, so
+ * that data parallelism can all-reduce the per-channel sums between them
+ * (synchronised batch statistics):
+ *   forward:  ch_channel_sums(s, x, x); [all-reduce s]; ch_batchnorm_stats;
+ *             ch_batchnorm_forward
+ *   backward: ch_channel_sums(g, dy, x); [g_all = all-reduce of g];
+ *             ch_batchnorm_backward(..., g, g_all)
+ * sums [2C + 1]: sums[c] = sum over n and the positions of a, sums[C + c]
+ * = the sum of a * b, sums[2C] = how many elements each channel has (N times
+ * the positions), as f32: sums of several replicas add up. */
+CH_API ch_status ch_channel_sums(ch_tensor *sums, const ch_tensor *a, const ch_tensor *b);
+/* mean and rstd [C] from sums of (x, x): mean = s[c] / M, var = s[C + c] / M
+ * - mean^2 (biased), rstd = 1 / sqrt(var + eps), M = s[2C]. When
+ * running_mean and running_var are given (both or neither) they move
+ * towards the batch's as PyTorch's do: r = (1 - momentum) r + momentum
+ * stat, with the unbiased variance var * M / (M - 1).
+ * sums NULL (evaluation): mean = running_mean, rstd from running_var. */
+CH_API ch_status ch_batchnorm_stats(ch_tensor *mean, ch_tensor *rstd,
+                                    ch_tensor *running_mean, ch_tensor *running_var,
+                                    const ch_tensor *sums, float momentum, float eps);
+/* y = (x - mean[c]) * rstd[c] * gamma[c] + beta[c] (in place allowed). */
+CH_API ch_status ch_batchnorm_forward(ch_tensor *y, const ch_tensor *x, const ch_tensor *mean,
+                                      const ch_tensor *rstd, const ch_tensor *gamma,
+                                      const ch_tensor *beta);
+/* The training-mode backward. `local` = ch_channel_sums(dy, x) of this
+ * replica, `total` = their sum over the replicas (or `local` itself alone):
+ * dgamma += rstd (local[C + c] - mean local[c]), dbeta += local[c] (this
+ * replica's share, as every gradient is), and dx (may be NULL) =
+ * gamma rstd (dy - total[c] / M - xhat rstd (total[C + c] - mean total[c])
+ * / M), M = total[2C]. */
+CH_API ch_status ch_batchnorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
+                                       const ch_tensor *dy, const ch_tensor *x,
+                                       const ch_tensor *mean, const ch_tensor *rstd,
+                                       const ch_tensor *gamma, const ch_tensor *local,
+                                       const ch_tensor *total);
+
+/* ---- Average pooling ------------------------------------------------------- */
+
+/* Global average pooling (AdaptiveAvgPool2d(1)): y [N, C] = the mean of
+ * each [H, W] plane of x [N, C, H, W]; the backward spreads dy / (H W) over
+ * the plane. Built from ch_mean, ch_fill and ch_bias_add: no slot of its own. */
+CH_API ch_status ch_avgpool_global(ch_tensor *y, const ch_tensor *x);
+CH_API ch_status ch_avgpool_global_backward(ch_tensor *dx, const ch_tensor *dy);
+
 /* ---- Random numbers ------------------------------------------------------
  * Philox-4x32-10: element i of y takes the counter (offset + i) split into
  * its low and high 32 bits as (c0, c1, 0, 0), the key (seed low, seed high),

@@ -1,0 +1,125 @@
+/* The argument checks every op runs before its backend sees anything
+ * (lib/ops*.c): shared so that each family of ops can live in a file of
+ * its own. */
+#ifndef CHORUS_LIB_OPCHECK_H
+#define CHORUS_LIB_OPCHECK_H
+
+#include <math.h>
+
+#include "core.h"
+
+/* One tensor argument of an op: NULL is allowed only when `optional`. */
+typedef struct arg {
+    const char *name;
+    const ch_tensor *t;
+    int dtype;    /* a ch_dtype, or ANY */
+    int optional;
+} arg;
+
+#define ANY (-1)
+#define NARGS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* NULLs, dtypes, and every tensor on the device of the first. */
+static inline ch_status check_args(const char *fn, const arg *a, int n)
+{
+    if (!chi_initialized())
+        return chi_error(CH_ERR_STATE, "%s: call ch_init first", fn);
+    const ch_tensor *first = NULL;
+    const char *first_name = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!a[i].t) {
+            if (a[i].optional)
+                continue;
+            return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, a[i].name);
+        }
+        if (a[i].dtype != ANY && a[i].t->dtype != (ch_dtype)a[i].dtype)
+            return chi_error(CH_ERR_DTYPE, "%s: %s is %s, expected %s", fn, a[i].name,
+                             ch_dtype_name(a[i].t->dtype), ch_dtype_name((ch_dtype)a[i].dtype));
+        if (!first) {
+            first = a[i].t;
+            first_name = a[i].name;
+        } else if (a[i].t->dev != first->dev) {
+            return chi_error(CH_ERR_DEVICE_MISMATCH, "%s: %s is on %s but %s is on %s", fn,
+                             a[i].name, a[i].t->dev->id, first_name, first->dev->id);
+        }
+    }
+    return CH_OK;
+}
+
+static inline ch_status same_numel(const char *fn, const char *yn, const ch_tensor *y, const char *xn,
+                            const ch_tensor *x)
+{
+    if (y->numel != x->numel)
+        return chi_error(CH_ERR_SHAPE, "%s: %s has %lld elements but %s has %lld", fn, yn,
+                         (long long)y->numel, xn, (long long)x->numel);
+    return CH_OK;
+}
+
+static inline int overlaps(const ch_tensor *a, const ch_tensor *b)
+{
+    if (a->buf != b->buf)
+        return 0;
+    size_t a_end = a->off + ch_tensor_nbytes(a), b_end = b->off + ch_tensor_nbytes(b);
+    return a->off < b_end && b->off < a_end;
+}
+
+/* Outputs that must not share memory with an input (GEMM, im2col, ...). */
+static inline ch_status no_alias(const char *fn, const char *yn, const ch_tensor *y, const char *xn,
+                          const ch_tensor *x)
+{
+    if (x && overlaps(y, x))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s overlaps %s in memory", fn, yn, xn);
+    return CH_OK;
+}
+
+/* In place is allowed (the same memory), partial overlap is not. */
+static inline ch_status same_or_apart(const char *fn, const char *yn, const ch_tensor *y,
+                               const char *xn, const ch_tensor *x)
+{
+    if (x && overlaps(y, x) && !(y->off == x->off && y->numel == x->numel))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s partly overlaps %s in memory", fn,
+                         yn, xn);
+    return CH_OK;
+}
+
+static inline ch_status check_finite(const char *fn, const char *name, double v)
+{
+    if (!isfinite(v))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is %g, expected a finite number", fn,
+                         name, v);
+    return CH_OK;
+}
+
+/* Resolve a possibly negative axis. */
+static inline ch_status check_axis(const char *fn, const ch_tensor *x, int *axis)
+{
+    int a = *axis < 0 ? *axis + x->ndim : *axis;
+    if (a < 0 || a >= x->ndim)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: axis %d out of range for %d dimensions",
+                         fn, *axis, x->ndim);
+    *axis = a;
+    return CH_OK;
+}
+
+static inline void split_at(const ch_tensor *x, int axis, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    *outer = 1;
+    *inner = 1;
+    for (int i = 0; i < axis; i++)
+        *outer *= x->shape[i];
+    for (int i = axis + 1; i < x->ndim; i++)
+        *inner *= x->shape[i];
+    *n = x->shape[axis];
+}
+
+#define BE(t) ((t)->dev->be->iface)
+#define STREAM(t) chi_current_stream((t)->dev)
+/* A backend may leave an op out; say so instead of crashing. */
+#define SLOT(fn, t, slot)                                                        \
+    do {                                                                         \
+        if (!BE(t)->slot)                                                        \
+            return chi_error(CH_ERR_UNSUPPORTED, "%s: not implemented by the %s backend", \
+                             fn, (t)->dev->be->name);                            \
+    } while (0)
+
+#endif
