@@ -239,14 +239,15 @@ typedef struct ch_backend_i {
     ch_status (*layernorm_backward)(void *stream, int64_t rows, int64_t d, ch_bmem dx,
                                     ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
                                     ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
-    /* a, b seen as [outer, c, inner]; sums [2c + 1] */
+    /* a, b seen as [outer, c, inner]; sums [2c + 1]; a centre's ptr NULL: 0 */
     ch_status (*channel_sums)(void *stream, int64_t outer, int64_t c, int64_t inner,
-                              ch_bmem sums, ch_bmem a, ch_bmem b);
+                              ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b,
+                              ch_bmem b_center);
     /* sums.ptr NULL: evaluation (from the running statistics); running_*.ptr
      * NULL: not updated */
     ch_status (*batchnorm_stats)(void *stream, int64_t c, float momentum, float eps,
                                  ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
-                                 ch_bmem running_var, ch_bmem sums);
+                                 ch_bmem running_var, ch_bmem sums, ch_bmem center);
     ch_status (*batchnorm_forward)(void *stream, int64_t outer, int64_t c, int64_t inner,
                                    ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
                                    ch_bmem gamma, ch_bmem beta);

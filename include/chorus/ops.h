@@ -216,34 +216,44 @@ CH_API ch_status ch_layernorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tens
 
 /* BatchNorm over the channels (dimension 1) of x [N, C, ...], in steps, so
  * that data parallelism can all-reduce the per-channel sums between them
- * (synchronised batch statistics):
- *   forward:  ch_channel_sums(s, x, x); [all-reduce s]; ch_batchnorm_stats;
- *             ch_batchnorm_forward
- *   backward: ch_channel_sums(g, dy, x); [g_all = all-reduce of g];
+ * (synchronised batch statistics), and with the variance taken around a
+ * centre (a first estimate of the mean) so that it survives channels whose
+ * mean is large beside their spread:
+ *   forward:  ch_channel_sums(s0, x, NULL, x, NULL); [all-reduce s0];
+ *             ch_batchnorm_stats(m0, ..., s0, NULL) (a first mean m0);
+ *             ch_channel_sums(s, x, m0, x, m0); [all-reduce s];
+ *             ch_batchnorm_stats(mean, rstd, running..., s, m0); ch_batchnorm_forward
+ *   backward: ch_channel_sums(g, dy, NULL, x, mean); [g_all = all-reduce g];
  *             ch_batchnorm_backward(..., g, g_all)
- * sums [2C + 1]: sums[c] = sum over n and the positions of a, sums[C + c]
- * = the sum of a * b, sums[2C] = how many elements each channel has (N times
- * the positions), as f32: sums of several replicas add up. */
-CH_API ch_status ch_channel_sums(ch_tensor *sums, const ch_tensor *a, const ch_tensor *b);
-/* mean and rstd [C] from sums of (x, x): mean = s[c] / M, var = s[C + c] / M
- * - mean^2 (biased), rstd = 1 / sqrt(var + eps), M = s[2C]. When
- * running_mean and running_var are given (both or neither) they move
- * towards the batch's as PyTorch's do: r = (1 - momentum) r + momentum
- * stat, with the unbiased variance var * M / (M - 1).
- * sums NULL (evaluation): mean = running_mean, rstd from running_var. */
+ * sums [2C + 1]: with a' = a - a_center[c] and b' = b - b_center[c] (a
+ * NULL centre: 0), sums[c] = the sum over n and the positions of a',
+ * sums[C + c] = the sum of a' * b', sums[2C] = how many elements each
+ * channel has (N times the positions), as f32 (exact up to 2^24): the
+ * sums of several replicas add up. a and b have the same shape. */
+CH_API ch_status ch_channel_sums(ch_tensor *sums, const ch_tensor *a, const ch_tensor *a_center,
+                                 const ch_tensor *b, const ch_tensor *b_center);
+/* mean and rstd [C] from sums of (x - center, x - center) (center NULL: 0):
+ * M = s[2C], d = s[c] / M, mean = center + d, var = s[C + c] / M - d^2
+ * (biased, at least 0), rstd = 1 / sqrt(var + eps). When running_mean and
+ * running_var are given (both or neither) they move towards the batch's
+ * as PyTorch's do: r = (1 - momentum) r + momentum stat, with the unbiased
+ * variance var * M / (M - 1) (M = 1: the biased one).
+ * sums NULL (evaluation): mean = running_mean, rstd from running_var; rstd
+ * may then be computed once for many forwards. */
 CH_API ch_status ch_batchnorm_stats(ch_tensor *mean, ch_tensor *rstd,
                                     ch_tensor *running_mean, ch_tensor *running_var,
-                                    const ch_tensor *sums, float momentum, float eps);
+                                    const ch_tensor *sums, const ch_tensor *center,
+                                    float momentum, float eps);
 /* y = (x - mean[c]) * rstd[c] * gamma[c] + beta[c] (in place allowed). */
 CH_API ch_status ch_batchnorm_forward(ch_tensor *y, const ch_tensor *x, const ch_tensor *mean,
                                       const ch_tensor *rstd, const ch_tensor *gamma,
                                       const ch_tensor *beta);
-/* The training-mode backward. `local` = ch_channel_sums(dy, x) of this
- * replica, `total` = their sum over the replicas (or `local` itself alone):
- * dgamma += rstd (local[C + c] - mean local[c]), dbeta += local[c] (this
+/* The training-mode backward. `local` = ch_channel_sums(dy, NULL, x, mean)
+ * of this replica, `total` = their sum over the replicas (or `local`
+ * itself alone): dgamma += rstd local[C + c], dbeta += local[c] (this
  * replica's share, as every gradient is), and dx (may be NULL) =
- * gamma rstd (dy - total[c] / M - xhat rstd (total[C + c] - mean total[c])
- * / M), M = total[2C]. */
+ * gamma rstd (dy - total[c] / M - (x - mean) rstd^2 total[C + c] / M),
+ * M = total[2C]. */
 CH_API ch_status ch_batchnorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
                                        const ch_tensor *dy, const ch_tensor *x,
                                        const ch_tensor *mean, const ch_tensor *rstd,
