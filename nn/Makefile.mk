@@ -8,6 +8,9 @@ nn_sources = \
 	nn/loader.c \
 	nn/nn.h \
 	nn/module.c \
+	nn/layers.c \
+	nn/norm.c \
+	nn/gpt.c \
 	nn/optim.c \
 	nn/checkpoint.c \
 	nn/presets.c \

@@ -30,20 +30,32 @@ static const char *opt_kind_name(int kind)
 typedef struct entry {
     char name[160];
     ch_tensor *t;
+    int64_t *counter; /* instead of t: an I64 scalar (num_batches_tracked) */
 } entry;
 
-/* Parameters, then the optimizer's existing state tensors. */
+static size_t entry_bytes(const entry *e)
+{
+    return e->t ? ch_tensor_nbytes(e->t) : sizeof(int64_t);
+}
+
+/* Parameters, buffers, then the optimizer's existing state tensors. */
 static ch_status list_entries(const ch_module *model, const ch_optimizer *opt, entry **out,
                               int *n)
 {
     int np = ch_module_param_count(model), ns = opt ? ch_optimizer_state_count(opt) : 0;
-    entry *e = calloc((size_t)(np + ns) + 1, sizeof *e);
+    int nb = ch_module_buffer_count(model);
+    entry *e = calloc((size_t)(np + nb + ns) + 1, sizeof *e);
     if (!e)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_save: out of memory");
     int k = 0;
     for (int i = 0; i < np; i++, k++) {
         const char *name;
         ch_module_param(model, i, &name, &e[k].t, NULL);
+        snprintf(e[k].name, sizeof e[k].name, "%s", name);
+    }
+    for (int i = 0; i < nb; i++, k++) {
+        const char *name;
+        ch_module_buffer(model, i, &name, &e[k].t, &e[k].counter);
         snprintf(e[k].name, sizeof e[k].name, "%s", name);
     }
     for (int i = 0; i < ns; i++) {
@@ -107,11 +119,11 @@ static ch_status build_header(const entry *e, int n, const ch_optimizer *opt,
     uint64_t off = 0;
     for (int i = 0; root && i < n; i++) {
         json_t *obj = json_object();
-        json_object_set_new(obj, "dtype", json_string("F32"));
-        json_object_set_new(obj, "shape", shape_json(e[i].t));
+        json_object_set_new(obj, "dtype", json_string(e[i].t ? "F32" : "I64"));
+        json_object_set_new(obj, "shape", e[i].t ? shape_json(e[i].t) : json_array());
         json_t *offs = json_array();
         json_array_append_new(offs, json_integer((json_int_t)off));
-        off += ch_tensor_nbytes(e[i].t);
+        off += entry_bytes(&e[i]);
         json_array_append_new(offs, json_integer((json_int_t)off));
         json_object_set_new(obj, "data_offsets", offs);
         json_object_set_new(root, e[i].name, obj);
@@ -157,7 +169,14 @@ static ch_status write_tensors(int fd, const entry *e, int n, const char *path)
     void *buf = NULL;
     ch_status st = CH_OK;
     for (int i = 0; st == CH_OK && i < n; i++) {
-        size_t bytes = ch_tensor_nbytes(e[i].t);
+        size_t bytes = entry_bytes(&e[i]);
+        if (!e[i].t) {
+            unsigned char le[8]; /* safetensors is little endian */
+            for (int b = 0; b < 8; b++)
+                le[b] = (unsigned char)((uint64_t)*e[i].counter >> (8 * b));
+            st = write_all(fd, le, sizeof le, path);
+            continue;
+        }
         if (bytes > cap) {
             void *grown = realloc(buf, bytes);
             if (!grown) {
@@ -327,6 +346,43 @@ static ch_status check_entry(const file *f, const char *name, const ch_tensor *t
     return CH_OK;
 }
 
+/* An I64 scalar (shape [] as PyTorch saves num_batches_tracked, or [1]). */
+static ch_status check_counter(const file *f, const char *name, uint64_t *offset)
+{
+    json_t *e = json_object_get(f->header, name);
+    if (!e)
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s has no tensor \"%s\"", f->path,
+                         name);
+    const char *dtype = json_string_value(json_object_get(e, "dtype"));
+    json_t *shape = json_object_get(e, "shape");
+    size_t nd = json_array_size(shape);
+    if (!dtype || strcmp(dtype, "I64") != 0 || !json_is_array(shape) || nd > 1 ||
+        (nd == 1 && json_integer_value(json_array_get(shape, 0)) != 1))
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: \"%s\" is not an I64 scalar",
+                         f->path, name);
+    json_t *offs = json_object_get(e, "data_offsets");
+    json_int_t b = json_integer_value(json_array_get(offs, 0));
+    json_int_t end = json_integer_value(json_array_get(offs, 1));
+    if (!json_is_array(offs) || b < 0 || end - b != 8 || (uint64_t)end > f->data_len)
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: \"%s\" has data offsets "
+                         "outside the file or of the wrong size", f->path, name);
+    *offset = f->data_start + (uint64_t)b;
+    return CH_OK;
+}
+
+static ch_status read_counter(const file *f, int64_t *counter, uint64_t offset)
+{
+    unsigned char le[8];
+    if (fseeko(f->f, (off_t)offset, SEEK_SET) != 0 || fread(le, 1, 8, f->f) != 8)
+        return chi_error(CH_ERR_IO, "ch_checkpoint_load: reading %s: %s", f->path,
+                         ferror(f->f) ? strerror(errno) : "unexpected end of file");
+    uint64_t v = 0;
+    for (int b = 0; b < 8; b++)
+        v |= (uint64_t)le[b] << (8 * b);
+    *counter = (int64_t)v;
+    return CH_OK;
+}
+
 static ch_status read_into(const file *f, ch_tensor *t, uint64_t offset, void *buf)
 {
     size_t bytes = ch_tensor_nbytes(t);
@@ -363,6 +419,11 @@ static ch_status check_extra(const file *f, const ch_module *model)
             ch_module_param(model, i, &name, NULL, NULL);
             found = strcmp(name, key) == 0;
         }
+        for (int i = 0; i < ch_module_buffer_count(model) && !found; i++) {
+            const char *name;
+            ch_module_buffer(model, i, &name, NULL, NULL);
+            found = strcmp(name, key) == 0;
+        }
         if (!found)
             return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s has a tensor \"%s\" that "
                              "the model does not have", f->path, key);
@@ -381,6 +442,14 @@ static ch_status check_all(const file *f, ch_module *model, ch_optimizer *opt, u
         ch_module_param(model, i, &name, &t, NULL);
         TRY(check_entry(f, name, t, &offs[i]));
     }
+    int nb = ch_module_buffer_count(model);
+    for (int i = 0; i < nb; i++) {
+        const char *name;
+        ch_tensor *t;
+        ch_module_buffer(model, i, &name, &t, NULL);
+        TRY(t ? check_entry(f, name, t, &offs[np + i]) : check_counter(f, name, &offs[np + i]));
+    }
+    offs += nb;
     TRY(check_extra(f, model));
     int ns = opt ? ch_optimizer_state_count(opt) : 0;
     for (int i = 0; i < ns; i++) {
@@ -439,6 +508,11 @@ static ch_status load_all(const file *f, ch_module *model, ch_optimizer *opt,
         ch_module_param(model, i, NULL, &t, NULL);
         cap = ch_tensor_nbytes(t) > cap ? ch_tensor_nbytes(t) : cap;
     }
+    for (int i = 0; i < ch_module_buffer_count(model); i++) {
+        ch_tensor *t;
+        ch_module_buffer(model, i, NULL, &t, NULL);
+        cap = t && ch_tensor_nbytes(t) > cap ? ch_tensor_nbytes(t) : cap;
+    }
     void *buf = malloc(cap ? cap : 1);
     if (!buf)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_load: out of memory");
@@ -448,6 +522,14 @@ static ch_status load_all(const file *f, ch_module *model, ch_optimizer *opt,
         ch_module_param(model, i, NULL, &t, NULL);
         st = read_into(f, t, offs[i], buf);
     }
+    int nb = ch_module_buffer_count(model);
+    for (int i = 0; st == CH_OK && i < nb; i++) {
+        ch_tensor *t;
+        int64_t *counter;
+        ch_module_buffer(model, i, NULL, &t, &counter);
+        st = t ? read_into(f, t, offs[np + i], buf) : read_counter(f, counter, offs[np + i]);
+    }
+    offs += nb;
     for (int i = 0; st == CH_OK && i < ns; i++) {
         ch_tensor **slot, *param;
         if (offs[np + i] == 0)
@@ -474,7 +556,8 @@ ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *o
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_checkpoint_load: %s is NULL",
                          !path ? "path" : "model");
     file f = {.path = path};
-    int n = ch_module_param_count(model) + (opt ? ch_optimizer_state_count(opt) : 0);
+    int n = ch_module_param_count(model) + ch_module_buffer_count(model) +
+            (opt ? ch_optimizer_state_count(opt) : 0);
     uint64_t *offs = calloc((size_t)n + 1, sizeof *offs);
     ch_status st = offs ? open_file(&f)
                         : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_load: out of memory");

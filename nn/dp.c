@@ -60,7 +60,7 @@ typedef struct replica {
     ch_optimizer *opt;
     ch_tensor *x, *labels, *pred;
     int32_t *pred_host;       /* evaluation: the predictions, downloaded */
-    int pred_cap;
+    int64_t pred_cap;
     ch_tensor **grads;        /* per bucket: its gradients; the parameters' are views */
     ch_event **ready;         /* per bucket: its gradients are complete */
     int *missing;             /* per bucket: parameters still to come, -1 once posted */
@@ -73,6 +73,9 @@ typedef struct replica {
     double seconds, compute_seconds;
     double compute_end;       /* when its forward and backward ended */
     uint64_t checksum;
+    float *xbuf;              /* BatchNorm's sums, exchanged through the host */
+    double *xsum;
+    int64_t xcap;
     ch_status st;
     char error[1024];
 } replica;
@@ -92,6 +95,10 @@ struct ch_dp {
 
     pthread_mutex_t lock;
     pthread_cond_t go, done, posted;
+    pthread_cond_t exchanged;  /* BatchNorm's sums: a round of the exchange ended */
+    int x_active;             /* replicas with samples in this call: they exchange */
+    int x_arrived;
+    int64_t x_round;
     pthread_barrier_t barrier;
     int64_t generation;       /* bumped for every call the workers run */
     int64_t reduce_generation; /* bumped for every call the reducer runs */
@@ -170,9 +177,15 @@ static ch_status fail(replica *r, ch_status st)
         pthread_mutex_lock(&dp->lock);
         atomic_store(&dp->failed, 1);
         pthread_cond_broadcast(&dp->posted);
+        pthread_cond_broadcast(&dp->exchanged);
         pthread_mutex_unlock(&dp->lock);
     }
     return st;
+}
+
+static int64_t labels_per_sample(const ch_dp *dp)
+{
+    return dp->o.labels_per_sample > 1 ? dp->o.labels_per_sample : 1;
 }
 
 static ch_status batch_tensors(replica *r, int labels)
@@ -185,13 +198,14 @@ static ch_status batch_tensors(replica *r, int labels)
         xs[0] = r->count;
         for (int i = 0; i < o->sample_ndim; i++)
             xs[i + 1] = o->sample_shape[i];
-        TRY(ch_tensor_new(&r->x, r->dev, CH_F32, o->sample_ndim + 1, xs));
+        TRY(ch_tensor_new(&r->x, r->dev, o->sample_dtype, o->sample_ndim + 1, xs));
     }
+    int64_t per = labels_per_sample(r->dp);
     if (labels && (!r->labels || ch_tensor_dim(r->labels, 0) != r->count)) {
         ch_tensor_free(r->labels);
         r->labels = NULL;
-        int64_t ls[1] = {r->count};
-        TRY(ch_tensor_new(&r->labels, r->dev, CH_I32, 1, ls));
+        int64_t ls[2] = {r->count, per};
+        TRY(ch_tensor_new(&r->labels, r->dev, CH_I32, per > 1 ? 2 : 1, ls));
     }
     return CH_OK;
 }
@@ -199,10 +213,15 @@ static ch_status batch_tensors(replica *r, int labels)
 /* Bytes of one input sample. */
 static size_t sample_bytes(const ch_dp *dp)
 {
-    size_t bytes = sizeof(float);
+    size_t bytes = ch_dtype_size(dp->o.sample_dtype);
     for (int i = 0; i < dp->o.sample_ndim; i++)
         bytes *= (size_t)dp->o.sample_shape[i];
     return bytes;
+}
+
+static size_t label_bytes(const ch_dp *dp)
+{
+    return sizeof(int32_t) * (size_t)labels_per_sample(dp);
 }
 
 static ch_status upload_slice(replica *r, int labels)
@@ -214,7 +233,7 @@ static ch_status upload_slice(replica *r, int labels)
     TRY(batch_tensors(r, labels));
     TRY(ch_tensor_upload_async(r->x, b->images, (size_t)r->start * sample));
     if (labels)
-        TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)r->start * sizeof(int32_t)));
+        TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)r->start * label_bytes(r->dp)));
     return CH_OK;
 }
 
@@ -365,6 +384,87 @@ static void wait_reduced(ch_dp *dp)
     pthread_mutex_unlock(&dp->lock);
 }
 
+/* ---- BatchNorm's statistics over the replicas ------------------------------------
+ * Every replica with samples in the call deposits its sums in host memory,
+ * waits for the others, and adds all deposits in replica order, so every
+ * replica gets the same bits; a second wait keeps the deposits until all
+ * have read them. A failing replica wakes the others (fail()). */
+
+/* With dp->lock held: wait until every active replica has arrived. */
+static ch_status rendezvous(ch_dp *dp)
+{
+    int64_t round = dp->x_round;
+    if (++dp->x_arrived == dp->x_active) {
+        dp->x_arrived = 0;
+        dp->x_round++;
+        pthread_cond_broadcast(&dp->exchanged);
+    }
+    while (dp->x_round == round && !atomic_load(&dp->failed))
+        pthread_cond_wait(&dp->exchanged, &dp->lock);
+    if (dp->x_round == round)
+        return chi_error(CH_ERR_STATE, "BatchNorm statistics: another replica failed");
+    return CH_OK;
+}
+
+static ch_status exchange_sums(void *user, ch_tensor *t)
+{
+    replica *r = user;
+    ch_dp *dp = r->dp;
+    int64_t n = ch_tensor_numel(t);
+    if (n > r->xcap) {
+        float *b = realloc(r->xbuf, (size_t)n * sizeof *b);
+        if (b)
+            r->xbuf = b;
+        double *d = b ? realloc(r->xsum, (size_t)n * sizeof *d) : NULL;
+        if (d)
+            r->xsum = d;
+        if (!b || !d)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "BatchNorm statistics: out of memory");
+        r->xcap = n;
+    }
+    TRY(ch_tensor_download(t, r->xbuf, (size_t)n * sizeof(float)));
+    pthread_mutex_lock(&dp->lock);
+    ch_status st = rendezvous(dp);
+    pthread_mutex_unlock(&dp->lock);
+    TRY(st);
+    for (int64_t k = 0; k < n; k++)
+        r->xsum[k] = 0.0;
+    for (int i = 0; i < dp->n; i++) {
+        const replica *o = &dp->r[i];
+        for (int64_t k = 0; o->count > 0 && k < n; k++)
+            r->xsum[k] += o->xbuf[k];
+    }
+    pthread_mutex_lock(&dp->lock);
+    st = rendezvous(dp);
+    pthread_mutex_unlock(&dp->lock);
+    TRY(st);
+    for (int64_t k = 0; k < n; k++)
+        r->xbuf[k] = (float)r->xsum[k];
+    return ch_tensor_upload(t, r->xbuf, (size_t)n * sizeof(float));
+}
+
+/* Replica 0's buffers (running statistics) into the others', after the
+ * call drained every replica's stream. */
+static ch_status broadcast_buffers(ch_dp *dp)
+{
+    int nb = ch_module_buffer_count(dp->r[0].model);
+    for (int i = 1; i < dp->n; i++) {
+        for (int k = 0; k < nb; k++) {
+            ch_tensor *src, *dst;
+            int64_t *csrc, *cdst;
+            TRY(ch_module_buffer(dp->r[0].model, k, NULL, &src, &csrc));
+            TRY(ch_module_buffer(dp->r[i].model, k, NULL, &dst, &cdst));
+            if (src)
+                TRY(ch_copy(dst, src));
+            else
+                *cdst = *csrc;
+        }
+        if (nb > 0)
+            TRY(ch_device_sync(dp->r[i].dev));
+    }
+    return CH_OK;
+}
+
 /* ---- What each worker does --------------------------------------------------------- */
 
 /* Forward, loss, backward on this replica's slice; the gradient adds to
@@ -494,19 +594,19 @@ static ch_status infer(replica *r)
     ch_tensor *lv;
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
     TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
-    int64_t ps[1] = {r->count};
-    TRY(nn_ensure(&r->pred, r->dev, CH_I32, 1, ps));
+    int64_t per = labels_per_sample(dp), rows = r->count * per;
+    TRY(nn_ensure(&r->pred, r->dev, CH_I32, 1, &rows));
     TRY(ch_argmax(r->pred, y, 1));
-    if (r->count > r->pred_cap) {
-        int32_t *grown = realloc(r->pred_host, (size_t)r->count * sizeof *grown);
+    if (rows > r->pred_cap) {
+        int32_t *grown = realloc(r->pred_host, (size_t)rows * sizeof *grown);
         if (!grown)
             return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_evaluate: out of memory");
         r->pred_host = grown;
-        r->pred_cap = r->count;
+        r->pred_cap = rows;
     }
-    TRY(ch_tensor_download(r->pred, r->pred_host, (size_t)r->count * sizeof(int32_t)));
-    const int32_t *truth = (const int32_t *)ch_host_buffer_data(b->labels) + r->start;
-    for (int i = 0; i < r->count; i++)
+    TRY(ch_tensor_download(r->pred, r->pred_host, (size_t)rows * sizeof(int32_t)));
+    const int32_t *truth = (const int32_t *)ch_host_buffer_data(b->labels) + r->start * per;
+    for (int64_t i = 0; i < rows; i++)
         r->correct += r->pred_host[i] == truth[i];
     return CH_OK;
 }
@@ -585,6 +685,12 @@ static ch_status check_options(const ch_dp_options *o, int n)
     if (o->check_every < 0)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->check_every is %d, "
                          "expected >= 0", o->check_every);
+    if (o->sample_dtype != CH_F32 && o->sample_dtype != CH_I32)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->sample_dtype is %s, "
+                         "expected f32 or i32", ch_dtype_name(o->sample_dtype));
+    if (o->labels_per_sample < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->labels_per_sample is "
+                         "%lld, expected >= 0", (long long)o->labels_per_sample);
     if (o->sample_ndim < 1 || o->sample_ndim > CH_MAX_DIMS - 1)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->sample_ndim is %d, "
                          "expected 1 to %d", o->sample_ndim, CH_MAX_DIMS - 1);
@@ -611,6 +717,8 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
                           dp->buckets[b].p_hi - dp->buckets[b].p_lo, r->grads[b]));
     }
     nn_set_grad_hook(r->model, on_grads, r);
+    if (dp->n > 1 && !dp->o.batchnorm_local)
+        nn_set_sync(r->model, exchange_sums, r);
     TRY(ch_loss_new(&r->loss, dp->o.loss));
     TRY(ch_optimizer_new(&r->opt, r->model, &dp->o.optimizer));
     r->ready = calloc((size_t)(dp->nbuckets ? dp->nbuckets : 1), sizeof *r->ready);
@@ -671,6 +779,7 @@ static ch_status init_sync(ch_dp *dp, int n)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: pthread_mutex_init failed");
     if (pthread_cond_init(&dp->go, NULL) != 0 || pthread_cond_init(&dp->done, NULL) != 0 ||
         pthread_cond_init(&dp->posted, NULL) != 0 ||
+        pthread_cond_init(&dp->exchanged, NULL) != 0 ||
         pthread_barrier_init(&dp->barrier, NULL, (unsigned)n) != 0)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: cannot make the workers' "
                          "condition variables and barrier");
@@ -752,6 +861,8 @@ void ch_dp_free(ch_dp *dp)
         ch_tensor_free(r->labels);
         ch_tensor_free(r->pred);
         free(r->pred_host);
+        free(r->xbuf);
+        free(r->xsum);
         ch_optimizer_free(r->opt);
         ch_loss_free(r->loss);
         ch_module_free(r->model);
@@ -769,6 +880,7 @@ void ch_dp_free(ch_dp *dp)
     pthread_cond_destroy(&dp->go);
     pthread_cond_destroy(&dp->done);
     pthread_cond_destroy(&dp->posted);
+    pthread_cond_destroy(&dp->exchanged);
     pthread_mutex_destroy(&dp->lock);
     free(dp->r);
     nn_split_free(&dp->split);
@@ -816,6 +928,10 @@ static void run_all(ch_dp *dp)
     dp->finished = 0;
     atomic_store(&dp->failed, 0);
     dp->reducer_done = 0;
+    dp->x_active = 0;
+    dp->x_arrived = 0;
+    for (int i = 0; i < dp->n; i++)
+        dp->x_active += dp->r[i].count > 0;
     dp->reduce_start = 0.0;
     dp->reduce_st = CH_OK;
     if (dp->job == JOB_TRAIN && dp->sync) {
@@ -855,10 +971,11 @@ static ch_status check_batch(const ch_dp *dp, const ch_batch *batch, const char 
         return chi_error(CH_ERR_SHAPE, "%s: the images buffer holds %zu bytes, %d samples "
                          "need %zu", fn, ch_host_buffer_size(batch->images), batch->count,
                          sample * (size_t)batch->count);
-    if (labels && ch_host_buffer_size(batch->labels) < sizeof(int32_t) * (size_t)batch->count)
-        return chi_error(CH_ERR_SHAPE, "%s: the labels buffer holds %zu bytes, %d labels need "
-                         "%zu", fn, ch_host_buffer_size(batch->labels), batch->count,
-                         sizeof(int32_t) * (size_t)batch->count);
+    size_t lb = label_bytes(dp) * (size_t)batch->count;
+    if (labels && ch_host_buffer_size(batch->labels) < lb)
+        return chi_error(CH_ERR_SHAPE, "%s: the labels buffer holds %zu bytes, the labels of "
+                         "%d samples need %zu", fn, ch_host_buffer_size(batch->labels),
+                         batch->count, lb);
     return CH_OK;
 }
 
@@ -904,6 +1021,9 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     dp->micro = 0;
     dp->micro_samples = 0;
     dp->step++;
+    st = broadcast_buffers(dp);
+    if (st != CH_OK)
+        return chi_error(st, "ch_dp_step: copying the running statistics: %s", ch_last_error());
     int checked = dp->o.check_every > 0 && dp->step % dp->o.check_every == 0;
     for (int i = 1; checked && i < dp->n; i++)
         if (dp->r[i].checksum != dp->r[0].checksum)
@@ -1065,6 +1185,22 @@ ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model)
         TRY(ch_module_param(src, i, NULL, &a, NULL));
         TRY(ch_module_param(model, i, NULL, &b, NULL));
         TRY(ch_copy(b, a));
+    }
+    int nb = ch_module_buffer_count(src);
+    if (ch_module_buffer_count(model) != nb)
+        return chi_error(CH_ERR_SHAPE, "ch_dp_sync_to: model has %d buffers, the replicas %d",
+                         ch_module_buffer_count(model), nb);
+    for (int i = 0; i < nb; i++) {
+        ch_tensor *a, *b;
+        int64_t *ca, *cb;
+        TRY(ch_module_buffer(src, i, NULL, &a, &ca));
+        TRY(ch_module_buffer(model, i, NULL, &b, &cb));
+        if (!a != !b)
+            return chi_error(CH_ERR_SHAPE, "ch_dp_sync_to: buffer %d differs in kind", i);
+        if (a)
+            TRY(ch_copy(b, a));
+        else
+            *cb = *ca;
     }
     return CH_OK;
 }

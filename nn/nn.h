@@ -8,40 +8,84 @@
 
 #include "error.h"
 
+#define NN_NAME 96
+
 typedef struct nn_param {
-    char name[64];      /* "3.weight" */
+    char name[NN_NAME];  /* the state_dict name: "layer1.0.conv1.weight" */
+    const char *local;   /* the part the module gives: "weight", "wte.weight" */
     ch_tensor *value;
     ch_tensor *grad;
 } nn_param;
 
-/* Called by a Sequential during backward, right after child modules have
- * produced the gradients of parameters [first, first + count) (indices in
- * ch_module_param order): data parallelism starts reducing them while
- * backward goes on. */
+/* A buffer: state that is saved but not trained (BatchNorm's running
+ * statistics). A tensor, or an int64 counter (num_batches_tracked). */
+typedef struct nn_buffer {
+    char name[NN_NAME];
+    const char *local;
+    ch_tensor *value;    /* NULL for the counter */
+    int64_t *counter;
+} nn_buffer;
+
+/* Called after a module has produced the gradients of its own parameters,
+ * [first, first + count) in ch_module_param order of the tree the hook was
+ * set on: data parallelism starts reducing them while backward goes on. */
 typedef ch_status (*nn_grad_hook)(void *user, int first, int count);
+
+/* Sums `t` (f32, on the module's device) over every replica of the model,
+ * in place, each replica getting the same bits: BatchNorm's statistics
+ * under data parallelism. Every replica calls it the same number of
+ * times, in the same order. */
+typedef ch_status (*nn_sync_fn)(void *user, ch_tensor *t);
 
 typedef struct nn_ops {
     const char *kind;
     ch_status (*forward)(ch_module *m, const ch_tensor *x);
     ch_status (*backward)(ch_module *m, const ch_tensor *dy, int want_dx);
+    ch_dtype input;      /* the dtype forward takes (f32, or i32 tokens) */
+    int container;       /* children run through the module's own passes */
+    /* Draws the module's own parameters from (seed, *offset), advancing
+     * *offset by each one's numel; NULL: the Linear/Conv2d rule of m->init. */
+    ch_status (*init)(ch_module *m, uint64_t seed, uint64_t *offset);
 } nn_ops;
+
+/* How ch_module_init draws a module's parameters. */
+typedef enum nn_init {
+    NN_INIT_DEFAULT = 0, /* PyTorch's layer defaults (uniform 1/sqrt(fan_in); norms 1, 0) */
+    NN_INIT_KAIMING_OUT, /* weight normal, std sqrt(2 / fan_out) (torchvision's convs); bias 0 */
+    NN_INIT_NORMAL       /* weights normal(0, init_std), biases 0 (GPT-2) */
+} nn_init;
+
+#define NN_TEMPS 12
 
 struct ch_module {
     const nn_ops *ops;
     ch_device *dev;          /* where parameters live / it last ran */
     int training;
 
-    nn_param params[2];      /* weight, bias (Linear, Conv2d) */
+    /* the tree */
+    char cname[32];          /* its name in the parent; "" adds no level */
+    int named;               /* cname was given (a Sequential numbers the others) */
+    ch_module *parent;
+    ch_module **child;
+    int nchild;
+    int pfirst;              /* index of params[0] in the root's ch_module_param order */
+
+    nn_param params[2];
     int nparams;
+    nn_buffer bufs[3];
+    int nbufs;
+    int64_t batches;         /* BatchNorm's num_batches_tracked */
 
     /* configuration */
-    int64_t in, out;         /* features or channels */
+    int64_t in, out;         /* features, channels, vocabulary and width, ... */
     int kernel, stride, padding;
     ch_activation act;
-    float p;                 /* dropout */
-
-    ch_module **child;       /* Sequential */
-    int nchild;
+    float p;                 /* dropout (attention: both of its dropouts) */
+    float eps, momentum;     /* norms */
+    int heads;               /* attention */
+    int64_t positions;       /* GPT embedding: the context length */
+    nn_init init;
+    float init_std;
 
     /* forward state, reused across steps */
     const ch_tensor *x;      /* the input, kept for backward */
@@ -49,21 +93,43 @@ struct ch_module {
     ch_tensor *dx;           /* input gradient (owned) */
     ch_tensor *aux;          /* im2col columns, pooling indices, dropout mask */
     ch_tensor *aux2;         /* conv: [O, N*P] GEMM output / input gradient */
+    ch_tensor *tmp[NN_TEMPS];/* the other layers' intermediate tensors */
     ch_tensor **moved;       /* Sequential: activations moved to a child's device */
     ch_tensor **moved_grad;  /* Sequential: gradients moved back */
 
     /* dropout's random stream */
     uint64_t seed;
     int64_t step, first_sample;
-    int layer;               /* index in the parent, part of the stream key */
+    int layer;               /* preorder position in the tree, part of the stream key */
 
-    nn_grad_hook hook;       /* Sequential: see nn_set_grad_hook */
+    nn_grad_hook hook;       /* see nn_set_grad_hook */
     void *hook_user;
+    nn_sync_fn sync;         /* see nn_set_sync */
+    void *sync_user;
 };
 
-/* Set (fn NULL: clear) the gradient hook of `m`, a Sequential; other
- * modules have no hook. */
+/* Set (fn NULL: clear) the gradient hook of the tree `m`. */
 void nn_set_grad_hook(ch_module *m, nn_grad_hook fn, void *user);
+/* Set (fn NULL: clear) the statistics' all-reduce of every BatchNorm in
+ * the tree `m`. */
+void nn_set_sync(ch_module *m, nn_sync_fn fn, void *user);
+
+/* The passes of a child, for modules that run their children themselves:
+ * with the dtype, device and shape checks, and the gradient hook. */
+ch_status nn_forward(ch_module *m, const ch_tensor *x);
+ch_status nn_backward(ch_module *m, const ch_tensor *dy, int want_dx);
+/* A new module of `ops` (training mode, no parameters). */
+ch_status nn_module_new(ch_module **out, const nn_ops *ops);
+/* Parameter or buffer on the host: zero value, zero gradient (params). */
+ch_status nn_add_param(ch_module *m, const char *local, int ndim, const int64_t *shape);
+ch_status nn_add_buffer(ch_module *m, const char *local, int64_t n, double value);
+/* Append child `c` to container `m` under `name` (NULL: numbered). On
+ * failure c is freed. */
+ch_status nn_add_child(ch_module *m, ch_module *c, const char *name);
+/* The dropout stream's key of module m, `salt` telling its masks apart. */
+uint64_t nn_dropout_key(const ch_module *m, uint64_t salt);
+/* Shape of t into shape[]. */
+void nn_shape(const ch_tensor *t, int64_t *shape);
 /* Make the gradients of parameters [first, first + count) (ch_module_param
  * order) views of `buf` (1-D f32 on the module's device, exactly as many
  * elements), one after the other: those gradients are then one buffer

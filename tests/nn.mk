@@ -15,3 +15,10 @@ check_PROGRAMS += tests/test-split
 tests_test_split_SOURCES = tests/test-split.c nn/split.c nn/split.h
 tests_test_split_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/nn -DNN_SPLIT_CALLOC=test_calloc
 tests_test_split_LDADD = $(TEST_LIBS)
+
+# The ResNet and the GPT against PyTorch's numbers (tests/fixtures/, from
+# docs/pytorch/make_fixtures.py), and data parallel against one device.
+check_PROGRAMS += tests/test-models
+tests_test_models_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
+tests_test_models_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
+EXTRA_DIST += tests/fixtures/gpt-tiny.safetensors tests/fixtures/resnet-tiny.safetensors

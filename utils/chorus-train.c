@@ -1,4 +1,5 @@
-/* chorus-train: train an MLP or a CNN on Fashion-MNIST (or MNIST). */
+/* chorus-train: train an MLP, a CNN or a ResNet on Fashion-MNIST (or MNIST),
+ * or a GPT on a text or llm.c token shards. */
 #include "config.h"
 
 #include <chorus.h>
@@ -18,7 +19,7 @@
 
 typedef struct options {
     const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log, *schedule;
-    const char *split, *reduce;
+    const char *split, *reduce, *batchnorm, *prompt;
     float weights[64];       /* --split W1,W2,...; nweights 0: equal or auto */
     int nweights;
     ch_idx_options norm;     /* --normalize MEAN,STD; std 0: not given */
@@ -26,14 +27,32 @@ typedef struct options {
     int batch, json, quiet;
     float lr;
     uint64_t seed;
+    int64_t depth;           /* resnet */
+    ch_gpt_config gpt;       /* gpt; vocab 0: the data's */
+    int64_t generate, top_k, eval_every;
+    float temperature;
+    int lm;                  /* a language model (gpt) */
 } options;
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: chorus-train [options]\n"
-            "  --data DIR          IDX files (default " DEFAULT_DATA ")\n"
-            "  --model mlp|cnn     the network (default cnn)\n"
+            "  --data PATH         images: a folder of IDX files (default " DEFAULT_DATA ");\n"
+            "                      gpt: a text file, a folder of texts, or a folder of\n"
+            "                      llm.c token shards (*_train*.bin, *_val*.bin)\n"
+            "  --model NAME        mlp, cnn (default), resnet or gpt\n"
+            "  --depth N           resnet: 6n+2 layers (default %d)\n"
+            "  --batchnorm sync|local  under data parallelism, BatchNorm's batch statistics\n"
+            "                      over the whole batch (sync, default) or per replica\n"
+            "  --layers N --heads N --dim N --context N --vocab N --dropout P\n"
+            "                      gpt: its shape (default 4, 4, 128, 64, the data's\n"
+            "                      vocabulary, 0); context = tokens a sample sees\n"
+            "  --eval-every N      gpt: validation loss every N steps (default: each epoch)\n"
+            "  --generate N        gpt: print N tokens sampled from the model after training\n"
+            "  --temperature X     sampling temperature (default 1)\n"
+            "  --top-k K           sample among the K likeliest tokens (default 40; 0: all)\n"
+            "  --prompt TEXT       what the sample continues (default a newline)\n"
             "  --devices LIST      devices to train on, \"all\" (default); with several,\n"
             "                      data parallel: one replica each, the batch split; a\n"
             "                      device listed twice (host,host) holds two replicas\n"
@@ -61,7 +80,8 @@ static void usage(FILE *f)
             "  --log FILE          one JSON line per step\n"
             "  --json              print the result as one JSON object\n"
             "  --quiet             no progress output\n"
-            "  --help, --version\n");
+            "  --help, --version\n",
+            CH_RESNET_DEPTH);
 }
 
 static int fail_usage(const char *fmt, ...)
@@ -84,6 +104,25 @@ static int parse_int(const char *s, int64_t lo, int64_t *out)
         return 0;
     *out = v;
     return 1;
+}
+
+static int parse_float(const char *s, float *out)
+{
+    char *end;
+    float v = strtof(s, &end);
+    if (end == s || *end || !isfinite(v))
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* The long name of option value `c`. */
+static const char *longs_name(const struct option *longs, int c)
+{
+    for (; longs->name; longs++)
+        if (longs->val == c)
+            return longs->name;
+    return "?";
 }
 
 /* "1,2,5" into o->weights. */
@@ -129,11 +168,19 @@ static int parse_options(int argc, char **argv, options *o)
         {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
         {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
         {"bucket-mb", required_argument, 0, 'B'}, {"accumulate", required_argument, 0, 'A'},
-        {"normalize", required_argument, 0, 'Z'},
+        {"normalize", required_argument, 0, 'Z'}, {"depth", required_argument, 0, 1000},
+        {"batchnorm", required_argument, 0, 1001}, {"layers", required_argument, 0, 1002},
+        {"heads", required_argument, 0, 1003},  {"dim", required_argument, 0, 1004},
+        {"context", required_argument, 0, 1005}, {"vocab", required_argument, 0, 1006},
+        {"dropout", required_argument, 0, 1007}, {"generate", required_argument, 0, 1008},
+        {"temperature", required_argument, 0, 1009}, {"top-k", required_argument, 0, 1010},
+        {"prompt", required_argument, 0, 1011}, {"eval-every", required_argument, 0, 1012},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
-    *o = (options){DEFAULT_DATA, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "auto", "auto",
-                   {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1};
+    *o = (options){NULL, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "auto", "auto",
+                   "sync", "\n", {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1,
+                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0};
+    o->gpt.vocab = 0;
     opterr = 0;
     int c;
     int64_t v;
@@ -196,6 +243,49 @@ static int parse_options(int argc, char **argv, options *o)
                 return fail_usage("--lr wants a number > 0, not \"%s\"", optarg);
             break;
         }
+        case 1000:
+            if (!parse_int(optarg, 8, &o->depth) || (o->depth - 2) % 6 || o->depth > 10000)
+                return fail_usage("--depth wants 6n + 2 (8, 14, 20, ...), not \"%s\"", optarg);
+            break;
+        case 1001: o->batchnorm = optarg; break;
+        case 1002: case 1003: case 1004: case 1005: case 1006:
+            if (!parse_int(optarg, 1, &v) || v > 1 << 24)
+                return fail_usage("--%s wants a whole number from 1 to 16777216, not \"%s\"",
+                                  longs_name(longs, c), optarg);
+            if (c == 1002)
+                o->gpt.layers = (int)v;
+            else if (c == 1003)
+                o->gpt.heads = (int)v;
+            else if (c == 1004)
+                o->gpt.dim = v;
+            else if (c == 1005)
+                o->gpt.context = v;
+            else
+                o->gpt.vocab = v;
+            break;
+        case 1007:
+            if (!parse_float(optarg, &o->gpt.dropout) || o->gpt.dropout < 0.0f ||
+                o->gpt.dropout >= 1.0f)
+                return fail_usage("--dropout wants a number in [0, 1), not \"%s\"", optarg);
+            break;
+        case 1008:
+            if (!parse_int(optarg, 0, &o->generate) || o->generate > 1 << 20)
+                return fail_usage("--generate wants a whole number from 0 to 1048576, not "
+                                  "\"%s\"", optarg);
+            break;
+        case 1009:
+            if (!parse_float(optarg, &o->temperature) || !(o->temperature > 0.0f))
+                return fail_usage("--temperature wants a number > 0, not \"%s\"", optarg);
+            break;
+        case 1010:
+            if (!parse_int(optarg, 0, &o->top_k))
+                return fail_usage("--top-k wants a whole number >= 0, not \"%s\"", optarg);
+            break;
+        case 1011: o->prompt = optarg; break;
+        case 1012:
+            if (!parse_int(optarg, 1, &o->eval_every))
+                return fail_usage("--eval-every wants a whole number >= 1, not \"%s\"", optarg);
+            break;
         case 'h': usage(stdout); exit(0);
         case 'V': printf("chorus-train %s\n", ch_version()); exit(0);
         default:
@@ -204,8 +294,22 @@ static int parse_options(int argc, char **argv, options *o)
     }
     if (optind < argc)
         return fail_usage("unexpected argument \"%s\"", argv[optind]);
-    if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0)
-        return fail_usage("--model is mlp or cnn, not \"%s\"", o->model);
+    if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0 &&
+        strcmp(o->model, "resnet") != 0 && strcmp(o->model, "gpt") != 0)
+        return fail_usage("--model is mlp, cnn, resnet or gpt, not \"%s\"", o->model);
+    o->lm = strcmp(o->model, "gpt") == 0;
+    if (o->lm && !o->data)
+        return fail_usage("--model gpt needs --data: a text file, a folder of texts, or a "
+                          "folder of llm.c token shards");
+    if (!o->data)
+        o->data = DEFAULT_DATA;
+    if (o->gpt.dim % o->gpt.heads != 0)
+        return fail_usage("--heads %d does not divide --dim %lld", o->gpt.heads,
+                          (long long)o->gpt.dim);
+    if (strcmp(o->batchnorm, "sync") != 0 && strcmp(o->batchnorm, "local") != 0)
+        return fail_usage("--batchnorm is sync or local, not \"%s\"", o->batchnorm);
+    if (!o->lm && (o->generate || o->eval_every))
+        return fail_usage("--%s is for --model gpt", o->generate ? "generate" : "eval-every");
     if (strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") && strcmp(o->optimizer, "adamw"))
         return fail_usage("--optimizer is sgd, adam or adamw, not \"%s\"", o->optimizer);
     if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "step") &&
@@ -238,6 +342,12 @@ typedef struct trainer {
     ch_idx_options norm;     /* the inputs' normalisation, for both sets */
     ch_train_state resumed;  /* where --resume goes on from */
     ch_loader *loader;
+    ch_tokens *tok_train, *tok_val; /* gpt */
+    ch_host_buffer *tok_in, *tok_out; /* a batch of windows and their targets */
+    ch_batch lm_batch;
+    int64_t lm_batches, lm_next; /* per epoch; the next one to assemble */
+    double val_loss;         /* the last validation loss, NAN before */
+    float last_loss;         /* the last training batch's */
     FILE *log;
     int tty;
     int shown;               /* columns of the progress line on the screen */
@@ -361,8 +471,14 @@ static void progress(trainer *t, int64_t epoch, int64_t batch, int64_t nbatches,
     snprintf(p.text[PART_EPOCH], PART_MAX, "epoch %lld/%lld", (long long)epoch + 1,
              (long long)t->o->epochs);
     snprintf(p.text[PART_STEP], PART_MAX, "step %lld", (long long)t->step);
-    snprintf(p.text[PART_LOSS], PART_MAX, "loss %.4f", loss);
-    snprintf(p.text[PART_RATE], PART_MAX, "%6.0f samples/s", rate);
+    if (t->o->lm && !isnan(t->val_loss))
+        snprintf(p.text[PART_LOSS], PART_MAX, "loss %.4f val_loss %.4f", loss, t->val_loss);
+    else
+        snprintf(p.text[PART_LOSS], PART_MAX, "loss %.4f", loss);
+    if (t->o->lm)
+        snprintf(p.text[PART_RATE], PART_MAX, "%6.0f tokens/s", rate * t->o->gpt.context);
+    else
+        snprintf(p.text[PART_RATE], PART_MAX, "%6.0f samples/s", rate);
     snprintf(p.text[PART_LEFT], PART_MAX, "%4.0fs left", left);
     device_parts(t, p.text[PART_DEVICES], PART_MAX);
     /* The last column stays empty: a line that fills it wraps at once on
@@ -389,8 +505,14 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
     char lossv[32] = "null";
     if (isfinite(loss))
         snprintf(lossv, sizeof lossv, "%.6f", loss);
-    fprintf(t->log, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"samples_per_s\":%.1f,"
-            "\"devices\":[", (long long)t->step, (long long)epoch, lossv, rate);
+    fprintf(t->log, "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"samples_per_s\":%.1f,",
+            (long long)t->step, (long long)epoch, lossv, rate);
+    if (t->o->lm) {
+        fprintf(t->log, "\"tokens_per_s\":%.1f,", rate * t->o->gpt.context);
+        if (isfinite(t->val_loss))
+            fprintf(t->log, "\"val_loss\":%.6f,", t->val_loss);
+    }
+    fprintf(t->log, "\"devices\":[");
     for (int i = 0; i < t->ndev; i++) {
         fprintf(t->log, "%s{\"id\":\"%s\",\"share\":%.4f,\"time_s\":%.6f", i ? "," : "",
                 ch_device_id(t->devs[i]), total ? (double)counts[i] / total : 0.0, times[i]);
@@ -401,31 +523,119 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
     fprintf(t->log, "]}\n");
 }
 
+/* ---- Batches of token windows (gpt) --------------------------------------------- */
+
+/* Window `first + i` for i < count into the batch buffers: the training
+ * sample of (seed, epoch, index), or evaluation window index. */
+static ch_status fill_windows(trainer *t, const ch_tokens *tok, int64_t epoch, int64_t first,
+                              int count, int eval)
+{
+    int ctx = (int)t->o->gpt.context;
+    int32_t *in = ch_host_buffer_data(t->tok_in), *out = ch_host_buffer_data(t->tok_out);
+    for (int i = 0; i < count; i++) {
+        int32_t *x = in + (size_t)i * ctx, *y = out + (size_t)i * ctx;
+        ch_status st = eval ? ch_tokens_eval_window(tok, x, y, first + i, ctx)
+                            : ch_tokens_window(tok, x, y, t->o->seed, epoch, first + i, ctx);
+        if (st != CH_OK)
+            return st;
+    }
+    t->lm_batch = (ch_batch){t->tok_in, t->tok_out, NULL, count, epoch, first / t->o->batch};
+    return CH_OK;
+}
+
+static ch_status batches_start(trainer *t, int64_t epoch, int64_t first)
+{
+    if (!t->o->lm)
+        return ch_loader_start(t->loader, epoch, first);
+    t->lm_next = first;
+    t->lm_batch.epoch = epoch;
+    return CH_OK;
+}
+
+static int64_t batches_per_epoch(const trainer *t)
+{
+    return t->o->lm ? t->lm_batches : ch_loader_batches(t->loader);
+}
+
+/* The next batch of the epoch; NULL at its end. */
+static ch_status batches_next(trainer *t, ch_batch **b)
+{
+    *b = NULL;
+    if (!t->o->lm)
+        return ch_loader_next(t->loader, b);
+    if (t->lm_next >= t->lm_batches)
+        return CH_OK;
+    int64_t n = t->lm_next++;
+    ch_status st = fill_windows(t, t->tok_train, t->lm_batch.epoch, n * t->o->batch,
+                                t->o->batch, 0);
+    if (st != CH_OK)
+        return st;
+    t->lm_batch.number = n;
+    *b = &t->lm_batch;
+    return CH_OK;
+}
+
+static void batches_release(trainer *t, ch_batch *b)
+{
+    if (!t->o->lm)
+        ch_loader_release(t->loader, b);
+}
+
+/* Mean cross-entropy over every evaluation window of the validation
+ * split, in batches; *accuracy: the share of tokens predicted right. */
+static ch_status validate(trainer *t, double *loss, double *accuracy)
+{
+    int64_t windows = ch_tokens_windows(t->tok_val, (int)t->o->gpt.context), right = 0;
+    double sum = 0;
+    ch_status st = CH_OK;
+    for (int64_t w = 0; st == CH_OK && w < windows; w += t->o->batch) {
+        int count = (int)(windows - w < t->o->batch ? windows - w : t->o->batch);
+        float l = 0;
+        int64_t r = 0;
+        st = fill_windows(t, t->tok_val, 0, w, count, 1);
+        if (st == CH_OK)
+            st = ch_dp_evaluate(t->dp, &l, &r, &t->lm_batch);
+        sum += (double)l * count;
+        right += r;
+    }
+    *loss = windows ? sum / (double)windows : 0.0;
+    *accuracy = windows ? (double)right / ((double)windows * t->o->gpt.context) : 0.0;
+    t->val_loss = *loss;
+    return st;
+}
+
 /* One epoch from batch `first`; returns 1 in *stop when --max-steps is
  * reached, and in *next the batch to go on from. */
 static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop,
                              double *busy, int64_t *samples, int64_t *next)
 {
     *next = first;
-    ch_status st = ch_loader_start(t->loader, epoch, first);
-    int64_t nb = ch_loader_batches(t->loader);
+    ch_status st = batches_start(t, epoch, first);
+    int64_t nb = batches_per_epoch(t);
     double t0 = ch_clock_seconds();
     float loss = 0.0f;
     while (st == CH_OK) {
         ch_batch *b = NULL;
-        st = ch_loader_next(t->loader, &b);
+        st = batches_next(t, &b);
         if (st != CH_OK || !b)
             break;
         double s0 = ch_clock_seconds();
         int updated = 0;
         st = train_step(t, b, &loss, &updated);
+        t->last_loss = loss;
         *busy += ch_clock_seconds() - s0;
         *samples += b->count;
         t->step += updated;
         int64_t number = b->number;
         *next = number + 1;
-        ch_loader_release(t->loader, b);
+        batches_release(t, b);
         double rate = (double)*samples / *busy;
+        if (st == CH_OK && updated && t->o->eval_every > 0 && t->step % t->o->eval_every == 0) {
+            double acc;
+            double v0 = ch_clock_seconds();
+            st = validate(t, &t->val_loss, &acc);
+            t0 += ch_clock_seconds() - v0; /* not training time */
+        }
         log_step(t, epoch, loss, rate);
         double left = (ch_clock_seconds() - t0) / (double)(number + 1 - first) *
                       (double)(nb - number - 1);
@@ -440,9 +650,19 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
         st = ch_dp_flush(t->dp, ch_lr_at(&t->lr, t->step));
         t->step += st == CH_OK;
     }
-    if (st == CH_OK && !t->o->quiet && !t->tty)
-        fprintf(stderr, "epoch %lld: loss %.4f, %.0f samples/s\n", (long long)epoch + 1, loss,
-                *busy > 0 ? (double)*samples / *busy : 0.0);
+    if (st == CH_OK && t->o->lm && !t->o->eval_every) {
+        double acc;
+        st = validate(t, &t->val_loss, &acc);
+    }
+    if (st == CH_OK && !t->o->quiet && !t->tty) {
+        double rate = *busy > 0 ? (double)*samples / *busy : 0.0;
+        if (t->o->lm)
+            fprintf(stderr, "epoch %lld: loss %.4f, val_loss %.4f, %.0f tokens/s\n",
+                    (long long)epoch + 1, loss, t->val_loss, rate * t->o->gpt.context);
+        else
+            fprintf(stderr, "epoch %lld: loss %.4f, %.0f samples/s\n", (long long)epoch + 1,
+                    loss, rate);
+    }
     return st;
 }
 
@@ -476,6 +696,116 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
     return st;
 }
 
+/* ---- Sampling from the trained model (gpt) ------------------------------------- */
+
+static int descending(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* A token drawn from softmax(logits / temperature) over the top_k likeliest
+ * (all when top_k is 0), with the uniform number u in [0, 1); `scratch`
+ * holds vocab floats. */
+static int32_t sample_token(float *logits, float *scratch, int64_t vocab, float temperature,
+                            int64_t top_k, double u)
+{
+    float cut = -INFINITY;
+    if (top_k > 0 && top_k < vocab) {
+        memcpy(scratch, logits, (size_t)vocab * sizeof *scratch);
+        qsort(scratch, (size_t)vocab, sizeof *scratch, descending);
+        cut = scratch[top_k - 1];
+    }
+    double top = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < vocab; i++)
+        if (logits[i] > top)
+            top = logits[i];
+    for (int64_t i = 0; i < vocab; i++) {
+        double p = logits[i] >= cut ? exp(((double)logits[i] - top) / temperature) : 0.0;
+        scratch[i] = (float)p;
+        sum += p;
+    }
+    double target = u * sum, acc = 0;
+    int32_t last = 0;
+    for (int64_t i = 0; i < vocab; i++) {
+        if (scratch[i] <= 0.0f)
+            continue;
+        last = (int32_t)i;
+        acc += scratch[i];
+        if (acc > target)
+            return (int32_t)i;
+    }
+    return last;
+}
+
+/* One forward of replica 0 on the last `context` tokens of text[0, n):
+ * the logits of the next token into *logits. */
+static ch_status next_logits(trainer *t, const int32_t *text, int64_t n, float *logits)
+{
+    ch_module *m = ch_dp_replica(t->dp, 0);
+    int64_t ctx = t->o->gpt.context, len = n < ctx ? n : ctx;
+    int64_t shape[2] = {1, len}, vocab = t->o->gpt.vocab;
+    ch_tensor *x = NULL, *row = NULL, *y = NULL;
+    ch_status st = ch_tensor_new(&x, ch_module_device(m), CH_I32, 2, shape);
+    if (st == CH_OK)
+        st = ch_tensor_upload(x, text + n - len, (size_t)len * sizeof(int32_t));
+    if (st == CH_OK)
+        st = ch_module_forward(m, &y, x);
+    if (st == CH_OK)
+        st = ch_tensor_view(&row, y, len - 1, 1);
+    if (st == CH_OK)
+        st = ch_tensor_download(row, logits, (size_t)vocab * sizeof(float));
+    ch_tensor_free(row);
+    ch_tensor_free(x);
+    return st;
+}
+
+/* --generate N: N tokens continuing --prompt, printed as they come (bytes
+ * as text, shard tokens as numbers). */
+static ch_status generate(trainer *t)
+{
+    const options *o = t->o;
+    int64_t plen = (int64_t)strlen(o->prompt), n = plen > 0 ? plen : 1;
+    int32_t *text = malloc((size_t)(n + o->generate) * sizeof *text);
+    float *logits = malloc(2 * (size_t)o->gpt.vocab * sizeof *logits);
+    ch_status st = text && logits ? CH_OK : CH_ERR_OUT_OF_MEMORY;
+    if (st != CH_OK) {
+        free(text);
+        free(logits);
+        fprintf(stderr, "chorus-train: --generate: out of memory\n");
+        return st;
+    }
+    for (int64_t i = 0; i < plen; i++)
+        text[i] = (unsigned char)o->prompt[i] % o->gpt.vocab;
+    if (plen == 0)
+        text[0] = 0;
+    int bytes = ch_tokens_bytes(t->tok_train);
+    ch_module *m = ch_dp_replica(t->dp, 0);
+    ch_module_train(m, 0);
+    printf("sample:\n%s", bytes ? o->prompt : "");
+    for (int64_t i = 0; st == CH_OK && i < o->generate; i++) {
+        st = next_logits(t, text, n, logits);
+        uint32_t ctr[4] = {(uint32_t)i, (uint32_t)((uint64_t)i >> 32), 0x67656e, 0};
+        ch_philox4x32(ctr, o->seed);
+        double u = (ctr[0] >> 8) * (1.0 / 16777216.0);
+        if (st == CH_OK) {
+            int32_t tok = sample_token(logits, logits + o->gpt.vocab, o->gpt.vocab,
+                                       o->temperature, o->top_k, u);
+            text[n++] = tok;
+            if (bytes)
+                putchar(tok);
+            else
+                printf("%s%d", i ? " " : "", tok);
+        }
+    }
+    printf("\n");
+    fflush(stdout);
+    ch_module_train(m, 1);
+    free(text);
+    free(logits);
+    return st;
+}
+
 /* Replicas of the (initialised or resumed) model on every device; each
  * replica's optimizer takes the checkpoint's state too. */
 static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
@@ -492,7 +822,15 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
     d.accumulate = (int)t->o->accumulate;
     d.loss = CH_LOSS_CROSS_ENTROPY;
     d.optimizer = *oo;
-    d.sample_ndim = ch_dataset_sample_shape(t->train, d.sample_shape);
+    if (t->o->lm) {
+        d.sample_ndim = 1;
+        d.sample_shape[0] = t->o->gpt.context;
+        d.sample_dtype = CH_I32;
+        d.labels_per_sample = t->o->gpt.context;
+    } else {
+        d.sample_ndim = ch_dataset_sample_shape(t->train, d.sample_shape);
+    }
+    d.batchnorm_local = strcmp(t->o->batchnorm, "local") == 0;
     d.seed = t->o->seed;
     ch_status st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
     /* A reduction these devices cannot do is the user's choice to change. */
@@ -507,8 +845,15 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
  * training stopped (the replicas load the optimizer state later). */
 static ch_status make_model(trainer *t)
 {
-    t->resumed = (ch_train_state){0, 0, 0, t->o->seed, 0.0f, 0.0f};
-    ch_status st = ch_nn_preset(&t->model, t->o->model);
+    const options *o = t->o;
+    t->resumed = (ch_train_state){0, 0, 0, o->seed, 0.0f, 0.0f};
+    ch_status st;
+    if (o->lm)
+        st = ch_nn_gpt(&t->model, &o->gpt);
+    else if (strcmp(o->model, "resnet") == 0)
+        st = ch_nn_resnet(&t->model, (int)o->depth, 16, 1, 10);
+    else
+        st = ch_nn_preset(&t->model, o->model);
     if (st == CH_OK)
         st = ch_module_init(t->model, t->o->seed);
     if (st == CH_OK && t->o->resume)
@@ -526,12 +871,21 @@ static ch_status setup(trainer *t)
         oo.momentum = 0.9f;
     ch_status st = setup_dp(t, &oo);
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
-    if (st == CH_OK)
+    if (st == CH_OK && !t->o->lm)
         st = ch_loader_new(&t->loader, t->train, &lo);
-    /* The schedule depends only on the step and the planned epochs, so a
-     * resumed run follows the same curve. */
-    int64_t k = t->o->accumulate, per_epoch = st == CH_OK ? ch_loader_batches(t->loader) : 0;
+    if (st == CH_OK && t->o->lm) {
+        size_t bytes = (size_t)t->o->batch * (size_t)t->o->gpt.context * sizeof(int32_t);
+        st = ch_host_buffer_new(&t->tok_in, t->dev, bytes);
+        if (st == CH_OK)
+            st = ch_host_buffer_new(&t->tok_out, t->dev, bytes);
+    }
+    /* The schedule depends only on the step and the planned epochs (or
+     * --max-steps, when it ends the run sooner), so a resumed run follows
+     * the same curve. */
+    int64_t k = t->o->accumulate, per_epoch = st == CH_OK ? batches_per_epoch(t) : 0;
     int64_t total = t->o->epochs * ((per_epoch + k - 1) / k);
+    if (t->o->max_steps > 0 && t->o->max_steps < total)
+        total = t->o->max_steps;
     ch_lr_kind lr_kind = strcmp(t->o->schedule, "cosine") == 0 ? CH_LR_COSINE
                       : strcmp(t->o->schedule, "step") == 0 ? CH_LR_STEP
                                                             : CH_LR_CONSTANT;
@@ -577,6 +931,10 @@ static void note_sharing(const trainer *t)
 static void teardown(trainer *t)
 {
     ch_loader_free(t->loader);
+    ch_host_buffer_free(t->tok_in);
+    ch_host_buffer_free(t->tok_out);
+    ch_tokens_free(t->tok_train);
+    ch_tokens_free(t->tok_val);
     ch_dp_free(t->dp);
     ch_module_free(t->model);
     ch_dataset_free(t->train);
@@ -624,13 +982,29 @@ static int run(trainer *t)
             return runtime_error("cannot write the checkpoint");
     }
     double acc = 0, loss = 0;
-    if (evaluate(t, &acc, &loss) != CH_OK)
+    if ((o->lm ? validate(t, &loss, &acc) : evaluate(t, &acc, &loss)) != CH_OK)
         return runtime_error("evaluation failed");
     double rate = busy > 0 ? (double)samples / busy : 0.0;
     char ids[1024] = "";
     for (int i = 0; i < t->ndev; i++) {
         size_t len = strlen(ids);
         snprintf(ids + len, sizeof ids - len, "%s%s", i ? "," : "", ch_device_id(t->devs[i]));
+    }
+    if (o->lm) {
+        double tps = rate * o->gpt.context;
+        if (o->json)
+            printf("{\"val_loss\":%.4f,\"val_accuracy\":%.4f,\"train_loss\":%.4f,"
+                   "\"tokens_per_s\":%.1f,\"epochs\":%lld,\"devices\":\"%s\","
+                   "\"steps\":%lld}\n", loss, acc, t->last_loss, tps, (long long)epoch, ids,
+                   (long long)t->step);
+        else
+            printf("result val_loss=%.4f val_accuracy=%.4f train_loss=%.4f tokens_per_s=%.1f "
+                   "steps=%lld devices=%s\n", loss, acc, t->last_loss, tps,
+                   (long long)t->step, ids);
+        fflush(stdout);
+        if (o->generate > 0 && generate(t) != CH_OK)
+            return runtime_error("generation failed");
+        return 0;
     }
     if (o->json)
         printf("{\"test_accuracy\":%.4f,\"test_loss\":%.4f,\"samples_per_s\":%.1f,"
@@ -675,6 +1049,40 @@ static int open_data(trainer *t)
     return 0;
 }
 
+/* The token data; the vocabulary is the data's unless --vocab says (it
+ * may be larger). 0 or the exit status. */
+static int open_tokens(trainer *t)
+{
+    options *o = (options *)t->o;
+    if (ch_tokens_open(&t->tok_train, &t->tok_val, o->data) != CH_OK) {
+        fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
+        return EXIT_USAGE;
+    }
+    int32_t vocab = ch_tokens_vocab(t->tok_train);
+    if (o->gpt.vocab == 0)
+        o->gpt.vocab = vocab;
+    if (o->gpt.vocab < vocab) {
+        fprintf(stderr, "chorus-train: --vocab %lld: %s has tokens up to %d (see --help)\n",
+                (long long)o->gpt.vocab, o->data, vocab - 1);
+        return EXIT_USAGE;
+    }
+    int ctx = (int)o->gpt.context;
+    int64_t windows = ch_tokens_windows(t->tok_train, ctx);
+    if (windows == 0 || ch_tokens_windows(t->tok_val, ctx) == 0) {
+        fprintf(stderr, "chorus-train: --context %d: %s\n", ctx, ch_last_error());
+        return EXIT_USAGE;
+    }
+    if (o->limit > 0 && o->limit < windows)
+        windows = o->limit;
+    t->lm_batches = windows / o->batch > 0 ? windows / o->batch : 1;
+    if (windows < o->batch) {
+        fprintf(stderr, "chorus-train: --batch %d: the training split holds %lld windows of "
+                "%d tokens\n", o->batch, (long long)windows, ctx);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 /* Devices, model, data and log; 0 or the exit status. */
 static int prepare(trainer *t)
 {
@@ -690,9 +1098,12 @@ static int prepare(trainer *t)
     }
     t->dev = t->devs[0];
     name_replicas(t);
+    int rc = o->lm ? open_tokens(t) : 0;
+    if (rc)
+        return rc;
     if (make_model(t) != CH_OK)
         return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
-    int rc = open_data(t);
+    rc = o->lm ? 0 : open_data(t);
     if (rc)
         return rc;
     if (o->log && !(t->log = fopen(o->log, "w"))) {
@@ -712,7 +1123,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "chorus-train: %s\n", ch_last_error());
         return EXIT_RUNTIME;
     }
-    trainer t = {.o = &o, .tty = isatty(STDERR_FILENO)};
+    trainer t = {.o = &o, .tty = isatty(STDERR_FILENO), .val_loss = NAN};
     rc = prepare(&t);
     if (rc == 0)
         rc = run(&t);

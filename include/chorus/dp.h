@@ -45,6 +45,22 @@ typedef struct ch_dp_options {
      * ch_dataset_sample_shape. */
     int sample_ndim;
     int64_t sample_shape[CH_MAX_DIMS];
+    /* The inputs' dtype: CH_F32 (images, the default 0) or CH_I32 (tokens:
+     * a language model's windows, sample_shape [context]). */
+    ch_dtype sample_dtype;
+    /* Labels per sample: 0 or 1 for a class per image; a language model
+     * has one per token (context). A batch's labels buffer holds count *
+     * labels_per_sample i32; the loss is the mean over all of them, and
+     * ch_dp_evaluate counts correct labels. */
+    int64_t labels_per_sample;
+    /* BatchNorm layers normalise with the statistics of the whole batch,
+     * summed over the replicas inside forward and backward (0, the
+     * default: a data-parallel step equals the one-device step on the
+     * whole batch, to rounding), or with each replica's own (1: PyTorch
+     * DDP's default, without SyncBatchNorm). Either way the running
+     * statistics are replica 0's, copied to the others after every
+     * update, as DDP broadcasts buffers. */
+    int batchnorm_local;
     uint64_t seed;         /* the dropout stream */
     /* Every check_every steps (0: never), compare a checksum of every
      * replica's parameters with replica 0's: a divergence fails the step
@@ -122,7 +138,8 @@ CH_API int ch_dp_bound(const ch_dp *dp, int index);
  * is the same). Borrowed: it belongs to dp. */
 CH_API ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index);
 
-/* Copy the parameters of replica 0 into `model` (same structure). */
+/* Copy the parameters and buffers of replica 0 into `model` (same
+ * structure). */
 CH_API ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model);
 
 /* The replica on devices[index]. Borrowed: it belongs to dp. */

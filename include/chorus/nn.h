@@ -12,11 +12,18 @@ extern "C" {
 /* ---- Modules -----------------------------------------------------------------
  * A module has explicit forward and backward passes built from the core's
  * ops, so it runs on every backend. Modules are created on the host device
- * with their parameters and gradients zero; ch_module_init draws them from a seed
- * (PyTorch's default scheme, from the Philox stream: the same numbers on every
- * backend), ch_module_to moves them. Parameter names and layouts follow
- * PyTorch's state_dict for the same nn.Sequential ("0.weight", "3.bias";
- * Linear weight [out, in], Conv2d weight [out, in, kh, kw]). */
+ * with their parameters and gradients zero (norms: weight 1); ch_module_init
+ * draws them from a seed (PyTorch's default scheme, or the scheme of the
+ * preset's model, from the Philox stream: the same numbers on every
+ * backend), ch_module_to moves them.
+ *
+ * Modules form a tree: containers (Sequential, Residual, and the layers
+ * made of layers) own their children, each child has a name in its parent,
+ * and a parameter's name is the path of names down to it, as in PyTorch's
+ * state_dict: "layer1.0.conv1.weight", "transformer.h.0.attn.c_attn.bias".
+ * A Sequential numbers its unnamed children "0", "1", ... by position; a
+ * child named "" adds no level to the path. Layouts are PyTorch's (Linear
+ * weight [out, in], Conv2d weight [out, in, kh, kw], Embedding [num, dim]). */
 typedef struct ch_module ch_module;
 
 CH_API ch_status ch_nn_linear(ch_module **out, int64_t in_features, int64_t out_features);
@@ -26,14 +33,77 @@ CH_API ch_status ch_nn_activation(ch_module **out, ch_activation act);
 CH_API ch_status ch_nn_maxpool2d(ch_module **out, int kernel, int stride);
 CH_API ch_status ch_nn_flatten(ch_module **out);
 CH_API ch_status ch_nn_dropout(ch_module **out, float p);
+/* Conv2d without a bias (the convolutions of a ResNet, before a BatchNorm). */
+CH_API ch_status ch_nn_conv2d_nobias(ch_module **out, int64_t in_channels,
+                                     int64_t out_channels, int kernel, int stride, int padding);
+/* BatchNorm2d over dimension 1 of [N, C, ...] (PyTorch's eps 1e-5, momentum
+ * 0.1): in training mode it normalises with the batch's statistics and
+ * moves the buffers running_mean, running_var (unbiased) and
+ * num_batches_tracked; in evaluation mode it uses the running ones. Under
+ * ch_dp the batch statistics are those of the whole batch, over every
+ * replica (see ch_dp_options). */
+CH_API ch_status ch_nn_batchnorm2d(ch_module **out, int64_t channels, float eps, float momentum);
+/* LayerNorm over the last dimension (PyTorch's eps 1e-5). */
+CH_API ch_status ch_nn_layernorm(ch_module **out, int64_t features, float eps);
+/* Embedding: i32 indices [...] in [0, num) -> rows [..., dim]. */
+CH_API ch_status ch_nn_embedding(ch_module **out, int64_t num, int64_t dim);
+/* Global average pooling, AdaptiveAvgPool2d(1): [N, C, H, W] -> [N, C, 1, 1]. */
+CH_API ch_status ch_nn_avgpool_global(ch_module **out);
+/* Causal multi-head self-attention on [B, T, dim], as GPT-2's: children
+ * "c_attn" (Linear(dim, 3 dim), q, k and v in that order) and "c_proj"
+ * (Linear(dim, dim)); `dropout` on the attention probabilities and on the
+ * output. heads must divide dim. */
+CH_API ch_status ch_nn_causal_self_attention(ch_module **out, int64_t dim, int heads,
+                                             float dropout);
+
 CH_API ch_status ch_nn_sequential(ch_module **out);
-/* Append `child` (ownership passes to seq, also on failure). */
+/* Append `child` (ownership passes to seq, also on failure), named by its
+ * position unless it was given a name (ch_module_set_name). */
 CH_API ch_status ch_nn_sequential_add(ch_module *seq, ch_module *child);
+/* Append `child` under `name` (no dot; "" adds no level to the names). */
+CH_API ch_status ch_nn_sequential_add_named(ch_module *seq, const char *name,
+                                            ch_module *child);
+/* y = main_branch(x) + shortcut(x); shortcut NULL: the identity. The main
+ * branch adds no level to the names; the shortcut is "shortcut" unless it
+ * was named. Ownership of both passes to *out, also on failure. */
+CH_API ch_status ch_nn_residual(ch_module **out, ch_module *main_branch, ch_module *shortcut);
+/* Name a module in its parent (and rename the tree's parameters). */
+CH_API ch_status ch_module_set_name(ch_module *m, const char *name);
+CH_API const char *ch_module_name(const ch_module *m);
+
+/* The GPT-2 of nanoGPT: token and position embeddings, `layers` pre-norm
+ * blocks (ln_1, causal self-attention, ln_2, MLP of 4 dim with GELU), a
+ * final LayerNorm, and logits from the token embedding's weight (tied: its
+ * gradient sums both uses, a checkpoint holds it once, as
+ * "transformer.wte.weight"). Input i32 tokens [B, T], T <= context; output
+ * logits [B * T, vocab]. Initialised as nanoGPT: normal(0, 0.02), c_proj
+ * weights 0.02 / sqrt(2 layers), biases 0. */
+typedef struct ch_gpt_config {
+    int layers, heads;
+    int64_t dim, context, vocab;
+    float dropout;
+} ch_gpt_config;
+/* layers 4, heads 4, dim 128, context 64, vocab 256 (bytes), dropout 0. */
+CH_API ch_gpt_config ch_gpt_defaults(void);
+CH_API ch_status ch_nn_gpt(ch_module **out, const ch_gpt_config *config);
+
+/* The CIFAR ResNet of He et al. (2016) for [N, in_channels, H, W] images:
+ * conv1 3x3 (width) + bn1 + relu; layer1, layer2, layer3 of (depth - 2) / 6
+ * BasicBlocks with width, 2 width, 4 width channels (stride 2 first in
+ * layer2 and layer3; a "downsample" 1x1 conv + BatchNorm shortcut where the
+ * shape changes); global average pooling; fc. Names as torchvision's;
+ * convolutions initialised as torchvision's (normal, fan_out). depth is
+ * 6n + 2: 8, 14, 20, ... */
+CH_API ch_status ch_nn_resnet(ch_module **out, int depth, int width, int in_channels,
+                              int classes);
+#define CH_RESNET_DEPTH 20
 
 /* The reference networks for 1x28x28 images and 10 classes, as Sequentials:
  *   "mlp": Flatten, Linear(784, 512), ReLU, Linear(512, 512), ReLU, Linear(512, 10)
  *   "cnn": Conv2d(1, 32, 3, pad 1), ReLU, MaxPool2d(2), Conv2d(32, 64, 3, pad 1),
- *          ReLU, MaxPool2d(2), Flatten, Linear(3136, 128), ReLU, Linear(128, 10) */
+ *          ReLU, MaxPool2d(2), Flatten, Linear(3136, 128), ReLU, Linear(128, 10)
+ *   "resnet": ch_nn_resnet(CH_RESNET_DEPTH, width 16, 1 channel, 10 classes)
+ * and "gpt": ch_nn_gpt(ch_gpt_defaults()), a byte-level language model. */
 CH_API ch_status ch_nn_preset(ch_module **out, const char *name);
 
 /* Frees the module, its children, parameters and buffers. NULL: no-op. */
@@ -83,6 +153,13 @@ CH_API int ch_module_param_count(const ch_module *m);
 CH_API ch_status ch_module_param(const ch_module *m, int index, const char **name,
                                  ch_tensor **value, ch_tensor **grad);
 CH_API int64_t ch_module_param_numel(const ch_module *m);
+
+/* Buffers (saved, not trained: BatchNorm's running_mean, running_var and
+ * num_batches_tracked) in state_dict order. Each is a tensor (*value) or an
+ * int64 counter (*counter, the other NULL); all borrowed. */
+CH_API int ch_module_buffer_count(const ch_module *m);
+CH_API ch_status ch_module_buffer(const ch_module *m, int index, const char **name,
+                                  ch_tensor **value, int64_t **counter);
 
 /* ---- Losses -------------------------------------------------------------------- */
 

@@ -1,0 +1,569 @@
+/* The language-model layers: Embedding, the GPT's token and position
+ * embeddings, causal multi-head self-attention, and the GPT itself (a
+ * transformer under "transformer" and an output projection tied to the
+ * token embedding). */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nn.h"
+
+/* Dropout masks of one module, told apart by their salt. */
+enum { SALT_EMBED = 1, SALT_ATTN = 2, SALT_RESID = 3 };
+
+static ch_status made(ch_module **out, ch_status st)
+{
+    if (st != CH_OK) {
+        ch_module_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* Normal(0, 1) as nn.Embedding, or normal(0, init_std) (GPT-2). */
+static ch_status embedding_init(ch_module *m, uint64_t seed, uint64_t *offset)
+{
+    float std = m->init == NN_INIT_NORMAL ? m->init_std : 1.0f;
+    for (int i = 0; i < m->nparams; i++) {
+        TRY(ch_rand_normal(m->params[i].value, seed, *offset, 0.0f, std));
+        *offset += (uint64_t)ch_tensor_numel(m->params[i].value);
+    }
+    return CH_OK;
+}
+
+/* y [..., D] for idx [...]. */
+static ch_status gather(ch_module *m, const ch_tensor *idx)
+{
+    int nd = ch_tensor_ndim(idx);
+    if (nd >= CH_MAX_DIMS)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: %s takes at most %d dimensions",
+                         m->ops->kind, CH_MAX_DIMS - 1);
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(idx, shape);
+    shape[nd] = m->out;
+    TRY(nn_ensure(&m->y, m->dev, CH_F32, nd + 1, shape));
+    return ch_embedding(m->y, m->params[0].value, idx);
+}
+
+static ch_status embedding_forward(ch_module *m, const ch_tensor *idx) { return gather(m, idx); }
+
+static ch_status embedding_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    (void)want_dx; /* indices have no gradient */
+    return ch_embedding_backward(m->params[0].grad, dy, m->x);
+}
+
+/* ---- The GPT's embeddings: wte(idx) + wpe(position), then dropout ------------ */
+
+/* Rows [0, t) of a [rows, D] table, seen as one vector of t * D. */
+static ch_status first_rows(ch_tensor **out, ch_tensor *table, int64_t t)
+{
+    ch_tensor *rows = NULL;
+    TRY(ch_tensor_view(&rows, table, 0, t));
+    int64_t n = ch_tensor_numel(rows);
+    ch_status st = ch_tensor_reshape(out, rows, 1, &n);
+    ch_tensor_free(rows);
+    return st;
+}
+
+/* [B, T, D] seen as [B, T * D]. */
+static ch_status per_sample(ch_tensor **out, const ch_tensor *t)
+{
+    int64_t shape[2] = {ch_tensor_dim(t, 0), ch_tensor_numel(t) / ch_tensor_dim(t, 0)};
+    return nn_view(out, t, 2, shape);
+}
+
+/* Dropout of `t` in place with mask *mask (made here), the mask of sample
+ * s at offset (first_sample + s) * (numel / samples) of the module's
+ * stream `salt`: independent of how the batch is split. */
+static ch_status dropout_in_place(ch_module *m, ch_tensor *t, ch_tensor **mask, int64_t samples,
+                                  uint64_t salt)
+{
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(t, shape);
+    TRY(nn_ensure(mask, m->dev, CH_F32, ch_tensor_ndim(t), shape));
+    uint64_t offset = (uint64_t)(m->first_sample * (ch_tensor_numel(t) / samples));
+    TRY(ch_dropout_mask(*mask, nn_dropout_key(m, salt), offset, m->p));
+    return ch_mul(t, t, *mask);
+}
+
+static int dropping(const ch_module *m) { return m->training && m->p > 0.0f; }
+
+static ch_status gpt_embed_forward(ch_module *m, const ch_tensor *idx)
+{
+    if (ch_tensor_ndim(idx) != 2)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: the GPT takes tokens [B, T], got %d "
+                         "dimensions", ch_tensor_ndim(idx));
+    int64_t t = ch_tensor_dim(idx, 1);
+    if (t > m->positions)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: %lld tokens, the context is %lld",
+                         (long long)t, (long long)m->positions);
+    TRY(gather(m, idx));
+    ch_tensor *pos = NULL, *y2 = NULL;
+    ch_status st = first_rows(&pos, m->params[1].value, t);
+    if (st == CH_OK)
+        st = per_sample(&y2, m->y);
+    if (st == CH_OK)
+        st = ch_bias_add(y2, y2, pos, 1);
+    ch_tensor_free(pos);
+    ch_tensor_free(y2);
+    if (st == CH_OK && dropping(m))
+        st = dropout_in_place(m, m->y, &m->aux, ch_tensor_dim(idx, 0), SALT_EMBED);
+    return st;
+}
+
+static ch_status gpt_embed_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    (void)want_dx;
+    if (dropping(m)) {
+        int64_t shape[CH_MAX_DIMS];
+        nn_shape(dy, shape);
+        TRY(nn_ensure(&m->tmp[0], m->dev, CH_F32, ch_tensor_ndim(dy), shape));
+        TRY(ch_mul(m->tmp[0], dy, m->aux));
+        dy = m->tmp[0];
+    }
+    ch_tensor *pos = NULL, *dy2 = NULL;
+    ch_status st = first_rows(&pos, m->params[1].grad, ch_tensor_dim(m->x, 1));
+    if (st == CH_OK)
+        st = per_sample(&dy2, dy);
+    if (st == CH_OK)
+        st = ch_bias_grad(pos, dy2, 1, 1.0f);
+    ch_tensor_free(pos);
+    ch_tensor_free(dy2);
+    TRY(st);
+    return ch_embedding_backward(m->params[0].grad, dy, m->x);
+}
+
+/* ---- Causal self-attention ----------------------------------------------------
+ * x [B, T, D] -> c_attn -> q, k, v as [B*H, T, hd] -> softmax(q k^T / sqrt(hd))
+ * with the causal mask -> attention dropout -> @ v -> heads joined back to
+ * [B, T, D] -> c_proj -> residual dropout. */
+
+enum {
+    AT_QKV,   /* [3, B, H, T, hd]: q, k, v, each [B*H, T, hd] */
+    AT_P,     /* [B*H, T, T] the attention probabilities */
+    AT_MASK,  /* its dropout mask */
+    AT_A,     /* the probabilities after dropout */
+    AT_O,     /* [B*H, T, hd] = A v */
+    AT_OY,    /* [B, T, D]: O with the heads joined, c_proj's input */
+    AT_RMASK, /* the residual dropout's mask */
+    AT_DPROJ, /* dL/d c_proj's output */
+    AT_DO,    /* [B*H, T, hd] */
+    AT_DA,    /* [B*H, T, T] */
+    AT_DQKV,  /* [3, B, H, T, hd] */
+    AT_DX5    /* [B, T, 3D]: c_attn's output gradient */
+};
+
+typedef struct attn_dims {
+    int64_t b, t, d, h, hd;
+} attn_dims;
+
+static ch_status part(ch_tensor **out, ch_tensor *qkv, int i, const attn_dims *a)
+{
+    ch_tensor *rows = NULL;
+    TRY(ch_tensor_view(&rows, qkv, i, 1));
+    int64_t shape[3] = {a->b * a->h, a->t, a->hd};
+    ch_status st = ch_tensor_reshape(out, rows, 3, shape);
+    ch_tensor_free(rows);
+    return st;
+}
+
+/* The three parts of a [3, B, H, T, hd] tensor. */
+static ch_status parts(ch_tensor *out[3], ch_tensor *qkv, const attn_dims *a)
+{
+    for (int i = 0; i < 3; i++)
+        TRY(part(&out[i], qkv, i, a));
+    return CH_OK;
+}
+
+static void free_parts(ch_tensor *t[3])
+{
+    for (int i = 0; i < 3; i++) {
+        ch_tensor_free(t[i]);
+        t[i] = NULL;
+    }
+}
+
+static ch_status ensure(ch_module *m, int slot, int ndim, const int64_t *shape)
+{
+    return nn_ensure(&m->tmp[slot], m->dev, CH_F32, ndim, shape);
+}
+
+/* y = x with dimensions permuted, both seen with the given shapes. */
+static ch_status permute_as(ch_tensor *y, int yn, const int64_t *yshape, const ch_tensor *x,
+                            int xn, const int64_t *xshape, const int *perm)
+{
+    ch_tensor *yv = NULL, *xv = NULL;
+    ch_status st = nn_view(&yv, y, yn, yshape);
+    if (st == CH_OK)
+        st = nn_view(&xv, x, xn, xshape);
+    if (st == CH_OK)
+        st = ch_permute(yv, xv, perm);
+    ch_tensor_free(yv);
+    ch_tensor_free(xv);
+    return st;
+}
+
+static ch_status attn_dims_of(const ch_module *m, const ch_tensor *x, attn_dims *a)
+{
+    if (ch_tensor_ndim(x) != 3 || ch_tensor_dim(x, 2) != m->in)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: CausalSelfAttention(%lld) takes "
+                         "[B, T, %lld]", (long long)m->in, (long long)m->in);
+    *a = (attn_dims){ch_tensor_dim(x, 0), ch_tensor_dim(x, 1), m->in, m->heads,
+                     m->in / m->heads};
+    return CH_OK;
+}
+
+static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)a->hd)); }
+
+/* Attention core forward: AT_QKV holds q, k, v; leaves AT_OY. */
+static ch_status attn_core(ch_module *m, const attn_dims *a)
+{
+    int64_t bh = a->b * a->h, att[3] = {bh, a->t, a->t}, o[3] = {bh, a->t, a->hd};
+    TRY(ensure(m, AT_P, 3, att));
+    TRY(ensure(m, AT_O, 3, o));
+    ch_tensor *qkv[3] = {NULL, NULL, NULL};
+    ch_status st = parts(qkv, m->tmp[AT_QKV], a);
+    if (st == CH_OK)
+        st = ch_gemm_batched(m->tmp[AT_P], 0, 1, attn_scale(a), qkv[0], qkv[1], 0.0f);
+    if (st == CH_OK)
+        st = ch_softmax(m->tmp[AT_P], m->tmp[AT_P], 1);
+    const ch_tensor *prob = m->tmp[AT_P];
+    if (st == CH_OK && dropping(m)) {
+        st = ensure(m, AT_A, 3, att);
+        if (st == CH_OK)
+            st = ch_copy(m->tmp[AT_A], m->tmp[AT_P]);
+        if (st == CH_OK)
+            st = dropout_in_place(m, m->tmp[AT_A], &m->tmp[AT_MASK], a->b, SALT_ATTN);
+        prob = m->tmp[AT_A];
+    }
+    if (st == CH_OK)
+        st = ch_gemm_batched(m->tmp[AT_O], 0, 0, 1.0f, prob, qkv[2], 0.0f);
+    free_parts(qkv);
+    TRY(st);
+    int64_t oy[3] = {a->b, a->t, a->d}, bthd[4] = {a->b, a->t, a->h, a->hd},
+            bhtd[4] = {a->b, a->h, a->t, a->hd};
+    static const int join[4] = {0, 2, 1, 3};
+    TRY(ensure(m, AT_OY, 3, oy));
+    return permute_as(m->tmp[AT_OY], 4, bthd, m->tmp[AT_O], 4, bhtd, join);
+}
+
+static ch_status view_of(ch_tensor **slot, const ch_tensor *t)
+{
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(t, shape);
+    ch_tensor_free(*slot);
+    *slot = NULL;
+    return nn_view(slot, t, ch_tensor_ndim(t), shape);
+}
+
+static ch_status attn_forward(ch_module *m, const ch_tensor *x)
+{
+    attn_dims a;
+    TRY(attn_dims_of(m, x, &a));
+    ch_module *c_attn = m->child[0], *c_proj = m->child[1];
+    TRY(nn_forward(c_attn, x));
+    int64_t qkv5[5] = {3, a.b, a.h, a.t, a.hd}, bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
+    static const int split[5] = {2, 0, 3, 1, 4};
+    TRY(ensure(m, AT_QKV, 5, qkv5));
+    TRY(permute_as(m->tmp[AT_QKV], 5, qkv5, c_attn->y, 5, bt3hd, split));
+    TRY(attn_core(m, &a));
+    TRY(nn_forward(c_proj, m->tmp[AT_OY]));
+    if (dropping(m))
+        TRY(dropout_in_place(m, c_proj->y, &m->tmp[AT_RMASK], a.b, SALT_RESID));
+    return view_of(&m->y, c_proj->y);
+}
+
+/* From dL/dOY (c_proj's input gradient) to dL/dqkv in AT_DQKV. */
+static ch_status attn_core_backward(ch_module *m, const ch_tensor *doy, const attn_dims *a)
+{
+    int64_t bh = a->b * a->h, att[3] = {bh, a->t, a->t}, o[3] = {bh, a->t, a->hd};
+    int64_t qkv5[5] = {3, a->b, a->h, a->t, a->hd};
+    int64_t bthd[4] = {a->b, a->t, a->h, a->hd}, bhtd[4] = {a->b, a->h, a->t, a->hd};
+    static const int split_heads[4] = {0, 2, 1, 3};
+    TRY(ensure(m, AT_DO, 3, o));
+    TRY(ensure(m, AT_DA, 3, att));
+    TRY(ensure(m, AT_DQKV, 5, qkv5));
+    TRY(permute_as(m->tmp[AT_DO], 4, bhtd, doy, 4, bthd, split_heads));
+    const ch_tensor *prob = dropping(m) ? m->tmp[AT_A] : m->tmp[AT_P];
+    ch_tensor *qkv[3] = {NULL, NULL, NULL}, *d[3] = {NULL, NULL, NULL};
+    ch_status st = parts(qkv, m->tmp[AT_QKV], a);
+    if (st == CH_OK)
+        st = parts(d, m->tmp[AT_DQKV], a);
+    if (st == CH_OK) /* dA = dO v^T, dv = A^T dO */
+        st = ch_gemm_batched(m->tmp[AT_DA], 0, 1, 1.0f, m->tmp[AT_DO], qkv[2], 0.0f);
+    if (st == CH_OK)
+        st = ch_gemm_batched(d[2], 1, 0, 1.0f, prob, m->tmp[AT_DO], 0.0f);
+    if (st == CH_OK && dropping(m))
+        st = ch_mul(m->tmp[AT_DA], m->tmp[AT_DA], m->tmp[AT_MASK]);
+    if (st == CH_OK)
+        st = ch_softmax_backward(m->tmp[AT_DA], m->tmp[AT_DA], m->tmp[AT_P]);
+    if (st == CH_OK) /* dq = dS k scale, dk = dS^T q scale */
+        st = ch_gemm_batched(d[0], 0, 0, attn_scale(a), m->tmp[AT_DA], qkv[1], 0.0f);
+    if (st == CH_OK)
+        st = ch_gemm_batched(d[1], 1, 0, attn_scale(a), m->tmp[AT_DA], qkv[0], 0.0f);
+    free_parts(qkv);
+    free_parts(d);
+    return st;
+}
+
+static ch_status attn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    attn_dims a;
+    TRY(attn_dims_of(m, m->x, &a));
+    ch_module *c_attn = m->child[0], *c_proj = m->child[1];
+    if (dropping(m)) {
+        int64_t shape[3] = {a.b, a.t, a.d};
+        TRY(ensure(m, AT_DPROJ, 3, shape));
+        TRY(ch_mul(m->tmp[AT_DPROJ], dy, m->tmp[AT_RMASK]));
+        dy = m->tmp[AT_DPROJ];
+    }
+    TRY(nn_backward(c_proj, dy, 1));
+    TRY(attn_core_backward(m, c_proj->dx, &a));
+    int64_t bt3d[3] = {a.b, a.t, 3 * a.d}, qkv5[5] = {3, a.b, a.h, a.t, a.hd},
+            bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
+    static const int join[5] = {1, 3, 0, 2, 4};
+    TRY(ensure(m, AT_DX5, 3, bt3d));
+    TRY(permute_as(m->tmp[AT_DX5], 5, bt3hd, m->tmp[AT_DQKV], 5, qkv5, join));
+    TRY(nn_backward(c_attn, m->tmp[AT_DX5], want_dx));
+    return want_dx ? view_of(&m->dx, c_attn->dx) : CH_OK;
+}
+
+/* ---- The GPT: logits = transformer(idx) @ wte^T --------------------------------- */
+
+static nn_param *tied_weight(const ch_module *m)
+{
+    return &m->child[0]->child[0]->params[0]; /* transformer.wte.weight */
+}
+
+/* [B, T, D] seen as [B*T, D]. */
+static ch_status token_rows(ch_tensor **out, const ch_tensor *t)
+{
+    int64_t shape[2] = {ch_tensor_numel(t) / ch_tensor_dim(t, -1), ch_tensor_dim(t, -1)};
+    return nn_view(out, t, 2, shape);
+}
+
+static ch_status gpt_forward(ch_module *m, const ch_tensor *idx)
+{
+    ch_module *tr = m->child[0];
+    TRY(nn_forward(tr, idx));
+    nn_param *w = tied_weight(m);
+    int64_t shape[2] = {ch_tensor_numel(idx), ch_tensor_dim(w->value, 0)};
+    TRY(nn_ensure(&m->y, m->dev, CH_F32, 2, shape));
+    ch_tensor *h = NULL;
+    TRY(token_rows(&h, tr->y));
+    ch_status st = ch_gemm(m->y, 0, 1, 1.0f, h, w->value, 0.0f);
+    ch_tensor_free(h);
+    return st;
+}
+
+static ch_status gpt_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    (void)want_dx;
+    ch_module *tr = m->child[0];
+    nn_param *w = tied_weight(m);
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(tr->y, shape);
+    TRY(nn_ensure(&m->tmp[0], m->dev, CH_F32, ch_tensor_ndim(tr->y), shape));
+    ch_tensor *h = NULL, *dh = NULL;
+    ch_status st = token_rows(&h, tr->y);
+    if (st == CH_OK)
+        st = token_rows(&dh, m->tmp[0]);
+    if (st == CH_OK) /* the output's share of the tied gradient */
+        st = ch_gemm(w->grad, 1, 0, 1.0f, dy, h, 1.0f);
+    if (st == CH_OK)
+        st = ch_gemm(dh, 0, 0, 1.0f, dy, w->value, 0.0f);
+    ch_tensor_free(h);
+    ch_tensor_free(dh);
+    TRY(st);
+    return nn_backward(tr, m->tmp[0], 0);
+}
+
+static const nn_ops embedding_ops = {"Embedding", embedding_forward, embedding_backward, CH_I32,
+                                     0, embedding_init};
+static const nn_ops gpt_embed_ops = {"GPTEmbedding", gpt_embed_forward, gpt_embed_backward,
+                                     CH_I32, 0, embedding_init};
+static const nn_ops attn_ops = {"CausalSelfAttention", attn_forward, attn_backward, CH_F32, 1,
+                                NULL};
+static const nn_ops gpt_ops = {"GPT", gpt_forward, gpt_backward, CH_I32, 0, NULL};
+
+ch_status ch_nn_embedding(ch_module **out, int64_t num, int64_t dim)
+{
+    if (num < 1 || dim < 1) {
+        if (out)
+            *out = NULL;
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_nn_embedding: %lld rows of %lld, expected "
+                         "both >= 1", (long long)num, (long long)dim);
+    }
+    TRY(nn_module_new(out, &embedding_ops));
+    ch_module *m = *out;
+    m->in = num;
+    m->out = dim;
+    int64_t shape[2] = {num, dim};
+    return made(out, nn_add_param(m, "weight", 2, shape));
+}
+
+ch_status ch_nn_causal_self_attention(ch_module **out, int64_t dim, int heads, float dropout)
+{
+    if (out)
+        *out = NULL;
+    if (dim < 1 || heads < 1 || dim % heads != 0 || !(dropout >= 0.0f && dropout < 1.0f))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_nn_causal_self_attention: dim %lld, heads "
+                         "%d, dropout %g: expected heads >= 1 dividing dim, 0 <= dropout < 1",
+                         (long long)dim, heads, dropout);
+    TRY(nn_module_new(out, &attn_ops));
+    ch_module *m = *out, *c = NULL;
+    m->in = m->out = dim;
+    m->heads = heads;
+    m->p = dropout;
+    ch_status st = ch_nn_linear(&c, dim, 3 * dim);
+    if (st == CH_OK)
+        st = nn_add_child(m, c, "c_attn");
+    if (st == CH_OK)
+        st = ch_nn_linear(&c, dim, dim);
+    if (st == CH_OK)
+        st = nn_add_child(m, c, "c_proj");
+    return made(out, st);
+}
+
+/* ---- The GPT-2 of nanoGPT --------------------------------------------------------- */
+
+/* Weights normal(0, 0.02), biases 0, c_proj's weights 0.02 / sqrt(2 layers). */
+static void gpt2_init(ch_module *m, int layers)
+{
+    if (m->ops == &embedding_ops || m->ops == &gpt_embed_ops || m->nparams) {
+        m->init = NN_INIT_NORMAL;
+        m->init_std = 0.02f;
+        if (strcmp(m->cname, "c_proj") == 0)
+            m->init_std = (float)(0.02 / sqrt(2.0 * layers));
+    }
+    for (int i = 0; i < m->nchild; i++)
+        gpt2_init(m->child[i], layers);
+}
+
+static ch_status mlp(ch_module **out, int64_t dim, float dropout)
+{
+    ch_module *c = NULL;
+    TRY(ch_nn_sequential(out));
+    ch_status st = ch_nn_linear(&c, dim, 4 * dim);
+    if (st == CH_OK)
+        st = ch_nn_sequential_add_named(*out, "c_fc", c);
+    if (st == CH_OK)
+        st = ch_nn_activation(&c, CH_ACT_GELU);
+    if (st == CH_OK)
+        st = ch_nn_sequential_add_named(*out, "gelu", c);
+    if (st == CH_OK)
+        st = ch_nn_linear(&c, 4 * dim, dim);
+    if (st == CH_OK)
+        st = ch_nn_sequential_add_named(*out, "c_proj", c);
+    if (st == CH_OK)
+        st = ch_nn_dropout(&c, dropout);
+    if (st == CH_OK)
+        st = ch_nn_sequential_add_named(*out, "dropout", c);
+    return made(out, st);
+}
+
+/* Residual(Sequential(norm named `ln`, body named `name`)). */
+static ch_status pre_norm(ch_module **out, int64_t dim, const char *ln, const char *name,
+                          ch_module *body)
+{
+    ch_module *seq = NULL, *norm = NULL;
+    ch_status st = ch_nn_sequential(&seq);
+    if (st == CH_OK)
+        st = ch_nn_layernorm(&norm, dim, 1e-5f);
+    if (st == CH_OK)
+        st = ch_nn_sequential_add_named(seq, ln, norm);
+    if (st == CH_OK) {
+        st = ch_nn_sequential_add_named(seq, name, body);
+        body = NULL;
+    }
+    ch_module_free(body);
+    if (st == CH_OK)
+        return ch_nn_residual(out, seq, NULL);
+    ch_module_free(seq);
+    return st;
+}
+
+static ch_status block(ch_module **out, const ch_gpt_config *c)
+{
+    ch_module *attn = NULL, *ff = NULL, *r = NULL;
+    TRY(ch_nn_sequential(out));
+    ch_status st = ch_nn_causal_self_attention(&attn, c->dim, c->heads, c->dropout);
+    if (st == CH_OK)
+        st = pre_norm(&r, c->dim, "ln_1", "attn", attn);
+    if (st == CH_OK)
+        st = ch_nn_sequential_add_named(*out, "", r);
+    if (st == CH_OK)
+        st = mlp(&ff, c->dim, c->dropout);
+    if (st == CH_OK)
+        st = pre_norm(&r, c->dim, "ln_2", "mlp", ff);
+    if (st == CH_OK)
+        st = ch_nn_sequential_add_named(*out, "", r);
+    return made(out, st);
+}
+
+static ch_status transformer(ch_module **out, const ch_gpt_config *c)
+{
+    ch_module *emb = NULL, *h = NULL, *b = NULL, *ln = NULL;
+    TRY(ch_nn_sequential(out));
+    ch_status st = nn_module_new(&emb, &gpt_embed_ops);
+    if (st == CH_OK) {
+        emb->in = c->vocab;
+        emb->out = c->dim;
+        emb->positions = c->context;
+        emb->p = c->dropout;
+        int64_t wte[2] = {c->vocab, c->dim}, wpe[2] = {c->context, c->dim};
+        st = nn_add_param(emb, "wte.weight", 2, wte);
+        if (st == CH_OK)
+            st = nn_add_param(emb, "wpe.weight", 2, wpe);
+        if (st == CH_OK) {
+            st = ch_nn_sequential_add_named(*out, "", emb);
+            emb = NULL;
+        }
+    }
+    ch_module_free(emb);
+    if (st == CH_OK)
+        st = ch_nn_sequential(&h);
+    for (int i = 0; st == CH_OK && i < c->layers; i++) {
+        st = block(&b, c);
+        if (st == CH_OK)
+            st = ch_nn_sequential_add(h, b);
+    }
+    if (st == CH_OK) {
+        st = ch_nn_sequential_add_named(*out, "h", h);
+        h = NULL;
+    }
+    ch_module_free(h);
+    if (st == CH_OK)
+        st = ch_nn_layernorm(&ln, c->dim, 1e-5f);
+    if (st == CH_OK)
+        st = ch_nn_sequential_add_named(*out, "ln_f", ln);
+    return made(out, st);
+}
+
+ch_status ch_nn_gpt(ch_module **out, const ch_gpt_config *config)
+{
+    if (out)
+        *out = NULL;
+    if (!out || !config)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_nn_gpt: %s is NULL",
+                         !out ? "out" : "config");
+    const ch_gpt_config *c = config;
+    if (c->layers < 1 || c->heads < 1 || c->dim < 1 || c->dim % c->heads != 0 ||
+        c->context < 1 || c->vocab < 1 || !(c->dropout >= 0.0f && c->dropout < 1.0f))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_nn_gpt: layers %d, heads %d, dim %lld, "
+                         "context %lld, vocab %lld, dropout %g: expected each >= 1, heads "
+                         "dividing dim, 0 <= dropout < 1", c->layers, c->heads,
+                         (long long)c->dim, (long long)c->context, (long long)c->vocab,
+                         c->dropout);
+    TRY(nn_module_new(out, &gpt_ops));
+    ch_module *tr = NULL;
+    ch_status st = transformer(&tr, c);
+    if (st == CH_OK)
+        st = nn_add_child(*out, tr, "transformer");
+    if (st == CH_OK)
+        gpt2_init(*out, c->layers);
+    return made(out, st);
+}

@@ -1,0 +1,419 @@
+/* The plain layers: Linear, Conv2d, activations, MaxPool2d, global average
+ * pooling, Flatten and Dropout, each an explicit forward and backward over
+ * the core's ops. */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn.h"
+
+static ch_status need_ndim(const ch_module *m, const ch_tensor *x, int ndim)
+{
+    if (ch_tensor_ndim(x) != ndim)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: %s expects %d dimensions, got %d",
+                         m->ops->kind, ndim, ch_tensor_ndim(x));
+    return CH_OK;
+}
+
+/* ---- Linear -------------------------------------------------------------- */
+
+/* x [..., in] -> y [..., out]: the leading dimensions are rows. */
+static ch_status rows_view(ch_tensor **out, const ch_tensor *t, int64_t cols)
+{
+    int64_t shape[2] = {ch_tensor_numel(t) / cols, cols};
+    return nn_view(out, t, 2, shape);
+}
+
+static ch_status linear_forward(ch_module *m, const ch_tensor *x)
+{
+    int nd = ch_tensor_ndim(x);
+    if (nd < 2)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: Linear expects at least 2 "
+                         "dimensions, got %d", nd);
+    if (ch_tensor_dim(x, -1) != m->in)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: Linear(%lld, %lld) got %lld features",
+                         (long long)m->in, (long long)m->out, (long long)ch_tensor_dim(x, -1));
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(x, shape);
+    shape[nd - 1] = m->out;
+    TRY(nn_ensure(&m->y, m->dev, CH_F32, nd, shape));
+    ch_tensor *x2 = NULL, *y2 = NULL;
+    ch_status st = rows_view(&x2, x, m->in);
+    if (st == CH_OK)
+        st = rows_view(&y2, m->y, m->out);
+    if (st == CH_OK)
+        st = ch_gemm(y2, 0, 1, 1.0f, x2, m->params[0].value, 0.0f);
+    if (st == CH_OK && m->nparams > 1)
+        st = ch_bias_add(y2, y2, m->params[1].value, 1);
+    ch_tensor_free(x2);
+    ch_tensor_free(y2);
+    return st;
+}
+
+static ch_status linear_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    ch_tensor *x2 = NULL, *dy2 = NULL, *dx2 = NULL;
+    ch_status st = rows_view(&x2, m->x, m->in);
+    if (st == CH_OK)
+        st = rows_view(&dy2, dy, m->out);
+    if (st == CH_OK)
+        st = ch_gemm(m->params[0].grad, 1, 0, 1.0f, dy2, x2, 1.0f);
+    if (st == CH_OK && m->nparams > 1)
+        st = ch_bias_grad(m->params[1].grad, dy2, 1, 1.0f);
+    if (st == CH_OK && want_dx) {
+        int64_t shape[CH_MAX_DIMS];
+        nn_shape(m->x, shape);
+        st = nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(m->x), shape);
+        if (st == CH_OK)
+            st = rows_view(&dx2, m->dx, m->in);
+        if (st == CH_OK)
+            st = ch_gemm(dx2, 0, 0, 1.0f, dy2, m->params[0].value, 0.0f);
+    }
+    ch_tensor_free(x2);
+    ch_tensor_free(dy2);
+    ch_tensor_free(dx2);
+    return st;
+}
+
+/* ---- Conv2d ----------------------------------------------------------------
+ * im2col, one GEMM for the whole batch, and a transpose from [O, N, P] to
+ * [N, O, P]; backward is the same in reverse. */
+
+static ch_window2d conv_window(const ch_module *m)
+{
+    return (ch_window2d){m->kernel, m->kernel, m->stride, m->stride, m->padding, m->padding};
+}
+
+static ch_status conv_forward(ch_module *m, const ch_tensor *x)
+{
+    TRY(need_ndim(m, x, 4));
+    if (ch_tensor_dim(x, 1) != m->in)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: Conv2d(%lld, %lld) got %lld channels",
+                         (long long)m->in, (long long)m->out, (long long)ch_tensor_dim(x, 1));
+    int64_t n = ch_tensor_dim(x, 0), h = ch_tensor_dim(x, 2), w = ch_tensor_dim(x, 3);
+    int64_t oh = (h + 2 * m->padding - m->kernel) / m->stride + 1;
+    int64_t ow = (w + 2 * m->padding - m->kernel) / m->stride + 1;
+    if (h + 2 * m->padding < m->kernel || w + 2 * m->padding < m->kernel)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: Conv2d kernel %d is larger than the "
+                         "padded input %lldx%lld", m->kernel, (long long)(h + 2 * m->padding),
+                         (long long)(w + 2 * m->padding));
+    int64_t ckk = m->in * m->kernel * m->kernel, p = oh * ow;
+    int64_t col_shape[2] = {ckk, n * p}, yt_shape[2] = {m->out, n * p};
+    int64_t y_shape[4] = {n, m->out, oh, ow};
+    ch_window2d win = conv_window(m);
+    TRY(nn_ensure(&m->aux, m->dev, CH_F32, 2, col_shape));
+    TRY(nn_ensure(&m->aux2, m->dev, CH_F32, 2, yt_shape));
+    TRY(nn_ensure(&m->y, m->dev, CH_F32, 4, y_shape));
+    TRY(ch_im2col(m->aux, x, &win));
+    int64_t w2[2] = {m->out, ckk}, yt3[3] = {m->out, n, p}, y3[3] = {n, m->out, p};
+    ch_tensor *wv = NULL, *ytv = NULL, *yv = NULL;
+    ch_status st = nn_view(&wv, m->params[0].value, 2, w2);
+    if (st == CH_OK)
+        st = ch_gemm(m->aux2, 0, 0, 1.0f, wv, m->aux, 0.0f);
+    if (st == CH_OK)
+        st = nn_view(&ytv, m->aux2, 3, yt3);
+    if (st == CH_OK)
+        st = nn_view(&yv, m->y, 3, y3);
+    if (st == CH_OK)
+        st = ch_transpose01(yv, ytv);
+    if (st == CH_OK && m->nparams > 1)
+        st = ch_bias_add(m->y, m->y, m->params[1].value, 1);
+    ch_tensor_free(wv);
+    ch_tensor_free(ytv);
+    ch_tensor_free(yv);
+    return st;
+}
+
+static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    int64_t n = ch_tensor_dim(dy, 0), p = ch_tensor_dim(dy, 2) * ch_tensor_dim(dy, 3);
+    int64_t ckk = m->in * m->kernel * m->kernel;
+    int64_t dy3[3] = {n, m->out, p}, dyt3[3] = {m->out, n, p}, w2[2] = {m->out, ckk};
+    ch_tensor *dyv = NULL, *dytv = NULL, *wv = NULL, *gwv = NULL;
+    if (m->nparams > 1)
+        TRY(ch_bias_grad(m->params[1].grad, dy, 1, 1.0f));
+    ch_status st = nn_view(&dyv, dy, 3, dy3);
+    if (st == CH_OK)
+        st = nn_view(&dytv, m->aux2, 3, dyt3);
+    if (st == CH_OK)
+        st = ch_transpose01(dytv, dyv); /* aux2 now holds dy as [O, N*P] */
+    if (st == CH_OK)
+        st = nn_view(&gwv, m->params[0].grad, 2, w2);
+    if (st == CH_OK)
+        st = ch_gemm(gwv, 0, 1, 1.0f, m->aux2, m->aux, 1.0f);
+    if (st == CH_OK && want_dx) {
+        /* The columns are not needed any more: the input gradient's
+         * columns overwrite them. */
+        st = nn_view(&wv, m->params[0].value, 2, w2);
+        if (st == CH_OK)
+            st = ch_gemm(m->aux, 1, 0, 1.0f, wv, m->aux2, 0.0f);
+        int64_t x_shape[4];
+        nn_shape(m->x, x_shape);
+        if (st == CH_OK)
+            st = nn_ensure(&m->dx, m->dev, CH_F32, 4, x_shape);
+        ch_window2d win = conv_window(m);
+        if (st == CH_OK)
+            st = ch_col2im(m->dx, m->aux, &win);
+    }
+    ch_tensor_free(dyv);
+    ch_tensor_free(dytv);
+    ch_tensor_free(wv);
+    ch_tensor_free(gwv);
+    return st;
+}
+
+/* ---- Activations ------------------------------------------------------------ */
+
+static ch_status act_forward(ch_module *m, const ch_tensor *x)
+{
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(x, shape);
+    TRY(nn_ensure(&m->y, m->dev, CH_F32, ch_tensor_ndim(x), shape));
+    return ch_activation_forward(m->y, x, m->act);
+}
+
+static ch_status act_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    if (!want_dx)
+        return CH_OK;
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(dy, shape);
+    TRY(nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(dy), shape));
+    return ch_activation_backward(m->dx, dy, m->x, m->y, m->act);
+}
+
+/* ---- MaxPool2d ---------------------------------------------------------------- */
+
+static ch_status pool_forward(ch_module *m, const ch_tensor *x)
+{
+    TRY(need_ndim(m, x, 4));
+    int64_t h = ch_tensor_dim(x, 2), w = ch_tensor_dim(x, 3);
+    if (h < m->kernel || w < m->kernel)
+        return chi_error(CH_ERR_SHAPE, "ch_module_forward: MaxPool2d kernel %d is larger than "
+                         "the input %lldx%lld", m->kernel, (long long)h, (long long)w);
+    int64_t shape[4] = {ch_tensor_dim(x, 0), ch_tensor_dim(x, 1), (h - m->kernel) / m->stride + 1,
+                        (w - m->kernel) / m->stride + 1};
+    ch_window2d win = {m->kernel, m->kernel, m->stride, m->stride, 0, 0};
+    TRY(nn_ensure(&m->y, m->dev, CH_F32, 4, shape));
+    TRY(nn_ensure(&m->aux, m->dev, CH_I32, 4, shape));
+    return ch_maxpool2d(m->y, m->aux, x, &win);
+}
+
+static ch_status pool_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    if (!want_dx)
+        return CH_OK;
+    int64_t shape[4];
+    nn_shape(m->x, shape);
+    ch_window2d win = {m->kernel, m->kernel, m->stride, m->stride, 0, 0};
+    TRY(nn_ensure(&m->dx, m->dev, CH_F32, 4, shape));
+    return ch_maxpool2d_backward(m->dx, dy, m->aux, &win);
+}
+
+/* ---- Flatten ----------------------------------------------------------------- */
+
+static ch_status flatten_forward(ch_module *m, const ch_tensor *x)
+{
+    int64_t shape[2] = {ch_tensor_dim(x, 0), ch_tensor_numel(x) / ch_tensor_dim(x, 0)};
+    ch_tensor_free(m->y);
+    m->y = NULL;
+    return nn_view(&m->y, x, 2, shape);
+}
+
+static ch_status flatten_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    if (!want_dx)
+        return CH_OK;
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(m->x, shape);
+    ch_tensor_free(m->dx);
+    m->dx = NULL;
+    return nn_view(&m->dx, dy, ch_tensor_ndim(m->x), shape);
+}
+
+/* ---- Dropout ------------------------------------------------------------------ */
+
+/* Each (seed, step, layer) gets a stream of its own. */
+uint64_t nn_dropout_key(const ch_module *m, uint64_t salt)
+{
+    uint64_t k = m->seed ^ 0x9E3779B97F4A7C15ull * (uint64_t)(m->step + 1);
+    return k ^ ((uint64_t)(m->layer + 1) << 48) ^ (salt << 40);
+}
+
+static ch_status dropout_forward(ch_module *m, const ch_tensor *x)
+{
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(x, shape);
+    int ndim = ch_tensor_ndim(x);
+    TRY(nn_ensure(&m->y, m->dev, CH_F32, ndim, shape));
+    if (!m->training || m->p == 0.0f)
+        return ch_copy(m->y, x);
+    int64_t per_sample = ch_tensor_numel(x) / shape[0];
+    TRY(nn_ensure(&m->aux, m->dev, CH_F32, ndim, shape));
+    TRY(ch_dropout_mask(m->aux, nn_dropout_key(m, 0), (uint64_t)(m->first_sample * per_sample), m->p));
+    return ch_mul(m->y, x, m->aux);
+}
+
+static ch_status dropout_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    if (!want_dx)
+        return CH_OK;
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(dy, shape);
+    TRY(nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(dy), shape));
+    if (!m->training || m->p == 0.0f)
+        return ch_copy(m->dx, dy);
+    return ch_mul(m->dx, dy, m->aux);
+}
+
+/* ---- Global average pooling ------------------------------------------------ */
+
+/* [N, C, H, W] -> [N, C, 1, 1], as AdaptiveAvgPool2d(1). */
+static ch_status avgpool_forward(ch_module *m, const ch_tensor *x)
+{
+    TRY(need_ndim(m, x, 4));
+    int64_t shape[4] = {ch_tensor_dim(x, 0), ch_tensor_dim(x, 1), 1, 1};
+    TRY(nn_ensure(&m->y, m->dev, CH_F32, 4, shape));
+    return ch_avgpool_global(m->y, x);
+}
+
+static ch_status avgpool_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    if (!want_dx)
+        return CH_OK;
+    int64_t shape[4];
+    nn_shape(m->x, shape);
+    TRY(nn_ensure(&m->dx, m->dev, CH_F32, 4, shape));
+    return ch_avgpool_global_backward(m->dx, dy);
+}
+
+/* ---- Construction ---------------------------------------------------------- */
+
+static const nn_ops linear_ops = {"Linear", linear_forward, linear_backward, CH_F32, 0, NULL};
+static const nn_ops conv_ops = {"Conv2d", conv_forward, conv_backward, CH_F32, 0, NULL};
+static const nn_ops relu_ops = {"ReLU", act_forward, act_backward, CH_F32, 0, NULL};
+static const nn_ops gelu_ops = {"GELU", act_forward, act_backward, CH_F32, 0, NULL};
+static const nn_ops tanh_ops = {"Tanh", act_forward, act_backward, CH_F32, 0, NULL};
+static const nn_ops sigmoid_ops = {"Sigmoid", act_forward, act_backward, CH_F32, 0, NULL};
+static const nn_ops pool_ops = {"MaxPool2d", pool_forward, pool_backward, CH_F32, 0, NULL};
+static const nn_ops avgpool_ops = {"AdaptiveAvgPool2d", avgpool_forward, avgpool_backward,
+                                   CH_F32, 0, NULL};
+static const nn_ops flatten_ops = {"Flatten", flatten_forward, flatten_backward, CH_F32, 0, NULL};
+static const nn_ops dropout_ops = {"Dropout", dropout_forward, dropout_backward, CH_F32, 0, NULL};
+
+/* Free a half-made module, keep the first failure. */
+static ch_status made(ch_module **out, ch_status st)
+{
+    if (st != CH_OK) {
+        ch_module_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+ch_status ch_nn_linear(ch_module **out, int64_t in_features, int64_t out_features)
+{
+    if (in_features < 1 || out_features < 1) {
+        if (out)
+            *out = NULL;
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_nn_linear: %lld in and %lld out features, expected both >= 1",
+                         (long long)in_features, (long long)out_features);
+    }
+    TRY(nn_module_new(out, &linear_ops));
+    ch_module *m = *out;
+    m->in = in_features;
+    m->out = out_features;
+    int64_t w[2] = {out_features, in_features};
+    ch_status st = nn_add_param(m, "weight", 2, w);
+    if (st == CH_OK)
+        st = nn_add_param(m, "bias", 1, &m->out);
+    return made(out, st);
+}
+
+static ch_status conv2d(ch_module **out, int64_t in_channels, int64_t out_channels, int kernel,
+                        int stride, int padding, int bias)
+{
+    if (in_channels < 1 || out_channels < 1 || kernel < 1 || stride < 1 || padding < 0) {
+        if (out)
+            *out = NULL;
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_nn_conv2d: channels %lld -> %lld, kernel %d, stride %d, padding %d: "
+                         "expected channels, kernel, stride >= 1 and padding >= 0",
+                         (long long)in_channels, (long long)out_channels, kernel, stride, padding);
+    }
+    TRY(nn_module_new(out, &conv_ops));
+    ch_module *m = *out;
+    m->in = in_channels;
+    m->out = out_channels;
+    m->kernel = kernel;
+    m->stride = stride;
+    m->padding = padding;
+    int64_t w[4] = {out_channels, in_channels, kernel, kernel};
+    ch_status st = nn_add_param(m, "weight", 4, w);
+    if (st == CH_OK && bias)
+        st = nn_add_param(m, "bias", 1, &m->out);
+    return made(out, st);
+}
+
+ch_status ch_nn_conv2d(ch_module **out, int64_t in_channels, int64_t out_channels, int kernel,
+                       int stride, int padding)
+{
+    return conv2d(out, in_channels, out_channels, kernel, stride, padding, 1);
+}
+
+ch_status ch_nn_conv2d_nobias(ch_module **out, int64_t in_channels, int64_t out_channels,
+                              int kernel, int stride, int padding)
+{
+    return conv2d(out, in_channels, out_channels, kernel, stride, padding, 0);
+}
+
+ch_status ch_nn_activation(ch_module **out, ch_activation act)
+{
+    static const nn_ops *const by_act[] = {&relu_ops, &gelu_ops, &tanh_ops, &sigmoid_ops};
+    _Static_assert(sizeof by_act / sizeof *by_act == CH_ACT_COUNT,
+                   "a module for every ch_activation");
+    if ((int)act < 0 || act >= CH_ACT_COUNT) {
+        if (out)
+            *out = NULL;
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_nn_activation: act %d is not a "
+                         "ch_activation", (int)act);
+    }
+    TRY(nn_module_new(out, by_act[act]));
+    (*out)->act = act;
+    return CH_OK;
+}
+
+ch_status ch_nn_maxpool2d(ch_module **out, int kernel, int stride)
+{
+    if (kernel < 1 || stride < 1) {
+        if (out)
+            *out = NULL;
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_nn_maxpool2d: kernel %d, stride %d, expected both >= 1", kernel,
+                         stride);
+    }
+    TRY(nn_module_new(out, &pool_ops));
+    (*out)->kernel = kernel;
+    (*out)->stride = stride;
+    return CH_OK;
+}
+
+ch_status ch_nn_avgpool_global(ch_module **out) { return nn_module_new(out, &avgpool_ops); }
+
+ch_status ch_nn_flatten(ch_module **out) { return nn_module_new(out, &flatten_ops); }
+
+ch_status ch_nn_dropout(ch_module **out, float p)
+{
+    if (!(p >= 0.0f && p < 1.0f)) {
+        if (out)
+            *out = NULL;
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_nn_dropout: p %g, expected 0 <= p < 1", p);
+    }
+    TRY(nn_module_new(out, &dropout_ops));
+    (*out)->p = p;
+    return CH_OK;
+}
