@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """PyTorch's twin of bench/bench-train: training samples/s on the CPU.
 
-    python3 bench_train.py [--model mlp|cnn] [--batch 64] [--steps 20]
-                           [--threads 2] [--json]
+    python3 bench_train.py [--model mlp|cnn|resnet|gpt] [--batch 64] [--steps 20]
+                           [--threads 2] [--json] [--depth 20]
+                           [--layers 4 --heads 4 --dim 128 --context 64 --vocab 256]
     python3 bench_train.py --compare _build/bench/bench-train [--rounds 7] ...
 
 The step is bench-train's: the preset models of ch_nn_preset, cross-entropy,
-Adam (lr 1e-3), random normal images and labels i % 10 already in memory,
-zero_grad + forward + loss + backward + optimizer step; 3 warm-up steps,
-then the median of --steps timed steps, reported as batch / median.
+Adam (lr 1e-3), data already in memory, zero_grad + forward + loss +
+backward + optimizer step; 3 warm-up steps, then the median of --steps
+timed steps, reported as batch / median. The image models (mlp, cnn,
+resnet of --depth, 16 channels wide) take random normal 1x28x28 images and
+labels i % 10; the gpt (dropout 0) takes --batch windows of --context
+random tokens and random targets, and reports tokens/s too
+(batch * context / median). Without --model: mlp and cnn.
 
 --compare runs our bench-train (on the host) and this script in turn, each
 in a fresh process with the same thread count, --rounds times (PyTorch
@@ -27,20 +32,39 @@ import sys
 import time
 
 
-def train_rate(kind, batch, steps):
+def model_config(kind, args):
+    if kind == "resnet":
+        return {"depth": args.depth}
+    if kind == "gpt":
+        return {"layers": args.layers, "heads": args.heads, "dim": args.dim,
+                "context": args.context, "vocab": args.vocab}
+    return {}
+
+
+def model_data(kind, batch, args):
+    """The model, its inputs and its targets, flattened as the loss takes them."""
     import torch
     torch.manual_seed(1)
     from models import preset
-    model = preset(kind)
+    model = preset(kind, **model_config(kind, args))
+    if kind == "gpt":
+        x = torch.randint(0, args.vocab, (batch, args.context))
+        labels = torch.randint(0, args.vocab, (batch * args.context,))
+        return model, x, labels, lambda y: y.reshape(-1, args.vocab)
+    x = torch.randn(batch, 1, 28, 28)
+    return model, x, torch.arange(batch) % 10, lambda y: y
+
+
+def train_rate(kind, batch, steps, args):
+    import torch
+    model, x, labels, flat = model_data(kind, batch, args)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
-    x = torch.randn(batch, 1, 28, 28)
-    labels = torch.arange(batch) % 10
     times = []
     for s in range(-3, steps):
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = loss_fn(model(x), labels)
+        loss = loss_fn(flat(model(x)), labels)
         loss.backward()
         opt.step()
         if s >= 0:
@@ -48,25 +72,45 @@ def train_rate(kind, batch, steps):
     return batch / statistics.median(times)
 
 
+def measure_row(kind, args):
+    import torch
+    row = {"device": "cpu", "model": kind, "batch": args.batch,
+           "samples_per_s": round(train_rate(kind, args.batch, args.steps, args), 1)}
+    if kind == "gpt":
+        row["tokens_per_s"] = round(row["samples_per_s"] * args.context, 1)
+    row.update(threads=torch.get_num_threads(), torch=torch.__version__)
+    return row
+
+
+def rate_of(row):
+    """What a model's speed is measured in: tokens/s for the gpt, else samples/s."""
+    return row["tokens_per_s"] if row["model"] == "gpt" else row["samples_per_s"]
+
+
 def measure(args):
     import torch
     torch.set_num_threads(args.threads)
-    rows = [{"device": "cpu", "model": m, "batch": args.batch,
-             "samples_per_s": round(train_rate(m, args.batch, args.steps), 1),
-             "threads": torch.get_num_threads(), "torch": torch.__version__}
-            for m in args.models]
+    rows = [measure_row(m, args) for m in args.models]
     if args.json:
         print(json.dumps(rows))
         return
-    print(f"{'device':<10} {'model':<5} {'batch':>6} {'samples/s':>14}  (PyTorch "
-          f"{torch.__version__}, {torch.get_num_threads()} threads)")
+    print(f"{'device':<10} {'model':<6} {'batch':>6} {'samples/s':>14} {'tokens/s':>14}  "
+          f"(PyTorch {torch.__version__}, {torch.get_num_threads()} threads)")
     for r in rows:
-        print(f"{r['device']:<10} {r['model']:<5} {r['batch']:>6} {r['samples_per_s']:>14.1f}")
+        tokens = f"{r['tokens_per_s']:>14.1f}" if "tokens_per_s" in r else f"{'-':>14}"
+        print(f"{r['device']:<10} {r['model']:<6} {r['batch']:>6} {r['samples_per_s']:>14.1f} "
+              f"{tokens}")
 
 
 def run_json(cmd, env):
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def model_options(kind, args):
+    """The command-line options of a model's configuration, the same for
+    bench-train and this script."""
+    return [w for k, v in model_config(kind, args).items() for w in ("--" + k, str(v))]
 
 
 def compare(args):
@@ -76,8 +120,9 @@ def compare(args):
     theirs_cmd = [sys.executable, os.path.abspath(__file__), "--json",
                   "--threads", str(args.threads)] + common
     if len(args.models) == 1:
-        ours_cmd += ["--model", args.models[0]]
-        theirs_cmd += ["--model", args.models[0]]
+        extra = ["--model", args.models[0]] + model_options(args.models[0], args)
+        ours_cmd += extra
+        theirs_cmd += extra
     rate = {(side, m): [] for side in ("ours", "torch") for m in args.models}
     share = {m: [] for m in args.models}
     for r in range(args.rounds):
@@ -85,15 +130,21 @@ def compare(args):
         # the machine during a round favours neither side.
         for side in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
             for row in run_json(ours_cmd if side == "ours" else theirs_cmd, env):
-                rate[(side, row["model"])].append(row["samples_per_s"])
+                if row["model"] not in args.models:
+                    continue
+                rate[(side, row["model"])].append(rate_of(row))
                 if "gemm_share" in row:
                     share[row["model"]].append(row["gemm_share"])
+            missing = [m for m in args.models if len(rate[(side, m)]) <= r]
+            if missing:
+                sys.exit(f"bench_train: {side} gave no rate for {', '.join(missing)}")
         line = ", ".join(f"{m} {rate[('ours', m)][-1]:.0f} / {rate[('torch', m)][-1]:.0f}"
                          for m in args.models)
-        print(f"round {r + 1}/{args.rounds}: ours / PyTorch samples/s: {line}", flush=True)
+        print(f"round {r + 1}/{args.rounds}: ours / PyTorch {unit(args.models)}: {line}",
+              flush=True)
     print(f"\n{args.threads} threads, batch {args.batch}, median of {args.steps} steps per "
           f"run, {args.rounds} rounds (median [min, max] over rounds)")
-    print(f"{'model':<5} {'ours':>24} {'PyTorch':>24} {'ours/PyTorch':>24} {'GEMM share':>20}")
+    print(f"{'model':<6} {'ours':>24} {'PyTorch':>24} {'ours/PyTorch':>24} {'GEMM share':>20}")
     for m in args.models:
         ours, torch_ = rate[("ours", m)], rate[("torch", m)]
         ratio = [a / b for a, b in zip(ours, torch_)]
@@ -101,13 +152,19 @@ def compare(args):
         def cell(v, fmt):
             return (f"{statistics.median(v):{fmt}} [{min(v):{fmt}}, {max(v):{fmt}}]"
                     if v else "-")
-        print(f"{m:<5} {cell(ours, '.0f'):>24} {cell(torch_, '.0f'):>24} "
+        print(f"{m:<6} {cell(ours, '.0f'):>24} {cell(torch_, '.0f'):>24} "
               f"{cell(ratio, '.2f'):>24} {cell(share[m], '.2f'):>20}")
+
+
+def unit(models):
+    return "tokens/s" if models == ["gpt"] else (
+        "samples/s" if "gpt" not in models else "samples/s (gpt: tokens/s)")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["mlp", "cnn"], help="one model (default: both)")
+    p.add_argument("--model", choices=["mlp", "cnn", "resnet", "gpt"],
+                   help="one model (default: mlp and cnn)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
@@ -115,9 +172,19 @@ def main():
     p.add_argument("--compare", metavar="BENCH_TRAIN",
                    help="our bench-train program: run it and PyTorch in turn")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--depth", type=int, default=20, help="resnet: 6n+2 layers")
+    for name, default in (("layers", 4), ("heads", 4), ("dim", 128), ("context", 64),
+                          ("vocab", 256)):
+        p.add_argument("--" + name, type=int, default=default, help="gpt")
     args = p.parse_args()
-    if args.batch < 1 or args.steps < 1 or args.threads < 1 or args.rounds < 1:
-        p.error("--batch, --steps, --threads and --rounds must be >= 1")
+    sizes = (args.batch, args.steps, args.threads, args.rounds, args.layers, args.heads,
+             args.dim, args.context, args.vocab)
+    if min(sizes) < 1:
+        p.error("--batch, --steps, --threads, --rounds and the gpt's sizes must be >= 1")
+    if args.depth < 8 or (args.depth - 2) % 6:
+        p.error("--depth must be 6n+2 with n >= 1 (8, 14, 20, ...)")
+    if args.dim % args.heads:
+        p.error("--dim must be a multiple of --heads")
     args.models = [args.model] if args.model else ["mlp", "cnn"]
     if args.compare:
         compare(args)
