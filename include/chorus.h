@@ -30,7 +30,8 @@
  *     `*_free` (every `*_free(NULL)` is a no-op): the results of `*_new`,
  *     ch_nn_* and ch_nn_preset (until added to a Sequential, which then owns
  *     them), ch_module_clone, ch_tensor_to, ch_tensor_view,
- *     ch_tensor_reshape, ch_dataset_*_open and ch_dataset_head;
+ *     ch_tensor_reshape, ch_dataset_*_open, ch_dataset_head and
+ *     ch_tokens_open;
  *   - everything else a call hands back is borrowed and must not be freed:
  *     devices (the library's until ch_shutdown), default streams, a
  *     module's output and input gradient (until its next forward or

@@ -6,6 +6,7 @@ nn_sources = \
 	nn/dataset.c \
 	nn/dataset.h \
 	nn/loader.c \
+	nn/tokens.c \
 	nn/nn.h \
 	nn/module.c \
 	nn/layers.c \

@@ -9,6 +9,13 @@ tests_test_loader_SOURCES = tests/test-loader.c tests/idxgen.c tests/idxgen.h
 tests_test_loader_CPPFLAGS = $(AM_CPPFLAGS) $(ZLIB_CFLAGS)
 tests_test_loader_LDADD = $(TEST_LIBS) $(ZLIB_LIBS)
 
+# Token data sets: shards and texts written at test time; Debian's fortunes
+# texts when installed.
+check_PROGRAMS += tests/test-tokens
+tests_test_tokens_SOURCES = tests/test-tokens.c tests/idxgen.c tests/idxgen.h
+tests_test_tokens_CPPFLAGS = $(AM_CPPFLAGS) $(ZLIB_CFLAGS)
+tests_test_tokens_LDADD = $(TEST_LIBS) $(ZLIB_LIBS)
+
 # The data-parallel split policy, nn/split.c built into the test with an
 # allocator the test can make fail (nothing of it is exported).
 check_PROGRAMS += tests/test-split

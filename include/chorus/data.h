@@ -64,6 +64,80 @@ CH_API ch_status ch_dataset_get(const ch_dataset *ds, int64_t index, float *imag
  * must outlive it): for short runs and tests. */
 CH_API ch_status ch_dataset_head(ch_dataset **out, const ch_dataset *ds, int64_t count);
 
+/* ---- Token data sets --------------------------------------------------------
+ * Token sequences for language models, read from files and held compactly
+ * (mapped, not copied: two bytes a token for shards, one for text), in two
+ * splits: training and validation. A sample is a window of context + 1
+ * consecutive tokens: its first `context` are the inputs, its last `context`
+ * the targets (each input's next token). */
+typedef struct ch_tokens ch_tokens;
+
+/* Open the data at `path`, one of:
+ *  - a folder of llm.c token shards: every file named *_train*.bin is the
+ *    training split, every *_val*.bin the validation split, each group read
+ *    in name order (bytewise) and concatenated. A shard is a header of 256
+ *    little-endian int32 (magic 20240520, version 1, the token count, the
+ *    rest unused) followed by that many little-endian uint16 tokens;
+ *  - a text file, read as bytes (vocabulary 256): the last floor(n / 10) of
+ *    its n bytes are the validation split, the rest the training split;
+ *  - a folder without shards: its regular files, in name order, concatenated
+ *    as one text and split as above. Symbolic links, files named *.dat and
+ *    folders are left out (so Debian's fortunes folder gives its texts alone,
+ *    not their .dat indexes nor their .u8 links).
+ * In a folder, names beginning with '.' are left out (hidden files, and the
+ * "._" copies some archivers add).
+ * Errors name the file and the problem: CH_ERR_IO when a file or folder
+ * cannot be read; CH_ERR_FORMAT for a shard with a wrong magic or version,
+ * a header shorter than 1024 bytes, a count that disagrees with the
+ * file's length (truncated or trailing bytes), a name in both groups, a
+ * folder with shards of one group only, a split without tokens, an empty
+ * text or one under 10 bytes (an empty validation split). A split too
+ * short for a window is found when a context is given (ch_tokens_windows).
+ * Opening shards reads every token once, for the vocabulary.
+ * Both handles are the caller's to free; on failure both are NULL. The files
+ * stay mapped until the handles are freed: changing them meanwhile changes
+ * (or, when one shrinks, faults) what the windows read. */
+CH_API ch_status ch_tokens_open(ch_tokens **train, ch_tokens **val, const char *path);
+CH_API void ch_tokens_free(ch_tokens *t);
+
+/* Tokens in the split (0 for NULL). */
+CH_API int64_t ch_tokens_count(const ch_tokens *t);
+/* Token ids are below this: 256 for bytes; for shards, the largest id of
+ * either split + 1 (both splits answer the same). */
+CH_API int32_t ch_tokens_vocab(const ch_tokens *t);
+/* 1 when the tokens are bytes of a text (they can be printed as they are). */
+CH_API int ch_tokens_bytes(const ch_tokens *t);
+
+/* Windows of `context` tokens (context >= 1) the split holds end to end:
+ * (count - 1) / context. That is the number of training samples of an
+ * epoch, and of evaluation windows. 0 when the split is shorter than one
+ * window (context + 1 tokens) or context < 1; ch_last_error() then says
+ * which split of which file, and how many tokens it has and needs. */
+CH_API int64_t ch_tokens_windows(const ch_tokens *t, int context);
+
+/* Training sample `index` (0 <= index < ch_tokens_windows) of epoch `epoch`
+ * (>= 0): the window at offset
+ *     ctr = {index low 32 bits, index high, epoch low, epoch high};
+ *     ch_philox4x32(ctr, seed);
+ *     offset = ((uint64_t)ctr[0] << 32 | ctr[1]) % (count - context);
+ * inputs[k] = token[offset + k], targets[k] = token[offset + k + 1] for
+ * k < context. Every offset at which a window fits is drawn with the same
+ * probability (to within (count - context) / 2^64), and the window depends
+ * on (seed, epoch, index) alone: the same global sample index gives the
+ * same window whatever the devices, the batch split or the order in which
+ * samples are drawn. `inputs` and `targets` hold `context` ids each.
+ * CH_ERR_INVALID_ARGUMENT for a NULL pointer, context < 1, a split shorter
+ * than one window, an index or epoch out of range. */
+CH_API ch_status ch_tokens_window(const ch_tokens *t, int32_t *inputs, int32_t *targets,
+                                  uint64_t seed, int64_t epoch, int64_t index, int context);
+
+/* Evaluation window i (0 <= i < ch_tokens_windows): the window at offset
+ * i * context, so the windows follow each other and every token after the
+ * first up to windows * context is a target exactly once. Errors as
+ * ch_tokens_window's. */
+CH_API ch_status ch_tokens_eval_window(const ch_tokens *t, int32_t *inputs, int32_t *targets,
+                                       int64_t i, int context);
+
 /* ---- Loader -----------------------------------------------------------------
  * Batches assembled by worker threads into pinned host buffers, ahead of
  * use. An epoch visits every sample of this process's share exactly once
