@@ -1,10 +1,11 @@
-/* bench-train: training samples/s of the mlp and the cnn on each device,
- * and, on the host, the share of the step spent in GEMM: the rate the
- * step's GEMMs alone would allow at OpenBLAS's speed (the same shapes,
- * timed with cblas_sgemm in the same run) against the measured rate.
+/* bench-train: training samples/s of the mlp, the cnn, the resnet and the
+ * gpt (tokens/s too) on each device, and, on the host, the share of the
+ * step spent in GEMM (mlp, cnn, gpt): the rate the step's GEMMs alone would
+ * allow at OpenBLAS's speed (the same shapes, timed with cblas_sgemm in the
+ * same run) against the measured rate.
  *
- * The data are random images in device memory: this measures the training
- * step (forward, loss, backward, optimizer), not the loader. */
+ * The data are random images or tokens in device memory: this measures the
+ * training step (forward, loss, backward, optimizer), not the loader. */
 #include "config.h"
 
 #include <chorus.h>
@@ -18,29 +19,66 @@
 #include <cblas.h>
 #endif
 
+/* The models' shapes: the resnet's depth, the gpt's configuration. */
+typedef struct shapes {
+    int depth;
+    ch_gpt_config gpt;
+} shapes;
+
+static void make_model(ch_module **m, const char *model, const shapes *sh)
+{
+    if (strcmp(model, "resnet") == 0)
+        BENCH_CHECK(ch_nn_resnet(m, sh->depth, 16, 1, 10));
+    else if (strcmp(model, "gpt") == 0)
+        BENCH_CHECK(ch_nn_gpt(m, &sh->gpt));
+    else
+        BENCH_CHECK(ch_nn_preset(m, model));
+}
+
+/* A batch of random images (or token windows) and labels on dev. */
+static void make_batch(ch_tensor **x, ch_tensor **labels, ch_device *dev, const char *model,
+                       int batch, const shapes *sh)
+{
+    int gpt = strcmp(model, "gpt") == 0;
+    int64_t ctx = sh->gpt.context, xs[4] = {batch, 1, 28, 28};
+    int64_t rows = gpt ? batch * ctx : batch, classes = gpt ? sh->gpt.vocab : 10;
+    if (gpt) {
+        int64_t ts[2] = {batch, ctx};
+        BENCH_CHECK(ch_tensor_new(x, dev, CH_I32, 2, ts));
+    } else {
+        BENCH_CHECK(ch_tensor_new(x, dev, CH_F32, 4, xs));
+        BENCH_CHECK(ch_rand_normal(*x, 7, 0, 0.0f, 1.0f));
+    }
+    BENCH_CHECK(ch_tensor_new(labels, dev, CH_I32, 1, &rows));
+    int32_t *lab = malloc(sizeof *lab * (size_t)rows);
+    if (!lab) {
+        fprintf(stderr, "bench-train: out of memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < rows; i++)
+        lab[i] = (int32_t)((i * 7919) % classes);
+    BENCH_CHECK(ch_tensor_upload(*labels, lab, sizeof *lab * (size_t)rows));
+    if (gpt)
+        BENCH_CHECK(ch_tensor_upload(*x, lab, sizeof *lab * (size_t)rows));
+    free(lab);
+}
+
 /* Median of `steps` timed training steps of `model` on `dev` after warm-up:
  * samples per second. */
-static double train_rate(const char *model, ch_device *dev, int batch, int steps)
+static double train_rate(const char *model, const shapes *sh, ch_device *dev, int batch,
+                         int steps)
 {
     ch_module *m = NULL;
     ch_loss *loss = NULL;
     ch_optimizer *opt = NULL;
-    BENCH_CHECK(ch_nn_preset(&m, model));
+    make_model(&m, model, sh);
     BENCH_CHECK(ch_module_init(m, 1));
     BENCH_CHECK(ch_module_to(m, dev));
     BENCH_CHECK(ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY));
     ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f);
     BENCH_CHECK(ch_optimizer_new(&opt, m, &oo));
-    int64_t xs[4] = {batch, 1, 28, 28}, ls[1] = {batch};
     ch_tensor *x = NULL, *labels = NULL, *y, *lv, *dy;
-    BENCH_CHECK(ch_tensor_new(&x, dev, CH_F32, 4, xs));
-    BENCH_CHECK(ch_tensor_new(&labels, dev, CH_I32, 1, ls));
-    BENCH_CHECK(ch_rand_normal(x, 7, 0, 0.0f, 1.0f));
-    int32_t *lab = malloc(sizeof *lab * (size_t)batch);
-    for (int i = 0; i < batch; i++)
-        lab[i] = i % 10;
-    BENCH_CHECK(ch_tensor_upload(labels, lab, sizeof *lab * (size_t)batch));
-    free(lab);
+    make_batch(&x, &labels, dev, model, batch, sh);
     double *t = malloc(sizeof *t * (size_t)steps);
     for (int s = -3; s < steps; s++) {
         double t0 = ch_clock_seconds();
@@ -68,9 +106,10 @@ static double train_rate(const char *model, ch_device *dev, int batch, int steps
 /* One GEMM of a training step, row-major: C[M,N] = op(A) op(B) (+ C). */
 typedef struct gemm_shape {
     int ta, tb, m, n, k, accumulate;
+    int count; /* 0 or 1: one GEMM; more: a batched GEMM of count matrices */
 } gemm_shape;
 
-#define MAX_GEMMS 16
+#define MAX_GEMMS 512
 
 /* A Linear layer's GEMMs: forward y = x W^T, backward dW += dy^T x and,
  * unless it is the first layer with parameters, dx = dy W. */
@@ -101,6 +140,36 @@ static int conv_gemms(gemm_shape *g, int batch, int ckk, int out, int pixels, in
 /* The GEMMs of one training step of the preset `model`, read off the
  * model itself: its layers run one by one on the host, each Linear and
  * Conv2d giving its shapes (a convolution's output plane from its output). */
+/* The gpt's, from its configuration: per block the four Linear layers
+ * (c_attn, c_proj, c_fc, the MLP's c_proj) and the attention's batched
+ * GEMMs (q k^T, a v; backward dA, dv, dq, dk over batch * heads matrices),
+ * and the tied output (logits, its weight's gradient, dh). */
+static int gpt_gemms(gemm_shape *g, const ch_gpt_config *c, int batch)
+{
+    int r = batch * (int)c->context, d = (int)c->dim, t = (int)c->context, v = (int)c->vocab;
+    int bh = batch * c->heads, hd = d / c->heads, n = 0;
+    if (c->layers * 18 + 3 > MAX_GEMMS) {
+        fprintf(stderr, "bench-train: the gpt has more than %d GEMMs\n", MAX_GEMMS);
+        exit(1);
+    }
+    for (int l = 0; l < c->layers; l++) {
+        n += linear_gemms(g + n, r, d, 3 * d, 1);
+        g[n++] = (gemm_shape){0, 1, t, t, hd, 0, bh};
+        g[n++] = (gemm_shape){0, 0, t, hd, t, 0, bh};
+        g[n++] = (gemm_shape){0, 1, t, t, hd, 0, bh};
+        g[n++] = (gemm_shape){1, 0, t, hd, t, 0, bh};
+        g[n++] = (gemm_shape){0, 0, t, hd, t, 0, bh};
+        g[n++] = (gemm_shape){1, 0, t, hd, t, 0, bh};
+        n += linear_gemms(g + n, r, d, d, 1);
+        n += linear_gemms(g + n, r, d, 4 * d, 1);
+        n += linear_gemms(g + n, r, 4 * d, d, 1);
+    }
+    g[n++] = (gemm_shape){0, 1, r, v, d, 0, 0};
+    g[n++] = (gemm_shape){1, 0, v, d, r, 1, 0};
+    g[n++] = (gemm_shape){0, 0, r, d, v, 0, 0};
+    return n;
+}
+
 static int step_gemms(gemm_shape *g, const char *model, int batch)
 {
     ch_device *host;
@@ -140,17 +209,19 @@ static int step_gemms(gemm_shape *g, const char *model, int batch)
 
 /* Seconds for a step's GEMMs at OpenBLAS's speed: median of `reps` runs
  * of the whole set. */
-static double gemm_seconds(const char *model, int batch, int reps)
+static double gemm_seconds(const char *model, const shapes *sh, int batch, int reps)
 {
-    gemm_shape g[MAX_GEMMS];
-    int n = step_gemms(g, model, batch);
+    static gemm_shape g[MAX_GEMMS];
+    int n = strcmp(model, "gpt") == 0 ? gpt_gemms(g, &sh->gpt, batch)
+                                      : step_gemms(g, model, batch);
     /* Each GEMM gets operands of its own, as in the model (weights,
      * activations and gradients are different memory): one shared set would
      * stay in cache and flatter the bound. */
-    float *buf[MAX_GEMMS][3];
+    static float *buf[MAX_GEMMS][3];
     for (int i = 0; i < n; i++) {
-        size_t sizes[3] = {(size_t)g[i].m * g[i].k, (size_t)g[i].k * g[i].n,
-                           (size_t)g[i].m * g[i].n};
+        size_t count = g[i].count > 1 ? (size_t)g[i].count : 1;
+        size_t sizes[3] = {count * g[i].m * g[i].k, count * g[i].k * g[i].n,
+                           count * g[i].m * g[i].n};
         for (int j = 0; j < 3; j++) {
             buf[i][j] = malloc(sizeof(float) * sizes[j]);
             if (!buf[i][j]) {
@@ -166,10 +237,13 @@ static double gemm_seconds(const char *model, int batch, int reps)
         double t0 = ch_clock_seconds();
         for (int i = 0; i < n; i++) {
             int lda = g[i].ta ? g[i].m : g[i].k, ldb = g[i].tb ? g[i].k : g[i].n;
-            cblas_sgemm(CblasRowMajor, g[i].ta ? CblasTrans : CblasNoTrans,
-                        g[i].tb ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, 1.0f,
-                        buf[i][0], lda, buf[i][1], ldb, g[i].accumulate ? 1.0f : 0.0f,
-                        buf[i][2], g[i].n);
+            size_t sa = (size_t)g[i].m * g[i].k, sb = (size_t)g[i].k * g[i].n,
+                   sc = (size_t)g[i].m * g[i].n;
+            for (int b = 0; b < (g[i].count > 1 ? g[i].count : 1); b++)
+                cblas_sgemm(CblasRowMajor, g[i].ta ? CblasTrans : CblasNoTrans,
+                            g[i].tb ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, 1.0f,
+                            buf[i][0] + b * sa, lda, buf[i][1] + b * sb, ldb,
+                            g[i].accumulate ? 1.0f : 0.0f, buf[i][2] + b * sc, g[i].n);
         }
         if (r >= 0)
             t[r] = ch_clock_seconds() - t0;
@@ -187,11 +261,18 @@ int main(int argc, char **argv)
 {
     const char *devices = NULL, *only = NULL;
     int batch = 64, steps = 20, json = 0;
+    shapes sh = {CH_RESNET_DEPTH, ch_gpt_defaults()};
     static const struct option longs[] = {{"devices", required_argument, 0, 'd'},
                                           {"batch", required_argument, 0, 'b'},
                                           {"steps", required_argument, 0, 's'},
                                           {"model", required_argument, 0, 'm'},
                                           {"json", no_argument, 0, 'j'},
+                                          {"depth", required_argument, 0, 'D'},
+                                          {"layers", required_argument, 0, 'L'},
+                                          {"heads", required_argument, 0, 'H'},
+                                          {"dim", required_argument, 0, 'E'},
+                                          {"context", required_argument, 0, 'T'},
+                                          {"vocab", required_argument, 0, 'V'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     int c;
@@ -202,15 +283,28 @@ int main(int argc, char **argv)
         case 's': steps = atoi(optarg); break;
         case 'm': only = optarg; break;
         case 'j': json = 1; break;
+        case 'D': sh.depth = atoi(optarg); break;
+        case 'L': sh.gpt.layers = atoi(optarg); break;
+        case 'H': sh.gpt.heads = atoi(optarg); break;
+        case 'E': sh.gpt.dim = atoi(optarg); break;
+        case 'T': sh.gpt.context = atoi(optarg); break;
+        case 'V': sh.gpt.vocab = atoi(optarg); break;
         case 'h':
-            printf("usage: bench-train [--devices LIST] [--model mlp|cnn] [--batch N] [--steps N] "
-                   "[--json]\n");
+            printf("usage: bench-train [--devices LIST] [--model mlp|cnn|resnet|gpt] [--batch N] "
+                   "[--steps N] [--depth N] [--layers N] [--heads N] [--dim N] [--context N] "
+                   "[--vocab N] [--json]\n"
+                   "without --model: the mlp and the cnn\n");
             return 0;
         default: fprintf(stderr, "bench-train: bad option (see --help)\n"); return 2;
         }
     }
     if (batch < 1 || steps < 1) {
         fprintf(stderr, "bench-train: --batch and --steps must be >= 1\n");
+        return 2;
+    }
+    if (only && strcmp(only, "mlp") && strcmp(only, "cnn") && strcmp(only, "resnet") &&
+        strcmp(only, "gpt")) {
+        fprintf(stderr, "bench-train: --model is mlp, cnn, resnet or gpt\n");
         return 2;
     }
     BENCH_CHECK(ch_init());
@@ -221,35 +315,42 @@ int main(int argc, char **argv)
     else
         for (int i = 0; i < ch_device_count() && n < 64; i++)
             BENCH_CHECK(ch_device_get(&devs[n++], i));
-    const char *models[2] = {"mlp", "cnn"};
+    const char *models[4] = {"mlp", "cnn", "resnet", "gpt"};
     if (json)
         printf("[");
     else
-        printf("%-10s %-5s %6s %14s\n", "device", "model", "batch", "samples/s");
+        printf("%-10s %-6s %6s %14s %14s\n", "device", "model", "batch", "samples/s", "tokens/s");
     int first = 1;
     for (int d = 0; d < n; d++) {
-        for (int mi = 0; mi < 2; mi++) {
-            if (only && strcmp(only, models[mi]) != 0)
+        for (int mi = 0; mi < 4; mi++) {
+            if (only ? strcmp(only, models[mi]) != 0 : mi >= 2)
                 continue;
-            double rate = train_rate(models[mi], devs[d], batch, steps);
+            int gpt = mi == 3;
+            double rate = train_rate(models[mi], &sh, devs[d], batch, steps);
             const char *id = ch_device_id(devs[d]);
             double share = -1, bound = -1;
 #ifdef HAVE_BLAS
-            if (strcmp(id, "host") == 0) {
-                bound = batch / gemm_seconds(models[mi], batch, steps);
+            if (strcmp(id, "host") == 0 && mi != 2) {
+                bound = batch / gemm_seconds(models[mi], &sh, batch, steps);
                 share = rate / bound;
             }
 #endif
             if (json) {
                 printf("%s{\"device\":\"%s\",\"model\":\"%s\",\"batch\":%d,\"samples_per_s\":%.1f",
                        first ? "" : ",", id, models[mi], batch, rate);
+                if (gpt)
+                    printf(",\"tokens_per_s\":%.1f", rate * (double)sh.gpt.context);
                 if (share >= 0)
                     printf(",\"gemm_bound_samples_per_s\":%.1f,\"gemm_share\":%.3f", bound, share);
                 printf("}");
             } else {
-                printf("%-10s %-5s %6d %14.1f\n", id, models[mi], batch, rate);
+                if (gpt)
+                    printf("%-10s %-6s %6d %14.1f %14.1f\n", id, models[mi], batch, rate,
+                           rate * (double)sh.gpt.context);
+                else
+                    printf("%-10s %-6s %6d %14.1f %14s\n", id, models[mi], batch, rate, "-");
                 if (share >= 0)
-                    printf("%-10s %-5s %6d %14.1f  GEMM-bound rate at OpenBLAS speed; "
+                    printf("%-10s %-6s %6d %14.1f  GEMM-bound rate at OpenBLAS speed; "
                            "GEMM share %.3f\n",
                            id, models[mi], batch, bound, share);
             }
