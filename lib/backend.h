@@ -217,7 +217,9 @@ typedef struct ch_backend_i {
                               int64_t stride_b, float beta, ch_bmem c, int64_t ldc,
                               int64_t stride_c);
     /* 4-byte elements; xshape[0..ndim) is x's shape, y's dimension i is x's
-     * perm[i]; ndim <= CH_MAX_DIMS */
+     * perm[i]; 2 <= ndim <= CH_MAX_DIMS. The core passes the fewest
+     * dimensions that describe the move: none of size 1, and no two of x
+     * that stay neighbours, in order, in y (a plain copy never comes here) */
     ch_status (*permute)(void *stream, int ndim, const int64_t *xshape, const int *perm,
                          ch_bmem y, ch_bmem x);
     /* rows of length s; with causal, row r (t = r % rows_per_matrix) keeps

@@ -610,6 +610,30 @@ void tc_download(tcase *c, const ch_tensor *t, void *host, int64_t n)
         TC(c, ch_tensor_download(t, host, (size_t)n * 4));
 }
 
+double *tc_widen(tcase *c, const float *x, int64_t n)
+{
+    double *d = tc_doubles(c, n);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+double ref_dot(const float *a, const float *b, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+double ref_dot_abs(const float *a, const float *b, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += fabs((double)a[i] * b[i]);
+    return s;
+}
+
 static void tc_free(tcase *c)
 {
     while (c->nt > 0)
@@ -628,6 +652,12 @@ int tc_end_err(tcase *c, double err, double tol)
                     c->name, err, tol);
     tc_free(c);
     return ok;
+}
+
+int tc_end_adjoint(tcase *c, double lhs, double rhs, double scale, double tol)
+{
+    tc_append(c, " (<Ax,y> %.9g, <x,A^T y> %.9g)", lhs, rhs);
+    return tc_end_err(c, fabs(lhs - rhs) / fmax(scale, 1e-30), tol);
 }
 
 int tc_end_exact(tcase *c, int ok, const char *detail)

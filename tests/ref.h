@@ -168,8 +168,18 @@ void *tc_fetch(tcase *c, const ch_tensor *t, int64_t n);
 /* The same into `host`, for loops that must not grow the case's memory. */
 void tc_download(tcase *c, const ch_tensor *t, void *host, int64_t n);
 
+/* x as doubles, owned by the case. */
+double *tc_widen(tcase *c, const float *x, int64_t n);
+
+/* <a, b> and the sum of |a_i b_i|, in double. */
+double ref_dot(const float *a, const float *b, int64_t n);
+double ref_dot_abs(const float *a, const float *b, int64_t n);
+
 /* One TAP line each, then everything of the case is freed. */
 int tc_end_err(tcase *c, double err, double tol);
+/* The adjoint identity <A x, y> == <x, A^T y> (lhs, rhs), its error
+ * relative to `scale`, the sum of |terms| of <A x, y>. */
+int tc_end_adjoint(tcase *c, double lhs, double rhs, double scale, double tol);
 int tc_end_exact(tcase *c, int ok, const char *detail);
 /* Exact comparison of n 4-byte words (floats or int32). */
 int tc_end_words(tcase *c, const void *got, const void *want, int64_t n, int is_float);

@@ -20,37 +20,6 @@
 #define TOL_FD 5e-4
 #define TOL_ADJOINT 1e-6
 
-static double dot(const float *a, const float *b, int64_t n)
-{
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        s += (double)a[i] * b[i];
-    return s;
-}
-
-static double dot_abs(const float *a, const float *b, int64_t n)
-{
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        s += fabs((double)a[i] * b[i]);
-    return s;
-}
-
-/* |<Ax, y> - <x, A^T y>| relative to the sum of |terms| of <Ax, y>. */
-static int end_adjoint(tcase *c, double lhs, double rhs, double scale)
-{
-    tc_append(c, " (<Ax,y> %.9g, <x,A^T y> %.9g)", lhs, rhs);
-    return tc_end_err(c, fabs(lhs - rhs) / fmax(scale, 1e-30), TOL_ADJOINT);
-}
-
-static double *widen(tcase *c, const float *x, int64_t n)
-{
-    double *d = tc_doubles(c, n);
-    for (int64_t i = 0; i < n; i++)
-        d[i] = x[i];
-    return d;
-}
-
 /* ---- Activations: elementwise, so one perturbation of every element ----- */
 
 static void grad_activation(ch_device *dev, ch_activation act)
@@ -75,7 +44,7 @@ static void grad_activation(ch_device *dev, ch_activation act)
     ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n), NULL);
     TC(&c, ch_activation_forward(ty, tx, act));
     TC(&c, ch_activation_backward(tdx, tdy, tx, ty, act));
-    double *got = widen(&c, tc_fetch(&c, tdx, n), n);
+    double *got = tc_widen(&c, tc_fetch(&c, tdx, n), n);
     tc_upload(&c, tx, xp);
     TC(&c, ch_activation_forward(ty, tx, act));
     float *yp = tc_fetch(&c, ty, n);
@@ -117,7 +86,7 @@ static void grad_softmax_xent(ch_device *dev, float scale)
     ch_tensor *td = tc_tensor(&c, CH_F32, SHAPE(n, classes), NULL);
     TC(&c, ch_softmax_xent(tloss, tp, tl, tlab));
     TC(&c, ch_softmax_xent_backward(td, tp, tlab, scale));
-    double *got = widen(&c, tc_fetch(&c, td, nl), nl);
+    double *got = tc_widen(&c, tc_fetch(&c, td, nl), nl);
     double *want = tc_doubles(&c, nl);
     float *v = tc_floats(&c, nl);
     for (int64_t i = 0; i < nl && c.st == CH_OK; i++) {
@@ -150,7 +119,8 @@ static void grad_bias(ch_device *dev, int ndim, const int64_t *shape, int axis)
     TC(&c, ch_bias_add(ty, tx, tb, axis));
     TC(&c, ch_bias_grad(tdb, tdy, axis, 0.0f));
     float *y = tc_fetch(&c, ty, n), *db = tc_fetch(&c, tdb, ch);
-    end_adjoint(&c, dot(y, dy, n), dot(bias, db, ch), dot_abs(y, dy, n));
+    tc_end_adjoint(&c, ref_dot(y, dy, n), ref_dot(bias, db, ch),
+                   ref_dot_abs(y, dy, n), TOL_ADJOINT);
 }
 
 /* ---- col2im is the adjoint of im2col ------------------------------------- */
@@ -174,7 +144,8 @@ static void grad_col2im(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_
     TC(&c, ch_im2col(tix, tx, win));
     TC(&c, ch_col2im(tdx, tcol, win));
     float *ix = tc_fetch(&c, tix, ncol), *dx = tc_fetch(&c, tdx, nx);
-    end_adjoint(&c, dot(ix, col, ncol), dot(x, dx, nx), dot_abs(ix, col, ncol));
+    tc_end_adjoint(&c, ref_dot(ix, col, ncol), ref_dot(x, dx, nx),
+                   ref_dot_abs(ix, col, ncol), TOL_ADJOINT);
 }
 
 /* ---- transpose01 is its own adjoint (with the first two axes swapped) ---- */
@@ -193,7 +164,8 @@ static void grad_transpose01(ch_device *dev, int64_t a, int64_t b, int64_t inner
     TC(&c, ch_transpose01(ttx, tx));
     TC(&c, ch_transpose01(tty, ty));
     float *tx_host = tc_fetch(&c, ttx, n), *ty_host = tc_fetch(&c, tty, n);
-    end_adjoint(&c, dot(tx_host, y, n), dot(x, ty_host, n), dot_abs(tx_host, y, n));
+    tc_end_adjoint(&c, ref_dot(tx_host, y, n), ref_dot(x, ty_host, n),
+                   ref_dot_abs(tx_host, y, n), TOL_ADJOINT);
 }
 
 /* ---- Max-pool: numeric derivative of <maxpool(x), dy> -------------------- */
@@ -222,7 +194,7 @@ static double pool_objective(tcase *c, ch_tensor *ty, ch_tensor *tidx, ch_tensor
     tc_upload(c, tx, x);
     TC(c, ch_maxpool2d(ty, tidx, tx, win));
     tc_download(c, ty, y, ny);
-    return dot(y, dy, ny);
+    return ref_dot(y, dy, ny);
 }
 
 static void grad_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
@@ -244,7 +216,7 @@ static void grad_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64
     ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), NULL);
     TC(&c, ch_maxpool2d(ty, tidx, tx, win));
     TC(&c, ch_maxpool2d_backward(tdx, tdy, tidx, win));
-    double *got = widen(&c, tc_fetch(&c, tdx, nx), nx);
+    double *got = tc_widen(&c, tc_fetch(&c, tdx, nx), nx);
     double *want = tc_doubles(&c, nx);
     float *v = tc_floats(&c, nx), *y = tc_floats(&c, ny);
     memcpy(v, x, (size_t)nx * sizeof *v);
@@ -281,7 +253,8 @@ static void grad_maxpool_route(ch_device *dev, int64_t n, int64_t ch, int64_t h,
     TC(&c, ch_maxpool2d(ty, tidx, tx, win));
     TC(&c, ch_maxpool2d_backward(tdx, tdy, tidx, win));
     float *y = tc_fetch(&c, ty, ny), *dx = tc_fetch(&c, tdx, nx);
-    end_adjoint(&c, dot(dx, x, nx), dot(dy, y, ny), dot_abs(dx, x, nx));
+    tc_end_adjoint(&c, ref_dot(dx, x, nx), ref_dot(dy, y, ny),
+                   ref_dot_abs(dx, x, nx), TOL_ADJOINT);
 }
 
 /* ---- GEMM: gradients of L = <alpha op(A) op(B), G> ----------------------- */
@@ -300,7 +273,7 @@ static double gemm_objective(tcase *c, const gemm_setup *s, ch_tensor *t, const 
     tc_upload(c, t, values);
     TC(c, ch_gemm(s->c, s->ta, s->tb, s->alpha, s->a, s->b, 0.0f));
     tc_download(c, s->c, s->ch, s->m * s->n);
-    return dot(s->ch, s->gh, s->m * s->n);
+    return ref_dot(s->ch, s->gh, s->m * s->n);
 }
 
 /* Central differences of L over every element of `t` (holding `x`). */

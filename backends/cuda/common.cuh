@@ -122,6 +122,37 @@ chcu_shape2 chcu_rows(const chcu_device *dev, int64_t rows, int64_t cols);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);    \
          i += (int64_t)gridDim.x * blockDim.x)
 
+/* ---- warp reductions ---- */
+
+#define CHCU_WARP 32
+
+__device__ static inline float chcu_warp_max(float v)
+{
+    for (int o = CHCU_WARP / 2; o > 0; o /= 2)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* A butterfly: every lane ends with the same sum, added in the same order
+ * on every run. */
+__device__ static inline float chcu_warp_sum(float v)
+{
+    for (int o = CHCU_WARP / 2; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* ---- out-of-range flags (softmax.cu) ---- */
+
+/* A kernel lowers the flag word (atomicMin) to the first position whose
+ * label or index is out of range. chcu_flag_reset queues setting it to
+ * CHCU_NO_ROW; chcu_flag_read waits for it: *pos is that position and
+ * *value the i32 there in `values` (device memory), or *pos is -1. */
+#define CHCU_NO_ROW 0xffffffffu
+ch_status chcu_flag_reset(const chcu_stream *s, unsigned *flag);
+ch_status chcu_flag_read(const chcu_stream *s, const unsigned *flag, const int32_t *values,
+                         int64_t *pos, int32_t *value);
+
 template <typename T> static inline T *chcu_at(ch_bmem m)
 {
     return (T *)((char *)m.ptr + m.off);
@@ -200,6 +231,20 @@ ch_status chcu_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem 
                          ch_bmem g, const ch_adam_params *params);
 ch_status chcu_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
                     uint64_t seed, uint64_t offset, float a, float b);
+ch_status chcu_gemm_batched(void *stream, int trans_a, int trans_b, int64_t count, int64_t m,
+                            int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                            int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
+                            float beta, ch_bmem c, int64_t ldc, int64_t stride_c);
+ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
+                       ch_bmem y, ch_bmem x);
+ch_status chcu_softmax(void *stream, int64_t rows, int64_t s, int causal,
+                       int64_t rows_per_matrix, ch_bmem y, ch_bmem x);
+ch_status chcu_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem dx, ch_bmem dy,
+                                ch_bmem y);
+ch_status chcu_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
+                         ch_bmem table, ch_bmem idx);
+ch_status chcu_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
+                                  ch_bmem dtable, ch_bmem dy, ch_bmem idx);
 ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n);
 int chcu_can_allreduce(void *dev_a, void *dev_b);

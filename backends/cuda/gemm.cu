@@ -57,3 +57,35 @@ ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n
     pthread_mutex_unlock(&s->blas_lock);
     return st;
 }
+
+/* The same trick for every matrix of the batch: cuBLAS's strides between
+ * matrices are ours, B's going first. */
+ch_status chcu_gemm_batched(void *stream, int trans_a, int trans_b, int64_t count, int64_t m,
+                            int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                            int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
+                            float beta, ch_bmem c, int64_t ldc, int64_t stride_c)
+{
+    if (!chcu_fits_int(count) || !chcu_fits_int(m) || !chcu_fits_int(n) || !chcu_fits_int(k) ||
+        !chcu_fits_int(lda) || !chcu_fits_int(ldb) || !chcu_fits_int(ldc))
+        return chi_error(CH_ERR_LIMIT,
+                         "cublasSgemmStridedBatched: a size or stride beyond INT_MAX (%lld "
+                         "matrices, m %lld, n %lld, k %lld)",
+                         (long long)count, (long long)m, (long long)n, (long long)k);
+    chcu_stream *s = (chcu_stream *)stream;
+    ch_status st = chcu_enter(s->dev);
+    if (st)
+        return st;
+    pthread_mutex_lock(&s->blas_lock);
+    st = chcu_stream_blas(s);
+    if (!st)
+        st = chcu_blas_check(
+            cublasSgemmStridedBatched(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
+                                      (int)k, &alpha, chcu_at<float>(b), (int)ldb,
+                                      (long long)stride_b, chcu_at<float>(a), (int)lda,
+                                      (long long)stride_a, &beta, chcu_at<float>(c), (int)ldc,
+                                      (long long)stride_c, (int)count),
+            "cublasSgemmStridedBatched");
+    pthread_mutex_unlock(&s->blas_lock);
+    return st;
+}

@@ -4,14 +4,12 @@
  * whose label is outside [0, c) (atomicMin: the same row whatever the
  * order), and the slot reads it back before returning so that it can answer
  * CH_ERR_INVALID_ARGUMENT as the host does (ops.h). That read is the one
- * wait of these slots: it returns when the stream has run the kernel. */
+ * wait of these slots: it returns when the stream has run the kernel. The
+ * embedding's indices are checked the same way (attention.cu). */
 #include <math.h>
 #include "common.cuh"
 
-#define WARP 32
-#define NO_ROW 0xffffffffu
-
-static ch_status flag_reset(const chcu_stream *s, unsigned *flag)
+ch_status chcu_flag_reset(const chcu_stream *s, unsigned *flag)
 {
     return chcu_check(cudaMemsetAsync(flag, 0xff, sizeof *flag, s->s), "cudaMemsetAsync");
 }
@@ -24,35 +22,27 @@ static ch_status read_back(const chcu_stream *s, void *host, const void *dev, si
     return st ? st : chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize");
 }
 
+ch_status chcu_flag_read(const chcu_stream *s, const unsigned *flag, const int32_t *values,
+                         int64_t *pos, int32_t *value)
+{
+    unsigned row = CHCU_NO_ROW;
+    ch_status st = read_back(s, &row, flag, sizeof row);
+    *pos = row == CHCU_NO_ROW ? -1 : (int64_t)row;
+    if (st || row == CHCU_NO_ROW)
+        return st;
+    return read_back(s, value, values + row, sizeof *value);
+}
+
 /* Waits for the flag; the error names the first bad row and its label. */
 static ch_status labels_check(const chcu_stream *s, const char *fn, const unsigned *flag,
                               const int32_t *labels, int64_t c)
 {
-    unsigned row = NO_ROW;
-    ch_status st = read_back(s, &row, flag, sizeof row);
-    if (st || row == NO_ROW)
-        return st;
+    int64_t row = -1;
     int32_t label = 0;
-    st = read_back(s, &label, labels + row, sizeof label);
-    if (st)
+    ch_status st = chcu_flag_read(s, flag, labels, &row, &label);
+    if (st || row < 0)
         return st;
     return chi_bad_label(fn, row, label, c);
-}
-
-__device__ static float warp_max(float v)
-{
-    for (int o = WARP / 2; o > 0; o /= 2)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* A butterfly: every lane ends with the same sum, added in the same order
- * on every run. */
-__device__ static float warp_sum(float v)
-{
-    for (int o = WARP / 2; o > 0; o /= 2)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 /* One warp per row: probs = softmax(row); rowloss = log(sum) - (x[label] -
@@ -61,20 +51,21 @@ __device__ static float warp_sum(float v)
 __global__ void softmax_xent_kernel(float *probs, float *rowloss, const float *logits,
                                     const int32_t *labels, int64_t n, int64_t c, unsigned *bad)
 {
-    const int lane = threadIdx.x % WARP;
-    const int64_t warps = (int64_t)gridDim.x * blockDim.x / WARP;
-    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / WARP; r < n; r += warps) {
+    const int lane = threadIdx.x % CHCU_WARP;
+    const int64_t warps = (int64_t)gridDim.x * blockDim.x / CHCU_WARP;
+    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / CHCU_WARP; r < n;
+         r += warps) {
         const float *x = logits + r * c;
         float *p = probs + r * c;
         float m = -INFINITY;
-        for (int64_t j = lane; j < c; j += WARP)
+        for (int64_t j = lane; j < c; j += CHCU_WARP)
             m = fmaxf(m, x[j]);
-        m = warp_max(m);
+        m = chcu_warp_max(m);
         float sum = 0.0f;
-        for (int64_t j = lane; j < c; j += WARP)
+        for (int64_t j = lane; j < c; j += CHCU_WARP)
             sum += expf(x[j] - m);
-        sum = warp_sum(sum);
-        for (int64_t j = lane; j < c; j += WARP)
+        sum = chcu_warp_sum(sum);
+        for (int64_t j = lane; j < c; j += CHCU_WARP)
             p[j] = expf(x[j] - m) / sum;
         if (lane == 0) {
             int32_t l = labels[r];
@@ -104,9 +95,9 @@ ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch
         return st;
     float *rowloss = (float *)work;
     unsigned *flag = (unsigned *)((char *)work + rows_bytes);
-    st = flag_reset(s, flag);
+    st = chcu_flag_reset(s, flag);
     if (!st) {
-        softmax_xent_kernel<<<chcu_grid(s->dev, n * WARP), CHCU_THREADS, 0, s->s>>>(
+        softmax_xent_kernel<<<chcu_grid(s->dev, n * CHCU_WARP), CHCU_THREADS, 0, s->s>>>(
             chcu_at<float>(probs), rowloss, chcu_at<float>(logits), chcu_at<int32_t>(labels), n,
             c, flag);
         st = chcu_launched("softmax_xent_kernel");
@@ -151,7 +142,7 @@ ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
     if (st)
         return st;
     unsigned *flag = (unsigned *)work;
-    st = flag_reset(s, flag);
+    st = chcu_flag_reset(s, flag);
     if (!st) {
         chcu_shape2 sh = chcu_rows(s->dev, n, c);
         softmax_xent_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(

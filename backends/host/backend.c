@@ -324,6 +324,12 @@ static const ch_backend_i host_iface = {
     .sgd_step = chi_host_sgd_step,
     .adam_step = chi_host_adam_step,
     .rand = chi_host_rand,
+    .gemm_batched = chi_host_gemm_batched,
+    .permute = chi_host_permute,
+    .softmax = chi_host_softmax,
+    .softmax_backward = chi_host_softmax_backward,
+    .embedding = chi_host_embedding,
+    .embedding_backward = chi_host_embedding_backward,
     .allreduce_sum = chi_host_allreduce_sum,
     .can_allreduce = chi_host_can_allreduce,
 };

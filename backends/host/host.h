@@ -96,6 +96,23 @@ ch_status chi_host_allreduce_sum(int count, void *const *streams, const ch_bmem 
                                  int64_t n);
 int chi_host_can_allreduce(void *dev_a, void *dev_b);
 
+/* attention.c */
+ch_status chi_host_gemm_batched(void *stream, int trans_a, int trans_b, int64_t count,
+                                int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a,
+                                int64_t lda, int64_t stride_a, ch_bmem b, int64_t ldb,
+                                int64_t stride_b, float beta, ch_bmem c, int64_t ldc,
+                                int64_t stride_c);
+ch_status chi_host_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
+                           ch_bmem y, ch_bmem x);
+ch_status chi_host_softmax(void *stream, int64_t rows, int64_t s, int causal,
+                           int64_t rows_per_matrix, ch_bmem y, ch_bmem x);
+ch_status chi_host_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem dx,
+                                    ch_bmem dy, ch_bmem y);
+ch_status chi_host_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
+                             ch_bmem table, ch_bmem idx);
+ch_status chi_host_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
+                                      ch_bmem dtable, ch_bmem dy, ch_bmem idx);
+
 /* optim.c */
 ch_status chi_host_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
                             const ch_sgd_params *params, int first_step);

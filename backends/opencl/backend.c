@@ -474,6 +474,12 @@ static const ch_backend_i table = {
     .sgd_step = chcl_sgd_step,
     .adam_step = chcl_adam_step,
     .rand = chcl_rand,
+    .gemm_batched = chcl_gemm_batched,
+    .permute = chcl_permute,
+    .softmax = chcl_softmax,
+    .softmax_backward = chcl_softmax_backward,
+    .embedding = chcl_embedding,
+    .embedding_backward = chcl_embedding_backward,
 
     .allreduce_sum = chcl_allreduce_sum,
     .can_allreduce = chcl_can_allreduce,

@@ -1,5 +1,6 @@
-/* GEMM: CLBlast's SGEMM when the module is built with it, our tiled kernel
- * (gemm.cl) otherwise and for the shapes CLBlast refuses. The environment
+/* GEMM, single and strided-batched: CLBlast's SGEMM (SGEMMSTRIDEDBATCHED)
+ * when the module is built with it, our tiled kernel (gemm.cl) otherwise
+ * and for the shapes CLBlast refuses. The environment
  * variable CHORUS_OPENCL_GEMM=own|clblast forces one of them (read at init). */
 #include "config.h"
 
@@ -41,9 +42,12 @@ static ch_status check_matrix(const char *name, int64_t rows, int64_t ld)
     return chcl_check_count(name, rows * ld);
 }
 
-static ch_status gemm_own(chcl_stream *s, int trans_a, int trans_b, int64_t m, int64_t n,
-                          int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
-                          int64_t ldb, float beta, ch_bmem c, int64_t ldc)
+/* `count` products, the i-th of A at a + i * stride_a elements (B and C
+ * likewise): the third dimension of the launch. */
+static ch_status gemm_own(chcl_stream *s, int trans_a, int trans_b, int64_t count, int64_t m,
+                          int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                          int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
+                          float beta, ch_bmem c, int64_t ldc, int64_t stride_c)
 {
     ch_status st = check_matrix("gemm A", trans_a ? k : m, lda);
     if (st == CH_OK)
@@ -55,15 +59,16 @@ static ch_status gemm_own(chcl_stream *s, int trans_a, int trans_b, int64_t m, i
     chcl_ref C = chcl_ref_of(c), A = chcl_ref_of(a), B = chcl_ref_of(b);
     cl_int ic = (cl_int)ldc, ia = (cl_int)lda, ib = (cl_int)ldb, im = (cl_int)m,
            in = (cl_int)n, ik = (cl_int)k, ta = trans_a != 0, tb = trans_b != 0;
+    cl_ulong sa = (cl_ulong)stride_a, sb = (cl_ulong)stride_b, sc = (cl_ulong)stride_c;
     chcl_arg args[] = {CHCL_REF(C),     CHCL_ARG(ic),    CHCL_REF(A),     CHCL_ARG(ia),
                        CHCL_REF(B),     CHCL_ARG(ib),    CHCL_ARG(im),    CHCL_ARG(in),
                        CHCL_ARG(ik),    CHCL_ARG(ta),    CHCL_ARG(tb),    CHCL_ARG(alpha),
-                       CHCL_ARG(beta)};
+                       CHCL_ARG(beta),  CHCL_ARG(sa),    CHCL_ARG(sb),    CHCL_ARG(sc)};
     size_t tiles_n = (size_t)((n + CHCL_GEMM_TILE - 1) / CHCL_GEMM_TILE);
     size_t tiles_m = (size_t)((m + CHCL_GEMM_TILE - 1) / CHCL_GEMM_TILE);
-    size_t global[2] = {tiles_n * CHCL_GEMM_WG, tiles_m * CHCL_GEMM_WG};
-    size_t local[2] = {CHCL_GEMM_WG, CHCL_GEMM_WG};
-    return chcl_launch(s, CHCL_K_GEMM, CHCL_COUNT_OF(args), args, 2, global, local);
+    size_t global[3] = {tiles_n * CHCL_GEMM_WG, tiles_m * CHCL_GEMM_WG, (size_t)count};
+    size_t local[3] = {CHCL_GEMM_WG, CHCL_GEMM_WG, 1};
+    return chcl_launch(s, CHCL_K_GEMM, CHCL_COUNT_OF(args), args, 3, global, local);
 }
 
 #ifdef HAVE_CLBLAST
@@ -92,41 +97,73 @@ static const char *clblast_name(CLBlastStatusCode code)
  * around them costs little. */
 static pthread_mutex_t clblast_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static CLBlastStatusCode gemm_clblast(chcl_stream *s, int trans_a, int trans_b, int64_t m,
-                                      int64_t n, int64_t k, float alpha, ch_bmem a,
-                                      int64_t lda, ch_bmem b, int64_t ldb, float beta,
-                                      ch_bmem c, int64_t ldc)
+static CLBlastStatusCode gemm_clblast(chcl_stream *s, int trans_a, int trans_b, int64_t count,
+                                      int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a,
+                                      int64_t lda, int64_t stride_a, ch_bmem b, int64_t ldb,
+                                      int64_t stride_b, float beta, ch_bmem c, int64_t ldc,
+                                      int64_t stride_c)
 {
+    CLBlastTranspose ta = trans_a ? CLBlastTransposeYes : CLBlastTransposeNo;
+    CLBlastTranspose tb = trans_b ? CLBlastTransposeYes : CLBlastTransposeNo;
+    CLBlastStatusCode code;
     pthread_mutex_lock(&clblast_lock);
-    CLBlastStatusCode code = CLBlastSgemm(
-        CLBlastLayoutRowMajor, trans_a ? CLBlastTransposeYes : CLBlastTransposeNo,
-        trans_b ? CLBlastTransposeYes : CLBlastTransposeNo, (size_t)m, (size_t)n, (size_t)k,
-        alpha, chcl_buf(a), a.off / 4, (size_t)lda, chcl_buf(b), b.off / 4, (size_t)ldb, beta,
-        chcl_buf(c), c.off / 4, (size_t)ldc, &s->queue, NULL);
+    if (count == 1)
+        code = CLBlastSgemm(CLBlastLayoutRowMajor, ta, tb, (size_t)m, (size_t)n, (size_t)k,
+                            alpha, chcl_buf(a), a.off / 4, (size_t)lda, chcl_buf(b), b.off / 4,
+                            (size_t)ldb, beta, chcl_buf(c), c.off / 4, (size_t)ldc, &s->queue,
+                            NULL);
+    else
+        code = CLBlastSgemmStridedBatched(
+            CLBlastLayoutRowMajor, ta, tb, (size_t)m, (size_t)n, (size_t)k, alpha, chcl_buf(a),
+            a.off / 4, (size_t)lda, (size_t)stride_a, chcl_buf(b), b.off / 4, (size_t)ldb,
+            (size_t)stride_b, beta, chcl_buf(c), c.off / 4, (size_t)ldc, (size_t)stride_c,
+            (size_t)count, &s->queue, NULL);
     pthread_mutex_unlock(&clblast_lock);
     return code;
 }
 #endif
 
-ch_status chcl_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
-                    int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
-                    int64_t ldb, float beta, ch_bmem c, int64_t ldc)
+/* The products by CLBlast or by our kernel, as the mode says. */
+static ch_status gemm_any(chcl_stream *s, int trans_a, int trans_b, int64_t count, int64_t m,
+                          int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                          int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
+                          float beta, ch_bmem c, int64_t ldc, int64_t stride_c)
 {
-    chcl_stream *s = stream;
 #ifdef HAVE_CLBLAST
     chcl_gemm_mode mode = s->dev->be->gemm_mode;
     if (mode != CHCL_GEMM_OWN) {
-        CLBlastStatusCode code = gemm_clblast(s, trans_a, trans_b, m, n, k, alpha, a, lda,
-                                              b, ldb, beta, c, ldc);
+        CLBlastStatusCode code = gemm_clblast(s, trans_a, trans_b, count, m, n, k, alpha, a,
+                                              lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                                              stride_c);
         if (code == CLBlastSuccess)
             return CH_OK;
         if (mode == CHCL_GEMM_CLBLAST)
             return chi_error(code == CLBlastTempBufferAllocFailure
                                  ? CH_ERR_DEVICE_OUT_OF_MEMORY
                                  : CH_ERR_DRIVER,
-                             "CLBlastSgemm(%lld x %lld x %lld): %s (%d)", (long long)m,
-                             (long long)n, (long long)k, clblast_name(code), (int)code);
+                             "%s(%lld x %lld x %lld, %lld matrices): %s (%d)",
+                             count == 1 ? "CLBlastSgemm" : "CLBlastSgemmStridedBatched",
+                             (long long)m, (long long)n, (long long)k, (long long)count,
+                             clblast_name(code), (int)code);
     }
 #endif
-    return gemm_own(s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return gemm_own(s, trans_a, trans_b, count, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                    stride_b, beta, c, ldc, stride_c);
+}
+
+ch_status chcl_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
+                    int64_t ldb, float beta, ch_bmem c, int64_t ldc)
+{
+    return gemm_any(stream, trans_a, trans_b, 1, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c,
+                    ldc, 0);
+}
+
+ch_status chcl_gemm_batched(void *stream, int trans_a, int trans_b, int64_t count, int64_t m,
+                            int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                            int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
+                            float beta, ch_bmem c, int64_t ldc, int64_t stride_c)
+{
+    return gemm_any(stream, trans_a, trans_b, count, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                    stride_b, beta, c, ldc, stride_c);
 }

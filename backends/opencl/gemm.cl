@@ -1,6 +1,8 @@
 /* C[M,N] = alpha op(A) op(B) + beta C, row-major, with lda, ldb, ldc the row
- * strides of A, B, C as stored. Our fallback where CLBlast is absent or
- * refuses a shape.
+ * strides of A, B, C as stored; the third dimension of the launch goes
+ * through a batch of such products, each matrix `stride_*` elements after
+ * the previous one. Our fallback where CLBlast is absent or refuses a
+ * shape.
  *
  * A work-group of 16 x 16 work-items computes a 64 x 64 tile of C, each
  * work-item a 4 x 4 block strided by 16 so that neighbouring work-items
@@ -21,7 +23,8 @@
 __kernel __attribute__((reqd_work_group_size(WG, WG, 1)))
 void gemm(__global float *c, ulong co, int ldc, __global const float *a, ulong ao,
           int lda, __global const float *b, ulong bo, int ldb, int m, int n, int k,
-          int trans_a, int trans_b, float alpha, float beta)
+          int trans_a, int trans_b, float alpha, float beta, ulong stride_a,
+          ulong stride_b, ulong stride_c)
 {
     /* One column of padding: the staging stores of a non-transposed A (or a
      * transposed B) walk down a column, which would hit one bank 16 times. */
@@ -34,9 +37,10 @@ void gemm(__global float *c, ulong co, int ldc, __global const float *a, ulong a
     for (int r = 0; r < WPT; r++)
         for (int q = 0; q < WPT; q++)
             acc[r][q] = 0.0f;
-    a += ao;
-    b += bo;
-    c += co;
+    ulong batch = get_global_id(2);
+    a += ao + batch * stride_a;
+    b += bo + batch * stride_b;
+    c += co + batch * stride_c;
 
     for (int p0 = 0; p0 < k; p0 += TK) {
         /* Each work-item stages LOADS elements of each tile; the split of the

@@ -27,6 +27,7 @@ typedef enum chcl_prog_id {
     CHCL_P_SOFTMAX,
     CHCL_P_CONV,
     CHCL_P_RAND,
+    CHCL_P_ATTENTION,
     CHCL_P_COUNT
 } chcl_prog_id;
 
@@ -54,6 +55,12 @@ typedef enum chcl_kern_id {
     CHCL_K_MAXPOOL_FORWARD,
     CHCL_K_MAXPOOL_BACKWARD,
     CHCL_K_RAND,
+    CHCL_K_PERMUTE,
+    CHCL_K_SOFTMAX_MASKED,
+    CHCL_K_SOFTMAX_MASKED_BACKWARD,
+    CHCL_K_EMBEDDING,
+    CHCL_K_EMBEDDING_CHAIN,
+    CHCL_K_EMBEDDING_BACKWARD,
     CHCL_K_COUNT
 } chcl_kern_id;
 
@@ -171,6 +178,14 @@ static inline chcl_ref chcl_ref_of(ch_bmem m)
 
 #define CHCL_COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* The stream's flag word, set to "none" once the stream gets there: a
+ * kernel lowers it (atomic_min) to the first position whose label or index
+ * is out of range. chcl_flag_read waits for it: *pos is that position and
+ * *value the i32 there in `values`, or *pos is -1 when none was. */
+ch_status chcl_flag_reset(chcl_stream *s, cl_mem *flag);
+ch_status chcl_flag_read(chcl_stream *s, cl_mem flag, ch_bmem values, int64_t *pos,
+                         int32_t *value);
+
 /* ---- The table's slots, by file (see lib/backend.h) ---- */
 
 /* memory.c */
@@ -245,8 +260,24 @@ ch_status chcl_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
 ch_status chcl_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
                     int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
                     int64_t ldb, float beta, ch_bmem c, int64_t ldc);
+ch_status chcl_gemm_batched(void *stream, int trans_a, int trans_b, int64_t count, int64_t m,
+                            int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                            int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
+                            float beta, ch_bmem c, int64_t ldc, int64_t stride_c);
 /* CHORUS_OPENCL_GEMM: NULL or "" (auto), "own" or "clblast". */
 ch_status chcl_gemm_mode_parse(const char *value, chcl_gemm_mode *mode);
+
+/* attention.c */
+ch_status chcl_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
+                       ch_bmem y, ch_bmem x);
+ch_status chcl_softmax(void *stream, int64_t rows, int64_t s, int causal,
+                       int64_t rows_per_matrix, ch_bmem y, ch_bmem x);
+ch_status chcl_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem dx, ch_bmem dy,
+                                ch_bmem y);
+ch_status chcl_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
+                         ch_bmem table, ch_bmem idx);
+ch_status chcl_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
+                                  ch_bmem dtable, ch_bmem dy, ch_bmem idx);
 
 /* allreduce.c */
 ch_status chcl_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
@@ -274,6 +305,7 @@ extern const char chcl_src_sum[];
 extern const char chcl_src_softmax[];
 extern const char chcl_src_conv[];
 extern const char chcl_src_rand[];
+extern const char chcl_src_attention[];
 extern const char chcl_src_philox[];
 
 #endif

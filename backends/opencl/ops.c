@@ -137,13 +137,12 @@ static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
  * The loss kernels lower a flag word to the first row whose label is
  * outside [0, c); the slot reads it back before returning, so that it can
  * answer CH_ERR_INVALID_ARGUMENT as the host does. That read is the one
- * wait of these slots: it returns when the stream has run the kernel. */
+ * wait of these slots: it returns when the stream has run the kernel. The
+ * embedding does the same with its indices (attention.c). */
 
 #define NO_ROW 0xffffffffu
 
-/* The stream's flag word (made on first use, kept with the stream), set
- * to NO_ROW once the stream gets there. */
-static ch_status flag_reset(chcl_stream *s, cl_mem *flag)
+ch_status chcl_flag_reset(chcl_stream *s, cl_mem *flag)
 {
     if (!s->flag) {
         ch_status st = chcl_scratch_new(s->dev, sizeof(cl_uint), &s->flag);
@@ -159,23 +158,35 @@ static ch_status flag_reset(chcl_stream *s, cl_mem *flag)
     return CH_OK;
 }
 
-/* Waits for the flag; the error names the first bad row and its label. */
-static ch_status labels_check(chcl_stream *s, const char *fn, cl_mem flag, ch_bmem labels,
-                              int64_t c)
+ch_status chcl_flag_read(chcl_stream *s, cl_mem flag, ch_bmem values, int64_t *pos,
+                         int32_t *value)
 {
     cl_uint row = NO_ROW;
     cl_int err = clEnqueueReadBuffer(s->queue, flag, CL_TRUE, 0, sizeof row, &row, 0, NULL,
                                      NULL);
     if (err != CL_SUCCESS)
         return chcl_err(err, "clEnqueueReadBuffer");
+    *pos = row == NO_ROW ? -1 : (int64_t)row;
     if (row == NO_ROW)
         return CH_OK;
-    cl_int label = 0;
-    err = clEnqueueReadBuffer(s->queue, chcl_buf(labels), CL_TRUE,
-                              labels.off + (size_t)row * sizeof label, sizeof label, &label, 0,
-                              NULL, NULL);
+    cl_int v = 0;
+    err = clEnqueueReadBuffer(s->queue, chcl_buf(values), CL_TRUE,
+                              values.off + (size_t)row * sizeof v, sizeof v, &v, 0, NULL, NULL);
     if (err != CL_SUCCESS)
         return chcl_err(err, "clEnqueueReadBuffer");
+    *value = v;
+    return CH_OK;
+}
+
+/* Waits for the flag; the error names the first bad row and its label. */
+static ch_status labels_check(chcl_stream *s, const char *fn, cl_mem flag, ch_bmem labels,
+                              int64_t c)
+{
+    int64_t row = -1;
+    int32_t label = 0;
+    ch_status st = chcl_flag_read(s, flag, labels, &row, &label);
+    if (st != CH_OK || row < 0)
+        return st;
     return chi_bad_label(fn, row, label, c);
 }
 
@@ -203,7 +214,7 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
         st = chcl_scratch_new(s->dev, (size_t)n * sizeof(cl_float), &rows);
     if (st != CH_OK)
         return st;
-    st = flag_reset(s, &flag);
+    st = chcl_flag_reset(s, &flag);
     if (st == CH_OK)
         st = softmax_rows(s, n, c, probs, rows, logits, labels, flag);
     if (st == CH_OK)
@@ -221,7 +232,7 @@ ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
     ch_status st = check_3d("softmax_xent_backward", n, c, 1);
     cl_mem flag = NULL;
     if (st == CH_OK)
-        st = flag_reset(s, &flag);
+        st = chcl_flag_reset(s, &flag);
     if (st != CH_OK)
         return st;
     chcl_ref D = chcl_ref_of(dlogits), P = chcl_ref_of(probs), LB = chcl_ref_of(labels);

@@ -70,6 +70,8 @@ static const struct {
     [CHCL_P_SOFTMAX] = {"softmax.cl", (const char *const[]){chcl_src_common, chcl_src_softmax}, 2},
     [CHCL_P_CONV] = {"conv.cl", (const char *const[]){chcl_src_conv}, 1},
     [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_philox, chcl_src_rand}, 2},
+    [CHCL_P_ATTENTION] = {"attention.cl",
+                          (const char *const[]){chcl_src_common, chcl_src_attention}, 2},
 };
 
 static const struct {
@@ -98,6 +100,12 @@ static const struct {
     [CHCL_K_MAXPOOL_FORWARD] = {"maxpool_forward", CHCL_P_CONV},
     [CHCL_K_MAXPOOL_BACKWARD] = {"maxpool_backward", CHCL_P_CONV},
     [CHCL_K_RAND] = {"rand", CHCL_P_RAND},
+    [CHCL_K_PERMUTE] = {"permute", CHCL_P_ATTENTION},
+    [CHCL_K_SOFTMAX_MASKED] = {"softmax_masked", CHCL_P_ATTENTION},
+    [CHCL_K_SOFTMAX_MASKED_BACKWARD] = {"softmax_masked_backward", CHCL_P_ATTENTION},
+    [CHCL_K_EMBEDDING] = {"embedding", CHCL_P_ATTENTION},
+    [CHCL_K_EMBEDDING_CHAIN] = {"embedding_chain", CHCL_P_ATTENTION},
+    [CHCL_K_EMBEDDING_BACKWARD] = {"embedding_backward", CHCL_P_ATTENTION},
 };
 
 /* The build failed: the message carries the device's build log. */

@@ -262,9 +262,11 @@ CH_API ch_status ch_batchnorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tens
 
 /* ---- Average pooling ------------------------------------------------------- */
 
-/* Global average pooling (AdaptiveAvgPool2d(1)): y [N, C] = the mean of
- * each [H, W] plane of x [N, C, H, W]; the backward spreads dy / (H W) over
- * the plane. Built from ch_mean, ch_fill and ch_bias_add: no slot of its own. */
+/* Global average pooling (AdaptiveAvgPool2d(1)): y [N, C] (or
+ * [N, C, 1, 1], PyTorch's shape) = the mean of each [H, W] plane of
+ * x [N, C, H, W]; the backward spreads dy / (H W) over the plane
+ * (overwriting dx). Built from ch_mean, ch_fill, ch_bias_add and ch_scale:
+ * no slot of its own. */
 CH_API ch_status ch_avgpool_global(ch_tensor *y, const ch_tensor *x);
 CH_API ch_status ch_avgpool_global_backward(ch_tensor *dx, const ch_tensor *dy);
 

@@ -1,0 +1,142 @@
+/* The attention slots (attention.cl): permute, the masked softmax and its
+ * backward, the embedding and its backward. The batched GEMM is gemm.c's. */
+#include "config.h"
+
+#include "opencl.h"
+
+/* Work-groups of the row reductions: a power of two covering the row, at
+ * most 256. */
+static size_t row_group(int64_t s)
+{
+    size_t g = 1;
+    while (g < 256 && (int64_t)g < s)
+        g *= 2;
+    return g;
+}
+
+ch_status chcl_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
+                       ch_bmem y, ch_bmem x)
+{
+    int64_t xstride[CH_MAX_DIMS], numel = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        xstride[d] = numel;
+        numel *= xshape[d];
+    }
+    ch_status st = chcl_check_count("permute", numel);
+    if (st != CH_OK)
+        return st;
+    cl_int8 shape = {{0}}, stride = {{0}};
+    for (int i = 0; i < ndim; i++) {
+        shape.s[i] = (cl_int)xshape[perm[i]];
+        stride.s[i] = (cl_int)xstride[perm[i]];
+    }
+    chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
+    cl_int n = (cl_int)numel, nd = ndim;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(n), CHCL_ARG(nd), CHCL_ARG(shape),
+                       CHCL_ARG(stride)};
+    return chcl_launch1(stream, CHCL_K_PERMUTE, CHCL_COUNT_OF(args), args, numel);
+}
+
+ch_status chcl_softmax(void *stream, int64_t rows, int64_t s, int causal,
+                       int64_t rows_per_matrix, ch_bmem y, ch_bmem x)
+{
+    size_t group;
+    ch_status st = chcl_check_count("softmax", rows * s);
+    if (st == CH_OK)
+        st = chcl_group_size(stream, CHCL_K_SOFTMAX_MASKED, row_group(s), &group);
+    if (st != CH_OK)
+        return st;
+    chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
+    cl_int len = (cl_int)s, mask = causal != 0, rpm = (cl_int)rows_per_matrix;
+    chcl_arg args[] = {CHCL_REF(Y),   CHCL_REF(X),   CHCL_ARG(len),
+                       CHCL_ARG(mask), CHCL_ARG(rpm), CHCL_LOCAL(group * sizeof(cl_float))};
+    return chcl_launch_groups(stream, CHCL_K_SOFTMAX_MASKED, CHCL_COUNT_OF(args), args, rows,
+                              group);
+}
+
+ch_status chcl_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem dx, ch_bmem dy,
+                                ch_bmem y)
+{
+    size_t group;
+    ch_status st = chcl_check_count("softmax_backward", rows * s);
+    if (st == CH_OK)
+        st = chcl_group_size(stream, CHCL_K_SOFTMAX_MASKED_BACKWARD, row_group(s), &group);
+    if (st != CH_OK)
+        return st;
+    chcl_ref DX = chcl_ref_of(dx), DY = chcl_ref_of(dy), Y = chcl_ref_of(y);
+    cl_int len = (cl_int)s;
+    chcl_arg args[] = {CHCL_REF(DX), CHCL_REF(DY), CHCL_REF(Y), CHCL_ARG(len),
+                       CHCL_LOCAL(group * sizeof(cl_float))};
+    return chcl_launch_groups(stream, CHCL_K_SOFTMAX_MASKED_BACKWARD, CHCL_COUNT_OF(args), args,
+                              rows, group);
+}
+
+/* The kernels index y or dy (n x d) and the table (v x d) with int. */
+static ch_status check_embedding(const char *op, int64_t n, int64_t v, int64_t d)
+{
+    ch_status st = chcl_check_count(op, n * d);
+    return st == CH_OK ? chcl_check_count(op, v * d) : st;
+}
+
+ch_status chcl_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
+                         ch_bmem table, ch_bmem idx)
+{
+    chcl_stream *s = stream;
+    cl_mem flag = NULL;
+    ch_status st = check_embedding("embedding", n, v, d);
+    if (st == CH_OK)
+        st = chcl_flag_reset(s, &flag);
+    if (st != CH_OK)
+        return st;
+    chcl_ref Y = chcl_ref_of(y), T = chcl_ref_of(table), I = chcl_ref_of(idx);
+    cl_int total = (cl_int)(n * d), rows = (cl_int)v, cols = (cl_int)d;
+    chcl_arg args[] = {CHCL_REF(Y),     CHCL_REF(T),    CHCL_REF(I),    CHCL_ARG(total),
+                       CHCL_ARG(rows),  CHCL_ARG(cols), CHCL_ARG(flag)};
+    st = chcl_launch1(s, CHCL_K_EMBEDDING, CHCL_COUNT_OF(args), args, n * d);
+    int64_t pos = -1;
+    int32_t index = 0;
+    if (st == CH_OK)
+        st = chcl_flag_read(s, flag, idx, &pos, &index);
+    if (st == CH_OK && pos >= 0)
+        st = chi_bad_index("ch_embedding", pos, index, v);
+    return st;
+}
+
+/* The chains of embedding_chain (attention.cl): head [v], which starts
+ * at -1, then next [n]. */
+static ch_status embedding_chains(chcl_stream *s, int64_t n, int64_t v, ch_bmem idx,
+                                  cl_mem chains)
+{
+    cl_int none = -1;
+    cl_int err = clEnqueueFillBuffer(s->queue, chains, &none, sizeof none, 0,
+                                     (size_t)v * sizeof none, 0, NULL, NULL);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clEnqueueFillBuffer");
+    chcl_ref I = chcl_ref_of(idx);
+    cl_int len = (cl_int)n, rows = (cl_int)v;
+    chcl_arg args[] = {CHCL_ARG(chains), CHCL_REF(I), CHCL_ARG(len), CHCL_ARG(rows)};
+    return chcl_launch1(s, CHCL_K_EMBEDDING_CHAIN, CHCL_COUNT_OF(args), args, n);
+}
+
+ch_status chcl_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
+                                  ch_bmem dtable, ch_bmem dy, ch_bmem idx)
+{
+    chcl_stream *s = stream;
+    cl_mem chains = NULL;
+    ch_status st = check_embedding("embedding_backward", n, v, d);
+    if (st == CH_OK)
+        st = chcl_check_count("embedding_backward", v + n);
+    if (st == CH_OK)
+        st = chcl_scratch_new(s->dev, (size_t)(v + n) * sizeof(cl_int), &chains);
+    if (st != CH_OK)
+        return st;
+    st = embedding_chains(s, n, v, idx, chains);
+    chcl_ref DT = chcl_ref_of(dtable), DY = chcl_ref_of(dy);
+    cl_int rows = (cl_int)v, cols = (cl_int)d;
+    chcl_arg args[] = {CHCL_REF(DT), CHCL_REF(DY), CHCL_ARG(chains), CHCL_ARG(rows),
+                       CHCL_ARG(cols)};
+    if (st == CH_OK)
+        st = chcl_launch1(s, CHCL_K_EMBEDDING_BACKWARD, CHCL_COUNT_OF(args), args, v * d);
+    clReleaseMemObject(chains);
+    return st;
+}
