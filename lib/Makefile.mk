@@ -12,6 +12,7 @@ libchorus_la_SOURCES = \
 	lib/alloc.c \
 	lib/tensor.c \
 	lib/ops.c \
+	lib/ops_norm.c \
 	lib/reduce.c \
 	lib/sum_spread.c \
 	lib/version.c \

@@ -9,4 +9,5 @@ libchorus_la_SOURCES += \
 	backends/host/softmax.c \
 	backends/host/conv.c \
 	backends/host/optim.c \
+	backends/host/norm.c \
 	backends/host/allreduce.c

@@ -324,6 +324,12 @@ static const ch_backend_i host_iface = {
     .sgd_step = chi_host_sgd_step,
     .adam_step = chi_host_adam_step,
     .rand = chi_host_rand,
+    .layernorm = chi_host_layernorm,
+    .layernorm_backward = chi_host_layernorm_backward,
+    .channel_sums = chi_host_channel_sums,
+    .batchnorm_stats = chi_host_batchnorm_stats,
+    .batchnorm_forward = chi_host_batchnorm_forward,
+    .batchnorm_backward = chi_host_batchnorm_backward,
     .allreduce_sum = chi_host_allreduce_sum,
     .can_allreduce = chi_host_can_allreduce,
 };
