@@ -474,6 +474,12 @@ static const ch_backend_i table = {
     .sgd_step = chcl_sgd_step,
     .adam_step = chcl_adam_step,
     .rand = chcl_rand,
+    .layernorm = chcl_layernorm,
+    .layernorm_backward = chcl_layernorm_backward,
+    .channel_sums = chcl_channel_sums,
+    .batchnorm_stats = chcl_batchnorm_stats,
+    .batchnorm_forward = chcl_batchnorm_forward,
+    .batchnorm_backward = chcl_batchnorm_backward,
 
     .allreduce_sum = chcl_allreduce_sum,
     .can_allreduce = chcl_can_allreduce,

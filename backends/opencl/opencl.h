@@ -27,6 +27,7 @@ typedef enum chcl_prog_id {
     CHCL_P_SOFTMAX,
     CHCL_P_CONV,
     CHCL_P_RAND,
+    CHCL_P_NORM,
     CHCL_P_COUNT
 } chcl_prog_id;
 
@@ -54,6 +55,16 @@ typedef enum chcl_kern_id {
     CHCL_K_MAXPOOL_FORWARD,
     CHCL_K_MAXPOOL_BACKWARD,
     CHCL_K_RAND,
+    CHCL_K_LAYERNORM,
+    CHCL_K_LAYERNORM_DX,
+    CHCL_K_LAYERNORM_PARAM_PART,
+    CHCL_K_LAYERNORM_PARAM_SUM,
+    CHCL_K_CHANNEL_SUMS_PART,
+    CHCL_K_CHANNEL_SUMS_FINISH,
+    CHCL_K_BATCHNORM_STATS,
+    CHCL_K_BATCHNORM_FORWARD,
+    CHCL_K_BATCHNORM_PARAM_GRADS,
+    CHCL_K_BATCHNORM_DX,
     CHCL_K_COUNT
 } chcl_kern_id;
 
@@ -248,6 +259,26 @@ ch_status chcl_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n
 /* CHORUS_OPENCL_GEMM: NULL or "" (auto), "own" or "clblast". */
 ch_status chcl_gemm_mode_parse(const char *value, chcl_gemm_mode *mode);
 
+/* norm.c */
+ch_status chcl_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
+                         ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma, ch_bmem beta);
+ch_status chcl_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
+                                  ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
+                                  ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
+ch_status chcl_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inner,
+                            ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b,
+                            ch_bmem b_center);
+ch_status chcl_batchnorm_stats(void *stream, int64_t c, float momentum, float eps,
+                               ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
+                               ch_bmem running_var, ch_bmem sums, ch_bmem center);
+ch_status chcl_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                 ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
+                                 ch_bmem gamma, ch_bmem beta);
+ch_status chcl_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                  ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
+                                  ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,
+                                  ch_bmem local, ch_bmem total);
+
 /* allreduce.c */
 ch_status chcl_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n);
@@ -274,6 +305,7 @@ extern const char chcl_src_sum[];
 extern const char chcl_src_softmax[];
 extern const char chcl_src_conv[];
 extern const char chcl_src_rand[];
+extern const char chcl_src_norm[];
 extern const char chcl_src_philox[];
 
 #endif

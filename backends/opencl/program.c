@@ -70,6 +70,7 @@ static const struct {
     [CHCL_P_SOFTMAX] = {"softmax.cl", (const char *const[]){chcl_src_common, chcl_src_softmax}, 2},
     [CHCL_P_CONV] = {"conv.cl", (const char *const[]){chcl_src_conv}, 1},
     [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_philox, chcl_src_rand}, 2},
+    [CHCL_P_NORM] = {"norm.cl", (const char *const[]){chcl_src_common, chcl_src_norm}, 2},
 };
 
 static const struct {
@@ -98,6 +99,16 @@ static const struct {
     [CHCL_K_MAXPOOL_FORWARD] = {"maxpool_forward", CHCL_P_CONV},
     [CHCL_K_MAXPOOL_BACKWARD] = {"maxpool_backward", CHCL_P_CONV},
     [CHCL_K_RAND] = {"rand", CHCL_P_RAND},
+    [CHCL_K_LAYERNORM] = {"layernorm", CHCL_P_NORM},
+    [CHCL_K_LAYERNORM_DX] = {"layernorm_dx", CHCL_P_NORM},
+    [CHCL_K_LAYERNORM_PARAM_PART] = {"layernorm_param_part", CHCL_P_NORM},
+    [CHCL_K_LAYERNORM_PARAM_SUM] = {"layernorm_param_sum", CHCL_P_NORM},
+    [CHCL_K_CHANNEL_SUMS_PART] = {"channel_sums_part", CHCL_P_NORM},
+    [CHCL_K_CHANNEL_SUMS_FINISH] = {"channel_sums_finish", CHCL_P_NORM},
+    [CHCL_K_BATCHNORM_STATS] = {"batchnorm_stats", CHCL_P_NORM},
+    [CHCL_K_BATCHNORM_FORWARD] = {"batchnorm_forward", CHCL_P_NORM},
+    [CHCL_K_BATCHNORM_PARAM_GRADS] = {"batchnorm_param_grads", CHCL_P_NORM},
+    [CHCL_K_BATCHNORM_DX] = {"batchnorm_dx", CHCL_P_NORM},
 };
 
 /* The build failed: the message carries the device's build log. */
