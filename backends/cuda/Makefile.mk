@@ -21,6 +21,7 @@ cuda_module_sources = \
 	backends/cuda/layout.cu \
 	backends/cuda/pool.cu \
 	backends/cuda/random.cu \
+	backends/cuda/norm.cu \
 	backends/cuda/allreduce.cu
 cuda_module_headers = backends/cuda/common.cuh
 
