@@ -2,12 +2,13 @@
  *
  * Everything is computed in double from the f32 inputs and rounded once
  * on the way out. Every sum has an order fixed by the shape alone, so the
- * same inputs give the same bits whatever the thread count: LayerNorm's
- * parameter gradients are summed per chunk of rows, the chunks then added
- * in order; a channel's sums are taken one run of `inner` elements at a
- * time. A double sum of n terms errs by at most n 2^-53 of the sum of
- * their magnitudes: below f32's own rounding (2^-24) for any n below
- * 2^29, so the f32 results do not lose accuracy as the batch grows. */
+ * same inputs give the same bits whatever the thread count: a row's sums
+ * in LANES interleaved accumulators added pairwise (an order the compiler
+ * can still vectorise), LayerNorm's parameter gradients per chunk of rows,
+ * the chunks then added in order, a channel's sums one run of `inner`
+ * elements at a time. A double sum of n terms errs by at most n 2^-53 of
+ * the sum of their magnitudes: below f32's own rounding (2^-24) for any n
+ * below 2^29, so the f32 results do not lose accuracy as the batch grows. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -20,19 +21,50 @@
 /* Rows of LayerNorm's backward summed together into one partial sum of
  * the parameter gradients. */
 #define LN_CHUNK 32
+#define LANES 8
+
+/* The lanes of a sum added pairwise into l[0]. */
+static double lanes_total(double *l)
+{
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; k++)
+            l[k] += l[k + w];
+    return l[0];
+}
+
+/* s1 = the sum of a - ca and s2 = the sum of (a - ca)(b - cb) over n
+ * elements. */
+static void sums_around(const float *a, double ca, const float *b, double cb, int64_t n,
+                        double *s1, double *s2)
+{
+    double l1[LANES] = {0}, l2[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) {
+            double da = (double)a[i + k] - ca;
+            l1[k] += da;
+            l2[k] += da * ((double)b[i + k] - cb);
+        }
+    for (int k = 0; i < n; i++, k++) {
+        double da = (double)a[i] - ca;
+        l1[k] += da;
+        l2[k] += da * ((double)b[i] - cb);
+    }
+    *s1 = lanes_total(l1);
+    *s2 = lanes_total(l2);
+}
 
 /* ---- LayerNorm ------------------------------------------------------------ */
 
 static void layernorm_row(float *y, float *mean, float *rstd, const float *x,
                           const float *gamma, const float *beta, int64_t d, float eps)
 {
-    double s = 0.0;
-    for (int64_t j = 0; j < d; j++)
-        s += x[j];
-    double m = s / (double)d, v = 0.0;
-    for (int64_t j = 0; j < d; j++)
-        v += ((double)x[j] - m) * ((double)x[j] - m);
+    double s, v, unused;
+    sums_around(x, 0.0, x, 0.0, d, &s, &unused);
+    double m = s / (double)d;
+    sums_around(x, m, x, m, d, &unused, &v);
     double r = 1.0 / sqrt(v / (double)d + (double)eps);
+    CHI_OMP(omp simd)
     for (int64_t j = 0; j < d; j++)
         y[j] = (float)(((double)x[j] - m) * r * gamma[j] + beta[j]);
     *mean = (float)m;
@@ -52,27 +84,48 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
     return CH_OK;
 }
 
+/* s1 = the sum of g = dy gamma and s2 = the sum of g (x - m) over a row. */
+static void backward_sums(const float *dy, const float *gamma, const float *x, double m,
+                          int64_t d, double *s1, double *s2)
+{
+    double l1[LANES] = {0}, l2[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= d; j += LANES)
+        for (int k = 0; k < LANES; k++) {
+            double g = (double)dy[j + k] * gamma[j + k];
+            l1[k] += g;
+            l2[k] += g * ((double)x[j + k] - m);
+        }
+    for (int k = 0; j < d; j++, k++) {
+        double g = (double)dy[j] * gamma[j];
+        l1[k] += g;
+        l2[k] += g * ((double)x[j] - m);
+    }
+    *s1 = lanes_total(l1);
+    *s2 = lanes_total(l2);
+}
+
 /* One row of the backward: its dx (when wanted), and its dy * xhat and dy
  * added to the chunk's partial sums pg and pb. */
 static void layernorm_backward_row(float *dx, double *pg, double *pb, const float *dy,
                                    const float *x, float mean, float rstd, const float *gamma,
                                    int64_t d)
 {
-    double m = mean, r = rstd, s1 = 0.0, s2 = 0.0;
+    double m = mean, r = rstd;
+    CHI_OMP(omp simd)
     for (int64_t j = 0; j < d; j++) {
-        double xhat = ((double)x[j] - m) * r, g = (double)dy[j] * gamma[j];
-        s1 += g;
-        s2 += g * xhat;
-        pg[j] += dy[j] * xhat;
+        pg[j] += dy[j] * (((double)x[j] - m) * r);
         pb[j] += dy[j];
     }
     if (!dx)
         return;
-    s1 /= (double)d;
-    s2 /= (double)d;
+    double s1, s2;
+    backward_sums(dy, gamma, x, m, d, &s1, &s2);
+    double k1 = s1 / (double)d, k2 = s2 * r / (double)d;
+    CHI_OMP(omp simd)
     for (int64_t j = 0; j < d; j++) {
         double xhat = ((double)x[j] - m) * r, g = (double)dy[j] * gamma[j];
-        dx[j] = (float)(r * (g - s1 - xhat * s2));
+        dx[j] = (float)(r * (g - k1 - xhat * k2));
     }
 }
 
@@ -127,13 +180,9 @@ ch_status chi_host_channel_sums(void *stream, int64_t outer, int64_t c, int64_t 
     for (int64_t ch = 0; ch < c; ch++) {
         double ac = pac ? pac[ch] : 0.0, bc = pbc ? pbc[ch] : 0.0, s1 = 0.0, s2 = 0.0;
         for (int64_t o = 0; o < outer; o++) {
-            const float *ra = pa + (o * c + ch) * inner, *rb = pb + (o * c + ch) * inner;
-            double r1 = 0.0, r2 = 0.0;
-            for (int64_t i = 0; i < inner; i++) {
-                double da = (double)ra[i] - ac;
-                r1 += da;
-                r2 += da * ((double)rb[i] - bc);
-            }
+            double r1, r2;
+            sums_around(pa + (o * c + ch) * inner, ac, pb + (o * c + ch) * inner, bc, inner,
+                        &r1, &r2);
             s1 += r1;
             s2 += r2;
         }
@@ -200,6 +249,7 @@ ch_status chi_host_batchnorm_forward(void *stream, int64_t outer, int64_t c, int
         for (int64_t ch = 0; ch < c; ch++) {
             double m = pm[ch], k = (double)pr[ch] * pg[ch], b = pb[ch];
             int64_t at = (o * c + ch) * inner;
+            CHI_OMP(omp simd)
             for (int64_t i = 0; i < inner; i++)
                 py[at + i] = (float)(((double)px[at + i] - m) * k + b);
         }
@@ -230,6 +280,7 @@ ch_status chi_host_batchnorm_backward(void *stream, int64_t outer, int64_t c, in
             double r = pr[ch], m = pm[ch], k = (double)pg[ch] * r;
             double mean_dy = pt[ch] / count, slope = r * r * pt[c + ch] / count;
             int64_t at = (o * c + ch) * inner;
+            CHI_OMP(omp simd)
             for (int64_t i = 0; i < inner; i++)
                 pdx[at + i] = (float)(k * (pdy[at + i] - mean_dy -
                                            ((double)px[at + i] - m) * slope));
