@@ -13,6 +13,7 @@ libchorus_la_SOURCES = \
 	lib/tensor.c \
 	lib/ops.c \
 	lib/ops_attn.c \
+	lib/ops_norm.c \
 	lib/reduce.c \
 	lib/sum_spread.c \
 	lib/version.c \

@@ -13,6 +13,11 @@ tests_test_ops_attn_LDADD = $(TEST_LIBS)
 tests_test_errors_SOURCES = tests/test-errors.c
 tests_test_errors_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS)
 
+# The normalisation ops (LayerNorm, BatchNorm's steps) on every device.
+check_PROGRAMS += tests/test-ops-norm
+tests_test_ops_norm_SOURCES = tests/test-ops-norm.c
+tests_test_ops_norm_LDADD = $(TEST_LIBS)
+
 # What crosses the backend ABI: test-abi calls the slots of every backend
 # directly (the host's from the two sources that hold them, compiled in
 # here), and loads a module built for the previous ABI version, and one that

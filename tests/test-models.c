@@ -381,7 +381,8 @@ out:
 static void fixture_tests(const char *file, ch_device **devs, int ndev)
 {
     fixture f;
-    if (!tap_ok(fixture_open(&f, file), "the fixture %s opens and parses", f.path)) {
+    int opened = fixture_open(&f, file);
+    if (!tap_ok(opened, "the fixture %s opens and parses", f.path)) {
         fixture_close(&f);
         return;
     }

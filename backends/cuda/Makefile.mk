@@ -22,6 +22,7 @@ cuda_module_sources = \
 	backends/cuda/pool.cu \
 	backends/cuda/random.cu \
 	backends/cuda/attention.cu \
+	backends/cuda/norm.cu \
 	backends/cuda/allreduce.cu
 cuda_module_headers = backends/cuda/common.cuh
 

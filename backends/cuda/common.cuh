@@ -245,6 +245,24 @@ ch_status chcu_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem 
                          ch_bmem table, ch_bmem idx);
 ch_status chcu_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
                                   ch_bmem dtable, ch_bmem dy, ch_bmem idx);
+ch_status chcu_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
+                         ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma, ch_bmem beta);
+ch_status chcu_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
+                                  ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
+                                  ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
+ch_status chcu_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inner,
+                            ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b,
+                            ch_bmem b_center);
+ch_status chcu_batchnorm_stats(void *stream, int64_t c, float momentum, float eps,
+                               ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
+                               ch_bmem running_var, ch_bmem sums, ch_bmem center);
+ch_status chcu_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                 ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
+                                 ch_bmem gamma, ch_bmem beta);
+ch_status chcu_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                  ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
+                                  ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,
+                                  ch_bmem local, ch_bmem total);
 ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n);
 int chcu_can_allreduce(void *dev_a, void *dev_b);

@@ -10,4 +10,5 @@ libchorus_la_SOURCES += \
 	backends/host/conv.c \
 	backends/host/optim.c \
 	backends/host/attention.c \
+	backends/host/norm.c \
 	backends/host/allreduce.c

@@ -330,6 +330,12 @@ static const ch_backend_i host_iface = {
     .softmax_backward = chi_host_softmax_backward,
     .embedding = chi_host_embedding,
     .embedding_backward = chi_host_embedding_backward,
+    .layernorm = chi_host_layernorm,
+    .layernorm_backward = chi_host_layernorm_backward,
+    .channel_sums = chi_host_channel_sums,
+    .batchnorm_stats = chi_host_batchnorm_stats,
+    .batchnorm_forward = chi_host_batchnorm_forward,
+    .batchnorm_backward = chi_host_batchnorm_backward,
     .allreduce_sum = chi_host_allreduce_sum,
     .can_allreduce = chi_host_can_allreduce,
 };

@@ -91,6 +91,27 @@ ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem 
 ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
                                     ch_bmem dy, ch_bmem idx);
 
+/* norm.c */
+ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
+                             ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma,
+                             ch_bmem beta);
+ch_status chi_host_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
+                                      ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
+                                      ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
+ch_status chi_host_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b,
+                                ch_bmem b_center);
+ch_status chi_host_batchnorm_stats(void *stream, int64_t c, float momentum, float eps,
+                                   ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
+                                   ch_bmem running_var, ch_bmem sums, ch_bmem center);
+ch_status chi_host_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                     ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
+                                     ch_bmem gamma, ch_bmem beta);
+ch_status chi_host_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                      ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
+                                      ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,
+                                      ch_bmem local, ch_bmem total);
+
 /* allreduce.c (the kernel, chi_sum_spread, is the core's: backend.h) */
 ch_status chi_host_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                                  int64_t n);

@@ -12,7 +12,8 @@ opencl_kernels = \
 	backends/opencl/softmax.cl \
 	backends/opencl/conv.cl \
 	backends/opencl/rand.cl \
-	backends/opencl/attention.cl
+	backends/opencl/attention.cl \
+	backends/opencl/norm.cl
 EXTRA_DIST += $(opencl_kernels)
 
 if HAVE_OPENCL
@@ -28,6 +29,7 @@ backends_opencl_chorus_opencl_la_SOURCES = \
 	backends/opencl/conv.c \
 	backends/opencl/gemm.c \
 	backends/opencl/attention.c \
+	backends/opencl/norm.c \
 	backends/opencl/allreduce.c
 nodist_backends_opencl_chorus_opencl_la_SOURCES = backends/opencl/kernels.c
 # kernels.c is generated in the build tree and includes opencl.h.

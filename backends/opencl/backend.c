@@ -480,6 +480,12 @@ static const ch_backend_i table = {
     .softmax_backward = chcl_softmax_backward,
     .embedding = chcl_embedding,
     .embedding_backward = chcl_embedding_backward,
+    .layernorm = chcl_layernorm,
+    .layernorm_backward = chcl_layernorm_backward,
+    .channel_sums = chcl_channel_sums,
+    .batchnorm_stats = chcl_batchnorm_stats,
+    .batchnorm_forward = chcl_batchnorm_forward,
+    .batchnorm_backward = chcl_batchnorm_backward,
 
     .allreduce_sum = chcl_allreduce_sum,
     .can_allreduce = chcl_can_allreduce,

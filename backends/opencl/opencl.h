@@ -28,6 +28,7 @@ typedef enum chcl_prog_id {
     CHCL_P_CONV,
     CHCL_P_RAND,
     CHCL_P_ATTENTION,
+    CHCL_P_NORM,
     CHCL_P_COUNT
 } chcl_prog_id;
 
@@ -61,6 +62,16 @@ typedef enum chcl_kern_id {
     CHCL_K_EMBEDDING,
     CHCL_K_EMBEDDING_CHAIN,
     CHCL_K_EMBEDDING_BACKWARD,
+    CHCL_K_LAYERNORM,
+    CHCL_K_LAYERNORM_DX,
+    CHCL_K_LAYERNORM_PARAM_PART,
+    CHCL_K_LAYERNORM_PARAM_SUM,
+    CHCL_K_CHANNEL_SUMS_PART,
+    CHCL_K_CHANNEL_SUMS_FINISH,
+    CHCL_K_BATCHNORM_STATS,
+    CHCL_K_BATCHNORM_FORWARD,
+    CHCL_K_BATCHNORM_PARAM_GRADS,
+    CHCL_K_BATCHNORM_DX,
     CHCL_K_COUNT
 } chcl_kern_id;
 
@@ -278,6 +289,25 @@ ch_status chcl_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem 
                          ch_bmem table, ch_bmem idx);
 ch_status chcl_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
                                   ch_bmem dtable, ch_bmem dy, ch_bmem idx);
+/* norm.c */
+ch_status chcl_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
+                         ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma, ch_bmem beta);
+ch_status chcl_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
+                                  ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
+                                  ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
+ch_status chcl_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inner,
+                            ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b,
+                            ch_bmem b_center);
+ch_status chcl_batchnorm_stats(void *stream, int64_t c, float momentum, float eps,
+                               ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
+                               ch_bmem running_var, ch_bmem sums, ch_bmem center);
+ch_status chcl_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                 ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
+                                 ch_bmem gamma, ch_bmem beta);
+ch_status chcl_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_t inner,
+                                  ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
+                                  ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,
+                                  ch_bmem local, ch_bmem total);
 
 /* allreduce.c */
 ch_status chcl_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
@@ -306,6 +336,7 @@ extern const char chcl_src_softmax[];
 extern const char chcl_src_conv[];
 extern const char chcl_src_rand[];
 extern const char chcl_src_attention[];
+extern const char chcl_src_norm[];
 extern const char chcl_src_philox[];
 
 #endif

@@ -72,6 +72,7 @@ static const struct {
     [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_philox, chcl_src_rand}, 2},
     [CHCL_P_ATTENTION] = {"attention.cl",
                           (const char *const[]){chcl_src_common, chcl_src_attention}, 2},
+    [CHCL_P_NORM] = {"norm.cl", (const char *const[]){chcl_src_common, chcl_src_norm}, 2},
 };
 
 static const struct {
@@ -106,6 +107,16 @@ static const struct {
     [CHCL_K_EMBEDDING] = {"embedding", CHCL_P_ATTENTION},
     [CHCL_K_EMBEDDING_CHAIN] = {"embedding_chain", CHCL_P_ATTENTION},
     [CHCL_K_EMBEDDING_BACKWARD] = {"embedding_backward", CHCL_P_ATTENTION},
+    [CHCL_K_LAYERNORM] = {"layernorm", CHCL_P_NORM},
+    [CHCL_K_LAYERNORM_DX] = {"layernorm_dx", CHCL_P_NORM},
+    [CHCL_K_LAYERNORM_PARAM_PART] = {"layernorm_param_part", CHCL_P_NORM},
+    [CHCL_K_LAYERNORM_PARAM_SUM] = {"layernorm_param_sum", CHCL_P_NORM},
+    [CHCL_K_CHANNEL_SUMS_PART] = {"channel_sums_part", CHCL_P_NORM},
+    [CHCL_K_CHANNEL_SUMS_FINISH] = {"channel_sums_finish", CHCL_P_NORM},
+    [CHCL_K_BATCHNORM_STATS] = {"batchnorm_stats", CHCL_P_NORM},
+    [CHCL_K_BATCHNORM_FORWARD] = {"batchnorm_forward", CHCL_P_NORM},
+    [CHCL_K_BATCHNORM_PARAM_GRADS] = {"batchnorm_param_grads", CHCL_P_NORM},
+    [CHCL_K_BATCHNORM_DX] = {"batchnorm_dx", CHCL_P_NORM},
 };
 
 /* The build failed: the message carries the device's build log. */

@@ -234,10 +234,11 @@ CH_API ch_status ch_channel_sums(ch_tensor *sums, const ch_tensor *a, const ch_t
                                  const ch_tensor *b, const ch_tensor *b_center);
 /* mean and rstd [C] from sums of (x - center, x - center) (center NULL: 0):
  * M = s[2C], d = s[c] / M, mean = center + d, var = s[C + c] / M - d^2
- * (biased, at least 0), rstd = 1 / sqrt(var + eps). When running_mean and
- * running_var are given (both or neither) they move towards the batch's
- * as PyTorch's do: r = (1 - momentum) r + momentum stat, with the unbiased
- * variance var * M / (M - 1) (M = 1: the biased one).
+ * (biased, at least 0), rstd = 1 / sqrt(var + eps), eps >= 0. When
+ * running_mean and running_var are given (both or neither) they move
+ * towards the batch's as PyTorch's do: r = (1 - momentum) r + momentum
+ * stat, 0 <= momentum <= 1, with the unbiased variance var * M / (M - 1)
+ * (M = 1, where PyTorch's would be 0 / 0: the biased one, 0).
  * sums NULL (evaluation): mean = running_mean, rstd from running_var; rstd
  * may then be computed once for many forwards. */
 CH_API ch_status ch_batchnorm_stats(ch_tensor *mean, ch_tensor *rstd,
@@ -248,8 +249,8 @@ CH_API ch_status ch_batchnorm_stats(ch_tensor *mean, ch_tensor *rstd,
 CH_API ch_status ch_batchnorm_forward(ch_tensor *y, const ch_tensor *x, const ch_tensor *mean,
                                       const ch_tensor *rstd, const ch_tensor *gamma,
                                       const ch_tensor *beta);
-/* The training-mode backward. `local` = ch_channel_sums(dy, NULL, x, mean)
- * of this replica, `total` = their sum over the replicas (or `local`
+/* The training-mode backward. `local` = ch_channel_sums(local, dy, NULL, x,
+ * mean) of this replica, `total` = their sum over the replicas (or `local`
  * itself alone): dgamma += rstd local[C + c], dbeta += local[c] (this
  * replica's share, as every gradient is), and dx (may be NULL) =
  * gamma rstd (dy - total[c] / M - (x - mean) rstd^2 total[C + c] / M),

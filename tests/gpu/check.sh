@@ -368,7 +368,7 @@ abi_modules() {
 build_programs() {
     local t defs
     spawn abi_modules
-    for t in test-cuda test-abi test-ops test-ops-grad test-ops-attn test-errors test-reduce \
+    for t in test-cuda test-abi test-ops test-ops-grad test-ops-attn test-ops-norm test-errors test-reduce \
         test-dp; do
         defs=()
         if [ "$t" = test-cuda ] && [ -f "$B/mod/chorus-cuda.so" ]; then
@@ -504,7 +504,7 @@ run_tests() {
     run test-abi tap "$OUTDIR/tests.log" 60 CHORUS_TEST_WRONG_ABI_DIR="$B/wrong-abi" \
         CHORUS_TEST_MISSING_SLOT_DIR="$B/missing-slot" test-abi
     gpu test-ops tap "$OUTDIR/tests.log" 120 test-ops
-    for t in test-ops-grad test-ops-attn test-errors; do
+    for t in test-ops-grad test-ops-attn test-ops-norm test-errors; do
         gpu "$t" tap "$OUTDIR/tests.log" 90 "$t"
     done
     gpu test-reduce tap "$OUTDIR/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce

@@ -1,0 +1,261 @@
+/* Dispatch of the normalisation ops (LayerNorm, BatchNorm in its steps):
+ * every argument checked here, as lib/ops.c does for the others. Outputs
+ * never share memory with another argument, except where ops.h allows in
+ * place (ch_batchnorm_forward's y over x), so that no slot depends on the
+ * order in which it reads and writes. Each op lists its arguments once,
+ * outputs first: a[0..nouts) are the outputs, the rest the inputs. */
+#include "config.h"
+
+#include "opcheck.h"
+
+/* The memory of an optional tensor; ptr NULL when absent. */
+static ch_bmem mem_or_none(const ch_tensor *t)
+{
+    return t ? chi_mem(t) : (ch_bmem){NULL, 0};
+}
+
+/* Each present output a[i], i < nouts, against every other argument;
+ * a[skip] (-1: none) is left to the caller. */
+static ch_status outputs_apart(const char *fn, const arg *a, int n, int nouts, int skip)
+{
+    for (int i = 0; i < nouts; i++) {
+        if (!a[i].t)
+            continue;
+        for (int j = i + 1; j < n; j++)
+            if (j != skip)
+                TRY(no_alias(fn, a[i].name, a[i].t, a[j].name, a[j].t));
+    }
+    return CH_OK;
+}
+
+/* `t` (when present) has `want` elements, `what` saying why. */
+static ch_status numel_is(const char *fn, const char *name, const ch_tensor *t, int64_t want,
+                          const char *what)
+{
+    if (t && t->numel != want)
+        return chi_error(CH_ERR_SHAPE, "%s: %s has %lld elements, expected %lld (%s)", fn, name,
+                         (long long)t->numel, (long long)want, what);
+    return CH_OK;
+}
+
+static ch_status same_shape(const char *fn, const char *an, const ch_tensor *a, const char *bn,
+                            const ch_tensor *b)
+{
+    int same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++)
+        same = a->shape[i] == b->shape[i];
+    if (!same)
+        return chi_error(CH_ERR_SHAPE, "%s: %s and %s have different shapes", fn, an, bn);
+    return CH_OK;
+}
+
+static ch_status check_eps(const char *fn, float eps)
+{
+    TRY(check_finite(fn, "eps", eps));
+    if (eps < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: eps %g, expected >= 0", fn, eps);
+    return CH_OK;
+}
+
+/* ---- LayerNorm ---------------------------------------------------------- */
+
+/* rows and D of x; a[i] for i in rowwise are [rows], in featurewise [D]
+ * (index lists ending with -1). */
+static ch_status layernorm_shapes(const char *fn, const ch_tensor *x, const arg *a,
+                                  const int *rowwise, const int *featurewise, int64_t *rows,
+                                  int64_t *d)
+{
+    *d = x->shape[x->ndim - 1];
+    *rows = x->numel / *d;
+    for (const int *i = rowwise; *i >= 0; i++)
+        TRY(numel_is(fn, a[*i].name, a[*i].t, *rows, "one per row of x"));
+    for (const int *i = featurewise; *i >= 0; i++)
+        TRY(numel_is(fn, a[*i].name, a[*i].t, *d, "x's last dimension"));
+    return CH_OK;
+}
+
+ch_status ch_layernorm(ch_tensor *y, ch_tensor *mean, ch_tensor *rstd, const ch_tensor *x,
+                       const ch_tensor *gamma, const ch_tensor *beta, float eps)
+{
+    static const char fn[] = "ch_layernorm";
+    arg a[] = {{"y", y, CH_F32, 0},         {"mean", mean, CH_F32, 0},
+               {"rstd", rstd, CH_F32, 0},   {"x", x, CH_F32, 0},
+               {"gamma", gamma, CH_F32, 0}, {"beta", beta, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    TRY(check_eps(fn, eps));
+    TRY(same_numel(fn, "y", y, "x", x));
+    int64_t rows, d;
+    TRY(layernorm_shapes(fn, x, a, (const int[]){1, 2, -1}, (const int[]){4, 5, -1}, &rows,
+                         &d));
+    TRY(outputs_apart(fn, a, NARGS(a), 3, -1));
+    SLOT(fn, y, layernorm);
+    return BE(y)->layernorm(STREAM(y), rows, d, eps, chi_mem(y), chi_mem(mean), chi_mem(rstd),
+                            chi_mem(x), chi_mem(gamma), chi_mem(beta));
+}
+
+ch_status ch_layernorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
+                                const ch_tensor *dy, const ch_tensor *x, const ch_tensor *mean,
+                                const ch_tensor *rstd, const ch_tensor *gamma)
+{
+    static const char fn[] = "ch_layernorm_backward";
+    arg a[] = {{"dx", dx, CH_F32, 1},     {"dgamma", dgamma, CH_F32, 0},
+               {"dbeta", dbeta, CH_F32, 0}, {"dy", dy, CH_F32, 0},
+               {"x", x, CH_F32, 0},       {"mean", mean, CH_F32, 0},
+               {"rstd", rstd, CH_F32, 0}, {"gamma", gamma, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    TRY(same_numel(fn, "dy", dy, "x", x));
+    if (dx)
+        TRY(same_numel(fn, "dx", dx, "x", x));
+    int64_t rows, d;
+    TRY(layernorm_shapes(fn, x, a, (const int[]){5, 6, -1}, (const int[]){1, 2, 7, -1}, &rows,
+                         &d));
+    TRY(outputs_apart(fn, a, NARGS(a), 3, -1));
+    SLOT(fn, dgamma, layernorm_backward);
+    return BE(dgamma)->layernorm_backward(STREAM(dgamma), rows, d, mem_or_none(dx),
+                                          chi_mem(dgamma), chi_mem(dbeta), chi_mem(dy),
+                                          chi_mem(x), chi_mem(mean), chi_mem(rstd),
+                                          chi_mem(gamma));
+}
+
+/* ---- BatchNorm ---------------------------------------------------------- */
+
+/* x [N, C, ...] as [outer, c, inner]. */
+static ch_status channels_of(const char *fn, const char *xn, const ch_tensor *x,
+                             int64_t *outer, int64_t *c, int64_t *inner)
+{
+    if (x->ndim < 2)
+        return chi_error(CH_ERR_SHAPE,
+                         "%s: %s has %d dimension, expected at least 2 ([N, C, ...])", fn, xn,
+                         x->ndim);
+    split_at(x, 1, outer, c, inner);
+    return CH_OK;
+}
+
+/* a[i] (when present) has `count` elements, for i in the list (ending
+ * with -1): one per channel, or the 2C + 1 of a sums vector. */
+static ch_status numels_are(const char *fn, const arg *a, const int *which, int64_t count,
+                            const char *what)
+{
+    for (const int *i = which; *i >= 0; i++)
+        TRY(numel_is(fn, a[*i].name, a[*i].t, count, what));
+    return CH_OK;
+}
+
+ch_status ch_channel_sums(ch_tensor *sums, const ch_tensor *a, const ch_tensor *a_center,
+                          const ch_tensor *b, const ch_tensor *b_center)
+{
+    static const char fn[] = "ch_channel_sums";
+    arg args[] = {{"sums", sums, CH_F32, 0}, {"a", a, CH_F32, 0},
+                  {"a_center", a_center, CH_F32, 1}, {"b", b, CH_F32, 0},
+                  {"b_center", b_center, CH_F32, 1}};
+    TRY(check_args(fn, args, NARGS(args)));
+    int64_t outer, c, inner;
+    TRY(channels_of(fn, "a", a, &outer, &c, &inner));
+    TRY(same_shape(fn, "a", a, "b", b));
+    TRY(numel_is(fn, "sums", sums, 2 * c + 1, "2C + 1"));
+    TRY(numels_are(fn, args, (const int[]){2, 4, -1}, c, "one per channel of a"));
+    TRY(outputs_apart(fn, args, NARGS(args), 1, -1));
+    SLOT(fn, sums, channel_sums);
+    return BE(sums)->channel_sums(STREAM(sums), outer, c, inner, chi_mem(sums), chi_mem(a),
+                                  mem_or_none(a_center), chi_mem(b), mem_or_none(b_center));
+}
+
+/* Which of the optional arguments ch_batchnorm_stats may be given
+ * together. */
+static ch_status stats_mode(const char *fn, const ch_tensor *running_mean,
+                            const ch_tensor *running_var, const ch_tensor *sums,
+                            const ch_tensor *center)
+{
+    if (!running_mean != !running_var)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: %s is NULL but %s is not: give both running statistics or "
+                         "neither",
+                         fn, running_mean ? "running_var" : "running_mean",
+                         running_mean ? "running_mean" : "running_var");
+    if (!sums && !running_mean)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: sums is NULL (evaluation) and so are running_mean and "
+                         "running_var, which evaluation reads",
+                         fn);
+    if (!sums && center)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: center is given but sums is NULL: a centre belongs to sums", fn);
+    return CH_OK;
+}
+
+ch_status ch_batchnorm_stats(ch_tensor *mean, ch_tensor *rstd, ch_tensor *running_mean,
+                             ch_tensor *running_var, const ch_tensor *sums,
+                             const ch_tensor *center, float momentum, float eps)
+{
+    static const char fn[] = "ch_batchnorm_stats";
+    arg a[] = {{"mean", mean, CH_F32, 0},
+               {"rstd", rstd, CH_F32, 0},
+               {"running_mean", running_mean, CH_F32, 1},
+               {"running_var", running_var, CH_F32, 1},
+               {"sums", sums, CH_F32, 1},
+               {"center", center, CH_F32, 1}};
+    TRY(check_args(fn, a, NARGS(a)));
+    TRY(stats_mode(fn, running_mean, running_var, sums, center));
+    TRY(check_finite(fn, "momentum", momentum));
+    if (momentum < 0 || momentum > 1)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: momentum %g, expected 0 to 1", fn,
+                         momentum);
+    TRY(check_eps(fn, eps));
+    int64_t c = mean->numel;
+    TRY(numels_are(fn, a, (const int[]){1, 2, 3, 5, -1}, c, "one per channel, as mean"));
+    TRY(numel_is(fn, "sums", sums, 2 * c + 1, "2C + 1, C the elements of mean"));
+    TRY(outputs_apart(fn, a, NARGS(a), 4, -1));
+    SLOT(fn, mean, batchnorm_stats);
+    return BE(mean)->batchnorm_stats(STREAM(mean), c, momentum, eps, chi_mem(mean),
+                                     chi_mem(rstd), mem_or_none(running_mean),
+                                     mem_or_none(running_var), mem_or_none(sums),
+                                     mem_or_none(center));
+}
+
+ch_status ch_batchnorm_forward(ch_tensor *y, const ch_tensor *x, const ch_tensor *mean,
+                               const ch_tensor *rstd, const ch_tensor *gamma,
+                               const ch_tensor *beta)
+{
+    static const char fn[] = "ch_batchnorm_forward";
+    arg a[] = {{"y", y, CH_F32, 0},       {"x", x, CH_F32, 0},
+               {"mean", mean, CH_F32, 0}, {"rstd", rstd, CH_F32, 0},
+               {"gamma", gamma, CH_F32, 0}, {"beta", beta, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    int64_t outer, c, inner;
+    TRY(channels_of(fn, "x", x, &outer, &c, &inner));
+    TRY(same_numel(fn, "y", y, "x", x));
+    TRY(numels_are(fn, a, (const int[]){2, 3, 4, 5, -1}, c, "one per channel of x"));
+    TRY(same_or_apart(fn, "y", y, "x", x));
+    TRY(outputs_apart(fn, a, NARGS(a), 1, 1));
+    SLOT(fn, y, batchnorm_forward);
+    return BE(y)->batchnorm_forward(STREAM(y), outer, c, inner, chi_mem(y), chi_mem(x),
+                                    chi_mem(mean), chi_mem(rstd), chi_mem(gamma),
+                                    chi_mem(beta));
+}
+
+ch_status ch_batchnorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
+                                const ch_tensor *dy, const ch_tensor *x, const ch_tensor *mean,
+                                const ch_tensor *rstd, const ch_tensor *gamma,
+                                const ch_tensor *local, const ch_tensor *total)
+{
+    static const char fn[] = "ch_batchnorm_backward";
+    arg a[] = {{"dx", dx, CH_F32, 1},       {"dgamma", dgamma, CH_F32, 0},
+               {"dbeta", dbeta, CH_F32, 0}, {"dy", dy, CH_F32, 0},
+               {"x", x, CH_F32, 0},         {"mean", mean, CH_F32, 0},
+               {"rstd", rstd, CH_F32, 0},   {"gamma", gamma, CH_F32, 0},
+               {"local", local, CH_F32, 0}, {"total", total, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    int64_t outer, c, inner;
+    TRY(channels_of(fn, "x", x, &outer, &c, &inner));
+    TRY(same_numel(fn, "dy", dy, "x", x));
+    if (dx)
+        TRY(same_numel(fn, "dx", dx, "x", x));
+    TRY(numels_are(fn, a, (const int[]){1, 2, 5, 6, 7, -1}, c, "one per channel of x"));
+    TRY(numels_are(fn, a, (const int[]){8, 9, -1}, 2 * c + 1, "2C + 1 channel sums"));
+    TRY(outputs_apart(fn, a, NARGS(a), 3, -1));
+    SLOT(fn, dgamma, batchnorm_backward);
+    return BE(dgamma)->batchnorm_backward(STREAM(dgamma), outer, c, inner, mem_or_none(dx),
+                                          chi_mem(dgamma), chi_mem(dbeta), chi_mem(dy),
+                                          chi_mem(x), chi_mem(mean), chi_mem(rstd),
+                                          chi_mem(gamma), chi_mem(local), chi_mem(total));
+}
