@@ -116,10 +116,10 @@ typedef struct gemm_shape {
 static int linear_gemms(gemm_shape *g, int batch, int in, int out, int want_dx)
 {
     int n = 0;
-    g[n++] = (gemm_shape){0, 1, batch, out, in, 0};
-    g[n++] = (gemm_shape){1, 0, out, in, batch, 1};
+    g[n++] = (gemm_shape){0, 1, batch, out, in, 0, 0};
+    g[n++] = (gemm_shape){1, 0, out, in, batch, 1, 0};
     if (want_dx)
-        g[n++] = (gemm_shape){0, 0, batch, in, out, 0};
+        g[n++] = (gemm_shape){0, 0, batch, in, out, 0, 0};
     return n;
 }
 
@@ -130,10 +130,10 @@ static int linear_gemms(gemm_shape *g, int batch, int in, int out, int want_dx)
 static int conv_gemms(gemm_shape *g, int batch, int ckk, int out, int pixels, int want_dx)
 {
     int n = 0, cols = batch * pixels;
-    g[n++] = (gemm_shape){0, 0, out, cols, ckk, 0};
-    g[n++] = (gemm_shape){0, 1, out, ckk, cols, 1};
+    g[n++] = (gemm_shape){0, 0, out, cols, ckk, 0, 0};
+    g[n++] = (gemm_shape){0, 1, out, ckk, cols, 1, 0};
     if (want_dx)
-        g[n++] = (gemm_shape){1, 0, ckk, cols, out, 0};
+        g[n++] = (gemm_shape){1, 0, ckk, cols, out, 0, 0};
     return n;
 }
 
