@@ -569,7 +569,7 @@ static void test_mse_and_clip(ch_device *dev)
 static void test_errors(void)
 {
     ch_module *m = NULL, *lin = NULL, *seq = NULL;
-    tap_status_is(ch_nn_preset(&m, "resnet"), CH_ERR_NOT_FOUND, "resnet",
+    tap_status_is(ch_nn_preset(&m, "vgg"), CH_ERR_NOT_FOUND, "vgg",
                   "ch_nn_preset with an unknown name names it");
     tap_ok(m == NULL, "a failed constructor leaves *out NULL");
     tap_status_is(ch_nn_linear(&m, 0, 3), CH_ERR_INVALID_ARGUMENT, "ch_nn_linear",

@@ -879,13 +879,10 @@ static ch_status setup(trainer *t)
         if (st == CH_OK)
             st = ch_host_buffer_new(&t->tok_out, t->dev, bytes);
     }
-    /* The schedule depends only on the step and the planned epochs (or
-     * --max-steps, when it ends the run sooner), so a resumed run follows
-     * the same curve. */
+    /* The schedule depends only on the step and the planned epochs, so a
+     * resumed run follows the same curve (--max-steps, a stop, leaves it). */
     int64_t k = t->o->accumulate, per_epoch = st == CH_OK ? batches_per_epoch(t) : 0;
     int64_t total = t->o->epochs * ((per_epoch + k - 1) / k);
-    if (t->o->max_steps > 0 && t->o->max_steps < total)
-        total = t->o->max_steps;
     ch_lr_kind lr_kind = strcmp(t->o->schedule, "cosine") == 0 ? CH_LR_COSINE
                       : strcmp(t->o->schedule, "step") == 0 ? CH_LR_STEP
                                                             : CH_LR_CONSTANT;
