@@ -72,6 +72,8 @@ typedef struct replica {
     int64_t correct;
     double seconds, compute_seconds;
     double compute_end;       /* when its forward and backward ended */
+    double xwait;             /* of its compute, seconds spent waiting for the
+                                 other replicas' BatchNorm sums */
     uint64_t checksum;
     float *xbuf;              /* BatchNorm's sums, exchanged through the host */
     double *xsum;
@@ -423,9 +425,11 @@ static ch_status exchange_sums(void *user, ch_tensor *t)
         r->xcap = n;
     }
     TRY(ch_tensor_download(t, r->xbuf, (size_t)n * sizeof(float)));
+    double w0 = ch_clock_seconds();
     pthread_mutex_lock(&dp->lock);
     ch_status st = rendezvous(dp);
     pthread_mutex_unlock(&dp->lock);
+    r->xwait += ch_clock_seconds() - w0;
     TRY(st);
     for (int64_t k = 0; k < n; k++)
         r->xsum[k] = 0.0;
@@ -434,9 +438,11 @@ static ch_status exchange_sums(void *user, ch_tensor *t)
         for (int64_t k = 0; o->count > 0 && k < n; k++)
             r->xsum[k] += o->xbuf[k];
     }
+    w0 = ch_clock_seconds();
     pthread_mutex_lock(&dp->lock);
     st = rendezvous(dp);
     pthread_mutex_unlock(&dp->lock);
+    r->xwait += ch_clock_seconds() - w0;
     TRY(st);
     for (int64_t k = 0; k < n; k++)
         r->xbuf[k] = (float)r->xsum[k];
@@ -545,10 +551,14 @@ static void train(replica *r)
         for (int b = 0; b < dp->nbuckets; b++)
             r->missing[b] = dp->buckets[b].p_hi - dp->buckets[b].p_lo;
     r->posting = reducing;
+    r->xwait = 0.0;
     if (dp->batch)
         fail(r, compute(r));
     r->compute_end = ch_clock_seconds();
-    r->compute_seconds = r->compute_end - t0;
+    /* The balancer wants each replica's own work: waiting for the others
+     * at BatchNorm's exchanges would make every replica look as slow as
+     * the slowest. */
+    r->compute_seconds = r->compute_end - t0 - r->xwait;
     r->posting = 0;
     if (reducing) {
         if (r->st == CH_OK)

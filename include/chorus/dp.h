@@ -118,7 +118,8 @@ CH_API ch_status ch_dp_evaluate(ch_dp *dp, float *loss, int64_t *correct,
 
 /* How the last step went: samples per replica, each replica's seconds
  * (its whole step, waiting included) and its compute seconds (forward and
- * backward); any array may be NULL. */
+ * backward, without the waits for the other replicas' BatchNorm
+ * statistics); any array may be NULL. */
 CH_API ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n);
 CH_API ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n);
 
