@@ -10,6 +10,12 @@ tests_test_ops_grad_SOURCES = tests/test-ops-grad.c
 tests_test_ops_grad_LDADD = $(TEST_LIBS)
 tests_test_ops_attn_SOURCES = tests/test-ops-attn.c
 tests_test_ops_attn_LDADD = $(TEST_LIBS)
+# The batched GEMM through our own OpenCL kernel too, where CLBlast would
+# otherwise take every shape.
+EXTRA_DIST += tests/ops-attn-gemm-own.sh
+if HAVE_CLBLAST
+TESTS += tests/ops-attn-gemm-own.sh
+endif
 tests_test_errors_SOURCES = tests/test-errors.c
 tests_test_errors_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS)
 

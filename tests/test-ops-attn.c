@@ -981,6 +981,29 @@ static void test_bad_arguments(ch_device *host)
     bad_args_free(&h);
 }
 
+/* Before ch_init every call says so, whatever its arguments. */
+static void test_before_init(void)
+{
+    static const int perm[] = {0};
+    REFUSED(ch_gemm_batched(NULL, 0, 0, 1, NULL, NULL, 0), CH_ERR_STATE,
+            "ch_gemm_batched: call ch_init first", "ch_gemm_batched before ch_init");
+    REFUSED(ch_permute(NULL, NULL, perm), CH_ERR_STATE, "ch_permute: call ch_init first",
+            "ch_permute before ch_init");
+    REFUSED(ch_softmax(NULL, NULL, 1), CH_ERR_STATE, "ch_softmax: call ch_init first",
+            "ch_softmax before ch_init");
+    REFUSED(ch_softmax_backward(NULL, NULL, NULL), CH_ERR_STATE,
+            "ch_softmax_backward: call ch_init first", "ch_softmax_backward before ch_init");
+    REFUSED(ch_embedding(NULL, NULL, NULL), CH_ERR_STATE, "ch_embedding: call ch_init first",
+            "ch_embedding before ch_init");
+    REFUSED(ch_embedding_backward(NULL, NULL, NULL), CH_ERR_STATE,
+            "ch_embedding_backward: call ch_init first", "ch_embedding_backward before ch_init");
+    REFUSED(ch_avgpool_global(NULL, NULL), CH_ERR_STATE, "ch_avgpool_global: call ch_init first",
+            "ch_avgpool_global before ch_init");
+    REFUSED(ch_avgpool_global_backward(NULL, NULL), CH_ERR_STATE,
+            "ch_avgpool_global_backward: call ch_init first",
+            "ch_avgpool_global_backward before ch_init");
+}
+
 /* ---- Main ------------------------------------------------------------------------ */
 
 static void test_device(ch_device *dev)
@@ -1003,6 +1026,7 @@ static void test_device(ch_device *dev)
 
 int main(void)
 {
+    test_before_init();
     ch_status st = ch_init();
     if (!tap_status_ok(st, "ch_init"))
         return tap_done();
