@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's twin of bench/bench-train: training samples/s on the CPU.
+"""PyTorch's twin of bench/bench-train: training samples/s (the gpt: tokens/s) on the CPU.
 
     python3 bench_train.py [--model mlp|cnn|resnet|gpt] [--batch 64] [--steps 20]
                            [--threads 2] [--json] [--depth 20]
