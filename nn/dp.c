@@ -123,6 +123,7 @@ struct ch_dp {
     float grad_rescale;       /* flush: accumulate / micro-batches there are */
 
     int64_t step;             /* updates so far */
+    int buffers_stale;        /* replicas 1.. hold older running statistics than 0 */
     int micro;                /* micro-batches accumulated since the last update */
     int64_t micro_samples;    /* their samples: the random stream's offset */
 #ifdef CHI_TEST_HOOKS
@@ -450,9 +451,13 @@ static ch_status exchange_sums(void *user, ch_tensor *t)
 }
 
 /* Replica 0's buffers (running statistics) into the others', after the
- * call drained every replica's stream. */
+ * call drained every replica's stream. Training reads them only to move
+ * them (replica 0's are the ones kept), so this waits until an evaluation
+ * or a copy out needs them. */
 static ch_status broadcast_buffers(ch_dp *dp)
 {
+    if (!dp->buffers_stale)
+        return CH_OK;
     int nb = ch_module_buffer_count(dp->r[0].model);
     for (int i = 1; i < dp->n; i++) {
         for (int k = 0; k < nb; k++) {
@@ -468,6 +473,7 @@ static ch_status broadcast_buffers(ch_dp *dp)
         if (nb > 0)
             TRY(ch_device_sync(dp->r[i].dev));
     }
+    dp->buffers_stale = 0;
     return CH_OK;
 }
 
@@ -1031,9 +1037,7 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     dp->micro = 0;
     dp->micro_samples = 0;
     dp->step++;
-    st = broadcast_buffers(dp);
-    if (st != CH_OK)
-        return chi_error(st, "ch_dp_step: copying the running statistics: %s", ch_last_error());
+    dp->buffers_stale = dp->n > 1 && ch_module_buffer_count(dp->r[0].model) > 0;
     int checked = dp->o.check_every > 0 && dp->step % dp->o.check_every == 0;
     for (int i = 1; checked && i < dp->n; i++)
         if (dp->r[i].checksum != dp->r[0].checksum)
@@ -1074,6 +1078,10 @@ ch_status ch_dp_flush(ch_dp *dp, float lr)
 
 static ch_status infer_call(ch_dp *dp, job j, const ch_batch *batch, ch_tensor *out)
 {
+    ch_status st = broadcast_buffers(dp);
+    if (st != CH_OK)
+        return chi_error(st, "%s: copying replica 0's running statistics: %s",
+                         j == JOB_PREDICT ? "ch_dp_predict" : "ch_dp_evaluate", ch_last_error());
     dp->job = j;
     dp->batch = batch;
     dp->out = out;
@@ -1177,7 +1185,12 @@ ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index)
 
 ch_module *ch_dp_replica(const ch_dp *dp, int index)
 {
-    return dp && index >= 0 && index < dp->n ? dp->r[index].model : NULL;
+    if (!dp || index < 0 || index >= dp->n)
+        return NULL;
+    /* Whoever looks at a replica sees replica 0's running statistics. */
+    if (index > 0 && broadcast_buffers((ch_dp *)dp) != CH_OK)
+        return NULL;
+    return dp->r[index].model;
 }
 
 ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model)

@@ -58,8 +58,8 @@ typedef struct ch_dp_options {
      * default: a data-parallel step equals the one-device step on the
      * whole batch, to rounding), or with each replica's own (1: PyTorch
      * DDP's default, without SyncBatchNorm). Either way the running
-     * statistics are replica 0's, copied to the others after every
-     * update, as DDP broadcasts buffers. */
+     * statistics are replica 0's: the others get a copy before they
+     * evaluate or predict, as DDP broadcasts buffers. */
     int batchnorm_local;
     uint64_t seed;         /* the dropout stream */
     /* Every check_every steps (0: never), compare a checksum of every
@@ -143,7 +143,9 @@ CH_API ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index);
  * structure). */
 CH_API ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model);
 
-/* The replica on devices[index]. Borrowed: it belongs to dp. */
+/* The replica on devices[index], with replica 0's running statistics
+ * (copied to it first; NULL when that copy fails, or index is out of
+ * range). Borrowed: it belongs to dp. */
 CH_API ch_module *ch_dp_replica(const ch_dp *dp, int index);
 
 #ifdef __cplusplus
