@@ -507,6 +507,7 @@ run_tests() {
     for t in test-ops-grad test-ops-attn test-ops-norm test-errors; do
         gpu "$t" tap "$OUTDIR/tests.log" 90 "$t"
     done
+    gpu test-models tap "$OUTDIR/tests.log" 120 CHORUS_TEST_SRCDIR="$SRC" test-models
     gpu test-reduce tap "$OUTDIR/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce
     gpu test-dp tap "$OUTDIR/tests.log" 90 CHORUS_TEST_DEVICES=cuda:0,cuda:0 test-dp
 }
