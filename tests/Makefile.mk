@@ -55,8 +55,8 @@ tests_test_dp_SOURCES = tests/test-dp.c
 tests_test_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
-TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-exports.sh
-EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-exports.sh
+TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh
+EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh
 AM_TESTS_ENVIRONMENT += CHORUS_TEST_BUILDDIR='$(abs_top_builddir)'; export CHORUS_TEST_BUILDDIR;
 AM_TESTS_ENVIRONMENT += CHORUS_TRAIN='$(abs_top_builddir)/utils/chorus-train'; export CHORUS_TRAIN;
 include tests/host.mk

@@ -48,6 +48,15 @@ assert {"test_accuracy", "test_loss", "samples_per_s", "epochs", "devices"} <= d
 ' "$tmp/json"
 ok $? "--json prints one object with the result keys: $(head -c 200 "$tmp/json")"
 
+# The resnet preset: a few steps of a ResNet-8 train and evaluate, and the
+# checkpoint holds its BatchNorm buffers.
+"$train" --data "$data" --devices host --model resnet --depth 8 --limit 256 --batch 32 \
+    --max-steps 4 --quiet --checkpoint "$tmp/resnet.st" >"$tmp/out" 2>"$tmp/err" &&
+    grep -Eq '^result test_accuracy=[0-9.]+ .* devices=host$' "$tmp/out" &&
+    grep -q 'layer2.0.downsample.1.running_var' "$tmp/resnet.st" &&
+    grep -q 'layer3.0.bn2.num_batches_tracked' "$tmp/resnet.st"
+ok $? "--model resnet --depth 8: 4 steps, evaluated, the checkpoint holds the running statistics ($(cat "$tmp/out") $(head -c 200 "$tmp/err"))"
+
 # Two replicas on one device (how data parallelism runs on a single GPU):
 # accepted, said so, and the same training as one replica up to rounding.
 "$train" --data "$data" --devices host,host --model mlp --limit 2000 --batch 50 --epochs 2 \
