@@ -13,15 +13,6 @@
 /* Dropout masks of one module, told apart by their salt. */
 enum { SALT_EMBED = 1, SALT_ATTN = 2, SALT_RESID = 3 };
 
-static ch_status made(ch_module **out, ch_status st)
-{
-    if (st != CH_OK) {
-        ch_module_free(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
 /* Normal(0, 1) as nn.Embedding, or normal(0, init_std) (GPT-2). */
 static ch_status embedding_init(ch_module *m, uint64_t seed, uint64_t *offset)
 {
@@ -250,15 +241,6 @@ static ch_status attn_core(ch_module *m, const attn_dims *a)
     return permute_as(m->tmp[AT_OY], 4, bthd, m->tmp[AT_O], 4, bhtd, join);
 }
 
-static ch_status view_of(ch_tensor **slot, const ch_tensor *t)
-{
-    int64_t shape[CH_MAX_DIMS];
-    nn_shape(t, shape);
-    ch_tensor_free(*slot);
-    *slot = NULL;
-    return nn_view(slot, t, ch_tensor_ndim(t), shape);
-}
-
 static ch_status attn_forward(ch_module *m, const ch_tensor *x)
 {
     attn_dims a;
@@ -273,7 +255,7 @@ static ch_status attn_forward(ch_module *m, const ch_tensor *x)
     TRY(nn_forward(c_proj, m->tmp[AT_OY]));
     if (dropping(m))
         TRY(dropout_in_place(m, c_proj->y, &m->tmp[AT_RMASK], a.b, SALT_RESID));
-    return view_of(&m->y, c_proj->y);
+    return nn_view_of(&m->y, c_proj->y);
 }
 
 /* From dL/dOY (c_proj's input gradient) to dL/dqkv in AT_DQKV. */
@@ -328,7 +310,7 @@ static ch_status attn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     TRY(ensure(m, AT_DX5, 3, bt3d));
     TRY(permute_as(m->tmp[AT_DX5], 5, bt3hd, m->tmp[AT_DQKV], 5, qkv5, join));
     TRY(nn_backward(c_attn, m->tmp[AT_DX5], want_dx));
-    return want_dx ? view_of(&m->dx, c_attn->dx) : CH_OK;
+    return want_dx ? nn_view_of(&m->dx, c_attn->dx) : CH_OK;
 }
 
 /* ---- The GPT: logits = transformer(idx) @ wte^T --------------------------------- */
@@ -402,7 +384,7 @@ ch_status ch_nn_embedding(ch_module **out, int64_t num, int64_t dim)
     m->in = num;
     m->out = dim;
     int64_t shape[2] = {num, dim};
-    return made(out, nn_add_param(m, "weight", 2, shape));
+    return nn_made(out, nn_add_param(m, "weight", 2, shape));
 }
 
 ch_status ch_nn_causal_self_attention(ch_module **out, int64_t dim, int heads, float dropout)
@@ -425,7 +407,7 @@ ch_status ch_nn_causal_self_attention(ch_module **out, int64_t dim, int heads, f
         st = ch_nn_linear(&c, dim, dim);
     if (st == CH_OK)
         st = nn_add_child(m, c, "c_proj");
-    return made(out, st);
+    return nn_made(out, st);
 }
 
 /* ---- The GPT-2 of nanoGPT --------------------------------------------------------- */
@@ -462,7 +444,7 @@ static ch_status mlp(ch_module **out, int64_t dim, float dropout)
         st = ch_nn_dropout(&c, dropout);
     if (st == CH_OK)
         st = ch_nn_sequential_add_named(*out, "dropout", c);
-    return made(out, st);
+    return nn_made(out, st);
 }
 
 /* Residual(Sequential(norm named `ln`, body named `name`)). */
@@ -501,7 +483,7 @@ static ch_status block(ch_module **out, const ch_gpt_config *c)
         st = pre_norm(&r, c->dim, "ln_2", "mlp", ff);
     if (st == CH_OK)
         st = ch_nn_sequential_add_named(*out, "", r);
-    return made(out, st);
+    return nn_made(out, st);
 }
 
 static ch_status transformer(ch_module **out, const ch_gpt_config *c)
@@ -540,7 +522,7 @@ static ch_status transformer(ch_module **out, const ch_gpt_config *c)
         st = ch_nn_layernorm(&ln, c->dim, 1e-5f);
     if (st == CH_OK)
         st = ch_nn_sequential_add_named(*out, "ln_f", ln);
-    return made(out, st);
+    return nn_made(out, st);
 }
 
 ch_status ch_nn_gpt(ch_module **out, const ch_gpt_config *config)
@@ -565,5 +547,5 @@ ch_status ch_nn_gpt(ch_module **out, const ch_gpt_config *config)
         st = nn_add_child(*out, tr, "transformer");
     if (st == CH_OK)
         gpt2_init(*out, c->layers);
-    return made(out, st);
+    return nn_made(out, st);
 }

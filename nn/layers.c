@@ -304,16 +304,6 @@ static const nn_ops avgpool_ops = {"AdaptiveAvgPool2d", avgpool_forward, avgpool
 static const nn_ops flatten_ops = {"Flatten", flatten_forward, flatten_backward, CH_F32, 0, NULL};
 static const nn_ops dropout_ops = {"Dropout", dropout_forward, dropout_backward, CH_F32, 0, NULL};
 
-/* Free a half-made module, keep the first failure. */
-static ch_status made(ch_module **out, ch_status st)
-{
-    if (st != CH_OK) {
-        ch_module_free(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
 ch_status ch_nn_linear(ch_module **out, int64_t in_features, int64_t out_features)
 {
     if (in_features < 1 || out_features < 1) {
@@ -331,7 +321,7 @@ ch_status ch_nn_linear(ch_module **out, int64_t in_features, int64_t out_feature
     ch_status st = nn_add_param(m, "weight", 2, w);
     if (st == CH_OK)
         st = nn_add_param(m, "bias", 1, &m->out);
-    return made(out, st);
+    return nn_made(out, st);
 }
 
 static ch_status conv2d(ch_module **out, int64_t in_channels, int64_t out_channels, int kernel,
@@ -356,7 +346,7 @@ static ch_status conv2d(ch_module **out, int64_t in_channels, int64_t out_channe
     ch_status st = nn_add_param(m, "weight", 4, w);
     if (st == CH_OK && bias)
         st = nn_add_param(m, "bias", 1, &m->out);
-    return made(out, st);
+    return nn_made(out, st);
 }
 
 ch_status ch_nn_conv2d(ch_module **out, int64_t in_channels, int64_t out_channels, int kernel,

@@ -43,6 +43,15 @@ void nn_shape(const ch_tensor *t, int64_t *shape)
         shape[i] = ch_tensor_dim(t, i);
 }
 
+ch_status nn_made(ch_module **out, ch_status st)
+{
+    if (st != CH_OK) {
+        ch_module_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 ch_status nn_module_new(ch_module **out, const nn_ops *ops)
 {
     if (!out)
@@ -286,8 +295,7 @@ static ch_status on_device(ch_tensor **slot, const ch_tensor *t, ch_device *dev,
     return CH_OK;
 }
 
-/* m->y (or m->dx) becomes a view of `t`, the last child's. */
-static ch_status view_of(ch_tensor **slot, const ch_tensor *t)
+ch_status nn_view_of(ch_tensor **slot, const ch_tensor *t)
 {
     int64_t shape[CH_MAX_DIMS];
     nn_shape(t, shape);
@@ -305,7 +313,7 @@ static ch_status seq_forward(ch_module *m, const ch_tensor *x)
         TRY(nn_forward(c, cur));
         cur = c->y;
     }
-    return view_of(&m->y, cur);
+    return nn_view_of(&m->y, cur);
 }
 
 static ch_status seq_backward(ch_module *m, const ch_tensor *dy, int want_dx)
@@ -331,7 +339,7 @@ static ch_status seq_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         return CH_OK;
     const ch_tensor *out = NULL;
     TRY(on_device(&m->moved_grad[m->nchild], g, ch_tensor_device(m->x), &out));
-    return view_of(&m->dx, out);
+    return nn_view_of(&m->dx, out);
 }
 
 /* ---- Residual ----------------------------------------------------------------------

@@ -118,6 +118,11 @@ void nn_set_sync(ch_module *m, nn_sync_fn fn, void *user);
  * with the dtype, device and shape checks, and the gradient hook. */
 ch_status nn_forward(ch_module *m, const ch_tensor *x);
 ch_status nn_backward(ch_module *m, const ch_tensor *dy, int want_dx);
+/* The end of a constructor: on failure (st not CH_OK) the half-made *out
+ * is freed and NULL. Returns st. */
+ch_status nn_made(ch_module **out, ch_status st);
+/* *slot (freed first) becomes a view of all of t, with its shape. */
+ch_status nn_view_of(ch_tensor **slot, const ch_tensor *t);
 /* A new module of `ops` (training mode, no parameters). */
 ch_status nn_module_new(ch_module **out, const nn_ops *ops);
 /* Parameter or buffer on the host: zero value, zero gradient (params). */

@@ -141,15 +141,6 @@ static ch_status check_norm(const char *fn, ch_module **out, int64_t n, float ep
     return CH_OK;
 }
 
-static ch_status made(ch_module **out, ch_status st)
-{
-    if (st != CH_OK) {
-        ch_module_free(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
 ch_status ch_nn_batchnorm2d(ch_module **out, int64_t channels_, float eps, float momentum)
 {
     TRY(check_norm("ch_nn_batchnorm2d", out, channels_, eps));
@@ -172,7 +163,7 @@ ch_status ch_nn_batchnorm2d(ch_module **out, int64_t channels_, float eps, float
         st = nn_add_buffer(m, "num_batches_tracked", 0, 0.0);
     if (st == CH_OK)
         st = norm_init(m, 0, &(uint64_t){0});
-    return made(out, st);
+    return nn_made(out, st);
 }
 
 ch_status ch_nn_layernorm(ch_module **out, int64_t features, float eps)
@@ -187,5 +178,5 @@ ch_status ch_nn_layernorm(ch_module **out, int64_t features, float eps)
         st = nn_add_param(m, "bias", 1, &m->in);
     if (st == CH_OK)
         st = norm_init(m, 0, &(uint64_t){0});
-    return made(out, st);
+    return nn_made(out, st);
 }

@@ -104,11 +104,7 @@ static ch_status basic_block(ch_module **out, int64_t in, int64_t width, int str
     if (st == CH_OK)
         st = ch_nn_activation(&relu, CH_ACT_RELU);
     st = add_named(*out, st, "relu", relu);
-    if (st != CH_OK) {
-        ch_module_free(*out);
-        *out = NULL;
-    }
-    return st;
+    return nn_made(out, st);
 }
 
 static ch_status stage(ch_module *net, const char *name, int blocks, int64_t *in,
