@@ -39,20 +39,8 @@ __kernel void softmax_masked(__global float *y, ulong yo, __global const float *
     __global const float *xr = x + xo + (long)r * s;
     __global float *yr = y + yo + (long)r * s;
 
-    float mx = -INFINITY;
-    for (int j = t; j < w; j += step)
-        mx = fmax(mx, xr[j]);
-    tmp[t] = mx;
-    tree_max(tmp);
-    mx = tmp[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    float sum = 0.0f;
-    for (int j = t; j < w; j += step)
-        sum += exp(xr[j] - mx);
-    tmp[t] = sum;
-    tree_sum(tmp);
-    sum = tmp[0];
+    float mx, sum;
+    row_max_expsum(xr, w, tmp, &mx, &sum);
 
     for (int j = t; j < s; j += step)
         yr[j] = j < w ? exp(xr[j] - mx) / sum : 0.0f;

@@ -24,3 +24,26 @@ void tree_max(__local float *tmp)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 }
+
+/* A softmax row's statistics, by the whole work-group: *mx the largest of
+ * x[0, w) and *sum the sum of exp(x[j] - *mx), the same in every work
+ * item. tmp is free again when it returns. */
+void row_max_expsum(__global const float *x, int w, __local float *tmp, float *mx, float *sum)
+{
+    int t = get_local_id(0), step = get_local_size(0);
+    float m = -INFINITY;
+    for (int j = t; j < w; j += step)
+        m = fmax(m, x[j]);
+    tmp[t] = m;
+    tree_max(tmp);
+    m = tmp[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float s = 0.0f;
+    for (int j = t; j < w; j += step)
+        s += exp(x[j] - m);
+    tmp[t] = s;
+    tree_sum(tmp);
+    *mx = m;
+    *sum = tmp[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+}

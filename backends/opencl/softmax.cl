@@ -17,20 +17,8 @@ __kernel void softmax_rows(__global float *probs, ulong po, __global float *rowl
     __global const float *x = logits + lo + (long)r * c;
     __global float *p = probs + po + (long)r * c;
 
-    float mx = -INFINITY;
-    for (int j = t; j < c; j += step)
-        mx = fmax(mx, x[j]);
-    tmp[t] = mx;
-    tree_max(tmp);
-    mx = tmp[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    float s = 0.0f;
-    for (int j = t; j < c; j += step)
-        s += exp(x[j] - mx);
-    tmp[t] = s;
-    tree_sum(tmp);
-    s = tmp[0];
+    float mx, s;
+    row_max_expsum(x, c, tmp, &mx, &s);
 
     for (int j = t; j < c; j += step)
         p[j] = exp(x[j] - mx) / s;
