@@ -149,21 +149,14 @@ ch_status chcu_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem 
                          ch_bmem table, ch_bmem idx)
 {
     chcu_stream *s = (chcu_stream *)stream;
-    ch_status st = chcu_enter(s->dev);
+    unsigned *flag = NULL;
+    ch_status st = chcu_flag_acquire(s, &flag);
     if (st)
         return st;
-    void *work;
-    st = chcu_scratch_acquire(s, sizeof(unsigned), &work);
-    if (st)
-        return st;
-    unsigned *flag = (unsigned *)work;
-    st = chcu_flag_reset(s, flag);
-    if (!st) {
-        chcu_shape2 sh = chcu_rows(s->dev, n, d);
-        embedding_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-            chcu_at<float>(y), chcu_at<float>(table), chcu_at<int32_t>(idx), n, v, d, flag);
-        st = chcu_launched("embedding_kernel");
-    }
+    chcu_shape2 sh = chcu_rows(s->dev, n, d);
+    embedding_kernel<<<sh.grid, sh.block, 0, s->s>>>(
+        chcu_at<float>(y), chcu_at<float>(table), chcu_at<int32_t>(idx), n, v, d, flag);
+    st = chcu_launched("embedding_kernel");
     int64_t pos = -1;
     int32_t index = 0;
     if (!st)

@@ -150,6 +150,10 @@ __device__ static inline float chcu_warp_sum(float v)
  * *value the i32 there in `values` (device memory), or *pos is -1. */
 #define CHCU_NO_ROW 0xffffffffu
 ch_status chcu_flag_reset(const chcu_stream *s, unsigned *flag);
+/* Enter the stream's device, take its scratch for a flag and queue the
+ * flag's reset; on success the caller gives the scratch back
+ * (chcu_scratch_release) once it has read the flag. */
+ch_status chcu_flag_acquire(chcu_stream *s, unsigned **flag);
 ch_status chcu_flag_read(const chcu_stream *s, const unsigned *flag, const int32_t *values,
                          int64_t *pos, int32_t *value);
 

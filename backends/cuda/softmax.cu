@@ -14,6 +14,21 @@ ch_status chcu_flag_reset(const chcu_stream *s, unsigned *flag)
     return chcu_check(cudaMemsetAsync(flag, 0xff, sizeof *flag, s->s), "cudaMemsetAsync");
 }
 
+ch_status chcu_flag_acquire(chcu_stream *s, unsigned **flag)
+{
+    ch_status st = chcu_enter(s->dev);
+    void *work = NULL;
+    if (!st)
+        st = chcu_scratch_acquire(s, sizeof(unsigned), &work);
+    if (st)
+        return st;
+    *flag = (unsigned *)work;
+    st = chcu_flag_reset(s, *flag);
+    if (st)
+        chcu_scratch_release(s);
+    return st;
+}
+
 /* A small read on the stream, waited for. */
 static ch_status read_back(const chcu_stream *s, void *host, const void *dev, size_t bytes)
 {
@@ -134,22 +149,15 @@ ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
                                      ch_bmem probs, ch_bmem labels, float scale)
 {
     chcu_stream *s = (chcu_stream *)stream;
-    ch_status st = chcu_enter(s->dev);
+    unsigned *flag = NULL;
+    ch_status st = chcu_flag_acquire(s, &flag);
     if (st)
         return st;
-    void *work;
-    st = chcu_scratch_acquire(s, sizeof(unsigned), &work);
-    if (st)
-        return st;
-    unsigned *flag = (unsigned *)work;
-    st = chcu_flag_reset(s, flag);
-    if (!st) {
-        chcu_shape2 sh = chcu_rows(s->dev, n, c);
-        softmax_xent_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-            chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c,
-            scale / (float)n, flag);
-        st = chcu_launched("softmax_xent_backward_kernel");
-    }
+    chcu_shape2 sh = chcu_rows(s->dev, n, c);
+    softmax_xent_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
+        chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c,
+        scale / (float)n, flag);
+    st = chcu_launched("softmax_xent_backward_kernel");
     if (!st)
         st = labels_check(s, "ch_softmax_xent_backward", flag, chcu_at<int32_t>(labels), c);
     chcu_scratch_release(s);
