@@ -150,18 +150,21 @@ static double compare(const fixture *f, const char *key, const ch_tensor *t, cha
 
 /* ---- The models ---------------------------------------------------------------- */
 
-static ch_status build(const fixture *f, ch_module **m)
+/* The fixture's model; a gpt with `dropout` when it is >= 0. */
+static ch_status build_with(const fixture *f, ch_module **m, float dropout)
 {
     const char *kind = fixture_meta(f, "model");
     if (kind && strcmp(kind, "gpt") == 0) {
         ch_gpt_config c = {(int)meta_int(f, "layers"), (int)meta_int(f, "heads"),
                            meta_int(f, "dim"), meta_int(f, "context"), meta_int(f, "vocab"),
-                           (float)meta_num(f, "dropout")};
+                           dropout >= 0 ? dropout : (float)meta_num(f, "dropout")};
         return ch_nn_gpt(m, &c);
     }
     return ch_nn_resnet(m, (int)meta_int(f, "depth"), (int)meta_int(f, "width"),
                         (int)meta_int(f, "in_channels"), (int)meta_int(f, "classes"));
 }
+
+static ch_status build(const fixture *f, ch_module **m) { return build_with(f, m, -1.0f); }
 
 /* Every "<prefix><name>" of the fixture names a parameter (buffers: a
  * buffer) of m and the other way round. */
@@ -494,7 +497,7 @@ static double model_diff(const ch_module *a, const ch_module *b, char *where, si
  * (replica 0's parameters and buffers, on the host); *spread: how far the
  * last replica's parameters and running statistics are from replica 0's
  * as ch_dp_replica hands it out. */
-static ch_status dp_train(const fixture *f, ch_device **devs, int n, int local,
+static ch_status dp_train(const fixture *f, ch_device **devs, int n, int local, float dropout,
                           const dp_data *d, ch_module **out, double *spread)
 {
     int gpt = strcmp(fixture_meta(f, "model"), "gpt") == 0;
@@ -521,7 +524,7 @@ static ch_status dp_train(const fixture *f, ch_device **devs, int n, int local,
     o.no_bind = 1;
     ch_module *m = NULL;
     ch_dp *dp = NULL;
-    TRY_CHECK(build(f, &m));
+    TRY_CHECK(build_with(f, &m, dropout));
     ch_status st = ch_module_init(m, 5);
     if (st == CH_OK)
         st = ch_dp_new(&dp, m, devs, n, &o);
@@ -604,9 +607,9 @@ static void dp_tests(const char *file)
     ch_module *one = NULL, *many = NULL, *local = NULL;
     ch_status st = dp_batches(&f, host, &d, &tokens, &per_sample, &labels_per);
     if (st == CH_OK)
-        st = dp_train(&f, three, 1, 0, &d, &one, NULL);
+        st = dp_train(&f, three, 1, 0, -1.0f, &d, &one, NULL);
     if (st == CH_OK)
-        st = dp_train(&f, three, 3, 0, &d, &many, NULL);
+        st = dp_train(&f, three, 3, 0, -1.0f, &d, &many, NULL);
     if (tap_status_ok(st, "%s: %d steps on host, and over host,opencl:0,opencl:1 split 1:2:3",
                       kind, DP_STEPS)) {
         char where[256] = "";
@@ -615,9 +618,27 @@ static void dp_tests(const char *file)
                "synchronised) equal the steps on host alone (worst relative difference %.3g in "
                "%s, want < %g)", kind, DP_STEPS, DP_BATCH, e, where, TOL_DP);
     }
+    if (st == CH_OK && strcmp(kind, "gpt") == 0) {
+        /* Dropout draws by the sample's place in the whole batch: the
+         * same masks whatever the split. */
+        ch_module *one_d = NULL, *many_d = NULL;
+        st = dp_train(&f, three, 1, 0, 0.2f, &d, &one_d, NULL);
+        if (st == CH_OK)
+            st = dp_train(&f, three, 3, 0, 0.2f, &d, &many_d, NULL);
+        if (tap_status_ok(st, "gpt with dropout 0.2: on host, and over three devices")) {
+            char where[256] = "";
+            double e = model_diff(many_d, one_d, where, sizeof where);
+            double moved = model_diff(one_d, one, where, sizeof where);
+            tap_ok(e < TOL_DP && moved > 100 * TOL_DP, "gpt with dropout 0.2: %d data-parallel "
+                   "steps equal host alone (worst %.3g, want < %g), and dropout changed the "
+                   "training (%.3g from the run without)", DP_STEPS, e, TOL_DP, moved);
+        }
+        ch_module_free(one_d);
+        ch_module_free(many_d);
+    }
     if (st == CH_OK && ch_module_buffer_count(one) > 0) {
         double spread = INFINITY;
-        st = dp_train(&f, three, 3, 1, &d, &local, &spread);
+        st = dp_train(&f, three, 3, 1, -1.0f, &d, &local, &spread);
         if (tap_status_ok(st, "%s: the same with per-replica BatchNorm statistics", kind)) {
             tap_ok(spread == 0.0, "%s: opencl:1's replica, as ch_dp_replica gives it, holds "
                    "replica 0's parameters and running statistics (difference %g)", kind,
