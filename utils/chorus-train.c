@@ -38,7 +38,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: chorus-train [options]\n"
-            "  --data PATH         images: a folder of IDX files (default " DEFAULT_DATA ");\n"
+            "  --data PATH         images: a folder of IDX files (default\n"
+            "                      " DEFAULT_DATA ");\n"
             "                      gpt: a text file, a folder of texts, or a folder of\n"
             "                      llm.c token shards (*_train*.bin, *_val*.bin)\n"
             "  --model NAME        mlp, cnn (default), resnet or gpt\n"
