@@ -10,12 +10,6 @@
 
 #include "nn.h"
 
-/* Convolutions with fewer output channels than this run their forward GEMM
- * as col^T W^T (measured with OpenBLAS on 2 cores: 16 channels from 3x3x16
- * inputs over 64 28x28 images, 18 GFLOP/s as W col, 51 as col^T W^T; equal
- * at 32). */
-#define CONV_ROWS_BELOW 32
-
 static ch_status need_ndim(const ch_module *m, const ch_tensor *x, int ndim)
 {
     if (ch_tensor_ndim(x) != ndim)
@@ -107,31 +101,24 @@ static ch_status conv_forward(ch_module *m, const ch_tensor *x)
                          "padded input %lldx%lld", m->kernel, (long long)(h + 2 * m->padding),
                          (long long)(w + 2 * m->padding));
     int64_t ckk = m->in * m->kernel * m->kernel, p = oh * ow;
-    /* Few output channels make W col a GEMM of very few rows, which BLAS
-     * runs at a third of its speed: then col^T W^T, rows per position,
-     * and a transpose of each sample's [P, O] instead. */
-    int rows = m->out < CONV_ROWS_BELOW;
     int64_t col_shape[2] = {ckk, n * p}, yt_shape[2] = {m->out, n * p};
-    int64_t yr_shape[2] = {n * p, m->out}, y_shape[4] = {n, m->out, oh, ow};
+    int64_t y_shape[4] = {n, m->out, oh, ow};
     ch_window2d win = conv_window(m);
     TRY(nn_ensure(&m->aux, m->dev, CH_F32, 2, col_shape));
-    TRY(nn_ensure(&m->aux2, m->dev, CH_F32, 2, rows ? yr_shape : yt_shape));
+    TRY(nn_ensure(&m->aux2, m->dev, CH_F32, 2, yt_shape));
     TRY(nn_ensure(&m->y, m->dev, CH_F32, 4, y_shape));
     TRY(ch_im2col(m->aux, x, &win));
-    int64_t w2[2] = {m->out, ckk}, yt3[3] = {m->out, n, p}, y3[3] = {n, m->out, p},
-            yr3[3] = {n, p, m->out};
-    static const int sample_transpose[3] = {0, 2, 1};
+    int64_t w2[2] = {m->out, ckk}, yt3[3] = {m->out, n, p}, y3[3] = {n, m->out, p};
     ch_tensor *wv = NULL, *ytv = NULL, *yv = NULL;
     ch_status st = nn_view(&wv, m->params[0].value, 2, w2);
     if (st == CH_OK)
-        st = rows ? ch_gemm(m->aux2, 1, 1, 1.0f, m->aux, wv, 0.0f)
-                  : ch_gemm(m->aux2, 0, 0, 1.0f, wv, m->aux, 0.0f);
+        st = ch_gemm(m->aux2, 0, 0, 1.0f, wv, m->aux, 0.0f);
     if (st == CH_OK)
-        st = nn_view(&ytv, m->aux2, 3, rows ? yr3 : yt3);
+        st = nn_view(&ytv, m->aux2, 3, yt3);
     if (st == CH_OK)
         st = nn_view(&yv, m->y, 3, y3);
     if (st == CH_OK)
-        st = rows ? ch_permute(yv, ytv, sample_transpose) : ch_transpose01(yv, ytv);
+        st = ch_transpose01(yv, ytv);
     if (st == CH_OK && m->nparams > 1)
         st = ch_bias_add(m->y, m->y, m->params[1].value, 1);
     ch_tensor_free(wv);
@@ -145,8 +132,7 @@ static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     int64_t n = ch_tensor_dim(dy, 0), p = ch_tensor_dim(dy, 2) * ch_tensor_dim(dy, 3);
     int64_t ckk = m->in * m->kernel * m->kernel;
     int64_t dy3[3] = {n, m->out, p}, dyt3[3] = {m->out, n, p}, w2[2] = {m->out, ckk};
-    int64_t dyt2[2] = {m->out, n * p};
-    ch_tensor *dyv = NULL, *dytv = NULL, *dyt = NULL, *wv = NULL, *gwv = NULL;
+    ch_tensor *dyv = NULL, *dytv = NULL, *wv = NULL, *gwv = NULL;
     if (m->nparams > 1)
         TRY(ch_bias_grad(m->params[1].grad, dy, 1, 1.0f));
     ch_status st = nn_view(&dyv, dy, 3, dy3);
@@ -154,18 +140,16 @@ static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         st = nn_view(&dytv, m->aux2, 3, dyt3);
     if (st == CH_OK)
         st = ch_transpose01(dytv, dyv); /* aux2 now holds dy as [O, N*P] */
-    if (st == CH_OK) /* seen so, whatever shape forward gave it */
-        st = nn_view(&dyt, m->aux2, 2, dyt2);
     if (st == CH_OK)
         st = nn_view(&gwv, m->params[0].grad, 2, w2);
     if (st == CH_OK)
-        st = ch_gemm(gwv, 0, 1, 1.0f, dyt, m->aux, 1.0f);
+        st = ch_gemm(gwv, 0, 1, 1.0f, m->aux2, m->aux, 1.0f);
     if (st == CH_OK && want_dx) {
         /* The columns are not needed any more: the input gradient's
          * columns overwrite them. */
         st = nn_view(&wv, m->params[0].value, 2, w2);
         if (st == CH_OK)
-            st = ch_gemm(m->aux, 1, 0, 1.0f, wv, dyt, 0.0f);
+            st = ch_gemm(m->aux, 1, 0, 1.0f, wv, m->aux2, 0.0f);
         int64_t x_shape[4];
         nn_shape(m->x, x_shape);
         if (st == CH_OK)
@@ -176,7 +160,6 @@ static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     }
     ch_tensor_free(dyv);
     ch_tensor_free(dytv);
-    ch_tensor_free(dyt);
     ch_tensor_free(wv);
     ch_tensor_free(gwv);
     return st;
