@@ -456,28 +456,26 @@ typedef struct dp_data {
 } dp_data;
 
 /* Ten batches of random images (or tokens) and labels for the fixture's model. */
-static ch_status dp_batches(const fixture *f, ch_device *pin, dp_data *d, int *tokens,
-                            int64_t *per_sample, int64_t *labels_per)
+static ch_status dp_batches(const fixture *f, ch_device *pin, dp_data *d)
 {
     int gpt = strcmp(fixture_meta(f, "model"), "gpt") == 0;
     int64_t ctx = gpt ? meta_int(f, "context") : 0, side = meta_int(f, "image_size");
     int64_t classes = gpt ? meta_int(f, "vocab") : meta_int(f, "classes");
-    *tokens = gpt;
-    *per_sample = gpt ? ctx : meta_int(f, "in_channels") * side * side;
-    *labels_per = gpt ? ctx : 1;
+    int64_t per_sample = gpt ? ctx : meta_int(f, "in_channels") * side * side;
+    int64_t labels_per = gpt ? ctx : 1;
     tap_rng rng = {77};
     for (int s = 0; s < DP_STEPS; s++) {
-        TRY_CHECK(ch_host_buffer_new(&d->x[s], pin, (size_t)(DP_BATCH * *per_sample) * 4));
-        TRY_CHECK(ch_host_buffer_new(&d->y[s], pin, (size_t)(DP_BATCH * *labels_per) * 4));
+        TRY_CHECK(ch_host_buffer_new(&d->x[s], pin, (size_t)(DP_BATCH * per_sample) * 4));
+        TRY_CHECK(ch_host_buffer_new(&d->y[s], pin, (size_t)(DP_BATCH * labels_per) * 4));
         float *x = ch_host_buffer_data(d->x[s]);
         int32_t *xi = ch_host_buffer_data(d->x[s]), *y = ch_host_buffer_data(d->y[s]);
-        for (int64_t i = 0; i < DP_BATCH * *per_sample; i++) {
+        for (int64_t i = 0; i < DP_BATCH * per_sample; i++) {
             if (gpt)
                 xi[i] = (int32_t)(tap_rng_next(&rng) % (uint64_t)classes);
             else
                 x[i] = tap_rng_uniform(&rng, -2.0f, 2.0f);
         }
-        for (int64_t i = 0; i < DP_BATCH * *labels_per; i++)
+        for (int64_t i = 0; i < DP_BATCH * labels_per; i++)
             y[i] = (int32_t)(tap_rng_next(&rng) % (uint64_t)classes);
     }
     return CH_OK;
@@ -601,11 +599,9 @@ static void dp_tests(const char *file)
     }
     const char *kind = fixture_meta(&f, "model");
     dp_data d = {{0}, {0}};
-    int tokens;
-    int64_t per_sample, labels_per;
     ch_device *three[3] = {host, cl0, cl1};
     ch_module *one = NULL, *many = NULL, *local = NULL;
-    ch_status st = dp_batches(&f, host, &d, &tokens, &per_sample, &labels_per);
+    ch_status st = dp_batches(&f, host, &d);
     if (st == CH_OK)
         st = dp_train(&f, three, 1, 0, -1.0f, &d, &one, NULL);
     if (st == CH_OK)

@@ -72,14 +72,8 @@ __global__ void softmax_masked_kernel(float *y, const float *x, int64_t rows, in
         int64_t w = causal ? r % rpm + s - rpm + 1 : s;
         const float *xr = x + r * s;
         float *yr = y + r * s;
-        float m = -INFINITY;
-        for (int64_t j = lane; j < w; j += CHCU_WARP)
-            m = fmaxf(m, xr[j]);
-        m = chcu_warp_max(m);
-        float sum = 0.0f;
-        for (int64_t j = lane; j < w; j += CHCU_WARP)
-            sum += expf(xr[j] - m);
-        sum = chcu_warp_sum(sum);
+        float m, sum;
+        chcu_row_max_expsum(xr, w, lane, &m, &sum);
         for (int64_t j = lane; j < s; j += CHCU_WARP)
             yr[j] = j < w ? expf(xr[j] - m) / sum : 0.0f;
     }

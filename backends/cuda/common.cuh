@@ -142,6 +142,22 @@ __device__ static inline float chcu_warp_sum(float v)
     return v;
 }
 
+/* A softmax row's statistics, by one warp: *m the largest of x[0, w) and
+ * *sum the sum of expf(x[j] - *m), the same in every lane. */
+__device__ static inline void chcu_row_max_expsum(const float *x, int64_t w, int lane,
+                                                  float *m, float *sum)
+{
+    float mx = -INFINITY;
+    for (int64_t j = lane; j < w; j += CHCU_WARP)
+        mx = fmaxf(mx, x[j]);
+    mx = chcu_warp_max(mx);
+    float s = 0.0f;
+    for (int64_t j = lane; j < w; j += CHCU_WARP)
+        s += expf(x[j] - mx);
+    *m = mx;
+    *sum = chcu_warp_sum(s);
+}
+
 /* ---- out-of-range flags (softmax.cu) ---- */
 
 /* A kernel lowers the flag word (atomicMin) to the first position whose

@@ -72,14 +72,8 @@ __global__ void softmax_xent_kernel(float *probs, float *rowloss, const float *l
          r += warps) {
         const float *x = logits + r * c;
         float *p = probs + r * c;
-        float m = -INFINITY;
-        for (int64_t j = lane; j < c; j += CHCU_WARP)
-            m = fmaxf(m, x[j]);
-        m = chcu_warp_max(m);
-        float sum = 0.0f;
-        for (int64_t j = lane; j < c; j += CHCU_WARP)
-            sum += expf(x[j] - m);
-        sum = chcu_warp_sum(sum);
+        float m, sum;
+        chcu_row_max_expsum(x, c, lane, &m, &sum);
         for (int64_t j = lane; j < c; j += CHCU_WARP)
             p[j] = expf(x[j] - m) / sum;
         if (lane == 0) {
