@@ -31,8 +31,10 @@ libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFL
 libchorus_la_LIBADD = $(BLAS_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 # -version-info current:revision:age (libtool's rules): current goes up
 # with every change that breaks callers built against the previous
-# headers (1: argument orders, ch_train_state's normalisation fields).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 1:0:0 $(OPENMP_CFLAGS)
+# headers (1: argument orders, ch_train_state's normalisation fields;
+# 2: ch_dp_options' fields for BatchNorm and token data, with the new ops
+# and modules for the ResNet and the GPT, ch_conv2d among them).
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 2:0:0 $(OPENMP_CFLAGS)
 
 nobase_include_HEADERS += \
 	include/chorus.h \

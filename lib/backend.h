@@ -45,7 +45,7 @@ extern "C" {
 
 /* Changes whenever the table below or an enum a slot takes changes: a
  * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 4
+#define CH_BACKEND_ABI_VERSION 5
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -273,6 +273,26 @@ typedef struct ch_backend_i {
      * dev_b in the same call, 0 otherwise. The same device twice is always
      * allowed; when this slot is NULL, only that. Added in ABI version 2. */
     int (*can_allreduce)(void *dev_a, void *dev_b);
+
+    /* ---- convolution (optional, added in ABI version 5) ---- */
+    /* A backend's own 2-D convolution: x [N, C, H, W] by w [O, C, kh, kw]
+     * (out_channels = O) into y [N, O, OH, OW], no bias. When these slots
+     * are NULL the core composes im2col, gemm and transpose01 (what the
+     * OpenCL and CUDA backends get); a backend that can do better, such as
+     * the host working one sample at a time in its cache, or a backend on
+     * cuDNN or MIOpen, fills all three. conv2d_workspace says how many
+     * bytes of scratch the next call on this thread needs (backward: for
+     * conv2d_backward with the gradients `want` names, bit 0 dx, bit 1 dw);
+     * the core passes that much device memory as ws (ptr NULL when 0). */
+    ch_status (*conv2d_workspace)(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                  int backward, int want, size_t *bytes);
+    ch_status (*conv2d_forward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes);
+    /* dx = the input gradient (dx.ptr NULL: not wanted); dw = beta * dw +
+     * the weight gradient (dw.ptr NULL: not wanted; beta 0 does not read dw) */
+    ch_status (*conv2d_backward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                 ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,
+                                 ch_bmem w, ch_bmem ws, size_t ws_bytes);
 } ch_backend_i;
 
 typedef const ch_backend_i *(*ch_backend_entry_fn)(void);

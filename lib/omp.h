@@ -5,9 +5,32 @@
 #define CHORUS_LIB_OMP_H
 
 #ifdef _OPENMP
+/* From the OpenMP API (its <omp.h> would be this file on our include path). */
+int omp_get_max_threads(void);
+int omp_get_thread_num(void);
 #define CHI_OMP(x) _Pragma(#x)
 #else
 #define CHI_OMP(x)
 #endif
+
+/* The team a parallel region here would get, and this thread's place in
+ * the current one: 1 and 0 without OpenMP. */
+static inline int chi_omp_max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static inline int chi_omp_thread(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 #endif

@@ -55,6 +55,17 @@ static inline ch_status same_numel(const char *fn, const char *yn, const ch_tens
     return CH_OK;
 }
 
+static inline ch_status same_shape(const char *fn, const char *an, const ch_tensor *a,
+                                   const char *bn, const ch_tensor *b)
+{
+    int same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++)
+        same = a->shape[i] == b->shape[i];
+    if (!same)
+        return chi_error(CH_ERR_SHAPE, "%s: %s and %s have different shapes", fn, an, bn);
+    return CH_OK;
+}
+
 static inline int overlaps(const ch_tensor *a, const ch_tensor *b)
 {
     if (a->buf != b->buf)

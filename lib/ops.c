@@ -355,6 +355,196 @@ ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2d *w)
     return BE(dx)->col2im(STREAM(dx), &g, chi_mem(dx), chi_mem(col));
 }
 
+/* w [O, C, kh, kw] for x's channels and the window; y (or dy) [N, O, OH, OW]. */
+static ch_status check_conv(const char *fn, const ch_tensor *w, const char *yn,
+                            const ch_tensor *y, const ch_conv_geom *g)
+{
+    if (w->ndim != 4 || w->shape[1] != g->c || w->shape[2] != g->kh || w->shape[3] != g->kw)
+        return chi_error(CH_ERR_SHAPE,
+                         "%s: w must be [O, %lld, %d, %d] (O, x's channels, the window); it has "
+                         "%d dimensions, [%lld, %lld, ...]",
+                         fn, (long long)g->c, g->kh, g->kw, w->ndim, (long long)w->shape[0],
+                         (long long)(w->ndim > 1 ? w->shape[1] : 0));
+    if (y->ndim != 4 || y->shape[0] != g->n || y->shape[1] != w->shape[0] ||
+        y->shape[2] != g->oh || y->shape[3] != g->ow)
+        return chi_error(CH_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld] (N, O, OH, OW)",
+                         fn, yn, (long long)g->n, (long long)w->shape[0], (long long)g->oh,
+                         (long long)g->ow);
+    return CH_OK;
+}
+
+static ch_bmem mem_or_null(const ch_tensor *t)
+{
+    return t ? chi_mem(t) : (ch_bmem){NULL, 0};
+}
+
+/* The backend's scratch for its convolution, on `like`'s device (NULL when
+ * it asks for none). */
+static ch_status conv_scratch(ch_tensor **ws, size_t *bytes, const ch_tensor *like,
+                              const ch_conv_geom *g, int64_t o, int backward, int want)
+{
+    *ws = NULL;
+    *bytes = 0;
+    TRY(BE(like)->conv2d_workspace(STREAM(like), g, o, backward, want, bytes));
+    if (*bytes == 0)
+        return CH_OK;
+    int64_t floats = (int64_t)((*bytes + sizeof(float) - 1) / sizeof(float));
+    return ch_tensor_new(ws, like->dev, CH_F32, 1, &floats);
+}
+
+/* A view of a tensor the op only reads (reshape takes one it could write). */
+static ch_status read_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape)
+{
+    return ch_tensor_reshape(out, (ch_tensor *)t, ndim, shape);
+}
+
+/* im2col, one GEMM over the whole batch, and [O, N, P] -> [N, O, P]. */
+static ch_status conv_composed(ch_tensor *y, const ch_tensor *x, const ch_tensor *w,
+                               const ch_window2d *win, const ch_conv_geom *g, int64_t o)
+{
+    int64_t k = g->c * g->kh * g->kw, p = g->oh * g->ow, n = g->n;
+    int64_t col_shape[2] = {k, n * p}, yt_shape[3] = {o, n, p}, yt2[2] = {o, n * p};
+    int64_t w2[2] = {o, k}, y3[3] = {n, o, p};
+    ch_tensor *col = NULL, *yt = NULL, *ytv = NULL, *wv = NULL, *yv = NULL;
+    ch_status st = ch_tensor_new(&col, x->dev, CH_F32, 2, col_shape);
+    if (st == CH_OK)
+        st = ch_tensor_new(&yt, x->dev, CH_F32, 3, yt_shape);
+    if (st == CH_OK)
+        st = ch_im2col(col, x, win);
+    if (st == CH_OK)
+        st = read_view(&wv, w, 2, w2);
+    if (st == CH_OK)
+        st = read_view(&ytv, yt, 2, yt2);
+    if (st == CH_OK)
+        st = ch_gemm(ytv, 0, 0, 1.0f, wv, col, 0.0f);
+    if (st == CH_OK)
+        st = ch_tensor_reshape(&yv, y, 3, y3);
+    if (st == CH_OK)
+        st = ch_transpose01(yv, yt);
+    ch_tensor_free(col);
+    ch_tensor_free(yt);
+    ch_tensor_free(ytv);
+    ch_tensor_free(wv);
+    ch_tensor_free(yv);
+    return st;
+}
+
+ch_status ch_conv2d(ch_tensor *y, const ch_tensor *x, const ch_tensor *w, const ch_window2d *win)
+{
+    static const char fn[] = "ch_conv2d";
+    arg args[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}, {"w", w, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    if (!win)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: win is NULL", fn);
+    ch_conv_geom g;
+    TRY(conv_geom(fn, "x", x, win, &g));
+    TRY(check_conv(fn, w, "y", y, &g));
+    TRY(no_alias(fn, "y", y, "x", x));
+    TRY(no_alias(fn, "y", y, "w", w));
+    int64_t o = w->shape[0];
+    if (!BE(y)->conv2d_forward)
+        return conv_composed(y, x, w, win, &g, o);
+    ch_tensor *ws = NULL;
+    size_t bytes = 0;
+    ch_status st = conv_scratch(&ws, &bytes, y, &g, o, 0, 0);
+    if (st == CH_OK)
+        st = BE(y)->conv2d_forward(STREAM(y), &g, o, chi_mem(y), chi_mem(x), chi_mem(w),
+                                   mem_or_null(ws), bytes);
+    ch_tensor_free(ws);
+    return st;
+}
+
+/* dy -> [O, N, P]; then dw from it and im2col(x), dx by col2im of w^T
+ * times it. */
+static ch_status conv_backward_composed(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
+                                        const ch_tensor *x, const ch_tensor *w,
+                                        const ch_window2d *win, float beta,
+                                        const ch_conv_geom *g, int64_t o)
+{
+    int64_t k = g->c * g->kh * g->kw, p = g->oh * g->ow, n = g->n;
+    int64_t col_shape[2] = {k, n * p}, dyt_shape[3] = {o, n, p}, dyt2[2] = {o, n * p};
+    int64_t w2[2] = {o, k}, dy3[3] = {n, o, p};
+    ch_tensor *col = NULL, *dyt = NULL, *dytv = NULL, *dyv = NULL, *wv = NULL, *dwv = NULL;
+    ch_status st = ch_tensor_new(&col, dy->dev, CH_F32, 2, col_shape);
+    if (st == CH_OK)
+        st = ch_tensor_new(&dyt, dy->dev, CH_F32, 3, dyt_shape);
+    if (st == CH_OK)
+        st = read_view(&dyv, dy, 3, dy3);
+    if (st == CH_OK)
+        st = ch_transpose01(dyt, dyv);
+    if (st == CH_OK)
+        st = read_view(&dytv, dyt, 2, dyt2);
+    if (st == CH_OK && dw) {
+        st = ch_im2col(col, x, win);
+        if (st == CH_OK)
+            st = ch_tensor_reshape(&dwv, dw, 2, w2);
+        if (st == CH_OK)
+            st = ch_gemm(dwv, 0, 1, 1.0f, dytv, col, beta);
+    }
+    if (st == CH_OK && dx) {
+        st = read_view(&wv, w, 2, w2);
+        if (st == CH_OK)
+            st = ch_gemm(col, 1, 0, 1.0f, wv, dytv, 0.0f);
+        if (st == CH_OK)
+            st = ch_col2im(dx, col, win);
+    }
+    ch_tensor_free(col);
+    ch_tensor_free(dyt);
+    ch_tensor_free(dytv);
+    ch_tensor_free(dyv);
+    ch_tensor_free(wv);
+    ch_tensor_free(dwv);
+    return st;
+}
+
+ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
+                             const ch_tensor *x, const ch_tensor *w, const ch_window2d *win,
+                             float beta)
+{
+    static const char fn[] = "ch_conv2d_backward";
+    arg args[] = {{"dy", dy, CH_F32, 0},
+                  {"x", x, CH_F32, 0},
+                  {"w", w, CH_F32, 0},
+                  {"dx", dx, CH_F32, 1},
+                  {"dw", dw, CH_F32, 1}};
+    TRY(check_args(fn, args, NARGS(args)));
+    if (!dx && !dw)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: dx and dw are both NULL (nothing to do)",
+                         fn);
+    TRY(check_finite(fn, "beta", beta));
+    if (!win)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: win is NULL", fn);
+    ch_conv_geom g;
+    TRY(conv_geom(fn, "x", x, win, &g));
+    TRY(check_conv(fn, w, "dy", dy, &g));
+    if (dx) {
+        TRY(same_shape(fn, "dx", dx, "x", x));
+        TRY(no_alias(fn, "dx", dx, "dy", dy));
+        TRY(no_alias(fn, "dx", dx, "x", x));
+        TRY(no_alias(fn, "dx", dx, "w", w));
+    }
+    if (dw) {
+        TRY(same_shape(fn, "dw", dw, "w", w));
+        TRY(no_alias(fn, "dw", dw, "dy", dy));
+        TRY(no_alias(fn, "dw", dw, "x", x));
+        TRY(no_alias(fn, "dw", dw, "w", w));
+        if (dx)
+            TRY(no_alias(fn, "dw", dw, "dx", dx));
+    }
+    int64_t o = w->shape[0];
+    if (!BE(dy)->conv2d_backward)
+        return conv_backward_composed(dx, dw, dy, x, w, win, beta, &g, o);
+    ch_tensor *ws = NULL;
+    size_t bytes = 0;
+    ch_status st = conv_scratch(&ws, &bytes, dy, &g, o, 1, (dx ? 1 : 0) | (dw ? 2 : 0));
+    if (st == CH_OK)
+        st = BE(dy)->conv2d_backward(STREAM(dy), &g, o, mem_or_null(dx), mem_or_null(dw), beta,
+                                     chi_mem(dy), chi_mem(x), chi_mem(w), mem_or_null(ws),
+                                     bytes);
+    ch_tensor_free(ws);
+    return st;
+}
+
 static ch_status pool_geom(const char *fn, const char *xn, const ch_tensor *x,
                            const ch_window2d *w, ch_conv_geom *g)
 {

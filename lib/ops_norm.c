@@ -38,17 +38,6 @@ static ch_status numel_is(const char *fn, const char *name, const ch_tensor *t, 
     return CH_OK;
 }
 
-static ch_status same_shape(const char *fn, const char *an, const ch_tensor *a, const char *bn,
-                            const ch_tensor *b)
-{
-    int same = a->ndim == b->ndim;
-    for (int i = 0; same && i < a->ndim; i++)
-        same = a->shape[i] == b->shape[i];
-    if (!same)
-        return chi_error(CH_ERR_SHAPE, "%s: %s and %s have different shapes", fn, an, bn);
-    return CH_OK;
-}
-
 static ch_status check_eps(const char *fn, float eps)
 {
     TRY(check_finite(fn, "eps", eps));

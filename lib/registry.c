@@ -94,6 +94,9 @@ static const char *missing_slot(const ch_backend_i *iface)
         return iface->host_alloc ? "host_free (it has host_alloc)" : "host_alloc (it has host_free)";
     if (iface->peer_copy && !iface->can_peer)
         return "can_peer (it has peer_copy)";
+    int conv = !!iface->conv2d_workspace + !!iface->conv2d_forward + !!iface->conv2d_backward;
+    if (conv != 0 && conv != 3)
+        return "one of conv2d_workspace, conv2d_forward and conv2d_backward (all three or none)";
     return NULL;
 }
 

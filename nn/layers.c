@@ -79,8 +79,8 @@ static ch_status linear_backward(ch_module *m, const ch_tensor *dy, int want_dx)
 }
 
 /* ---- Conv2d ----------------------------------------------------------------
- * im2col, one GEMM for the whole batch, and a transpose from [O, N, P] to
- * [N, O, P]; backward is the same in reverse. */
+ * ch_conv2d and its backward: the backend's own convolution where it has
+ * one (the host's, sample by sample), im2col and a GEMM otherwise. */
 
 static ch_window2d conv_window(const ch_module *m)
 {
@@ -94,75 +94,33 @@ static ch_status conv_forward(ch_module *m, const ch_tensor *x)
         return chi_error(CH_ERR_SHAPE, "ch_module_forward: Conv2d(%lld, %lld) got %lld channels",
                          (long long)m->in, (long long)m->out, (long long)ch_tensor_dim(x, 1));
     int64_t n = ch_tensor_dim(x, 0), h = ch_tensor_dim(x, 2), w = ch_tensor_dim(x, 3);
-    int64_t oh = (h + 2 * m->padding - m->kernel) / m->stride + 1;
-    int64_t ow = (w + 2 * m->padding - m->kernel) / m->stride + 1;
     if (h + 2 * m->padding < m->kernel || w + 2 * m->padding < m->kernel)
         return chi_error(CH_ERR_SHAPE, "ch_module_forward: Conv2d kernel %d is larger than the "
                          "padded input %lldx%lld", m->kernel, (long long)(h + 2 * m->padding),
                          (long long)(w + 2 * m->padding));
-    int64_t ckk = m->in * m->kernel * m->kernel, p = oh * ow;
-    int64_t col_shape[2] = {ckk, n * p}, yt_shape[2] = {m->out, n * p};
+    int64_t oh = (h + 2 * m->padding - m->kernel) / m->stride + 1;
+    int64_t ow = (w + 2 * m->padding - m->kernel) / m->stride + 1;
     int64_t y_shape[4] = {n, m->out, oh, ow};
     ch_window2d win = conv_window(m);
-    TRY(nn_ensure(&m->aux, m->dev, CH_F32, 2, col_shape));
-    TRY(nn_ensure(&m->aux2, m->dev, CH_F32, 2, yt_shape));
     TRY(nn_ensure(&m->y, m->dev, CH_F32, 4, y_shape));
-    TRY(ch_im2col(m->aux, x, &win));
-    int64_t w2[2] = {m->out, ckk}, yt3[3] = {m->out, n, p}, y3[3] = {n, m->out, p};
-    ch_tensor *wv = NULL, *ytv = NULL, *yv = NULL;
-    ch_status st = nn_view(&wv, m->params[0].value, 2, w2);
-    if (st == CH_OK)
-        st = ch_gemm(m->aux2, 0, 0, 1.0f, wv, m->aux, 0.0f);
-    if (st == CH_OK)
-        st = nn_view(&ytv, m->aux2, 3, yt3);
-    if (st == CH_OK)
-        st = nn_view(&yv, m->y, 3, y3);
-    if (st == CH_OK)
-        st = ch_transpose01(yv, ytv);
-    if (st == CH_OK && m->nparams > 1)
-        st = ch_bias_add(m->y, m->y, m->params[1].value, 1);
-    ch_tensor_free(wv);
-    ch_tensor_free(ytv);
-    ch_tensor_free(yv);
-    return st;
+    TRY(ch_conv2d(m->y, x, m->params[0].value, &win));
+    if (m->nparams > 1)
+        TRY(ch_bias_add(m->y, m->y, m->params[1].value, 1));
+    return CH_OK;
 }
 
 static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
 {
-    int64_t n = ch_tensor_dim(dy, 0), p = ch_tensor_dim(dy, 2) * ch_tensor_dim(dy, 3);
-    int64_t ckk = m->in * m->kernel * m->kernel;
-    int64_t dy3[3] = {n, m->out, p}, dyt3[3] = {m->out, n, p}, w2[2] = {m->out, ckk};
-    ch_tensor *dyv = NULL, *dytv = NULL, *wv = NULL, *gwv = NULL;
     if (m->nparams > 1)
         TRY(ch_bias_grad(m->params[1].grad, dy, 1, 1.0f));
-    ch_status st = nn_view(&dyv, dy, 3, dy3);
-    if (st == CH_OK)
-        st = nn_view(&dytv, m->aux2, 3, dyt3);
-    if (st == CH_OK)
-        st = ch_transpose01(dytv, dyv); /* aux2 now holds dy as [O, N*P] */
-    if (st == CH_OK)
-        st = nn_view(&gwv, m->params[0].grad, 2, w2);
-    if (st == CH_OK)
-        st = ch_gemm(gwv, 0, 1, 1.0f, m->aux2, m->aux, 1.0f);
-    if (st == CH_OK && want_dx) {
-        /* The columns are not needed any more: the input gradient's
-         * columns overwrite them. */
-        st = nn_view(&wv, m->params[0].value, 2, w2);
-        if (st == CH_OK)
-            st = ch_gemm(m->aux, 1, 0, 1.0f, wv, m->aux2, 0.0f);
+    if (want_dx) {
         int64_t x_shape[4];
         nn_shape(m->x, x_shape);
-        if (st == CH_OK)
-            st = nn_ensure(&m->dx, m->dev, CH_F32, 4, x_shape);
-        ch_window2d win = conv_window(m);
-        if (st == CH_OK)
-            st = ch_col2im(m->dx, m->aux, &win);
+        TRY(nn_ensure(&m->dx, m->dev, CH_F32, 4, x_shape));
     }
-    ch_tensor_free(dyv);
-    ch_tensor_free(dytv);
-    ch_tensor_free(wv);
-    ch_tensor_free(gwv);
-    return st;
+    ch_window2d win = conv_window(m);
+    return ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dy, m->x,
+                              m->params[0].value, &win, 1.0f);
 }
 
 /* ---- Activations ------------------------------------------------------------ */

@@ -291,6 +291,48 @@ void ref_col2im(double *dx, const ref_geom *g, const float *col)
     for_each_col(g, col2im_visit, &a);
 }
 
+/* Calls visit(n, o, oy, ox, ci, ki, kj, iy, ix) for every tap of every
+ * output that lands inside the input. */
+#define CONV_TAPS(g, o, BODY)                                                              \
+    for (int64_t n_ = 0; n_ < (g)->n; n_++)                                                \
+        for (int64_t o_ = 0; o_ < (o); o_++)                                               \
+            for (int64_t oy_ = 0; oy_ < (g)->oh; oy_++)                                    \
+                for (int64_t ox_ = 0; ox_ < (g)->ow; ox_++)                                \
+                    for (int64_t c_ = 0; c_ < (g)->c; c_++)                                \
+                        for (int ki_ = 0; ki_ < (g)->kh; ki_++)                            \
+                            for (int kj_ = 0; kj_ < (g)->kw; kj_++) {                      \
+                                int64_t iy_ = oy_ * (g)->sh - (g)->ph + ki_;               \
+                                int64_t ix_ = ox_ * (g)->sw - (g)->pw + kj_;               \
+                                if (iy_ < 0 || iy_ >= (g)->h || ix_ < 0 || ix_ >= (g)->w)  \
+                                    continue;                                              \
+                                int64_t yi_ = ((n_ * (o) + o_) * (g)->oh + oy_) * (g)->ow + ox_; \
+                                int64_t xi_ = ((n_ * (g)->c + c_) * (g)->h + iy_) * (g)->w + ix_; \
+                                int64_t wi_ = ((o_ * (g)->c + c_) * (g)->kh + ki_) * (g)->kw + kj_; \
+                                BODY;                                                      \
+                            }
+
+void ref_conv2d(double *y, const ref_geom *g, int64_t o, const float *x, const float *w)
+{
+    for (int64_t i = 0; i < g->n * o * g->oh * g->ow; i++)
+        y[i] = 0.0;
+    CONV_TAPS(g, o, y[yi_] += (double)x[xi_] * w[wi_])
+}
+
+void ref_conv2d_backward(double *dx, double *dw, const ref_geom *g, int64_t o, const float *dy,
+                         const float *x, const float *w, double beta, const float *dw0)
+{
+    for (int64_t i = 0; dx && i < g->n * g->c * g->h * g->w; i++)
+        dx[i] = 0.0;
+    for (int64_t i = 0; dw && i < o * g->c * g->kh * g->kw; i++)
+        dw[i] = beta == 0.0 ? 0.0 : beta * dw0[i];
+    CONV_TAPS(g, o, {
+        if (dx)
+            dx[xi_] += (double)dy[yi_] * w[wi_];
+        if (dw)
+            dw[wi_] += (double)dy[yi_] * x[xi_];
+    })
+}
+
 /* The first in-bounds maximum of one window, as an index in the plane. */
 static int32_t window_argmax(const ref_geom *g, const float *plane, int64_t oy, int64_t ox)
 {

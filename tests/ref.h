@@ -70,6 +70,13 @@ void ref_transpose01(float *y, int64_t a, int64_t b, int64_t inner, const float 
 
 void ref_im2col(double *col, const ref_geom *g, const float *x);
 void ref_col2im(double *dx, const ref_geom *g, const float *col);
+/* y [N, O, OH, OW] = the convolution of x [N, C, H, W] by w [O, C, kh, kw],
+ * directly, tap by tap. */
+void ref_conv2d(double *y, const ref_geom *g, int64_t o, const float *x, const float *w);
+/* Its gradients from dy: dx [N, C, H, W] and dw = beta dw0 + the weight's
+ * (dw0 unread when beta is 0); either output may be NULL. */
+void ref_conv2d_backward(double *dx, double *dw, const ref_geom *g, int64_t o, const float *dy,
+                         const float *x, const float *w, double beta, const float *dw0);
 void ref_maxpool(double *y, int32_t *idx, const ref_geom *g, const float *x);
 void ref_maxpool_backward(double *dx, const ref_geom *g, const float *dy, const int32_t *idx);
 

@@ -717,6 +717,77 @@ static void test_label_range_host(const op_args *a)
     tap_status_ok(ch_tensor_upload(a->l4, labels, sizeof labels), "upload labels");
 }
 
+/* ch_conv2d and its backward: x4d [2, 3, 5, 5] by w [4, 3, 3, 3] into
+ * y [2, 4, 5, 5]. */
+static void test_conv2d_args(const op_args *a)
+{
+    ch_device *dev = ch_tensor_device(a->x4d);
+    ch_window2d ok = {3, 3, 1, 1, 1, 1}, k2 = {2, 2, 1, 1, 1, 1}, stride0 = {3, 3, 0, 1, 0, 0};
+    ch_window2d big = {8, 8, 1, 1, 1, 1};
+    int64_t ws[] = {4, 3, 3, 3}, ws2[] = {4, 2, 3, 3}, w3s[] = {3, 3, 3, 3};
+    int64_t ys[] = {2, 4, 5, 5}, ybs[] = {2, 4, 4, 5};
+    ch_tensor *w = NULL, *w2 = NULL, *w3 = NULL, *y = NULL, *yb = NULL, *dw = NULL, *dx = NULL;
+    ch_status st = new_tensor(&w, dev, CH_F32, 4, ws);
+    if (st == CH_OK) st = new_tensor(&w2, dev, CH_F32, 4, ws2);
+    if (st == CH_OK) st = new_tensor(&w3, dev, CH_F32, 4, w3s);
+    if (st == CH_OK) st = new_tensor(&y, dev, CH_F32, 4, ys);
+    if (st == CH_OK) st = new_tensor(&yb, dev, CH_F32, 4, ybs);
+    if (st == CH_OK) st = new_tensor(&dw, dev, CH_F32, 4, ws);
+    if (st == CH_OK) st = new_tensor(&dx, dev, CH_F32, 4, (int64_t[]){2, 3, 5, 5});
+    if (tap_status_ok(st, "tensors for the conv2d checks")) {
+        EXPECT(ch_conv2d(NULL, a->x4d, w, &ok), CH_ERR_INVALID_ARGUMENT, "ch_conv2d", "y",
+               "y NULL");
+        EXPECT(ch_conv2d(y, NULL, w, &ok), CH_ERR_INVALID_ARGUMENT, "ch_conv2d", "x", "x NULL");
+        EXPECT(ch_conv2d(y, a->x4d, NULL, &ok), CH_ERR_INVALID_ARGUMENT, "ch_conv2d", "w",
+               "w NULL");
+        EXPECT(ch_conv2d(y, a->x4d, w, NULL), CH_ERR_INVALID_ARGUMENT, "ch_conv2d", "win",
+               "win NULL");
+        EXPECT(ch_conv2d(y, a->x4d, a->i4, &ok), CH_ERR_DTYPE, "ch_conv2d", "w", "i32 w");
+        EXPECT(ch_conv2d(y, a->f4, w, &ok), CH_ERR_SHAPE, "ch_conv2d", "x", "2-D x");
+        EXPECT(ch_conv2d(y, a->x4d, w, &stride0), CH_ERR_INVALID_ARGUMENT, "ch_conv2d",
+               "stride", "stride 0");
+        EXPECT(ch_conv2d(y, a->x4d, w, &big), CH_ERR_SHAPE, "ch_conv2d", "window",
+               "window 8x8 on a 5x5 input padded to 7x7");
+        EXPECT(ch_conv2d(y, a->x4d, w, &k2), CH_ERR_SHAPE, "ch_conv2d", "w must be",
+               "a 3x3 w with a 2x2 window");
+        EXPECT(ch_conv2d(y, a->x4d, w2, &ok), CH_ERR_SHAPE, "ch_conv2d", "w must be",
+               "w for 2 channels on 3");
+        EXPECT(ch_conv2d(a->f4, a->x4d, w, &ok), CH_ERR_SHAPE, "ch_conv2d", "y must be",
+               "2-D y");
+        EXPECT(ch_conv2d(yb, a->x4d, w, &ok), CH_ERR_SHAPE, "ch_conv2d", "[2, 4, 5, 5]",
+               "y [2,4,4,5] instead of [2,4,5,5]");
+        EXPECT(ch_conv2d(a->x4d, a->x4d, w3, &ok), CH_ERR_INVALID_ARGUMENT, "ch_conv2d", "y",
+               "y is x");
+        EXPECT(ch_conv2d_backward(NULL, NULL, y, a->x4d, w, &ok, 1.0f), CH_ERR_INVALID_ARGUMENT,
+               "ch_conv2d_backward", "dx and dw", "neither dx nor dw");
+        EXPECT(ch_conv2d_backward(dx, dw, NULL, a->x4d, w, &ok, 1.0f), CH_ERR_INVALID_ARGUMENT,
+               "ch_conv2d_backward", "dy", "dy NULL");
+        EXPECT(ch_conv2d_backward(dx, dw, y, NULL, w, &ok, 1.0f), CH_ERR_INVALID_ARGUMENT,
+               "ch_conv2d_backward", "x", "x NULL");
+        EXPECT(ch_conv2d_backward(dx, dw, y, a->x4d, NULL, &ok, 1.0f), CH_ERR_INVALID_ARGUMENT,
+               "ch_conv2d_backward", "w", "w NULL");
+        EXPECT(ch_conv2d_backward(dx, dw, y, a->x4d, w, NULL, 1.0f), CH_ERR_INVALID_ARGUMENT,
+               "ch_conv2d_backward", "win", "win NULL");
+        EXPECT(ch_conv2d_backward(NULL, dw, y, a->x4d, w, &ok, NAN), CH_ERR_INVALID_ARGUMENT,
+               "ch_conv2d_backward", "beta", "beta NaN");
+        EXPECT(ch_conv2d_backward(a->i4, NULL, y, a->x4d, w, &ok, 1.0f), CH_ERR_DTYPE,
+               "ch_conv2d_backward", "dx", "i32 dx");
+        EXPECT(ch_conv2d_backward(a->f4, NULL, y, a->x4d, w, &ok, 1.0f), CH_ERR_SHAPE,
+               "ch_conv2d_backward", "dx", "dx [4,4] for x [2,3,5,5]");
+        EXPECT(ch_conv2d_backward(NULL, w2, y, a->x4d, w, &ok, 1.0f), CH_ERR_SHAPE,
+               "ch_conv2d_backward", "dw", "dw [4,2,3,3] for w [4,3,3,3]");
+        EXPECT(ch_conv2d_backward(NULL, dw, yb, a->x4d, w, &ok, 1.0f), CH_ERR_SHAPE,
+               "ch_conv2d_backward", "dy", "dy [2,4,4,5]");
+        EXPECT(ch_conv2d_backward(NULL, w, y, a->x4d, w, &ok, 1.0f), CH_ERR_INVALID_ARGUMENT,
+               "ch_conv2d_backward", "dw", "dw is w");
+        EXPECT(ch_conv2d_backward(a->x4d, NULL, y, a->x4d, w, &ok, 1.0f),
+               CH_ERR_INVALID_ARGUMENT, "ch_conv2d_backward", "dx", "dx is x");
+    }
+    ch_tensor *all[] = {w, w2, w3, y, yb, dw, dx};
+    for (size_t i = 0; i < ARRAY_LEN(all); i++)
+        ch_tensor_free(all[i]);
+}
+
 static void test_conv_args(const op_args *a)
 {
     ch_window2d ok = {3, 3, 1, 1, 1, 1}, stride0 = {3, 3, 0, 1, 0, 0}, k0 = {0, 3, 1, 1, 0, 0};
@@ -1000,6 +1071,7 @@ static void test_ops(ch_device *host)
     test_loss_args(&a);
     test_label_range_host(&a);
     test_conv_args(&a);
+    test_conv2d_args(&a);
     test_reduction_args(&a);
     test_optimizer_args(&a);
     test_random_args(&a);

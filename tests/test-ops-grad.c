@@ -148,6 +148,37 @@ static void grad_col2im(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_
                    ref_dot_abs(ix, col, ncol), TOL_ADJOINT);
 }
 
+/* ---- conv2d's backward is its adjoint, in x and in w ------------------------
+ * y = conv(x, w) is linear in each: dy . y = dx . x = dw . w. */
+
+static void grad_conv2d(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w, int64_t o,
+                        const ch_window2d *win, int in_w)
+{
+    tcase c;
+    tc_begin(&c, dev, "conv2d backward adjoint in %s x [%" PRId64 ",%" PRId64 ",%" PRId64
+             ",%" PRId64 "] to %" PRId64 " k%dx%d s%dx%d p%dx%d", in_w ? "w" : "x", n, ch, h, w,
+             o, win->kh, win->kw, win->sh, win->sw, win->ph, win->pw);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t nx = n * ch * h * w, nw = o * ch * win->kh * win->kw, ny = n * o * g.oh * g.ow;
+    float *x = tc_random(&c, nx, -1, 1), *wt = tc_random(&c, nw, -1, 1);
+    float *dy = tc_random(&c, ny, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), x);
+    ch_tensor *tw = tc_tensor(&c, CH_F32, SHAPE(o, ch, win->kh, win->kw), wt);
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, SHAPE(n, o, g.oh, g.ow), dy);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, SHAPE(n, o, g.oh, g.ow), NULL);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), NULL);
+    ch_tensor *tdw = tc_tensor(&c, CH_F32, SHAPE(o, ch, win->kh, win->kw), NULL);
+    TC(&c, ch_conv2d(ty, tx, tw, win));
+    TC(&c, ch_conv2d_backward(in_w ? NULL : tdx, in_w ? tdw : NULL, tdy, tx, tw, win, 0.0f));
+    float *y = tc_fetch(&c, ty, ny);
+    if (in_w)
+        tc_end_adjoint(&c, ref_dot(y, dy, ny), ref_dot(wt, tc_fetch(&c, tdw, nw), nw),
+                       ref_dot_abs(y, dy, ny), TOL_ADJOINT);
+    else
+        tc_end_adjoint(&c, ref_dot(y, dy, ny), ref_dot(x, tc_fetch(&c, tdx, nx), nx),
+                       ref_dot_abs(y, dy, ny), TOL_ADJOINT);
+}
+
 /* ---- transpose01 is its own adjoint (with the first two axes swapped) ---- */
 
 static void grad_transpose01(ch_device *dev, int64_t a, int64_t b, int64_t inner)
@@ -360,6 +391,12 @@ static void test_device(ch_device *dev)
     grad_bias(dev, SHAPE(5, 33, 29, 31), 1);
     for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++)
         grad_col2im(dev, 2, 3, 7, 8, &windows[i]);
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
+        grad_conv2d(dev, 2, 3, 7, 8, 4, &windows[i], 0);
+        grad_conv2d(dev, 2, 3, 7, 8, 4, &windows[i], 1);
+    }
+    grad_conv2d(dev, 5, 16, 14, 14, 16, &windows[1], 0);
+    grad_conv2d(dev, 5, 16, 14, 14, 16, &windows[1], 1);
     grad_transpose01(dev, 17, 31, 1);
     grad_transpose01(dev, 5, 7, 3);
     grad_maxpool(dev, 1, 2, 6, 6, &k2s2);

@@ -596,6 +596,91 @@ static void test_conv(ch_device *dev)
     test_col2im(dev, 1, 2, 75, 80, &conv_windows[1]);
 }
 
+/* ch_conv2d against the direct double-precision sum, y filled with junk
+ * first. */
+static void test_conv2d(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w, int64_t o,
+                        const ch_window2d *win)
+{
+    char ws[64];
+    tcase c;
+    window_str(ws, sizeof ws, win);
+    tc_begin(&c, dev, "conv2d x [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] to %" PRId64
+             " channels %s", n, ch, h, w, o, ws);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t nx = n * ch * h * w, nw = o * ch * win->kh * win->kw, ny = n * o * g.oh * g.ow;
+    float *x = tc_random(&c, nx, -1, 1), *wt = tc_random(&c, nw, -1, 1);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), x);
+    ch_tensor *tw = tc_tensor(&c, CH_F32, SHAPE(o, ch, win->kh, win->kw), wt);
+    ch_tensor *ty = tc_tensor(&c, CH_F32, SHAPE(n, o, g.oh, g.ow), tc_random(&c, ny, 5, 9));
+    TC(&c, ch_conv2d(ty, tx, tw, win));
+    double *want = tc_doubles(&c, ny), *mag = tc_doubles(&c, ny);
+    ref_conv2d(want, &g, o, x, wt);
+    ref_conv2d(mag, &g, o, tc_abs(&c, x, nx), tc_abs(&c, wt, nw));
+    tc_end_err(&c, ref_err(tc_fetch(&c, ty, ny), want, mag, ny), TOL_SUM);
+}
+
+/* Its backward with the gradients `want` names (1 dx, 2 dw, 3 both); dx
+ * holds junk before, dw NaN when beta is 0 (it must not be read). */
+static void test_conv2d_backward(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
+                                 int64_t o, const ch_window2d *win, int want, float beta)
+{
+    static const char *what[] = {"", "dx", "dw", "dx and dw"};
+    char ws[64];
+    tcase c;
+    window_str(ws, sizeof ws, win);
+    tc_begin(&c, dev, "conv2d backward %s x [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
+             "] to %" PRId64 " channels %s beta %g", what[want], n, ch, h, w, o, ws, beta);
+    ref_geom g = ref_geom_make(n, ch, h, w, win);
+    int64_t nx = n * ch * h * w, nw = o * ch * win->kh * win->kw, ny = n * o * g.oh * g.ow;
+    float *x = tc_random(&c, nx, -1, 1), *wt = tc_random(&c, nw, -1, 1);
+    float *dy = tc_random(&c, ny, -1, 1), *dw0 = tc_random(&c, nw, -1, 1);
+    for (int64_t i = 0; beta == 0.0f && i < nw; i++)
+        dw0[i] = NAN;
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), x);
+    ch_tensor *tw = tc_tensor(&c, CH_F32, SHAPE(o, ch, win->kh, win->kw), wt);
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, SHAPE(n, o, g.oh, g.ow), dy);
+    ch_tensor *tdx = tc_tensor(&c, CH_F32, SHAPE(n, ch, h, w), tc_random(&c, nx, 5, 9));
+    ch_tensor *tdw = tc_tensor(&c, CH_F32, SHAPE(o, ch, win->kh, win->kw), dw0);
+    TC(&c, ch_conv2d_backward(want & 1 ? tdx : NULL, want & 2 ? tdw : NULL, tdy, tx, tw, win,
+                              beta));
+    double *wdx = tc_doubles(&c, nx), *mdx = tc_doubles(&c, nx);
+    double *wdw = tc_doubles(&c, nw), *mdw = tc_doubles(&c, nw);
+    ref_conv2d_backward(wdx, wdw, &g, o, dy, x, wt, beta, dw0);
+    ref_conv2d_backward(mdx, mdw, &g, o, tc_abs(&c, dy, ny), tc_abs(&c, x, nx),
+                        tc_abs(&c, wt, nw), fabs(beta), tc_abs(&c, dw0, nw));
+    double err = 0.0;
+    if (want & 1)
+        err = fmax(err, ref_err(tc_fetch(&c, tdx, nx), wdx, mdx, nx));
+    if (want & 2)
+        err = fmax(err, ref_err(tc_fetch(&c, tdw, nw), wdw, mdw, nw));
+    tc_end_err(&c, err, TOL_SUM);
+}
+
+static void test_conv2ds(ch_device *dev)
+{
+    for (size_t i = 0; i < sizeof conv_windows / sizeof conv_windows[0]; i++) {
+        test_conv2d(dev, 2, 3, 7, 8, 4, &conv_windows[i]);
+        test_conv2d_backward(dev, 2, 3, 7, 8, 4, &conv_windows[i], 3, 1.0f);
+    }
+    /* One sample (one thread on the host), then an odd batch split between
+     * threads; the ResNet's shapes: 16 channels "same", the stride-2 step
+     * to 32 and its 1x1 projection. */
+    test_conv2d(dev, 1, 2, 9, 9, 3, &conv_windows[1]);
+    test_conv2d_backward(dev, 1, 2, 9, 9, 3, &conv_windows[1], 3, 0.0f);
+    test_conv2d(dev, 5, 16, 12, 12, 16, &conv_windows[1]);
+    test_conv2d_backward(dev, 5, 16, 12, 12, 16, &conv_windows[1], 3, 0.0f);
+    test_conv2d_backward(dev, 5, 16, 12, 12, 16, &conv_windows[1], 1, 0.0f);
+    test_conv2d_backward(dev, 5, 16, 12, 12, 16, &conv_windows[1], 2, 0.5f);
+    test_conv2d(dev, 3, 16, 14, 14, 32, &conv_windows[2]);
+    test_conv2d_backward(dev, 3, 16, 14, 14, 32, &conv_windows[2], 3, 1.0f);
+    static const ch_window2d k1s2 = {1, 1, 2, 2, 0, 0};
+    test_conv2d(dev, 3, 16, 14, 14, 32, &k1s2);
+    test_conv2d_backward(dev, 3, 16, 14, 14, 32, &k1s2, 2, 1.0f);
+    /* A plane too large for the host's whole-plane shifts. */
+    test_conv2d(dev, 2, 2, 75, 80, 3, &conv_windows[1]);
+    test_conv2d_backward(dev, 2, 2, 75, 80, 3, &conv_windows[1], 3, 1.0f);
+}
+
 static void test_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
                          const ch_window2d *win)
 {
@@ -1267,6 +1352,7 @@ static void test_device(ch_device *dev)
     test_softmax(dev);
     test_bad_labels(dev);
     test_conv(dev);
+    test_conv2ds(dev);
     test_pooling(dev);
     test_reductions(dev);
     test_argmax_nans(dev);

@@ -1,5 +1,6 @@
 /* Host convolution helpers and pooling: im2col and its adjoint col2im,
- * max-pooling forward and backward.
+ * the convolution itself (sample by sample, below), max-pooling forward
+ * and backward.
  *
  * Every pass works one [H, W] plane at a time, so a thread owns whole
  * planes of its output: the backward passes clear a plane and add into it
@@ -209,6 +210,179 @@ ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bm
                     else
                         col2im_row(out, src, g, ki, kj);
                 }
+        }
+    return CH_OK;
+}
+
+/* ---- the convolution, one sample at a time ------------------------------
+ * Each thread takes whole samples: their im2col columns [C*kh*kw, OH*OW]
+ * (a few hundred KiB for the ResNet's 16 to 64 channels) stay in its
+ * cache between being written and being multiplied, and W @ col is the
+ * sample's [O, OH*OW] output as it is stored, so nothing is transposed.
+ * The whole-batch im2col streamed tens of MiB through memory per layer,
+ * and OpenBLAS cleared and refilled a C of that size. Backward takes each
+ * sample's dy as it is stored: dw gets dy col^T (each thread into a
+ * partial of its own, summed after the loop in thread order, so a given
+ * thread count always gives the same bits), dx the col2im of W^T dy. */
+
+static void im2col_one(float *restrict col, const float *restrict x, const ch_conv_geom *g,
+                       const unsigned char *mask)
+{
+    int64_t taps = g->kh * g->kw, p = g->oh * g->ow, plane = g->h * g->w;
+    for (int64_t r = 0; r < g->c * taps; r++) {
+        int ki = (int)(r % taps / g->kw), kj = (int)(r % g->kw);
+        const float *src = x + r / taps * plane;
+        if (mask)
+            im2col_shift(col + r * p, src, mask, g, ki, kj);
+        else
+            im2col_row(col + r * p, src, g, ki, kj);
+    }
+}
+
+static void col2im_one(float *restrict dx, const float *restrict col, const ch_conv_geom *g,
+                       const unsigned char *mask)
+{
+    int64_t taps = g->kh * g->kw, p = g->oh * g->ow, plane = g->h * g->w;
+    memset(dx, 0, (size_t)(g->c * plane) * sizeof *dx);
+    for (int64_t r = 0; r < g->c * taps; r++) {
+        int ki = (int)(r % taps / g->kw), kj = (int)(r % g->kw);
+        float *out = dx + r / taps * plane;
+        if (mask)
+            col2im_shift(out, col + r * p, mask, g, ki, kj);
+        else
+            col2im_row(out, col + r * p, g, ki, kj);
+    }
+}
+
+/* Floats per thread: the columns, then (for dw) its partial weight
+ * gradient, each rounded to 64 bytes. */
+static int64_t round16(int64_t floats)
+{
+    return (floats + 15) / 16 * 16;
+}
+
+static int64_t conv_cols(const ch_conv_geom *g)
+{
+    return round16(g->c * g->kh * g->kw * g->oh * g->ow);
+}
+
+static int conv_threads(const ch_conv_geom *g)
+{
+    int t = chi_omp_max_threads();
+    return t < 1 ? 1 : g->n < t ? (int)g->n : t;
+}
+
+ch_status chi_host_conv2d_workspace(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                    int backward, int want, size_t *bytes)
+{
+    (void)stream;
+    int64_t per = conv_cols(g);
+    if (backward && (want & 2))
+        per += round16(out_channels * g->c * g->kh * g->kw);
+    *bytes = (size_t)conv_threads(g) * (size_t)per * sizeof(float);
+    return CH_OK;
+}
+
+/* How many threads' scratch of `per` floats `bytes` holds (the core passes
+ * what conv2d_workspace asked for, so at least one), and the tap masks
+ * when the whole-plane shifts apply (*mask NULL otherwise). */
+static ch_status conv_begin(const char *slot, const ch_conv_geom *g, int64_t per,
+                           const float *scratch, size_t bytes, int *slots,
+                           unsigned char *masks, unsigned char **mask)
+{
+    size_t fit = bytes / ((size_t)per * sizeof(float));
+    int t = conv_threads(g);
+    *slots = fit < (size_t)t ? (int)fit : t;
+    if (!scratch || *slots < 1)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "host %s: %zu bytes of scratch, less than one thread's %zu", slot,
+                         bytes, (size_t)per * sizeof(float));
+    *mask = shift_applies(g) ? masks : NULL;
+    if (*mask)
+        shift_masks(g, *mask);
+    return CH_OK;
+}
+
+static ch_status conv_failed(const char *slot)
+{
+    return chi_error(CH_ERR_OUT_OF_MEMORY,
+                     "host %s: the C GEMM of a sample could not allocate its packing buffers",
+                     slot);
+}
+
+ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                  ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes)
+{
+    (void)stream;
+    float *py = chi_host_f32(y), *scratch = chi_host_f32(ws);
+    const float *px = chi_host_f32(x), *pw = chi_host_f32(w);
+    int64_t k = g->c * g->kh * g->kw, p = g->oh * g->ow, per = conv_cols(g);
+    int slots;
+    unsigned char masks[SHIFT_MASK_BYTES], *mask;
+    TRY(conv_begin("conv2d_forward", g, per, scratch, ws_bytes, &slots, masks, &mask));
+    int failed = 0;
+    CHI_OMP(omp parallel num_threads(slots) if (slots > 1))
+    {
+        float *col = scratch + (int64_t)chi_omp_thread() * per;
+        CHI_OMP(omp for schedule(static))
+        for (int64_t s = 0; s < g->n; s++) {
+            im2col_one(col, px + s * g->c * g->h * g->w, g, mask);
+            if (chi_host_gemm_serial(0, 0, out_channels, p, k, 1.0f, pw, k, col, p, 0.0f,
+                                     py + s * out_channels * p, p) != CH_OK) {
+                CHI_OMP(omp atomic write)
+                failed = 1;
+            }
+        }
+    }
+    return failed ? conv_failed("conv2d_forward") : CH_OK;
+}
+
+ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                   ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,
+                                   ch_bmem w, ch_bmem ws, size_t ws_bytes)
+{
+    (void)stream;
+    float *pdx = dx.ptr ? chi_host_f32(dx) : NULL, *pdw = dw.ptr ? chi_host_f32(dw) : NULL;
+    float *scratch = chi_host_f32(ws);
+    const float *pdy = chi_host_f32(dy), *px = chi_host_f32(x), *pw = chi_host_f32(w);
+    int64_t o = out_channels, k = g->c * g->kh * g->kw, p = g->oh * g->ow;
+    int64_t cols = conv_cols(g), part = pdw ? round16(o * k) : 0, per = cols + part;
+    int slots;
+    unsigned char masks[SHIFT_MASK_BYTES], *mask;
+    TRY(conv_begin("conv2d_backward", g, per, scratch, ws_bytes, &slots, masks, &mask));
+    for (int t = 0; pdw && t < slots; t++)
+        memset(scratch + t * per + cols, 0, (size_t)(o * k) * sizeof(float));
+    int failed = 0;
+    CHI_OMP(omp parallel num_threads(slots) if (slots > 1))
+    {
+        float *col = scratch + (int64_t)chi_omp_thread() * per, *dw_part = col + cols;
+        CHI_OMP(omp for schedule(static))
+        for (int64_t s = 0; s < g->n; s++) {
+            const float *dys = pdy + s * o * p;
+            ch_status st = CH_OK;
+            if (pdw) {
+                im2col_one(col, px + s * g->c * g->h * g->w, g, mask);
+                st = chi_host_gemm_serial(0, 1, o, k, p, 1.0f, dys, p, col, p, 1.0f, dw_part, k);
+            }
+            if (st == CH_OK && pdx) {
+                st = chi_host_gemm_serial(1, 0, k, p, o, 1.0f, pw, k, dys, p, 0.0f, col, p);
+                if (st == CH_OK)
+                    col2im_one(pdx + s * g->c * g->h * g->w, col, g, mask);
+            }
+            if (st != CH_OK) {
+                CHI_OMP(omp atomic write)
+                failed = 1;
+            }
+        }
+    }
+    if (failed)
+        return conv_failed("conv2d_backward");
+    if (pdw)
+        for (int64_t i = 0; i < o * k; i++) {
+            float sum = beta == 0.0f ? 0.0f : beta * pdw[i];
+            for (int t = 0; t < slots; t++)
+                sum += scratch[t * per + cols + i];
+            pdw[i] = sum;
         }
     return CH_OK;
 }

@@ -317,6 +317,27 @@ static int fits_blas_int(int64_t x)
 }
 #endif
 
+/* OpenBLAS's OpenMP and serial builds run a call made inside a parallel
+ * region on the calling thread; its pthreads build would wake its own
+ * threads from each of ours, so there the blocked C GEMM does it (its own
+ * region, nested in ours, is one thread). */
+ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                               float alpha, const float *a, int64_t lda, const float *b,
+                               int64_t ldb, float beta, float *c, int64_t ldc)
+{
+#ifdef HAVE_BLAS
+    if (openblas_get_parallel() != 1 && fits_blas_int(m) && fits_blas_int(n) &&
+        fits_blas_int(k) && fits_blas_int(lda) && fits_blas_int(ldb) && fits_blas_int(ldc)) {
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a,
+                    (int)lda, b, (int)ldb, beta, c, (int)ldc);
+        return CH_OK;
+    }
+#endif
+    return chi_host_sgemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                                  ldc);
+}
+
 ch_status chi_host_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
                         int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
                         int64_t ldb, float beta, ch_bmem c, int64_t ldc)

@@ -21,6 +21,11 @@ ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n,
                                  float alpha, const float *a, int64_t lda, const float *b,
                                  int64_t ldb, float beta, float *c, int64_t ldc);
 
+/* The same product on the calling thread alone, for work a parallel region
+ * has already shared out (the convolution's per-sample GEMMs). */
+ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                               float alpha, const float *a, int64_t lda, const float *b,
+                               int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* Below this many elements an op runs on one thread: starting the team
  * (and waking threads that went to sleep) costs more than it saves for a
@@ -86,6 +91,13 @@ ch_status chi_host_im2col(void *stream, const ch_conv_geom *g, ch_bmem col,
                           ch_bmem x);
 ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx,
                           ch_bmem col);
+ch_status chi_host_conv2d_workspace(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                    int backward, int want, size_t *bytes);
+ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                  ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes);
+ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                   ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,
+                                   ch_bmem w, ch_bmem ws, size_t ws_bytes);
 ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
                                    ch_bmem idx, ch_bmem x);
 ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,

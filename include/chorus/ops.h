@@ -113,6 +113,21 @@ CH_API ch_status ch_im2col(ch_tensor *col, const ch_tensor *x, const ch_window2d
  * they were taken from (dx is overwritten). */
 CH_API ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2d *w);
 
+/* A 2-D convolution without bias, as PyTorch's conv2d: y [N, O, OH, OW]
+ * from x [N, C, H, W] and w [O, C, kh, kw] (kh, kw as the window's). A
+ * backend with a convolution of its own runs it (the host: one sample at a
+ * time per thread, in its cache); the others run ch_im2col, ch_gemm and
+ * ch_transpose01 on scratch from the device's allocator. */
+CH_API ch_status ch_conv2d(ch_tensor *y, const ch_tensor *x, const ch_tensor *w,
+                           const ch_window2d *win);
+/* Its gradients from dy [N, O, OH, OW]: dx [N, C, H, W] = the input's
+ * (overwritten; NULL: not wanted), dw [O, C, kh, kw] = beta * dw + the
+ * weight's (NULL: not wanted; beta 0 does not read dw). One of them must be
+ * asked for. x and w are the forward's inputs. */
+CH_API ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
+                                    const ch_tensor *x, const ch_tensor *w,
+                                    const ch_window2d *win, float beta);
+
 /* y [N, C, OH, OW] = max over each window of x [N, C, H, W] (padding never
  * wins); idx (i32, y's shape) = the index within the H*W plane of the max. */
 CH_API ch_status ch_maxpool2d(ch_tensor *y, ch_tensor *idx, const ch_tensor *x,

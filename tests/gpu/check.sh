@@ -300,10 +300,10 @@ build_lib() {
         spawn cc "-DCH_BACKEND_DIR=\"$B/mod\"" -c -o "$o" "$f"
     done < <(lib_sources)
     wait_all || return 1
-    log "gcc -shared -o $B/libchorus.so.1 (${#objs[@]} objects)"
-    gcc -shared -fopenmp -pthread -Wl,-soname,libchorus.so.1 -o "$B/libchorus.so.1" "${objs[@]}" \
+    log "gcc -shared -o $B/libchorus.so.2 (${#objs[@]} objects)"
+    gcc -shared -fopenmp -pthread -Wl,-soname,libchorus.so.2 -o "$B/libchorus.so.2" "${objs[@]}" \
         ${ZLIB:+"$ZLIB"} ${JLIB:+"$JLIB"} -lm -ldl || return 1
-    ln -sf libchorus.so.1 "$B/libchorus.so"
+    ln -sf libchorus.so.2 "$B/libchorus.so"
 }
 
 gencode() {
