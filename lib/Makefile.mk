@@ -28,7 +28,7 @@ libchorus_la_SOURCES = \
 	lib/philox.h \
 	lib/optim_consts.h
 libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
-libchorus_la_LIBADD = $(BLAS_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+libchorus_la_LIBADD = $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 # -version-info current:revision:age (libtool's rules): current goes up
 # with every change that breaks callers built against the previous
 # headers (1: argument orders, ch_train_state's normalisation fields;

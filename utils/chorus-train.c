@@ -71,7 +71,7 @@ static void usage(FILE *f)
             "                      checkpoint's with --resume, else the mean and std of the\n"
             "                      training images (Fashion-MNIST: 0.2860,0.3530)\n"
             "  --batch N           batch size (default 64)\n"
-            "  --lr X              learning rate (default 0.001; sgd 0.05)\n"
+            "  --lr X              learning rate (default 0.001; resnet 0.003; sgd 0.05)\n"
             "  --optimizer NAME    sgd, adam (default) or adamw\n"
             "  --schedule NAME     learning rate: cosine (default, decays to 0 over the\n"
             "                      epochs), step (x0.1 every 2 epochs) or constant\n"
@@ -322,8 +322,12 @@ static int parse_options(int argc, char **argv, options *o)
     if (strcmp(o->split, "equal") != 0 && strcmp(o->split, "auto") != 0 && !parse_weights(o))
         return fail_usage("--split is auto, equal or positive weights W1,W2,..., not \"%s\"",
                           o->split);
+    /* The resnet's BatchNorm takes a larger step: 3e-3 reaches 0.932 on
+     * Fashion-MNIST in 5 epochs where 1e-3 stops at 0.925 (BENCHMARKS.md). */
     if (o->lr < 0)
-        o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f : 0.001f;
+        o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f
+                : strcmp(o->model, "resnet") == 0 ? 0.003f
+                                                  : 0.001f;
     return 0;
 }
 

@@ -17,6 +17,7 @@
 
 #define SQRT1_2 0.70710678118654752440
 #define INV_SQRT_2PI 0.39894228040143267794
+#define TWO_OVER_SQRT_PI 1.12837916709551257390
 
 ch_status chi_host_fill(void *stream, ch_bmem y, int64_t n, uint32_t word)
 {
@@ -76,17 +77,105 @@ ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bme
 
 /* ---- activations ------------------------------------------------------------ */
 
-/* x * Phi(x), with erfc so that large negative x keeps its precision
- * (1 + erf(x) cancels); in float, as the other backends compute it (the
- * double functions cost a GPT's MLP a tenth of its step). */
+/* GELU, x Phi(x) with Phi(x) = erfc(z) / 2 at z = -x / sqrt(2), and its
+ * derivative Phi(x) + x phi(x). erfc rather than 1 + erf, so that large
+ * negative x keeps its precision; and two corrections, because z and x^2
+ * are rounded to float before erfc and exp see them, which costs 2 z^2
+ * ulp of the result (50 at x = -9): erfc(z + dz) = erfc(z) - 2/sqrt(pi)
+ * exp(-z^2) dz, with dz the rounding of z (x split into halves of 12 bits
+ * whose products by a 12-bit sqrt(1/2) are exact), and exp(-x^2/2) times
+ * 1 - lo/2, with lo the rounding of x^2 (Dekker's product). Written once
+ * for a float and for eight (GCC's vector extensions: the same operators);
+ * xc is x clamped to [-64, 64], beyond which exp(-x^2/2) is 0 and the
+ * corrections are too. Sets e = erfc(z), gauss = exp(-x^2/2). */
+#define GELU_PIECES(x, xc, ERFC, EXP, e, gauss)                                          \
+    do {                                                                               \
+        const float s_hi_ = 0.70703125f, s_lo_ = (float)(SQRT1_2 - 0.70703125);         \
+        __typeof__(x) z_ = -(x) * (float)SQRT1_2;                                       \
+        __typeof__(x) c_ = (xc) * 4097.0f, xh_ = c_ - (c_ - (xc)), xl_ = (xc) - xh_;     \
+        __typeof__(x) dz_ = ((-xh_ * s_hi_ - z_) - xl_ * s_hi_) - (xc) * s_lo_;          \
+        __typeof__(x) sq_ = (xc) * (xc);                                                \
+        __typeof__(x) lo_ = ((xh_ * xh_ - sq_) + 2.0f * xh_ * xl_) + xl_ * xl_;         \
+        __typeof__(x) g_ = EXP(-0.5f * sq_);                                            \
+        (e) = ERFC(z_) - (float)TWO_OVER_SQRT_PI * g_ * dz_;                            \
+        (gauss) = g_ * (1.0f - 0.5f * lo_);                                             \
+    } while (0)
+
 static float gelu(float x)
 {
-    return 0.5f * x * erfcf(-x * (float)SQRT1_2);
+    float e, gauss, xc = fminf(fmaxf(x, -64.0f), 64.0f);
+    GELU_PIECES(x, xc, erfcf, expf, e, gauss);
+    (void)gauss;
+    return 0.5f * x * e;
 }
 
 static float gelu_grad(float x)
 {
-    return 0.5f * erfcf(-x * (float)SQRT1_2) + x * (float)INV_SQRT_2PI * expf(-0.5f * x * x);
+    float e, gauss, xc = fminf(fmaxf(x, -64.0f), 64.0f);
+    GELU_PIECES(x, xc, erfcf, expf, e, gauss);
+    return 0.5f * e + x * (float)INV_SQRT_2PI * gauss;
+}
+
+#ifdef HAVE_LIBMVEC
+/* glibc's vector erfcf and expf (libmvec, x86-64) on eight floats in AVX2
+ * registers: a tenth of the time of the calls per element, which cost the
+ * GPT's MLP a tenth of its step. */
+#include <immintrin.h>
+
+typedef float v8f __attribute__((vector_size(32)));
+__attribute__((target("avx2"))) v8f _ZGVdN8v_erfcf(v8f x);
+__attribute__((target("avx2"))) v8f _ZGVdN8v_expf(v8f x);
+
+__attribute__((target("avx2"))) static v8f load8(const float *p)
+{
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* dy NULL: the forward, y = gelu(x); otherwise y = dy gelu'(x). The tail
+ * of fewer than eight goes through the float versions. */
+__attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, const float *x,
+                                                  int64_t n)
+{
+    int64_t body = n / 8 * 8;
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+    for (int64_t i = 0; i < body; i += 8) {
+        v8f v = load8(x + i), e, gauss, out;
+        v8f xc = (v8f)_mm256_min_ps(_mm256_max_ps((__m256)v, _mm256_set1_ps(-64.0f)),
+                                    _mm256_set1_ps(64.0f));
+        GELU_PIECES(v, xc, _ZGVdN8v_erfcf, _ZGVdN8v_expf, e, gauss);
+        if (dy)
+            out = load8(dy + i) * (0.5f * e + v * (float)INV_SQRT_2PI * gauss);
+        else
+            out = 0.5f * v * e;
+        memcpy(y + i, &out, sizeof out);
+    }
+    for (int64_t i = body; i < n; i++)
+        y[i] = dy ? dy[i] * gelu_grad(x[i]) : gelu(x[i]);
+}
+
+static int have_avx2(void)
+{
+    static int known = -1;
+    if (known < 0)
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return known;
+}
+#endif
+
+/* 1 when the GELU went eight at a time. */
+static int gelu_vector(float *y, const float *dy, const float *x, int64_t n)
+{
+#ifdef HAVE_LIBMVEC
+    if (have_avx2()) {
+        gelu8(y, dy, x, n);
+        return 1;
+    }
+#else
+    (void)y, (void)dy, (void)x, (void)n;
+#endif
+    return 0;
 }
 
 static float act_one(ch_activation act, float x)
@@ -142,6 +231,8 @@ ch_status chi_host_act_forward(void *stream, ch_activation act, int64_t n, ch_bm
             py[i] = px[i] > 0.0f ? px[i] : 0.0f;
         return CH_OK;
     }
+    if (act == CH_ACT_GELU && gelu_vector(py, NULL, px, n))
+        return CH_OK;
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
     for (int64_t i = 0; i < n; i++)
         py[i] = act_one(act, px[i]);
@@ -167,6 +258,8 @@ ch_status chi_host_act_backward(void *stream, ch_activation act, int64_t n, ch_b
         }
         return CH_OK;
     }
+    if (act == CH_ACT_GELU && gelu_vector(pdx, pdy, px, n))
+        return CH_OK;
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
     for (int64_t i = 0; i < n; i++)
         pdx[i] = act_grad_one(act, pdy[i], px, py, i);
