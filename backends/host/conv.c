@@ -83,7 +83,7 @@ static void shift_span(const ch_conv_geom *g, int ki, int kj, int64_t *begin, in
     *shift = (int64_t)(ki - g->ph) * g->w + (kj - g->pw);
 }
 
-static void im2col_shift(float *restrict dst, const float *restrict plane,
+CHI_CLONES static void im2col_shift(float *restrict dst, const float *restrict plane,
                          const unsigned char *restrict mask, const ch_conv_geom *g, int ki,
                          int kj)
 {
@@ -99,7 +99,7 @@ static void im2col_shift(float *restrict dst, const float *restrict plane,
     memset(dst + end, 0, (size_t)(plane_out - end) * sizeof *dst);
 }
 
-static void col2im_shift(float *restrict plane, const float *restrict src,
+CHI_CLONES static void col2im_shift(float *restrict plane, const float *restrict src,
                          const unsigned char *restrict mask, const ch_conv_geom *g, int ki,
                          int kj)
 {

@@ -34,7 +34,7 @@ static double lanes_total(double *l)
 
 /* s1 = the sum of a - ca and s2 = the sum of (a - ca)(b - cb) over n
  * elements. */
-static void sums_around(const float *a, double ca, const float *b, double cb, int64_t n,
+CHI_CLONES static void sums_around(const float *a, double ca, const float *b, double cb, int64_t n,
                         double *s1, double *s2)
 {
     double l1[LANES] = {0}, l2[LANES] = {0};
@@ -85,7 +85,7 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
 }
 
 /* s1 = the sum of g = dy gamma and s2 = the sum of g (x - m) over a row. */
-static void backward_sums(const float *dy, const float *gamma, const float *x, double m,
+CHI_CLONES static void backward_sums(const float *dy, const float *gamma, const float *x, double m,
                           int64_t d, double *s1, double *s2)
 {
     double l1[LANES] = {0}, l2[LANES] = {0};
