@@ -94,9 +94,15 @@ static const char *missing_slot(const ch_backend_i *iface)
         return iface->host_alloc ? "host_free (it has host_alloc)" : "host_alloc (it has host_free)";
     if (iface->peer_copy && !iface->can_peer)
         return "can_peer (it has peer_copy)";
-    int conv = !!iface->conv2d_workspace + !!iface->conv2d_forward + !!iface->conv2d_backward;
-    if (conv != 0 && conv != 3)
-        return "one of conv2d_workspace, conv2d_forward and conv2d_backward (all three or none)";
+    /* The convolution: all three or none. */
+    if (iface->conv2d_workspace || iface->conv2d_forward || iface->conv2d_backward) {
+        if (!iface->conv2d_workspace)
+            return "conv2d_workspace (it has conv2d_forward or conv2d_backward)";
+        if (!iface->conv2d_forward)
+            return "conv2d_forward (it has conv2d_workspace)";
+        if (!iface->conv2d_backward)
+            return "conv2d_backward (it has conv2d_workspace)";
+    }
     return NULL;
 }
 

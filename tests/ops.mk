@@ -42,7 +42,13 @@ check_LTLIBRARIES += tests/missing-slot/chorus-opencl.la
 tests_missing_slot_chorus_opencl_la_SOURCES = tests/missing-slot-module.c
 tests_missing_slot_chorus_opencl_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
 	-rpath $(abs_builddir)/tests/missing-slot
+check_LTLIBRARIES += tests/partial-conv/chorus-opencl.la
+tests_partial_conv_chorus_opencl_la_SOURCES = tests/missing-slot-module.c
+tests_partial_conv_chorus_opencl_la_CPPFLAGS = $(AM_CPPFLAGS) -DPARTIAL_CONV
+tests_partial_conv_chorus_opencl_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
+	-rpath $(abs_builddir)/tests/partial-conv
 AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_WRONG_ABI_DIR='$(abs_top_builddir)/tests/wrong-abi/.libs'; \
 	CHORUS_TEST_MISSING_SLOT_DIR='$(abs_top_builddir)/tests/missing-slot/.libs'; \
-	export CHORUS_TEST_WRONG_ABI_DIR CHORUS_TEST_MISSING_SLOT_DIR;
+	CHORUS_TEST_PARTIAL_CONV_DIR='$(abs_top_builddir)/tests/partial-conv/.libs'; \
+	export CHORUS_TEST_WRONG_ABI_DIR CHORUS_TEST_MISSING_SLOT_DIR CHORUS_TEST_PARTIAL_CONV_DIR;

@@ -62,7 +62,8 @@ static void with_module_first(const char *env, const char *what, const char *sea
 
 /* ---- A module without a required slot ---------------------------------------- */
 
-static void check_no_alloc(const char *dir)
+/* The opencl module in `dir` is refused, its detail naming it and `slot`. */
+static void check_opencl_refused(const char *dir, const char *what, const char *slot)
 {
     int found = 0;
     for (int i = 0; i < ch_backend_count(); i++) {
@@ -70,11 +71,22 @@ static void check_no_alloc(const char *dir)
         if (ch_backend_get_info(i, &info) != CH_OK || strcmp(info.name, "opencl") != 0)
             continue;
         found = 1;
-        tap_ok(!info.available, "the opencl module without alloc is unavailable");
-        tap_ok(strstr(info.detail, "has no alloc slot") && strstr(info.detail, dir),
-               "its detail names the module and the slot: \"%s\"", info.detail);
+        tap_ok(!info.available, "the opencl module %s is unavailable", what);
+        tap_ok(strstr(info.detail, slot) && strstr(info.detail, dir),
+               "its detail names the module and \"%s\": \"%s\"", slot, info.detail);
     }
     tap_ok(found, "ch_backend_get_info lists the opencl backend");
+}
+
+static void check_no_alloc(const char *dir)
+{
+    check_opencl_refused(dir, "without alloc", "has no alloc slot");
+}
+
+static void check_partial_conv(const char *dir)
+{
+    check_opencl_refused(dir, "with conv2d_forward alone",
+                         "has no conv2d_workspace (it has conv2d_forward");
 }
 
 /* ---- Enum values beyond a backend's ----------------------------------------- */
@@ -237,6 +249,8 @@ int main(void)
                       check_refused);
     with_module_first("CHORUS_TEST_MISSING_SLOT_DIR", "a module without alloc", search,
                       check_no_alloc);
+    with_module_first("CHORUS_TEST_PARTIAL_CONV_DIR", "a module with one convolution slot",
+                      search, check_partial_conv);
     test_host_values();
     test_module("opencl", search);
     test_module("cuda", search);

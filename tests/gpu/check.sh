@@ -358,11 +358,13 @@ program() { # name folder [extra gcc arguments]: sources from the Makefile.mk li
         -lpthread && touch "$B/$name.built"
 }
 
-# test-abi's two modules that the registry must refuse.
+# test-abi's three modules that the registry must refuse.
 abi_modules() {
-    mkdir -p "$B/wrong-abi" "$B/missing-slot" &&
+    mkdir -p "$B/wrong-abi" "$B/missing-slot" "$B/partial-conv" &&
         cc -shared -o "$B/wrong-abi/chorus-cuda.so" "$SRC/tests/wrong-abi-module.c" &&
-        cc -shared -o "$B/missing-slot/chorus-opencl.so" "$SRC/tests/missing-slot-module.c"
+        cc -shared -o "$B/missing-slot/chorus-opencl.so" "$SRC/tests/missing-slot-module.c" &&
+        cc -shared -DPARTIAL_CONV -o "$B/partial-conv/chorus-opencl.so" \
+            "$SRC/tests/missing-slot-module.c"
 }
 
 build_programs() {
@@ -502,7 +504,8 @@ run_tests() {
     # The CUDA module's answers to enum values beyond its own (GPU), and
     # the refused modules (everywhere).
     run test-abi tap "$OUTDIR/tests.log" 60 CHORUS_TEST_WRONG_ABI_DIR="$B/wrong-abi" \
-        CHORUS_TEST_MISSING_SLOT_DIR="$B/missing-slot" test-abi
+        CHORUS_TEST_MISSING_SLOT_DIR="$B/missing-slot" CHORUS_TEST_PARTIAL_CONV_DIR="$B/partial-conv" \
+        test-abi
     gpu test-ops tap "$OUTDIR/tests.log" 120 test-ops
     for t in test-ops-grad test-ops-attn test-ops-norm test-errors; do
         gpu "$t" tap "$OUTDIR/tests.log" 90 "$t"
