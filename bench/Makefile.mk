@@ -8,6 +8,7 @@ bench_bench_ops_LDADD = tests/libchorus-internal.la libchorus.la $(BLAS_LIBS) -l
 noinst_PROGRAMS += bench/bench-train
 bench_bench_train_SOURCES = bench/bench-train.c bench/bench.h
 bench_bench_train_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS)
+bench_bench_train_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS)
 bench_bench_train_LDADD = libchorus.la $(BLAS_LIBS) -lm
 
 noinst_PROGRAMS += bench/bench-dp

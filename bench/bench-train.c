@@ -1,8 +1,10 @@
 /* bench-train: training samples/s of the mlp, the cnn, the resnet and the
  * gpt (tokens/s too) on each device, and, on the host, the share of the
  * step spent in GEMM (mlp, cnn, gpt): the rate the step's GEMMs alone would
- * allow at OpenBLAS's speed (the same shapes, timed with cblas_sgemm in the
- * same run) against the measured rate.
+ * allow at OpenBLAS's speed (the same shapes as the host runs them, timed
+ * with cblas_sgemm in the same run: the convolutions one sample at a time
+ * and attention's small matrices shared out among the threads, each GEMM on
+ * one) against the measured rate.
  *
  * The data are random images or tokens in device memory: this measures the
  * training step (forward, loss, backward, optimizer), not the loader. */
@@ -107,6 +109,7 @@ static double train_rate(const char *model, const shapes *sh, ch_device *dev, in
 typedef struct gemm_shape {
     int ta, tb, m, n, k, accumulate;
     int count; /* 0 or 1: one GEMM; more: a batched GEMM of count matrices */
+    int per_thread; /* the count matrices shared out among the threads */
 } gemm_shape;
 
 #define MAX_GEMMS 512
@@ -116,24 +119,25 @@ typedef struct gemm_shape {
 static int linear_gemms(gemm_shape *g, int batch, int in, int out, int want_dx)
 {
     int n = 0;
-    g[n++] = (gemm_shape){0, 1, batch, out, in, 0, 0};
-    g[n++] = (gemm_shape){1, 0, out, in, batch, 1, 0};
+    g[n++] = (gemm_shape){0, 1, batch, out, in, 0, 0, 0};
+    g[n++] = (gemm_shape){1, 0, out, in, batch, 1, 0, 0};
     if (want_dx)
-        g[n++] = (gemm_shape){0, 0, batch, in, out, 0, 0};
+        g[n++] = (gemm_shape){0, 0, batch, in, out, 0, 0, 0};
     return n;
 }
 
 /* A convolution with `ckk` = C*kh*kw inputs per output over `pixels`
- * output positions per sample as the Conv2d module runs it: forward
- * y = W col, backward dW += dy col^T and, unless it is the first layer,
- * dcol = W^T dy. */
+ * output positions per sample as the host's ch_conv2d runs it, one sample
+ * at a time: forward y = W col, backward dW += dy col^T and, unless it is
+ * the first layer, dcol = W^T dy, each `batch` times (per_thread: shared
+ * out among the threads, each GEMM on one, as the host does). */
 static int conv_gemms(gemm_shape *g, int batch, int ckk, int out, int pixels, int want_dx)
 {
-    int n = 0, cols = batch * pixels;
-    g[n++] = (gemm_shape){0, 0, out, cols, ckk, 0, 0};
-    g[n++] = (gemm_shape){0, 1, out, ckk, cols, 1, 0};
+    int n = 0;
+    g[n++] = (gemm_shape){0, 0, out, pixels, ckk, 0, batch, 1};
+    g[n++] = (gemm_shape){0, 1, out, ckk, pixels, 1, batch, 1};
     if (want_dx)
-        g[n++] = (gemm_shape){1, 0, ckk, cols, out, 0, 0};
+        g[n++] = (gemm_shape){1, 0, ckk, pixels, out, 0, batch, 1};
     return n;
 }
 
@@ -154,19 +158,19 @@ static int gpt_gemms(gemm_shape *g, const ch_gpt_config *c, int batch)
     }
     for (int l = 0; l < c->layers; l++) {
         n += linear_gemms(g + n, r, d, 3 * d, 1);
-        g[n++] = (gemm_shape){0, 1, t, t, hd, 0, bh};
-        g[n++] = (gemm_shape){0, 0, t, hd, t, 0, bh};
-        g[n++] = (gemm_shape){0, 1, t, t, hd, 0, bh};
-        g[n++] = (gemm_shape){1, 0, t, hd, t, 0, bh};
-        g[n++] = (gemm_shape){0, 0, t, hd, t, 0, bh};
-        g[n++] = (gemm_shape){1, 0, t, hd, t, 0, bh};
+        g[n++] = (gemm_shape){0, 1, t, t, hd, 0, bh, 1};
+        g[n++] = (gemm_shape){0, 0, t, hd, t, 0, bh, 1};
+        g[n++] = (gemm_shape){0, 1, t, t, hd, 0, bh, 1};
+        g[n++] = (gemm_shape){1, 0, t, hd, t, 0, bh, 1};
+        g[n++] = (gemm_shape){0, 0, t, hd, t, 0, bh, 1};
+        g[n++] = (gemm_shape){1, 0, t, hd, t, 0, bh, 1};
         n += linear_gemms(g + n, r, d, d, 1);
         n += linear_gemms(g + n, r, d, 4 * d, 1);
         n += linear_gemms(g + n, r, 4 * d, d, 1);
     }
-    g[n++] = (gemm_shape){0, 1, r, v, d, 0, 0};
-    g[n++] = (gemm_shape){1, 0, v, d, r, 1, 0};
-    g[n++] = (gemm_shape){0, 0, r, d, v, 0, 0};
+    g[n++] = (gemm_shape){0, 1, r, v, d, 0, 0, 0};
+    g[n++] = (gemm_shape){1, 0, v, d, r, 1, 0, 0};
+    g[n++] = (gemm_shape){0, 0, r, d, v, 0, 0, 0};
     return n;
 }
 
@@ -207,6 +211,15 @@ static int step_gemms(gemm_shape *g, const char *model, int batch)
     return n;
 }
 
+/* The b-th matrix of GEMM g, on its own operands. */
+static void one_gemm(const gemm_shape *g, float *const buf[3], int b, int lda, int ldb,
+                     size_t sa, size_t sb, size_t sc)
+{
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
+                g->tb ? CblasTrans : CblasNoTrans, g->m, g->n, g->k, 1.0f, buf[0] + b * sa, lda,
+                buf[1] + b * sb, ldb, g->accumulate ? 1.0f : 0.0f, buf[2] + b * sc, g->n);
+}
+
 /* Seconds for a step's GEMMs at OpenBLAS's speed: median of `reps` runs
  * of the whole set. */
 static double gemm_seconds(const char *model, const shapes *sh, int batch, int reps)
@@ -239,11 +252,17 @@ static double gemm_seconds(const char *model, const shapes *sh, int batch, int r
             int lda = g[i].ta ? g[i].m : g[i].k, ldb = g[i].tb ? g[i].k : g[i].n;
             size_t sa = (size_t)g[i].m * g[i].k, sb = (size_t)g[i].k * g[i].n,
                    sc = (size_t)g[i].m * g[i].n;
-            for (int b = 0; b < (g[i].count > 1 ? g[i].count : 1); b++)
-                cblas_sgemm(CblasRowMajor, g[i].ta ? CblasTrans : CblasNoTrans,
-                            g[i].tb ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, 1.0f,
-                            buf[i][0] + b * sa, lda, buf[i][1] + b * sb, ldb,
-                            g[i].accumulate ? 1.0f : 0.0f, buf[i][2] + b * sc, g[i].n);
+            int count = g[i].count > 1 ? g[i].count : 1;
+            /* Not one loop with an if clause: OpenBLAS inside an inactive
+             * region runs many times slower. */
+            if (g[i].per_thread) {
+#pragma omp parallel for schedule(static)
+                for (int b = 0; b < count; b++)
+                    one_gemm(&g[i], buf[i], b, lda, ldb, sa, sb, sc);
+            } else {
+                for (int b = 0; b < count; b++)
+                    one_gemm(&g[i], buf[i], b, lda, ldb, sa, sb, sc);
+            }
         }
         if (r >= 0)
             t[r] = ch_clock_seconds() - t0;

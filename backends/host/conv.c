@@ -310,31 +310,82 @@ static ch_status conv_failed(const char *slot)
                      slot);
 }
 
+/* What every sample of one call shares. */
+typedef struct conv_job {
+    const ch_conv_geom *g;
+    int64_t o, k, p;          /* out channels, C*kh*kw, OH*OW */
+    int64_t cols;             /* floats of a thread's columns (its partial dw follows) */
+    const unsigned char *mask;
+    const float *x, *w, *dy;
+    float *y, *dx, *dw;       /* the outputs this call writes (dw: partials) */
+} conv_job;
+
+static ch_status forward_one(const conv_job *j, int64_t s, float *col)
+{
+    const ch_conv_geom *g = j->g;
+    im2col_one(col, j->x + s * g->c * g->h * g->w, g, j->mask);
+    return chi_host_gemm_serial(0, 0, j->o, j->p, j->k, 1.0f, j->w, j->k, col, j->p, 0.0f,
+                                j->y + s * j->o * j->p, j->p);
+}
+
+static ch_status backward_one(const conv_job *j, int64_t s, float *col)
+{
+    const ch_conv_geom *g = j->g;
+    const float *dys = j->dy + s * j->o * j->p;
+    ch_status st = CH_OK;
+    if (j->dw) {
+        im2col_one(col, j->x + s * g->c * g->h * g->w, g, j->mask);
+        st = chi_host_gemm_serial(0, 1, j->o, j->k, j->p, 1.0f, dys, j->p, col, j->p, 1.0f,
+                                  col + j->cols, j->k);
+    }
+    if (st == CH_OK && j->dx) {
+        st = chi_host_gemm_serial(1, 0, j->k, j->p, j->o, 1.0f, j->w, j->k, dys, j->p, 0.0f, col,
+                                  j->p);
+        if (st == CH_OK)
+            col2im_one(j->dx + s * g->c * g->h * g->w, col, g, j->mask);
+    }
+    return st;
+}
+
+/* Every sample through `one`, shared out among `slots` threads, each with
+ * its scratch of `per` floats; with one slot a plain loop, not an inactive
+ * region (OpenBLAS called inside one runs many times slower: attention.c). */
+static ch_status conv_samples(const conv_job *j, ch_status (*one)(const conv_job *, int64_t,
+                                                                   float *),
+                              float *scratch, int64_t per, int slots, const char *slot)
+{
+    if (slots < 2) {
+        for (int64_t s = 0; s < j->g->n; s++)
+            if (one(j, s, scratch) != CH_OK)
+                return conv_failed(slot);
+        return CH_OK;
+    }
+    int failed = 0;
+    CHI_OMP(omp parallel num_threads(slots))
+    {
+        float *mine = scratch + (int64_t)chi_omp_thread() * per;
+        CHI_OMP(omp for schedule(static))
+        for (int64_t s = 0; s < j->g->n; s++)
+            if (one(j, s, mine) != CH_OK) {
+                CHI_OMP(omp atomic write)
+                failed = 1;
+            }
+    }
+    return failed ? conv_failed(slot) : CH_OK;
+}
+
 ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t out_channels,
                                   ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes)
 {
     (void)stream;
-    float *py = chi_host_f32(y), *scratch = chi_host_f32(ws);
-    const float *px = chi_host_f32(x), *pw = chi_host_f32(w);
-    int64_t k = g->c * g->kh * g->kw, p = g->oh * g->ow, per = conv_cols(g);
+    float *scratch = chi_host_f32(ws);
+    int64_t per = conv_cols(g);
     int slots;
     unsigned char masks[SHIFT_MASK_BYTES], *mask;
     TRY(conv_begin("conv2d_forward", g, per, scratch, ws_bytes, &slots, masks, &mask));
-    int failed = 0;
-    CHI_OMP(omp parallel num_threads(slots) if (slots > 1))
-    {
-        float *col = scratch + (int64_t)chi_omp_thread() * per;
-        CHI_OMP(omp for schedule(static))
-        for (int64_t s = 0; s < g->n; s++) {
-            im2col_one(col, px + s * g->c * g->h * g->w, g, mask);
-            if (chi_host_gemm_serial(0, 0, out_channels, p, k, 1.0f, pw, k, col, p, 0.0f,
-                                     py + s * out_channels * p, p) != CH_OK) {
-                CHI_OMP(omp atomic write)
-                failed = 1;
-            }
-        }
-    }
-    return failed ? conv_failed("conv2d_forward") : CH_OK;
+    conv_job j = {g, out_channels, g->c * g->kh * g->kw, g->oh * g->ow, per, mask,
+                  chi_host_f32(x), chi_host_f32(w), NULL, chi_host_f32(y), NULL, NULL};
+    return conv_samples(&j, forward_one, scratch, per, slots, "conv2d_forward");
 }
 
 ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t out_channels,
@@ -342,41 +393,17 @@ ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t 
                                    ch_bmem w, ch_bmem ws, size_t ws_bytes)
 {
     (void)stream;
-    float *pdx = dx.ptr ? chi_host_f32(dx) : NULL, *pdw = dw.ptr ? chi_host_f32(dw) : NULL;
-    float *scratch = chi_host_f32(ws);
-    const float *pdy = chi_host_f32(dy), *px = chi_host_f32(x), *pw = chi_host_f32(w);
-    int64_t o = out_channels, k = g->c * g->kh * g->kw, p = g->oh * g->ow;
-    int64_t cols = conv_cols(g), part = pdw ? round16(o * k) : 0, per = cols + part;
+    float *pdw = dw.ptr ? chi_host_f32(dw) : NULL, *scratch = chi_host_f32(ws);
+    int64_t o = out_channels, k = g->c * g->kh * g->kw;
+    int64_t cols = conv_cols(g), per = cols + (pdw ? round16(o * k) : 0);
     int slots;
     unsigned char masks[SHIFT_MASK_BYTES], *mask;
     TRY(conv_begin("conv2d_backward", g, per, scratch, ws_bytes, &slots, masks, &mask));
     for (int t = 0; pdw && t < slots; t++)
         memset(scratch + t * per + cols, 0, (size_t)(o * k) * sizeof(float));
-    int failed = 0;
-    CHI_OMP(omp parallel num_threads(slots) if (slots > 1))
-    {
-        float *col = scratch + (int64_t)chi_omp_thread() * per, *dw_part = col + cols;
-        CHI_OMP(omp for schedule(static))
-        for (int64_t s = 0; s < g->n; s++) {
-            const float *dys = pdy + s * o * p;
-            ch_status st = CH_OK;
-            if (pdw) {
-                im2col_one(col, px + s * g->c * g->h * g->w, g, mask);
-                st = chi_host_gemm_serial(0, 1, o, k, p, 1.0f, dys, p, col, p, 1.0f, dw_part, k);
-            }
-            if (st == CH_OK && pdx) {
-                st = chi_host_gemm_serial(1, 0, k, p, o, 1.0f, pw, k, dys, p, 0.0f, col, p);
-                if (st == CH_OK)
-                    col2im_one(pdx + s * g->c * g->h * g->w, col, g, mask);
-            }
-            if (st != CH_OK) {
-                CHI_OMP(omp atomic write)
-                failed = 1;
-            }
-        }
-    }
-    if (failed)
-        return conv_failed("conv2d_backward");
+    conv_job j = {g, o, k, g->oh * g->ow, cols, mask, chi_host_f32(x), chi_host_f32(w),
+                  chi_host_f32(dy), NULL, dx.ptr ? chi_host_f32(dx) : NULL, pdw};
+    TRY(conv_samples(&j, backward_one, scratch, per, slots, "conv2d_backward"));
     if (pdw)
         for (int64_t i = 0; i < o * k; i++) {
             float sum = beta == 0.0f ? 0.0f : beta * pdw[i];
