@@ -225,6 +225,11 @@ static const ch_backend_i chcu_table = {
     .batchnorm_backward = chcu_batchnorm_backward,
     .allreduce_sum = chcu_allreduce_sum,
     .can_allreduce = chcu_can_allreduce,
+    /* No convolution of its own: the core composes im2col, a cuBLAS GEMM
+     * and a transpose (cuDNN's would fill these). */
+    .conv2d_workspace = nullptr,
+    .conv2d_forward = nullptr,
+    .conv2d_backward = nullptr,
 };
 
 extern "C" CH_API const ch_backend_i *chorus_backend_entry(void)
