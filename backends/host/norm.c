@@ -236,6 +236,24 @@ ch_status chi_host_batchnorm_stats(void *stream, int64_t c, float momentum, floa
     return CH_OK;
 }
 
+/* One channel's run of `inner` elements, in double (AVX2 or baseline). */
+CHI_CLONES static void bn_forward_run(float *y, const float *x, int64_t inner, double m,
+                                      double k, double b)
+{
+    CHI_OMP(omp simd)
+    for (int64_t i = 0; i < inner; i++)
+        y[i] = (float)(((double)x[i] - m) * k + b);
+}
+
+CHI_CLONES static void bn_backward_run(float *dx, const float *dy, const float *x,
+                                       int64_t inner, double m, double k, double mean_dy,
+                                       double slope)
+{
+    CHI_OMP(omp simd)
+    for (int64_t i = 0; i < inner; i++)
+        dx[i] = (float)(k * (dy[i] - mean_dy - ((double)x[i] - m) * slope));
+}
+
 ch_status chi_host_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t inner,
                                      ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
                                      ch_bmem gamma, ch_bmem beta)
@@ -247,11 +265,8 @@ ch_status chi_host_batchnorm_forward(void *stream, int64_t outer, int64_t c, int
     CHI_OMP(omp parallel for collapse(2) if (outer * c * inner > CHI_HOST_PAR_MIN))
     for (int64_t o = 0; o < outer; o++)
         for (int64_t ch = 0; ch < c; ch++) {
-            double m = pm[ch], k = (double)pr[ch] * pg[ch], b = pb[ch];
             int64_t at = (o * c + ch) * inner;
-            CHI_OMP(omp simd)
-            for (int64_t i = 0; i < inner; i++)
-                py[at + i] = (float)(((double)px[at + i] - m) * k + b);
+            bn_forward_run(py + at, px + at, inner, pm[ch], (double)pr[ch] * pg[ch], pb[ch]);
         }
     return CH_OK;
 }
@@ -277,13 +292,10 @@ ch_status chi_host_batchnorm_backward(void *stream, int64_t outer, int64_t c, in
     CHI_OMP(omp parallel for collapse(2) if (outer * c * inner > CHI_HOST_PAR_MIN))
     for (int64_t o = 0; o < outer; o++)
         for (int64_t ch = 0; ch < c; ch++) {
-            double r = pr[ch], m = pm[ch], k = (double)pg[ch] * r;
-            double mean_dy = pt[ch] / count, slope = r * r * pt[c + ch] / count;
+            double r = pr[ch];
             int64_t at = (o * c + ch) * inner;
-            CHI_OMP(omp simd)
-            for (int64_t i = 0; i < inner; i++)
-                pdx[at + i] = (float)(k * (pdy[at + i] - mean_dy -
-                                           ((double)px[at + i] - m) * slope));
+            bn_backward_run(pdx + at, pdy + at, px + at, inner, pm[ch], (double)pg[ch] * r,
+                            pt[ch] / count, r * r * pt[c + ch] / count);
         }
     return CH_OK;
 }
