@@ -66,6 +66,14 @@ static inline ch_status same_shape(const char *fn, const char *an, const ch_tens
     return CH_OK;
 }
 
+/* A view of a tensor an op only reads (reshape takes one it could write);
+ * the caller frees it. */
+static inline ch_status read_view(ch_tensor **out, const ch_tensor *t, int ndim,
+                                  const int64_t *shape)
+{
+    return ch_tensor_reshape(out, (ch_tensor *)t, ndim, shape);
+}
+
 static inline int overlaps(const ch_tensor *a, const ch_tensor *b)
 {
     if (a->buf != b->buf)

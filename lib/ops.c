@@ -392,12 +392,6 @@ static ch_status conv_scratch(ch_tensor **ws, size_t *bytes, const ch_tensor *li
     return ch_tensor_new(ws, like->dev, CH_F32, 1, &floats);
 }
 
-/* A view of a tensor the op only reads (reshape takes one it could write). */
-static ch_status read_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape)
-{
-    return ch_tensor_reshape(out, (ch_tensor *)t, ndim, shape);
-}
-
 /* im2col, one GEMM over the whole batch, and [O, N, P] -> [N, O, P]. */
 static ch_status conv_composed(ch_tensor *y, const ch_tensor *x, const ch_tensor *w,
                                const ch_window2d *win, const ch_conv_geom *g, int64_t o)

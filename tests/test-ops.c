@@ -264,7 +264,7 @@ static void test_elementwise(ch_device *dev)
 /* ---- Activations --------------------------------------------------------- */
 
 static void test_act_forward(ch_device *dev, ch_activation act, int64_t n, int in_place,
-                             float range)
+                             float range, double tol)
 {
     tcase c;
     tc_begin(&c, dev, "%s forward n %" PRId64 "%s x in [-%g, %g)", ref_act_name(act), n,
@@ -275,12 +275,13 @@ static void test_act_forward(ch_device *dev, ch_activation act, int64_t n, int i
     TC(&c, ch_activation_forward(ty, tx, act));
     double *want = tc_doubles(&c, n);
     ref_act_forward(want, act, n, x);
-    tc_end_err(&c, ref_err(tc_fetch(&c, ty, n), want, NULL, n), TOL_FN);
+    tc_end_err(&c, ref_err(tc_fetch(&c, ty, n), want, NULL, n), tol);
 }
 
 /* relu and gelu get x only, tanh and sigmoid y only: ops.h lets the
  * unused one be NULL. */
-static void test_act_backward(ch_device *dev, ch_activation act, int64_t n, float range)
+static void test_act_backward(ch_device *dev, ch_activation act, int64_t n, float range,
+                              double tol)
 {
     tcase c;
     int reads_x = ref_act_reads_x(act);
@@ -299,23 +300,26 @@ static void test_act_backward(ch_device *dev, ch_activation act, int64_t n, floa
     double *want = tc_doubles(&c, n), *mag = tc_doubles(&c, n);
     ref_act_backward(want, act, n, dy, reads_x ? x : NULL, reads_x ? NULL : y);
     ref_act_backward_mag(mag, act, n, dy, reads_x ? x : NULL, reads_x ? NULL : y);
-    tc_end_err(&c, ref_err(tc_fetch(&c, tdx, n), want, mag, n), TOL_FN);
+    tc_end_err(&c, ref_err(tc_fetch(&c, tdx, n), want, mag, n), tol);
 }
 
 static void test_activations(ch_device *dev)
 {
     for (int act = 0; act < CH_ACT_COUNT; act++) {
-        test_act_forward(dev, act, 1, 0, 6);
-        test_act_forward(dev, act, 4099, 0, 6);
-        test_act_forward(dev, act, 129, 1, 6);
-        test_act_backward(dev, act, 1, 6);
-        test_act_backward(dev, act, 4099, 6);
+        test_act_forward(dev, act, 1, 0, 6, TOL_FN);
+        test_act_forward(dev, act, 4099, 0, 6, TOL_FN);
+        test_act_forward(dev, act, 129, 1, 6, TOL_FN);
+        test_act_backward(dev, act, 1, 6, TOL_FN);
+        test_act_backward(dev, act, 4099, 6, TOL_FN);
     }
     /* GELU further out, where x^2 is large: erfcf(-x / sqrt(2)) loses
      * 2 z^2 ulp to the rounding of z (36 ulp here on PoCL, whose kernel
-     * computes just that); the host corrects for it (1.4 ulp here). */
-    test_act_forward(dev, CH_ACT_GELU, 4099, 0, 9);
-    test_act_backward(dev, CH_ACT_GELU, 4099, 9);
+     * computes just that); the host, the reference the others are held
+     * to, corrects for it and is held to 8 ulp (1.4 measured; 36 without
+     * the corrections). */
+    int host = strcmp(ch_device_id(dev), "host") == 0;
+    test_act_forward(dev, CH_ACT_GELU, 4099, 0, 9, host ? 8 * ULP : TOL_FN);
+    test_act_backward(dev, CH_ACT_GELU, 4099, 9, host ? 8 * ULP : TOL_FN);
 }
 
 /* ---- Bias ---------------------------------------------------------------- */

@@ -13,6 +13,7 @@
 #endif
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "host.h"
@@ -303,13 +304,6 @@ static ch_status conv_begin(const char *slot, const ch_conv_geom *g, int64_t per
     return CH_OK;
 }
 
-static ch_status conv_failed(const char *slot)
-{
-    return chi_error(CH_ERR_OUT_OF_MEMORY,
-                     "host %s: the C GEMM of a sample could not allocate its packing buffers",
-                     slot);
-}
-
 /* What every sample of one call shares. */
 typedef struct conv_job {
     const ch_conv_geom *g;
@@ -349,29 +343,35 @@ static ch_status backward_one(const conv_job *j, int64_t s, float *col)
 
 /* Every sample through `one`, shared out among `slots` threads, each with
  * its scratch of `per` floats; with one slot a plain loop, not an inactive
- * region (OpenBLAS called inside one runs many times slower: attention.c). */
+ * region (OpenBLAS called inside one runs many times slower: attention.c).
+ * A failure's message is the failing thread's, kept for the caller's. */
 static ch_status conv_samples(const conv_job *j, ch_status (*one)(const conv_job *, int64_t,
                                                                    float *),
-                              float *scratch, int64_t per, int slots, const char *slot)
+                              float *scratch, int64_t per, int slots)
 {
     if (slots < 2) {
         for (int64_t s = 0; s < j->g->n; s++)
-            if (one(j, s, scratch) != CH_OK)
-                return conv_failed(slot);
+            TRY(one(j, s, scratch));
         return CH_OK;
     }
-    int failed = 0;
+    ch_status st = CH_OK;
+    char why[512] = "";
     CHI_OMP(omp parallel num_threads(slots))
     {
         float *mine = scratch + (int64_t)chi_omp_thread() * per;
         CHI_OMP(omp for schedule(static))
-        for (int64_t s = 0; s < j->g->n; s++)
-            if (one(j, s, mine) != CH_OK) {
-                CHI_OMP(omp atomic write)
-                failed = 1;
+        for (int64_t s = 0; s < j->g->n; s++) {
+            ch_status sts = one(j, s, mine);
+            if (sts != CH_OK) {
+                CHI_OMP(omp critical)
+                {
+                    st = sts;
+                    snprintf(why, sizeof why, "%s", ch_last_error());
+                }
             }
+        }
     }
-    return failed ? conv_failed(slot) : CH_OK;
+    return st == CH_OK ? CH_OK : chi_error(st, "%s", why);
 }
 
 ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t out_channels,
@@ -385,7 +385,7 @@ ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t o
     TRY(conv_begin("conv2d_forward", g, per, scratch, ws_bytes, &slots, masks, &mask));
     conv_job j = {g, out_channels, g->c * g->kh * g->kw, g->oh * g->ow, per, mask,
                   chi_host_f32(x), chi_host_f32(w), NULL, chi_host_f32(y), NULL, NULL};
-    return conv_samples(&j, forward_one, scratch, per, slots, "conv2d_forward");
+    return conv_samples(&j, forward_one, scratch, per, slots);
 }
 
 ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t out_channels,
@@ -403,7 +403,7 @@ ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t 
         memset(scratch + t * per + cols, 0, (size_t)(o * k) * sizeof(float));
     conv_job j = {g, o, k, g->oh * g->ow, cols, mask, chi_host_f32(x), chi_host_f32(w),
                   chi_host_f32(dy), NULL, dx.ptr ? chi_host_f32(dx) : NULL, pdw};
-    TRY(conv_samples(&j, backward_one, scratch, per, slots, "conv2d_backward"));
+    TRY(conv_samples(&j, backward_one, scratch, per, slots));
     if (pdw)
         for (int64_t i = 0; i < o * k; i++) {
             float sum = beta == 0.0f ? 0.0f : beta * pdw[i];

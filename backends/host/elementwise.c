@@ -155,20 +155,13 @@ __attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, con
         y[i] = dy ? dy[i] * gelu_grad(x[i]) : gelu(x[i]);
 }
 
-static int have_avx2(void)
-{
-    static int known = -1;
-    if (known < 0)
-        known = __builtin_cpu_supports("avx2") ? 1 : 0;
-    return known;
-}
 #endif
 
 /* 1 when the GELU went eight at a time. */
 static int gelu_vector(float *y, const float *dy, const float *x, int64_t n)
 {
 #ifdef HAVE_LIBMVEC
-    if (have_avx2()) {
+    if (__builtin_cpu_supports("avx2")) {
         gelu8(y, dy, x, n);
         return 1;
     }

@@ -317,22 +317,36 @@ static int fits_blas_int(int64_t x)
 }
 #endif
 
-/* OpenBLAS's OpenMP and serial builds run a call made inside a parallel
- * region on the calling thread; its pthreads build would wake its own
+#ifdef HAVE_BLAS
+/* The product through cblas_sgemm when it takes these sizes (int); 0 when
+ * it does not, for the blocked GEMM to do it. */
+static int blas_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                      float *c, int64_t ldc)
+{
+    if (!(fits_blas_int(m) && fits_blas_int(n) && fits_blas_int(k) && fits_blas_int(lda) &&
+          fits_blas_int(ldb) && fits_blas_int(ldc)))
+        return 0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda,
+                b, (int)ldb, beta, c, (int)ldc);
+    return 1;
+}
+#endif
+
+/* Inside a parallel region, OpenBLAS's OpenMP and serial builds run the
+ * call on the calling thread; its pthreads build would wake its own
  * threads from each of ours, so there the blocked C GEMM does it (its own
- * region, nested in ours, is one thread). */
+ * region, nested in ours, is one thread). Outside a region this is
+ * chi_host_gemm's product. */
 ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                                float alpha, const float *a, int64_t lda, const float *b,
                                int64_t ldb, float beta, float *c, int64_t ldc)
 {
 #ifdef HAVE_BLAS
-    if (openblas_get_parallel() != 1 && fits_blas_int(m) && fits_blas_int(n) &&
-        fits_blas_int(k) && fits_blas_int(lda) && fits_blas_int(ldb) && fits_blas_int(ldc)) {
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                    trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a,
-                    (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    if (openblas_get_parallel() != 1 &&
+        blas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
         return CH_OK;
-    }
 #endif
     return chi_host_sgemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                                   ldc);
@@ -345,14 +359,9 @@ ch_status chi_host_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64
     (void)stream;
 #ifdef HAVE_BLAS
     /* OpenBLAS takes int sizes; anything larger goes to the blocked GEMM. */
-    if (fits_blas_int(m) && fits_blas_int(n) && fits_blas_int(k) &&
-        fits_blas_int(lda) && fits_blas_int(ldb) && fits_blas_int(ldc)) {
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                    trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
-                    alpha, chi_host_f32(a), (int)lda, chi_host_f32(b), (int)ldb, beta,
-                    chi_host_f32(c), (int)ldc);
+    if (blas_sgemm(trans_a, trans_b, m, n, k, alpha, chi_host_f32(a), lda, chi_host_f32(b), ldb,
+                   beta, chi_host_f32(c), ldc))
         return CH_OK;
-    }
 #endif
     return chi_host_sgemm_blocked(trans_a, trans_b, m, n, k, alpha, chi_host_f32(a),
                                   lda, chi_host_f32(b), ldb, beta, chi_host_f32(c),

@@ -21,8 +21,9 @@ ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n,
                                  float alpha, const float *a, int64_t lda, const float *b,
                                  int64_t ldb, float beta, float *c, int64_t ldc);
 
-/* The same product on the calling thread alone, for work a parallel region
- * has already shared out (the convolution's per-sample GEMMs). */
+/* The same product on the calling thread alone when called inside a
+ * parallel region, for work it has already shared out (the convolution's
+ * per-sample GEMMs, attention's small matrices). */
 ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                                float alpha, const float *a, int64_t lda, const float *b,
                                int64_t ldb, float beta, float *c, int64_t ldc);
