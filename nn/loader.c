@@ -76,6 +76,43 @@ static void shuffle(int64_t *order, int64_t n, uint64_t seed, int64_t epoch)
     }
 }
 
+/* Sample `index` of epoch `epoch` into `image`, augmented as the options
+ * say (include/chorus/data.h gives the draws). */
+static void fill_sample(const ch_loader *l, int64_t epoch, int64_t index, float *image,
+                        int32_t *label)
+{
+    const ch_loader_options *o = &l->opt;
+    const ch_dataset *ds = l->ds;
+    if (!o->augment) {
+        chn_dataset_fill(ds, index, image, label);
+        return;
+    }
+    uint64_t e = (uint64_t)epoch, u = (uint64_t)index;
+    uint32_t ctr[4] = {(uint32_t)u, (uint32_t)(u >> 32), (uint32_t)e, (uint32_t)(e >> 32)};
+    ch_philox4x32(ctr, o->seed ^ CH_AUGMENT_KEY);
+    int flip = (o->augment & CH_AUGMENT_FLIP) && (ctr[0] & 1);
+    int dy = 0, dx = 0;
+    if ((o->augment & CH_AUGMENT_CROP) && o->crop_pad > 0) {
+        uint32_t span = 2 * (uint32_t)o->crop_pad + 1;
+        dy = (int)(ctr[1] % span) - o->crop_pad;
+        dx = (int)(ctr[2] % span) - o->crop_pad;
+    }
+    int rows = ds->rows, cols = ds->cols;
+    const uint8_t *src = ds->pixels + index * (int64_t)rows * cols;
+    for (int y = 0; y < rows; y++) {
+        int sy = y + dy;
+        float *row = image + (int64_t)y * cols;
+        for (int x = 0; x < cols; x++) {
+            int sx = x + dx;
+            float v = ds->lut[0];
+            if (sy >= 0 && sy < rows && sx >= 0 && sx < cols)
+                v = ds->lut[src[(int64_t)sy * cols + sx]];
+            row[flip ? cols - 1 - x : x] = v;
+        }
+    }
+    *label = ds->labels[index];
+}
+
 /* Batch `number` of this rank's share: positions rank, rank + world, ... of
  * the epoch's order. */
 static void fill(const ch_loader *l, slot *s, int64_t epoch, int64_t number)
@@ -89,7 +126,7 @@ static void fill(const ch_loader *l, slot *s, int64_t epoch, int64_t number)
     for (int64_t k = 0; k < count; k++) {
         int64_t index = l->order[o->rank + (first + k) * o->world];
         s->indices[k] = index;
-        chn_dataset_fill(l->ds, index, images + k * numel, labels + k);
+        fill_sample(l, epoch, index, images + k * numel, labels + k);
     }
     s->batch.count = (int)count;
     s->batch.epoch = epoch;
@@ -141,6 +178,14 @@ static ch_status check_options(const ch_loader_options *o)
     if (o->prefetch < 1)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: options->prefetch is %d, expected >= 1",
                          fn, o->prefetch);
+    if (o->augment & ~(unsigned)(CH_AUGMENT_FLIP | CH_AUGMENT_CROP))
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: options->augment is 0x%x, which has flags other than "
+                         "CH_AUGMENT_FLIP and CH_AUGMENT_CROP", fn, o->augment);
+    if ((o->augment & CH_AUGMENT_CROP) && (o->crop_pad < 1 || o->crop_pad > 1024))
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: options->crop_pad is %d with CH_AUGMENT_CROP, expected 1 to 1024",
+                         fn, o->crop_pad);
     if (o->world < 1)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: options->world is %d, expected >= 1", fn,
                          o->world);

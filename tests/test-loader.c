@@ -360,6 +360,113 @@ static void test_bad_options(void)
     tap_ok(ch_loader_batches(NULL) == 0, "ch_loader_free(NULL), release(NULL) and batches(NULL) are harmless");
 }
 
+/* The documented augmentation of sample `index` in epoch `epoch`, from the
+ * plain image: include/chorus/data.h's draws, written out again. */
+static void augmented(float *out, const float *in, uint64_t seed, int64_t epoch, int64_t index,
+                      unsigned aug, int pad, int *flipped, int *dy_out, int *dx_out)
+{
+    uint32_t ctr[4] = {(uint32_t)index, (uint32_t)((uint64_t)index >> 32), (uint32_t)epoch,
+                       (uint32_t)((uint64_t)epoch >> 32)};
+    ch_philox4x32(ctr, seed ^ CH_AUGMENT_KEY);
+    int flip = (aug & CH_AUGMENT_FLIP) && (ctr[0] & 1);
+    int dy = (aug & CH_AUGMENT_CROP) ? (int)(ctr[1] % (uint32_t)(2 * pad + 1)) - pad : 0;
+    int dx = (aug & CH_AUGMENT_CROP) ? (int)(ctr[2] % (uint32_t)(2 * pad + 1)) - pad : 0;
+    for (int y = 0; y < ROWS; y++)
+        for (int x = 0; x < COLS; x++) {
+            int sy = y + dy, sx = x + dx;
+            float v = sy >= 0 && sy < ROWS && sx >= 0 && sx < COLS ? in[sy * COLS + sx] : 0.0f;
+            out[y * COLS + (flip ? COLS - 1 - x : x)] = v;
+        }
+    *flipped = flip;
+    *dy_out = dy;
+    *dx_out = dx;
+}
+
+/* One epoch of an augmenting loader against the reference; counts of the
+ * draws seen. Returns the samples that matched. */
+static int64_t augment_epoch(ch_loader_options o, int64_t epoch, int64_t *flips,
+                             int64_t shifts[3][3], float (*images)[NUMEL])
+{
+    ch_loader *l = NULL;
+    int64_t good = 0;
+    if (ch_loader_new(&l, ds, &o) != CH_OK || ch_loader_start(l, epoch, 0) != CH_OK) {
+        ch_loader_free(l);
+        return -1;
+    }
+    for (;;) {
+        ch_batch *b = NULL;
+        if (ch_loader_next(l, &b) != CH_OK || !b)
+            break;
+        const float *got = ch_host_buffer_data(b->images);
+        const int32_t *labels = ch_host_buffer_data(b->labels);
+        for (int k = 0; k < b->count; k++) {
+            float plain[NUMEL], want[NUMEL];
+            int32_t label;
+            int flip, dy, dx;
+            int64_t index = b->indices[k];
+            if (ch_dataset_get(ds, index, plain, &label) != CH_OK)
+                continue;
+            augmented(want, plain, o.seed, epoch, index, o.augment, o.crop_pad, &flip, &dy, &dx);
+            good += memcmp(want, got + (size_t)k * NUMEL, sizeof want) == 0 && label == labels[k];
+            *flips += flip;
+            if (o.crop_pad == 1)
+                shifts[dy + 1][dx + 1]++;
+            if (images)
+                memcpy(images[index], got + (size_t)k * NUMEL, sizeof want);
+        }
+        ch_loader_release(l, b);
+    }
+    ch_loader_free(l);
+    return good;
+}
+
+static void test_augment(void)
+{
+    static float first[N][NUMEL], second[N][NUMEL];
+    int64_t flips = 0, shifts[3][3] = {{0}};
+    ch_loader_options o = options(64, 1, 0, 3, 3);
+    o.augment = CH_AUGMENT_FLIP | CH_AUGMENT_CROP;
+    o.crop_pad = 1;
+    tap_ok(augment_epoch(o, 2, &flips, shifts, first) == N,
+           "flip and crop: every sample as documented (Philox by seed, epoch, index)");
+    int all_shifts = 1;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            all_shifts &= shifts[i][j] > N / 9 / 2;
+    tap_ok(flips > N * 2 / 5 && flips < N * 3 / 5 && all_shifts,
+           "about half the samples flipped (%lld of %d), every shift of -1..1 drawn "
+           "(least %lld times)", (long long)flips, N, (long long)shifts[0][0]);
+    /* A sample's augmentation does not depend on which rank loads it. */
+    o.world = 2;
+    o.workers = 1;
+    int64_t halves = 0;
+    for (o.rank = 0; o.rank < 2; o.rank++)
+        halves += augment_epoch(o, 2, &flips, shifts, second);
+    tap_ok(halves == N && memcmp(first, second, sizeof first) == 0,
+           "two ranks' shares augmented as one loader's epoch (%lld of %d)", (long long)halves, N);
+    o.world = 1;
+    o.rank = 0;
+    augment_epoch(o, 3, &flips, shifts, second);
+    int64_t same = 0;
+    for (int i = 0; i < N; i++)
+        same += memcmp(first[i], second[i], sizeof first[i]) == 0;
+    tap_ok(same < N / 2, "another epoch, other draws (%lld of %d samples alike)", (long long)same,
+           N);
+    o.augment = CH_AUGMENT_FLIP;
+    flips = 0;
+    tap_ok(augment_epoch(o, 0, &flips, shifts, NULL) == N && flips > 0,
+           "flip alone: as documented");
+    ch_loader *l = NULL;
+    o.augment = 4;
+    tap_status_is(ch_loader_new(&l, ds, &o), CH_ERR_INVALID_ARGUMENT,
+                  "options->augment is 0x4, which has flags other than", "augment 0x4");
+    o.augment = CH_AUGMENT_CROP;
+    o.crop_pad = 0;
+    tap_status_is(ch_loader_new(&l, ds, &o), CH_ERR_INVALID_ARGUMENT,
+                  "options->crop_pad is 0 with CH_AUGMENT_CROP, expected 1 to 1024",
+                  "crop_pad 0");
+}
+
 /* Batches in buffers pinned for each device. */
 static void test_pinned(run *r)
 {
@@ -415,6 +522,7 @@ int main(void)
     test_resume(a, b);
     test_slots();
     test_bad_options();
+    test_augment();
     test_pinned(a);
     free(a);
     free(b);

@@ -98,6 +98,19 @@ ok $? "stop at step 57, then resume"
 cmp -s "$tmp/straight.st" "$tmp/mid-resumed.st"
 ok $? "resuming mid-epoch gives a checkpoint identical to training straight through"
 
+# Augmented images: the draws are keyed by (seed, epoch, sample), so a run
+# stopped mid-epoch and resumed sees what the straight run saw; and the
+# augmentation changes what is learnt.
+aug="--augment flip,crop:3"
+# shellcheck disable=SC2086
+"$train" $quick $aug --epochs 2 --checkpoint "$tmp/aug.st" >/dev/null 2>&1 &&
+    "$train" $quick $aug --epochs 2 --max-steps 57 --checkpoint "$tmp/aug-mid.st" >/dev/null 2>&1 &&
+    "$train" $quick $aug --epochs 2 --resume "$tmp/aug-mid.st" \
+        --checkpoint "$tmp/aug-resumed.st" >/dev/null 2>&1
+ok $? "$aug: 2 epochs straight; stop at step 57 and resume"
+cmp -s "$tmp/aug.st" "$tmp/aug-resumed.st" && ! cmp -s "$tmp/aug.st" "$tmp/straight.st"
+ok $? "$aug: the resumed run's checkpoint equals the straight one's, and differs from an unaugmented run's"
+
 # The inputs' normalisation a checkpoint records: both floats, bit for bit.
 recorded() {
     python3 -c '
@@ -246,7 +259,8 @@ status=$?
 test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--epochs' "$tmp/err"
 ok $? "a bad option value: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
 for bad in "--reduce sideways" "--split 1,x" "--bucket-mb 0" "--accumulate 0" "--split 1,2,3,4" \
-    "--normalize 0.5,0" "--normalize 0.5" "--normalize x,1"; do
+    "--normalize 0.5,0" "--normalize 0.5" "--normalize x,1" "--augment sideways" \
+    "--augment crop:0" "--augment flip," "--augment flip,flip" "--augment crop:x"; do
     # shellcheck disable=SC2086
     "$train" --data "$data" --devices host $bad >/dev/null 2>"$tmp/err"
     status=$?

@@ -32,6 +32,8 @@ typedef struct options {
     int64_t generate, top_k, eval_every;
     float temperature;
     int lm;                  /* a language model (gpt) */
+    unsigned aug;            /* CH_AUGMENT_* */
+    int crop_pad;
 } options;
 
 static void usage(FILE *f)
@@ -71,6 +73,10 @@ static void usage(FILE *f)
             "                      checkpoint's with --resume, else the mean and std of the\n"
             "                      training images (Fashion-MNIST: 0.2860,0.3530)\n"
             "  --batch N           batch size (default 64)\n"
+            "  --augment LIST      random augmentation of the training images: none,\n"
+            "                      flip (mirror left-right half the time), crop[:N]\n"
+            "                      (shift by up to N pixels, default 2, zeros in),\n"
+            "                      or flip,crop[:N]; default none\n"
             "  --lr X              learning rate (default 0.001; resnet 0.003; sgd 0.05)\n"
             "  --optimizer NAME    sgd, adam (default) or adamw\n"
             "  --schedule NAME     learning rate: cosine (default, decays to 0 over the\n"
@@ -156,6 +162,41 @@ static int parse_norm(const char *s, ch_idx_options *out)
     return 1;
 }
 
+/* none | flip | crop[:N] | flip,crop[:N] (either order). */
+static int parse_augment(const char *s, options *o)
+{
+    o->aug = 0;
+    o->crop_pad = 0;
+    if (strcmp(s, "none") == 0)
+        return 1;
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        if (n == 4 && strncmp(s, "flip", 4) == 0 && !(o->aug & CH_AUGMENT_FLIP)) {
+            o->aug |= CH_AUGMENT_FLIP;
+        } else if (n >= 4 && strncmp(s, "crop", 4) == 0 && !(o->aug & CH_AUGMENT_CROP)) {
+            o->aug |= CH_AUGMENT_CROP;
+            o->crop_pad = 2;
+            if (n > 4) {
+                char num[16];
+                int64_t v;
+                if (s[4] != ':' || n - 5 >= sizeof num)
+                    return 0;
+                memcpy(num, s + 5, n - 5);
+                num[n - 5] = 0;
+                if (!parse_int(num, 1, &v) || v > 1024)
+                    return 0;
+                o->crop_pad = (int)v;
+            }
+        } else {
+            return 0;
+        }
+        s += n;
+        if (*s == ',' && !*++s)
+            return 0;
+    }
+    return o->aug != 0;
+}
+
 static int parse_options(int argc, char **argv, options *o)
 {
     static const struct option longs[] = {
@@ -176,11 +217,12 @@ static int parse_options(int argc, char **argv, options *o)
         {"dropout", required_argument, 0, 1007}, {"generate", required_argument, 0, 1008},
         {"temperature", required_argument, 0, 1009}, {"top-k", required_argument, 0, 1010},
         {"prompt", required_argument, 0, 1011}, {"eval-every", required_argument, 0, 1012},
+        {"augment", required_argument, 0, 1013},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     *o = (options){NULL, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "auto", "auto",
                    "sync", "\n", {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1,
-                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0};
+                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0};
     o->gpt.vocab = 0;
     opterr = 0;
     int c;
@@ -287,6 +329,11 @@ static int parse_options(int argc, char **argv, options *o)
             if (!parse_int(optarg, 1, &o->eval_every))
                 return fail_usage("--eval-every wants a whole number >= 1, not \"%s\"", optarg);
             break;
+        case 1013:
+            if (!parse_augment(optarg, o))
+                return fail_usage("--augment is none, flip, crop[:N] or flip,crop[:N] with N "
+                                  "from 1 to 1024, not \"%s\"", optarg);
+            break;
         case 'h': usage(stdout); exit(0);
         case 'V': printf("chorus-train %s\n", ch_version()); exit(0);
         default:
@@ -309,6 +356,8 @@ static int parse_options(int argc, char **argv, options *o)
                           (long long)o->gpt.dim);
     if (strcmp(o->batchnorm, "sync") != 0 && strcmp(o->batchnorm, "local") != 0)
         return fail_usage("--batchnorm is sync or local, not \"%s\"", o->batchnorm);
+    if (o->lm && o->aug)
+        return fail_usage("--augment is for image models, not --model gpt");
     if (!o->lm && (o->generate || o->eval_every))
         return fail_usage("--%s is for --model gpt", o->generate ? "generate" : "eval-every");
     if (strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") && strcmp(o->optimizer, "adamw"))
@@ -675,7 +724,7 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
  * replica on its share of every batch. */
 static ch_status evaluate(trainer *t, double *accuracy, double *loss)
 {
-    ch_loader_options lo = {t->o->batch > 256 ? t->o->batch : 256, 0, 0, 0, 2, 2, 0, 1, t->dev};
+    ch_loader_options lo = {t->o->batch > 256 ? t->o->batch : 256, 0, 0, 0, 2, 2, 0, 1, t->dev, 0, 0};
     ch_loader *ld = NULL;
     ch_status st = ch_loader_new(&ld, t->test, &lo);
     if (st == CH_OK)
@@ -875,7 +924,8 @@ static ch_status setup(trainer *t)
     if (kind == CH_OPT_SGD)
         oo.momentum = 0.9f;
     ch_status st = setup_dp(t, &oo);
-    ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev};
+    ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev,
+                            t->o->aug, t->o->crop_pad};
     if (st == CH_OK && !t->o->lm)
         st = ch_loader_new(&t->loader, t->train, &lo);
     if (st == CH_OK && t->o->lm) {

@@ -157,7 +157,31 @@ typedef struct ch_loader_options {
     int prefetch;        /* batches ready ahead, >= 1 */
     int rank, world;     /* 0 and 1 for a single process */
     ch_device *pin_for;  /* pinned for this device's transfers; NULL: plain memory */
+    /* Random augmentation of each sample, as torchvision's transforms: a
+     * set of CH_AUGMENT_* flags (0: none). The draws for the sample of data
+     * set index i in epoch e are
+     *     ctr = {i low 32 bits, i high, e low, e high};
+     *     ch_philox4x32(ctr, seed ^ CH_AUGMENT_KEY);
+     *     flip = ctr[0] & 1;  dy = ctr[1] % (2 * crop_pad + 1) - crop_pad;
+     *     dx = ctr[2] % (2 * crop_pad + 1) - crop_pad;
+     * (output pixel (y, x) is input pixel (y + dy, x + dx), 0 outside, and
+     * the flip comes after the crop), so a sample is augmented the same way
+     * whatever the workers, devices or ranks, and a resumed run sees what
+     * the uninterrupted run saw. */
+    unsigned augment;
+    int crop_pad;        /* CH_AUGMENT_CROP: shift by up to this many pixels */
 } ch_loader_options;
+
+enum {
+    /* Mirror the image left to right with probability 1/2
+     * (RandomHorizontalFlip). */
+    CH_AUGMENT_FLIP = 1u << 0,
+    /* Pad by crop_pad pixels of value 0 (before normalisation) and crop a
+     * window of the original size at a uniform offset (RandomCrop with
+     * padding). */
+    CH_AUGMENT_CROP = 1u << 1
+};
+#define CH_AUGMENT_KEY 0x6175676d656e7421ull /* "augment!" */
 
 /* One batch: `count` samples (batch_size, or fewer for the last one). */
 typedef struct ch_batch {
