@@ -98,6 +98,18 @@ ok $? "stop at step 57, then resume"
 cmp -s "$tmp/straight.st" "$tmp/mid-resumed.st"
 ok $? "resuming mid-epoch gives a checkpoint identical to training straight through"
 
+# --weight-decay: AdamW's default is 0.01, so giving it changes nothing and
+# giving 0 changes the weights.
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --max-steps 5 --optimizer adamw --checkpoint "$tmp/wd-default.st" \
+    >/dev/null 2>&1 &&
+    "$train" $quick --epochs 1 --max-steps 5 --optimizer adamw --weight-decay 0.01 \
+        --checkpoint "$tmp/wd-001.st" >/dev/null 2>&1 &&
+    "$train" $quick --epochs 1 --max-steps 5 --optimizer adamw --weight-decay 0 \
+        --checkpoint "$tmp/wd-0.st" >/dev/null 2>&1 &&
+    cmp -s "$tmp/wd-default.st" "$tmp/wd-001.st" && ! cmp -s "$tmp/wd-default.st" "$tmp/wd-0.st"
+ok $? "--weight-decay 0.01 is adamw's default; --weight-decay 0 trains other weights"
+
 # Augmented images: the draws are keyed by (seed, epoch, sample), so a run
 # stopped mid-epoch and resumed sees what the straight run saw; and the
 # augmentation changes what is learnt.
@@ -260,7 +272,8 @@ test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--epoch
 ok $? "a bad option value: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
 for bad in "--reduce sideways" "--split 1,x" "--bucket-mb 0" "--accumulate 0" "--split 1,2,3,4" \
     "--normalize 0.5,0" "--normalize 0.5" "--normalize x,1" "--augment sideways" \
-    "--augment crop:0" "--augment flip," "--augment flip,flip" "--augment crop:x"; do
+    "--augment crop:0" "--augment flip," "--augment flip,flip" "--augment crop:x" \
+    "--weight-decay -1" "--weight-decay x"; do
     # shellcheck disable=SC2086
     "$train" --data "$data" --devices host $bad >/dev/null 2>"$tmp/err"
     status=$?

@@ -34,6 +34,7 @@ typedef struct options {
     int lm;                  /* a language model (gpt) */
     unsigned aug;            /* CH_AUGMENT_* */
     int crop_pad;
+    float weight_decay;      /* < 0: the optimizer's default */
 } options;
 
 static void usage(FILE *f)
@@ -79,6 +80,8 @@ static void usage(FILE *f)
             "                      or flip,crop[:N]; default none\n"
             "  --lr X              learning rate (default 0.001; resnet 0.003; sgd 0.05)\n"
             "  --optimizer NAME    sgd, adam (default) or adamw\n"
+            "  --weight-decay X    weight decay (default 0; adamw 0.01), decoupled for\n"
+            "                      adamw, added to the gradient for sgd and adam\n"
             "  --schedule NAME     learning rate: cosine (default, decays to 0 over the\n"
             "                      epochs), step (x0.1 every 2 epochs) or constant\n"
             "  --seed N            seed of the initialisation and the shuffle (default 1)\n"
@@ -217,12 +220,12 @@ static int parse_options(int argc, char **argv, options *o)
         {"dropout", required_argument, 0, 1007}, {"generate", required_argument, 0, 1008},
         {"temperature", required_argument, 0, 1009}, {"top-k", required_argument, 0, 1010},
         {"prompt", required_argument, 0, 1011}, {"eval-every", required_argument, 0, 1012},
-        {"augment", required_argument, 0, 1013},
+        {"augment", required_argument, 0, 1013}, {"weight-decay", required_argument, 0, 1014},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     *o = (options){NULL, "cnn", "all", "adam", NULL, NULL, NULL, "cosine", "auto", "auto",
                    "sync", "\n", {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1,
-                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0};
+                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f};
     o->gpt.vocab = 0;
     opterr = 0;
     int c;
@@ -333,6 +336,10 @@ static int parse_options(int argc, char **argv, options *o)
             if (!parse_augment(optarg, o))
                 return fail_usage("--augment is none, flip, crop[:N] or flip,crop[:N] with N "
                                   "from 1 to 1024, not \"%s\"", optarg);
+            break;
+        case 1014:
+            if (!parse_float(optarg, &o->weight_decay) || !(o->weight_decay >= 0.0f))
+                return fail_usage("--weight-decay wants a number >= 0, not \"%s\"", optarg);
             break;
         case 'h': usage(stdout); exit(0);
         case 'V': printf("chorus-train %s\n", ch_version()); exit(0);
@@ -923,6 +930,8 @@ static ch_status setup(trainer *t)
     ch_optimizer_options oo = ch_optimizer_defaults(kind, t->o->lr);
     if (kind == CH_OPT_SGD)
         oo.momentum = 0.9f;
+    if (t->o->weight_decay >= 0.0f)
+        oo.weight_decay = t->o->weight_decay;
     ch_status st = setup_dp(t, &oo);
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev,
                             t->o->aug, t->o->crop_pad};
