@@ -57,6 +57,16 @@ ok $? "--json prints one object with the result keys: $(head -c 200 "$tmp/json")
     grep -q 'layer3.0.bn2.num_batches_tracked' "$tmp/resnet.st"
 ok $? "--model resnet --depth 8: 4 steps, evaluated, the checkpoint holds the running statistics ($(cat "$tmp/out") $(head -c 200 "$tmp/err"))"
 
+# The resnet's defaults are AdamW, a weight decay of 0.05 and lr 3e-3: the
+# same flags given by hand train the same bits, Adam trains other ones.
+resnet_quick="--data $data --devices host --model resnet --depth 8 --limit 128 --batch 32 --max-steps 2 --quiet"
+"$train" $resnet_quick --checkpoint "$tmp/rn-default.st" >/dev/null 2>&1 &&
+    "$train" $resnet_quick --optimizer adamw --weight-decay 0.05 --lr 0.003 \
+        --checkpoint "$tmp/rn-given.st" >/dev/null 2>&1 &&
+    "$train" $resnet_quick --optimizer adam --checkpoint "$tmp/rn-adam.st" >/dev/null 2>&1 &&
+    cmp -s "$tmp/rn-default.st" "$tmp/rn-given.st" && ! cmp -s "$tmp/rn-default.st" "$tmp/rn-adam.st"
+ok $? "the resnet's defaults are --optimizer adamw --weight-decay 0.05 --lr 0.003; adam differs"
+
 # Two replicas on one device (how data parallelism runs on a single GPU):
 # accepted, said so, and the same training as one replica up to rounding.
 "$train" --data "$data" --devices host,host --model mlp --limit 2000 --batch 50 --epochs 2 \
