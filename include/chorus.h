@@ -54,6 +54,7 @@
 #include <chorus/data.h>
 #include <chorus/nn.h>
 #include <chorus/reduce.h>
+#include <chorus/dist.h>
 #include <chorus/dp.h>
 
 #define CHORUS_VERSION_MAJOR 0

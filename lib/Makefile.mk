@@ -27,14 +27,17 @@ libchorus_la_SOURCES = \
 	lib/registry.h \
 	lib/philox.h \
 	lib/optim_consts.h
-libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
-libchorus_la_LIBADD = $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
+	$(MPI_CFLAGS)
+libchorus_la_LIBADD = $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) \
+	$(MPI_LIBS)
 # -version-info current:revision:age (libtool's rules): current goes up
 # with every change that breaks callers built against the previous
 # headers (1: argument orders, ch_train_state's normalisation fields;
 # 2: ch_dp_options' fields for BatchNorm and token data, with the new ops
-# and modules for the ResNet and the GPT, ch_conv2d among them).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 2:0:0 $(OPENMP_CFLAGS)
+# and modules for the ResNet and the GPT, ch_conv2d among them; 3:
+# ch_dp_options.dist, with chorus/dist.h and ch_reducer_set_stage).
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 3:0:0 $(OPENMP_CFLAGS)
 
 nobase_include_HEADERS += \
 	include/chorus.h \
@@ -48,4 +51,5 @@ nobase_include_HEADERS += \
 	include/chorus/data.h \
 	include/chorus/nn.h \
 	include/chorus/reduce.h \
+	include/chorus/dist.h \
 	include/chorus/dp.h

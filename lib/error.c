@@ -25,6 +25,7 @@ const char *ch_status_str(ch_status status)
     case CH_ERR_UNAVAILABLE: return "unavailable";
     case CH_ERR_IO: return "input/output error";
     case CH_ERR_FORMAT: return "bad file format";
+    case CH_ERR_REMOTE: return "another process failed";
     case CH_ERR_UNSUPPORTED: return "unsupported";
     case CH_ERR_INTERNAL: return "internal error";
     }

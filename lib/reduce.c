@@ -19,6 +19,10 @@
  * participants upload from (one staging per backend where it can: a
  * buffer pinned by a backend serves all of that backend's devices).
  *
+ * A stage (ch_reducer_set_stage: data parallelism across processes) makes
+ * every call host-staged, one group or several: the total is taken on the
+ * host, passes through the stage, and only then is copied out.
+ *
  * Across streams (docs/DESIGN.md, Streams): everything is queued on the
  * participants' streams after what they already hold, and a call returns
  * only once every one of them is drained, after a failure too, so no work
@@ -51,6 +55,8 @@ struct ch_reducer {
     float **copies;            /* [n] */
     const ch_host_buffer **upload_from;  /* [n] */
     const ch_host_buffer **holders;      /* [n + 1] staging that holds the total */
+    ch_reduce_stage_fn stage;  /* the total passes through it on the host */
+    void *stage_user;
 };
 
 /* ---- modes --------------------------------------------------------------- */
@@ -252,6 +258,22 @@ int ch_reducer_group(const ch_reducer *r, int index)
 
 ch_reduce_mode ch_reducer_mode(const ch_reducer *r) { return r ? r->mode : CH_REDUCE_HOST; }
 
+ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user)
+{
+    if (!r)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_set_stage: r is NULL");
+    /* The total is then always taken on the host: the first participant
+     * of every group needs staging, one group or several. */
+    for (int i = 0; fn && i < r->n; i++)
+        if (r->capacity > 0 && !r->staging[i] && !host_memory(r->streams[i]->dev) &&
+            r->first[r->group[i]] == i)
+            TRY(ch_host_buffer_new(&r->staging[i], r->streams[i]->dev,
+                                   (size_t)r->capacity * sizeof(float)));
+    r->stage = fn;
+    r->stage_user = user;
+    return CH_OK;
+}
+
 /* ---- one call ------------------------------------------------------------ */
 
 static ch_status check_call(const ch_reducer *r, ch_tensor *const *bufs, int64_t offset,
@@ -397,7 +419,18 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
         }
         r->upload_from[i] = h;
     }
-    chi_sum_spread(count, total, r->ngroups, r->src, ncopies, r->copies);
+    if (!r->stage) {
+        chi_sum_spread(count, total, r->ngroups, r->src, ncopies, r->copies);
+    } else {
+        /* The total, then the stage, then its copies. */
+        chi_sum_spread(count, total, r->ngroups, r->src, 0, NULL);
+        st = r->stage(r->stage_user, total, count);
+        if (st != CH_OK)
+            return st;
+        const float *from[1] = {total};
+        if (ncopies > 0)
+            chi_sum_spread(count, r->copies[0], 1, from, ncopies - 1, r->copies + 1);
+    }
 
     /* Uploads, queued on every device at once. */
     for (int i = 0; i < r->n && st == CH_OK; i++) {
@@ -460,7 +493,7 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
                                int64_t count)
 {
     ch_status st = check_call(r, bufs, offset, count);
-    if (st != CH_OK || r->n == 1 || count == 0)
+    if (st != CH_OK || (r->n == 1 && !r->stage) || count == 0)
         return st;
 
     memset(r->saved, 0, (size_t)r->n * sizeof *r->saved);
@@ -473,7 +506,7 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
         queued = 1;
         st = reduce_groups(r, count);
     }
-    if (st == CH_OK && r->ngroups >= 2)
+    if (st == CH_OK && (r->ngroups >= 2 || r->stage))
         st = stage_across_groups(r, count);
     /* Also after a failure: nothing queued may still touch the staging or
      * the views once this returns. The first failure's message is kept. */

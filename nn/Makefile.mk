@@ -16,6 +16,8 @@ nn_sources = \
 	nn/checkpoint.c \
 	nn/presets.c \
 	nn/dp.c \
+	nn/dist.c \
+	nn/dist.h \
 	nn/split.c \
 	nn/split.h
 libchorus_la_SOURCES += $(nn_sources)

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist.h"
 #include "nn.h"
 #include "split.h"
 #include <chorus/dp.h>
@@ -43,6 +44,19 @@
 #define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
 
 typedef enum job { JOB_TRAIN, JOB_PREDICT, JOB_EVALUATE } job;
+
+/* What a process tells the others at the end of every call (across
+ * processes): its status, its share of the loss and of the right answers,
+ * replica 0's checksum, and its replicas' compute seconds (the automatic
+ * split), `nmax` of them after the fixed part. */
+typedef struct report {
+    int32_t st;
+    int32_t checked;
+    double loss;              /* sum over its replicas of mean loss x samples */
+    int64_t correct;
+    uint64_t checksum;
+    char error[400];
+} report;
 
 typedef struct bucket {
     int p_lo, p_hi;           /* parameters [p_lo, p_hi) */
@@ -126,6 +140,31 @@ struct ch_dp {
     int buffers_stale;        /* replicas 1.. hold older running statistics than 0 */
     int micro;                /* micro-batches accumulated since the last update */
     int64_t micro_samples;    /* their samples: the random stream's offset */
+
+    /* Across processes (options.dist with two or more): this process's
+     * replicas are replicas [first, first + n) of the job's nall, the
+     * split is the job's. */
+    ch_dist *dist;
+    int ranks, rank;
+    int threaded;             /* worker threads and a reducer: n > 1 or ranks > 1 */
+    int nall, first, nmax;
+    int *rank_n, *rank_first; /* [ranks] */
+    nn_comm *ctl;             /* the calling thread's collectives */
+    nn_comm *grad;            /* the reducer thread's */
+    nn_comm *bn;              /* BatchNorm's exchanges (their leader replica's) */
+    int x_leader;             /* the replica that exchanges for the process */
+    int x_flagged;            /* this call's failure was told to the others */
+    int x_done;               /* exchanges across processes in this call */
+    int x_expected;           /* in a training call (-1 until one succeeded) */
+    int64_t *x_counts;        /* [x_counts_cap] the values of each of them */
+    int x_counts_cap;
+    double *xtotal;           /* BatchNorm: the process's sums, then the job's */
+    int64_t xtcap;
+    size_t report_bytes;      /* sizeof(report) + nmax doubles */
+    unsigned char *reports;   /* [ranks] reports, then this process's own */
+    int ranks_stale;          /* ranks other than 0 hold other running statistics */
+    double eval_loss;         /* the last evaluation's, over the job */
+    int64_t eval_correct;
 #ifdef CHI_TEST_HOOKS
     int fail_replica;         /* this replica fails its next call */
     int fail_reduce;          /* the next reduction fails */
@@ -343,6 +382,36 @@ static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
     return ch_reducer_allreduce(dp->reducer, bufs, 0, dp->buckets[b].count);
 }
 
+/* The reducer's stage across processes: the process's total of a bucket
+ * becomes the job's (chorus/reduce.h). */
+static ch_status sum_across(void *user, float *total, int64_t count)
+{
+    ch_dp *dp = user;
+    return nn_comm_sum_f32(dp->grad, total, count, "reducing gradients across processes");
+}
+
+/* Across processes, before each bucket: whether every process is still
+ * in the step. A process that failed says so once, at the bucket it was
+ * to reduce next, and every process stops there: no process is left
+ * waiting for a bucket that will never come. */
+static ch_status all_in(ch_dp *dp, int failed)
+{
+    double flag = failed ? 1.0 : 0.0;
+    TRY(nn_comm_sum_f64(dp->grad, &flag, 1, "reducing gradients across processes"));
+    if (flag > 0.0 && !failed)
+        return chi_error(CH_ERR_REMOTE, "another process of the job failed in this step");
+    return CH_OK;
+}
+
+/* With dp->lock held: the reducer failed; the workers stop too. */
+static void reducer_failed(ch_dp *dp, ch_status st)
+{
+    dp->reduce_st = st;
+    snprintf(dp->reduce_error, sizeof dp->reduce_error, "reducing gradients (%s): %s",
+             ch_reduce_mode_name(dp->o.reduce), ch_last_error());
+    atomic_store(&dp->failed, 1);
+}
+
 static void *reducer_main(void *arg)
 {
     ch_dp *dp = arg;
@@ -353,7 +422,18 @@ static void *reducer_main(void *arg)
         for (int b = 0; b < dp->nbuckets; b++) {
             while (dp->posted_count[b] < dp->n && !atomic_load(&dp->failed))
                 pthread_cond_wait(&dp->posted, &dp->lock);
-            if (atomic_load(&dp->failed))
+            int failed = atomic_load(&dp->failed);
+            if (dp->ranks > 1) {
+                pthread_mutex_unlock(&dp->lock);
+                ch_clear_error();
+                ch_status st = all_in(dp, failed);
+                pthread_mutex_lock(&dp->lock);
+                if (st != CH_OK && !atomic_load(&dp->failed))
+                    reducer_failed(dp, st);
+                if (st != CH_OK)
+                    break;
+            }
+            if (failed)
                 break;
             pthread_mutex_unlock(&dp->lock);
             if (b == 0)
@@ -363,11 +443,7 @@ static void *reducer_main(void *arg)
                                  : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp: out of memory");
             pthread_mutex_lock(&dp->lock);
             if (st != CH_OK) {
-                dp->reduce_st = st;
-                snprintf(dp->reduce_error, sizeof dp->reduce_error,
-                         "reducing gradients (%s): %s", ch_reduce_mode_name(dp->o.reduce),
-                         ch_last_error());
-                atomic_store(&dp->failed, 1);
+                reducer_failed(dp, st);
                 break;
             }
         }
@@ -409,6 +485,49 @@ static ch_status rendezvous(ch_dp *dp)
     return CH_OK;
 }
 
+/* Across processes, on the leader replica, between the two rendezvous:
+ * the process's sums (every active replica's deposit, in replica order)
+ * summed over the processes, and a flag that a process failed. A leader
+ * whose process failed before the exchange still takes part, with the
+ * flag, so that the other processes stop here instead of waiting. */
+static ch_status exchange_across(ch_dp *dp, int64_t n, int failed)
+{
+    if (n + 1 > dp->xtcap) {
+        double *grown = realloc(dp->xtotal, (size_t)(n + 1) * sizeof *grown);
+        if (!grown)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "BatchNorm statistics: out of memory");
+        dp->xtotal = grown;
+        dp->xtcap = n + 1;
+    }
+    for (int64_t k = 0; k < n; k++)
+        dp->xtotal[k] = 0.0;
+    for (int i = 0; !failed && i < dp->n; i++) {
+        const replica *o = &dp->r[i];
+        for (int64_t k = 0; o->count > 0 && k < n; k++)
+            dp->xtotal[k] += o->xbuf[k];
+    }
+    dp->xtotal[n] = failed ? 1.0 : 0.0;
+    if (dp->x_done >= dp->x_counts_cap) {
+        int cap = dp->x_counts_cap ? 2 * dp->x_counts_cap : 16;
+        int64_t *grown = realloc(dp->x_counts, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "BatchNorm statistics: out of memory");
+        dp->x_counts = grown;
+        dp->x_counts_cap = cap;
+    }
+    dp->x_counts[dp->x_done++] = n;
+    TRY(nn_comm_sum_f64(dp->bn, dp->xtotal, n + 1, "BatchNorm statistics across processes"));
+    if (dp->xtotal[n] > 0.0 && !failed) {
+        /* The process that failed has told everyone: nothing to flag. */
+        pthread_mutex_lock(&dp->lock);
+        dp->x_flagged = 1;
+        pthread_mutex_unlock(&dp->lock);
+        return chi_error(CH_ERR_REMOTE, "BatchNorm statistics: another process of the job "
+                         "failed in this step");
+    }
+    return CH_OK;
+}
+
 static ch_status exchange_sums(void *user, ch_tensor *t)
 {
     replica *r = user;
@@ -431,13 +550,35 @@ static ch_status exchange_sums(void *user, ch_tensor *t)
     ch_status st = rendezvous(dp);
     pthread_mutex_unlock(&dp->lock);
     r->xwait += ch_clock_seconds() - w0;
+    /* Across processes the leader exchanges; after a failure here, the
+     * first replica to see it exchanges the flag instead. */
+    int across = 0;
+    if (dp->ranks > 1) {
+        pthread_mutex_lock(&dp->lock);
+        if (st == CH_OK)
+            across = r->index == dp->x_leader;
+        else if (!dp->x_flagged)
+            across = dp->x_flagged = 1;
+        pthread_mutex_unlock(&dp->lock);
+    }
+    if (across) {
+        char why[512] = "";
+        if (st != CH_OK)
+            snprintf(why, sizeof why, "%s", ch_last_error());
+        ch_status got = exchange_across(dp, n, st != CH_OK);
+        if (st != CH_OK)
+            return chi_error(st, "%s", why);
+        TRY(got);
+    }
     TRY(st);
-    for (int64_t k = 0; k < n; k++)
-        r->xsum[k] = 0.0;
-    for (int i = 0; i < dp->n; i++) {
-        const replica *o = &dp->r[i];
-        for (int64_t k = 0; o->count > 0 && k < n; k++)
-            r->xsum[k] += o->xbuf[k];
+    if (dp->ranks == 1) {
+        for (int64_t k = 0; k < n; k++)
+            r->xsum[k] = 0.0;
+        for (int i = 0; i < dp->n; i++) {
+            const replica *o = &dp->r[i];
+            for (int64_t k = 0; o->count > 0 && k < n; k++)
+                r->xsum[k] += o->xbuf[k];
+        }
     }
     w0 = ch_clock_seconds();
     pthread_mutex_lock(&dp->lock);
@@ -445,8 +586,10 @@ static ch_status exchange_sums(void *user, ch_tensor *t)
     pthread_mutex_unlock(&dp->lock);
     r->xwait += ch_clock_seconds() - w0;
     TRY(st);
+    /* The job's total, which the leader wrote before the second rendezvous. */
+    const double *total = dp->ranks > 1 ? dp->xtotal : r->xsum;
     for (int64_t k = 0; k < n; k++)
-        r->xbuf[k] = (float)r->xsum[k];
+        r->xbuf[k] = (float)total[k];
     return ch_tensor_upload(t, r->xbuf, (size_t)n * sizeof(float));
 }
 
@@ -548,18 +691,48 @@ static ch_status update(replica *r)
     return ch_optimizer_step(r->opt, dp->lr);
 }
 
+/* Across processes, after this replica failed in its forward or
+ * backward: when the other processes may be waiting in one of BatchNorm's
+ * exchanges that this process will now never reach (fewer exchanges done
+ * than a training call makes), the next one is made with the flag that
+ * this process failed, so that they stop there. Once per call; the
+ * exchange's size is the one the last good call had at that point. */
+static void flag_exchange(ch_dp *dp)
+{
+    if (dp->ranks == 1)
+        return;
+    pthread_mutex_lock(&dp->lock);
+    int k = dp->x_done, go = !dp->x_flagged && k < dp->x_expected;
+    if (go)
+        dp->x_flagged = 1;
+    pthread_mutex_unlock(&dp->lock);
+    if (!go)
+        return;
+    int64_t n = dp->x_counts[k];
+    double *flag = calloc((size_t)n + 1, sizeof *flag);
+    if (!flag)
+        return; /* the others' watchdog ends it */
+    flag[n] = 1.0;
+    /* The replica's message is kept already (fail()); a failure here
+     * leaves the others to their watchdog. */
+    (void)nn_comm_sum_f64(dp->bn, flag, n + 1, "BatchNorm statistics across processes");
+    free(flag);
+}
+
 static void train(replica *r)
 {
     ch_dp *dp = r->dp;
-    int reducing = dp->sync && dp->n > 1;
+    int reducing = dp->sync && dp->threaded;
     double t0 = ch_clock_seconds();
     if (reducing)
         for (int b = 0; b < dp->nbuckets; b++)
             r->missing[b] = dp->buckets[b].p_hi - dp->buckets[b].p_lo;
     r->posting = reducing;
     r->xwait = 0.0;
-    if (dp->batch)
-        fail(r, compute(r));
+    /* A failure of this process's own (not one heard from another). */
+    ch_status st = dp->batch ? fail(r, compute(r)) : CH_OK;
+    if (st != CH_OK && st != CH_ERR_REMOTE)
+        flag_exchange(dp);
     r->compute_end = ch_clock_seconds();
     /* The balancer wants each replica's own work: waiting for the others
      * at BatchNorm's exchanges would make every replica look as slow as
@@ -571,7 +744,7 @@ static void train(replica *r)
             fail(r, post_rest(r));
         wait_reduced(dp);
     }
-    if (dp->n > 1)
+    if (dp->threaded)
         pthread_barrier_wait(&dp->barrier);
     if (dp->sync && !atomic_load(&dp->failed))
         fail(r, update(r));
@@ -733,7 +906,7 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
                           dp->buckets[b].p_hi - dp->buckets[b].p_lo, r->grads[b]));
     }
     nn_set_grad_hook(r->model, on_grads, r);
-    if (dp->n > 1 && !dp->o.batchnorm_local)
+    if (dp->threaded && !dp->o.batchnorm_local)
         nn_set_sync(r->model, exchange_sums, r);
     TRY(ch_loss_new(&r->loss, dp->o.loss));
     TRY(ch_optimizer_new(&r->opt, r->model, &dp->o.optimizer));
@@ -748,8 +921,9 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
 
 static ch_status start_threads(ch_dp *dp)
 {
-    /* One replica: the calling thread runs it, nothing to hand over. */
-    if (dp->n == 1)
+    /* One replica in one process: the calling thread runs it, nothing to
+     * hand over. */
+    if (!dp->threaded)
         return CH_OK;
     for (int i = 0; i < dp->n; i++) {
         int e = pthread_create(&dp->r[i].thread, NULL, worker, &dp->r[i]);
@@ -771,7 +945,7 @@ static ch_status start_threads(ch_dp *dp)
 
 static ch_status make_reducer(ch_dp *dp)
 {
-    if (dp->n == 1)
+    if (!dp->threaded)
         return CH_OK;
     ch_stream **comms = malloc((size_t)dp->n * sizeof *comms);
     if (!comms)
@@ -784,6 +958,8 @@ static ch_status make_reducer(ch_dp *dp)
             largest = dp->buckets[b].count;
     ch_status st = ch_reducer_new(&dp->reducer, comms, dp->n, largest, dp->o.reduce);
     free(comms);
+    if (st == CH_OK && dp->ranks > 1)
+        st = ch_reducer_set_stage(dp->reducer, sum_across, dp);
     if (st != CH_OK)
         return chi_error(st, "ch_dp_new: %s", ch_last_error());
     return CH_OK;
@@ -800,6 +976,150 @@ static ch_status init_sync(ch_dp *dp, int n)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: cannot make the workers' "
                          "condition variables and barrier");
     return CH_OK;
+}
+
+static ch_status bcast_state(ch_dp *dp, int params, const char *what);
+
+/* Across processes, what each process brings to ch_dp_new: its status so
+ * far and what must agree for the processes' collectives to match. */
+typedef struct joining {
+    int32_t st, n;
+    int64_t numel;
+    int32_t nparams, nbuckets, nbuffers, split;
+    int32_t accumulate, batchnorm_local, sample_dtype, sample_ndim;
+    int64_t sample_shape[CH_MAX_DIMS];
+    int64_t labels_per_sample;
+    char error[400];
+} joining;
+
+/* The fields of `a` that differ from rank 0's `z`, as words for a message;
+ * NULL when none. */
+static const char *disagreement(const joining *a, const joining *z)
+{
+    if (a->numel != z->numel || a->nparams != z->nparams || a->nbuffers != z->nbuffers)
+        return "the model (its parameters or buffers)";
+    if (a->nbuckets != z->nbuckets)
+        return "the buckets (options->bucket_bytes)";
+    if (a->split != z->split)
+        return "options->split";
+    if (a->accumulate != z->accumulate)
+        return "options->accumulate";
+    if (a->batchnorm_local != z->batchnorm_local)
+        return "options->batchnorm_local";
+    if (a->sample_dtype != z->sample_dtype || a->sample_ndim != z->sample_ndim ||
+        memcmp(a->sample_shape, z->sample_shape, sizeof a->sample_shape) != 0 ||
+        a->labels_per_sample != z->labels_per_sample)
+        return "the samples (options->sample_shape, sample_dtype or labels_per_sample)";
+    return NULL;
+}
+
+/* Across processes, in ch_dp_new whatever happened before (`st`): every
+ * process learns every other's replicas and weights, and fails when one
+ * failed or brings another model or other options. */
+static ch_status join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **weights)
+{
+    char why[512] = "";
+    if (st != CH_OK)
+        snprintf(why, sizeof why, "%s", ch_last_error());
+    joining mine = {.st = st, .n = dp->n};
+    mine.numel = dp->numel;
+    mine.nparams = dp->r[0].model ? ch_module_param_count(dp->r[0].model) : -1;
+    mine.nbuffers = dp->r[0].model ? ch_module_buffer_count(dp->r[0].model) : -1;
+    mine.nbuckets = dp->nbuckets;
+    mine.split = o->split;
+    mine.accumulate = o->accumulate > 1 ? o->accumulate : 1;
+    mine.batchnorm_local = o->batchnorm_local != 0;
+    mine.sample_dtype = o->sample_dtype;
+    mine.sample_ndim = o->sample_ndim;
+    memcpy(mine.sample_shape, o->sample_shape, sizeof mine.sample_shape);
+    mine.labels_per_sample = o->labels_per_sample > 1 ? o->labels_per_sample : 1;
+    snprintf(mine.error, sizeof mine.error, "%s", why);
+    joining *all = calloc((size_t)dp->ranks, sizeof *all);
+    dp->rank_n = calloc((size_t)dp->ranks, sizeof *dp->rank_n);
+    dp->rank_first = calloc((size_t)dp->ranks, sizeof *dp->rank_first);
+    if (!all || !dp->rank_n || !dp->rank_first) {
+        free(all);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    }
+    ch_status got = nn_comm_allgather(dp->ctl, &mine, all, sizeof mine,
+                                      "ch_dp_new: joining the processes");
+    if (st == CH_OK && got != CH_OK)
+        st = got;
+    for (int k = 0; st == CH_OK && k < dp->ranks; k++) {
+        const char *what = disagreement(&all[k], &all[0]);
+        if (all[k].st != CH_OK)
+            st = chi_error((ch_status)all[k].st, "ch_dp_new: rank %d failed: %.400s", k,
+                           all[k].error);
+        else if (what)
+            st = chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: rank %d brings other %s than "
+                           "rank 0: every process must make its dp with the same model and "
+                           "options", k, what);
+    }
+    if (st != CH_OK) {
+        free(all);
+        return why[0] && mine.st != CH_OK ? chi_error((ch_status)mine.st, "%s", why) : st;
+    }
+    dp->nall = 0;
+    dp->nmax = 0;
+    for (int k = 0; k < dp->ranks; k++) {
+        dp->rank_first[k] = dp->nall;
+        dp->rank_n[k] = all[k].n;
+        dp->nall += all[k].n;
+        if (all[k].n > dp->nmax)
+            dp->nmax = all[k].n;
+    }
+    free(all);
+    dp->first = dp->rank_first[dp->rank];
+    dp->report_bytes = sizeof(report) + (size_t)dp->nmax * sizeof(double);
+    dp->reports = calloc((size_t)dp->ranks + 1, dp->report_bytes);
+    if (!dp->reports)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    if (o->split != CH_DP_SPLIT_WEIGHTS)
+        return CH_OK;
+    /* Every process's weights, in rank order. */
+    float *padded = calloc((size_t)dp->nmax * (size_t)(dp->ranks + 1), sizeof *padded);
+    *weights = calloc((size_t)dp->nall, sizeof **weights);
+    if (!padded || !*weights) {
+        free(padded);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    }
+    float *own = padded + (size_t)dp->nmax * (size_t)dp->ranks;
+    memcpy(own, o->weights, (size_t)dp->n * sizeof *own);
+    st = nn_comm_allgather(dp->ctl, own, padded, (size_t)dp->nmax * sizeof *own,
+                           "ch_dp_new: the weights of every process");
+    for (int k = 0; st == CH_OK && k < dp->ranks; k++)
+        memcpy(*weights + dp->rank_first[k], padded + (size_t)k * (size_t)dp->nmax,
+               (size_t)dp->rank_n[k] * sizeof **weights);
+    free(padded);
+    return st;
+}
+
+/* Across processes, after rank 0's state went to every process: replica
+ * 0 of every process holds rank 0's bits. */
+static ch_status check_same_start(ch_dp *dp)
+{
+    TRY(param_checksum(&dp->r[0]));
+    uint64_t *all = calloc((size_t)dp->ranks, sizeof *all);
+    if (!all)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    ch_status st = nn_comm_allgather(dp->ctl, &dp->r[0].checksum, all, sizeof *all,
+                                     "ch_dp_new: the parameters' checksums");
+    for (int k = 1; st == CH_OK && k < dp->ranks; k++)
+        if (all[k] != all[0])
+            st = chi_error(CH_ERR_INTERNAL, "ch_dp_new: rank %d holds other parameters than "
+                           "rank 0 after the broadcast (checksum %016llx, want %016llx)", k,
+                           (unsigned long long)all[k], (unsigned long long)all[0]);
+    free(all);
+    return st;
+}
+
+/* Across processes: the communicators, made by every process in the same
+ * order. */
+static ch_status make_comms(ch_dp *dp)
+{
+    TRY(nn_comm_new(&dp->ctl, dp->dist));
+    TRY(nn_comm_new(&dp->grad, dp->dist));
+    return nn_comm_new(&dp->bn, dp->dist);
 }
 
 ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devices, int n,
@@ -827,15 +1147,23 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     dp->n = n;
     dp->o = *options;
     dp->o.weights = NULL; /* the caller's array may go away: the split has its own */
+    dp->dist = options->dist;
+    dp->ranks = ch_dist_size(dp->dist);
+    dp->rank = ch_dist_rank(dp->dist);
+    dp->threaded = n > 1 || dp->ranks > 1;
+    dp->x_expected = -1;
+    dp->nall = n;
     injected_clear(dp, 1);
     dp->grad_rescale = 1.0f;
     dp->numel = ch_module_param_numel(model);
     dp->r = calloc((size_t)n, sizeof *dp->r);
     st = dp->r ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
-    if (st == CH_OK) {
-        st = nn_split_init(&dp->split, n, options->split, options->weights);
-        if (st != CH_OK)
-            st = chi_error(st, "ch_dp_new: %s", ch_last_error());
+    /* Across processes the communicators come first, so that a process
+     * that fails below still meets the others in join(). */
+    int comms = 0;
+    if (st == CH_OK && dp->ranks > 1) {
+        st = make_comms(dp);
+        comms = st == CH_OK;
     }
     if (st == CH_OK && dp->numel == 0)
         st = chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: the model has no parameters");
@@ -845,6 +1173,29 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
         st = make_replica(dp, i, model, devices[i]);
     if (st == CH_OK)
         st = make_reducer(dp);
+    float *weights = NULL;
+    if (comms) {
+        st = join(dp, st, options, &weights);
+    } else if (st == CH_OK) {
+        dp->rank_n = calloc(1, sizeof *dp->rank_n);
+        dp->rank_first = calloc(1, sizeof *dp->rank_first);
+        if (!dp->rank_n || !dp->rank_first)
+            st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+        else
+            dp->rank_n[0] = n;
+    }
+    if (st == CH_OK) {
+        st = nn_split_init(&dp->split, dp->nall, options->split,
+                           weights ? weights : options->weights);
+        if (st != CH_OK)
+            st = chi_error(st, "ch_dp_new: %s", ch_last_error());
+    }
+    free(weights);
+    if (st == CH_OK && dp->ranks > 1) {
+        st = bcast_state(dp, 1, "ch_dp_new: rank 0's parameters and buffers");
+        if (st == CH_OK)
+            st = check_same_start(dp);
+    }
     if (st == CH_OK)
         st = start_threads(dp);
     if (st != CH_OK) {
@@ -899,6 +1250,14 @@ void ch_dp_free(ch_dp *dp)
     pthread_cond_destroy(&dp->exchanged);
     pthread_mutex_destroy(&dp->lock);
     free(dp->r);
+    nn_comm_free(dp->bn);
+    nn_comm_free(dp->grad);
+    nn_comm_free(dp->ctl);
+    free(dp->rank_n);
+    free(dp->rank_first);
+    free(dp->reports);
+    free(dp->xtotal);
+    free(dp->x_counts);
     nn_split_free(&dp->split);
     free(dp->buckets);
     free(dp->param_bucket);
@@ -908,28 +1267,49 @@ void ch_dp_free(ch_dp *dp)
 
 /* ---- A call ---------------------------------------------------------------------- */
 
-/* Share the batch out: each replica's count and start. */
+/* Share the batch out over the job's replicas: each local replica's count
+ * and start. */
 static void split(ch_dp *dp, int total)
 {
     nn_split_batch(&dp->split, total);
     for (int i = 0; i < dp->n; i++) {
-        dp->r[i].count = dp->split.count[i];
-        dp->r[i].start = dp->split.start[i];
+        dp->r[i].count = dp->split.count[dp->first + i];
+        dp->r[i].start = dp->split.start[dp->first + i];
     }
 }
 
-/* Auto split: the replicas' compute times of the call just made. */
+/* The samples of rank k's replicas in the last split. */
+static int rank_count(const ch_dp *dp, int k)
+{
+    int c = 0;
+    for (int i = 0; i < dp->rank_n[k]; i++)
+        c += dp->split.count[dp->rank_first[k] + i];
+    return c;
+}
+
+static report *report_of(const ch_dp *dp, int k)
+{
+    return (report *)(dp->reports + (size_t)k * dp->report_bytes);
+}
+
+static double *report_seconds(report *p) { return (double *)(p + 1); }
+
+/* Auto split: the replicas' compute times of the call just made, every
+ * process's (from the reports) when there are several. */
 static void measure(ch_dp *dp)
 {
     for (int i = 0; i < dp->n; i++)
-        dp->split.seconds[i] = dp->r[i].compute_seconds;
+        dp->split.seconds[dp->first + i] = dp->r[i].compute_seconds;
+    for (int k = 0; dp->ranks > 1 && k < dp->ranks; k++)
+        for (int i = 0; k != dp->rank && i < dp->rank_n[k]; i++)
+            dp->split.seconds[dp->rank_first[k] + i] = report_seconds(report_of(dp, k))[i];
     nn_split_measure(&dp->split);
 }
 
 /* Run the call set up in dp on every replica and wait for all of them. */
 static void run_all(ch_dp *dp)
 {
-    if (dp->n == 1) {
+    if (!dp->threaded) {
         /* The calling thread does the work, on the replica's stream. */
         replica *r = &dp->r[0];
         ch_stream *prev = NULL;
@@ -946,8 +1326,14 @@ static void run_all(ch_dp *dp)
     dp->reducer_done = 0;
     dp->x_active = 0;
     dp->x_arrived = 0;
-    for (int i = 0; i < dp->n; i++)
+    dp->x_leader = -1;
+    dp->x_flagged = 0;
+    dp->x_done = 0;
+    for (int i = 0; i < dp->n; i++) {
+        if (dp->r[i].count > 0 && dp->x_leader < 0)
+            dp->x_leader = i;
         dp->x_active += dp->r[i].count > 0;
+    }
     dp->reduce_start = 0.0;
     dp->reduce_st = CH_OK;
     if (dp->job == JOB_TRAIN && dp->sync) {
@@ -997,9 +1383,92 @@ static ch_status check_batch(const ch_dp *dp, const ch_batch *batch, const char 
 
 /* A training call: micro-batch `batch` (NULL: flush), reducing and
  * updating when `sync`. */
+/* After a checked step: every replica of this process holds replica 0's
+ * parameters. */
+static ch_status check_replicas(const ch_dp *dp, const char *fn, int64_t step)
+{
+    for (int i = 1; i < dp->n; i++)
+        if (dp->r[i].checksum != dp->r[0].checksum)
+            return chi_error(CH_ERR_INTERNAL, "%s: replica %d on %s holds other parameters "
+                             "than replica 0 after step %lld (checksum %016llx, want %016llx)",
+                             fn, i, ch_device_id(dp->r[i].dev), (long long)step,
+                             (unsigned long long)dp->r[i].checksum,
+                             (unsigned long long)dp->r[0].checksum);
+    return CH_OK;
+}
+
+/* Across processes, at the end of every call: each process's report to
+ * all. The call fails on every process when it failed on one: with its own
+ * message where it failed, else naming the first process that failed with
+ * that process's message. Then, for a checked step, every process's
+ * replica 0 against rank 0's. */
+static ch_status share_outcome(ch_dp *dp, ch_status st, const char *fn, double loss,
+                               int64_t correct, int checked, int64_t step)
+{
+    if (dp->ranks == 1)
+        return st;
+    char why[512] = "";
+    if (st != CH_OK)
+        snprintf(why, sizeof why, "%s", ch_last_error());
+    report *mine = report_of(dp, dp->ranks);
+    memset(mine, 0, dp->report_bytes);
+    mine->st = (int32_t)st;
+    snprintf(mine->error, sizeof mine->error, "%s", why);
+    mine->loss = loss;
+    mine->correct = correct;
+    mine->checked = checked;
+    mine->checksum = dp->r[0].checksum;
+    for (int i = 0; i < dp->n; i++)
+        report_seconds(mine)[i] = dp->r[i].compute_seconds;
+    ch_status got = nn_comm_allgather(dp->ctl, mine, dp->reports, dp->report_bytes, fn);
+    if (st != CH_OK && (st != CH_ERR_REMOTE || got != CH_OK))
+        return chi_error(st, "%s", why);
+    if (got != CH_OK)
+        return got;
+    /* The first process that failed on its own, before those that only
+     * heard of it. */
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < dp->ranks; k++) {
+            const report *p = report_of(dp, k);
+            if (p->st == CH_OK || (pass == 0 && p->st == CH_ERR_REMOTE))
+                continue;
+            if (k == dp->rank)
+                return chi_error(st, "%s", why);
+            return chi_error((ch_status)p->st, "%s: rank %d failed: %.400s", fn, k, p->error);
+        }
+    const report *root = report_of(dp, 0);
+    for (int k = 1; checked && k < dp->ranks; k++)
+        if (report_of(dp, k)->checksum != root->checksum)
+            return chi_error(CH_ERR_INTERNAL, "%s: rank %d holds other parameters than rank 0 "
+                             "after step %lld (checksum %016llx, want %016llx)", fn, k,
+                             (long long)step,
+                             (unsigned long long)report_of(dp, k)->checksum,
+                             (unsigned long long)root->checksum);
+    return CH_OK;
+}
+
+/* Across processes with synchronised BatchNorm, every process takes part
+ * in every exchange of a training call: each needs samples. */
+static ch_status check_every_rank_has_samples(const ch_dp *dp, const char *fn, int total)
+{
+    if (dp->ranks == 1 || dp->o.batchnorm_local ||
+        ch_module_buffer_count(dp->r[0].model) == 0)
+        return CH_OK;
+    for (int k = 0; k < dp->ranks; k++)
+        if (rank_count(dp, k) == 0)
+            return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: the batch of %d samples leaves "
+                             "rank %d without any, and synchronised BatchNorm needs every "
+                             "process in every step: give at least %d samples", fn, total, k,
+                             dp->nall);
+    return CH_OK;
+}
+
+/* A training call: micro-batch `batch` (NULL: flush), reducing and
+ * updating when `sync`. */
 static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync,
                             float *loss)
 {
+    const char *fn = batch ? "ch_dp_step" : "ch_dp_flush";
     int k = dp->o.accumulate > 1 ? dp->o.accumulate : 1;
     dp->job = JOB_TRAIN;
     dp->batch = batch;
@@ -1007,26 +1476,40 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     dp->sync = sync;
     dp->loss_scale = 1.0f / (float)k;
     dp->grad_rescale = batch ? 1.0f : (float)k / (float)dp->micro;
-    if (batch)
+    if (batch) {
         split(dp, batch->count);
-    else
+        TRY(check_every_rank_has_samples(dp, fn, batch->count));
+    } else {
         for (int i = 0; i < dp->n; i++)
             dp->r[i].count = 0;
+    }
     run_all(dp);
     injected_clear(dp, sync);
     dp->grad_rescale = 1.0f;
-    ch_status st = call_status(dp, batch ? "ch_dp_step" : "ch_dp_flush");
+    ch_status st = call_status(dp, fn);
+    int checked = sync && dp->o.check_every > 0 && (dp->step + 1) % dp->o.check_every == 0;
+    if (st == CH_OK && checked)
+        st = check_replicas(dp, fn, dp->step + 1);
+    double part = 0;
+    for (int i = 0; batch && i < dp->n; i++)
+        part += (double)dp->r[i].loss_value * dp->r[i].count / batch->count;
+    st = share_outcome(dp, st, fn, part, 0, checked, dp->step + 1);
     if (st != CH_OK) {
         /* What was accumulated is gone with the failed call. */
         dp->micro = 0;
         dp->micro_samples = 0;
         return st;
     }
-    if (batch)
+    if (batch) {
         measure(dp);
-    double total = 0;
-    for (int i = 0; batch && i < dp->n; i++)
-        total += (double)dp->r[i].loss_value * dp->r[i].count / batch->count;
+        dp->x_expected = dp->x_done;
+    }
+    double total = part;
+    if (dp->ranks > 1) {
+        total = 0;
+        for (int r = 0; r < dp->ranks; r++)
+            total += report_of(dp, r)->loss;
+    }
     if (loss)
         *loss = (float)total;
     if (!sync) {
@@ -1037,15 +1520,9 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     dp->micro = 0;
     dp->micro_samples = 0;
     dp->step++;
-    dp->buffers_stale = dp->n > 1 && ch_module_buffer_count(dp->r[0].model) > 0;
-    int checked = dp->o.check_every > 0 && dp->step % dp->o.check_every == 0;
-    for (int i = 1; checked && i < dp->n; i++)
-        if (dp->r[i].checksum != dp->r[0].checksum)
-            return chi_error(CH_ERR_INTERNAL, "ch_dp_step: replica %d on %s holds other "
-                             "parameters than replica 0 after step %lld (checksum %016llx, "
-                             "want %016llx)", i, ch_device_id(dp->r[i].dev),
-                             (long long)dp->step, (unsigned long long)dp->r[i].checksum,
-                             (unsigned long long)dp->r[0].checksum);
+    int buffers = ch_module_buffer_count(dp->r[0].model) > 0;
+    dp->buffers_stale = dp->n > 1 && buffers;
+    dp->ranks_stale = dp->ranks > 1 && dp->o.batchnorm_local && buffers;
     return CH_OK;
 }
 
@@ -1076,12 +1553,97 @@ ch_status ch_dp_flush(ch_dp *dp, float lr)
     return train_call(dp, NULL, lr, 1, NULL);
 }
 
+/* Across processes: rank 0's copy of `t` into every process's `t`,
+ * through the host buffer *scratch (grown as needed). */
+static ch_status bcast_tensor(ch_dp *dp, ch_tensor *t, void **scratch, size_t *cap,
+                              const char *what)
+{
+    size_t bytes = ch_tensor_nbytes(t);
+    if (bytes > *cap) {
+        void *grown = realloc(*scratch, bytes);
+        if (!grown)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+        *scratch = grown;
+        *cap = bytes;
+    }
+    if (dp->rank == 0)
+        TRY(ch_tensor_download(t, *scratch, bytes));
+    TRY(nn_comm_bcast(dp->ctl, *scratch, bytes, 0, what));
+    return dp->rank == 0 ? CH_OK : ch_tensor_upload(t, *scratch, bytes);
+}
+
+/* Across processes: rank 0's replica 0 parameters (when `params`) and
+ * buffers into every process's replica 0, then into its other replicas. */
+static ch_status bcast_state(ch_dp *dp, int params, const char *what)
+{
+    ch_module *m = dp->r[0].model;
+    void *scratch = NULL;
+    size_t cap = 0;
+    ch_status st = CH_OK;
+    int np = params ? ch_module_param_count(m) : 0;
+    for (int i = 0; st == CH_OK && i < np; i++) {
+        ch_tensor *v;
+        st = ch_module_param(m, i, NULL, &v, NULL);
+        if (st == CH_OK)
+            st = bcast_tensor(dp, v, &scratch, &cap, what);
+        for (int k = 1; st == CH_OK && k < dp->n; k++) {
+            ch_tensor *w;
+            st = ch_module_param(dp->r[k].model, i, NULL, &w, NULL);
+            if (st == CH_OK)
+                st = ch_copy(w, v);
+        }
+    }
+    int nb = ch_module_buffer_count(m);
+    for (int i = 0; st == CH_OK && i < nb; i++) {
+        ch_tensor *v;
+        int64_t *counter;
+        st = ch_module_buffer(m, i, NULL, &v, &counter);
+        if (st == CH_OK && v)
+            st = bcast_tensor(dp, v, &scratch, &cap, what);
+        else if (st == CH_OK)
+            st = nn_comm_bcast(dp->ctl, counter, sizeof *counter, 0, what);
+    }
+    free(scratch);
+    for (int k = 0; st == CH_OK && k < dp->n; k++)
+        st = ch_device_sync(dp->r[k].dev);
+    if (st == CH_OK && nb > 0)
+        dp->buffers_stale = dp->n > 1;
+    return st;
+}
+
+/* Across processes, after a prediction: every process's rows to all. */
+static ch_status gather_rows(ch_dp *dp, ch_tensor *out, int total)
+{
+    size_t bytes = ch_tensor_nbytes(out), row = bytes / (size_t)total;
+    unsigned char *buf = malloc(bytes ? bytes : 1);
+    if (!buf)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_predict: out of memory");
+    ch_status st = ch_tensor_download(out, buf, bytes);
+    for (int k = 0; st == CH_OK && k < dp->ranks; k++) {
+        int start = dp->split.start[dp->rank_first[k]];
+        st = nn_comm_bcast(dp->ctl, buf + (size_t)start * row, (size_t)rank_count(dp, k) * row,
+                           k, "ch_dp_predict: the outputs of every process");
+    }
+    if (st == CH_OK)
+        st = ch_tensor_upload(out, buf, bytes);
+    free(buf);
+    return st;
+}
+
 static ch_status infer_call(ch_dp *dp, job j, const ch_batch *batch, ch_tensor *out)
 {
+    const char *fn = j == JOB_PREDICT ? "ch_dp_predict" : "ch_dp_evaluate";
+    if (dp->ranks_stale) {
+        /* Per-process BatchNorm statistics: rank 0's are the ones kept. */
+        ch_status st = bcast_state(dp, 0, "rank 0's running statistics");
+        if (st != CH_OK)
+            return chi_error(st, "%s: %s", fn, ch_last_error());
+        dp->ranks_stale = 0;
+    }
     ch_status st = broadcast_buffers(dp);
     if (st != CH_OK)
-        return chi_error(st, "%s: copying replica 0's running statistics: %s",
-                         j == JOB_PREDICT ? "ch_dp_predict" : "ch_dp_evaluate", ch_last_error());
+        return chi_error(st, "%s: copying replica 0's running statistics: %s", fn,
+                         ch_last_error());
     dp->job = j;
     dp->batch = batch;
     dp->out = out;
@@ -1090,7 +1652,27 @@ static ch_status infer_call(ch_dp *dp, job j, const ch_batch *batch, ch_tensor *
     run_all(dp);
     injected_clear(dp, 0);
     dp->out = NULL;
-    return call_status(dp, j == JOB_PREDICT ? "ch_dp_predict" : "ch_dp_evaluate");
+    st = call_status(dp, fn);
+    double loss = 0;
+    int64_t correct = 0;
+    for (int i = 0; i < dp->n; i++) {
+        loss += (double)dp->r[i].loss_value * dp->r[i].count / batch->count;
+        correct += dp->r[i].correct;
+    }
+    TRY(share_outcome(dp, st, fn, loss, correct, 0, dp->step));
+    if (dp->ranks > 1) {
+        loss = 0;
+        correct = 0;
+        for (int k = 0; k < dp->ranks; k++) {
+            loss += report_of(dp, k)->loss;
+            correct += report_of(dp, k)->correct;
+        }
+    }
+    dp->eval_loss = loss;
+    dp->eval_correct = correct;
+    if (j == JOB_PREDICT && dp->ranks > 1)
+        TRY(gather_rows(dp, out, batch->count));
+    return CH_OK;
 }
 
 ch_status ch_dp_predict(ch_dp *dp, ch_tensor *out, const ch_batch *batch)
@@ -1121,16 +1703,10 @@ ch_status ch_dp_evaluate(ch_dp *dp, float *loss, int64_t *correct, const ch_batc
         return chi_error(CH_ERR_STATE, "ch_dp_evaluate: %d micro-batches are accumulated; "
                          "call ch_dp_step or ch_dp_flush first", dp->micro);
     TRY(infer_call(dp, JOB_EVALUATE, batch, NULL));
-    double total = 0;
-    int64_t right = 0;
-    for (int i = 0; i < dp->n; i++) {
-        total += (double)dp->r[i].loss_value * dp->r[i].count / batch->count;
-        right += dp->r[i].correct;
-    }
     if (loss)
-        *loss = (float)total;
+        *loss = (float)dp->eval_loss;
     if (correct)
-        *correct = right;
+        *correct = dp->eval_correct;
     return CH_OK;
 }
 

@@ -35,8 +35,9 @@ INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)
 #   same core and backends.
 check_LTLIBRARIES += tests/libnn-hooks.la
 tests_libnn_hooks_la_SOURCES = $(nn_sources)
-tests_libnn_hooks_la_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS $(ZLIB_CFLAGS) $(JANSSON_CFLAGS)
-tests_libnn_hooks_la_LIBADD = $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+tests_libnn_hooks_la_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
+	$(MPI_CFLAGS)
+tests_libnn_hooks_la_LIBADD = $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(MPI_LIBS)
 
 check_PROGRAMS += tests/test-core
 tests_test_core_SOURCES = tests/test-core.c
@@ -55,9 +56,21 @@ tests_test_dp_SOURCES = tests/test-dp.c
 tests_test_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
-TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh
-EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh
+# Across processes: not a test of its own but run under mpirun by
+# tests/test-dist.sh, so built for `make check` outside check_PROGRAMS.
+EXTRA_PROGRAMS = tests/test-dist
+check_DATA = tests/test-dist$(EXEEXT)
+CLEANFILES += tests/test-dist$(EXEEXT)
+tests_test_dist_SOURCES = tests/test-dist.c
+tests_test_dist_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
+tests_test_dist_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
+
+TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
+	tests/test-dist.sh
+EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
+	tests/test-dist.sh
 AM_TESTS_ENVIRONMENT += CHORUS_TEST_BUILDDIR='$(abs_top_builddir)'; export CHORUS_TEST_BUILDDIR;
+AM_TESTS_ENVIRONMENT += CHORUS_MPIRUN='$(MPIRUN)'; export CHORUS_MPIRUN;
 AM_TESTS_ENVIRONMENT += CHORUS_TRAIN='$(abs_top_builddir)/utils/chorus-train'; export CHORUS_TRAIN;
 include tests/host.mk
 include tests/opencl.mk

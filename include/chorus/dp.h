@@ -3,6 +3,7 @@
 #define CHORUS_DP_H
 
 #include <chorus/data.h>
+#include <chorus/dist.h>
 #include <chorus/nn.h>
 #include <chorus/reduce.h>
 
@@ -69,6 +70,20 @@ typedef struct ch_dp_options {
     /* Bind each worker thread to the CPUs near its device (hwloc); 0 binds,
      * 1 leaves the threads where the system puts them. */
     int no_bind;
+    /* The processes the training spans (chorus/dist.h): NULL, or a group
+     * of one process, is this process alone. Every process of the group
+     * makes its dp with the same model and options (its own devices, and
+     * its own weights for them), and then makes every ch_dp_* call in the
+     * same order with the same batches: a batch is the job's whole batch,
+     * split over the replicas of all processes in rank order (the lower
+     * ranks' replicas first) by the split policy, and each process trains
+     * its own replicas' slices. Gradients are reduced inside the process,
+     * then across the processes on the host (ch_reducer_set_stage), and
+     * BatchNorm's statistics likewise; the loss, the evaluation's counts and
+     * every failure are shared by all processes at the end of each call.
+     * ch_dp_new broadcasts rank 0's parameters and buffers to every
+     * process. */
+    ch_dist *dist;
 } ch_dp_options;
 
 /* Replicas of `model` on each of the n devices (a device may appear more

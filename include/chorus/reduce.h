@@ -58,6 +58,19 @@ CH_API void ch_reducer_free(ch_reducer *r);
 CH_API ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t offset,
                                       int64_t count);
 
+/* A stage the total of every call passes through on the host before it
+ * goes back to the participants: data parallelism across processes
+ * (chorus/dp.h with a ch_dist) sums the processes' totals there. `fn` gets
+ * host memory holding the `count` floats of the call's total (the
+ * elements [offset, offset + count) of the buffers) and may change them
+ * in place; its failure fails the call. With a stage, the total is taken
+ * on the host in every mode (in peer mode too, after the peer all-reduce),
+ * and a reducer of one participant calls it as well. NULL removes it.
+ * Fails with CH_ERR_OUT_OF_MEMORY when the pinned staging it needs cannot
+ * be allocated (the reducer is then unchanged). */
+typedef ch_status (*ch_reduce_stage_fn)(void *user, float *total, int64_t count);
+CH_API ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user);
+
 /* How the participants were grouped: the number of peer groups (1 for
  * peer; n for host), and the group of participant `index` (-1 if out of
  * range). Groups are numbered in order of their first participant. */

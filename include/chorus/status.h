@@ -31,6 +31,8 @@ typedef enum ch_status {
     CH_ERR_UNAVAILABLE = 301, /* a backend or device cannot be used here */
     CH_ERR_IO = 302,          /* a file could not be read or written */
     CH_ERR_FORMAT = 303,      /* a file's content is not what it should be */
+    CH_ERR_REMOTE = 304,      /* another process of the job failed, or did not
+                                 answer within the watchdog's time (chorus/dist.h) */
 
     /* Everything else. */
     CH_ERR_UNSUPPORTED = 400, /* valid, but not implemented for this case */

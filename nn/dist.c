@@ -1,0 +1,466 @@
+/* The job's processes (chorus/dist.h) and nn's collectives across them
+ * (nn/dist.h), on MPI.
+ *
+ * Every collective is started non-blocking and completed by polling
+ * MPI_Test against the watchdog's deadline, so that a process that crashed
+ * or hangs costs the others an error after ch_dist_timeout seconds, not a
+ * hang. The polls of all threads go through one mutex: MPI then needs only
+ * MPI_THREAD_SERIALIZED, and no thread blocks inside MPI while another
+ * waits to make progress. A poll spins (yielding the CPU) for the first
+ * milliseconds, then sleeps between tests, up to 0.2 ms. Errors come back
+ * as statuses: every communicator has MPI_ERRORS_RETURN. */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include "dist.h"
+#include "nn.h"
+
+#define DEFAULT_TIMEOUT 60.0
+
+struct ch_dist {
+#ifdef HAVE_MPI
+    MPI_Comm comm;    /* the calls of ch_dist_* */
+#endif
+    int rank, size, local_rank, local_size;
+    double timeout;
+};
+
+struct nn_comm {
+    ch_dist *d;
+#ifdef HAVE_MPI
+    MPI_Comm comm;
+#endif
+};
+
+static ch_dist world;
+static int joined;
+static int we_started_mpi;
+
+int ch_dist_built(void)
+{
+#ifdef HAVE_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* CHORUS_DIST_TIMEOUT, or the default. */
+static ch_status timeout_from_env(double *out)
+{
+    *out = DEFAULT_TIMEOUT;
+    const char *env = getenv("CHORUS_DIST_TIMEOUT");
+    if (!env || !*env)
+        return CH_OK;
+    char *end;
+    errno = 0;
+    double v = strtod(env, &end);
+    if (errno || *end || !(v > 0.0) || v > 1e9)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_init: CHORUS_DIST_TIMEOUT is "
+                         "\"%.32s\", expected a number of seconds > 0", env);
+    *out = v;
+    return CH_OK;
+}
+
+#ifdef HAVE_MPI
+
+static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* An MPI error code as a status with MPI's own words. */
+static ch_status mpi_error(int code, const char *fn, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "error %d", code);
+    return chi_error(CH_ERR_REMOTE, "%s: %s failed: %s", what, fn, text);
+}
+
+static void pause_poll(int polls)
+{
+    if (polls < 2000) {
+        sched_yield();
+        return;
+    }
+    long ns = polls < 4000 ? 20000L : 200000L;
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
+/* Completes `req`, started by the caller, within the watchdog's time. */
+static ch_status finish(const ch_dist *d, MPI_Request *req, const char *fn, const char *what)
+{
+    double deadline = ch_clock_seconds() + d->timeout;
+    for (int polls = 0;; polls++) {
+        int done = 0;
+        pthread_mutex_lock(&mpi_lock);
+        int e = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        pthread_mutex_unlock(&mpi_lock);
+        if (e != MPI_SUCCESS)
+            return mpi_error(e, fn, what);
+        if (done)
+            return CH_OK;
+        if (ch_clock_seconds() > deadline)
+            /* The request stays with MPI: a collective cannot be
+             * cancelled, and the job cannot go on without it. */
+            return chi_error(CH_ERR_REMOTE, "%s: rank %d of %d waited %g s for the other "
+                             "processes of the job (the watchdog, CHORUS_DIST_TIMEOUT): one of "
+                             "them failed, was killed or hangs", what, d->rank, d->size,
+                             d->timeout);
+        pause_poll(polls);
+    }
+}
+
+/* A duplicate of `from` whose errors return (MPI_Comm_idup: a process
+ * that never comes costs the watchdog's time, not a hang). */
+static ch_status dup_comm(const ch_dist *d, MPI_Comm *out, MPI_Comm from, const char *what)
+{
+    MPI_Request req;
+    pthread_mutex_lock(&mpi_lock);
+    int e = MPI_Comm_idup(from, out, &req);
+    pthread_mutex_unlock(&mpi_lock);
+    if (e != MPI_SUCCESS)
+        return mpi_error(e, "MPI_Comm_idup", what);
+    TRY(finish(d, &req, "MPI_Comm_idup", what));
+    pthread_mutex_lock(&mpi_lock);
+    e = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    pthread_mutex_unlock(&mpi_lock);
+    return e == MPI_SUCCESS ? CH_OK : mpi_error(e, "MPI_Comm_set_errhandler", what);
+}
+
+ch_status ch_dist_init(int *argc, char ***argv)
+{
+    if (joined)
+        return chi_error(CH_ERR_STATE, "ch_dist_init: the job was joined already; call "
+                         "ch_dist_finalize first");
+    double timeout;
+    TRY(timeout_from_env(&timeout));
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (fin)
+        return chi_error(CH_ERR_UNAVAILABLE, "ch_dist_init: MPI was finalized already and "
+                         "cannot start again");
+    int provided = MPI_THREAD_SINGLE;
+    if (!init) {
+        int e = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+        if (e != MPI_SUCCESS)
+            return mpi_error(e, "MPI_Init_thread", "ch_dist_init");
+        we_started_mpi = 1;
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    ch_status st = CH_OK;
+    if (provided < MPI_THREAD_SERIALIZED)
+        st = chi_error(CH_ERR_UNAVAILABLE, "ch_dist_init: MPI gives thread level %d, below "
+                       "MPI_THREAD_SERIALIZED: data parallelism calls it from several "
+                       "threads", provided);
+    world = (ch_dist){.timeout = timeout};
+    MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+    int have_comm = 0;
+    if (st == CH_OK) {
+        st = dup_comm(&world, &world.comm, MPI_COMM_WORLD, "ch_dist_init");
+        have_comm = st == CH_OK;
+    }
+    MPI_Comm local = MPI_COMM_NULL;
+    if (st == CH_OK) {
+        int e = MPI_Comm_split_type(world.comm, MPI_COMM_TYPE_SHARED, world.rank,
+                                    MPI_INFO_NULL, &local);
+        if (e != MPI_SUCCESS)
+            st = mpi_error(e, "MPI_Comm_split_type", "ch_dist_init");
+    }
+    if (st == CH_OK) {
+        MPI_Comm_rank(local, &world.local_rank);
+        MPI_Comm_size(local, &world.local_size);
+        MPI_Comm_free(&local);
+        joined = 1;
+        return CH_OK;
+    }
+    if (have_comm)
+        MPI_Comm_free(&world.comm);
+    if (we_started_mpi) {
+        MPI_Finalize();
+        we_started_mpi = 0;
+    }
+    return st;
+}
+
+ch_status ch_dist_finalize(void)
+{
+    if (!joined)
+        return CH_OK;
+    joined = 0;
+    MPI_Comm_free(&world.comm);
+    if (we_started_mpi) {
+        we_started_mpi = 0;
+        int e = MPI_Finalize();
+        if (e != MPI_SUCCESS)
+            return mpi_error(e, "MPI_Finalize", "ch_dist_finalize");
+    }
+    return CH_OK;
+}
+
+ch_status ch_dist_barrier(ch_dist *d)
+{
+    if (ch_dist_size(d) == 1)
+        return CH_OK;
+    MPI_Request req;
+    pthread_mutex_lock(&mpi_lock);
+    int e = MPI_Ibarrier(d->comm, &req);
+    pthread_mutex_unlock(&mpi_lock);
+    if (e != MPI_SUCCESS)
+        return mpi_error(e, "MPI_Ibarrier", "ch_dist_barrier");
+    return finish(d, &req, "MPI_Ibarrier", "ch_dist_barrier");
+}
+
+static ch_status bcast_on(const ch_dist *d, MPI_Comm comm, void *data, size_t bytes, int root,
+                          const char *what)
+{
+    const size_t chunk = (size_t)1 << 30; /* MPI counts are ints */
+    for (size_t off = 0; off < bytes; off += chunk) {
+        size_t len = bytes - off < chunk ? bytes - off : chunk;
+        MPI_Request req;
+        pthread_mutex_lock(&mpi_lock);
+        int e = MPI_Ibcast((char *)data + off, (int)len, MPI_BYTE, root, comm, &req);
+        pthread_mutex_unlock(&mpi_lock);
+        if (e != MPI_SUCCESS)
+            return mpi_error(e, "MPI_Ibcast", what);
+        TRY(finish(d, &req, "MPI_Ibcast", what));
+    }
+    return CH_OK;
+}
+
+static ch_status sum_on(const ch_dist *d, MPI_Comm comm, void *values, int64_t n,
+                        MPI_Datatype type, size_t size, const char *what)
+{
+    const int64_t chunk = (int64_t)1 << 28; /* MPI counts are ints */
+    for (int64_t off = 0; off < n; off += chunk) {
+        int64_t len = n - off < chunk ? n - off : chunk;
+        MPI_Request req;
+        pthread_mutex_lock(&mpi_lock);
+        int e = MPI_Iallreduce(MPI_IN_PLACE, (char *)values + (size_t)off * size, (int)len,
+                               type, MPI_SUM, comm, &req);
+        pthread_mutex_unlock(&mpi_lock);
+        if (e != MPI_SUCCESS)
+            return mpi_error(e, "MPI_Iallreduce", what);
+        TRY(finish(d, &req, "MPI_Iallreduce", what));
+    }
+    return CH_OK;
+}
+
+ch_status ch_dist_broadcast(ch_dist *d, void *data, size_t bytes, int root)
+{
+    if (root < 0 || root >= ch_dist_size(d))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: root is %d, expected a "
+                         "rank from 0 to %d", root, ch_dist_size(d) - 1);
+    if (!data && bytes)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: data is NULL");
+    if (ch_dist_size(d) == 1 || bytes == 0)
+        return CH_OK;
+    return bcast_on(d, d->comm, data, bytes, root, "ch_dist_broadcast");
+}
+
+ch_status ch_dist_sum(ch_dist *d, double *values, int n)
+{
+    if (n < 0 || (!values && n))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_sum: %s",
+                         n < 0 ? "n is negative" : "values is NULL");
+    if (ch_dist_size(d) == 1 || n == 0)
+        return CH_OK;
+    return sum_on(d, d->comm, values, n, MPI_DOUBLE, sizeof(double), "ch_dist_sum");
+}
+
+ch_status nn_comm_new(nn_comm **out, ch_dist *d)
+{
+    nn_comm *c = calloc(1, sizeof *c);
+    if (!c)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "out of memory for a communicator");
+    c->d = d;
+    c->comm = MPI_COMM_NULL;
+    if (ch_dist_size(d) > 1) {
+        ch_status st = dup_comm(d, &c->comm, d->comm, "making a communicator");
+        if (st != CH_OK) {
+            free(c);
+            return st;
+        }
+    }
+    *out = c;
+    return CH_OK;
+}
+
+void nn_comm_free(nn_comm *c)
+{
+    if (!c)
+        return;
+    if (c->comm != MPI_COMM_NULL) {
+        pthread_mutex_lock(&mpi_lock);
+        MPI_Comm_free(&c->comm);
+        pthread_mutex_unlock(&mpi_lock);
+    }
+    free(c);
+}
+
+ch_status nn_comm_sum_f32(nn_comm *c, float *values, int64_t n, const char *what)
+{
+    if (nn_comm_size(c) == 1 || n == 0)
+        return CH_OK;
+    return sum_on(c->d, c->comm, values, n, MPI_FLOAT, sizeof(float), what);
+}
+
+ch_status nn_comm_sum_f64(nn_comm *c, double *values, int64_t n, const char *what)
+{
+    if (nn_comm_size(c) == 1 || n == 0)
+        return CH_OK;
+    return sum_on(c->d, c->comm, values, n, MPI_DOUBLE, sizeof(double), what);
+}
+
+ch_status nn_comm_bcast(nn_comm *c, void *data, size_t bytes, int root, const char *what)
+{
+    if (nn_comm_size(c) == 1 || bytes == 0)
+        return CH_OK;
+    return bcast_on(c->d, c->comm, data, bytes, root, what);
+}
+
+ch_status nn_comm_allgather(nn_comm *c, const void *mine, void *all, size_t bytes,
+                            const char *what)
+{
+    if (nn_comm_size(c) == 1) {
+        memmove(all, mine, bytes);
+        return CH_OK;
+    }
+    if (bytes > (size_t)INT_MAX)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %zu bytes per process, more than one "
+                         "MPI call can gather", what, bytes);
+    MPI_Request req;
+    pthread_mutex_lock(&mpi_lock);
+    int e = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, c->comm, &req);
+    pthread_mutex_unlock(&mpi_lock);
+    if (e != MPI_SUCCESS)
+        return mpi_error(e, "MPI_Iallgather", what);
+    return finish(c->d, &req, "MPI_Iallgather", what);
+}
+
+#else /* no MPI: a job of this process alone */
+
+ch_status ch_dist_init(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    if (joined)
+        return chi_error(CH_ERR_STATE, "ch_dist_init: the job was joined already; call "
+                         "ch_dist_finalize first");
+    double timeout;
+    TRY(timeout_from_env(&timeout));
+    world = (ch_dist){.rank = 0, .size = 1, .local_rank = 0, .local_size = 1,
+                      .timeout = timeout};
+    joined = 1;
+    return CH_OK;
+}
+
+ch_status ch_dist_finalize(void)
+{
+    joined = 0;
+    return CH_OK;
+}
+
+ch_status ch_dist_barrier(ch_dist *d)
+{
+    (void)d;
+    return CH_OK;
+}
+
+ch_status ch_dist_broadcast(ch_dist *d, void *data, size_t bytes, int root)
+{
+    (void)d;
+    if (root != 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: root is %d, expected a "
+                         "rank from 0 to 0", root);
+    if (!data && bytes)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: data is NULL");
+    return CH_OK;
+}
+
+ch_status ch_dist_sum(ch_dist *d, double *values, int n)
+{
+    (void)d;
+    if (n < 0 || (!values && n))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_sum: %s",
+                         n < 0 ? "n is negative" : "values is NULL");
+    return CH_OK;
+}
+
+ch_status nn_comm_new(nn_comm **out, ch_dist *d)
+{
+    nn_comm *c = calloc(1, sizeof *c);
+    if (!c)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "out of memory for a communicator");
+    c->d = d;
+    *out = c;
+    return CH_OK;
+}
+
+void nn_comm_free(nn_comm *c) { free(c); }
+
+ch_status nn_comm_sum_f32(nn_comm *c, float *values, int64_t n, const char *what)
+{
+    (void)c, (void)values, (void)n, (void)what;
+    return CH_OK;
+}
+
+ch_status nn_comm_sum_f64(nn_comm *c, double *values, int64_t n, const char *what)
+{
+    (void)c, (void)values, (void)n, (void)what;
+    return CH_OK;
+}
+
+ch_status nn_comm_bcast(nn_comm *c, void *data, size_t bytes, int root, const char *what)
+{
+    (void)c, (void)data, (void)bytes, (void)root, (void)what;
+    return CH_OK;
+}
+
+ch_status nn_comm_allgather(nn_comm *c, const void *mine, void *all, size_t bytes,
+                            const char *what)
+{
+    (void)c, (void)what;
+    memmove(all, mine, bytes);
+    return CH_OK;
+}
+
+#endif
+
+ch_dist *ch_dist_world(void) { return joined ? &world : NULL; }
+
+int ch_dist_rank(const ch_dist *d) { return d ? d->rank : 0; }
+int ch_dist_size(const ch_dist *d) { return d ? d->size : 1; }
+int ch_dist_local_rank(const ch_dist *d) { return d ? d->local_rank : 0; }
+int ch_dist_local_size(const ch_dist *d) { return d ? d->local_size : 1; }
+
+ch_status ch_dist_set_timeout(ch_dist *d, double seconds)
+{
+    if (!d)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_set_timeout: d is NULL");
+    if (!(seconds > 0.0) || seconds > 1e9)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_set_timeout: seconds is %g, "
+                         "expected a number > 0", seconds);
+    d->timeout = seconds;
+    return CH_OK;
+}
+
+double ch_dist_timeout(const ch_dist *d) { return d ? d->timeout : DEFAULT_TIMEOUT; }
+
+int nn_comm_rank(const nn_comm *c) { return c ? ch_dist_rank(c->d) : 0; }
+int nn_comm_size(const nn_comm *c) { return c ? ch_dist_size(c->d) : 1; }

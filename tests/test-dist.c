@@ -1,0 +1,433 @@
+/* Data parallelism across processes (run by tests/test-dist.sh under
+ * mpirun): training over the replicas of every rank matches one process
+ * training the same global batch on the host alone, for the cnn, a
+ * BatchNorm net with synchronised statistics, dropout, a weighted split
+ * and gradient accumulation; two runs give the same bits; evaluation and
+ * prediction cover the whole batch; a rank that fails fails the step on
+ * every rank, naming it, and the next step works; ranks that disagree on
+ * the options fail ch_dp_new.
+ *
+ *   test-dist DEVICES-OF-RANK-0;DEVICES-OF-RANK-1;...
+ *
+ * Each rank takes the list at its rank (a comma-separated device list).
+ * Rank 0 writes the TAP; every claim holds only if it holds on every rank. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "../nn/nn.h" /* chi_dp_fail_next, the fault-injection hook */
+
+enum { BATCH = 24, STEPS = 10 };
+
+static ch_dist *world;
+static ch_device *host;
+
+/* The claim holds on every rank. */
+static int everywhere(int cond)
+{
+    double bad = cond ? 0.0 : 1.0;
+    if (ch_dist_sum(world, &bad, 1) != CH_OK)
+        return 0;
+    return bad == 0.0;
+}
+
+typedef struct batches {
+    ch_host_buffer *images[STEPS], *labels[STEPS];
+    ch_batch b[STEPS];
+} batches;
+
+static void make_batches(batches *bs)
+{
+    tap_rng rng = {7};
+    for (int s = 0; s < STEPS; s++) {
+        ch_host_buffer_new(&bs->images[s], host, sizeof(float) * BATCH * 784);
+        ch_host_buffer_new(&bs->labels[s], host, sizeof(int32_t) * BATCH);
+        float *x = ch_host_buffer_data(bs->images[s]);
+        int32_t *l = ch_host_buffer_data(bs->labels[s]);
+        for (int i = 0; i < BATCH * 784; i++)
+            x[i] = tap_rng_uniform(&rng, -1, 1);
+        for (int i = 0; i < BATCH; i++) {
+            l[i] = (int32_t)(tap_rng_next(&rng) % 10);
+            for (int j = 0; j < 28; j++)
+                x[i * 784 + l[i] * 28 + j] += 1.5f;
+        }
+        /* The last batch is short, in buffers made for a full one. */
+        bs->b[s] = (ch_batch){bs->images[s], bs->labels[s], NULL,
+                              s == STEPS - 1 ? BATCH - 5 : BATCH, 0, s};
+    }
+}
+
+static void free_batches(batches *bs)
+{
+    for (int s = 0; s < STEPS; s++) {
+        ch_host_buffer_free(bs->images[s]);
+        ch_host_buffer_free(bs->labels[s]);
+    }
+}
+
+typedef enum kind { CNN, BNNET, DROPNET } kind;
+
+static ch_module *make_model(kind k)
+{
+    ch_module *m = NULL;
+    if (k == CNN) {
+        ch_nn_preset(&m, "cnn");
+        return m;
+    }
+    ch_module *c[8] = {NULL};
+    int n = 0;
+    ch_nn_conv2d(&c[n++], 1, 4, 3, 2, 1);
+    if (k == BNNET)
+        ch_nn_batchnorm2d(&c[n++], 4, 1e-5f, 0.1f);
+    ch_nn_activation(&c[n++], CH_ACT_RELU);
+    ch_nn_flatten(&c[n++]);
+    ch_nn_linear(&c[n++], 4 * 14 * 14, 32);
+    ch_nn_activation(&c[n++], CH_ACT_RELU);
+    if (k == DROPNET)
+        ch_nn_dropout(&c[n++], 0.3f);
+    ch_nn_linear(&c[n++], 32, 10);
+    return tap_sequential(n, c);
+}
+
+static ch_dp_options options(void)
+{
+    ch_dp_options o = {0};
+    o.reduce = CH_REDUCE_HOST;
+    o.loss = CH_LOSS_CROSS_ENTROPY;
+    /* SGD: Adam turns a gradient of rounding noise into a step of the
+     * learning rate, and the comparison would measure that. */
+    o.optimizer = ch_optimizer_defaults(CH_OPT_SGD, 0.05f);
+    o.optimizer.momentum = 0.9f;
+    o.sample_ndim = 3;
+    o.sample_shape[0] = 1;
+    o.sample_shape[1] = 28;
+    o.sample_shape[2] = 28;
+    o.seed = 11;
+    o.check_every = 3;
+    return o;
+}
+
+/* STEPS steps (with o.accumulate, each batch twice as micro-batches of a
+ * step); the trained parameters and buffers end in `out`. NAN on failure,
+ * the message in a diagnostic. */
+static float train(ch_module *out, kind k, ch_device **devs, int n, ch_dp_options o,
+                   const batches *bs)
+{
+    ch_module *model = make_model(k);
+    ch_module_init(model, 3);
+    ch_dp *dp = NULL;
+    float loss = NAN;
+    ch_status st = ch_dp_new(&dp, model, devs, n, &o);
+    for (int s = 0; st == CH_OK && s < STEPS; s++)
+        st = ch_dp_step(dp, &loss, &bs->b[s], 0.05f);
+    if (st == CH_OK && ch_dp_pending(dp) > 0)
+        st = ch_dp_flush(dp, 0.05f);
+    if (st == CH_OK)
+        st = ch_dp_sync_to(dp, out);
+    if (st != CH_OK) {
+        tap_diag("rank %d: training failed: %s", ch_dist_rank(world), ch_last_error());
+        loss = NAN;
+    }
+    ch_dp_free(dp);
+    ch_module_free(model);
+    return loss;
+}
+
+/* Over every parameter and tensor buffer, the largest max|a - b| / max|b|;
+ * *bitwise: every element equal. */
+static double max_rel(ch_module *a, ch_module *b, int *bitwise)
+{
+    double worst = 0;
+    *bitwise = 1;
+    int np = ch_module_param_count(a), nb = ch_module_buffer_count(a);
+    for (int i = 0; i < np + nb; i++) {
+        ch_tensor *ta = NULL, *tb = NULL;
+        if (i < np) {
+            ch_module_param(a, i, NULL, &ta, NULL);
+            ch_module_param(b, i, NULL, &tb, NULL);
+        } else {
+            ch_module_buffer(a, i - np, NULL, &ta, NULL);
+            ch_module_buffer(b, i - np, NULL, &tb, NULL);
+        }
+        if (!ta || !tb)
+            continue;
+        size_t n = (size_t)ch_tensor_numel(ta);
+        float *va = malloc(n * sizeof *va), *vb = malloc(n * sizeof *vb);
+        ch_tensor_download(ta, va, n * sizeof *va);
+        ch_tensor_download(tb, vb, n * sizeof *vb);
+        double scale = 1e-30, diff = 0;
+        for (size_t k = 0; k < n; k++) {
+            scale = fmax(scale, fabs(vb[k]));
+            diff = fmax(diff, fabs(va[k] - vb[k]));
+            *bitwise = *bitwise && va[k] == vb[k];
+        }
+        worst = fmax(worst, diff / scale);
+        free(va);
+        free(vb);
+    }
+    return worst;
+}
+
+/* Rank 0's parameters, broadcast: every rank compares its own with them. */
+static int same_as_rank0(ch_module *m)
+{
+    int same = 1;
+    for (int i = 0; i < ch_module_param_count(m); i++) {
+        ch_tensor *t;
+        ch_module_param(m, i, NULL, &t, NULL);
+        size_t bytes = ch_tensor_nbytes(t);
+        float *mine = malloc(bytes), *root = malloc(bytes);
+        ch_tensor_download(t, mine, bytes);
+        memcpy(root, mine, bytes);
+        if (ch_dist_broadcast(world, root, bytes, 0) != CH_OK)
+            same = 0;
+        same = same && memcmp(mine, root, bytes) == 0;
+        free(mine);
+        free(root);
+    }
+    return same;
+}
+
+static void equivalent(const char *what, kind k, ch_device **devs, int n, ch_dp_options o,
+                       const batches *bs)
+{
+    ch_module *ref = make_model(k), *got = make_model(k);
+    ch_dp_options alone = o;
+    alone.dist = NULL;
+    alone.split = CH_DP_SPLIT_EQUAL;
+    alone.weights = NULL;
+    alone.nweights = 0;
+    float lref = train(ref, k, &host, 1, alone, bs);
+    o.dist = world;
+    float l = train(got, k, devs, n, o, bs);
+    int bitwise;
+    double err = max_rel(got, ref, &bitwise);
+    int ok = isfinite(l) && isfinite(lref) && err < 1e-5 && fabsf(l - lref) < 1e-5f * (1 + lref);
+    tap_ok(everywhere(ok), "%s over %d ranks: parameters and buffers after %d steps match one "
+           "process on the host (rank %d: max rel err %.2e, want < 1e-5; loss %.6f vs %.6f)",
+           what, ch_dist_size(world), STEPS, ch_dist_rank(world), err, l, lref);
+    tap_ok(everywhere(same_as_rank0(got)), "... every rank ends with rank 0's bits");
+    ch_module_free(ref);
+    ch_module_free(got);
+}
+
+static void test_repeatable(ch_device **devs, int n, const batches *bs)
+{
+    ch_module *a = make_model(BNNET), *b = make_model(BNNET);
+    ch_dp_options o = options();
+    o.dist = world;
+    float la = train(a, BNNET, devs, n, o, bs);
+    float lb = train(b, BNNET, devs, n, o, bs);
+    int bitwise;
+    (void)max_rel(a, b, &bitwise);
+    tap_ok(everywhere(isfinite(la) && bitwise && la == lb),
+           "two runs of the same job give the same bits (host reduction; loss %.7f, %.7f)",
+           la, lb);
+    ch_module_free(a);
+    ch_module_free(b);
+}
+
+/* Evaluation and prediction over every rank's replicas equal one model's. */
+static void test_evaluate(ch_device **devs, int n, const batches *bs)
+{
+    ch_module *model = make_model(BNNET);
+    ch_module_init(model, 5);
+    ch_dp_options o = options();
+    ch_dp *one = NULL, *dp = NULL;
+    ch_status st = ch_dp_new(&one, model, &host, 1, &o);
+    o.dist = world;
+    if (st == CH_OK)
+        st = ch_dp_new(&dp, model, devs, n, &o);
+    float loss = 0, loss1 = 0, l;
+    int64_t right = -1, right1 = -2;
+    /* A step first, so that the running statistics moved. */
+    if (st == CH_OK)
+        st = ch_dp_step(one, &l, &bs->b[0], 0.01f);
+    if (st == CH_OK)
+        st = ch_dp_step(dp, &l, &bs->b[0], 0.01f);
+    if (st == CH_OK)
+        st = ch_dp_evaluate(one, &loss1, &right1, &bs->b[1]);
+    if (st == CH_OK)
+        st = ch_dp_evaluate(dp, &loss, &right, &bs->b[1]);
+    if (st != CH_OK)
+        tap_diag("rank %d: %s", ch_dist_rank(world), ch_last_error());
+    tap_ok(everywhere(st == CH_OK && right == right1 && fabsf(loss - loss1) < 1e-5f * (1 + loss1)),
+           "ch_dp_evaluate over every rank equals one process (%lld right, loss %.6f; want "
+           "%lld, %.6f)", (long long)right, loss, (long long)right1, loss1);
+    ch_tensor *out = NULL, *out1 = NULL;
+    int64_t shape[2] = {BATCH, 10};
+    double worst = 1;
+    if (st == CH_OK)
+        st = ch_tensor_new(&out, host, CH_F32, 2, shape);
+    if (st == CH_OK)
+        st = ch_tensor_new(&out1, host, CH_F32, 2, shape);
+    if (st == CH_OK)
+        st = ch_dp_predict(one, out1, &bs->b[2]);
+    if (st == CH_OK)
+        st = ch_dp_predict(dp, out, &bs->b[2]);
+    if (st == CH_OK) {
+        float a[BATCH * 10], b[BATCH * 10];
+        ch_tensor_download(out, a, sizeof a);
+        ch_tensor_download(out1, b, sizeof b);
+        worst = 0;
+        for (int i = 0; i < BATCH * 10; i++)
+            worst = fmax(worst, fabs(a[i] - b[i]) / (1 + fabs(b[i])));
+    }
+    tap_ok(everywhere(st == CH_OK && worst < 1e-5), "ch_dp_predict gives every rank the rows "
+           "of the whole batch (max rel err %.2e, want < 1e-5)", worst);
+    ch_tensor_free(out);
+    ch_tensor_free(out1);
+    ch_dp_free(one);
+    ch_dp_free(dp);
+    ch_module_free(model);
+}
+
+/* Rank 1's replica fails in a step: the step fails on every rank, rank 1
+ * with its own message, the others naming rank 1; the next step works. */
+static void test_fault(ch_device **devs, int n, const batches *bs, kind k)
+{
+    int rank = ch_dist_rank(world);
+    ch_module *model = make_model(k);
+    ch_module_init(model, 5);
+    ch_dp_options o = options();
+    o.dist = world;
+    ch_dp *dp = NULL;
+    float l;
+    ch_status st = ch_dp_new(&dp, model, devs, n, &o);
+    if (st == CH_OK)
+        st = ch_dp_step(dp, &l, &bs->b[0], 0.01f);
+    tap_ok(everywhere(st == CH_OK), "%s: a step before the failure", k == CNN ? "cnn" : "BatchNorm net");
+    if (rank == 1)
+        chi_dp_fail_next(dp, 0);
+    double t0 = ch_clock_seconds();
+    ch_status failed = dp ? ch_dp_step(dp, &l, &bs->b[1], 0.01f) : CH_ERR_STATE;
+    double took = ch_clock_seconds() - t0;
+    const char *msg = ch_last_error();
+    int named = rank == 1 ? strstr(msg, "failure injected by a test") != NULL
+                          : strstr(msg, "rank 1 failed") != NULL &&
+                                strstr(msg, "failure injected by a test") != NULL;
+    tap_ok(everywhere(failed == CH_ERR_INTERNAL && named && took < 10.0),
+           "... rank 1 fails: the step fails on every rank within %.2f s with rank 1's error "
+           "(rank %d: %s: %s)", took, rank, ch_status_str(failed), msg);
+    st = dp ? ch_dp_step(dp, &l, &bs->b[2], 0.01f) : CH_ERR_STATE;
+    tap_ok(everywhere(st == CH_OK && isfinite(l)), "... and the next step works on every rank "
+           "(rank %d: %s)", rank, st == CH_OK ? "ok" : ch_last_error());
+    ch_dp_free(dp);
+    ch_module_free(model);
+}
+
+/* Ranks that bring other options fail ch_dp_new on every rank, naming the
+ * rank and the option. */
+static void test_disagreement(ch_device **devs, int n)
+{
+    int rank = ch_dist_rank(world);
+    ch_module *model = make_model(CNN);
+    ch_module_init(model, 5);
+    ch_dp_options o = options();
+    o.dist = world;
+    o.accumulate = rank == 1 ? 2 : 1;
+    ch_dp *dp = NULL;
+    ch_status st = ch_dp_new(&dp, model, devs, n, &o);
+    const char *msg = ch_last_error();
+    tap_ok(everywhere(st == CH_ERR_INVALID_ARGUMENT && !dp &&
+                      strstr(msg, "rank 1 brings other options->accumulate") != NULL),
+           "ranks that disagree on options->accumulate: ch_dp_new fails on every rank "
+           "(rank %d: %s)", rank, msg);
+    ch_module_free(model);
+}
+
+/* The devices of this rank: the `rank`-th of the ';'-separated lists. */
+static int rank_devices(const char *lists, int rank, ch_device **devs, int cap, char *names,
+                        size_t size)
+{
+    const char *p = lists;
+    for (int k = 0; k < rank && p; k++) {
+        p = strchr(p, ';');
+        if (p)
+            p++;
+    }
+    if (!p)
+        return 0;
+    size_t len = strcspn(p, ";");
+    snprintf(names, size, "%.*s", (int)len, p);
+    int n = 0;
+    char *save = NULL, copy[256];
+    snprintf(copy, sizeof copy, "%s", names);
+    for (char *t = strtok_r(copy, ",", &save); t && n < cap; t = strtok_r(NULL, ",", &save))
+        if (ch_device_by_name(&devs[n], t) == CH_OK)
+            n++;
+        else
+            return -1;
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    if (ch_dist_init(&argc, &argv) != CH_OK) {
+        printf("not ok 1 - ch_dist_init: %s\n1..1\n", ch_last_error());
+        return 1;
+    }
+    world = ch_dist_world();
+    int rank = ch_dist_rank(world), size = ch_dist_size(world);
+    /* Rank 0 writes the TAP; the others' lines go to stderr. */
+    if (rank != 0)
+        dup2(2, 1);
+    if (ch_init() != CH_OK) {
+        tap_ok(0, "ch_init: %s", ch_last_error());
+        ch_dist_finalize();
+        return tap_done();
+    }
+    if (argc < 2) {
+        tap_ok(0, "usage: test-dist \"DEVICES;DEVICES;...\" (one list per rank)");
+        ch_dist_finalize();
+        return tap_done();
+    }
+    tap_ok(everywhere(size >= 2 && rank >= 0 && rank < size),
+           "ch_dist_init: rank %d of %d", rank, size);
+    tap_ok(everywhere(ch_dist_local_size(world) == size && ch_dist_local_rank(world) == rank),
+           "one machine: local rank %d of %d", ch_dist_local_rank(world),
+           ch_dist_local_size(world));
+    ch_device_by_name(&host, "host");
+    ch_device *devs[4];
+    char names[256];
+    int n = rank_devices(argv[1], rank, devs, 4, names, sizeof names);
+    if (!everywhere(n > 0)) {
+        tap_skip("rank %d: devices \"%s\" are not all here", rank, names);
+        ch_shutdown();
+        ch_dist_finalize();
+        return tap_done();
+    }
+    tap_diag("rank %d trains on %s", rank, names);
+    batches bs;
+    make_batches(&bs);
+
+    ch_dp_options o = options();
+    equivalent("cnn", CNN, devs, n, o, &bs);
+    equivalent("BatchNorm net (synchronised statistics)", BNNET, devs, n, o, &bs);
+    equivalent("dropout net", DROPNET, devs, n, o, &bs);
+    float w[4] = {1.0f, 3.0f, 2.0f, 1.0f};
+    o.split = CH_DP_SPLIT_WEIGHTS;
+    o.weights = w + (rank % 2);
+    o.nweights = n;
+    equivalent("cnn, weighted split", CNN, devs, n, o, &bs);
+    o = options();
+    o.split = CH_DP_SPLIT_AUTO;
+    equivalent("cnn, automatic split", CNN, devs, n, o, &bs);
+    o = options();
+    o.reduce = CH_REDUCE_AUTO;
+    o.bucket_bytes = 4096;
+    equivalent("BatchNorm net, auto reduction, 4 KiB buckets", BNNET, devs, n, o, &bs);
+    test_repeatable(devs, n, &bs);
+    test_evaluate(devs, n, &bs);
+    test_fault(devs, n, &bs, CNN);
+    test_fault(devs, n, &bs, BNNET);
+    test_disagreement(devs, n);
+
+    free_batches(&bs);
+    ch_shutdown();
+    ch_dist_finalize();
+    return tap_done();
+}
