@@ -57,6 +57,18 @@ int ch_dist_built(void)
 #endif
 }
 
+int ch_dist_launched(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK",
+                                       "PMIX_RANK", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v)
+            return 1;
+    }
+    return 0;
+}
+
 /* CHORUS_DIST_TIMEOUT, or the default. */
 static ch_status timeout_from_env(double *out)
 {

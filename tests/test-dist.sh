@@ -53,4 +53,109 @@ run() {
 
 run 2 "$two"
 run 3 "$three"
+
+# chorus-train under mpirun, on a subset of Fashion-MNIST.
+train=$builddir/utils/chorus-train
+data=${CHORUS_TEST_DATA:-/usr/share/datasets/fashion-mnist}
+if [ ! -r "$data/train-images-idx3-ubyte.gz" ] && [ ! -r "$data/train-images-idx3-ubyte" ]; then
+    skip "no Fashion-MNIST in $data: chorus-train under mpirun not tried"
+    tap_done
+fi
+# One OpenMP thread per process, in every run: the host's per-thread
+# partial sums make its bits depend on the thread count, and mpirun binds
+# each rank to one core while a process alone would take both.
+OMP_NUM_THREADS=1
+export OMP_NUM_THREADS
+mpi="$mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS"
+quick="--data $data --model cnn --limit 2000 --batch 50 --split equal --quiet"
+
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 2 "$train" $quick --devices host --epochs 2 --checkpoint "$tmp/two.st" \
+    >"$tmp/two.out" 2>"$tmp/two.err"
+ok $? "mpirun -np 2 chorus-train: 2 epochs (stderr: $(tail -c 300 "$tmp/two.err" | tr '\n#' '  '))"
+test "$(grep -c '^result ' "$tmp/two.out")" -eq 1 &&
+    grep -Eq '^result test_accuracy=0\.[0-9]+ .* devices=host ranks=2$' "$tmp/two.out"
+ok $? "rank 0 alone prints the result, with ranks=2: $(cat "$tmp/two.out")"
+
+# Two processes of one host replica each are the replicas host,host of one
+# process: the same split, and a sum of two in either order.
+# shellcheck disable=SC2086
+"$train" $quick --devices host,host --epochs 2 --checkpoint "$tmp/one.st" >/dev/null 2>&1 &&
+    cmp -s "$tmp/one.st" "$tmp/two.st"
+ok $? "2 ranks of host train the bits of one process on host,host"
+
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 2 "$train" $quick --devices host --epochs 2 --max-steps 57 \
+    --checkpoint "$tmp/mid.st" >/dev/null 2>&1 &&
+    "$train" $quick --devices host,host --epochs 2 --resume "$tmp/mid.st" \
+        --checkpoint "$tmp/resumed1.st" >/dev/null 2>&1 &&
+    cmp -s "$tmp/resumed1.st" "$tmp/two.st"
+ok $? "a 2-rank job stopped at step 57 resumes in 1 process to the bits of the straight run"
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 3 "$train" $quick --devices host --epochs 2 --resume "$tmp/mid.st" \
+    --checkpoint "$tmp/resumed3.st" >"$tmp/r3.out" 2>"$tmp/r3.err"
+status=$?
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 3 "$train" $quick --devices host --epochs 2 >"$tmp/s3.out" 2>/dev/null
+got=$(sed -n 's/^result test_accuracy=[0-9.]* test_loss=\([0-9.]*\) .*/\1/p' "$tmp/r3.out")
+want=$(sed -n 's/^result test_accuracy=[0-9.]* test_loss=\([0-9.]*\) .*/\1/p' "$tmp/s3.out")
+test $status -eq 0 && awk -v a="${got:-0}" -v b="${want:-1}" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.002 * b) }'
+ok $? "... and in 3 ranks, to the test loss of 3 ranks straight through ($got against $want)"
+
+# A rank killed in the middle: the job ends, non-zero, naming rank 1.
+cat >"$tmp/rank.sh" <<'SH'
+#!/bin/sh
+# Under mpirun: record this rank's pid, then become the program.
+echo $$ >"$RANK_DIR/pid.${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}"
+exec "$@"
+SH
+chmod +x "$tmp/rank.sh"
+long="--data $data --model cnn --limit 20000 --batch 50 --epochs 3 --devices host --quiet"
+start=$(date +%s)
+# shellcheck disable=SC2086
+RANK_DIR=$tmp timeout 300 $mpi -np 2 -x RANK_DIR "$tmp/rank.sh" "$train" $long \
+    >"$tmp/kill.out" 2>"$tmp/kill.err" &
+job=$!
+sleep 3
+kill -9 "$(cat "$tmp/pid.1" 2>/dev/null)" 2>/dev/null
+wait $job
+status=$?
+took=$(($(date +%s) - start))
+test $status -ne 0 && test $took -lt 120 && grep -q 'rank 1' "$tmp/kill.err"
+ok $? "rank 1 killed: the job exits $status after ${took}s naming rank 1 ($(grep -m1 'rank 1' "$tmp/kill.err"))"
+
+# A rank that stops answering: the others' watchdog ends the job.
+rm -f "$tmp"/pid.*
+start=$(date +%s)
+# shellcheck disable=SC2086
+CHORUS_DIST_TIMEOUT=5 RANK_DIR=$tmp timeout 300 $mpi -np 2 -x RANK_DIR -x CHORUS_DIST_TIMEOUT \
+    "$tmp/rank.sh" "$train" $long >"$tmp/stop.out" 2>"$tmp/stop.err" &
+job=$!
+sleep 3
+kill -STOP "$(cat "$tmp/pid.1" 2>/dev/null)" 2>/dev/null
+wait $job
+status=$?
+took=$(($(date +%s) - start))
+kill -9 "$(cat "$tmp/pid.1" 2>/dev/null)" 2>/dev/null
+test $status -ne 0 && test $took -lt 60 && grep -q 'rank 0 of 2 waited 5 s' "$tmp/stop.err"
+ok $? "rank 1 stopped: rank 0's watchdog ends the job after ${took}s ($(grep -m1 'waited' "$tmp/stop.err"))"
+
+# A rank that cannot read its data ends the job, and says why.
+cat >"$tmp/bad.sh" <<'SH'
+#!/bin/sh
+# Rank 1 is given a data folder that does not exist.
+if [ "${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then
+    exec "$@" --data /nonexistent-chorus-data
+fi
+exec "$@"
+SH
+chmod +x "$tmp/bad.sh"
+start=$(date +%s)
+# shellcheck disable=SC2086
+timeout 300 $mpi -np 2 "$tmp/bad.sh" "$train" $long >"$tmp/bad.out" 2>"$tmp/bad.err"
+status=$?
+took=$(($(date +%s) - start))
+test $status -ne 0 && test $took -lt 120 && grep -q 'nonexistent-chorus-data' "$tmp/bad.err"
+ok $? "rank 1 without its data: the job exits $status after ${took}s with its error"
 tap_done

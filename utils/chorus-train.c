@@ -17,6 +17,11 @@
 #define EXIT_USAGE 2
 #define EXIT_RUNTIME 1
 
+/* Under mpirun: this process's rank and the job's size (0 and 1 alone).
+ * Rank 0 alone reports usage errors, progress and results, and writes the
+ * log and the checkpoints. */
+static int g_rank, g_ranks = 1;
+
 typedef struct options {
     const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log, *schedule;
     const char *split, *reduce, *batchnorm, *prompt;
@@ -59,7 +64,9 @@ static void usage(FILE *f)
             "  --prompt TEXT       what the sample continues (default a newline)\n"
             "  --devices LIST      devices to train on, \"all\" (default); with several,\n"
             "                      data parallel: one replica each, the batch split; a\n"
-            "                      device listed twice (host,host) holds two replicas\n"
+            "                      device listed twice (host,host) holds two replicas.\n"
+            "                      Under mpirun, LIST;LIST;... gives each process on a\n"
+            "                      machine its own (by local rank, in turn)\n"
             "  --split auto|equal|W1,W2,...  shares of the batch per device: auto\n"
             "                      (default) balances them from measured step times\n"
             "  --reduce auto|host|peer  gradient reduction: host (pinned memory, fixed\n"
@@ -97,6 +104,8 @@ static void usage(FILE *f)
 
 static int fail_usage(const char *fmt, ...)
 {
+    if (g_rank != 0)
+        return EXIT_USAGE; /* every rank parses the same line: rank 0 says it */
     va_list ap;
     fprintf(stderr, "chorus-train: ");
     va_start(ap, fmt);
@@ -902,6 +911,7 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
     }
     d.batchnorm_local = strcmp(t->o->batchnorm, "local") == 0;
     d.seed = t->o->seed;
+    d.dist = ch_dist_world();
     ch_status st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
     /* A reduction these devices cannot do is the user's choice to change. */
     t->bad_reduce = st == CH_ERR_UNSUPPORTED;
@@ -1016,7 +1026,11 @@ static void teardown(trainer *t)
 
 static int runtime_error(const char *what)
 {
-    fprintf(stderr, "\nchorus-train: %s: %s\n", what, ch_last_error());
+    if (g_ranks > 1)
+        fprintf(stderr, "\nchorus-train: rank %d of %d: %s: %s\n", g_rank, g_ranks, what,
+                ch_last_error());
+    else
+        fprintf(stderr, "\nchorus-train: %s: %s\n", what, ch_last_error());
     return EXIT_RUNTIME;
 }
 
@@ -1047,18 +1061,26 @@ static int run(trainer *t)
         /* A checkpoint that stops mid-epoch records where to go on from. */
         ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed,
                              t->norm.mean, t->norm.std};
-        if (o->checkpoint && ch_checkpoint_save(o->checkpoint, ch_dp_replica(t->dp, 0),
+        if (o->checkpoint && g_rank == 0 &&
+            ch_checkpoint_save(o->checkpoint, ch_dp_replica(t->dp, 0),
                                                 ch_dp_optimizer(t->dp, 0), &cs) != CH_OK)
             return runtime_error("cannot write the checkpoint");
     }
     double acc = 0, loss = 0;
     if ((o->lm ? validate(t, &loss, &acc) : evaluate(t, &acc, &loss)) != CH_OK)
         return runtime_error("evaluation failed");
+    if (g_rank != 0)
+        return 0;
     double rate = busy > 0 ? (double)samples / busy : 0.0;
     char ids[1024] = "";
     for (int i = 0; i < t->ndev; i++) {
         size_t len = strlen(ids);
         snprintf(ids + len, sizeof ids - len, "%s%s", i ? "," : "", ch_device_id(t->devs[i]));
+    }
+    if (g_ranks > 1) {
+        /* Rank 0's devices, and how many processes trained. */
+        size_t len = strlen(ids);
+        snprintf(ids + len, sizeof ids - len, " ranks=%d", g_ranks);
     }
     if (o->lm) {
         double tps = rate * o->gpt.context;
@@ -1153,11 +1175,38 @@ static int open_tokens(trainer *t)
     return 0;
 }
 
+/* This process's part of --devices: the whole list, or under mpirun the
+ * (local rank modulo their number)-th of lists separated by ';'. NULL when
+ * it does not fit in `cap`. */
+static const char *rank_devices(const char *devices, char *out, size_t cap)
+{
+    int lists = 1;
+    for (const char *p = devices; *p; p++)
+        lists += *p == ';';
+    int want = ch_dist_local_rank(ch_dist_world()) % lists;
+    const char *p = devices;
+    for (int k = 0; k < want; k++)
+        p = strchr(p, ';') + 1;
+    size_t len = strcspn(p, ";");
+    if (len >= cap)
+        return NULL;
+    memcpy(out, p, len);
+    out[len] = '\0';
+    return out;
+}
+
 /* Devices, model, data and log; 0 or the exit status. */
 static int prepare(trainer *t)
 {
     const options *o = t->o;
-    if (ch_device_list_parse_replicas(t->devs, 64, &t->ndev, o->devices) != CH_OK) {
+    char mine[1024];
+    const char *list = rank_devices(o->devices, mine, sizeof mine);
+    if (!list) {
+        fprintf(stderr, "chorus-train: --devices: a list is longer than %zu characters\n",
+                sizeof mine - 1);
+        return EXIT_USAGE;
+    }
+    if (ch_device_list_parse_replicas(t->devs, 64, &t->ndev, list) != CH_OK) {
         fprintf(stderr, "chorus-train: --devices: %s\n", ch_last_error());
         return EXIT_USAGE;
     }
@@ -1176,7 +1225,7 @@ static int prepare(trainer *t)
     rc = o->lm ? 0 : open_data(t);
     if (rc)
         return rc;
-    if (o->log && !(t->log = fopen(o->log, "w"))) {
+    if (o->log && g_rank == 0 && !(t->log = fopen(o->log, "w"))) {
         fprintf(stderr, "chorus-train: --log: cannot write %s: %s\n", o->log, strerror(errno));
         return EXIT_USAGE;
     }
@@ -1185,19 +1234,37 @@ static int prepare(trainer *t)
 
 int main(int argc, char **argv)
 {
+    /* Started by mpirun (or srun): one process of a data-parallel job. */
+    if (ch_dist_launched()) {
+        if (ch_dist_init(&argc, &argv) != CH_OK) {
+            fprintf(stderr, "chorus-train: cannot join the MPI job: %s\n", ch_last_error());
+            return EXIT_RUNTIME;
+        }
+        g_rank = ch_dist_rank(ch_dist_world());
+        g_ranks = ch_dist_size(ch_dist_world());
+    }
     options o;
     int rc = parse_options(argc, argv, &o);
-    if (rc)
-        return rc;
-    if (ch_init() != CH_OK) {
-        fprintf(stderr, "chorus-train: %s\n", ch_last_error());
-        return EXIT_RUNTIME;
+    if (rc == 0 && g_rank != 0) {
+        o.quiet = 1;
+        o.generate = 0;
     }
-    trainer t = {.o = &o, .tty = isatty(STDERR_FILENO), .val_loss = NAN};
-    rc = prepare(&t);
-    if (rc == 0)
-        rc = run(&t);
-    teardown(&t);
-    ch_shutdown();
+    if (rc == 0 && ch_init() != CH_OK) {
+        fprintf(stderr, "chorus-train: %s\n", ch_last_error());
+        rc = EXIT_RUNTIME;
+    }
+    if (rc == 0) {
+        trainer t = {.o = &o, .tty = isatty(STDERR_FILENO), .val_loss = NAN};
+        rc = prepare(&t);
+        if (rc == 0)
+            rc = run(&t);
+        teardown(&t);
+        ch_shutdown();
+    }
+    /* After a failure another process may be stuck in a collective, and
+     * MPI_Finalize would wait for it: leave, and let the launcher end the
+     * job. */
+    if (rc == 0 || g_ranks == 1)
+        ch_dist_finalize();
     return rc;
 }

@@ -20,6 +20,11 @@ typedef struct ch_dist ch_dist;
 /* 1 when the library was built with MPI (./configure --with-mpi). */
 CH_API int ch_dist_built(void);
 
+/* 1 when an MPI launcher (mpirun or mpiexec of Open MPI or MPICH, srun
+ * with PMI or PMIx) started this process, from the variables it sets: a
+ * program may then call ch_dist_init, and run as one process otherwise. */
+CH_API int ch_dist_launched(void);
+
 /* Join the job: initialises MPI (MPI_Init_thread; a program that has
  * initialised MPI itself keeps it, and ch_dist_finalize leaves it
  * initialised) and finds this process's rank, the job's size, and the
