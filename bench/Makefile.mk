@@ -17,7 +17,8 @@ bench_bench_dp_LDADD = libchorus.la
 
 noinst_PROGRAMS += bench/bench-allreduce
 bench_bench_allreduce_SOURCES = bench/bench-allreduce.c bench/bench.h
-bench_bench_allreduce_LDADD = libchorus.la
+bench_bench_allreduce_CPPFLAGS = $(AM_CPPFLAGS) $(MPI_CFLAGS)
+bench_bench_allreduce_LDADD = libchorus.la $(MPI_LIBS)
 
 .PHONY: bench
 bench: bench/bench-ops bench/bench-train bench/bench-dp bench/bench-allreduce

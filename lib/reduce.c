@@ -422,8 +422,10 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
     if (!r->stage) {
         chi_sum_spread(count, total, r->ngroups, r->src, ncopies, r->copies);
     } else {
-        /* The total, then the stage, then its copies. */
-        chi_sum_spread(count, total, r->ngroups, r->src, 0, NULL);
+        /* The total (one group's is in place already), then the stage,
+         * then its copies. */
+        if (r->ngroups > 1)
+            chi_sum_spread(count, total, r->ngroups, r->src, 0, NULL);
         st = r->stage(r->stage_user, total, count);
         if (st != CH_OK)
             return st;

@@ -56,6 +56,10 @@ tests_test_dp_SOURCES = tests/test-dp.c
 tests_test_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-dist-local
+tests_test_dist_local_SOURCES = tests/test-dist-local.c
+tests_test_dist_local_LDADD = $(TEST_LIBS)
+
 # Across processes: not a test of its own but run under mpirun by
 # tests/test-dist.sh, so built for `make check` outside check_PROGRAMS.
 EXTRA_PROGRAMS = tests/test-dist

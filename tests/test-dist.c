@@ -390,6 +390,18 @@ int main(int argc, char **argv)
     tap_ok(everywhere(ch_dist_local_size(world) == size && ch_dist_local_rank(world) == rank),
            "one machine: local rank %d of %d", ch_dist_local_rank(world),
            ch_dist_local_size(world));
+    float f[2] = {(float)(rank + 1), 0.5f};
+    double d = rank;
+    char word[8] = "";
+    if (rank == 0)
+        snprintf(word, sizeof word, "chorus");
+    ch_status st1 = ch_dist_sum_f32(world, f, 2), st2 = ch_dist_sum(world, &d, 1);
+    ch_status st3 = ch_dist_broadcast(world, word, sizeof word, 0), st4 = ch_dist_barrier(world);
+    tap_ok(everywhere(st1 == CH_OK && st2 == CH_OK && st3 == CH_OK && st4 == CH_OK &&
+                      f[0] == (float)(size * (size + 1) / 2) && f[1] == 0.5f * (float)size &&
+                      d == size * (size - 1) / 2.0 && strcmp(word, "chorus") == 0),
+           "ch_dist_sum_f32, ch_dist_sum, ch_dist_broadcast and ch_dist_barrier over the ranks "
+           "(rank %d: %g %g %g \"%s\")", rank, f[0], f[1], d, word);
     ch_device_by_name(&host, "host");
     ch_device *devs[4];
     char names[256];

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "tap.h"
+#include "error.h" /* chi_error, for the failing stage */
 
 #define MAXP 10
 #define CAPACITY 65537
@@ -427,6 +428,129 @@ static void test_single(void)
     }
 }
 
+/* ---- a stage across processes ------------------------------------------ */
+
+/* What the stage saw and did: it checks the total it is given against the
+ * inputs' sum, keeps a copy, and doubles it plus one (another process's
+ * contribution, as it were); `fail` makes it fail instead. */
+typedef struct stage_probe {
+    int calls, fail;
+    int64_t count;
+    double worst;        /* largest |total - reference| / (1 + |reference|) */
+    const double *want;  /* the reference sum of the range */
+    float seen[4096];    /* what it wrote */
+} stage_probe;
+
+static ch_status probe_stage(void *user, float *total, int64_t count)
+{
+    stage_probe *p = user;
+    p->calls++;
+    p->count = count;
+    if (p->fail)
+        return chi_error(CH_ERR_REMOTE, "the stage failed on purpose");
+    for (int64_t i = 0; i < count; i++) {
+        p->worst = fmax(p->worst, fabs(total[i] - p->want[i]) / (1 + fabs(p->want[i])));
+        total[i] = total[i] * 2.0f + 1.0f;
+        if (i < 4096)
+            p->seen[i] = total[i];
+    }
+    return CH_OK;
+}
+
+static void stage_case(const char *const *names, int n, ch_reduce_mode mode)
+{
+    rcase c = {{NULL}, n};
+    for (int i = 0; i < n; i++)
+        c.names[i] = names[i];
+    plist p;
+    const char *missing;
+    if (!plist_make(&p, &c, &missing)) {
+        if (missing)
+            tap_skip("stage over {%s}: no device %s here", names[0], missing);
+        return;
+    }
+    const char *mode_name = ch_reduce_mode_name(mode);
+    ch_reducer *r = NULL;
+    ch_status st = ch_reducer_new(&r, p.stream, n, 3000, mode);
+    if (st == CH_ERR_UNSUPPORTED) { /* peer over backends that cannot */
+        plist_free(&p);
+        return;
+    }
+    enum { TOTAL = 3000, OFF = 100, COUNT = 2500 };
+    ch_tensor *t[MAXP] = {0};
+    float in[MAXP][TOTAL], out[TOTAL];
+    static double want[COUNT];
+    tap_rng rng = {41};
+    for (int k = 0; k < COUNT; k++)
+        want[k] = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < TOTAL; k++) {
+            in[i][k] = tap_rng_uniform(&rng, -1, 1);
+            if (k >= OFF && k < OFF + COUNT)
+                want[k - OFF] += in[i][k];
+        }
+    stage_probe probe = {0};
+    probe.want = want;
+    int64_t len = TOTAL;
+    if (st == CH_OK)
+        st = ch_reducer_set_stage(r, probe_stage, &probe);
+    for (int i = 0; i < n && st == CH_OK; i++) {
+        st = ch_tensor_new(&t[i], p.dev[i], CH_F32, 1, &len);
+        if (st == CH_OK)
+            st = ch_tensor_upload(t[i], in[i], sizeof in[i]);
+    }
+    if (st == CH_OK)
+        st = ch_reducer_allreduce(r, t, OFF, COUNT);
+    int same = 1;
+    for (int i = 0; i < n && st == CH_OK; i++) {
+        st = ch_tensor_download(t[i], out, sizeof out);
+        for (int k = 0; k < TOTAL; k++)
+            same = same && (k >= OFF && k < OFF + COUNT
+                                ? memcmp(&out[k], &probe.seen[k - OFF], sizeof(float)) == 0
+                                : out[k] == in[i][k]);
+    }
+    if (tap_status_ok(st, "stage over {%s}, %s: allreduce", p.label, mode_name))
+        tap_ok(probe.calls == 1 && probe.count == COUNT && probe.worst < 1e-5 && same,
+               "stage over {%s}, %s: called once with the range's %lld-element total (max err "
+               "%.1e), and what it wrote is in every buffer, the rest untouched", p.label,
+               mode_name, (long long)probe.count, probe.worst);
+    probe.fail = 1;
+    if (st == CH_OK)
+        tap_status_is(ch_reducer_allreduce(r, t, 0, 10), CH_ERR_REMOTE, "failed on purpose",
+                      "stage over {%s}, %s: the stage's failure is the call's", p.label,
+                      mode_name);
+    if (st == CH_OK) {
+        int calls = probe.calls;
+        st = ch_reducer_set_stage(r, NULL, NULL);
+        if (st == CH_OK)
+            st = ch_reducer_allreduce(r, t, 0, 10);
+        tap_ok(st == CH_OK && probe.calls == calls, "stage over {%s}, %s: removed with NULL, "
+               "the next call goes without it", p.label, mode_name);
+    }
+    for (int i = 0; i < n; i++)
+        ch_tensor_free(t[i]);
+    ch_reducer_free(r);
+    plist_free(&p);
+}
+
+static void test_stage(void)
+{
+    static const char *const one[] = {"host"}, *const hosts[] = {"host", "host", "host"},
+                             *const ocl1[] = {"opencl:0"}, *const ocl[] = {"opencl:0", "opencl:1"},
+                             *const mixed[] = {"host", "opencl:0", "opencl:1"},
+                             *const cuda[] = {"cuda:0"};
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        stage_case(one, 1, modes[m]);
+        stage_case(hosts, 3, modes[m]);
+        stage_case(ocl1, 1, modes[m]);
+        stage_case(ocl, 2, modes[m]);
+        stage_case(mixed, 3, modes[m]);
+        stage_case(cuda, 1, modes[m]);
+    }
+    tap_status_is(ch_reducer_set_stage(NULL, probe_stage, NULL), CH_ERR_INVALID_ARGUMENT,
+                  "r is NULL", "ch_reducer_set_stage(NULL)");
+}
+
 /* ---- argument errors --------------------------------------------------- */
 
 static void test_errors(void)
@@ -574,6 +698,7 @@ int main(void)
     tap_diag("devices: %s", devs);
     test_errors();
     test_single();
+    test_stage();
     test_auto_groups();
     test_many_host();
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)

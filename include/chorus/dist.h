@@ -8,6 +8,7 @@
 #define CHORUS_DIST_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <chorus/status.h>
 
@@ -69,6 +70,10 @@ CH_API ch_status ch_dist_broadcast(ch_dist *d, void *data, size_t bytes, int roo
 /* In place: every process's `n` doubles become their sum over the group,
  * the same bits on every process. */
 CH_API ch_status ch_dist_sum(ch_dist *d, double *values, int n);
+
+/* The same for `n` floats (the stage data parallelism gives its reducer:
+ * chorus/reduce.h, ch_reducer_set_stage). */
+CH_API ch_status ch_dist_sum_f32(ch_dist *d, float *values, int64_t n);
 
 #ifdef __cplusplus
 }
