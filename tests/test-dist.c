@@ -319,6 +319,48 @@ static void test_fault(ch_device **devs, int n, const batches *bs, kind k)
     ch_module_free(model);
 }
 
+/* Rank 1's replicas drift from rank 0's (a parameter changed on all of
+ * them, so that they still agree among themselves): the next checked step
+ * fails on every rank, naming rank 1. */
+static void test_divergence(ch_device **devs, int n, const batches *bs)
+{
+    int rank = ch_dist_rank(world);
+    ch_module *model = make_model(CNN);
+    ch_module_init(model, 5);
+    ch_dp_options o = options();
+    o.dist = world;
+    o.check_every = 1;
+    ch_dp *dp = NULL;
+    float l;
+    ch_status st = ch_dp_new(&dp, model, devs, n, &o);
+    if (st == CH_OK)
+        st = ch_dp_step(dp, &l, &bs->b[0], 0.05f);
+    for (int i = 0; st == CH_OK && rank == 1 && i < n; i++) {
+        ch_tensor *p;
+        st = ch_module_param(ch_dp_replica(dp, i), 0, NULL, &p, NULL);
+        size_t bytes = st == CH_OK ? ch_tensor_nbytes(p) : 0;
+        float *v = malloc(bytes ? bytes : 1);
+        if (st == CH_OK)
+            st = ch_tensor_download(p, v, bytes);
+        v[0] += 1.0f;
+        if (st == CH_OK)
+            st = ch_tensor_upload(p, v, bytes);
+        free(v);
+        if (st == CH_OK)
+            st = ch_device_sync(devs[i]);
+    }
+    tap_ok(everywhere(st == CH_OK), "a checked step, then rank 1's replicas changed (%s)",
+           st == CH_OK ? "ok" : ch_last_error());
+    ch_status got = dp ? ch_dp_step(dp, &l, &bs->b[1], 0.05f) : CH_ERR_STATE;
+    const char *msg = ch_last_error();
+    tap_ok(everywhere(got == CH_ERR_INTERNAL &&
+                      strstr(msg, "rank 1 holds other parameters than rank 0") != NULL),
+           "... the next checked step fails on every rank naming rank 1 (rank %d: %s)", rank,
+           msg);
+    ch_dp_free(dp);
+    ch_module_free(model);
+}
+
 /* Ranks that bring other options fail ch_dp_new on every rank, naming the
  * rank and the option. */
 static void test_disagreement(ch_device **devs, int n)
@@ -436,6 +478,7 @@ int main(int argc, char **argv)
     test_evaluate(devs, n, &bs);
     test_fault(devs, n, &bs, CNN);
     test_fault(devs, n, &bs, BNNET);
+    test_divergence(devs, n, &bs);
     test_disagreement(devs, n);
 
     free_batches(&bs);

@@ -30,9 +30,16 @@ fi
 # and the watchdog is short so that a lost collective shows in seconds.
 CHORUS_DIST_TIMEOUT=${CHORUS_DIST_TIMEOUT:-30}
 export CHORUS_DIST_TIMEOUT
+# Under --enable-sanitizers: whole allocation stacks, so that the
+# suppressions of Open MPI's own leaks (LSAN_OPTIONS, set by make check)
+# match; other builds ignore both. mpirun passes them on with -x.
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
+LSAN_OPTIONS=${LSAN_OPTIONS:-}
+export ASAN_OPTIONS LSAN_OPTIONS
 run() {
     np=$1 devices=$2
-    timeout 900 "$mpirun" --allow-run-as-root --oversubscribe -np "$np" "$prog" "$devices" \
+    timeout 900 "$mpirun" --allow-run-as-root --oversubscribe -x ASAN_OPTIONS -x LSAN_OPTIONS \
+        -x CHORUS_DIST_TIMEOUT -np "$np" "$prog" "$devices" \
         >"$tmp/out" 2>"$tmp/err"
     status=$?
     planned=$(sed -n 's/^1\.\.\([0-9]*\)$/\1/p' "$tmp/out")
@@ -54,6 +61,23 @@ run() {
 run 2 "$two"
 run 3 "$three"
 
+# chorus-info under mpirun: rank 0 prints every process's devices.
+info=$builddir/utils/chorus-info
+timeout 300 "$mpirun" --allow-run-as-root --oversubscribe -x ASAN_OPTIONS -x LSAN_OPTIONS \
+    -np 2 "$info" >"$tmp/info.out" 2>"$tmp/info.err" &&
+    grep -q '^== rank 0 of 2 (local rank 0 of 2) on ' "$tmp/info.out" &&
+    grep -q '^== rank 1 of 2 (local rank 1 of 2) on ' "$tmp/info.out" &&
+    test "$(grep -c '^Devices (' "$tmp/info.out")" -eq 2
+ok $? "chorus-info under mpirun -np 2: each rank's devices under its heading"
+timeout 300 "$mpirun" --allow-run-as-root --oversubscribe -x ASAN_OPTIONS -x LSAN_OPTIONS \
+    -np 2 "$info" --json >"$tmp/info.json" 2>"$tmp/info.err" && python3 -c '
+import json, sys
+ranks = json.load(open(sys.argv[1]))
+assert [r["rank"] for r in ranks] == [0, 1], ranks
+assert all(r["ranks"] == 2 and r["devices"][0]["id"] == "host" for r in ranks), ranks
+' "$tmp/info.json"
+ok $? "chorus-info --json under mpirun -np 2: an array of one object per rank"
+
 # chorus-train under mpirun, on a subset of Fashion-MNIST.
 train=$builddir/utils/chorus-train
 data=${CHORUS_TEST_DATA:-/usr/share/datasets/fashion-mnist}
@@ -66,7 +90,7 @@ fi
 # each rank to one core while a process alone would take both.
 OMP_NUM_THREADS=1
 export OMP_NUM_THREADS
-mpi="$mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS"
+mpi="$mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x ASAN_OPTIONS -x LSAN_OPTIONS"
 quick="--data $data --model cnn --limit 2000 --batch 50 --split equal --quiet"
 
 # shellcheck disable=SC2086

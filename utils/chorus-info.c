@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <chorus.h>
 
@@ -28,6 +29,11 @@ static void usage(FILE *out)
             "  --json     print the devices as one JSON array\n"
             "  --help     print this help\n"
             "  --version  print the Chorus version\n"
+            "\n"
+            "Under mpirun (or srun), every process lists its own devices and rank 0\n"
+            "prints them in rank order, each under a line naming the rank, its local\n"
+            "rank and its machine (with --json: one JSON array of an object per\n"
+            "process, {\"rank\", \"ranks\", \"local_rank\", \"host\", \"devices\"}).\n"
             "\n"
             "Environment: CHORUS_DEVICES (only these devices), CHORUS_BACKEND_PATH\n"
             "(where backend modules are looked for first), HWLOC_XMLFILE (a topology\n"
@@ -322,10 +328,68 @@ static void print_json(void)
     fputs("]\n", stdout);
 }
 
+/* What this process printed, under a heading, to rank 0, which prints
+ * every process's in rank order. */
+static int gather_print(ch_dist *world, const char *text, size_t len, int json)
+{
+    int rank = ch_dist_rank(world), ranks = ch_dist_size(world);
+    char host[256] = "?";
+    if (gethostname(host, sizeof host) != 0)
+        snprintf(host, sizeof host, "?");
+    host[sizeof host - 1] = '\0';
+    for (int k = 0; k < ranks; k++) {
+        double n = k == rank ? (double)len : 0.0;
+        char name[256];
+        memcpy(name, host, sizeof name);
+        if (ch_dist_sum(world, &n, 1) != CH_OK ||
+            ch_dist_broadcast(world, name, sizeof name, k) != CH_OK)
+            return 1;
+        size_t bytes = (size_t)n;
+        char *buf = malloc(bytes + 1);
+        if (!buf)
+            die("out of memory");
+        if (k == rank)
+            memcpy(buf, text, bytes);
+        if (ch_dist_broadcast(world, buf, bytes, k) != CH_OK) {
+            free(buf);
+            return 1;
+        }
+        buf[bytes] = '\0';
+        double lr = k == rank ? ch_dist_local_rank(world) : 0.0;
+        double ls = k == rank ? ch_dist_local_size(world) : 0.0;
+        if (ch_dist_sum(world, &lr, 1) != CH_OK || ch_dist_sum(world, &ls, 1) != CH_OK) {
+            free(buf);
+            return 1;
+        }
+        if (rank == 0 && json) {
+            /* The devices' array without its line end, inside an object. */
+            while (bytes > 0 && buf[bytes - 1] == '\n')
+                buf[--bytes] = '\0';
+            printf("%s{\"rank\":%d,\"ranks\":%d,\"local_rank\":%d,\"host\":\"%s\","
+                   "\"devices\":%s}%s\n", k ? "" : "[", k, ranks, (int)lr, name, buf,
+                   k + 1 < ranks ? "," : "]");
+        } else if (rank == 0) {
+            printf("%s== rank %d of %d (local rank %d of %d) on %s ==\n%s", k ? "\n" : "", k,
+                   ranks, (int)lr, (int)ls, name, buf);
+        }
+        free(buf);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int json = 0;
     ch_status st;
+    ch_dist *world = NULL;
+    if (ch_dist_launched()) {
+        st = ch_dist_init(&argc, &argv);
+        if (st != CH_OK) {
+            fprintf(stderr, "%s: cannot join the MPI job: %s\n", prog, ch_last_error());
+            return 1;
+        }
+        world = ch_dist_world();
+    }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
@@ -346,6 +410,15 @@ int main(int argc, char **argv)
                 ch_last_error());
         return 1;
     }
+    /* Under mpirun the listing goes to memory first, then to rank 0. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = stdout;
+    if (ch_dist_size(world) > 1) {
+        stdout = open_memstream(&text, &len);
+        if (!stdout)
+            die("out of memory");
+    }
     if (json) {
         print_json();
     } else {
@@ -354,7 +427,18 @@ int main(int argc, char **argv)
         print_peers();
         print_hidden();
     }
+    if (ch_dist_size(world) > 1) {
+        fclose(stdout);
+        stdout = out;
+        int bad = gather_print(world, text, len, json);
+        free(text);
+        if (bad) {
+            fprintf(stderr, "%s: rank %d: %s\n", prog, ch_dist_rank(world), ch_last_error());
+            return 1;
+        }
+    }
     ch_shutdown();
+    ch_dist_finalize();
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "%s: writing the output failed\n", prog);
         return 1;
