@@ -20,7 +20,7 @@
 #include "tap.h"
 #include "../nn/nn.h" /* chi_dp_fail_next, the fault-injection hook */
 
-enum { BATCH = 24, STEPS = 10 };
+enum { BATCH = 24, STEPS = 10, CONTEXT = 16, VOCAB = 64 };
 
 static ch_dist *world;
 static ch_device *host;
@@ -37,6 +37,9 @@ static int everywhere(int cond)
 typedef struct batches {
     ch_host_buffer *images[STEPS], *labels[STEPS];
     ch_batch b[STEPS];
+    /* The tiny GPT's: windows of CONTEXT tokens and their next tokens. */
+    ch_host_buffer *tokens[STEPS], *targets[STEPS];
+    ch_batch t[STEPS];
 } batches;
 
 static void make_batches(batches *bs)
@@ -57,6 +60,25 @@ static void make_batches(batches *bs)
         /* The last batch is short, in buffers made for a full one. */
         bs->b[s] = (ch_batch){bs->images[s], bs->labels[s], NULL,
                               s == STEPS - 1 ? BATCH - 5 : BATCH, 0, s};
+        ch_host_buffer_new(&bs->tokens[s], host, sizeof(int32_t) * BATCH * CONTEXT);
+        ch_host_buffer_new(&bs->targets[s], host, sizeof(int32_t) * BATCH * CONTEXT);
+        int32_t *tok = ch_host_buffer_data(bs->tokens[s]);
+        int32_t *tgt = ch_host_buffer_data(bs->targets[s]);
+        for (int i = 0; i < BATCH; i++) {
+            /* A text that repeats with a little noise: there is something
+             * to learn. */
+            int32_t prev = (int32_t)(tap_rng_next(&rng) % VOCAB);
+            for (int j = 0; j < CONTEXT; j++) {
+                int32_t next = tap_rng_next(&rng) % 4 == 0
+                                   ? (int32_t)(tap_rng_next(&rng) % VOCAB)
+                                   : (prev * 7 + 3) % VOCAB;
+                tok[i * CONTEXT + j] = prev;
+                tgt[i * CONTEXT + j] = next;
+                prev = next;
+            }
+        }
+        bs->t[s] = (ch_batch){bs->tokens[s], bs->targets[s], NULL,
+                              s == STEPS - 1 ? BATCH - 5 : BATCH, 0, s};
     }
 }
 
@@ -65,16 +87,23 @@ static void free_batches(batches *bs)
     for (int s = 0; s < STEPS; s++) {
         ch_host_buffer_free(bs->images[s]);
         ch_host_buffer_free(bs->labels[s]);
+        ch_host_buffer_free(bs->tokens[s]);
+        ch_host_buffer_free(bs->targets[s]);
     }
 }
 
-typedef enum kind { CNN, BNNET, DROPNET } kind;
+typedef enum kind { CNN, BNNET, DROPNET, GPT } kind;
 
 static ch_module *make_model(kind k)
 {
     ch_module *m = NULL;
     if (k == CNN) {
         ch_nn_preset(&m, "cnn");
+        return m;
+    }
+    if (k == GPT) {
+        ch_gpt_config c = {2, 2, 32, CONTEXT, VOCAB, 0.1f};
+        ch_nn_gpt(&m, &c);
         return m;
     }
     ch_module *c[8] = {NULL};
@@ -120,9 +149,15 @@ static float train(ch_module *out, kind k, ch_device **devs, int n, ch_dp_option
     ch_module_init(model, 3);
     ch_dp *dp = NULL;
     float loss = NAN;
+    if (k == GPT) {
+        o.sample_ndim = 1;
+        o.sample_shape[0] = CONTEXT;
+        o.sample_dtype = CH_I32;
+        o.labels_per_sample = CONTEXT;
+    }
     ch_status st = ch_dp_new(&dp, model, devs, n, &o);
     for (int s = 0; st == CH_OK && s < STEPS; s++)
-        st = ch_dp_step(dp, &loss, &bs->b[s], 0.05f);
+        st = ch_dp_step(dp, &loss, k == GPT ? &bs->t[s] : &bs->b[s], 0.05f);
     if (st == CH_OK && ch_dp_pending(dp) > 0)
         st = ch_dp_flush(dp, 0.05f);
     if (st == CH_OK)
@@ -299,7 +334,8 @@ static void test_fault(ch_device **devs, int n, const batches *bs, kind k)
     ch_status st = ch_dp_new(&dp, model, devs, n, &o);
     if (st == CH_OK)
         st = ch_dp_step(dp, &l, &bs->b[0], 0.01f);
-    tap_ok(everywhere(st == CH_OK), "%s: a step before the failure", k == CNN ? "cnn" : "BatchNorm net");
+    tap_ok(everywhere(st == CH_OK), "%s: a step before the failure",
+           k == CNN ? "cnn" : "BatchNorm net");
     if (rank == 1)
         chi_dp_fail_next(dp, 0);
     double t0 = ch_clock_seconds();
@@ -339,7 +375,7 @@ static void test_divergence(ch_device **devs, int n, const batches *bs)
         ch_tensor *p;
         st = ch_module_param(ch_dp_replica(dp, i), 0, NULL, &p, NULL);
         size_t bytes = st == CH_OK ? ch_tensor_nbytes(p) : 0;
-        float *v = malloc(bytes ? bytes : 1);
+        float *v = malloc(bytes + sizeof *v);
         if (st == CH_OK)
             st = ch_tensor_download(p, v, bytes);
         v[0] += 1.0f;
@@ -462,6 +498,7 @@ int main(int argc, char **argv)
     equivalent("cnn", CNN, devs, n, o, &bs);
     equivalent("BatchNorm net (synchronised statistics)", BNNET, devs, n, o, &bs);
     equivalent("dropout net", DROPNET, devs, n, o, &bs);
+    equivalent("tiny GPT (2 layers, dim 32, dropout 0.1)", GPT, devs, n, o, &bs);
     float w[4] = {1.0f, 3.0f, 2.0f, 1.0f};
     o.split = CH_DP_SPLIT_WEIGHTS;
     o.weights = w + (rank % 2);
