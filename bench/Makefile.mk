@@ -20,5 +20,7 @@ bench_bench_allreduce_SOURCES = bench/bench-allreduce.c bench/bench.h
 bench_bench_allreduce_CPPFLAGS = $(AM_CPPFLAGS) $(MPI_CFLAGS)
 bench_bench_allreduce_LDADD = libchorus.la $(MPI_LIBS)
 
+EXTRA_DIST += bench/bench-ranks.sh
+
 .PHONY: bench
 bench: bench/bench-ops bench/bench-train bench/bench-dp bench/bench-allreduce
