@@ -508,6 +508,9 @@ int main(int argc, char **argv)
     o.split = CH_DP_SPLIT_AUTO;
     equivalent("cnn, automatic split", CNN, devs, n, o, &bs);
     o = options();
+    o.accumulate = 2;
+    equivalent("cnn, a step every 2 batches (accumulation)", CNN, devs, n, o, &bs);
+    o = options();
     o.reduce = CH_REDUCE_AUTO;
     o.bucket_bytes = 4096;
     equivalent("BatchNorm net, auto reduction, 4 KiB buckets", BNNET, devs, n, o, &bs);
