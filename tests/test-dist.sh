@@ -135,18 +135,28 @@ echo $$ >"$RANK_DIR/pid.${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}"
 exec "$@"
 SH
 chmod +x "$tmp/rank.sh"
+# Wait (up to 60 s) for rank 1 to have started, then 2 s more: it is then
+# training, or joining the others.
+rank1_started() {
+    i=0
+    while [ ! -s "$tmp/pid.1" ] && [ $i -lt 600 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    sleep 2
+}
 long="--data $data --model cnn --limit 20000 --batch 50 --epochs 3 --devices host --quiet"
 start=$(date +%s)
 # shellcheck disable=SC2086
 RANK_DIR=$tmp timeout 300 $mpi -np 2 -x RANK_DIR "$tmp/rank.sh" "$train" $long \
     >"$tmp/kill.out" 2>"$tmp/kill.err" &
 job=$!
-sleep 3
+rank1_started
 kill -9 "$(cat "$tmp/pid.1" 2>/dev/null)" 2>/dev/null
 wait $job
 status=$?
 took=$(($(date +%s) - start))
-test $status -ne 0 && test $took -lt 120 && grep -q 'rank 1' "$tmp/kill.err"
+test $status -ne 0 && test $took -lt 180 && grep -q 'rank 1' "$tmp/kill.err"
 ok $? "rank 1 killed: the job exits $status after ${took}s naming rank 1 ($(grep -m1 'rank 1' "$tmp/kill.err"))"
 
 # A rank that stops answering: the others' watchdog ends the job.
@@ -156,13 +166,13 @@ start=$(date +%s)
 CHORUS_DIST_TIMEOUT=5 RANK_DIR=$tmp timeout 300 $mpi -np 2 -x RANK_DIR -x CHORUS_DIST_TIMEOUT \
     "$tmp/rank.sh" "$train" $long >"$tmp/stop.out" 2>"$tmp/stop.err" &
 job=$!
-sleep 3
+rank1_started
 kill -STOP "$(cat "$tmp/pid.1" 2>/dev/null)" 2>/dev/null
 wait $job
 status=$?
 took=$(($(date +%s) - start))
 kill -9 "$(cat "$tmp/pid.1" 2>/dev/null)" 2>/dev/null
-test $status -ne 0 && test $took -lt 60 && grep -q 'rank 0 of 2 waited 5 s' "$tmp/stop.err"
+test $status -ne 0 && test $took -lt 120 && grep -q 'rank 0 of 2 waited 5 s' "$tmp/stop.err"
 ok $? "rank 1 stopped: rank 0's watchdog ends the job after ${took}s ($(grep -m1 'waited' "$tmp/stop.err"))"
 
 # A rank that cannot read its data ends the job, and says why.
