@@ -113,6 +113,146 @@ static void pause_poll(double waited)
     nanosleep(&ts, NULL);
 }
 
+/* ---- Who answers: a responder thread in every process ---------------------
+ * When a collective runs out of the watchdog's time, the process asks every
+ * other one, on a communicator of its own, whether it is there: a thread
+ * in each process (started by ch_dist_init, asleep between 5 ms polls)
+ * answers, wherever the process's other threads are. A process that does
+ * not answer within PING_SECONDS is stopped, hung in the system, or gone;
+ * one that answers has not reached the collective yet. */
+
+#define TAG_PING 1         /* token >= 0; -1 from the process itself: stop */
+#define TAG_PONG 16        /* + the ping's token */
+#define PING_SECONDS 2.0
+
+static MPI_Comm hb_comm;
+static pthread_t hb_thread;
+static int hb_started;
+static int ping_token;     /* under mpi_lock */
+
+static void nap(long ns)
+{
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
+/* Polls `req` every `ns` nanoseconds; 1 when it completed, 0 when `limit`
+ * seconds (<= 0: none) passed first or MPI failed. */
+static int poll_req(MPI_Request *req, MPI_Status *status, long ns, double limit)
+{
+    double end = ch_clock_seconds() + limit;
+    for (;;) {
+        int done = 0;
+        pthread_mutex_lock(&mpi_lock);
+        int e = MPI_Test(req, &done, status ? status : MPI_STATUS_IGNORE);
+        pthread_mutex_unlock(&mpi_lock);
+        if (e != MPI_SUCCESS)
+            return 0;
+        if (done)
+            return 1;
+        if (limit > 0 && ch_clock_seconds() > end)
+            return 0;
+        nap(ns);
+    }
+}
+
+static void *responder(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        int token = 0;
+        MPI_Request req;
+        MPI_Status status;
+        pthread_mutex_lock(&mpi_lock);
+        /* Pings only: the answers to this process's own pings, on
+         * another tag, go to the thread that asked. */
+        int e = MPI_Irecv(&token, 1, MPI_INT, MPI_ANY_SOURCE, TAG_PING, hb_comm, &req);
+        pthread_mutex_unlock(&mpi_lock);
+        if (e != MPI_SUCCESS || !poll_req(&req, &status, 5000000L, 0.0))
+            return NULL;
+        if (token < 0)
+            return NULL; /* ch_dist_finalize */
+        int answer = token;
+        pthread_mutex_lock(&mpi_lock);
+        e = MPI_Isend(&answer, 1, MPI_INT, status.MPI_SOURCE, TAG_PONG + token, hb_comm, &req);
+        pthread_mutex_unlock(&mpi_lock);
+        if (e != MPI_SUCCESS || !poll_req(&req, NULL, 1000000L, PING_SECONDS)) {
+            pthread_mutex_lock(&mpi_lock);
+            if (e == MPI_SUCCESS)
+                MPI_Request_free(&req);
+            pthread_mutex_unlock(&mpi_lock);
+        }
+    }
+}
+
+/* Into `out`: which processes did not answer a ping within PING_SECONDS. */
+static void who_answers(const ch_dist *d, char *out, size_t cap)
+{
+    int n = d->size;
+    MPI_Request *recv = calloc((size_t)n, sizeof *recv), *send = calloc((size_t)n, sizeof *send);
+    int *got = calloc((size_t)n, sizeof *got), *answered = calloc((size_t)n, sizeof *answered);
+    snprintf(out, cap, "%s", "");
+    if (!recv || !send || !got || !answered || !hb_started) {
+        free(recv), free(send), free(got), free(answered);
+        return;
+    }
+    pthread_mutex_lock(&mpi_lock);
+    int token = ping_token = (ping_token + 1) % 30000;
+    for (int k = 0; k < n; k++) {
+        recv[k] = send[k] = MPI_REQUEST_NULL;
+        if (k == d->rank)
+            continue;
+        MPI_Irecv(&got[k], 1, MPI_INT, k, TAG_PONG + token, hb_comm, &recv[k]);
+        MPI_Isend(&token, 1, MPI_INT, k, TAG_PING, hb_comm, &send[k]);
+    }
+    pthread_mutex_unlock(&mpi_lock);
+    double end = ch_clock_seconds() + PING_SECONDS;
+    int missing = n - 1;
+    while (missing > 0 && ch_clock_seconds() < end) {
+        pthread_mutex_lock(&mpi_lock);
+        for (int k = 0; k < n; k++) {
+            int done = 0;
+            if (k != d->rank && !answered[k] && MPI_Test(&recv[k], &done, MPI_STATUS_IGNORE) ==
+                                                        MPI_SUCCESS && done) {
+                answered[k] = 1;
+                missing--;
+            }
+        }
+        pthread_mutex_unlock(&mpi_lock);
+        nap(1000000L);
+    }
+    size_t len = 0;
+    for (int k = 0; k < n; k++) {
+        if (k == d->rank || answered[k])
+            continue;
+        len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%d",
+                                len ? ", " : "rank ", k);
+        if (len >= cap)
+            break;
+    }
+    if (missing > 0 && len < cap)
+        snprintf(out + len, cap - len, " did not answer within %g s: stopped, hung in the "
+                 "system or gone", PING_SECONDS);
+    else if (missing == 0)
+        snprintf(out, cap, "every other process answers: one of them has not reached this "
+                 "call yet (still computing, or failed without telling)");
+    /* Unanswered pings and their receives stay with MPI: it has no way to
+     * take back a send to a process that is gone. */
+    pthread_mutex_lock(&mpi_lock);
+    for (int k = 0; k < n; k++) {
+        if (recv[k] != MPI_REQUEST_NULL && !answered[k]) {
+            MPI_Cancel(&recv[k]);
+            MPI_Request_free(&recv[k]);
+        }
+        if (send[k] != MPI_REQUEST_NULL)
+            MPI_Request_free(&send[k]);
+    }
+    pthread_mutex_unlock(&mpi_lock);
+    free(recv), free(send), free(got), free(answered);
+}
+
+static ch_status start_responder(const ch_dist *d);
+
 /* Completes `req`, started by the caller, within the watchdog's time. */
 static ch_status finish(const ch_dist *d, MPI_Request *req, const char *fn, const char *what)
 {
@@ -127,13 +267,16 @@ static ch_status finish(const ch_dist *d, MPI_Request *req, const char *fn, cons
         if (done)
             return CH_OK;
         double now = ch_clock_seconds();
-        if (now > deadline)
+        if (now > deadline) {
             /* The request stays with MPI: a collective cannot be
              * cancelled, and the job cannot go on without it. */
+            char who[256];
+            who_answers(d, who, sizeof who);
             return chi_error(CH_ERR_REMOTE, "%s: rank %d of %d waited %g s for the other "
-                             "processes of the job (the watchdog, CHORUS_DIST_TIMEOUT): one of "
-                             "them failed, was killed or hangs", what, d->rank, d->size,
-                             d->timeout);
+                             "processes of the job (the watchdog, CHORUS_DIST_TIMEOUT): %s",
+                             what, d->rank, d->size, d->timeout,
+                             who[0] ? who : "one of them failed, was killed or hangs");
+        }
         pause_poll(now - start);
     }
 }
@@ -206,6 +349,9 @@ ch_status ch_dist_init(int *argc, char ***argv)
         MPI_Comm_rank(local, &world.local_rank);
         MPI_Comm_size(local, &world.local_size);
         MPI_Comm_free(&local);
+        st = start_responder(&world);
+    }
+    if (st == CH_OK) {
         joined = 1;
         return CH_OK;
     }
@@ -218,11 +364,48 @@ ch_status ch_dist_init(int *argc, char ***argv)
     return st;
 }
 
+/* The responder on its own communicator, for a job of two or more. */
+static ch_status start_responder(const ch_dist *d)
+{
+    if (d->size < 2)
+        return CH_OK;
+    TRY(dup_comm(d, &hb_comm, d->comm, "ch_dist_init: the responder's communicator"));
+    int e = pthread_create(&hb_thread, NULL, responder, NULL);
+    if (e != 0) {
+        MPI_Comm_free(&hb_comm);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dist_init: pthread_create: %s", strerror(e));
+    }
+    hb_started = 1;
+    return CH_OK;
+}
+
+static void stop_responder(const ch_dist *d)
+{
+    if (!hb_started)
+        return;
+    int token = -1;
+    MPI_Request req;
+    pthread_mutex_lock(&mpi_lock);
+    int e = MPI_Isend(&token, 1, MPI_INT, d->rank, TAG_PING, hb_comm, &req);
+    pthread_mutex_unlock(&mpi_lock);
+    if (e == MPI_SUCCESS && !poll_req(&req, NULL, 1000000L, PING_SECONDS)) {
+        pthread_mutex_lock(&mpi_lock);
+        MPI_Request_free(&req);
+        pthread_mutex_unlock(&mpi_lock);
+    }
+    /* Whether it was listening or answering, the responder reads the
+     * stop within PING_SECONDS. */
+    pthread_join(hb_thread, NULL);
+    hb_started = 0;
+    MPI_Comm_free(&hb_comm);
+}
+
 ch_status ch_dist_finalize(void)
 {
     if (!joined)
         return CH_OK;
     joined = 0;
+    stop_responder(&world);
     MPI_Comm_free(&world.comm);
     if (we_started_mpi) {
         we_started_mpi = 0;

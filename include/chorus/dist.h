@@ -56,8 +56,11 @@ CH_API int ch_dist_local_size(const ch_dist *d);
 /* The watchdog: a collective of the job (a gradient bucket's all-reduce,
  * BatchNorm's statistics, the end of a step) that has not completed after
  * this many seconds fails with CH_ERR_REMOTE instead of waiting for a
- * process that crashed or hangs. Default 60; from the environment variable
- * CHORUS_DIST_TIMEOUT when set at ch_dist_init. `seconds` must be > 0. */
+ * process that crashed or hangs; its message names the processes that did
+ * not answer a ping within 2 s (ch_dist_init starts a thread in every
+ * process of a job of two or more that answers them). Default 60; from the
+ * environment variable CHORUS_DIST_TIMEOUT when set at ch_dist_init.
+ * `seconds` must be > 0. */
 CH_API ch_status ch_dist_set_timeout(ch_dist *d, double seconds);
 CH_API double ch_dist_timeout(const ch_dist *d);
 
