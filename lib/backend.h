@@ -45,7 +45,7 @@ extern "C" {
 
 /* Changes whenever the table below or an enum a slot takes changes: a
  * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 5
+#define CH_BACKEND_ABI_VERSION 6
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -293,6 +293,25 @@ typedef struct ch_backend_i {
     ch_status (*conv2d_backward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
                                  ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,
                                  ch_bmem w, ch_bmem ws, size_t ws_bytes);
+
+    /* ---- collectives across processes (optional, added in ABI version 6) ----
+     * A communicator that spans the processes of a job (NCCL's, between
+     * CUDA devices of several processes and machines). One process makes
+     * an id of span_id_bytes bytes (span_id) and every process gets a copy
+     * (over MPI, by the caller); then each process makes the communicators
+     * of its `count` participants (span_new: devs[i] takes rank ranks[i]
+     * of the job's `nranks`, every device at most once in the job), which
+     * waits until every process has called it. span_allreduce sums, in
+     * place, the buffers of every participant of every process: each
+     * process passes its own participants' streams and buffers, in the
+     * order of span_new, the work queued on those streams. */
+    size_t span_id_bytes;
+    ch_status (*span_id)(void *id);
+    ch_status (*span_new)(void **span, int count, void *const *devs, const int *ranks,
+                          int nranks, const void *id);
+    ch_status (*span_allreduce)(void *span, int count, void *const *streams,
+                                const ch_bmem *bufs, int64_t n);
+    void (*span_free)(void *span);
 } ch_backend_i;
 
 typedef const ch_backend_i *(*ch_backend_entry_fn)(void);

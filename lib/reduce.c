@@ -57,6 +57,8 @@ struct ch_reducer {
     const ch_host_buffer **holders;      /* [n + 1] staging that holds the total */
     ch_reduce_stage_fn stage;  /* the total passes through it on the host */
     void *stage_user;
+    void *span;                /* the backend's communicators across processes */
+    const ch_backend_i *span_be;
 };
 
 /* ---- modes --------------------------------------------------------------- */
@@ -160,6 +162,8 @@ void ch_reducer_free(ch_reducer *r)
 {
     if (!r)
         return;
+    if (r->span)
+        r->span_be->span_free(r->span);
     if (r->staging)
         for (int i = 0; i < r->n; i++)
             ch_host_buffer_free(r->staging[i]);
@@ -273,6 +277,86 @@ ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user)
     r->stage_user = user;
     return CH_OK;
 }
+
+/* ---- across processes without the host ------------------------------------ */
+
+/* The backend every participant is on when it can span processes, every
+ * device once, and the mode allows it; else NULL. */
+static const ch_backend_i *span_backend(const ch_reducer *r)
+{
+    if (!r || r->mode == CH_REDUCE_HOST)
+        return NULL;
+    const ch_device *d0 = r->streams[0]->dev;
+    const ch_backend_i *be = d0->be->iface;
+    if (!be->span_id || !be->span_new || !be->span_allreduce || !be->span_free ||
+        be->span_id_bytes == 0)
+        return NULL;
+    for (int i = 0; i < r->n; i++) {
+        if (r->streams[i]->dev->be != d0->be)
+            return NULL;
+        for (int j = 0; j < i; j++)
+            if (r->streams[j]->dev == r->streams[i]->dev)
+                return NULL;
+    }
+    return be;
+}
+
+size_t ch_reducer_span_bytes(const ch_reducer *r)
+{
+    const ch_backend_i *be = span_backend(r);
+    return be ? be->span_id_bytes : 0;
+}
+
+ch_status ch_reducer_span_id(ch_reducer *r, void *id)
+{
+    if (!r || !id)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_span_id: %s is NULL",
+                         !r ? "r" : "id");
+    const ch_backend_i *be = span_backend(r);
+    if (!be)
+        return chi_error(CH_ERR_UNSUPPORTED, "ch_reducer_span_id: these participants cannot "
+                         "reduce across processes without the host (ch_reducer_span_bytes is "
+                         "0)");
+    return be->span_id(id);
+}
+
+ch_status ch_reducer_span(ch_reducer *r, const void *id, int first, int total)
+{
+    if (!r || !id)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_span: %s is NULL",
+                         !r ? "r" : "id");
+    const ch_backend_i *be = span_backend(r);
+    if (!be)
+        return chi_error(CH_ERR_UNSUPPORTED, "ch_reducer_span: these participants cannot "
+                         "reduce across processes without the host (ch_reducer_span_bytes is "
+                         "0)");
+    if (r->span)
+        return chi_error(CH_ERR_STATE, "ch_reducer_span: the reducer spans processes "
+                         "already");
+    if (first < 0 || total < 1 || first > total - r->n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_span: participants %d to %d of "
+                         "%d: expected 0 <= first and first + %d <= total", first,
+                         first + r->n - 1, total, r->n);
+    for (int i = 0; i < r->n; i++) {
+        r->handles[i] = r->streams[i]->dev->dev;
+        r->copies[i] = NULL;
+    }
+    int *ranks = calloc((size_t)r->n, sizeof *ranks);
+    if (!ranks)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_span: out of host memory");
+    for (int i = 0; i < r->n; i++)
+        ranks[i] = first + i;
+    ch_status st = be->span_new(&r->span, r->n, r->handles, ranks, total, id);
+    free(ranks);
+    if (st != CH_OK) {
+        r->span = NULL;
+        return st;
+    }
+    r->span_be = be;
+    return CH_OK;
+}
+
+int ch_reducer_spans(const ch_reducer *r) { return r && r->span; }
 
 /* ---- one call ------------------------------------------------------------ */
 
@@ -495,7 +579,7 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
                                int64_t count)
 {
     ch_status st = check_call(r, bufs, offset, count);
-    if (st != CH_OK || (r->n == 1 && !r->stage) || count == 0)
+    if (st != CH_OK || (r->n == 1 && !r->stage && !r->span) || count == 0)
         return st;
 
     memset(r->saved, 0, (size_t)r->n * sizeof *r->saved);
@@ -504,11 +588,19 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
     for (int i = 0; i < r->n && st == CH_OK; i++)
         st = range_view(&r->views[i], bufs[i], offset, count);
     int queued = 0;
-    if (st == CH_OK) {
+    if (st == CH_OK && r->span) {
+        /* One call of the backend over every participant of the job. */
+        queued = 1;
+        for (int i = 0; i < r->n; i++) {
+            r->handles[i] = r->streams[i]->handle;
+            r->mems[i] = chi_mem(r->views[i]);
+        }
+        st = r->span_be->span_allreduce(r->span, r->n, r->handles, r->mems, count);
+    } else if (st == CH_OK) {
         queued = 1;
         st = reduce_groups(r, count);
     }
-    if (st == CH_OK && (r->ngroups >= 2 || r->stage))
+    if (st == CH_OK && !r->span && (r->ngroups >= 2 || r->stage))
         st = stage_across_groups(r, count);
     /* Also after a failure: nothing queued may still touch the staging or
      * the views once this returns. The first failure's message is kept. */

@@ -45,7 +45,9 @@ struct nn_comm {
 
 static ch_dist world;
 static int joined;
+#ifdef HAVE_MPI
 static int we_started_mpi;
+#endif
 
 int ch_dist_built(void)
 {

@@ -163,6 +163,7 @@ struct ch_dp {
     size_t report_bytes;      /* sizeof(report) + nmax doubles */
     unsigned char *reports;   /* [ranks] reports, then this process's own */
     int ranks_stale;          /* ranks other than 0 hold other running statistics */
+    int span_all;             /* every process's reducer can span processes (NCCL) */
     double eval_loss;         /* the last evaluation's, over the job */
     int64_t eval_correct;
 #ifdef CHI_TEST_HOOKS
@@ -989,6 +990,7 @@ typedef struct joining {
     int32_t accumulate, batchnorm_local, sample_dtype, sample_ndim;
     int64_t sample_shape[CH_MAX_DIMS];
     int64_t labels_per_sample;
+    uint64_t span_bytes;      /* ch_reducer_span_bytes: 0 when it cannot span */
     char error[400];
 } joining;
 
@@ -1033,6 +1035,7 @@ static ch_status join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **w
     mine.sample_ndim = o->sample_ndim;
     memcpy(mine.sample_shape, o->sample_shape, sizeof mine.sample_shape);
     mine.labels_per_sample = o->labels_per_sample > 1 ? o->labels_per_sample : 1;
+    mine.span_bytes = dp->reducer ? ch_reducer_span_bytes(dp->reducer) : 0;
     snprintf(mine.error, sizeof mine.error, "%s", why);
     joining *all = calloc((size_t)dp->ranks, sizeof *all);
     dp->rank_n = calloc((size_t)dp->ranks, sizeof *dp->rank_n);
@@ -1061,6 +1064,10 @@ static ch_status join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **w
     }
     dp->nall = 0;
     dp->nmax = 0;
+    dp->span_all = 1;
+    for (int k = 0; k < dp->ranks; k++)
+        dp->span_all = dp->span_all && all[k].span_bytes > 0 &&
+                       all[k].span_bytes == all[0].span_bytes;
     for (int k = 0; k < dp->ranks; k++) {
         dp->rank_first[k] = dp->nall;
         dp->rank_n[k] = all[k].n;
@@ -1111,6 +1118,51 @@ static ch_status check_same_start(ch_dp *dp)
                            (unsigned long long)all[k], (unsigned long long)all[0]);
     free(all);
     return st;
+}
+
+/* Across processes, when every replica of the job is a CUDA device (each
+ * once) and the reduction may go device to device: one NCCL communicator
+ * over all of them instead of the host stage. Rank 0 makes the id, MPI
+ * carries it, every process joins; a failure anywhere fails ch_dp_new on
+ * every process. */
+static ch_status try_span(ch_dp *dp)
+{
+    if (dp->ranks == 1 || !dp->span_all)
+        return CH_OK;
+    struct {
+        int32_t st;
+        unsigned char id[512];
+        char error[400];
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    if (ch_reducer_span_bytes(dp->reducer) > sizeof msg.id)
+        return CH_OK; /* the same size on every process: all take the host stage */
+    if (dp->rank == 0) {
+        msg.st = ch_reducer_span_id(dp->reducer, msg.id);
+        if (msg.st != CH_OK)
+            snprintf(msg.error, sizeof msg.error, "%s", ch_last_error());
+    }
+    TRY(nn_comm_bcast(dp->ctl, &msg, sizeof msg, 0, "ch_dp_new: the NCCL id"));
+    if (msg.st != CH_OK)
+        return chi_error((ch_status)msg.st, "ch_dp_new: rank 0 could not make the id of a "
+                         "communicator across processes: %.400s", msg.error);
+    ch_status st = ch_reducer_span(dp->reducer, msg.id, dp->first, dp->nall);
+    char why[400] = "";
+    if (st != CH_OK)
+        snprintf(why, sizeof why, "%s", ch_last_error());
+    int32_t mine = (int32_t)st, *all = calloc((size_t)dp->ranks, sizeof *all);
+    if (!all)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    ch_status got = nn_comm_allgather(dp->ctl, &mine, all, sizeof mine,
+                                      "ch_dp_new: joining the communicator across processes");
+    for (int k = 0; got == CH_OK && st == CH_OK && k < dp->ranks; k++)
+        if (all[k] != CH_OK)
+            st = chi_error((ch_status)all[k], "ch_dp_new: rank %d could not join the "
+                           "communicator across processes", k);
+    free(all);
+    if (why[0])
+        return chi_error(st, "ch_dp_new: %s", why);
+    return got != CH_OK ? got : st;
 }
 
 /* Across processes: the communicators, made by every process in the same
@@ -1195,6 +1247,8 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
         st = bcast_state(dp, 1, "ch_dp_new: rank 0's parameters and buffers");
         if (st == CH_OK)
             st = check_same_start(dp);
+        if (st == CH_OK)
+            st = try_span(dp);
     }
     if (st == CH_OK)
         st = start_threads(dp);

@@ -551,6 +551,87 @@ static void test_stage(void)
                   "r is NULL", "ch_reducer_set_stage(NULL)");
 }
 
+/* ---- across processes without the host (NCCL) ---------------------------- */
+
+static void test_span(void)
+{
+    ch_device *host, *cuda;
+    ch_stream *s[2];
+    ch_reducer *r = NULL;
+    unsigned char id[512];
+    ch_status st = ch_device_by_name(&host, "host");
+    if (st == CH_OK)
+        st = ch_device_default_stream(&s[0], host);
+    if (st == CH_OK)
+        st = ch_stream_new(&s[1], host);
+    if (st == CH_OK)
+        st = ch_reducer_new(&r, s, 2, 16, CH_REDUCE_AUTO);
+    if (!tap_status_ok(st, "span: a reducer over host,host"))
+        return;
+    tap_ok(ch_reducer_span_bytes(r) == 0 && !ch_reducer_spans(r),
+           "span: host participants cannot span processes (%zu bytes)",
+           ch_reducer_span_bytes(r));
+    tap_status_is(ch_reducer_span_id(r, id), CH_ERR_UNSUPPORTED, "cannot reduce across",
+                  "span: ch_reducer_span_id over host participants");
+    tap_status_is(ch_reducer_span(r, id, 0, 2), CH_ERR_UNSUPPORTED, "cannot reduce across",
+                  "span: ch_reducer_span over host participants");
+    tap_status_is(ch_reducer_span(NULL, id, 0, 2), CH_ERR_INVALID_ARGUMENT, "r is NULL",
+                  "span: ch_reducer_span(NULL)");
+    tap_status_is(ch_reducer_span_id(r, NULL), CH_ERR_INVALID_ARGUMENT, "id is NULL",
+                  "span: ch_reducer_span_id without an id");
+    tap_ok(ch_reducer_span_bytes(NULL) == 0 && !ch_reducer_spans(NULL),
+           "span: a NULL reducer cannot span");
+    ch_reducer_free(r);
+    ch_stream_free(s[1]);
+    r = NULL;
+
+    /* CUDA with NCCL: a job of one process and one device, which NCCL can
+     * make here; the sum over one participant leaves the buffer. */
+    if (ch_device_by_name(&cuda, "cuda:0") != CH_OK) {
+        tap_skip("span: no cuda:0 here: NCCL's communicator across processes not tried");
+        return;
+    }
+    st = ch_stream_new(&s[0], cuda);
+    if (st == CH_OK)
+        st = ch_reducer_new(&r, s, 1, 1000, CH_REDUCE_HOST);
+    if (st == CH_OK)
+        tap_ok(ch_reducer_span_bytes(r) == 0, "span: host mode never spans, even on cuda:0");
+    ch_reducer_free(r);
+    r = NULL;
+    if (st == CH_OK)
+        st = ch_reducer_new(&r, s, 1, 1000, CH_REDUCE_PEER);
+    size_t bytes = st == CH_OK ? ch_reducer_span_bytes(r) : 0;
+    if (st == CH_OK && bytes == 0) {
+        tap_skip("span: the CUDA module has no NCCL: spanning processes not tried");
+    } else if (tap_status_ok(st, "span: a peer reducer on cuda:0") &&
+               tap_ok(bytes > 0 && bytes <= sizeof id, "span: an id of %zu bytes", bytes)) {
+        int64_t n = 1000;
+        float in[1000], out[1000];
+        for (int i = 0; i < 1000; i++)
+            in[i] = (float)i - 300.5f;
+        ch_tensor *t = NULL;
+        st = ch_reducer_span_id(r, id);
+        if (st == CH_OK)
+            st = ch_reducer_span(r, id, 0, 1);
+        if (st == CH_OK)
+            st = ch_tensor_new(&t, cuda, CH_F32, 1, &n);
+        if (st == CH_OK)
+            st = ch_tensor_upload(t, in, sizeof in);
+        if (st == CH_OK)
+            st = ch_reducer_allreduce(r, &t, 0, n);
+        if (st == CH_OK)
+            st = ch_tensor_download(t, out, sizeof out);
+        if (tap_status_ok(st, "span: NCCL over a job of one process, one device"))
+            tap_ok(ch_reducer_spans(r) && memcmp(in, out, sizeof in) == 0,
+                   "span: the sum over one participant is the buffer itself");
+        tap_status_is(ch_reducer_span(r, id, 0, 1), CH_ERR_STATE, "already",
+                      "span: a second ch_reducer_span");
+        ch_tensor_free(t);
+    }
+    ch_reducer_free(r);
+    ch_stream_free(s[0]);
+}
+
 /* ---- argument errors --------------------------------------------------- */
 
 static void test_errors(void)
@@ -699,6 +780,7 @@ int main(void)
     test_errors();
     test_single();
     test_stage();
+    test_span();
     test_auto_groups();
     test_many_host();
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)

@@ -159,12 +159,102 @@ static ch_status chcu_comm_get(chcu_backend *be, int count, const int *devs, chc
     return c ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "cuda allreduce: out of host memory");
 }
 
+/* ---- across processes: communicators over a whole MPI job ---- */
+
+struct chcu_span {
+    int count;
+    ncclComm_t comms[CHCU_MAX_DEVICES];
+};
+
+const size_t chcu_span_id_bytes = sizeof(ncclUniqueId);
+
+ch_status chcu_span_id(void *id)
+{
+    ncclUniqueId u;
+    ch_status st = chcu_nccl_check(ncclGetUniqueId(&u), "ncclGetUniqueId");
+    if (!st)
+        memcpy(id, &u, sizeof u);
+    return st;
+}
+
+/* Every process's ncclCommInitRank waits for the others: the caller's
+ * processes all come here with the same id. Several devices of this
+ * process join inside one NCCL group, each with its device current. */
+ch_status chcu_span_new(void **span, int count, void *const *devs, const int *ranks,
+                        int nranks, const void *id)
+{
+    *span = NULL;
+    if (count < 1 || count > CHCU_MAX_DEVICES)
+        return chi_error(CH_ERR_LIMIT, "cuda: %d devices in one process for NCCL across "
+                         "processes, expected 1 to %d", count, CHCU_MAX_DEVICES);
+    chcu_span *sp = (chcu_span *)calloc(1, sizeof *sp);
+    if (!sp)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    ch_status st = chcu_nccl_check(ncclGroupStart(), "ncclGroupStart");
+    int begun = 0;
+    for (int i = 0; i < count && !st; i++) {
+        st = chcu_enter((const chcu_device *)devs[i]);
+        if (!st)
+            st = chcu_nccl_check(ncclCommInitRank(&sp->comms[i], nranks, u, ranks[i]),
+                                 "ncclCommInitRank");
+        if (!st)
+            begun = i + 1;
+    }
+    /* The group must be closed even when a call in it failed. */
+    ch_status end = chcu_nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    if (!st)
+        st = end;
+    if (st) {
+        for (int i = 0; i < begun && end == CH_OK; i++)
+            (void)ncclCommDestroy(sp->comms[i]);
+        (void)cudaGetLastError();
+        free(sp);
+        return st;
+    }
+    sp->count = count;
+    *span = sp;
+    return CH_OK;
+}
+
+ch_status chcu_span_allreduce(void *span, int count, void *const *streams,
+                              const ch_bmem *bufs, int64_t n)
+{
+    chcu_span *sp = (chcu_span *)span;
+    if (count != sp->count)
+        return chi_error(CH_ERR_INTERNAL, "cuda: %d buffers for a span of %d devices", count,
+                         sp->count);
+    ch_status st = chcu_nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (int i = 0; i < count && !st; i++) {
+        chcu_stream *s = (chcu_stream *)streams[i];
+        float *p = chcu_at<float>(bufs[i]);
+        st = chcu_nccl_check(ncclAllReduce(p, p, (size_t)n, ncclFloat, ncclSum, sp->comms[i],
+                                           s->s),
+                             "ncclAllReduce");
+    }
+    ch_status end = chcu_nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    return st ? st : end;
+}
+
+void chcu_span_free(void *span)
+{
+    chcu_span *sp = (chcu_span *)span;
+    if (!sp)
+        return;
+    for (int i = 0; i < sp->count; i++)
+        (void)chcu_nccl_check(ncclCommDestroy(sp->comms[i]), "ncclCommDestroy");
+    free(sp);
+}
+
 #else
 
 void chcu_comms_free(chcu_backend *be)
 {
     (void)be;
 }
+
+const size_t chcu_span_id_bytes = 0;
 
 #endif
 

@@ -230,6 +230,14 @@ static const ch_backend_i chcu_table = {
     .conv2d_workspace = nullptr,
     .conv2d_forward = nullptr,
     .conv2d_backward = nullptr,
+#ifdef CH_HAVE_NCCL
+    /* Across the processes of an MPI job: NCCL's communicators. */
+    .span_id_bytes = chcu_span_id_bytes,
+    .span_id = chcu_span_id,
+    .span_new = chcu_span_new,
+    .span_allreduce = chcu_span_allreduce,
+    .span_free = chcu_span_free,
+#endif
 };
 
 extern "C" CH_API const ch_backend_i *chorus_backend_entry(void)

@@ -286,6 +286,15 @@ ch_status chcu_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_
 ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
                              int64_t n);
 int chcu_can_allreduce(void *dev_a, void *dev_b);
+/* Communicators across processes (NCCL), the span slots; without NCCL
+ * chcu_span_id_bytes is 0 and the slots are not filled. */
+extern const size_t chcu_span_id_bytes;
+ch_status chcu_span_id(void *id);
+ch_status chcu_span_new(void **span, int count, void *const *devs, const int *ranks,
+                        int nranks, const void *id);
+ch_status chcu_span_allreduce(void *span, int count, void *const *streams,
+                              const ch_bmem *bufs, int64_t n);
+void chcu_span_free(void *span);
 /* The mode CHORUS_CUDA_NCCL asks for, or an error naming a bad value. */
 ch_status chcu_nccl_mode_of_env(chcu_nccl_mode *mode);
 void chcu_comms_free(chcu_backend *be);

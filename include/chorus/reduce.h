@@ -71,6 +71,25 @@ CH_API ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int
 typedef ch_status (*ch_reduce_stage_fn)(void *user, float *total, int64_t count);
 CH_API ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user);
 
+/* Across processes without the host: when every participant is on one
+ * backend that can make communicators spanning processes (CUDA with NCCL),
+ * each on its own device, and the mode is peer or auto, the reducers of
+ * every process of a job can become one: ch_reducer_span_bytes says how
+ * big the id that joins them is (0 when these participants cannot span);
+ * one process makes the id (ch_reducer_span_id) and sends it to the others
+ * (MPI_Bcast); every process then calls ch_reducer_span with the id, its
+ * participants being participants [first, first + n) of the job's `total`
+ * (this waits until every process has called it). From then on
+ * ch_reducer_allreduce sums over every participant of every process in one
+ * call of the backend (NCCL's all-reduce), without the host or the stage.
+ * chorus/dp.h does this for a job of CUDA devices only. CH_ERR_UNSUPPORTED
+ * when the participants cannot span; CH_ERR_STATE when this one spans
+ * already. ch_reducer_spans says whether it does. */
+CH_API size_t ch_reducer_span_bytes(const ch_reducer *r);
+CH_API ch_status ch_reducer_span_id(ch_reducer *r, void *id);
+CH_API ch_status ch_reducer_span(ch_reducer *r, const void *id, int first, int total);
+CH_API int ch_reducer_spans(const ch_reducer *r);
+
 /* How the participants were grouped: the number of peer groups (1 for
  * peer; n for host), and the group of participant `index` (-1 if out of
  * range). Groups are numbered in order of their first participant. */
