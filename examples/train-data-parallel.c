@@ -1,7 +1,10 @@
 /* Train the reference cnn on Fashion-MNIST data parallel over a list of
  * devices for one epoch, then evaluate over the same replicas: PyTorch's
- * DistributedDataParallel in one process, any mix of devices.
- *   train-data-parallel [DEVICES] [DATA_DIR]      (DEVICES default "all") */
+ * DistributedDataParallel, any mix of devices, in one process or, under
+ * mpirun, in every process of the job (each on its own DEVICES, the batch
+ * being the whole job's; rank 0 prints).
+ *   train-data-parallel [DEVICES] [DATA_DIR]      (DEVICES default "all")
+ *   mpirun -np 2 train-data-parallel host */
 #include <chorus.h>
 #include <stdio.h>
 
@@ -14,6 +17,8 @@
     } while (0)
 
 /* One pass of a loader over the dp: training steps, or evaluation. */
+static int rank; /* this process's in an MPI job, 0 alone */
+
 static int run_epoch(ch_dp *dp, ch_loader *loader, int train, int64_t *correct, int64_t *seen)
 {
     ch_batch *b;
@@ -30,7 +35,7 @@ static int run_epoch(ch_dp *dp, ch_loader *loader, int train, int64_t *correct, 
             CHECK(ch_dp_evaluate(dp, &loss, &right, b));
         *correct += right;
         *seen += b->count;
-        if (train && b->number % 200 == 0)
+        if (train && b->number % 200 == 0 && rank == 0)
             printf("batch %4lld  loss %.4f\n", (long long)b->number, loss);
         ch_loader_release(loader, b);
     }
@@ -44,6 +49,10 @@ int main(int argc, char **argv)
     int n = 0;
     ch_dataset *train, *test;
     ch_module *model;
+    /* Started by mpirun: join the job (alone, the job is this process). */
+    if (ch_dist_launched())
+        CHECK(ch_dist_init(&argc, &argv));
+    rank = ch_dist_rank(ch_dist_world());
     CHECK(ch_init());
     CHECK(ch_device_list_parse(devs, 16, &n, list));
     CHECK(ch_dataset_mnist_open(&train, data, 1, NULL));
@@ -58,6 +67,7 @@ int main(int argc, char **argv)
     o.optimizer = ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f);
     o.sample_ndim = ch_dataset_sample_shape(train, o.sample_shape);
     o.seed = 42;
+    o.dist = ch_dist_world();       /* NULL alone; under mpirun, every process's replicas */
     ch_dp *dp;
     CHECK(ch_dp_new(&dp, model, devs, n, &o)); /* a replica and a worker per device */
 
@@ -73,7 +83,8 @@ int main(int argc, char **argv)
     int counts[16];
     CHECK(ch_dp_last_step(dp, counts, NULL, n));
     for (int i = 0; i < n; i++)
-        printf("%s took %d samples of the last batch\n", ch_device_id(devs[i]), counts[i]);
+        printf("rank %d: %s took %d samples of the last batch\n", rank, ch_device_id(devs[i]),
+               counts[i]);
 
     lo.batch_size = 256;
     lo.shuffle = 0;
@@ -81,8 +92,9 @@ int main(int argc, char **argv)
     correct = seen = 0;
     if (run_epoch(dp, loader, 0, &correct, &seen))
         return 1;
-    printf("test accuracy %.4f over %lld images\n", (double)correct / (double)seen,
-           (long long)seen);
+    if (rank == 0) /* the counts of the whole job */
+        printf("test accuracy %.4f over %lld images\n", (double)correct / (double)seen,
+               (long long)seen);
 
     CHECK(ch_dp_sync_to(dp, model)); /* the trained parameters back into `model` */
     ch_loader_free(loader);
@@ -91,5 +103,6 @@ int main(int argc, char **argv)
     ch_dataset_free(train);
     ch_dataset_free(test);
     ch_shutdown();
+    ch_dist_finalize();
     return 0;
 }
