@@ -26,6 +26,7 @@ libchorus_la_SOURCES = \
 	lib/discover.h \
 	lib/registry.h \
 	lib/philox.h \
+	lib/half.h \
 	lib/optim_consts.h
 libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
 	$(MPI_CFLAGS)

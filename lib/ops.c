@@ -636,6 +636,36 @@ ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis)
     return BE(y)->argmax(STREAM(y), outer, n, inner, chi_mem(y), chi_mem(x));
 }
 
+/* ---- Conversions ------------------------------------------------------------ */
+
+ch_status ch_cast(ch_tensor *y, const ch_tensor *x)
+{
+    static const char fn[] = "ch_cast";
+    arg args[] = {{"y", y, ANY, 0}, {"x", x, ANY, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(same_numel(fn, "y", y, "x", x));
+    TRY(no_alias(fn, "y", y, "x", x));
+    ch_dtype to = y->dtype, from = x->dtype;
+    ch_status (*slot)(void *, int64_t, ch_bmem, ch_bmem) = NULL;
+    const ch_backend_i *be = BE(y);
+    if (from == CH_F32 && to == CH_BF16)
+        slot = be->f32_to_bf16;
+    else if (from == CH_BF16 && to == CH_F32)
+        slot = be->bf16_to_f32;
+    else if (from == CH_F32 && to == CH_F16)
+        slot = be->f32_to_f16;
+    else if (from == CH_F16 && to == CH_F32)
+        slot = be->f16_to_f32;
+    else
+        return chi_error(CH_ERR_DTYPE, "%s: from %s to %s: expected f32 to bf16 or f16, or "
+                         "bf16 or f16 to f32", fn, ch_dtype_name(from), ch_dtype_name(to));
+    if (!slot)
+        return chi_error(CH_ERR_UNSUPPORTED, "%s: %s to %s is not implemented by the %s "
+                         "backend", fn, ch_dtype_name(from), ch_dtype_name(to),
+                         y->dev->be->name);
+    return slot(STREAM(y), y->numel, chi_mem(y), chi_mem(x));
+}
+
 /* ---- Optimizers ------------------------------------------------------------- */
 
 static ch_status check_param_set(const char *fn, const ch_tensor *p, const char *const *names,

@@ -237,7 +237,17 @@ static const ch_backend_i chcu_table = {
     .span_new = chcu_span_new,
     .span_allreduce = chcu_span_allreduce,
     .span_free = chcu_span_free,
+#else
+    .span_id_bytes = 0,
+    .span_id = nullptr,
+    .span_new = nullptr,
+    .span_allreduce = nullptr,
+    .span_free = nullptr,
 #endif
+    .f32_to_bf16 = chcu_f32_to_bf16,
+    .bf16_to_f32 = chcu_bf16_to_f32,
+    .f32_to_f16 = chcu_f32_to_f16,
+    .f16_to_f32 = chcu_f16_to_f32,
 };
 
 extern "C" CH_API const ch_backend_i *chorus_backend_entry(void)

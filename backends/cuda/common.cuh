@@ -218,6 +218,10 @@ ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n
                     int64_t ldb, float beta, ch_bmem c, int64_t ldc);
 ch_status chcu_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
                       ch_bmem b);
+ch_status chcu_f32_to_bf16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
+ch_status chcu_bf16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
+ch_status chcu_f32_to_f16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
+ch_status chcu_f16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
 ch_status chcu_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
                      float beta);
 ch_status chcu_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,

@@ -2,6 +2,7 @@
  * Outputs may alias inputs (in place), so no pointer is __restrict__. */
 #include <math.h>
 #include "common.cuh"
+#include "half.h"
 
 __global__ void fill_kernel(uint32_t *y, int64_t n, uint32_t word)
 {
@@ -88,6 +89,47 @@ ch_status chcu_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
         axpby_kernel<<<grid, CHCU_THREADS, 0, s->s>>>(chcu_at<float>(y), alpha,
                                                       chcu_at<float>(x), beta, n);
     return chcu_launched("axpby_kernel");
+}
+
+/* ---- f32 <-> bf16 and f16: lib/half.h's steps on the device ---- */
+
+template <typename To, typename From, To (*F)(From)>
+__global__ void convert_kernel(To *y, const From *x, int64_t n)
+{
+    CHCU_FOR_EACH(i, n)
+    y[i] = F(x[i]);
+}
+
+template <typename To, typename From, To (*F)(From)>
+static ch_status convert(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    chcu_stream *s = (chcu_stream *)stream;
+    ch_status st = chcu_enter(s->dev);
+    if (st)
+        return st;
+    convert_kernel<To, From, F><<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
+        chcu_at<To>(y), chcu_at<From>(x), n);
+    return chcu_launched("convert_kernel");
+}
+
+ch_status chcu_f32_to_bf16(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    return convert<uint16_t, uint32_t, chi_f32_to_bf16>(stream, n, y, x);
+}
+
+ch_status chcu_bf16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    return convert<uint32_t, uint16_t, chi_bf16_to_f32>(stream, n, y, x);
+}
+
+ch_status chcu_f32_to_f16(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    return convert<uint16_t, uint32_t, chi_f32_to_f16>(stream, n, y, x);
+}
+
+ch_status chcu_f16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    return convert<uint32_t, uint16_t, chi_f16_to_f32>(stream, n, y, x);
 }
 
 #define CHCU_SQRT1_2 0.70710678118654752440f

@@ -341,6 +341,10 @@ static const ch_backend_i host_iface = {
     .batchnorm_backward = chi_host_batchnorm_backward,
     .allreduce_sum = chi_host_allreduce_sum,
     .can_allreduce = chi_host_can_allreduce,
+    .f32_to_bf16 = chi_host_f32_to_bf16,
+    .bf16_to_f32 = chi_host_bf16_to_f32,
+    .f32_to_f16 = chi_host_f32_to_f16,
+    .f16_to_f32 = chi_host_f16_to_f32,
 };
 
 const ch_backend_i *chi_host_backend(void)

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "host.h"
 #include "philox.h"
 
@@ -343,3 +344,22 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
     }
     return chi_unknown_enum("host", "rand", "ch_rand_kind", (int)kind, CH_RAND_COUNT);
 }
+
+/* ---- f32 <-> bf16 and f16, on the bits (lib/half.h) ----------------------------- */
+
+#define HOST_CONVERT(name, to_t, from_t, fn)                                            \
+    ch_status name(void *stream, int64_t n, ch_bmem y, ch_bmem x)                       \
+    {                                                                                   \
+        (void)stream;                                                                   \
+        to_t *py = (to_t *)((char *)y.ptr + y.off);                                     \
+        const from_t *px = (const from_t *)((const char *)x.ptr + x.off);               \
+        CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN))                             \
+        for (int64_t i = 0; i < n; i++)                                                 \
+            py[i] = fn(px[i]);                                                          \
+        return CH_OK;                                                                   \
+    }
+
+HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chi_f32_to_bf16)
+HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chi_bf16_to_f32)
+HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chi_f32_to_f16)
+HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chi_f16_to_f32)

@@ -489,6 +489,10 @@ static const ch_backend_i table = {
 
     .allreduce_sum = chcl_allreduce_sum,
     .can_allreduce = chcl_can_allreduce,
+    .f32_to_bf16 = chcl_f32_to_bf16,
+    .bf16_to_f32 = chcl_bf16_to_f32,
+    .f32_to_f16 = chcl_f32_to_f16,
+    .f16_to_f32 = chcl_f16_to_f32,
 };
 
 CH_API const ch_backend_i *chorus_backend_entry(void) { return &table; }

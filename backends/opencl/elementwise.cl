@@ -158,3 +158,81 @@ __kernel void adam_step(__global float *p, ulong po, __global float *m, ulong mo
     v[vo + i] = vi;
     p[po + i] = pi - (step_size * mi) / (sqrt(vi) / bc2_sqrt + eps);
 }
+
+/* f32 <-> bf16 and f16 on the bits, the steps of lib/half.h (round to
+ * nearest even; a NaN stays a quiet NaN with its sign and the top of its
+ * payload). Halves as ushort, floats as uint; offsets in elements. */
+__kernel void f32_to_bf16(__global ushort *y, ulong yo, __global const uint *x, ulong xo, int n)
+{
+    int i = get_global_id(0);
+    if (i >= n)
+        return;
+    uint u = x[xo + i];
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        y[yo + i] = (ushort)((u >> 16) | 0x0040u);
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    y[yo + i] = (ushort)(u >> 16);
+}
+
+__kernel void bf16_to_f32(__global uint *y, ulong yo, __global const ushort *x, ulong xo, int n)
+{
+    int i = get_global_id(0);
+    if (i < n)
+        y[yo + i] = (uint)x[xo + i] << 16;
+}
+
+__kernel void f32_to_f16(__global ushort *y, ulong yo, __global const uint *x, ulong xo, int n)
+{
+    int i = get_global_id(0);
+    if (i >= n)
+        return;
+    uint u = x[xo + i];
+    uint sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu, h;
+    if (a > 0x7f800000u) {
+        h = sign | 0x7e00u | ((a >> 13) & 0x3ffu);
+    } else if (a >= 0x477ff000u) {
+        h = sign | 0x7c00u;
+    } else if (a <= 0x33000000u) {
+        h = sign;
+    } else if (a < 0x38800000u) {
+        uint e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+        uint q = m >> shift, rem = m & ((1u << shift) - 1u), tie = 1u << (shift - 1u);
+        if (rem > tie || (rem == tie && (q & 1u)))
+            q++;
+        h = sign | q;
+    } else {
+        uint q = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (q & 1u)))
+            q++;
+        h = sign | q;
+    }
+    y[yo + i] = (ushort)h;
+}
+
+__kernel void f16_to_f32(__global uint *y, ulong yo, __global const ushort *x, ulong xo, int n)
+{
+    int i = get_global_id(0);
+    if (i >= n)
+        return;
+    uint h = x[xo + i];
+    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, r;
+    if (e == 0x1fu) {
+        r = sign | 0x7f800000u | (m << 13);
+    } else if (e == 0u) {
+        if (m == 0u) {
+            r = sign;
+        } else {
+            e = 113u;
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                e--;
+            }
+            r = sign | (e << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else {
+        r = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    y[yo + i] = r;
+}

@@ -72,6 +72,10 @@ typedef enum chcl_kern_id {
     CHCL_K_BATCHNORM_FORWARD,
     CHCL_K_BATCHNORM_PARAM_GRADS,
     CHCL_K_BATCHNORM_DX,
+    CHCL_K_F32_TO_BF16,
+    CHCL_K_BF16_TO_F32,
+    CHCL_K_F32_TO_F16,
+    CHCL_K_F16_TO_F32,
     CHCL_K_COUNT
 } chcl_kern_id;
 
@@ -232,6 +236,10 @@ ch_status chcl_stream_after(chcl_stream *waiter, chcl_stream *producer);
 ch_status chcl_fill(void *stream, ch_bmem y, int64_t n, uint32_t word);
 ch_status chcl_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
                       ch_bmem b);
+ch_status chcl_f32_to_bf16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
+ch_status chcl_bf16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
+ch_status chcl_f32_to_f16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
+ch_status chcl_f16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
 ch_status chcl_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
                      float beta);
 ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,

@@ -57,6 +57,37 @@ ch_status chcl_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
     return chcl_launch1(stream, CHCL_K_AXPBY, CHCL_COUNT_OF(args), args, n);
 }
 
+/* f32 <-> bf16 and f16: offsets in elements of each side's width. */
+static ch_status convert(void *stream, chcl_kern_id k, int64_t n, ch_bmem y, size_t ysize,
+                         ch_bmem x, size_t xsize)
+{
+    chcl_ref Y = {chcl_buf(y), (cl_ulong)(y.off / ysize)}, X = {chcl_buf(x),
+                                                                (cl_ulong)(x.off / xsize)};
+    cl_int len = (cl_int)n;
+    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len)};
+    return chcl_launch1(stream, k, CHCL_COUNT_OF(args), args, n);
+}
+
+ch_status chcl_f32_to_bf16(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    return convert(stream, CHCL_K_F32_TO_BF16, n, y, 2, x, 4);
+}
+
+ch_status chcl_bf16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    return convert(stream, CHCL_K_BF16_TO_F32, n, y, 4, x, 2);
+}
+
+ch_status chcl_f32_to_f16(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    return convert(stream, CHCL_K_F32_TO_F16, n, y, 2, x, 4);
+}
+
+ch_status chcl_f16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x)
+{
+    return convert(stream, CHCL_K_F16_TO_F32, n, y, 4, x, 2);
+}
+
 ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
                            ch_bmem x)
 {

@@ -81,6 +81,10 @@ static const struct {
 } kernels[CHCL_K_COUNT] = {
     [CHCL_K_BINARY] = {"binary", CHCL_P_ELEMENTWISE},
     [CHCL_K_AXPBY] = {"axpby", CHCL_P_ELEMENTWISE},
+    [CHCL_K_F32_TO_BF16] = {"f32_to_bf16", CHCL_P_ELEMENTWISE},
+    [CHCL_K_BF16_TO_F32] = {"bf16_to_f32", CHCL_P_ELEMENTWISE},
+    [CHCL_K_F32_TO_F16] = {"f32_to_f16", CHCL_P_ELEMENTWISE},
+    [CHCL_K_F16_TO_F32] = {"f16_to_f32", CHCL_P_ELEMENTWISE},
     [CHCL_K_ACT_FORWARD] = {"act_forward", CHCL_P_ELEMENTWISE},
     [CHCL_K_ACT_BACKWARD] = {"act_backward", CHCL_P_ELEMENTWISE},
     [CHCL_K_BIAS_ADD] = {"bias_add", CHCL_P_ELEMENTWISE},

@@ -137,6 +137,16 @@ CH_API ch_status ch_maxpool2d(ch_tensor *y, ch_tensor *idx, const ch_tensor *x,
 CH_API ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy,
                                        const ch_tensor *idx, const ch_window2d *w);
 
+/* ---- Conversions --------------------------------------------------------- */
+
+/* y = x in another floating-point format: f32 to bf16 or f16, and back.
+ * Round to nearest, ties to even; infinities, signed zeros and subnormals
+ * kept as IEEE 754 says; a NaN stays a quiet NaN with its sign and the top
+ * bits of its payload (f32 0x7fa00001 is bf16 0x7fe0 and f16 0x7f00). The
+ * same bits on every backend. y and x: the same number of elements, the
+ * same device, not overlapping. CH_ERR_DTYPE for another pair of dtypes. */
+CH_API ch_status ch_cast(ch_tensor *y, const ch_tensor *x);
+
 /* ---- Reductions --------------------------------------------------------- */
 
 /* Along dimension `axis` of x. y has x's shape without that axis, or with it
