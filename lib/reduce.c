@@ -307,29 +307,34 @@ size_t ch_reducer_span_bytes(const ch_reducer *r)
     return be ? be->span_id_bytes : 0;
 }
 
-ch_status ch_reducer_span_id(ch_reducer *r, void *id)
+/* The arguments of `fn`, and the backend that spans: NULL after setting
+ * the error. */
+static const ch_backend_i *span_args(const char *fn, const ch_reducer *r, const void *id)
 {
-    if (!r || !id)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_span_id: %s is NULL",
-                         !r ? "r" : "id");
+    if (!r || !id) {
+        chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !r ? "r" : "id");
+        return NULL;
+    }
     const ch_backend_i *be = span_backend(r);
     if (!be)
-        return chi_error(CH_ERR_UNSUPPORTED, "ch_reducer_span_id: these participants cannot "
-                         "reduce across processes without the host (ch_reducer_span_bytes is "
-                         "0)");
+        chi_error(CH_ERR_UNSUPPORTED, "%s: these participants cannot reduce across processes "
+                  "without the host (ch_reducer_span_bytes is 0)", fn);
+    return be;
+}
+
+ch_status ch_reducer_span_id(ch_reducer *r, void *id)
+{
+    const ch_backend_i *be = span_args("ch_reducer_span_id", r, id);
+    if (!be)
+        return !r || !id ? CH_ERR_INVALID_ARGUMENT : CH_ERR_UNSUPPORTED;
     return be->span_id(id);
 }
 
 ch_status ch_reducer_span(ch_reducer *r, const void *id, int first, int total)
 {
-    if (!r || !id)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_span: %s is NULL",
-                         !r ? "r" : "id");
-    const ch_backend_i *be = span_backend(r);
+    const ch_backend_i *be = span_args("ch_reducer_span", r, id);
     if (!be)
-        return chi_error(CH_ERR_UNSUPPORTED, "ch_reducer_span: these participants cannot "
-                         "reduce across processes without the host (ch_reducer_span_bytes is "
-                         "0)");
+        return !r || !id ? CH_ERR_INVALID_ARGUMENT : CH_ERR_UNSUPPORTED;
     if (r->span)
         return chi_error(CH_ERR_STATE, "ch_reducer_span: the reducer spans processes "
                          "already");
