@@ -31,11 +31,18 @@ typedef struct entry {
     char name[160];
     ch_tensor *t;
     int64_t *counter; /* instead of t: an I64 scalar (num_batches_tracked) */
+    ch_dtype as;      /* a tensor's dtype in the file: f32, bf16 or f16 */
 } entry;
 
 static size_t entry_bytes(const entry *e)
 {
-    return e->t ? ch_tensor_nbytes(e->t) : sizeof(int64_t);
+    return e->t ? (size_t)ch_tensor_numel(e->t) * ch_dtype_size(e->as) : sizeof(int64_t);
+}
+
+/* safetensors' name of a dtype a checkpoint holds. */
+static const char *st_dtype(ch_dtype d)
+{
+    return d == CH_BF16 ? "BF16" : d == CH_F16 ? "F16" : "F32";
 }
 
 /* Parameters, buffers, then the optimizer's existing state tensors. */
@@ -119,7 +126,7 @@ static ch_status build_header(const entry *e, int n, const ch_optimizer *opt,
     uint64_t off = 0;
     for (int i = 0; root && i < n; i++) {
         json_t *obj = json_object();
-        json_object_set_new(obj, "dtype", json_string(e[i].t ? "F32" : "I64"));
+        json_object_set_new(obj, "dtype", json_string(e[i].t ? st_dtype(e[i].as) : "I64"));
         json_object_set_new(obj, "shape", e[i].t ? shape_json(e[i].t) : json_array());
         json_t *offs = json_array();
         json_array_append_new(offs, json_integer((json_int_t)off));
@@ -186,7 +193,22 @@ static ch_status write_tensors(int fd, const entry *e, int n, const char *path)
             buf = grown;
             cap = bytes;
         }
-        st = ch_tensor_download(e[i].t, buf, bytes);
+        if (e[i].as == CH_F32) {
+            st = ch_tensor_download(e[i].t, buf, bytes);
+        } else {
+            /* Converted on the tensor's device, the bits of ch_cast. */
+            ch_tensor *half = NULL;
+            int64_t shape[CH_MAX_DIMS];
+            for (int d = 0; d < ch_tensor_ndim(e[i].t); d++)
+                shape[d] = ch_tensor_dim(e[i].t, d);
+            st = ch_tensor_new(&half, ch_tensor_device(e[i].t), e[i].as,
+                               ch_tensor_ndim(e[i].t), shape);
+            if (st == CH_OK)
+                st = ch_cast(half, e[i].t);
+            if (st == CH_OK)
+                st = ch_tensor_download(half, buf, bytes);
+            ch_tensor_free(half);
+        }
         if (st == CH_OK)
             st = write_all(fd, buf, bytes, path);
     }
@@ -232,12 +254,24 @@ static ch_status save_to(int fd, const char *tmp, const entry *e, int n,
 ch_status ch_checkpoint_save(const char *path, const ch_module *model, const ch_optimizer *opt,
                              const ch_train_state *state)
 {
+    return ch_checkpoint_save_as(path, model, opt, state, CH_F32);
+}
+
+ch_status ch_checkpoint_save_as(const char *path, const ch_module *model,
+                                const ch_optimizer *opt, const ch_train_state *state,
+                                ch_dtype dtype)
+{
     if (!path || !model)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_checkpoint_save: %s is NULL",
                          !path ? "path" : "model");
+    if (dtype != CH_F32 && dtype != CH_BF16 && dtype != CH_F16)
+        return chi_error(CH_ERR_DTYPE, "ch_checkpoint_save: dtype %s, expected f32, bf16 or "
+                         "f16", ch_dtype_name(dtype));
     entry *e = NULL;
     int n = 0;
     TRY(list_entries(model, opt, &e, &n));
+    for (int i = 0; i < n; i++)
+        e[i].as = dtype;
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
         free(e);
@@ -311,18 +345,24 @@ static ch_status open_file(file *f)
     return CH_OK;
 }
 
-/* Check the header entry `name` against `t`; *offset gets its data. */
+/* Check the header entry `name` against `t`; *offset gets its data, *as
+ * its dtype in the file (F32, or BF16 or F16, widened on loading). */
 static ch_status check_entry(const file *f, const char *name, const ch_tensor *t,
-                             uint64_t *offset)
+                             uint64_t *offset, ch_dtype *as)
 {
     json_t *e = json_object_get(f->header, name);
     if (!e)
         return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s has no tensor \"%s\"", f->path,
                          name);
     const char *dtype = json_string_value(json_object_get(e, "dtype"));
-    if (!dtype || strcmp(dtype, "F32") != 0)
-        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: \"%s\" is %s, expected F32",
-                         f->path, name, dtype ? dtype : "(no dtype)");
+    *as = !dtype                         ? CH_I32
+          : strcmp(dtype, "F32") == 0    ? CH_F32
+          : strcmp(dtype, "BF16") == 0   ? CH_BF16
+          : strcmp(dtype, "F16") == 0    ? CH_F16
+                                         : CH_I32;
+    if (*as == CH_I32)
+        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: \"%s\" is %s, expected F32, "
+                         "BF16 or F16", f->path, name, dtype ? dtype : "(no dtype)");
     json_t *shape = json_object_get(e, "shape");
     int ok = json_is_array(shape) && (int)json_array_size(shape) == ch_tensor_ndim(t);
     for (int d = 0; ok && d < ch_tensor_ndim(t); d++)
@@ -338,7 +378,8 @@ static ch_status check_entry(const file *f, const char *name, const ch_tensor *t
     json_t *offs = json_object_get(e, "data_offsets");
     json_int_t b = json_integer_value(json_array_get(offs, 0));
     json_int_t end = json_integer_value(json_array_get(offs, 1));
-    if (!json_is_array(offs) || b < 0 || end - b != (json_int_t)ch_tensor_nbytes(t) ||
+    if (!json_is_array(offs) || b < 0 ||
+        end - b != (json_int_t)((size_t)ch_tensor_numel(t) * ch_dtype_size(*as)) ||
         (uint64_t)end > f->data_len)
         return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: \"%s\" has data offsets "
                          "outside the file or of the wrong size", f->path, name);
@@ -383,13 +424,29 @@ static ch_status read_counter(const file *f, int64_t *counter, uint64_t offset)
     return CH_OK;
 }
 
-static ch_status read_into(const file *f, ch_tensor *t, uint64_t offset, void *buf)
+static ch_status read_into(const file *f, ch_tensor *t, uint64_t offset, ch_dtype as,
+                           void *buf)
 {
-    size_t bytes = ch_tensor_nbytes(t);
+    size_t bytes = (size_t)ch_tensor_numel(t) * ch_dtype_size(as);
     if (fseeko(f->f, (off_t)offset, SEEK_SET) != 0 || fread(buf, 1, bytes, f->f) != bytes)
         return chi_error(CH_ERR_IO, "ch_checkpoint_load: reading %s: %s", f->path,
                          ferror(f->f) ? strerror(errno) : "unexpected end of file");
-    return ch_tensor_upload(t, buf, bytes);
+    if (as == CH_F32)
+        return ch_tensor_upload(t, buf, bytes);
+    /* Half in the file: widened on the tensor's device (ch_cast, exact). */
+    ch_tensor *half = NULL;
+    int64_t shape[CH_MAX_DIMS];
+    for (int d = 0; d < ch_tensor_ndim(t); d++)
+        shape[d] = ch_tensor_dim(t, d);
+    ch_status st = ch_tensor_new(&half, ch_tensor_device(t), as, ch_tensor_ndim(t), shape);
+    if (st == CH_OK)
+        st = ch_tensor_upload(half, buf, bytes);
+    if (st == CH_OK)
+        st = ch_cast(t, half);
+    if (st == CH_OK)
+        st = ch_device_sync(ch_tensor_device(t));
+    ch_tensor_free(half);
+    return st;
 }
 
 static const char *meta_str(const file *f, const char *key)
@@ -433,23 +490,26 @@ static ch_status check_extra(const file *f, const ch_module *model)
 
 /* Every model parameter and optimizer state in the file, checked before
  * anything is changed. offs[i] = 0: that optimizer state is not there. */
-static ch_status check_all(const file *f, ch_module *model, ch_optimizer *opt, uint64_t *offs)
+static ch_status check_all(const file *f, ch_module *model, ch_optimizer *opt, uint64_t *offs,
+                           ch_dtype *as)
 {
     int np = ch_module_param_count(model);
     for (int i = 0; i < np; i++) {
         const char *name;
         ch_tensor *t;
         ch_module_param(model, i, &name, &t, NULL);
-        TRY(check_entry(f, name, t, &offs[i]));
+        TRY(check_entry(f, name, t, &offs[i], &as[i]));
     }
     int nb = ch_module_buffer_count(model);
     for (int i = 0; i < nb; i++) {
         const char *name;
         ch_tensor *t;
         ch_module_buffer(model, i, &name, &t, NULL);
-        TRY(t ? check_entry(f, name, t, &offs[np + i]) : check_counter(f, name, &offs[np + i]));
+        TRY(t ? check_entry(f, name, t, &offs[np + i], &as[np + i])
+              : check_counter(f, name, &offs[np + i]));
     }
     offs += nb;
+    as += nb;
     TRY(check_extra(f, model));
     int ns = opt ? ch_optimizer_state_count(opt) : 0;
     for (int i = 0; i < ns; i++) {
@@ -462,7 +522,7 @@ static ch_status check_all(const file *f, ch_module *model, ch_optimizer *opt, u
         snprintf(key, sizeof key, "optimizer.%s.%s", pname, sname);
         offs[np + i] = 0;
         if (json_object_get(f->header, key))
-            TRY(check_entry(f, key, param, &offs[np + i]));
+            TRY(check_entry(f, key, param, &offs[np + i], &as[np + i]));
     }
     return CH_OK;
 }
@@ -499,7 +559,7 @@ static ch_status check_input(const file *f, ch_idx_options *input)
 }
 
 static ch_status load_all(const file *f, ch_module *model, ch_optimizer *opt,
-                          const uint64_t *offs)
+                          const uint64_t *offs, const ch_dtype *as)
 {
     int np = ch_module_param_count(model), ns = opt ? ch_optimizer_state_count(opt) : 0;
     size_t cap = 0;
@@ -520,16 +580,18 @@ static ch_status load_all(const file *f, ch_module *model, ch_optimizer *opt,
     for (int i = 0; st == CH_OK && i < np; i++) {
         ch_tensor *t;
         ch_module_param(model, i, NULL, &t, NULL);
-        st = read_into(f, t, offs[i], buf);
+        st = read_into(f, t, offs[i], as[i], buf);
     }
     int nb = ch_module_buffer_count(model);
     for (int i = 0; st == CH_OK && i < nb; i++) {
         ch_tensor *t;
         int64_t *counter;
         ch_module_buffer(model, i, NULL, &t, &counter);
-        st = t ? read_into(f, t, offs[np + i], buf) : read_counter(f, counter, offs[np + i]);
+        st = t ? read_into(f, t, offs[np + i], as[np + i], buf)
+               : read_counter(f, counter, offs[np + i]);
     }
     offs += nb;
+    as += nb;
     for (int i = 0; st == CH_OK && i < ns; i++) {
         ch_tensor **slot, *param;
         if (offs[np + i] == 0)
@@ -543,7 +605,7 @@ static ch_status load_all(const file *f, ch_module *model, ch_optimizer *opt,
                                shape);
         }
         if (st == CH_OK)
-            st = read_into(f, *slot, offs[np + i], buf);
+            st = read_into(f, *slot, offs[np + i], as[np + i], buf);
     }
     free(buf);
     return st;
@@ -559,17 +621,19 @@ ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *o
     int n = ch_module_param_count(model) + ch_module_buffer_count(model) +
             (opt ? ch_optimizer_state_count(opt) : 0);
     uint64_t *offs = calloc((size_t)n + 1, sizeof *offs);
-    ch_status st = offs ? open_file(&f)
-                        : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_load: out of memory");
+    ch_dtype *as = calloc((size_t)n + 1, sizeof *as);
+    ch_status st = offs && as ? open_file(&f)
+                              : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_checkpoint_load: out of "
+                                          "memory");
     if (st == CH_OK)
-        st = check_all(&f, model, opt, offs);
+        st = check_all(&f, model, opt, offs, as);
     if (st == CH_OK)
         st = check_optimizer_kind(&f, opt);
     ch_idx_options input = {0.0f, 0.0f};
     if (st == CH_OK)
         st = check_input(&f, &input);
     if (st == CH_OK)
-        st = load_all(&f, model, opt, offs);
+        st = load_all(&f, model, opt, offs, as);
     if (st == CH_OK && opt)
         st = ch_optimizer_set_steps(opt, meta_int(&f, "optimizer_steps"));
     if (st == CH_OK && state) {
@@ -585,5 +649,6 @@ ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *o
         fclose(f.f);
     json_decref(f.header);
     free(offs);
+    free(as);
     return st;
 }

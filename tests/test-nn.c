@@ -2,6 +2,7 @@
  * two devices, cloning, losses, optimizers, and checkpoints. */
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -386,6 +387,102 @@ static int params_equal(ch_module *a, ch_module *b)
     return 1;
 }
 
+/* x rounded to `dtype` and back, as ch_cast does it: what a half
+ * checkpoint holds. NULL on failure. */
+static float *rounded(ch_tensor *x, ch_dtype dtype)
+{
+    int64_t shape[CH_MAX_DIMS];
+    for (int d = 0; d < ch_tensor_ndim(x); d++)
+        shape[d] = ch_tensor_dim(x, d);
+    ch_tensor *h = NULL, *w = NULL;
+    float *v = NULL;
+    if (ch_tensor_new(&h, ch_tensor_device(x), dtype, ch_tensor_ndim(x), shape) == CH_OK &&
+        ch_tensor_new(&w, ch_tensor_device(x), CH_F32, ch_tensor_ndim(x), shape) == CH_OK &&
+        ch_cast(h, x) == CH_OK && ch_cast(w, h) == CH_OK)
+        v = download(w);
+    ch_tensor_free(h);
+    ch_tensor_free(w);
+    return v;
+}
+
+/* Checkpoints in bf16 and f16: half the tensor bytes, safetensors' dtype
+ * names, and loading gives the values rounded to the format, bit for bit,
+ * optimizer state included; f32 and a bad dtype. */
+static void test_checkpoint_half(const char *dir, ch_module *a, ch_optimizer *opt)
+{
+    static const ch_dtype dts[] = {CH_BF16, CH_F16};
+    static const char *const names[] = {"BF16", "F16"};
+    /* The same in f32, with the same (no) training state in its header. */
+    char f32_path[256];
+    struct stat full;
+    snprintf(f32_path, sizeof f32_path, "%s/f32.safetensors", dir);
+    tap_status_ok(ch_checkpoint_save_as(f32_path, a, opt, NULL, CH_F32), "save as F32");
+    stat(f32_path, &full);
+    for (int k = 0; k < 2; k++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/half-%s.safetensors", dir, names[k]);
+        tap_status_ok(ch_checkpoint_save_as(path, a, opt, NULL, dts[k]), "save as %s",
+                      names[k]);
+        struct stat half;
+        /* The parameters and AdamW's two moments, 2 bytes each fewer. */
+        int64_t saved = 0;
+        for (int i = 0; i < ch_module_param_count(a); i++) {
+            ch_tensor *p;
+            ch_module_param(a, i, NULL, &p, NULL);
+            saved += 3 * 2 * (int64_t)ch_tensor_numel(p);
+        }
+        FILE *f = fopen(path, "rb");
+        char head[4096] = "";
+        size_t got = f ? fread(head, 1, sizeof head - 1, f) : 0;
+        head[got] = '\0';
+        if (f)
+            fclose(f);
+        char want[32];
+        snprintf(want, sizeof want, "\"dtype\":\"%s\"", names[k]);
+        int64_t less = stat(path, &half) == 0 ? (int64_t)(full.st_size - half.st_size) : 0;
+        tap_ok(strstr(head + 8, want) && !strstr(head + 8, "\"F32\"") && less >= saved - 256 &&
+                   less <= saved + 64,
+               "%s: every tensor %s, %lld bytes against %lld in f32 (%lld fewer, want about "
+               "%lld)", names[k], names[k], (long long)half.st_size, (long long)full.st_size,
+               (long long)less, (long long)saved);
+        ch_module *b = small_cnn();
+        ch_module_init(b, 99);
+        ch_optimizer_options o = ch_optimizer_defaults(CH_OPT_ADAMW, 0.01f);
+        ch_optimizer *ob = NULL;
+        ch_optimizer_new(&ob, b, &o);
+        tap_status_ok(ch_checkpoint_load(path, b, ob, NULL), "load the %s file", names[k]);
+        int same = 1;
+        for (int i = 0; i < ch_module_param_count(a); i++) {
+            ch_tensor *pa, *pb;
+            ch_module_param(a, i, NULL, &pa, NULL);
+            ch_module_param(b, i, NULL, &pb, NULL);
+            float *want_v = rounded(pa, dts[k]), *got_v = download(pb);
+            same = same && want_v && got_v &&
+                   memcmp(want_v, got_v, ch_tensor_nbytes(pa)) == 0;
+            free(want_v);
+            free(got_v);
+        }
+        ch_tensor *s1 = NULL, *s2 = NULL;
+        ch_optimizer_state(opt, 1, NULL, &s1);
+        ch_optimizer_state(ob, 1, NULL, &s2);
+        float *m1 = rounded(s1, dts[k]), *m2 = s2 ? download(s2) : NULL;
+        tap_ok(same && m1 && m2 && memcmp(m1, m2, ch_tensor_nbytes(s1)) == 0,
+               "%s: the parameters and moments loaded are the saved ones rounded to %s, bit "
+               "for bit", names[k], names[k]);
+        free(m1);
+        free(m2);
+        ch_optimizer_free(ob);
+        ch_module_free(b);
+        unlink(path);
+    }
+    unlink(f32_path);
+    char path[256];
+    snprintf(path, sizeof path, "%s/i32.safetensors", dir);
+    tap_status_is(ch_checkpoint_save_as(path, a, opt, NULL, CH_I32), CH_ERR_DTYPE,
+                  "expected f32, bf16 or f16", "save as i32 is refused");
+    tap_ok(access(path, F_OK) != 0, "... and writes no file");
+}
+
 static void test_checkpoint(void)
 {
     char dir[] = "/tmp/chorus-test-nn-XXXXXX", path[256], bad[256];
@@ -424,6 +521,7 @@ static void test_checkpoint(void)
     tap_ok(v2 && memcmp(v1, v2, ch_tensor_nbytes(s1)) == 0, "optimizer moments round-trip");
     free(v1);
     free(v2);
+    test_checkpoint_half(dir, a, opt);
 
     /* A model of another shape: the first mismatch is named. */
     ch_module *c = NULL, *l = NULL;

@@ -312,4 +312,30 @@ status=$?
 test "$status" -eq 1 && cmp -s "$tmp/one.st" "$tmp/keep.st"
 ok $? "a corrupt --resume file: exit 1, the existing checkpoint untouched (got $status)"
 
+# --save-dtype bf16: every float tensor BF16 (the counters I64), the file
+# about half the size, and a run resumes from it.
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --save-dtype bf16 --checkpoint "$tmp/bf16.st" >/dev/null 2>&1 &&
+    python3 -c '
+import json, struct, sys, os
+half, full = sys.argv[1], sys.argv[2]
+with open(half, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    h = json.loads(f.read(n))
+kinds = {v["dtype"] for k, v in h.items() if k != "__metadata__"}
+assert kinds <= {"BF16", "I64"} and "BF16" in kinds, kinds
+assert os.path.getsize(half) < 0.55 * os.path.getsize(full), (os.path.getsize(half), os.path.getsize(full))
+' "$tmp/bf16.st" "$tmp/one.st"
+ok $? "--save-dtype bf16: every float tensor BF16, under 0.55 of the f32 file's size"
+# shellcheck disable=SC2086
+"$train" $quick --epochs 2 --resume "$tmp/bf16.st" >"$tmp/bf16.out" 2>&1
+status=$?
+grep -Eq '^result test_accuracy=0\.[0-9]+ ' "$tmp/bf16.out"
+ok $((status + $?)) "a run resumes from the bf16 checkpoint (got $status: $(tail -1 "$tmp/bf16.out"))"
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --save-dtype f64 >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && grep -q -- '--save-dtype is f32, bf16 or f16' "$tmp/err"
+ok $? "--save-dtype f64: exit 2 naming the choices (got $status: $(cat "$tmp/err"))"
+
 tap_done

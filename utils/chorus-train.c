@@ -40,6 +40,7 @@ typedef struct options {
     unsigned aug;            /* CH_AUGMENT_* */
     int crop_pad;
     float weight_decay;      /* < 0: the optimizer's default */
+    ch_dtype save_dtype;     /* --save-dtype: the checkpoints' tensors */
 } options;
 
 static void usage(FILE *f)
@@ -94,6 +95,9 @@ static void usage(FILE *f)
             "                      epochs), step (x0.1 every 2 epochs) or constant\n"
             "  --seed N            seed of the initialisation and the shuffle (default 1)\n"
             "  --checkpoint FILE   save a checkpoint (safetensors) after every epoch\n"
+            "  --save-dtype f32|bf16|f16  the checkpoint's tensors (default f32; bf16\n"
+            "                      or f16: half the size, a resumed run goes on from the\n"
+            "                      values rounded to it)\n"
             "  --resume FILE       continue from a checkpoint\n"
             "  --log FILE          one JSON line per step\n"
             "  --json              print the result as one JSON object\n"
@@ -231,11 +235,12 @@ static int parse_options(int argc, char **argv, options *o)
         {"temperature", required_argument, 0, 1009}, {"top-k", required_argument, 0, 1010},
         {"prompt", required_argument, 0, 1011}, {"eval-every", required_argument, 0, 1012},
         {"augment", required_argument, 0, 1013}, {"weight-decay", required_argument, 0, 1014},
+        {"save-dtype", required_argument, 0, 1015},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     *o = (options){NULL, "cnn", "all", NULL, NULL, NULL, NULL, "cosine", "auto", "auto",
                    "sync", "\n", {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1,
-                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f};
+                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f, CH_F32};
     o->gpt.vocab = 0;
     opterr = 0;
     int c;
@@ -350,6 +355,16 @@ static int parse_options(int argc, char **argv, options *o)
         case 1014:
             if (!parse_float(optarg, &o->weight_decay) || !(o->weight_decay >= 0.0f))
                 return fail_usage("--weight-decay wants a number >= 0, not \"%s\"", optarg);
+            break;
+        case 1015:
+            if (strcmp(optarg, "f32") == 0)
+                o->save_dtype = CH_F32;
+            else if (strcmp(optarg, "bf16") == 0)
+                o->save_dtype = CH_BF16;
+            else if (strcmp(optarg, "f16") == 0)
+                o->save_dtype = CH_F16;
+            else
+                return fail_usage("--save-dtype is f32, bf16 or f16, not \"%s\"", optarg);
             break;
         case 'h': usage(stdout); exit(0);
         case 'V': printf("chorus-train %s\n", ch_version()); exit(0);
@@ -1062,8 +1077,8 @@ static int run(trainer *t)
         ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed,
                              t->norm.mean, t->norm.std};
         if (o->checkpoint && g_rank == 0 &&
-            ch_checkpoint_save(o->checkpoint, ch_dp_replica(t->dp, 0),
-                                                ch_dp_optimizer(t->dp, 0), &cs) != CH_OK)
+            ch_checkpoint_save_as(o->checkpoint, ch_dp_replica(t->dp, 0),
+                                  ch_dp_optimizer(t->dp, 0), &cs, o->save_dtype) != CH_OK)
             return runtime_error("cannot write the checkpoint");
     }
     double acc = 0, loss = 0;

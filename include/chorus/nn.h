@@ -250,9 +250,17 @@ typedef struct ch_train_state {
 /* opt and state may be NULL. */
 CH_API ch_status ch_checkpoint_save(const char *path, const ch_module *model,
                                     const ch_optimizer *opt, const ch_train_state *state);
-/* Checks every name, dtype and shape against the model (and the optimizer,
- * when given) before changing anything, and reports the first mismatch.
- * opt and state may be NULL. */
+/* The same with every tensor in the file as `dtype`: CH_F32 (what
+ * ch_checkpoint_save writes), or CH_BF16 or CH_F16 for a file of half the
+ * size (safetensors BF16 and F16, converted as ch_cast does; the counters
+ * stay I64). Loading widens them back to f32, exactly: the values are
+ * those rounded to the half format. */
+CH_API ch_status ch_checkpoint_save_as(const char *path, const ch_module *model,
+                                       const ch_optimizer *opt, const ch_train_state *state,
+                                       ch_dtype dtype);
+/* Checks every name, dtype (F32, BF16 or F16) and shape against the model
+ * (and the optimizer, when given) before changing anything, and reports
+ * the first mismatch. opt and state may be NULL. */
 CH_API ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *opt,
                                     ch_train_state *state);
 
