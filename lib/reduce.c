@@ -148,12 +148,21 @@ static ch_status make_groups(ch_reducer *r)
 
 /* Which participants get pinned staging: the members of the host-staged
  * sum (every participant in host mode, the first of each group in auto
- * with two groups or more) whose memory is device memory. */
-static int needs_staging(const ch_reducer *r, int i)
+ * with two groups or more; with a stage, the first of every group) whose
+ * memory is device memory. */
+static int needs_staging(const ch_reducer *r, int i, int staged)
 {
-    if (r->capacity == 0 || r->ngroups < 2 || host_memory(r->streams[i]->dev))
+    if (r->capacity == 0 || (r->ngroups < 2 && !staged) || host_memory(r->streams[i]->dev))
         return 0;
     return r->first[r->group[i]] == i;
+}
+
+static ch_status make_staging(ch_reducer *r, int i, int staged)
+{
+    if (r->staging[i] || !needs_staging(r, i, staged))
+        return CH_OK;
+    return ch_host_buffer_new(&r->staging[i], r->streams[i]->dev,
+                              (size_t)r->capacity * sizeof(float));
 }
 
 /* ---- lifetime ------------------------------------------------------------ */
@@ -242,9 +251,7 @@ ch_status ch_reducer_new(ch_reducer **out, ch_stream *const *streams, int n, int
     memcpy(r->streams, streams, un * sizeof *streams);
     ch_status st = make_groups(r);
     for (int i = 0; st == CH_OK && i < n; i++)
-        if (needs_staging(r, i))
-            st = ch_host_buffer_new(&r->staging[i], r->streams[i]->dev,
-                                    (size_t)capacity * sizeof(float));
+        st = make_staging(r, i, 0);
     if (st != CH_OK) {
         ch_reducer_free(r);
         return st;
@@ -269,10 +276,7 @@ ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user)
     /* The total is then always taken on the host: the first participant
      * of every group needs staging, one group or several. */
     for (int i = 0; fn && i < r->n; i++)
-        if (r->capacity > 0 && !r->staging[i] && !host_memory(r->streams[i]->dev) &&
-            r->first[r->group[i]] == i)
-            TRY(ch_host_buffer_new(&r->staging[i], r->streams[i]->dev,
-                                   (size_t)r->capacity * sizeof(float)));
+        TRY(make_staging(r, i, 1));
     r->stage = fn;
     r->stage_user = user;
     return CH_OK;
@@ -307,34 +311,30 @@ size_t ch_reducer_span_bytes(const ch_reducer *r)
     return be ? be->span_id_bytes : 0;
 }
 
-/* The arguments of `fn`, and the backend that spans: NULL after setting
- * the error. */
-static const ch_backend_i *span_args(const char *fn, const ch_reducer *r, const void *id)
+/* The arguments of `fn`; *be the backend that spans. */
+static ch_status span_args(const char *fn, const ch_reducer *r, const void *id,
+                           const ch_backend_i **be)
 {
-    if (!r || !id) {
-        chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !r ? "r" : "id");
-        return NULL;
-    }
-    const ch_backend_i *be = span_backend(r);
-    if (!be)
-        chi_error(CH_ERR_UNSUPPORTED, "%s: these participants cannot reduce across processes "
-                  "without the host (ch_reducer_span_bytes is 0)", fn);
-    return be;
+    if (!r || !id)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !r ? "r" : "id");
+    *be = span_backend(r);
+    if (!*be)
+        return chi_error(CH_ERR_UNSUPPORTED, "%s: these participants cannot reduce across "
+                         "processes without the host (ch_reducer_span_bytes is 0)", fn);
+    return CH_OK;
 }
 
 ch_status ch_reducer_span_id(ch_reducer *r, void *id)
 {
-    const ch_backend_i *be = span_args("ch_reducer_span_id", r, id);
-    if (!be)
-        return !r || !id ? CH_ERR_INVALID_ARGUMENT : CH_ERR_UNSUPPORTED;
+    const ch_backend_i *be;
+    TRY(span_args("ch_reducer_span_id", r, id, &be));
     return be->span_id(id);
 }
 
 ch_status ch_reducer_span(ch_reducer *r, const void *id, int first, int total)
 {
-    const ch_backend_i *be = span_args("ch_reducer_span", r, id);
-    if (!be)
-        return !r || !id ? CH_ERR_INVALID_ARGUMENT : CH_ERR_UNSUPPORTED;
+    const ch_backend_i *be;
+    TRY(span_args("ch_reducer_span", r, id, &be));
     if (r->span)
         return chi_error(CH_ERR_STATE, "ch_reducer_span: the reducer spans processes "
                          "already");
@@ -342,10 +342,8 @@ ch_status ch_reducer_span(ch_reducer *r, const void *id, int first, int total)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_span: participants %d to %d of "
                          "%d: expected 0 <= first and first + %d <= total", first,
                          first + r->n - 1, total, r->n);
-    for (int i = 0; i < r->n; i++) {
+    for (int i = 0; i < r->n; i++)
         r->handles[i] = r->streams[i]->dev->dev;
-        r->copies[i] = NULL;
-    }
     int *ranks = calloc((size_t)r->n, sizeof *ranks);
     if (!ranks)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_span: out of host memory");

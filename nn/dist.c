@@ -28,19 +28,23 @@
 
 #define DEFAULT_TIMEOUT 60.0
 
-struct ch_dist {
+/* Without MPI every group has one process and no collective reaches MPI:
+ * the communicators are placeholders. */
 #ifdef HAVE_MPI
-    MPI_Comm comm;    /* the calls of ch_dist_* */
+typedef MPI_Comm comm_t;
+#else
+typedef int comm_t;
 #endif
+
+struct ch_dist {
+    comm_t comm;      /* the calls of ch_dist_* */
     int rank, size, local_rank, local_size;
     double timeout;
 };
 
 struct nn_comm {
     ch_dist *d;
-#ifdef HAVE_MPI
-    MPI_Comm comm;
-#endif
+    comm_t comm;
 };
 
 static ch_dist world;
@@ -448,9 +452,11 @@ static ch_status bcast_on(const ch_dist *d, MPI_Comm comm, void *data, size_t by
     return CH_OK;
 }
 
-static ch_status sum_on(const ch_dist *d, MPI_Comm comm, void *values, int64_t n,
-                        MPI_Datatype type, size_t size, const char *what)
+static ch_status sum_on(const ch_dist *d, MPI_Comm comm, void *values, int64_t n, int f64,
+                        const char *what)
 {
+    MPI_Datatype type = f64 ? MPI_DOUBLE : MPI_FLOAT;
+    size_t size = f64 ? sizeof(double) : sizeof(float);
     const int64_t chunk = (int64_t)1 << 28; /* MPI counts are ints */
     for (int64_t off = 0; off < n; off += chunk) {
         int64_t len = n - off < chunk ? n - off : chunk;
@@ -464,38 +470,6 @@ static ch_status sum_on(const ch_dist *d, MPI_Comm comm, void *values, int64_t n
         TRY(finish(d, &req, "MPI_Iallreduce", what));
     }
     return CH_OK;
-}
-
-ch_status ch_dist_broadcast(ch_dist *d, void *data, size_t bytes, int root)
-{
-    if (root < 0 || root >= ch_dist_size(d))
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: root is %d, expected a "
-                         "rank from 0 to %d", root, ch_dist_size(d) - 1);
-    if (!data && bytes)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: data is NULL");
-    if (ch_dist_size(d) == 1 || bytes == 0)
-        return CH_OK;
-    return bcast_on(d, d->comm, data, bytes, root, "ch_dist_broadcast");
-}
-
-ch_status ch_dist_sum(ch_dist *d, double *values, int n)
-{
-    if (n < 0 || (!values && n))
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_sum: %s",
-                         n < 0 ? "n is negative" : "values is NULL");
-    if (ch_dist_size(d) == 1 || n == 0)
-        return CH_OK;
-    return sum_on(d, d->comm, values, n, MPI_DOUBLE, sizeof(double), "ch_dist_sum");
-}
-
-ch_status ch_dist_sum_f32(ch_dist *d, float *values, int64_t n)
-{
-    if (n < 0 || (!values && n))
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_sum_f32: %s",
-                         n < 0 ? "n is negative" : "values is NULL");
-    if (ch_dist_size(d) == 1 || n == 0)
-        return CH_OK;
-    return sum_on(d, d->comm, values, n, MPI_FLOAT, sizeof(float), "ch_dist_sum_f32");
 }
 
 ch_status nn_comm_new(nn_comm **out, ch_dist *d)
@@ -528,44 +502,19 @@ void nn_comm_free(nn_comm *c)
     free(c);
 }
 
-ch_status nn_comm_sum_f32(nn_comm *c, float *values, int64_t n, const char *what)
+static ch_status gather_on(const ch_dist *d, MPI_Comm comm, const void *mine, void *all,
+                           size_t bytes, const char *what)
 {
-    if (nn_comm_size(c) == 1 || n == 0)
-        return CH_OK;
-    return sum_on(c->d, c->comm, values, n, MPI_FLOAT, sizeof(float), what);
-}
-
-ch_status nn_comm_sum_f64(nn_comm *c, double *values, int64_t n, const char *what)
-{
-    if (nn_comm_size(c) == 1 || n == 0)
-        return CH_OK;
-    return sum_on(c->d, c->comm, values, n, MPI_DOUBLE, sizeof(double), what);
-}
-
-ch_status nn_comm_bcast(nn_comm *c, void *data, size_t bytes, int root, const char *what)
-{
-    if (nn_comm_size(c) == 1 || bytes == 0)
-        return CH_OK;
-    return bcast_on(c->d, c->comm, data, bytes, root, what);
-}
-
-ch_status nn_comm_allgather(nn_comm *c, const void *mine, void *all, size_t bytes,
-                            const char *what)
-{
-    if (nn_comm_size(c) == 1) {
-        memmove(all, mine, bytes);
-        return CH_OK;
-    }
     if (bytes > (size_t)INT_MAX)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %zu bytes per process, more than one "
                          "MPI call can gather", what, bytes);
     MPI_Request req;
     pthread_mutex_lock(&mpi_lock);
-    int e = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, c->comm, &req);
+    int e = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm, &req);
     pthread_mutex_unlock(&mpi_lock);
     if (e != MPI_SUCCESS)
         return mpi_error(e, "MPI_Iallgather", what);
-    return finish(c->d, &req, "MPI_Iallgather", what);
+    return finish(d, &req, "MPI_Iallgather", what);
 }
 
 #else /* no MPI: a job of this process alone */
@@ -597,35 +546,6 @@ ch_status ch_dist_barrier(ch_dist *d)
     return CH_OK;
 }
 
-ch_status ch_dist_broadcast(ch_dist *d, void *data, size_t bytes, int root)
-{
-    (void)d;
-    if (root != 0)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: root is %d, expected a "
-                         "rank from 0 to 0", root);
-    if (!data && bytes)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: data is NULL");
-    return CH_OK;
-}
-
-ch_status ch_dist_sum(ch_dist *d, double *values, int n)
-{
-    (void)d;
-    if (n < 0 || (!values && n))
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_sum: %s",
-                         n < 0 ? "n is negative" : "values is NULL");
-    return CH_OK;
-}
-
-ch_status ch_dist_sum_f32(ch_dist *d, float *values, int64_t n)
-{
-    (void)d;
-    if (n < 0 || (!values && n))
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_sum_f32: %s",
-                         n < 0 ? "n is negative" : "values is NULL");
-    return CH_OK;
-}
-
 ch_status nn_comm_new(nn_comm **out, ch_dist *d)
 {
     nn_comm *c = calloc(1, sizeof *c);
@@ -638,33 +558,105 @@ ch_status nn_comm_new(nn_comm **out, ch_dist *d)
 
 void nn_comm_free(nn_comm *c) { free(c); }
 
+/* Never reached: a group of one returns before any of these. */
+static ch_status no_mpi(const char *what)
+{
+    return chi_error(CH_ERR_INTERNAL, "%s: a collective across processes in a build without "
+                     "MPI", what);
+}
+
+static ch_status bcast_on(const ch_dist *d, comm_t comm, void *data, size_t bytes, int root,
+                          const char *what)
+{
+    (void)d, (void)comm, (void)data, (void)bytes, (void)root;
+    return no_mpi(what);
+}
+
+static ch_status sum_on(const ch_dist *d, comm_t comm, void *values, int64_t n, int f64,
+                        const char *what)
+{
+    (void)d, (void)comm, (void)values, (void)n, (void)f64;
+    return no_mpi(what);
+}
+
+static ch_status gather_on(const ch_dist *d, comm_t comm, const void *mine, void *all,
+                           size_t bytes, const char *what)
+{
+    (void)d, (void)comm, (void)mine, (void)all, (void)bytes;
+    return no_mpi(what);
+}
+
+#endif
+
+/* ---- The collectives, for both builds: a group of one needs no MPI -------- */
+
+ch_status ch_dist_broadcast(ch_dist *d, void *data, size_t bytes, int root)
+{
+    if (root < 0 || root >= ch_dist_size(d))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: root is %d, expected a "
+                         "rank from 0 to %d", root, ch_dist_size(d) - 1);
+    if (!data && bytes)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dist_broadcast: data is NULL");
+    if (ch_dist_size(d) == 1 || bytes == 0)
+        return CH_OK;
+    return bcast_on(d, d->comm, data, bytes, root, "ch_dist_broadcast");
+}
+
+/* The checks of ch_dist_sum and ch_dist_sum_f32. */
+static ch_status sum_args(const char *fn, const void *values, int64_t n)
+{
+    if (n < 0 || (!values && n))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s", fn,
+                         n < 0 ? "n is negative" : "values is NULL");
+    return CH_OK;
+}
+
+ch_status ch_dist_sum(ch_dist *d, double *values, int n)
+{
+    TRY(sum_args("ch_dist_sum", values, n));
+    if (ch_dist_size(d) == 1 || n == 0)
+        return CH_OK;
+    return sum_on(d, d->comm, values, n, 1, "ch_dist_sum");
+}
+
+ch_status ch_dist_sum_f32(ch_dist *d, float *values, int64_t n)
+{
+    TRY(sum_args("ch_dist_sum_f32", values, n));
+    if (ch_dist_size(d) == 1 || n == 0)
+        return CH_OK;
+    return sum_on(d, d->comm, values, n, 0, "ch_dist_sum_f32");
+}
+
 ch_status nn_comm_sum_f32(nn_comm *c, float *values, int64_t n, const char *what)
 {
-    (void)c, (void)values, (void)n, (void)what;
-    return CH_OK;
+    if (nn_comm_size(c) == 1 || n == 0)
+        return CH_OK;
+    return sum_on(c->d, c->comm, values, n, 0, what);
 }
 
 ch_status nn_comm_sum_f64(nn_comm *c, double *values, int64_t n, const char *what)
 {
-    (void)c, (void)values, (void)n, (void)what;
-    return CH_OK;
+    if (nn_comm_size(c) == 1 || n == 0)
+        return CH_OK;
+    return sum_on(c->d, c->comm, values, n, 1, what);
 }
 
 ch_status nn_comm_bcast(nn_comm *c, void *data, size_t bytes, int root, const char *what)
 {
-    (void)c, (void)data, (void)bytes, (void)root, (void)what;
-    return CH_OK;
+    if (nn_comm_size(c) == 1 || bytes == 0)
+        return CH_OK;
+    return bcast_on(c->d, c->comm, data, bytes, root, what);
 }
 
 ch_status nn_comm_allgather(nn_comm *c, const void *mine, void *all, size_t bytes,
                             const char *what)
 {
-    (void)c, (void)what;
-    memmove(all, mine, bytes);
-    return CH_OK;
+    if (nn_comm_size(c) == 1) {
+        memmove(all, mine, bytes);
+        return CH_OK;
+    }
+    return gather_on(c->d, c->comm, mine, all, bytes, what);
 }
-
-#endif
 
 ch_dist *ch_dist_world(void) { return joined ? &world : NULL; }
 
@@ -686,5 +678,4 @@ ch_status ch_dist_set_timeout(ch_dist *d, double seconds)
 
 double ch_dist_timeout(const ch_dist *d) { return d ? d->timeout : DEFAULT_TIMEOUT; }
 
-int nn_comm_rank(const nn_comm *c) { return c ? ch_dist_rank(c->d) : 0; }
 int nn_comm_size(const nn_comm *c) { return c ? ch_dist_size(c->d) : 1; }

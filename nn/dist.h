@@ -23,7 +23,6 @@ typedef struct nn_comm nn_comm;
 ch_status nn_comm_new(nn_comm **out, ch_dist *d);
 void nn_comm_free(nn_comm *c);
 
-int nn_comm_rank(const nn_comm *c);
 int nn_comm_size(const nn_comm *c);
 
 /* In place: the sum over the processes, the same bits on each. */

@@ -1435,8 +1435,6 @@ static ch_status check_batch(const ch_dp *dp, const ch_batch *batch, const char 
     return CH_OK;
 }
 
-/* A training call: micro-batch `batch` (NULL: flush), reducing and
- * updating when `sync`. */
 /* After a checked step: every replica of this process holds replica 0's
  * parameters. */
 static ch_status check_replicas(const ch_dp *dp, const char *fn, int64_t step)

@@ -127,6 +127,21 @@ test $status -eq 0 && awk -v a="${got:-0}" -v b="${want:-1}" \
     'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.002 * b) }'
 ok $? "... and in 3 ranks, to the test loss of 3 ranks straight through ($got against $want)"
 
+# --devices LIST;LIST: each process of the machine its own list, by local
+# rank (rank 1 holds two host replicas here, so three replicas train).
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 2 "$train" $quick --devices "host;host,host" --epochs 1 --log "$tmp/lists.log" \
+    >"$tmp/lists.out" 2>"$tmp/lists.err"
+status=$?
+grep -Eq '^result test_accuracy=0\.[0-9]+ .* devices=host ranks=2$' "$tmp/lists.out" &&
+    python3 -c '
+import json, sys
+first = json.loads(open(sys.argv[1]).readline())
+# 50 samples over the job'"'"'s three replicas: 17, 17 and 16.
+assert [(d["id"], d["samples"]) for d in first["devices"]] == [("host", 17)], first
+' "$tmp/lists.log"
+ok $((status + $?)) "--devices \"host;host,host\" under mpirun: rank 0 trains on host, 17 of each 50 samples, so rank 1 holds two replicas (status $status)"
+
 # A rank killed in the middle: the job ends, non-zero, naming rank 1.
 cat >"$tmp/rank.sh" <<'SH'
 #!/bin/sh

@@ -476,7 +476,23 @@ static void test_checkpoint_half(const char *dir, ch_module *a, ch_optimizer *op
         unlink(path);
     }
     unlink(f32_path);
+    /* A tensor of a dtype checkpoints do not hold. */
     char path[256];
+    snprintf(path, sizeof path, "%s/f64.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    char header[] = "{\"0.weight\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}";
+    unsigned char len[8] = {(unsigned char)(sizeof header - 1)};
+    if (f) {
+        fwrite(len, 1, 8, f);
+        fwrite(header, 1, sizeof header - 1, f);
+        fwrite("\0\0\0\0\0\0\0\0", 1, 8, f);
+        fclose(f);
+    }
+    ch_module *c = small_cnn();
+    tap_status_is(ch_checkpoint_load(path, c, NULL, NULL), CH_ERR_FORMAT,
+                  "\"0.weight\" is F64, expected F32, BF16 or F16", "a tensor in F64 is refused");
+    ch_module_free(c);
+    unlink(path);
     snprintf(path, sizeof path, "%s/i32.safetensors", dir);
     tap_status_is(ch_checkpoint_save_as(path, a, opt, NULL, CH_I32), CH_ERR_DTYPE,
                   "expected f32, bf16 or f16", "save as i32 is refused");

@@ -612,6 +612,9 @@ static void test_span(void)
         ch_tensor *t = NULL;
         st = ch_reducer_span_id(r, id);
         if (st == CH_OK)
+            tap_status_is(ch_reducer_span(r, id, 1, 1), CH_ERR_INVALID_ARGUMENT,
+                          "expected 0 <= first", "span: participant 1 of a job of 1");
+        if (st == CH_OK)
             st = ch_reducer_span(r, id, 0, 1);
         if (st == CH_OK)
             st = ch_tensor_new(&t, cuda, CH_F32, 1, &n);

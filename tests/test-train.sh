@@ -312,6 +312,14 @@ status=$?
 test "$status" -eq 1 && cmp -s "$tmp/one.st" "$tmp/keep.st"
 ok $? "a corrupt --resume file: exit 1, the existing checkpoint untouched (got $status)"
 
+# A --devices list longer than chorus-train keeps: exit 2, saying so.
+long=$(printf 'host,%.0s' $(seq 250))host
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --devices "$long" >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && grep -q -- '--devices: a list is longer than 1023 characters' "$tmp/err"
+ok $? "a --devices list of ${#long} characters: exit 2 naming the limit (got $status: $(cat "$tmp/err"))"
+
 # --save-dtype bf16: every float tensor BF16 (the counters I64), the file
 # about half the size, and a run resumes from it.
 # shellcheck disable=SC2086

@@ -2,6 +2,7 @@
  * backends (and why one did not load), which devices can copy to each other
  * directly, and the devices discovery hid; or the devices as JSON. */
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,48 +330,44 @@ static void print_json(void)
 }
 
 /* What this process printed, under a heading, to rank 0, which prints
- * every process's in rank order. */
+ * every process's in rank order: each rank in turn broadcasts who it is
+ * and the length of its text, then the text. */
 static int gather_print(ch_dist *world, const char *text, size_t len, int json)
 {
     int rank = ch_dist_rank(world), ranks = ch_dist_size(world);
-    char host[256] = "?";
-    if (gethostname(host, sizeof host) != 0)
-        snprintf(host, sizeof host, "?");
-    host[sizeof host - 1] = '\0';
+    struct rank_info {
+        uint64_t len;
+        int32_t local_rank, local_size;
+        char host[256];
+    } mine = {len, ch_dist_local_rank(world), ch_dist_local_size(world), "?"};
+    if (gethostname(mine.host, sizeof mine.host) != 0)
+        snprintf(mine.host, sizeof mine.host, "?");
+    mine.host[sizeof mine.host - 1] = '\0';
     for (int k = 0; k < ranks; k++) {
-        double n = k == rank ? (double)len : 0.0;
-        char name[256];
-        memcpy(name, host, sizeof name);
-        if (ch_dist_sum(world, &n, 1) != CH_OK ||
-            ch_dist_broadcast(world, name, sizeof name, k) != CH_OK)
+        struct rank_info who = mine;
+        if (ch_dist_broadcast(world, &who, sizeof who, k) != CH_OK)
             return 1;
-        size_t bytes = (size_t)n;
-        char *buf = malloc(bytes + 1);
+        char *buf = malloc(who.len + 1);
         if (!buf)
             die("out of memory");
         if (k == rank)
-            memcpy(buf, text, bytes);
-        if (ch_dist_broadcast(world, buf, bytes, k) != CH_OK) {
+            memcpy(buf, text, who.len);
+        if (ch_dist_broadcast(world, buf, who.len, k) != CH_OK) {
             free(buf);
             return 1;
         }
+        size_t bytes = who.len;
         buf[bytes] = '\0';
-        double lr = k == rank ? ch_dist_local_rank(world) : 0.0;
-        double ls = k == rank ? ch_dist_local_size(world) : 0.0;
-        if (ch_dist_sum(world, &lr, 1) != CH_OK || ch_dist_sum(world, &ls, 1) != CH_OK) {
-            free(buf);
-            return 1;
-        }
         if (rank == 0 && json) {
             /* The devices' array without its line end, inside an object. */
             while (bytes > 0 && buf[bytes - 1] == '\n')
                 buf[--bytes] = '\0';
             printf("%s{\"rank\":%d,\"ranks\":%d,\"local_rank\":%d,\"host\":\"%s\","
-                   "\"devices\":%s}%s\n", k ? "" : "[", k, ranks, (int)lr, name, buf,
-                   k + 1 < ranks ? "," : "]");
+                   "\"devices\":%s}%s\n", k ? "" : "[", k, ranks, who.local_rank, who.host,
+                   buf, k + 1 < ranks ? "," : "]");
         } else if (rank == 0) {
             printf("%s== rank %d of %d (local rank %d of %d) on %s ==\n%s", k ? "\n" : "", k,
-                   ranks, (int)lr, (int)ls, name, buf);
+                   ranks, who.local_rank, who.local_size, who.host, buf);
         }
         free(buf);
     }

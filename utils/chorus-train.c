@@ -608,8 +608,9 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
     }
     fprintf(t->log, "\"devices\":[");
     for (int i = 0; i < t->ndev; i++) {
-        fprintf(t->log, "%s{\"id\":\"%s\",\"share\":%.4f,\"time_s\":%.6f", i ? "," : "",
-                ch_device_id(t->devs[i]), total ? (double)counts[i] / total : 0.0, times[i]);
+        fprintf(t->log, "%s{\"id\":\"%s\",\"samples\":%d,\"share\":%.4f,\"time_s\":%.6f",
+                i ? "," : "", ch_device_id(t->devs[i]), counts[i],
+                total ? (double)counts[i] / total : 0.0, times[i]);
         if (t->sharing[i] > 1)
             fprintf(t->log, ",\"replicas_on_device\":%d", t->sharing[i]);
         fprintf(t->log, "}");
