@@ -1,6 +1,6 @@
 /* bench-ops: what the primitive ops reach on every device, next to the
- * references measured in the same run: OpenBLAS's cblas_sgemm called
- * directly and the host's blocked C GEMM.
+ * references measured in the same run: the host's GEMM library (oneDNN's
+ * dnnl_sgemm or OpenBLAS's cblas_sgemm) called directly and the host's blocked C GEMM.
  *
  * Per device: SGEMM GFLOP/s (square, no transpose), GB/s of add, scale
  * (axpby) and relu; per pair of non-host devices the ch_copy bandwidth;
@@ -18,9 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef HAVE_BLAS
-#include <cblas.h>
-#endif
+#include "refgemm.h"
 
 #include <chorus.h>
 #include "host.h"
@@ -148,13 +146,12 @@ static ch_status tensor_square(ch_tensor **t, ch_device *dev, int64_t side,
     return st;
 }
 
-/* ---- host references: OpenBLAS and the blocked C GEMM ----------------------------- */
+/* ---- host references: the GEMM library and the blocked C GEMM --------------------- */
 
-#define OPENBLAS_NAME "cblas_sgemm (OpenBLAS)"
 #define BLOCKED_NAME "blocked C sgemm"
 
 typedef struct ref_work {
-    int blocked; /* 0: cblas_sgemm */
+    int blocked; /* 0: the library's sgemm */
     int n;
     float *a, *b, *c;
 } ref_work;
@@ -162,10 +159,9 @@ typedef struct ref_work {
 static ch_status ref_run(void *arg)
 {
     ref_work *w = arg;
-#ifdef HAVE_BLAS
+#ifdef HAVE_REF_GEMM
     if (!w->blocked) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, w->n, w->n, w->n, 1.0f,
-                    w->a, w->n, w->b, w->n, 0.0f, w->c, w->n);
+        ref_sgemm(0, 0, w->n, w->n, w->n, 1.0f, w->a, w->n, w->b, w->n, 0.0f, w->c, w->n);
         return CH_OK;
     }
 #endif
@@ -230,11 +226,11 @@ static ch_status gemm_run(void *arg)
     return st == CH_OK ? ch_device_sync(w->dev) : st;
 }
 
-/* On the host with OpenBLAS, the op and cblas_sgemm run in turns: the
- * op/OpenBLAS ratio then compares like with like. */
-static int pairs_with_openblas(ch_device *dev)
+/* On the host with a GEMM library, the op and the library's sgemm run in
+ * turns: the op/library ratio then compares like with like. */
+static int pairs_with_library(ch_device *dev)
 {
-#ifdef HAVE_BLAS
+#ifdef HAVE_REF_GEMM
     return !strcmp(ch_device_id(dev), "host");
 #else
     (void)dev;
@@ -248,7 +244,7 @@ static void bench_gemm_size(ch_device *dev, int64_t n, const options *o)
     gemm_work g = {dev, NULL, NULL, NULL};
     ref_work r = {0, 0, NULL, NULL, NULL};
     work w[2] = {{gemm_run, &g, 0.0}, {ref_run, &r, 0.0}};
-    int count = pairs_with_openblas(dev) && ref_new(&r, 0, (int)n) ? 2 : 1;
+    int count = pairs_with_library(dev) && ref_new(&r, 0, (int)n) ? 2 : 1;
     double flop = 2.0 * (double)n * (double)n * (double)n;
     if (check(tensor_square(&g.a, dev, n, 1), "%s: %lldx%lld tensor", id, (long long)n,
               (long long)n) &&
@@ -258,7 +254,7 @@ static void bench_gemm_size(ch_device *dev, int64_t n, const options *o)
               (long long)n)) {
         add_result(id, "sgemm", n, flop / w[0].secs * 1e-9, "GFLOP/s");
         if (count == 2)
-            add_result("host", OPENBLAS_NAME, n, flop / w[1].secs * 1e-9, "GFLOP/s");
+            add_result("host", REF_GEMM_NAME, n, flop / w[1].secs * 1e-9, "GFLOP/s");
     }
     ch_tensor_free(g.a);
     ch_tensor_free(g.b);
@@ -527,7 +523,7 @@ static int is_host(ch_device *dev)
     return !strcmp(ch_device_id(dev), "host");
 }
 
-#ifdef HAVE_BLAS
+#ifdef HAVE_REF_GEMM
 static int host_selected(ch_device **devs, int ndev)
 {
     for (int d = 0; d < ndev; d++)
@@ -561,9 +557,9 @@ int main(int argc, char **argv)
      * runs here only when the host op is not measured (it then runs in
      * turns with the op). */
     bench_reference(1, BLOCKED_NAME, &o);
-#ifdef HAVE_BLAS
+#ifdef HAVE_REF_GEMM
     if (!host_selected(devs, ndev))
-        bench_reference(0, OPENBLAS_NAME, &o);
+        bench_reference(0, REF_GEMM_NAME, &o);
 #endif
     for (int d = 0; d < ndev; d++) {
         bench_gemm(devs[d], &o);
@@ -572,8 +568,8 @@ int main(int argc, char **argv)
     int largest = o.sizes[0];
     for (int s = 1; s < o.nsizes; s++)
         largest = o.sizes[s] > largest ? o.sizes[s] : largest;
-    add_ratio("sgemm op / OpenBLAS", "sgemm", OPENBLAS_NAME, largest);
-    add_ratio("blocked C / OpenBLAS", BLOCKED_NAME, OPENBLAS_NAME, largest);
+    add_ratio("sgemm op / " REF_GEMM_LIB, "sgemm", REF_GEMM_NAME, largest);
+    add_ratio("blocked C / " REF_GEMM_LIB, BLOCKED_NAME, REF_GEMM_NAME, largest);
     for (int s = 0; s < ndev; s++)
         for (int d = 0; d < ndev; d++)
             if (s != d && !is_host(devs[s]) && !is_host(devs[d]))

@@ -1,8 +1,8 @@
 /* bench-train: training samples/s of the mlp, the cnn, the resnet and the
  * gpt (tokens/s too) on each device, and, on the host, the share of the
  * step spent in GEMM (mlp, cnn, gpt): the rate the step's GEMMs alone would
- * allow at OpenBLAS's speed (the same shapes as the host runs them, timed
- * with cblas_sgemm in the same run: the convolutions one sample at a time
+ * allow at the host GEMM library's speed (the same shapes as the host runs
+ * them, timed with oneDNN's or OpenBLAS's sgemm in the same run: the convolutions one sample at a time
  * and attention's small matrices shared out among the threads, each GEMM on
  * one) against the measured rate.
  *
@@ -17,9 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef HAVE_BLAS
-#include <cblas.h>
-#endif
+#include "refgemm.h"
 
 /* The models' shapes: the resnet's depth, the gpt's configuration. */
 typedef struct shapes {
@@ -104,7 +102,7 @@ static double train_rate(const char *model, const shapes *sh, ch_device *dev, in
     return batch / median;
 }
 
-#ifdef HAVE_BLAS
+#ifdef HAVE_REF_GEMM
 /* One GEMM of a training step, row-major: C[M,N] = op(A) op(B) (+ C). */
 typedef struct gemm_shape {
     int ta, tb, m, n, k, accumulate;
@@ -215,12 +213,11 @@ static int step_gemms(gemm_shape *g, const char *model, int batch)
 static void one_gemm(const gemm_shape *g, float *const buf[3], int b, int lda, int ldb,
                      size_t sa, size_t sb, size_t sc)
 {
-    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
-                g->tb ? CblasTrans : CblasNoTrans, g->m, g->n, g->k, 1.0f, buf[0] + b * sa, lda,
-                buf[1] + b * sb, ldb, g->accumulate ? 1.0f : 0.0f, buf[2] + b * sc, g->n);
+    ref_sgemm(g->ta, g->tb, g->m, g->n, g->k, 1.0f, buf[0] + b * sa, lda, buf[1] + b * sb, ldb,
+              g->accumulate ? 1.0f : 0.0f, buf[2] + b * sc, g->n);
 }
 
-/* Seconds for a step's GEMMs at OpenBLAS's speed: median of `reps` runs
+/* Seconds for a step's GEMMs at the GEMM library's speed: median of `reps` runs
  * of the whole set. */
 static double gemm_seconds(const char *model, const shapes *sh, int batch, int reps)
 {
@@ -253,7 +250,7 @@ static double gemm_seconds(const char *model, const shapes *sh, int batch, int r
             size_t sa = (size_t)g[i].m * g[i].k, sb = (size_t)g[i].k * g[i].n,
                    sc = (size_t)g[i].m * g[i].n;
             int count = g[i].count > 1 ? g[i].count : 1;
-            /* Not one loop with an if clause: OpenBLAS inside an inactive
+            /* Not one loop with an if clause: a GEMM library inside an inactive
              * region runs many times slower. */
             if (g[i].per_thread) {
 #pragma omp parallel for schedule(static)
@@ -348,7 +345,7 @@ int main(int argc, char **argv)
             double rate = train_rate(models[mi], &sh, devs[d], batch, steps);
             const char *id = ch_device_id(devs[d]);
             double share = -1, bound = -1;
-#ifdef HAVE_BLAS
+#ifdef HAVE_REF_GEMM
             if (strcmp(id, "host") == 0 && mi != 2) {
                 bound = batch / gemm_seconds(models[mi], &sh, batch, steps);
                 share = rate / bound;
@@ -369,7 +366,7 @@ int main(int argc, char **argv)
                 else
                     printf("%-10s %-6s %6d %14.1f %14s\n", id, models[mi], batch, rate, "-");
                 if (share >= 0)
-                    printf("%-10s %-6s %6d %14.1f  GEMM-bound rate at OpenBLAS speed; "
+                    printf("%-10s %-6s %6d %14.1f  GEMM-bound rate at " REF_GEMM_LIB " speed; "
                            "GEMM share %.3f\n",
                            id, models[mi], batch, bound, share);
             }

@@ -30,7 +30,7 @@ libchorus_la_SOURCES = \
 	lib/optim_consts.h
 libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
 	$(MPI_CFLAGS)
-libchorus_la_LIBADD = $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) \
+libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) \
 	$(MPI_LIBS)
 # -version-info current:revision:age (libtool's rules): current goes up
 # with every change that breaks callers built against the previous

@@ -8,6 +8,7 @@
 /* From the OpenMP API (its <omp.h> would be this file on our include path). */
 int omp_get_max_threads(void);
 int omp_get_thread_num(void);
+int omp_get_num_threads(void);
 #define CHI_OMP(x) _Pragma(#x)
 #else
 #define CHI_OMP(x)
@@ -19,6 +20,16 @@ static inline int chi_omp_max_threads(void)
 {
 #ifdef _OPENMP
     return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* The size of the current team: 1 outside a parallel region. */
+static inline int chi_omp_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_num_threads();
 #else
     return 1;
 #endif

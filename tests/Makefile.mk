@@ -24,11 +24,13 @@ TEST_LIBS = tests/libtestutil.la libchorus.la -lm
 # tests and benchmarks call below it is compiled a second time into
 # libraries of their own, never installed:
 # - the core's internals they drive directly: discovery on made-up machines
-#   and the blocked C GEMM (the fallback a build with OpenBLAS never runs);
+#   the blocked C GEMM (the fallback a build with OpenBLAS never runs) and
+#   the host convolution with its oneDNN path;
 noinst_LTLIBRARIES += tests/libchorus-internal.la
-tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c
+tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c \
+	backends/host/conv.c backends/host/conv_dnnl.c
 tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS)
-tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(BLAS_LIBS)
+tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(ONEDNN_LIBS) $(BLAS_LIBS)
 INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)
 # - nn/ with the hooks that inject failures (CHI_TEST_HOOKS), linked ahead
 #   of libchorus: nn/ sits on the public API, so this copy of it drives the

@@ -6,3 +6,10 @@ check_PROGRAMS += tests/test-host-gemm
 tests_test_host_gemm_SOURCES = tests/test-host-gemm.c
 tests_test_host_gemm_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
 tests_test_host_gemm_LDADD = $(INTERNAL_LIBS)
+
+# The host convolution through oneDNN, against a double loop (skips in
+# builds without oneDNN).
+check_PROGRAMS += tests/test-host-conv
+tests_test_host_conv_SOURCES = tests/test-host-conv.c
+tests_test_host_conv_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
+tests_test_host_conv_LDADD = $(INTERNAL_LIBS)

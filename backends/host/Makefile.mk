@@ -1,4 +1,5 @@
-# The host backend: plain C, OpenBLAS for GEMM when configured; built into
+# The host backend: plain C, oneDNN or OpenBLAS for GEMM and oneDNN for
+# convolutions when configured; built into
 # libchorus as the reference every other backend is tested against.
 libchorus_la_SOURCES += \
 	backends/host/host.h \
@@ -8,6 +9,7 @@ libchorus_la_SOURCES += \
 	backends/host/sum.c \
 	backends/host/softmax.c \
 	backends/host/conv.c \
+	backends/host/conv_dnnl.c \
 	backends/host/optim.c \
 	backends/host/attention.c \
 	backends/host/norm.c \

@@ -109,19 +109,38 @@ ch_status chi_host_permute(void *stream, int ndim, const int64_t *xshape, const 
     int64_t len = shape[ndim - 1], step = stride[ndim - 1], rows = numel / len;
     uint32_t *py = (uint32_t *)chi_host_f32(y);
     const uint32_t *px = (const uint32_t *)chi_host_f32(x);
-    CHI_OMP(omp parallel for schedule(static) if (numel > CHI_HOST_PAR_MIN))
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t off = 0, rest = r;
+    /* Each thread takes a run of rows: the first row's index is worked out
+     * by division, the next ones by counting (an odometer over the outer
+     * dimensions); the rows are short (a head's 32 or 64 floats), so they
+     * are copied inline rather than by a memcpy call each. */
+    CHI_OMP(omp parallel if (numel > CHI_HOST_PAR_MIN))
+    {
+        int nt = chi_omp_threads(), t = chi_omp_thread();
+        int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+        int64_t idx[CH_MAX_DIMS] = {0}, off = 0, rest = r0;
         for (int d = ndim - 2; d >= 0; d--) {
-            off += rest % shape[d] * stride[d];
+            idx[d] = rest % shape[d];
+            off += idx[d] * stride[d];
             rest /= shape[d];
         }
-        uint32_t *dst = py + r * len;
-        if (step == 1) {
-            memcpy(dst, px + off, (size_t)len * sizeof *dst);
-        } else {
-            for (int64_t j = 0; j < len; j++)
-                dst[j] = px[off + j * step];
+        for (int64_t r = r0; r < r1; r++) {
+            uint32_t *restrict dst = py + r * len;
+            const uint32_t *restrict src = px + off;
+            if (step == 1) {
+                CHI_OMP(omp simd)
+                for (int64_t j = 0; j < len; j++)
+                    dst[j] = src[j];
+            } else {
+                for (int64_t j = 0; j < len; j++)
+                    dst[j] = src[j * step];
+            }
+            for (int d = ndim - 2; d >= 0; d--) {
+                off += stride[d];
+                if (++idx[d] < shape[d])
+                    break;
+                off -= idx[d] * stride[d];
+                idx[d] = 0;
+            }
         }
     }
     return CH_OK;

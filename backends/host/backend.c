@@ -88,7 +88,9 @@ static ch_status host_props_fill(ch_bdev_props *p)
     p->memory_bytes = (uint64_t)pages * (uint64_t)page_size;
     p->max_alloc_bytes = p->memory_bytes;
     p->compute_units = (int)cpus;
-#ifdef HAVE_BLAS
+#ifdef HAVE_ONEDNN
+    snprintf(p->detail, sizeof p->detail, "GEMM: oneDNN");
+#elif defined(HAVE_BLAS)
     snprintf(p->detail, sizeof p->detail, "GEMM: OpenBLAS");
 #else
     snprintf(p->detail, sizeof p->detail, "GEMM: blocked C");
@@ -113,6 +115,9 @@ static ch_status host_init(void **ctx, int *ndevices)
 
 static void host_shutdown(void *ctx)
 {
+#ifdef HAVE_ONEDNN
+    chi_host_dnnl_shutdown();
+#endif
     free(ctx);
 }
 

@@ -277,6 +277,10 @@ ch_status chi_host_conv2d_workspace(void *stream, const ch_conv_geom *g, int64_t
                                     int backward, int want, size_t *bytes)
 {
     (void)stream;
+#ifdef HAVE_ONEDNN
+    if (chi_host_dnnl_conv_workspace(g, out_channels, backward, want, bytes))
+        return CH_OK;
+#endif
     int64_t per = conv_cols(g);
     if (backward && (want & 2))
         per += round16(out_channels * g->c * g->kh * g->kw);
@@ -378,6 +382,12 @@ ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t o
                                   ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes)
 {
     (void)stream;
+#ifdef HAVE_ONEDNN
+    ch_status dst = chi_host_dnnl_conv_forward(g, out_channels, chi_host_f32(y), chi_host_f32(x),
+                                               chi_host_f32(w), ws.ptr, ws_bytes);
+    if (dst != CH_ERR_UNSUPPORTED)
+        return dst;
+#endif
     float *scratch = chi_host_f32(ws);
     int64_t per = conv_cols(g);
     int slots;
@@ -394,6 +404,13 @@ ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t 
 {
     (void)stream;
     float *pdw = dw.ptr ? chi_host_f32(dw) : NULL, *scratch = chi_host_f32(ws);
+#ifdef HAVE_ONEDNN
+    ch_status dst = chi_host_dnnl_conv_backward(
+        g, out_channels, dx.ptr ? chi_host_f32(dx) : NULL, pdw, beta, chi_host_f32(dy),
+        chi_host_f32(x), chi_host_f32(w), ws.ptr, ws_bytes);
+    if (dst != CH_ERR_UNSUPPORTED)
+        return dst;
+#endif
     int64_t o = out_channels, k = g->c * g->kh * g->kw;
     int64_t cols = conv_cols(g), per = cols + (pdw ? round16(o * k) : 0);
     int slots;

@@ -156,12 +156,51 @@ __attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, con
         y[i] = dy ? dy[i] * gelu_grad(x[i]) : gelu(x[i]);
 }
 
+/* The same sixteen at a time on AVX-512 (libmvec's AVX-512 erfcf and
+ * expf): two thirds of the time of gelu8. fp-contract off as everywhere
+ * else here: the same expression, no fused multiply-adds the AVX2 build
+ * does not have. */
+typedef float v16f __attribute__((vector_size(64)));
+__attribute__((target("avx512f"))) v16f _ZGVeN16v_erfcf(v16f x);
+__attribute__((target("avx512f"))) v16f _ZGVeN16v_expf(v16f x);
+
+__attribute__((target("avx512f"))) static v16f load16(const float *p)
+{
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+__attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy,
+                                                      const float *x, int64_t n)
+{
+    int64_t body = n / 16 * 16;
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+    for (int64_t i = 0; i < body; i += 16) {
+        v16f v = load16(x + i), e, gauss, out;
+        v16f xc = (v16f)_mm512_min_ps(_mm512_max_ps((__m512)v, _mm512_set1_ps(-64.0f)),
+                                      _mm512_set1_ps(64.0f));
+        GELU_PIECES(v, xc, _ZGVeN16v_erfcf, _ZGVeN16v_expf, e, gauss);
+        if (dy)
+            out = load16(dy + i) * (0.5f * e + v * (float)INV_SQRT_2PI * gauss);
+        else
+            out = 0.5f * v * e;
+        memcpy(y + i, &out, sizeof out);
+    }
+    for (int64_t i = body; i < n; i++)
+        y[i] = dy ? dy[i] * gelu_grad(x[i]) : gelu(x[i]);
+}
+
 #endif
 
 /* 1 when the GELU went eight at a time. */
 static int gelu_vector(float *y, const float *dy, const float *x, int64_t n)
 {
 #ifdef HAVE_LIBMVEC
+    if (__builtin_cpu_supports("avx512f")) {
+        gelu16(y, dy, x, n);
+        return 1;
+    }
     if (__builtin_cpu_supports("avx2")) {
         gelu8(y, dy, x, n);
         return 1;

@@ -1,4 +1,4 @@
-/* Host GEMM: OpenBLAS when the build has it, otherwise (and always for
+/* Host GEMM: oneDNN's sgemm or OpenBLAS when the build has one, otherwise (and always for
  * chi_host_sgemm_blocked) a blocked, packed GEMM in plain C.
  *
  * The blocked GEMM follows the BLIS/GotoBLAS layering: op(B) is packed by
@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef HAVE_BLAS
+#ifdef HAVE_ONEDNN
+#include <dnnl.h>
+#elif defined(HAVE_BLAS)
 #include <cblas.h>
 #include <limits.h>
 #endif
@@ -310,43 +312,61 @@ ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n,
     return st;
 }
 
-#ifdef HAVE_BLAS
-static int fits_blas_int(int64_t x)
+#ifdef HAVE_ONEDNN
+/* The product through dnnl_sgemm (row-major, 64-bit sizes). Inside one of
+ * our OpenMP regions oneDNN's OpenMP build runs it on the calling thread. */
+static ch_status lib_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                           float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    return x <= INT_MAX;
+    dnnl_status_t s = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
+                                 lda, b, ldb, beta, c, ldc);
+    if (s == dnnl_success)
+        return CH_OK;
+    return chi_error(s == dnnl_out_of_memory ? CH_ERR_OUT_OF_MEMORY : CH_ERR_INTERNAL,
+                     "host GEMM: dnnl_sgemm(%c%c, %lld x %lld x %lld) failed with oneDNN "
+                     "status %d",
+                     trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', (long long)m, (long long)n,
+                     (long long)k, (int)s);
 }
-#endif
-
-#ifdef HAVE_BLAS
-/* The product through cblas_sgemm when it takes these sizes (int); 0 when
- * it does not, for the blocked GEMM to do it. */
-static int blas_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                      float *c, int64_t ldc)
+#define HAVE_LIB_SGEMM 1
+#define LIB_SGEMM_SERIAL_IN_REGION 1
+#elif defined(HAVE_BLAS)
+/* The product through cblas_sgemm when it takes these sizes (int);
+ * CH_ERR_LIMIT when it does not, for the blocked GEMM to do it. */
+static ch_status lib_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                           float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (!(fits_blas_int(m) && fits_blas_int(n) && fits_blas_int(k) && fits_blas_int(lda) &&
-          fits_blas_int(ldb) && fits_blas_int(ldc)))
-        return 0;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX)
+        return CH_ERR_LIMIT;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda,
                 b, (int)ldb, beta, c, (int)ldc);
-    return 1;
+    return CH_OK;
 }
+#define HAVE_LIB_SGEMM 1
+/* OpenBLAS's OpenMP and serial builds run a call made inside a parallel
+ * region on the calling thread; its pthreads build would wake its own
+ * threads from each of ours. */
+#define LIB_SGEMM_SERIAL_IN_REGION (openblas_get_parallel() != 1)
 #endif
 
-/* Inside a parallel region, OpenBLAS's OpenMP and serial builds run the
- * call on the calling thread; its pthreads build would wake its own
- * threads from each of ours, so there the blocked C GEMM does it (its own
- * region, nested in ours, is one thread). Outside a region this is
- * chi_host_gemm's product. */
+/* Inside a parallel region: the library's GEMM where it runs the call on
+ * the calling thread, otherwise the blocked C GEMM (its own region, nested
+ * in ours, is one thread). Outside a region this is chi_host_gemm's
+ * product. */
 ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                                float alpha, const float *a, int64_t lda, const float *b,
                                int64_t ldb, float beta, float *c, int64_t ldc)
 {
-#ifdef HAVE_BLAS
-    if (openblas_get_parallel() != 1 &&
-        blas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
-        return CH_OK;
+#ifdef HAVE_LIB_SGEMM
+    if (LIB_SGEMM_SERIAL_IN_REGION) {
+        ch_status st = lib_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        if (st != CH_ERR_LIMIT)
+            return st;
+    }
 #endif
     return chi_host_sgemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                                   ldc);
@@ -357,11 +377,12 @@ ch_status chi_host_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64
                         int64_t ldb, float beta, ch_bmem c, int64_t ldc)
 {
     (void)stream;
-#ifdef HAVE_BLAS
-    /* OpenBLAS takes int sizes; anything larger goes to the blocked GEMM. */
-    if (blas_sgemm(trans_a, trans_b, m, n, k, alpha, chi_host_f32(a), lda, chi_host_f32(b), ldb,
-                   beta, chi_host_f32(c), ldc))
-        return CH_OK;
+#ifdef HAVE_LIB_SGEMM
+    /* Sizes OpenBLAS cannot take (int) go to the blocked GEMM. */
+    ch_status st = lib_sgemm(trans_a, trans_b, m, n, k, alpha, chi_host_f32(a), lda,
+                             chi_host_f32(b), ldb, beta, chi_host_f32(c), ldc);
+    if (st != CH_ERR_LIMIT)
+        return st;
 #endif
     return chi_host_sgemm_blocked(trans_a, trans_b, m, n, k, alpha, chi_host_f32(a),
                                   lda, chi_host_f32(b), ldb, beta, chi_host_f32(c),

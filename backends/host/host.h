@@ -116,6 +116,20 @@ ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t o
 ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t out_channels,
                                    ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,
                                    ch_bmem w, ch_bmem ws, size_t ws_bytes);
+/* conv_dnnl.c (builds with oneDNN): the convolution through oneDNN's
+ * primitives. The workspace query answers 0 for a shape oneDNN does not
+ * take; the calls then return CH_ERR_UNSUPPORTED without a message, and
+ * conv.c's im2col convolution does it. */
+#ifdef HAVE_ONEDNN
+int chi_host_dnnl_conv_workspace(const ch_conv_geom *g, int64_t out_channels, int backward,
+                                 int want, size_t *bytes);
+ch_status chi_host_dnnl_conv_forward(const ch_conv_geom *g, int64_t out_channels, float *y,
+                                     const float *x, const float *w, void *ws, size_t ws_bytes);
+ch_status chi_host_dnnl_conv_backward(const ch_conv_geom *g, int64_t out_channels, float *dx,
+                                      float *dw, float beta, const float *dy, const float *x,
+                                      const float *w, void *ws, size_t ws_bytes);
+void chi_host_dnnl_shutdown(void);
+#endif
 ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
                                    ch_bmem idx, ch_bmem x);
 ch_status chi_host_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,

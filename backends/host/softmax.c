@@ -21,6 +21,9 @@ static ch_status check_labels(const char *fn, const int32_t *labels, int64_t n,
     return CH_OK;
 }
 
+/* Rows up to this many classes keep their exponentials (on the stack). */
+#define SOFTMAX_ROW_KEEP 1024
+
 /* One row: probs = softmax(logits) after subtracting the row's max (so exp
  * never overflows); returns -log probs[label]. */
 static double softmax_row(float *probs, const float *logits, int64_t c, int32_t label)
@@ -29,11 +32,16 @@ static double softmax_row(float *probs, const float *logits, int64_t c, int32_t 
     for (int64_t j = 1; j < c; j++)
         if (logits[j] > max)
             max = logits[j];
-    double sum = 0.0;
+    double sum = 0.0, e[SOFTMAX_ROW_KEEP];
+    int keep = c <= SOFTMAX_ROW_KEEP; /* each exp computed once, kept for the division */
+    for (int64_t j = 0; j < c; j++) {
+        double ej = exp((double)logits[j] - max);
+        if (keep)
+            e[j] = ej;
+        sum += ej;
+    }
     for (int64_t j = 0; j < c; j++)
-        sum += exp((double)logits[j] - max);
-    for (int64_t j = 0; j < c; j++)
-        probs[j] = (float)(exp((double)logits[j] - max) / sum);
+        probs[j] = (float)((keep ? e[j] : exp((double)logits[j] - max)) / sum);
     return log(sum) - ((double)logits[label] - max);
 }
 

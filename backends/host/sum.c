@@ -17,6 +17,7 @@
 #define SUM_CHUNK 8192 /* elements per partial sum of a long reduction */
 #define LANES 8        /* independent accumulators inside a chunk */
 #define COL_BLOCK 64   /* outputs one task sums side by side (strided sums) */
+#define ROW_RUN 16     /* rows summed in float before a double add (bias_grad) */
 
 /* x[0..len) in double, LANES interleaved accumulators added pairwise:
  * a fixed order that still lets the compiler vectorise. */
@@ -150,12 +151,21 @@ ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inn
         int64_t c0 = b * block, count = c - c0 < block ? c - c0 : block;
         double acc[COL_BLOCK] = {0};
         if (inner == 1) {
-            /* dy is [outer, c] (Linear): rows in order, side by side. */
-            for (int64_t o = 0; o < outer; o++) {
-                const float *row = pdy + o * c + c0;
+            /* dy is [outer, c] (Linear): rows in order, side by side, in
+             * float over runs of ROW_RUN rows, each run's sums then added
+             * in double (a conversion per run, not per element). */
+            for (int64_t o0 = 0; o0 < outer; o0 += ROW_RUN) {
+                int64_t o1 = outer - o0 < ROW_RUN ? outer : o0 + ROW_RUN;
+                float run[COL_BLOCK] = {0};
+                for (int64_t o = o0; o < o1; o++) {
+                    const float *row = pdy + o * c + c0;
+                    CHI_OMP(omp simd)
+                    for (int64_t t = 0; t < count; t++)
+                        run[t] += row[t];
+                }
                 CHI_OMP(omp simd)
                 for (int64_t t = 0; t < count; t++)
-                    acc[t] += row[t];
+                    acc[t] += run[t];
             }
         } else {
             for (int64_t o = 0; o < outer; o++)
