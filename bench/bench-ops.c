@@ -2,7 +2,8 @@
  * references measured in the same run: the host's GEMM library (oneDNN's
  * dnnl_sgemm or OpenBLAS's cblas_sgemm) called directly and the host's blocked C GEMM.
  *
- * Per device: SGEMM GFLOP/s (square, no transpose), GB/s of add, scale
+ * Per device: SGEMM GFLOP/s (square, no transpose), the same product with
+ * bf16 and f16 inputs (f32 sums, an f32 result), GB/s of add, scale
  * (axpby) and relu; per pair of non-host devices the ch_copy bandwidth;
  * per non-host device upload and download from pageable and pinned memory.
  * Every number is the median of several timed runs after a warm-up, each
@@ -262,10 +263,40 @@ static void bench_gemm_size(ch_device *dev, int64_t n, const options *o)
     ref_free(&r);
 }
 
+/* The same square product with bf16 or f16 a and b and an f32 c (f32
+ * sums): "bf16 gemm" and "f16 gemm" rows beside "sgemm". */
+static void bench_gemm_half(ch_device *dev, ch_dtype dt, int64_t n, const options *o)
+{
+    const char *id = ch_device_id(dev);
+    const char *name = dt == CH_BF16 ? "bf16 gemm" : "f16 gemm";
+    gemm_work g = {dev, NULL, NULL, NULL};
+    work w[1] = {{gemm_run, &g, 0.0}};
+    ch_tensor *fa = NULL, *fb = NULL;
+    int64_t shape[2] = {n, n};
+    double flop = 2.0 * (double)n * (double)n * (double)n;
+    if (check(tensor_square(&fa, dev, n, 1), "%s: %lldx%lld tensor", id, (long long)n,
+              (long long)n) &&
+        check(tensor_square(&fb, dev, n, 2), "%s: tensor", id) &&
+        check(tensor_square(&g.c, dev, n, 3), "%s: tensor", id) &&
+        check(ch_tensor_new(&g.a, dev, dt, 2, shape), "%s: %s tensor", id, name) &&
+        check(ch_tensor_new(&g.b, dev, dt, 2, shape), "%s: %s tensor", id, name) &&
+        check(ch_cast(g.a, fa), "%s: cast", id) && check(ch_cast(g.b, fb), "%s: cast", id) &&
+        check(time_medians(w, 1, 2, reps_for(o)), "%s: %s %lld", id, name, (long long)n))
+        add_result(id, name, n, flop / w[0].secs * 1e-9, "GFLOP/s");
+    ch_tensor_free(fa);
+    ch_tensor_free(fb);
+    ch_tensor_free(g.a);
+    ch_tensor_free(g.b);
+    ch_tensor_free(g.c);
+}
+
 static void bench_gemm(ch_device *dev, const options *o)
 {
-    for (int s = 0; s < o->nsizes; s++)
+    for (int s = 0; s < o->nsizes; s++) {
         bench_gemm_size(dev, o->sizes[s], o);
+        bench_gemm_half(dev, CH_BF16, o->sizes[s], o);
+        bench_gemm_half(dev, CH_F16, o->sizes[s], o);
+    }
 }
 
 /* ---- elementwise ops ------------------------------------------------------------ */

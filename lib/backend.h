@@ -45,7 +45,7 @@ extern "C" {
 
 /* Changes whenever the table below or an enum a slot takes changes: a
  * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 6
+#define CH_BACKEND_ABI_VERSION 7
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -324,6 +324,19 @@ typedef struct ch_backend_i {
     ch_status (*bf16_to_f32)(void *stream, int64_t n, ch_bmem y, ch_bmem x);
     ch_status (*f32_to_f16)(void *stream, int64_t n, ch_bmem y, ch_bmem x);
     ch_status (*f16_to_f32)(void *stream, int64_t n, ch_bmem y, ch_bmem x);
+
+    /* ---- GEMM in half precision (optional, added in ABI version 7) ----
+     * gemm_batched's product (count matrices; count 1 is one GEMM and the
+     * strides are then not used) with A and B in `ab` (CH_BF16 or CH_F16)
+     * and C in `cd` (CH_F32 or ab), the products summed in f32 (tensor
+     * cores where there are some). A combination the backend does not run
+     * returns CH_ERR_UNSUPPORTED: the core then widens A and B to f32
+     * (the conversion slots above) and runs gemm or gemm_batched, so every
+     * backend multiplies half tensors, this slot only faster. */
+    ch_status (*gemm_half)(void *stream, int ab, int cd, int trans_a, int trans_b, int64_t count,
+                           int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                           int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
+                           float beta, ch_bmem c, int64_t ldc, int64_t stride_c);
 } ch_backend_i;
 
 typedef const ch_backend_i *(*ch_backend_entry_fn)(void);

@@ -108,6 +108,13 @@ ch_status chi_stream_sync_all(ch_device *dev);
 void *chi_current_stream(ch_device *dev);
 ch_bmem chi_mem(const ch_tensor *t);
 
+/* ch_gemm and ch_gemm_batched with half tensors (lib/ops.c). */
+ch_status chi_gemm_dtypes(const char *fn, const ch_tensor *c, const ch_tensor *a,
+                          const ch_tensor *b);
+ch_status chi_gemm_half(const char *fn, ch_tensor *c, int trans_a, int trans_b, float alpha,
+                        const ch_tensor *a, const ch_tensor *b, float beta, int64_t count,
+                        int64_t m, int64_t n, int64_t k);
+
 ch_status chi_alloc(ch_device *dev, size_t bytes, void **ptr);
 void chi_free(ch_device *dev, void *ptr, size_t bytes);
 void chi_alloc_init(chi_allocator *a);

@@ -73,12 +73,89 @@ ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x)
 
 /* ---- GEMM ------------------------------------------------------------------- */
 
+/* ch_gemm's and ch_gemm_batched's dtypes: a and b alike (f32, bf16 or
+ * f16), c f32 or a's dtype. */
+ch_status chi_gemm_dtypes(const char *fn, const ch_tensor *c, const ch_tensor *a,
+                          const ch_tensor *b)
+{
+    if (a->dtype != CH_F32 && a->dtype != CH_BF16 && a->dtype != CH_F16)
+        return chi_error(CH_ERR_DTYPE, "%s: a is %s, expected f32, bf16 or f16", fn,
+                         ch_dtype_name(a->dtype));
+    if (b->dtype != a->dtype)
+        return chi_error(CH_ERR_DTYPE, "%s: a is %s but b is %s, expected the same dtype", fn,
+                         ch_dtype_name(a->dtype), ch_dtype_name(b->dtype));
+    if (c->dtype != CH_F32 && c->dtype != a->dtype)
+        return chi_error(CH_ERR_DTYPE, "%s: c is %s, expected f32 or a's %s", fn,
+                         ch_dtype_name(c->dtype), ch_dtype_name(a->dtype));
+    return CH_OK;
+}
+
+/* x as f32: x itself when it is f32, else *tmp, a new f32 copy (with x's
+ * values when `fill`), for the caller to free. */
+static ch_status widened(const ch_tensor *x, int fill, ch_tensor **tmp, ch_tensor **out)
+{
+    *tmp = NULL;
+    if (x->dtype == CH_F32) {
+        *out = (ch_tensor *)x;
+        return CH_OK;
+    }
+    TRY(ch_tensor_new(tmp, x->dev, CH_F32, x->ndim, x->shape));
+    ch_status st = fill ? ch_cast(*tmp, x) : CH_OK;
+    if (st != CH_OK) {
+        ch_tensor_free(*tmp);
+        *tmp = NULL;
+        return st;
+    }
+    *out = *tmp;
+    return CH_OK;
+}
+
+/* The product when a tensor is half (shapes checked, sizes m, n, k over
+ * `count` matrices; count 0: ch_gemm's one 2-D product): the backend's
+ * gemm_half, or a and b widened to f32 and the f32 GEMM into c or, when c
+ * is half, into an f32 copy of it narrowed afterwards. */
+ch_status chi_gemm_half(const char *fn, ch_tensor *c, int trans_a, int trans_b, float alpha,
+                        const ch_tensor *a, const ch_tensor *b, float beta, int64_t count,
+                        int64_t m, int64_t n, int64_t k)
+{
+    const ch_backend_i *be = BE(c);
+    int last = a->ndim - 1;
+    if (be->gemm_half) {
+        ch_status st = be->gemm_half(
+            STREAM(c), a->dtype, c->dtype, trans_a != 0, trans_b != 0, count ? count : 1, m, n,
+            k, alpha, chi_mem(a), a->shape[last], count ? a->shape[1] * a->shape[2] : 0,
+            chi_mem(b), b->shape[last], count ? b->shape[1] * b->shape[2] : 0, beta, chi_mem(c),
+            n, count ? m * n : 0);
+        if (st != CH_ERR_UNSUPPORTED)
+            return st;
+    }
+    ch_tensor *ta = NULL, *tb = NULL, *tc = NULL, *a32, *b32, *c32;
+    ch_status st = widened(a, 1, &ta, &a32);
+    if (st == CH_OK)
+        st = widened(b, 1, &tb, &b32);
+    if (st == CH_OK)
+        st = widened(c, beta != 0.0f, &tc, &c32);
+    if (st == CH_OK)
+        st = count ? ch_gemm_batched(c32, trans_a, trans_b, alpha, a32, b32, beta)
+                   : ch_gemm(c32, trans_a, trans_b, alpha, a32, b32, beta);
+    if (st == CH_OK && tc)
+        st = ch_cast(c, tc);
+    ch_tensor_free(ta);
+    ch_tensor_free(tb);
+    ch_tensor_free(tc);
+    if (st != CH_OK)
+        return chi_error(st, "%s (%s inputs, %s output): %s", fn, ch_dtype_name(a->dtype),
+                         ch_dtype_name(c->dtype), ch_last_error());
+    return CH_OK;
+}
+
 ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_tensor *a,
                   const ch_tensor *b, float beta)
 {
     static const char fn[] = "ch_gemm";
-    arg args[] = {{"c", c, CH_F32, 0}, {"a", a, CH_F32, 0}, {"b", b, CH_F32, 0}};
+    arg args[] = {{"c", c, ANY, 0}, {"a", a, ANY, 0}, {"b", b, ANY, 0}};
     TRY(check_args(fn, args, NARGS(args)));
+    TRY(chi_gemm_dtypes(fn, c, a, b));
     if (a->ndim != 2 || b->ndim != 2 || c->ndim != 2)
         return chi_error(CH_ERR_SHAPE, "%s: %s has %d dimensions, expected 2", fn,
                          a->ndim != 2 ? "a" : b->ndim != 2 ? "b" : "c",
@@ -96,6 +173,8 @@ ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_
                          (long long)n);
     TRY(no_alias(fn, "c", c, "a", a));
     TRY(no_alias(fn, "c", c, "b", b));
+    if (a->dtype != CH_F32 || c->dtype != CH_F32)
+        return chi_gemm_half(fn, c, trans_a, trans_b, alpha, a, b, beta, 0, m, n, k);
     SLOT(fn, c, gemm);
     return BE(c)->gemm(STREAM(c), trans_a != 0, trans_b != 0, m, n, k, alpha, chi_mem(a),
                        a->shape[1], chi_mem(b), b->shape[1], beta, chi_mem(c), n);

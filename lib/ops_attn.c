@@ -21,8 +21,9 @@ ch_status ch_gemm_batched(ch_tensor *c, int trans_a, int trans_b, float alpha,
                           const ch_tensor *a, const ch_tensor *b, float beta)
 {
     static const char fn[] = "ch_gemm_batched";
-    arg args[] = {{"c", c, CH_F32, 0}, {"a", a, CH_F32, 0}, {"b", b, CH_F32, 0}};
+    arg args[] = {{"c", c, ANY, 0}, {"a", a, ANY, 0}, {"b", b, ANY, 0}};
     TRY(check_args(fn, args, NARGS(args)));
+    TRY(chi_gemm_dtypes(fn, c, a, b));
     TRY(check_3d(fn, "c", c));
     TRY(check_3d(fn, "a", a));
     TRY(check_3d(fn, "b", b));
@@ -44,6 +45,8 @@ ch_status ch_gemm_batched(ch_tensor *c, int trans_a, int trans_b, float alpha,
                          (long long)batch, (long long)m, (long long)n);
     TRY(no_alias(fn, "c", c, "a", a));
     TRY(no_alias(fn, "c", c, "b", b));
+    if (a->dtype != CH_F32 || c->dtype != CH_F32)
+        return chi_gemm_half(fn, c, trans_a, trans_b, alpha, a, b, beta, batch, m, n, k);
     SLOT(fn, c, gemm_batched);
     return BE(c)->gemm_batched(STREAM(c), trans_a != 0, trans_b != 0, batch, m, n, k, alpha,
                                chi_mem(a), a->shape[2], a->shape[1] * a->shape[2], chi_mem(b),

@@ -109,6 +109,12 @@ static json_t *metadata_json(const ch_optimizer *opt, const ch_train_state *stat
             snprintf(buf, sizeof buf, "%.9g", state->input_std);
             json_object_set_new(meta, "input_std", json_string(buf));
         }
+        if (state->loss_scale > 0.0f) {
+            snprintf(buf, sizeof buf, "%.9g", state->loss_scale);
+            json_object_set_new(meta, "loss_scale", json_string(buf));
+            snprintf(buf, sizeof buf, "%" PRId64, state->loss_scale_clean);
+            json_object_set_new(meta, "loss_scale_clean", json_string(buf));
+        }
     }
     if (opt) {
         json_object_set_new(meta, "optimizer", json_string(opt_kind_name(nn_optimizer_kind(opt))));
@@ -644,6 +650,14 @@ ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *o
         state->seed = seed ? strtoull(seed, NULL, 10) : 0;
         state->input_mean = input.mean;
         state->input_std = input.std;
+        const char *scale = meta_str(&f, "loss_scale");
+        state->loss_scale = scale ? strtof(scale, NULL) : 0.0f;
+        state->loss_scale_clean = scale ? meta_int(&f, "loss_scale_clean") : 0;
+        if (!(state->loss_scale >= 0.0f) || !isfinite(state->loss_scale) ||
+            state->loss_scale_clean < 0)
+            st = chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: loss_scale \"%s\" with %lld "
+                           "clean steps, expected a positive number and a count >= 0",
+                           path, scale, (long long)state->loss_scale_clean);
     }
     if (f.f)
         fclose(f.f);

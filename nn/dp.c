@@ -89,6 +89,8 @@ typedef struct replica {
     double xwait;             /* of its compute, seconds spent waiting for the
                                  other replicas' BatchNorm sums */
     uint64_t checksum;
+    int overflow;             /* fp16: its reduced gradients were not finite */
+    ch_tensor *finite;        /* fp16: a bucket's sum, for the check */
     float *xbuf;              /* BatchNorm's sums, exchanged through the host */
     double *xsum;
     int64_t xcap;
@@ -133,7 +135,10 @@ struct ch_dp {
     const ch_batch *batch;
     ch_tensor *out;           /* predict */
     float lr;
-    float loss_scale;         /* 1 / accumulate */
+    float loss_scale;         /* the loss's gradient factor: scaler / accumulate */
+    float scaler;             /* fp16's dynamic loss scale (1 otherwise) */
+    int scaler_clean;         /* clean steps since it last changed */
+    int64_t skipped;          /* steps skipped for an overflow */
     float grad_rescale;       /* flush: accumulate / micro-batches there are */
 
     int64_t step;             /* updates so far */
@@ -684,12 +689,64 @@ static ch_status param_checksum(replica *r)
     return st;
 }
 
+/* fp16: whether every reduced gradient is finite, through each bucket's
+ * sum (an infinity or a NaN anywhere makes it one). The buckets hold the
+ * same bits on every replica of the job, so every replica decides alike. */
+static ch_status grads_finite(replica *r, int *finite)
+{
+    ch_dp *dp = r->dp;
+    int64_t one = 1;
+    *finite = 1;
+    if (!r->finite)
+        TRY(ch_tensor_new(&r->finite, r->dev, CH_F32, 1, &one));
+    for (int b = 0; *finite && b < dp->nbuckets; b++) {
+        float sum;
+        TRY(ch_sum(r->finite, r->grads[b], 0));
+        TRY(ch_tensor_download(r->finite, &sum, sizeof sum));
+        *finite = isfinite(sum);
+    }
+    return CH_OK;
+}
+
 static ch_status update(replica *r)
 {
     ch_dp *dp = r->dp;
-    for (int b = 0; dp->grad_rescale != 1.0f && b < dp->nbuckets; b++)
-        TRY(ch_scale(r->grads[b], r->grads[b], dp->grad_rescale));
+    /* The mean over the micro-batches, and fp16's loss scale undone. */
+    float unscale = dp->grad_rescale / dp->scaler;
+    for (int b = 0; unscale != 1.0f && b < dp->nbuckets; b++)
+        TRY(ch_scale(r->grads[b], r->grads[b], unscale));
+    r->overflow = 0;
+    if (dp->o.precision == CH_F16) {
+        int finite;
+        TRY(grads_finite(r, &finite));
+        r->overflow = !finite;
+        if (r->overflow)
+            return CH_OK; /* skipped: parameters and optimizer untouched */
+    }
     return ch_optimizer_step(r->opt, dp->lr);
+}
+
+/* fp16, after an update: GradScaler's rule for the next step's scale. */
+static void rescale(ch_dp *dp)
+{
+    if (dp->o.precision != CH_F16)
+        return;
+    int overflow = 0;
+    for (int i = 0; i < dp->n; i++)
+        overflow |= dp->r[i].overflow;
+    if (overflow) {
+        dp->scaler *= 0.5f;
+        dp->scaler_clean = 0;
+        dp->skipped++;
+        return;
+    }
+    int interval = dp->o.loss_scale_interval > 0 ? dp->o.loss_scale_interval : 2000;
+    if (++dp->scaler_clean >= interval) {
+        float grown = dp->scaler * 2.0f;
+        if (isfinite(grown))
+            dp->scaler = grown;
+        dp->scaler_clean = 0;
+    }
 }
 
 /* Across processes, after this replica failed in its forward or
@@ -884,6 +941,15 @@ static ch_status check_options(const ch_dp_options *o, int n)
     if (o->sample_ndim < 1 || o->sample_ndim > CH_MAX_DIMS - 1)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->sample_ndim is %d, "
                          "expected 1 to %d", o->sample_ndim, CH_MAX_DIMS - 1);
+    if (o->precision != CH_F32 && o->precision != CH_BF16 && o->precision != CH_F16)
+        return chi_error(CH_ERR_DTYPE, "ch_dp_new: options->precision is %s, expected f32, "
+                         "bf16 or f16", ch_dtype_name(o->precision));
+    if (!(o->loss_scale >= 0.0f) || !isfinite(o->loss_scale))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->loss_scale is %g, "
+                         "expected a finite number >= 0 (0: 65536)", o->loss_scale);
+    if (o->loss_scale_interval < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->loss_scale_interval "
+                         "is %d, expected >= 0 (0: 2000)", o->loss_scale_interval);
     return CH_OK;
 }
 
@@ -897,6 +963,7 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
     TRY(ch_stream_new(&r->comm, dev));
     /* The clone is made on this thread; its ops go to the replica's stream. */
     TRY(ch_module_clone(&r->model, model, dev));
+    TRY(ch_module_set_precision(r->model, dp->o.precision));
     r->grads = calloc((size_t)dp->nbuckets, sizeof *r->grads);
     if (!r->grads)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
@@ -988,6 +1055,8 @@ typedef struct joining {
     int64_t numel;
     int32_t nparams, nbuckets, nbuffers, split;
     int32_t accumulate, batchnorm_local, sample_dtype, sample_ndim;
+    int32_t precision, loss_scale_interval;
+    float loss_scale;
     int64_t sample_shape[CH_MAX_DIMS];
     int64_t labels_per_sample;
     uint64_t span_bytes;      /* ch_reducer_span_bytes: 0 when it cannot span */
@@ -1008,6 +1077,9 @@ static const char *disagreement(const joining *a, const joining *z)
         return "options->accumulate";
     if (a->batchnorm_local != z->batchnorm_local)
         return "options->batchnorm_local";
+    if (a->precision != z->precision || a->loss_scale != z->loss_scale ||
+        a->loss_scale_interval != z->loss_scale_interval)
+        return "the precision (options->precision, loss_scale or loss_scale_interval)";
     if (a->sample_dtype != z->sample_dtype || a->sample_ndim != z->sample_ndim ||
         memcmp(a->sample_shape, z->sample_shape, sizeof a->sample_shape) != 0 ||
         a->labels_per_sample != z->labels_per_sample)
@@ -1031,6 +1103,9 @@ static ch_status join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **w
     mine.split = o->split;
     mine.accumulate = o->accumulate > 1 ? o->accumulate : 1;
     mine.batchnorm_local = o->batchnorm_local != 0;
+    mine.precision = o->precision;
+    mine.loss_scale = o->loss_scale;
+    mine.loss_scale_interval = o->loss_scale_interval;
     mine.sample_dtype = o->sample_dtype;
     mine.sample_ndim = o->sample_ndim;
     memcpy(mine.sample_shape, o->sample_shape, sizeof mine.sample_shape);
@@ -1207,6 +1282,9 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     dp->nall = n;
     injected_clear(dp, 1);
     dp->grad_rescale = 1.0f;
+    dp->scaler = options->precision != CH_F16 ? 1.0f
+                 : options->loss_scale > 0.0f ? options->loss_scale
+                                              : 65536.0f;
     dp->numel = ch_module_param_numel(model);
     dp->r = calloc((size_t)n, sizeof *dp->r);
     st = dp->r ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
@@ -1281,6 +1359,7 @@ void ch_dp_free(ch_dp *dp)
         ch_tensor_free(r->x);
         ch_tensor_free(r->labels);
         ch_tensor_free(r->pred);
+        ch_tensor_free(r->finite);
         free(r->pred_host);
         free(r->xbuf);
         free(r->xsum);
@@ -1526,7 +1605,7 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     dp->batch = batch;
     dp->lr = lr;
     dp->sync = sync;
-    dp->loss_scale = 1.0f / (float)k;
+    dp->loss_scale = dp->scaler / (float)k;
     dp->grad_rescale = batch ? 1.0f : (float)k / (float)dp->micro;
     if (batch) {
         split(dp, batch->count);
@@ -1572,6 +1651,7 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     dp->micro = 0;
     dp->micro_samples = 0;
     dp->step++;
+    rescale(dp);
     int buffers = ch_module_buffer_count(dp->r[0].model) > 0;
     dp->buffers_stale = dp->n > 1 && buffers;
     dp->ranks_stale = dp->ranks > 1 && dp->o.batchnorm_local && buffers;
@@ -1592,6 +1672,35 @@ ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr)
 }
 
 int ch_dp_pending(const ch_dp *dp) { return dp ? dp->micro : 0; }
+
+ch_status ch_dp_loss_scale(const ch_dp *dp, float *scale, int *clean_steps, int64_t *skipped)
+{
+    if (!dp)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_loss_scale: dp is NULL");
+    if (scale)
+        *scale = dp->scaler;
+    if (clean_steps)
+        *clean_steps = dp->scaler_clean;
+    if (skipped)
+        *skipped = dp->skipped;
+    return CH_OK;
+}
+
+ch_status ch_dp_set_loss_scale(ch_dp *dp, float scale, int clean_steps)
+{
+    if (!dp)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_set_loss_scale: dp is NULL");
+    if (dp->o.precision != CH_F16)
+        return chi_error(CH_ERR_STATE, "ch_dp_set_loss_scale: the dp trains in %s; only f16 "
+                         "scales its loss", ch_dtype_name(dp->o.precision));
+    if (!(scale > 0.0f) || !isfinite(scale) || clean_steps < 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_set_loss_scale: scale %g, clean "
+                         "steps %d: expected a positive finite scale and a count >= 0",
+                         scale, clean_steps);
+    dp->scaler = scale;
+    dp->scaler_clean = clean_steps;
+    return CH_OK;
+}
 
 ch_status ch_dp_flush(ch_dp *dp, float lr)
 {

@@ -334,9 +334,14 @@ static ch_status gpt_forward(ch_module *m, const ch_tensor *idx)
     nn_param *w = tied_weight(m);
     int64_t shape[2] = {ch_tensor_numel(idx), ch_tensor_dim(w->value, 0)};
     TRY(nn_ensure(&m->y, m->dev, CH_F32, 2, shape));
+    /* Mixed precision: the hidden states and the tied weight rounded to
+     * the half format (tmp[1], kept for backward, and tmp[2]). */
+    const ch_tensor *hh, *wh;
+    TRY(nn_half(&m->tmp[1], m, tr->y, &hh));
+    TRY(nn_half(&m->tmp[2], m, w->value, &wh));
     ch_tensor *h = NULL;
-    TRY(token_rows(&h, tr->y));
-    ch_status st = ch_gemm(m->y, 0, 1, 1.0f, h, w->value, 0.0f);
+    TRY(token_rows(&h, hh));
+    ch_status st = ch_gemm(m->y, 0, 1, 1.0f, h, wh, 0.0f);
     ch_tensor_free(h);
     return st;
 }
@@ -349,14 +354,17 @@ static ch_status gpt_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     int64_t shape[CH_MAX_DIMS];
     nn_shape(tr->y, shape);
     TRY(nn_ensure(&m->tmp[0], m->dev, CH_F32, ch_tensor_ndim(tr->y), shape));
+    int half = m->precision != CH_F32;
+    const ch_tensor *dyh;
+    TRY(nn_half(&m->tmp[3], m, dy, &dyh));
     ch_tensor *h = NULL, *dh = NULL;
-    ch_status st = token_rows(&h, tr->y);
+    ch_status st = token_rows(&h, half ? m->tmp[1] : tr->y);
     if (st == CH_OK)
         st = token_rows(&dh, m->tmp[0]);
     if (st == CH_OK) /* the output's share of the tied gradient */
-        st = ch_gemm(w->grad, 1, 0, 1.0f, dy, h, 1.0f);
+        st = ch_gemm(w->grad, 1, 0, 1.0f, dyh, h, 1.0f);
     if (st == CH_OK)
-        st = ch_gemm(dh, 0, 0, 1.0f, dy, w->value, 0.0f);
+        st = ch_gemm(dh, 0, 0, 1.0f, dyh, half ? m->tmp[2] : w->value, 0.0f);
     ch_tensor_free(h);
     ch_tensor_free(dh);
     TRY(st);

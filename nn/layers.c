@@ -40,12 +40,17 @@ static ch_status linear_forward(ch_module *m, const ch_tensor *x)
     nn_shape(x, shape);
     shape[nd - 1] = m->out;
     TRY(nn_ensure(&m->y, m->dev, CH_F32, nd, shape));
+    /* Mixed precision: x and the weight rounded to the half format
+     * (tmp[0], kept for backward, and tmp[1]). */
+    const ch_tensor *xh, *wh;
+    TRY(nn_half(&m->tmp[0], m, x, &xh));
+    TRY(nn_half(&m->tmp[1], m, m->params[0].value, &wh));
     ch_tensor *x2 = NULL, *y2 = NULL;
-    ch_status st = rows_view(&x2, x, m->in);
+    ch_status st = rows_view(&x2, xh, m->in);
     if (st == CH_OK)
         st = rows_view(&y2, m->y, m->out);
     if (st == CH_OK)
-        st = ch_gemm(y2, 0, 1, 1.0f, x2, m->params[0].value, 0.0f);
+        st = ch_gemm(y2, 0, 1, 1.0f, x2, wh, 0.0f);
     if (st == CH_OK && m->nparams > 1)
         st = ch_bias_add(y2, y2, m->params[1].value, 1);
     ch_tensor_free(x2);
@@ -55,12 +60,19 @@ static ch_status linear_forward(ch_module *m, const ch_tensor *x)
 
 static ch_status linear_backward(ch_module *m, const ch_tensor *dy, int want_dx)
 {
-    ch_tensor *x2 = NULL, *dy2 = NULL, *dx2 = NULL;
-    ch_status st = rows_view(&x2, m->x, m->in);
+    /* Mixed precision: the GEMMs take forward's rounded x and weight and
+     * dy rounded (tmp[2]); the bias gradient sums dy in f32. */
+    const ch_tensor *xh = m->precision == CH_F32 ? m->x : m->tmp[0],
+                    *wh = m->precision == CH_F32 ? m->params[0].value : m->tmp[1], *dyh;
+    TRY(nn_half(&m->tmp[2], m, dy, &dyh));
+    ch_tensor *x2 = NULL, *dy2 = NULL, *dyh2 = NULL, *dx2 = NULL;
+    ch_status st = rows_view(&x2, xh, m->in);
     if (st == CH_OK)
         st = rows_view(&dy2, dy, m->out);
     if (st == CH_OK)
-        st = ch_gemm(m->params[0].grad, 1, 0, 1.0f, dy2, x2, 1.0f);
+        st = rows_view(&dyh2, dyh, m->out);
+    if (st == CH_OK)
+        st = ch_gemm(m->params[0].grad, 1, 0, 1.0f, dyh2, x2, 1.0f);
     if (st == CH_OK && m->nparams > 1)
         st = ch_bias_grad(m->params[1].grad, dy2, 1, 1.0f);
     if (st == CH_OK && want_dx) {
@@ -70,10 +82,11 @@ static ch_status linear_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         if (st == CH_OK)
             st = rows_view(&dx2, m->dx, m->in);
         if (st == CH_OK)
-            st = ch_gemm(dx2, 0, 0, 1.0f, dy2, m->params[0].value, 0.0f);
+            st = ch_gemm(dx2, 0, 0, 1.0f, dyh2, wh, 0.0f);
     }
     ch_tensor_free(x2);
     ch_tensor_free(dy2);
+    ch_tensor_free(dyh2);
     ch_tensor_free(dx2);
     return st;
 }
@@ -103,7 +116,12 @@ static ch_status conv_forward(ch_module *m, const ch_tensor *x)
     int64_t y_shape[4] = {n, m->out, oh, ow};
     ch_window2d win = conv_window(m);
     TRY(nn_ensure(&m->y, m->dev, CH_F32, 4, y_shape));
-    TRY(ch_conv2d(m->y, x, m->params[0].value, &win));
+    /* Mixed precision: x and the weight rounded to the half format and
+     * widened (tmp[1], kept for backward, and tmp[3]), f32 sums. */
+    const ch_tensor *xr, *wr;
+    TRY(nn_rounded(&m->tmp[0], &m->tmp[1], m, x, &xr));
+    TRY(nn_rounded(&m->tmp[2], &m->tmp[3], m, m->params[0].value, &wr));
+    TRY(ch_conv2d(m->y, xr, wr, &win));
     if (m->nparams > 1)
         TRY(ch_bias_add(m->y, m->y, m->params[1].value, 1));
     return CH_OK;
@@ -119,8 +137,12 @@ static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         TRY(nn_ensure(&m->dx, m->dev, CH_F32, 4, x_shape));
     }
     ch_window2d win = conv_window(m);
-    return ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dy, m->x,
-                              m->params[0].value, &win, 1.0f);
+    int half = m->precision != CH_F32;
+    const ch_tensor *dyr;
+    TRY(nn_rounded(&m->tmp[4], &m->tmp[5], m, dy, &dyr));
+    return ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dyr,
+                              half ? m->tmp[1] : m->x, half ? m->tmp[3] : m->params[0].value,
+                              &win, 1.0f);
 }
 
 /* ---- Activations ------------------------------------------------------------ */

@@ -765,6 +765,57 @@ void ch_module_train(ch_module *m, int training)
         ch_module_train(m->child[i], training);
 }
 
+ch_status ch_module_set_precision(ch_module *m, ch_dtype dtype)
+{
+    if (!m)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_module_set_precision: m is NULL");
+    if (dtype != CH_F32 && dtype != CH_BF16 && dtype != CH_F16)
+        return chi_error(CH_ERR_DTYPE,
+                         "ch_module_set_precision: %s, expected f32, bf16 or f16",
+                         ch_dtype_name(dtype));
+    m->precision = dtype;
+    for (int i = 0; i < m->nchild; i++)
+        ch_module_set_precision(m->child[i], dtype);
+    return CH_OK;
+}
+
+ch_dtype ch_module_precision(const ch_module *m)
+{
+    return m ? m->precision : CH_F32;
+}
+
+ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
+                  const ch_tensor **out)
+{
+    if (m->precision == CH_F32) {
+        *out = t;
+        return CH_OK;
+    }
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(t, shape);
+    TRY(nn_ensure(slot, ch_tensor_device(t), m->precision, ch_tensor_ndim(t), shape));
+    TRY(ch_cast(*slot, t));
+    *out = *slot;
+    return CH_OK;
+}
+
+ch_status nn_rounded(ch_tensor **half, ch_tensor **wide, const ch_module *m, const ch_tensor *t,
+                     const ch_tensor **out)
+{
+    const ch_tensor *h;
+    TRY(nn_half(half, m, t, &h));
+    if (h == t) {
+        *out = t;
+        return CH_OK;
+    }
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(t, shape);
+    TRY(nn_ensure(wide, ch_tensor_device(t), CH_F32, ch_tensor_ndim(t), shape));
+    TRY(ch_cast(*wide, h));
+    *out = *wide;
+    return CH_OK;
+}
+
 void ch_module_set_rng(ch_module *m, uint64_t seed, int64_t step, int64_t first_sample)
 {
     if (!m)

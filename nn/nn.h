@@ -61,6 +61,7 @@ struct ch_module {
     const nn_ops *ops;
     ch_device *dev;          /* where parameters live / it last ran */
     int training;
+    ch_dtype precision;      /* mixed precision: CH_F32, CH_BF16 or CH_F16 */
 
     /* the tree */
     char cname[32];          /* its name in the parent; "" adds no level */
@@ -144,6 +145,14 @@ ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf);
 /* (Re)allocate *t unless it already has this device, dtype and shape. */
 ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
                     const int64_t *shape);
+/* Mixed precision: t itself when m computes in f32, else t rounded to m's
+ * half format in *slot (made or reused), in *out. */
+ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
+                  const ch_tensor **out);
+/* Mixed precision: t itself when m computes in f32, else t rounded to m's
+ * half format and widened back, in *wide (the half copy in *half). */
+ch_status nn_rounded(ch_tensor **half, ch_tensor **wide, const ch_module *m, const ch_tensor *t,
+                     const ch_tensor **out);
 /* A reshaped view, freed by the caller. */
 ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape);
 

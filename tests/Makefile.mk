@@ -62,6 +62,10 @@ check_PROGRAMS += tests/test-cast
 tests_test_cast_SOURCES = tests/test-cast.c
 tests_test_cast_LDADD = $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-half
+tests_test_half_SOURCES = tests/test-half.c
+tests_test_half_LDADD = $(TEST_LIBS)
+
 check_PROGRAMS += tests/test-dist-local
 tests_test_dist_local_SOURCES = tests/test-dist-local.c
 tests_test_dist_local_LDADD = $(TEST_LIBS)

@@ -3,7 +3,9 @@
  * buckets, dropout or gradient accumulation; host reduction is bit-for-bit
  * repeatable; evaluation over the replicas matches one model; a failing
  * replica ends the step quickly; bad options are errors; more than 64
- * replicas, and a replica whose share of the batch is zero. */
+ * replicas, and a replica whose share of the batch is zero. Mixed
+ * precision: bf16 over the replicas against host alone, fp16's dynamic
+ * loss scale. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +117,7 @@ typedef struct run {
 /* Train for STEPS steps over `devs` with options `o`; the parameters end in
  * `out` (a host model of the same kind). Returns the last loss, NAN on
  * failure. */
+static int nsteps = STEPS;
 static float train(ch_module *out, ch_device **devs, int n, ch_dp_options o, run how,
                    const batches *bs)
 {
@@ -125,7 +128,7 @@ static float train(ch_module *out, ch_device **devs, int n, ch_dp_options o, run
     if (how.accumulate)
         o.accumulate = 2;
     ch_status st = ch_dp_new(&dp, model, devs, n, &o);
-    for (int s = 0; st == CH_OK && s < STEPS; s++) {
+    for (int s = 0; st == CH_OK && s < nsteps; s++) {
         if (!how.accumulate) {
             /* The cnn's last batch is short, in buffers made for a full
              * one, as a loader's last batch of an epoch is. */
@@ -415,6 +418,174 @@ static void test_errors(ch_module *model, ch_device **three, int n, const batche
 
 /* A flat linear model over the 28x28 samples: cheap enough for many
  * replicas. */
+/* Mixed precision. bf16 changes the numbers (not f32's bits) and trains
+ * as f32 does; over three devices it matches host alone to BF16_TOL after
+ * BF16_STEPS steps, and two runs of STEPS steps are bit-identical.
+ *
+ * Why BF16_TOL, not f32's 1e-5: every replica rounds activations, weights
+ * and gradients to bf16 before each GEMM and convolution. The f32 sums
+ * before that rounding differ across devices in their last bits (other
+ * summation orders), and a value within those bits of a rounding midpoint
+ * lands one bf16 ulp (2^-8 relative) away on one device and not on the
+ * other; training then amplifies such a flip as it amplifies any
+ * perturbation. Measured on the cnn at lr 0.05 with momentum: 1.7e-7
+ * after 4 steps, 6.8e-7 after 8, 5.3e-4 after 16. 1e-3 after 4 steps
+ * leaves room for flips on other machines and is still far below what
+ * computing in another precision gives: bf16 against f32 differ by 0.18
+ * after 4 steps (1.8e-2 after one), so a replica that ran in f32, or
+ * rounded to f16, fails it. */
+#define BF16_TOL 1e-3
+#define BF16_STEPS 4
+
+static void test_precision(ch_device **three, const char *names, ch_module *f32_single,
+                           float f32_loss, const batches *bs)
+{
+    run plain = {0, 0};
+    ch_device *one[1] = {host};
+    ch_dp_options o = options();
+    o.precision = CH_BF16;
+    ch_module *single = make_model(0), *multi = make_model(0), *again = make_model(0);
+    float l1 = train(single, one, 1, o, plain, bs);
+    int bitwise;
+    max_rel(single, f32_single, &bitwise);
+    tap_ok(isfinite(l1) && !bitwise && fabsf(l1 - f32_loss) < 0.1f,
+           "bf16 on host alone trains as f32 does over %d steps: last loss %.4f (f32: %.4f), "
+           "other parameters", STEPS, l1, f32_loss);
+    ch_module *ref = make_model(0);
+    nsteps = BF16_STEPS;
+    train(ref, one, 1, o, plain, bs);
+    ch_module *f32_ref = make_model(0);
+    ch_dp_options of = options();
+    train(f32_ref, one, 1, of, plain, bs);
+    o.split = CH_DP_SPLIT_WEIGHTS;
+    const float uneven[3] = {1, 2, 5};
+    o.weights = uneven;
+    o.nweights = 3;
+    float l3 = train(multi, three, 3, o, plain, bs);
+    double err = max_rel(multi, ref, &bitwise);
+    double gap = max_rel(ref, f32_ref, &bitwise);
+    tap_ok(isfinite(l3) && err < BF16_TOL && gap > 10 * BF16_TOL,
+           "bf16 over %s, split 1:2:5: parameters after %d steps match host alone (max rel "
+           "err %.2e, want < %g; bf16 against f32: %.2e)", names, BF16_STEPS, err, BF16_TOL,
+           gap);
+    nsteps = STEPS;
+    train(multi, three, 3, o, plain, bs);
+    train(again, three, 3, o, plain, bs);
+    max_rel(again, multi, &bitwise);
+    tap_ok(bitwise, "bf16 over %s: two runs of %d steps give bit-identical parameters", names,
+           STEPS);
+    ch_module_free(single);
+    ch_module_free(multi);
+    ch_module_free(again);
+    ch_module_free(ref);
+    ch_module_free(f32_ref);
+
+    /* fp16's dynamic loss scale, started far too high (2^24: the loss's
+     * gradient, about scale / batch per logit, overflows fp16's 65504) and
+     * growing after every 2 clean steps: each overflowing step is skipped
+     * with the parameters untouched and halves the scale; each clean one
+     * moves them, and every second in a row doubles the scale. */
+    o = options();
+    o.precision = CH_F16;
+    o.loss_scale = 16777216.0f;
+    o.loss_scale_interval = 2;
+    ch_dp *dp = NULL;
+    ch_module *before = make_model(0), *after = make_model(0);
+    ch_status st = ch_dp_new(&dp, f32_single, three, 3, &o);
+    int skips = 0, grows = 0, broken = 0, s = 0;
+    char why[256] = "";
+    for (; st == CH_OK && s < STEPS && !broken; s++) {
+        float scale0, scale1, loss;
+        int clean0, clean1;
+        int64_t skipped0, skipped1;
+        st = ch_dp_loss_scale(dp, &scale0, &clean0, &skipped0);
+        if (st == CH_OK)
+            st = ch_dp_sync_to(dp, before);
+        if (st == CH_OK)
+            st = ch_dp_step(dp, &loss, &bs->b[s], 0.05f);
+        if (st == CH_OK)
+            st = ch_dp_sync_to(dp, after);
+        if (st == CH_OK)
+            st = ch_dp_loss_scale(dp, &scale1, &clean1, &skipped1);
+        if (st != CH_OK)
+            break;
+        max_rel(after, before, &bitwise);
+        if (skipped1 == skipped0 + 1) {
+            skips++;
+            if (!bitwise || scale1 != scale0 * 0.5f || clean1 != 0) {
+                broken = 1;
+                snprintf(why, sizeof why, "step %d skipped: parameters %s, scale %g -> %g, "
+                         "clean %d", s, bitwise ? "kept" : "CHANGED", scale0, scale1, clean1);
+            }
+        } else if (skipped1 == skipped0) {
+            int grew = clean0 + 1 == 2;
+            grows += grew;
+            if (bitwise || scale1 != (grew ? scale0 * 2.0f : scale0) ||
+                clean1 != (grew ? 0 : clean0 + 1)) {
+                broken = 1;
+                snprintf(why, sizeof why, "step %d clean: parameters %s, scale %g -> %g, "
+                         "clean %d -> %d", s, bitwise ? "UNCHANGED" : "moved", scale0, scale1,
+                         clean0, clean1);
+            }
+        } else {
+            broken = 1;
+            snprintf(why, sizeof why, "step %d: skipped count %lld -> %lld", s,
+                     (long long)skipped0, (long long)skipped1);
+        }
+    }
+    if (tap_status_ok(st, "fp16 over %s with a first loss scale of 2^24: %d steps", names, s))
+        tap_ok(!broken && skips >= 2 && grows >= 1,
+               "... %d skipped (parameters untouched, scale halved), %d growths after 2 clean "
+               "steps%s%s", skips, grows, why[0] ? ": " : "", why);
+    ch_dp_free(dp);
+    dp = NULL;
+    ch_module_free(before);
+    ch_module_free(after);
+
+    /* The errors a caller can make. */
+    o = options();
+    o.precision = CH_I32;
+    tap_status_is(ch_dp_new(&dp, f32_single, three, 3, &o), CH_ERR_DTYPE, "precision",
+                  "a dp in i32 precision is refused");
+    o = options();
+    o.precision = CH_F16;
+    o.loss_scale = -1.0f;
+    tap_status_is(ch_dp_new(&dp, f32_single, three, 3, &o), CH_ERR_INVALID_ARGUMENT,
+                  "loss_scale", "a negative loss scale is refused");
+    o.loss_scale = 0.0f;
+    o.loss_scale_interval = -3;
+    tap_status_is(ch_dp_new(&dp, f32_single, three, 3, &o), CH_ERR_INVALID_ARGUMENT,
+                  "loss_scale_interval", "a negative growth interval is refused");
+    o.loss_scale_interval = 0;
+    if (tap_status_ok(ch_dp_new(&dp, f32_single, one, 1, &o), "an fp16 dp on host")) {
+        float scale = 0;
+        ch_dp_loss_scale(dp, &scale, NULL, NULL);
+        tap_ok(scale == 65536.0f, "its first loss scale is GradScaler's 65536 (got %g)", scale);
+        tap_status_is(ch_dp_set_loss_scale(dp, INFINITY, 0), CH_ERR_INVALID_ARGUMENT, "scale",
+                      "an infinite loss scale is refused");
+        tap_status_is(ch_dp_set_loss_scale(dp, 8.0f, -1), CH_ERR_INVALID_ARGUMENT, "clean",
+                      "a negative clean-step count is refused");
+        tap_status_ok(ch_dp_set_loss_scale(dp, 8.0f, 3), "a checkpoint's scale is restored");
+        int clean = 0;
+        ch_dp_loss_scale(dp, &scale, &clean, NULL);
+        tap_ok(scale == 8.0f && clean == 3, "... and read back (%g, %d)", scale, clean);
+        ch_dp_free(dp);
+        dp = NULL;
+    }
+    o.precision = CH_BF16;
+    if (tap_status_ok(ch_dp_new(&dp, f32_single, one, 1, &o), "a bf16 dp on host")) {
+        tap_status_is(ch_dp_set_loss_scale(dp, 8.0f, 0), CH_ERR_STATE, "only f16",
+                      "bf16 has no loss scale to set");
+        ch_dp_free(dp);
+    }
+    ch_module *m = make_model(0);
+    tap_status_is(ch_module_set_precision(m, CH_I32), CH_ERR_DTYPE, "expected f32, bf16 or f16",
+                  "ch_module_set_precision refuses i32");
+    tap_ok(ch_module_set_precision(m, CH_F16) == CH_OK && ch_module_precision(m) == CH_F16,
+           "ch_module_set_precision sets f16 and ch_module_precision reads it");
+    ch_module_free(m);
+}
+
 static ch_module *linear_model(void)
 {
     ch_module *m[2] = {NULL};
@@ -797,6 +968,7 @@ int main(void)
         dp = NULL;
     }
 
+    test_precision(three, names, single, l1, &bs);
     test_evaluate(single, three, 3, names, &bs);
     test_accumulate_errors(single, three, 3, &bs);
     test_errors(single, three, 3, &bs);

@@ -514,7 +514,7 @@ static void test_checkpoint(void)
     ch_optimizer *opt = NULL;
     ch_optimizer_new(&opt, a, &o);
     ch_optimizer_step(opt, 0.01f);
-    ch_train_state st = {3, 17, 250, 0xFFFFFFFFFFFFFFF0ull, 0.2860f, 0.25f}, back = {0};
+    ch_train_state st = {3, 17, 250, 0xFFFFFFFFFFFFFFF0ull, 0.2860f, 0.25f, 0.0f, 0}, back = {0};
     tap_status_ok(ch_checkpoint_save(path, a, opt, &st), "save a checkpoint");
     tap_ok(access(path, R_OK) == 0, "the checkpoint file is there");
     ch_optimizer *opt_b = NULL;
@@ -605,7 +605,7 @@ static void test_checkpoint(void)
                   "a recorded input_std of -1 is refused (%s in the header)",
                   std_at ? "found" : "NOT found");
     tap_ok(!params_equal(a, b), "... before the model is changed");
-    ch_train_state none = {0, 0, 0, 1, 0.0f, 0.0f};
+    ch_train_state none = {0, 0, 0, 1, 0.0f, 0.0f, 0.0f, 0};
     back.input_std = 1.0f;
     int none_ok = ch_checkpoint_save(bad, a, NULL, &none) == CH_OK &&
                   ch_checkpoint_load(bad, b, NULL, &back) == CH_OK;

@@ -346,4 +346,37 @@ status=$?
 test "$status" -eq 2 && grep -q -- '--save-dtype is f32, bf16 or f16' "$tmp/err"
 ok $? "--save-dtype f64: exit 2 naming the choices (got $status: $(cat "$tmp/err"))"
 
+# --precision bf16: the layers' GEMMs on bf16-rounded inputs (f32 master
+# weights); it learns as f32 does, and says so on its result line.
+# shellcheck disable=SC2086
+"$train" $quick --epochs 2 --precision bf16 --checkpoint "$tmp/p-bf16.st" >"$tmp/p-bf16.out" 2>&1
+status=$?
+acc=$(sed -n 's/^result test_accuracy=\([0-9.]*\) .*/\1/p' "$tmp/p-bf16.out")
+awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.70) }' &&
+    grep -Eq ' precision=bf16$' "$tmp/p-bf16.out" && ! cmp -s "$tmp/p-bf16.st" "$tmp/straight.st"
+ok $((status + $?)) "--precision bf16 learns (accuracy $acc >= 0.70), says so, other bits than f32 (got $status: $(tail -1 "$tmp/p-bf16.out"))"
+# --precision fp16: the loss scale and its clean steps go into the
+# checkpoint, so a run stopped at step 57 and resumed ends with the
+# straight run's file, metadata included.
+# shellcheck disable=SC2086
+"$train" $quick --epochs 2 --precision fp16 --checkpoint "$tmp/p-f16.st" >"$tmp/p-f16.out" 2>&1 &&
+    "$train" $quick --epochs 2 --max-steps 57 --precision fp16 --checkpoint "$tmp/p-f16-mid.st" \
+        >/dev/null 2>&1 &&
+    python3 -c '
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    m = json.loads(f.read(n))["__metadata__"]
+assert float(m["loss_scale"]) == 65536.0 and m["loss_scale_clean"] == "57", m
+' "$tmp/p-f16-mid.st" &&
+    "$train" $quick --epochs 2 --precision fp16 --resume "$tmp/p-f16-mid.st" \
+        --checkpoint "$tmp/p-f16-resumed.st" >/dev/null 2>&1 &&
+    cmp -s "$tmp/p-f16.st" "$tmp/p-f16-resumed.st" && grep -Eq ' precision=fp16 loss_scale=65536 skipped_steps=0$' "$tmp/p-f16.out"
+ok $? "--precision fp16: the checkpoint at step 57 records scale 65536 after 57 clean steps, and resuming from it gives the straight run's file ($(tail -1 "$tmp/p-f16.out"))"
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --precision fp64 >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && grep -q -- '--precision is f32, bf16 or fp16' "$tmp/err"
+ok $? "--precision fp64: exit 2 naming the choices (got $status: $(cat "$tmp/err"))"
+
 tap_done

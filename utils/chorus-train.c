@@ -41,6 +41,7 @@ typedef struct options {
     int crop_pad;
     float weight_decay;      /* < 0: the optimizer's default */
     ch_dtype save_dtype;     /* --save-dtype: the checkpoints' tensors */
+    ch_dtype precision;      /* --precision: mixed precision's half format, or f32 */
 } options;
 
 static void usage(FILE *f)
@@ -98,6 +99,10 @@ static void usage(FILE *f)
             "  --save-dtype f32|bf16|f16  the checkpoint's tensors (default f32; bf16\n"
             "                      or f16: half the size, a resumed run goes on from the\n"
             "                      values rounded to it)\n"
+            "  --precision f32|bf16|fp16  mixed precision (default f32): the layers'\n"
+            "                      GEMMs and convolutions on inputs rounded to bf16 or\n"
+            "                      fp16, f32 sums, f32 master weights; fp16 scales the\n"
+            "                      loss dynamically (kept in checkpoints)\n"
             "  --resume FILE       continue from a checkpoint\n"
             "  --log FILE          one JSON line per step\n"
             "  --json              print the result as one JSON object\n"
@@ -236,11 +241,12 @@ static int parse_options(int argc, char **argv, options *o)
         {"prompt", required_argument, 0, 1011}, {"eval-every", required_argument, 0, 1012},
         {"augment", required_argument, 0, 1013}, {"weight-decay", required_argument, 0, 1014},
         {"save-dtype", required_argument, 0, 1015},
+        {"precision", required_argument, 0, 1016},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     *o = (options){NULL, "cnn", "all", NULL, NULL, NULL, NULL, "cosine", "auto", "auto",
                    "sync", "\n", {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1,
-                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f, CH_F32};
+                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f, CH_F32, CH_F32};
     o->gpt.vocab = 0;
     opterr = 0;
     int c;
@@ -365,6 +371,16 @@ static int parse_options(int argc, char **argv, options *o)
                 o->save_dtype = CH_F16;
             else
                 return fail_usage("--save-dtype is f32, bf16 or f16, not \"%s\"", optarg);
+            break;
+        case 1016:
+            if (strcmp(optarg, "f32") == 0)
+                o->precision = CH_F32;
+            else if (strcmp(optarg, "bf16") == 0)
+                o->precision = CH_BF16;
+            else if (strcmp(optarg, "fp16") == 0 || strcmp(optarg, "f16") == 0)
+                o->precision = CH_F16;
+            else
+                return fail_usage("--precision is f32, bf16 or fp16, not \"%s\"", optarg);
             break;
         case 'h': usage(stdout); exit(0);
         case 'V': printf("chorus-train %s\n", ch_version()); exit(0);
@@ -928,12 +944,18 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
     d.batchnorm_local = strcmp(t->o->batchnorm, "local") == 0;
     d.seed = t->o->seed;
     d.dist = ch_dist_world();
+    d.precision = t->o->precision;
     ch_status st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
     /* A reduction these devices cannot do is the user's choice to change. */
     t->bad_reduce = st == CH_ERR_UNSUPPORTED;
     for (int i = 0; st == CH_OK && t->o->resume && i < t->ndev; i++)
         st = ch_checkpoint_load(t->o->resume, ch_dp_replica(t->dp, i), ch_dp_optimizer(t->dp, i),
                                 NULL);
+    /* fp16 goes on with the checkpoint's loss scale (a checkpoint of
+     * another precision has none: the first scale then). */
+    if (st == CH_OK && t->o->precision == CH_F16 && t->resumed.loss_scale > 0.0f)
+        st = ch_dp_set_loss_scale(t->dp, t->resumed.loss_scale,
+                                  (int)t->resumed.loss_scale_clean);
     return st;
 }
 
@@ -942,7 +964,7 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
 static ch_status make_model(trainer *t)
 {
     const options *o = t->o;
-    t->resumed = (ch_train_state){0, 0, 0, o->seed, 0.0f, 0.0f};
+    t->resumed = (ch_train_state){0, 0, 0, o->seed, 0.0f, 0.0f, 0.0f, 0};
     ch_status st;
     if (o->lm)
         st = ch_nn_gpt(&t->model, &o->gpt);
@@ -1076,7 +1098,12 @@ static int run(trainer *t)
         t->shown = 0;
         /* A checkpoint that stops mid-epoch records where to go on from. */
         ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed,
-                             t->norm.mean, t->norm.std};
+                             t->norm.mean, t->norm.std, 0.0f, 0};
+        if (o->precision == CH_F16) {
+            int clean = 0;
+            (void)ch_dp_loss_scale(t->dp, &cs.loss_scale, &clean, NULL);
+            cs.loss_scale_clean = clean;
+        }
         if (o->checkpoint && g_rank == 0 &&
             ch_checkpoint_save_as(o->checkpoint, ch_dp_replica(t->dp, 0),
                                   ch_dp_optimizer(t->dp, 0), &cs, o->save_dtype) != CH_OK)
@@ -1098,17 +1125,35 @@ static int run(trainer *t)
         size_t len = strlen(ids);
         snprintf(ids + len, sizeof ids - len, " ranks=%d", g_ranks);
     }
+    /* Mixed precision's words, after the others: the format and, for
+     * fp16, the loss scale reached and the steps it skipped. */
+    char mp[160] = "", mpj[160] = "";
+    if (o->precision != CH_F32) {
+        float scale = 1.0f;
+        int64_t skipped = 0;
+        (void)ch_dp_loss_scale(t->dp, &scale, NULL, &skipped);
+        const char *name = o->precision == CH_BF16 ? "bf16" : "fp16";
+        if (o->precision == CH_F16) {
+            snprintf(mp, sizeof mp, " precision=%s loss_scale=%g skipped_steps=%lld", name,
+                     scale, (long long)skipped);
+            snprintf(mpj, sizeof mpj, ",\"precision\":\"%s\",\"loss_scale\":%g,"
+                     "\"skipped_steps\":%lld", name, scale, (long long)skipped);
+        } else {
+            snprintf(mp, sizeof mp, " precision=%s", name);
+            snprintf(mpj, sizeof mpj, ",\"precision\":\"%s\"", name);
+        }
+    }
     if (o->lm) {
         double tps = rate * o->gpt.context;
         if (o->json)
             printf("{\"val_loss\":%.4f,\"val_accuracy\":%.4f,\"train_loss\":%.4f,"
                    "\"tokens_per_s\":%.1f,\"epochs\":%lld,\"devices\":\"%s\","
-                   "\"steps\":%lld}\n", loss, acc, t->last_loss, tps, (long long)epoch, ids,
-                   (long long)t->step);
+                   "\"steps\":%lld%s}\n", loss, acc, t->last_loss, tps, (long long)epoch, ids,
+                   (long long)t->step, mpj);
         else
             printf("result val_loss=%.4f val_accuracy=%.4f train_loss=%.4f tokens_per_s=%.1f "
-                   "steps=%lld devices=%s\n", loss, acc, t->last_loss, tps,
-                   (long long)t->step, ids);
+                   "steps=%lld devices=%s%s\n", loss, acc, t->last_loss, tps,
+                   (long long)t->step, ids, mp);
         fflush(stdout);
         if (o->generate > 0 && generate(t) != CH_OK)
             return runtime_error("generation failed");
@@ -1116,12 +1161,12 @@ static int run(trainer *t)
     }
     if (o->json)
         printf("{\"test_accuracy\":%.4f,\"test_loss\":%.4f,\"samples_per_s\":%.1f,"
-               "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld}\n",
-               acc, loss, rate, (long long)epoch, ids, (long long)t->step);
+               "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld%s}\n",
+               acc, loss, rate, (long long)epoch, ids, (long long)t->step, mpj);
     else
         printf("result test_accuracy=%.4f test_loss=%.4f samples_per_s=%.1f epochs=%lld "
-               "devices=%s\n",
-               acc, loss, rate, (long long)epoch, ids);
+               "devices=%s%s\n",
+               acc, loss, rate, (long long)epoch, ids, mp);
     return 0;
 }
 

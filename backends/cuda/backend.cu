@@ -248,6 +248,7 @@ static const ch_backend_i chcu_table = {
     .bf16_to_f32 = chcu_bf16_to_f32,
     .f32_to_f16 = chcu_f32_to_f16,
     .f16_to_f32 = chcu_f16_to_f32,
+    .gemm_half = chcu_gemm_half,
 };
 
 extern "C" CH_API const ch_backend_i *chorus_backend_entry(void)

@@ -259,6 +259,10 @@ ch_status chcu_gemm_batched(void *stream, int trans_a, int trans_b, int64_t coun
                             int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
                             int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
                             float beta, ch_bmem c, int64_t ldc, int64_t stride_c);
+ch_status chcu_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b, int64_t count,
+                         int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                         int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b, float beta,
+                         ch_bmem c, int64_t ldc, int64_t stride_c);
 ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
                        ch_bmem y, ch_bmem x);
 ch_status chcu_softmax(void *stream, int64_t rows, int64_t s, int causal,

@@ -89,3 +89,48 @@ ch_status chcu_gemm_batched(void *stream, int trans_a, int trans_b, int64_t coun
     pthread_mutex_unlock(&s->blas_lock);
     return st;
 }
+
+/* Half inputs, f32 sums (CUBLAS_COMPUTE_32F: tensor cores), C in f32 or
+ * the inputs' format, through cublasGemmEx / cublasGemmStridedBatchedEx
+ * with the same row-major trick. */
+ch_status chcu_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b, int64_t count,
+                         int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                         int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b, float beta,
+                         ch_bmem c, int64_t ldc, int64_t stride_c)
+{
+    if ((ab != CH_BF16 && ab != CH_F16) || (cd != CH_F32 && cd != ab))
+        return chi_error(CH_ERR_UNSUPPORTED, "cuda gemm_half: inputs %d, output %d", ab, cd);
+    if (!chcu_fits_int(count) || !chcu_fits_int(m) || !chcu_fits_int(n) || !chcu_fits_int(k) ||
+        !chcu_fits_int(lda) || !chcu_fits_int(ldb) || !chcu_fits_int(ldc))
+        return chi_error(CH_ERR_LIMIT,
+                         "cublasGemmEx: a size or stride beyond INT_MAX (%lld matrices, m %lld, "
+                         "n %lld, k %lld)",
+                         (long long)count, (long long)m, (long long)n, (long long)k);
+    cudaDataType_t in = ab == CH_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    cudaDataType_t out = cd == CH_F32 ? CUDA_R_32F : in;
+    chcu_stream *s = (chcu_stream *)stream;
+    ch_status st = chcu_enter(s->dev);
+    if (st)
+        return st;
+    pthread_mutex_lock(&s->blas_lock);
+    st = chcu_stream_blas(s);
+    cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (!st && count == 1)
+        st = chcu_blas_check(cublasGemmEx(s->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
+                                          chcu_at<void>(b), in, (int)ldb, chcu_at<void>(a), in,
+                                          (int)lda, &beta, chcu_at<void>(c), out, (int)ldc,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                             "cublasGemmEx");
+    else if (!st)
+        st = chcu_blas_check(
+            cublasGemmStridedBatchedEx(s->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
+                                       chcu_at<void>(b), in, (int)ldb, (long long)stride_b,
+                                       chcu_at<void>(a), in, (int)lda, (long long)stride_a,
+                                       &beta, chcu_at<void>(c), out, (int)ldc,
+                                       (long long)stride_c, (int)count, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+    pthread_mutex_unlock(&s->blas_lock);
+    return st;
+}

@@ -84,6 +84,17 @@ typedef struct ch_dp_options {
      * ch_dp_new broadcasts rank 0's parameters and buffers to every
      * process. */
     ch_dist *dist;
+    /* Mixed precision (ch_module_set_precision on every replica): CH_F32
+     * (0, the default), CH_BF16 or CH_F16. Master weights, gradients and
+     * the optimizer's state stay f32. With CH_F16 the loss is scaled
+     * dynamically, as PyTorch's GradScaler does it: the loss's gradient is
+     * multiplied by the scale, the reduced gradients divided by it; a step
+     * whose gradients hold an infinity or a NaN is skipped (parameters and
+     * optimizer untouched) and halves the scale, and every
+     * loss_scale_interval clean steps in a row double it. */
+    ch_dtype precision;
+    float loss_scale;        /* CH_F16: the first scale (0: 65536) */
+    int loss_scale_interval; /* CH_F16: clean steps before it grows (0: 2000) */
 } ch_dp_options;
 
 /* Replicas of `model` on each of the n devices (a device may appear more
@@ -135,6 +146,17 @@ CH_API ch_status ch_dp_evaluate(ch_dp *dp, float *loss, int64_t *correct,
  * (its whole step, waiting included) and its compute seconds (forward and
  * backward, without the waits for the other replicas' BatchNorm
  * statistics); any array may be NULL. */
+/* The dynamic loss scale (options->precision CH_F16; 1 otherwise), the
+ * clean steps in a row since it last changed, and the steps skipped for an
+ * overflow so far; any output may be NULL. ch_dp_set_loss_scale restores
+ * the first two (a checkpoint's), so that a resumed run scales as the
+ * straight one would have; CH_ERR_INVALID_ARGUMENT for a scale that is not
+ * a positive finite number or a negative count, CH_ERR_STATE without
+ * CH_F16. */
+CH_API ch_status ch_dp_loss_scale(const ch_dp *dp, float *scale, int *clean_steps,
+                                  int64_t *skipped);
+CH_API ch_status ch_dp_set_loss_scale(ch_dp *dp, float scale, int clean_steps);
+
 CH_API ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n);
 CH_API ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n);
 

@@ -133,6 +133,19 @@ CH_API ch_status ch_module_clone(ch_module **out, const ch_module *m, ch_device 
 /* Training mode (dropout on) or evaluation mode. */
 CH_API void ch_module_train(ch_module *m, int training);
 
+/* Mixed precision, as PyTorch's autocast runs it: with CH_BF16 or CH_F16
+ * the GEMMs of every Linear and of the GPT's output projection take their
+ * inputs (activations, weights, incoming gradients) rounded to that format
+ * and sum in f32 (ch_gemm with half inputs: tensor cores on CUDA), and
+ * every Conv2d convolves inputs, weights and gradients rounded to it, also
+ * summing in f32. The parameters, their gradients and the optimizer's
+ * state stay f32 (master weights), and so do the activations between
+ * layers, normalisations, attention's softmax and the loss. CH_F32 (the
+ * default) turns it off. Applies to m and every module below it (clones
+ * keep it). CH_ERR_DTYPE for another dtype. */
+CH_API ch_status ch_module_set_precision(ch_module *m, ch_dtype dtype);
+CH_API ch_dtype ch_module_precision(const ch_module *m);
+
 /* The random stream of dropout layers: the mask of sample s of the batch
  * is drawn at offset (first_sample + s) * sample_numel of stream
  * (seed, step, layer), so how a batch is split does not change which
@@ -245,6 +258,11 @@ typedef struct ch_train_state {
      * resumed or evaluated model sees its inputs as it was trained on
      * them (ch_idx_options). input_std 0: none recorded. */
     float input_mean, input_std;
+    /* fp16's dynamic loss scale (ch_dp_loss_scale) and its clean steps in
+     * a row, so that a resumed run scales as the straight one; scale 0:
+     * none recorded. */
+    float loss_scale;
+    int64_t loss_scale_clean;
 } ch_train_state;
 
 /* opt and state may be NULL. */

@@ -35,7 +35,11 @@ CH_API ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x);
 /* ---- Linear algebra ----------------------------------------------------- */
 
 /* c = alpha * op(a) @ op(b) + beta * c, all 2-D, op(x) = x or x^T.
- * c is [M, N], op(a) is [M, K], op(b) is [K, N]. */
+ * c is [M, N], op(a) is [M, K], op(b) is [K, N]. a and b are both f32,
+ * both bf16 or both f16; c is f32 or a's dtype. With half inputs the
+ * products are summed in f32 (cuBLAS's GemmEx with tensor cores on CUDA;
+ * elsewhere a and b are widened to f32 on the device first) and a half c
+ * gets the result rounded once, to nearest even. */
 CH_API ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha,
                          const ch_tensor *a, const ch_tensor *b, float beta);
 

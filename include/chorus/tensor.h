@@ -16,8 +16,8 @@ extern "C" {
 typedef enum ch_dtype {
     CH_F32 = 0,
     CH_I32 = 1,
-    CH_BF16 = 2, /* reserved: no op accepts it yet */
-    CH_F16 = 3   /* reserved: no op accepts it yet */
+    CH_BF16 = 2, /* bfloat16: ch_cast, ch_gemm and ch_gemm_batched, checkpoints */
+    CH_F16 = 3   /* IEEE binary16: the same */
 } ch_dtype;
 
 CH_API const char *ch_dtype_name(ch_dtype dtype);
