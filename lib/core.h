@@ -108,6 +108,29 @@ ch_status chi_stream_sync_all(ch_device *dev);
 void *chi_current_stream(ch_device *dev);
 ch_bmem chi_mem(const ch_tensor *t);
 
+/* Half storage for the ops that compute in f32 (lib/ops_half.c): when any
+ * of the n tensors (NULLs allowed) is bf16 or f16, runs op on f32 copies
+ * of them (role: CHI_HALF_IN read, CHI_HALF_OUT written, or both), rounds
+ * the written ones back, sets *handled and returns op's status; otherwise
+ * returns CH_OK with *handled 0 and the caller goes on in f32. */
+#define CHI_HALF_IN 1
+#define CHI_HALF_OUT 2
+typedef ch_status (*chi_f32_op)(const void *ctx, ch_tensor *const *t);
+ch_status chi_half_call(int n, ch_tensor *const *t, const int *role, chi_f32_op op,
+                        const void *ctx, int *handled);
+/* At an op's start: the op on f32 copies when a tensor is half. */
+#define CHI_HALF_ENTRY(roles, op, ctx, ...)                                              \
+    do {                                                                               \
+        ch_tensor *const half_t_[] = {__VA_ARGS__};                                    \
+        int half_h_;                                                                   \
+        ch_status half_s_ = chi_half_call((int)(sizeof half_t_ / sizeof half_t_[0]),   \
+                                          half_t_, roles, op, ctx, &half_h_);          \
+        if (half_h_)                                                                   \
+            return half_s_;                                                            \
+    } while (0)
+#define CHI_T(x) ((ch_tensor *)(x))
+enum { CHI_IO = CHI_HALF_IN | CHI_HALF_OUT };
+
 /* ch_gemm and ch_gemm_batched with half tensors (lib/ops.c). */
 ch_status chi_gemm_dtypes(const char *fn, const ch_tensor *c, const ch_tensor *a,
                           const ch_tensor *b);

@@ -182,9 +182,26 @@ ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_
 
 /* ---- Elementwise ------------------------------------------------------------ */
 
+typedef struct binary_ctx {
+    const char *fn;
+    ch_binary_op op;
+} binary_ctx;
+
+static ch_status binary(const char *fn, ch_binary_op op, ch_tensor *y, const ch_tensor *a,
+                        const ch_tensor *b);
+
+static ch_status binary_f32(const void *c, ch_tensor *const *t)
+{
+    const binary_ctx *x = c;
+    return binary(x->fn, x->op, t[0], t[1], t[2]);
+}
+
 static ch_status binary(const char *fn, ch_binary_op op, ch_tensor *y, const ch_tensor *a,
                         const ch_tensor *b)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN, CHI_HALF_IN};
+    binary_ctx ctx = {fn, op};
+    CHI_HALF_ENTRY(roles, binary_f32, &ctx, y, CHI_T(a), CHI_T(b));
     arg args[] = {{"y", y, CH_F32, 0}, {"a", a, CH_F32, 0}, {"b", b, CH_F32, 0}};
     TRY(check_args(fn, args, NARGS(args)));
     TRY(same_numel(fn, "y", y, "a", a));
@@ -210,9 +227,26 @@ ch_status ch_mul(ch_tensor *y, const ch_tensor *a, const ch_tensor *b)
     return binary("ch_mul", CH_BIN_MUL, y, a, b);
 }
 
+typedef struct axpby_ctx {
+    const char *fn;
+    float alpha, beta;
+} axpby_ctx;
+
+static ch_status axpby(const char *fn, ch_tensor *y, float alpha, const ch_tensor *x,
+                       float beta);
+
+static ch_status axpby_f32(const void *c, ch_tensor *const *t)
+{
+    const axpby_ctx *a = c;
+    return axpby(a->fn, t[0], a->alpha, t[1], a->beta);
+}
+
 static ch_status axpby(const char *fn, ch_tensor *y, float alpha, const ch_tensor *x,
                        float beta)
 {
+    static const int read_y[] = {CHI_IO, CHI_HALF_IN}, write_y[] = {CHI_HALF_OUT, CHI_HALF_IN};
+    axpby_ctx ctx = {fn, alpha, beta};
+    CHI_HALF_ENTRY(beta != 0.0f ? read_y : write_y, axpby_f32, &ctx, y, CHI_T(x));
     arg args[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}};
     TRY(check_args(fn, args, NARGS(args)));
     TRY(check_finite(fn, "alpha", alpha));
@@ -241,8 +275,15 @@ static ch_status check_act(const char *fn, ch_activation act)
     return CH_OK;
 }
 
+static ch_status act_forward_f32(const void *c, ch_tensor *const *t)
+{
+    return ch_activation_forward(t[0], t[1], *(const ch_activation *)c);
+}
+
 ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x, ch_activation act)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, act_forward_f32, &act, y, CHI_T(x));
     static const char fn[] = "ch_activation_forward";
     arg args[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}};
     TRY(check_args(fn, args, NARGS(args)));
@@ -253,9 +294,16 @@ ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x, ch_activation 
     return BE(y)->act_forward(STREAM(y), act, y->numel, chi_mem(y), chi_mem(x));
 }
 
+static ch_status act_backward_f32(const void *c, ch_tensor *const *t)
+{
+    return ch_activation_backward(t[0], t[1], t[2], t[3], *(const ch_activation *)c);
+}
+
 ch_status ch_activation_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tensor *x,
                                  const ch_tensor *y, ch_activation act)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN, CHI_HALF_IN, CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, act_backward_f32, &act, dx, CHI_T(dy), CHI_T(x), CHI_T(y));
     static const char fn[] = "ch_activation_backward";
     TRY(check_act(fn, act));
     int reads_x = act == CH_ACT_RELU || act == CH_ACT_GELU;
@@ -277,8 +325,15 @@ ch_status ch_activation_backward(ch_tensor *dx, const ch_tensor *dy, const ch_te
 
 /* ---- Bias ----------------------------------------------------------------- */
 
+static ch_status bias_add_f32(const void *c, ch_tensor *const *t)
+{
+    return ch_bias_add(t[0], t[1], t[2], *(const int *)c);
+}
+
 ch_status ch_bias_add(ch_tensor *y, const ch_tensor *x, const ch_tensor *bias, int axis)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN, CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, bias_add_f32, &axis, y, CHI_T(x), CHI_T(bias));
     static const char fn[] = "ch_bias_add";
     arg args[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}, {"bias", bias, CH_F32, 0}};
     TRY(check_args(fn, args, NARGS(args)));
@@ -295,8 +350,22 @@ ch_status ch_bias_add(ch_tensor *y, const ch_tensor *x, const ch_tensor *bias, i
     return BE(y)->bias_add(STREAM(y), outer, c, inner, chi_mem(y), chi_mem(x), chi_mem(bias));
 }
 
+typedef struct bias_grad_ctx {
+    int axis;
+    float beta;
+} bias_grad_ctx;
+
+static ch_status bias_grad_f32(const void *c, ch_tensor *const *t)
+{
+    const bias_grad_ctx *b = c;
+    return ch_bias_grad(t[0], t[1], b->axis, b->beta);
+}
+
 ch_status ch_bias_grad(ch_tensor *db, const ch_tensor *dy, int axis, float beta)
 {
+    static const int read_db[] = {CHI_IO, CHI_HALF_IN}, write_db[] = {CHI_HALF_OUT, CHI_HALF_IN};
+    bias_grad_ctx ctx = {axis, beta};
+    CHI_HALF_ENTRY(beta != 0.0f ? read_db : write_db, bias_grad_f32, &ctx, db, CHI_T(dy));
     static const char fn[] = "ch_bias_grad";
     arg args[] = {{"db", db, CH_F32, 0}, {"dy", dy, CH_F32, 0}};
     TRY(check_args(fn, args, NARGS(args)));
@@ -687,9 +756,27 @@ static ch_status reduction(const char *fn, ch_tensor *y, const ch_tensor *x, int
     return no_alias(fn, "y", y, "x", x);
 }
 
+typedef struct sum_ctx {
+    const char *fn;
+    ch_axis_op op;
+    int axis;
+} sum_ctx;
+
+static ch_status sum_axis(const char *fn, ch_axis_op op, ch_tensor *y, const ch_tensor *x,
+                          int axis);
+
+static ch_status sum_f32(const void *c, ch_tensor *const *t)
+{
+    const sum_ctx *x = c;
+    return sum_axis(x->fn, x->op, t[0], t[1], x->axis);
+}
+
 static ch_status sum_axis(const char *fn, ch_axis_op op, ch_tensor *y, const ch_tensor *x,
                           int axis)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN};
+    sum_ctx ctx = {fn, op, axis};
+    CHI_HALF_ENTRY(roles, sum_f32, &ctx, y, CHI_T(x));
     int64_t outer, n, inner;
     TRY(reduction(fn, y, x, axis, CH_F32, &outer, &n, &inner));
     SLOT(fn, y, sum_axis);

@@ -145,8 +145,15 @@ ch_status ch_permute(ch_tensor *y, const ch_tensor *x, const int *perm)
 
 /* ---- Softmax ------------------------------------------------------------------- */
 
+static ch_status softmax_f32(const void *c, ch_tensor *const *t)
+{
+    return ch_softmax(t[0], t[1], *(const int *)c);
+}
+
 ch_status ch_softmax(ch_tensor *y, const ch_tensor *x, int causal)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, softmax_f32, &causal, y, CHI_T(x));
     static const char fn[] = "ch_softmax";
     arg a[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}};
     TRY(check_args(fn, a, NARGS(a)));
@@ -164,8 +171,16 @@ ch_status ch_softmax(ch_tensor *y, const ch_tensor *x, int causal)
     return BE(y)->softmax(STREAM(y), x->numel / s, s, causal != 0, t, chi_mem(y), chi_mem(x));
 }
 
+static ch_status softmax_backward_f32(const void *c, ch_tensor *const *t)
+{
+    (void)c;
+    return ch_softmax_backward(t[0], t[1], t[2]);
+}
+
 ch_status ch_softmax_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tensor *y)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN, CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, softmax_backward_f32, NULL, dx, CHI_T(dy), CHI_T(y));
     static const char fn[] = "ch_softmax_backward";
     arg a[] = {{"dx", dx, CH_F32, 0}, {"dy", dy, CH_F32, 0}, {"y", y, CH_F32, 0}};
     TRY(check_args(fn, a, NARGS(a)));

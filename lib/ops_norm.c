@@ -63,9 +63,18 @@ static ch_status layernorm_shapes(const char *fn, const ch_tensor *x, const arg 
     return CH_OK;
 }
 
+static ch_status layernorm_f32(const void *c, ch_tensor *const *t)
+{
+    return ch_layernorm(t[0], t[1], t[2], t[3], t[4], t[5], *(const float *)c);
+}
+
 ch_status ch_layernorm(ch_tensor *y, ch_tensor *mean, ch_tensor *rstd, const ch_tensor *x,
                        const ch_tensor *gamma, const ch_tensor *beta, float eps)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_OUT, CHI_HALF_OUT,
+                                CHI_HALF_IN,  CHI_HALF_IN,  CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, layernorm_f32, &eps, y, mean, rstd, CHI_T(x), CHI_T(gamma),
+                   CHI_T(beta));
     static const char fn[] = "ch_layernorm";
     arg a[] = {{"y", y, CH_F32, 0},         {"mean", mean, CH_F32, 0},
                {"rstd", rstd, CH_F32, 0},   {"x", x, CH_F32, 0},
@@ -82,10 +91,20 @@ ch_status ch_layernorm(ch_tensor *y, ch_tensor *mean, ch_tensor *rstd, const ch_
                             chi_mem(x), chi_mem(gamma), chi_mem(beta));
 }
 
+static ch_status layernorm_backward_f32(const void *c, ch_tensor *const *t)
+{
+    (void)c;
+    return ch_layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+}
+
 ch_status ch_layernorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
                                 const ch_tensor *dy, const ch_tensor *x, const ch_tensor *mean,
                                 const ch_tensor *rstd, const ch_tensor *gamma)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_IO,      CHI_IO,      CHI_HALF_IN,
+                                CHI_HALF_IN,  CHI_HALF_IN, CHI_HALF_IN, CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, layernorm_backward_f32, NULL, dx, dgamma, dbeta, CHI_T(dy), CHI_T(x),
+                   CHI_T(mean), CHI_T(rstd), CHI_T(gamma));
     static const char fn[] = "ch_layernorm_backward";
     arg a[] = {{"dx", dx, CH_F32, 1},     {"dgamma", dgamma, CH_F32, 0},
                {"dbeta", dbeta, CH_F32, 0}, {"dy", dy, CH_F32, 0},
@@ -130,9 +149,19 @@ static ch_status numels_are(const char *fn, const arg *a, const int *which, int6
     return CH_OK;
 }
 
+static ch_status channel_sums_f32(const void *c, ch_tensor *const *t)
+{
+    (void)c;
+    return ch_channel_sums(t[0], t[1], t[2], t[3], t[4]);
+}
+
 ch_status ch_channel_sums(ch_tensor *sums, const ch_tensor *a, const ch_tensor *a_center,
                           const ch_tensor *b, const ch_tensor *b_center)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN, CHI_HALF_IN, CHI_HALF_IN,
+                                CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, channel_sums_f32, NULL, sums, CHI_T(a), CHI_T(a_center), CHI_T(b),
+                   CHI_T(b_center));
     static const char fn[] = "ch_channel_sums";
     arg args[] = {{"sums", sums, CH_F32, 0}, {"a", a, CH_F32, 0},
                   {"a_center", a_center, CH_F32, 1}, {"b", b, CH_F32, 0},
@@ -201,10 +230,20 @@ ch_status ch_batchnorm_stats(ch_tensor *mean, ch_tensor *rstd, ch_tensor *runnin
                                      mem_or_none(center));
 }
 
+static ch_status batchnorm_forward_f32(const void *c, ch_tensor *const *t)
+{
+    (void)c;
+    return ch_batchnorm_forward(t[0], t[1], t[2], t[3], t[4], t[5]);
+}
+
 ch_status ch_batchnorm_forward(ch_tensor *y, const ch_tensor *x, const ch_tensor *mean,
                                const ch_tensor *rstd, const ch_tensor *gamma,
                                const ch_tensor *beta)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_HALF_IN, CHI_HALF_IN,
+                                CHI_HALF_IN,  CHI_HALF_IN, CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, batchnorm_forward_f32, NULL, y, CHI_T(x), CHI_T(mean), CHI_T(rstd),
+                   CHI_T(gamma), CHI_T(beta));
     static const char fn[] = "ch_batchnorm_forward";
     arg a[] = {{"y", y, CH_F32, 0},       {"x", x, CH_F32, 0},
                {"mean", mean, CH_F32, 0}, {"rstd", rstd, CH_F32, 0},
@@ -222,11 +261,22 @@ ch_status ch_batchnorm_forward(ch_tensor *y, const ch_tensor *x, const ch_tensor
                                     chi_mem(beta));
 }
 
+static ch_status batchnorm_backward_f32(const void *c, ch_tensor *const *t)
+{
+    (void)c;
+    return ch_batchnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]);
+}
+
 ch_status ch_batchnorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
                                 const ch_tensor *dy, const ch_tensor *x, const ch_tensor *mean,
                                 const ch_tensor *rstd, const ch_tensor *gamma,
                                 const ch_tensor *local, const ch_tensor *total)
 {
+    static const int roles[] = {CHI_HALF_OUT, CHI_IO,      CHI_IO,      CHI_HALF_IN,
+                                CHI_HALF_IN,  CHI_HALF_IN, CHI_HALF_IN, CHI_HALF_IN,
+                                CHI_HALF_IN,  CHI_HALF_IN};
+    CHI_HALF_ENTRY(roles, batchnorm_backward_f32, NULL, dx, dgamma, dbeta, CHI_T(dy), CHI_T(x),
+                   CHI_T(mean), CHI_T(rstd), CHI_T(gamma), CHI_T(local), CHI_T(total));
     static const char fn[] = "ch_batchnorm_backward";
     arg a[] = {{"dx", dx, CH_F32, 1},       {"dgamma", dgamma, CH_F32, 0},
                {"dbeta", dbeta, CH_F32, 0}, {"dy", dy, CH_F32, 0},

@@ -9,6 +9,15 @@
  * result to the format: half an ulp, 2^-(mantissa bits + 1) of the value
  * (bf16: 2^-8 = 3.9e-3, f16: 2^-11 = 4.9e-4). So an element passes when
  * |got - want| <= u |want| + 2e-5 (sum of |terms|), u 0 for an f32 c.
+ *
+ * The ops that take half storage and compute in f32 (elementwise,
+ * activations, bias, sums, softmax, LayerNorm, BatchNorm): on each device,
+ * given tensors in a half format (and some in f32 beside them), against
+ * the host's f32 op on the same (exact) values, whose result the device
+ * must give rounded once to the output's format: |got - want| <= u |want|
+ * + 1e-5 max|want|, u half an ulp of the output's format as above (0 for
+ * an f32 output), 1e-5 the f32 ops' agreement across devices (test-ops).
+ *
  * Then the dtype errors a caller can make. */
 #include <math.h>
 #include <stdio.h>
@@ -174,6 +183,209 @@ static void test_device(ch_device *dev, tap_rng *rng)
     }
 }
 
+/* ---- the ops that compute in f32 on half storage ---------------------- */
+
+#define MAX_T 10
+
+/* One op on up to MAX_T tensors; `t` holds them in the op's order. */
+typedef ch_status (*op_fn)(ch_tensor **t);
+
+typedef struct op_case {
+    const char *name;
+    op_fn run;
+    int n;
+    int ndim[MAX_T];
+    int64_t shape[MAX_T][4];
+    int out[MAX_T];      /* written by the op (compared) */
+    int keep_f32[MAX_T]; /* stays f32 on the device (mixed formats) */
+    float lo[MAX_T], hi[MAX_T];
+    int same_as[MAX_T];  /* > 0: the same tensor as argument same_as - 1 (in place) */
+} op_case;
+
+static ch_status op_add(ch_tensor **t) { return ch_add(t[0], t[1], t[2]); }
+static ch_status op_mul(ch_tensor **t) { return ch_mul(t[0], t[1], t[2]); }
+static ch_status op_scale(ch_tensor **t) { return ch_scale(t[0], t[1], 0.7f); }
+static ch_status op_axpy(ch_tensor **t) { return ch_axpy(t[0], 0.5f, t[1]); }
+static ch_status op_gelu(ch_tensor **t) { return ch_activation_forward(t[0], t[1], CH_ACT_GELU); }
+static ch_status op_gelu_back(ch_tensor **t)
+{
+    return ch_activation_backward(t[0], t[1], t[2], NULL, CH_ACT_GELU);
+}
+static ch_status op_tanh_back(ch_tensor **t)
+{
+    return ch_activation_backward(t[0], t[1], NULL, t[2], CH_ACT_TANH);
+}
+static ch_status op_bias_add(ch_tensor **t) { return ch_bias_add(t[0], t[1], t[2], 1); }
+static ch_status op_bias_grad(ch_tensor **t) { return ch_bias_grad(t[0], t[1], 1, 0.5f); }
+static ch_status op_sum(ch_tensor **t) { return ch_sum(t[0], t[1], 1); }
+static ch_status op_mean(ch_tensor **t) { return ch_mean(t[0], t[1], 0); }
+static ch_status op_softmax(ch_tensor **t) { return ch_softmax(t[0], t[1], 1); }
+static ch_status op_softmax_back(ch_tensor **t) { return ch_softmax_backward(t[0], t[1], t[2]); }
+static ch_status op_layernorm(ch_tensor **t)
+{
+    return ch_layernorm(t[0], t[1], t[2], t[3], t[4], t[5], 1e-5f);
+}
+static ch_status op_layernorm_back(ch_tensor **t)
+{
+    return ch_layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+}
+static ch_status op_bn_forward(ch_tensor **t)
+{
+    return ch_batchnorm_forward(t[0], t[1], t[2], t[3], t[4], t[5]);
+}
+static ch_status op_channel_sums(ch_tensor **t)
+{
+    return ch_channel_sums(t[0], t[1], NULL, t[2], NULL);
+}
+
+static const op_case op_cases[] = {
+    {"ch_add", op_add, 3, {1, 1, 1}, {{300}, {300}, {300}}, {1}, {0}, {0}, {0}, {0}},
+    {"ch_add in place (y = a)", op_add, 3, {1, 1, 1}, {{300}, {300}, {300}}, {1}, {0}, {0},
+     {0}, {0, 1, 0}},
+    {"ch_mul, b in f32", op_mul, 3, {2, 2, 2}, {{7, 9}, {7, 9}, {7, 9}}, {1}, {0, 0, 1}, {0},
+     {0}, {0}},
+    {"ch_scale", op_scale, 2, {1, 1}, {{257}, {257}}, {1}, {0}, {0}, {0}, {0}},
+    {"ch_axpy (y read and written)", op_axpy, 2, {1, 1}, {{257}, {257}}, {1}, {0}, {0}, {0},
+     {0}},
+    {"ch_activation_forward gelu", op_gelu, 2, {1, 1}, {{400}, {400}}, {1}, {0}, {-4, -4},
+     {4, 4}, {0}},
+    {"ch_activation_backward gelu", op_gelu_back, 3, {1, 1, 1}, {{400}, {400}, {400}}, {1},
+     {0}, {0, -1, -4}, {0, 1, 4}, {0}},
+    {"ch_activation_backward tanh", op_tanh_back, 3, {1, 1, 1}, {{400}, {400}, {400}}, {1},
+     {0}, {0}, {0}, {0}},
+    {"ch_bias_add", op_bias_add, 3, {2, 2, 1}, {{6, 10}, {6, 10}, {10}}, {1}, {0}, {0}, {0},
+     {0}},
+    {"ch_bias_grad (beta 0.5)", op_bias_grad, 2, {1, 2}, {{10}, {6, 10}}, {1}, {0}, {0}, {0},
+     {0}},
+    {"ch_sum", op_sum, 2, {1, 2}, {{5}, {5, 37}}, {1}, {0}, {0}, {0}, {0}},
+    {"ch_mean, y in f32", op_mean, 2, {1, 2}, {{37}, {5, 37}}, {1}, {1}, {0}, {0}, {0}},
+    {"ch_softmax causal", op_softmax, 2, {3, 3}, {{2, 7, 7}, {2, 7, 7}}, {1}, {0}, {-3, -3},
+     {3, 3}, {0}},
+    {"ch_softmax_backward", op_softmax_back, 3, {3, 3, 3}, {{2, 7, 7}, {2, 7, 7}, {2, 7, 7}},
+     {1}, {0}, {0, -1, 0}, {0, 1, 0.3f}, {0}},
+    {"ch_layernorm", op_layernorm, 6, {2, 1, 1, 2, 1, 1},
+     {{6, 16}, {6}, {6}, {6, 16}, {16}, {16}}, {1, 1, 1}, {0}, {0}, {0}, {0}},
+    {"ch_layernorm_backward (dgamma, dbeta accumulate)", op_layernorm_back, 8,
+     {2, 1, 1, 2, 2, 1, 1, 1},
+     {{6, 16}, {16}, {16}, {6, 16}, {6, 16}, {6}, {6}, {16}}, {1, 1, 1}, {0},
+     {-1, -1, -1, -1, -1, -0.2f, 0.8f, -1}, {1, 1, 1, 1, 1, 0.2f, 1.2f, 1}, {0}},
+    {"ch_batchnorm_forward, statistics in f32", op_bn_forward, 6, {4, 4, 1, 1, 1, 1},
+     {{4, 3, 5, 5}, {4, 3, 5, 5}, {3}, {3}, {3}, {3}}, {1}, {0, 0, 1, 1, 0, 0},
+     {-1, -1, -0.2f, 0.8f, -1, -1}, {1, 1, 0.2f, 1.2f, 1, 1}, {0}},
+    {"ch_channel_sums", op_channel_sums, 3, {1, 4, 4}, {{7}, {4, 3, 5, 5}, {4, 3, 5, 5}},
+     {1}, {1}, {0}, {0}, {0}},
+};
+
+/* Random values in [lo, hi] (default [-1, 1]) rounded to F: exact in f32. */
+static ch_status case_values(const fmt *F, int64_t n, float lo, float hi, tap_rng *rng,
+                             uint16_t *bits, float *exact)
+{
+    ch_status made = make_half(F, n, rng, bits, exact);
+    if (made != CH_OK || (lo == 0.0f && hi == 0.0f))
+        return made;
+    /* Stretch [-1, 1] onto [lo, hi] and round again. */
+    for (int64_t i = 0; i < n; i++)
+        exact[i] = lo + (exact[i] + 1.0f) * 0.5f * (hi - lo);
+    ch_tensor *x = NULL, *h = NULL;
+    ch_status st = ch_tensor_new(&x, host, CH_F32, 1, &n);
+    if (st == CH_OK)
+        st = ch_tensor_new(&h, host, F->dtype, 1, &n);
+    if (st == CH_OK)
+        st = ch_tensor_upload(x, exact, sizeof(float) * (size_t)n);
+    if (st == CH_OK)
+        st = ch_cast(h, x);
+    if (st == CH_OK)
+        st = ch_tensor_download(h, bits, 2 * (size_t)n);
+    if (st == CH_OK)
+        st = ch_cast(x, h);
+    if (st == CH_OK)
+        st = ch_tensor_download(x, exact, sizeof(float) * (size_t)n);
+    ch_tensor_free(x);
+    ch_tensor_free(h);
+    return st;
+}
+
+static int64_t count_of(const op_case *c, int i)
+{
+    int64_t n = 1;
+    for (int d = 0; d < c->ndim[i]; d++)
+        n *= c->shape[i][d];
+    return n;
+}
+
+static void op_case_run(ch_device *dev, const fmt *F, const op_case *c, tap_rng *rng)
+{
+    const char *id = ch_device_id(dev);
+    ch_tensor *ref[MAX_T] = {NULL}, *on[MAX_T] = {NULL};
+    uint16_t *bits[MAX_T] = {NULL};
+    float *vals[MAX_T] = {NULL}, *want[MAX_T] = {NULL}, *got[MAX_T] = {NULL};
+    ch_status st = CH_OK;
+    for (int i = 0; i < c->n && st == CH_OK; i++) {
+        int64_t n = count_of(c, i);
+        if (c->same_as[i] > 0)
+            continue;
+        bits[i] = malloc(2 * n);
+        vals[i] = malloc(4 * n);
+        want[i] = malloc(4 * n);
+        got[i] = malloc(4 * n);
+        if (!bits[i] || !vals[i] || !want[i] || !got[i]) {
+            st = CH_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        st = case_values(F, n, c->lo[i], c->hi[i], rng, bits[i], vals[i]);
+        if (st == CH_OK)
+            st = tensor_of(&ref[i], host, CH_F32, c->ndim[i], c->shape[i], NULL, vals[i]);
+        ch_dtype dt = c->keep_f32[i] ? CH_F32 : F->dtype;
+        if (st == CH_OK)
+            st = tensor_of(&on[i], dev, dt, c->ndim[i], c->shape[i], bits[i], vals[i]);
+    }
+    ch_tensor *rt[MAX_T], *ot[MAX_T];
+    for (int i = 0; i < c->n; i++) {
+        int k = c->same_as[i] > 0 ? c->same_as[i] - 1 : i;
+        rt[i] = ref[k];
+        ot[i] = on[k];
+    }
+    if (st == CH_OK)
+        st = c->run(rt);
+    if (st == CH_OK)
+        st = c->run(ot);
+    double u = ldexp(1.0, -(F->mant + 1)), worst = 0.0;
+    int64_t bad = 0;
+    for (int i = 0; i < c->n && st == CH_OK; i++) {
+        if (!c->out[i] || c->same_as[i] > 0)
+            continue;
+        int64_t n = count_of(c, i);
+        st = ch_tensor_download(ref[i], want[i], 4 * (size_t)n);
+        if (st == CH_OK)
+            st = values_of(on[i], got[i]);
+        double big = 0.0, ui = c->keep_f32[i] ? 0.0 : u;
+        for (int64_t e = 0; st == CH_OK && e < n; e++)
+            big = fmax(big, fabs(want[i][e]));
+        for (int64_t e = 0; st == CH_OK && e < n; e++) {
+            double err = fabs((double)got[i][e] - want[i][e]);
+            if (!(err <= ui * fabs(want[i][e]) + 1e-5 * big))
+                bad++;
+            worst = fmax(worst, err / (big + 1e-30));
+        }
+    }
+    if (tap_status_ok(st, "%s: %s on %s storage", id, c->name, F->name))
+        tap_ok(bad == 0, "%s: ... the host's f32 result rounded once (%lld elements outside "
+               "u |want| + 1e-5 max|want|; largest error %.2g of max|want|)",
+               id, (long long)bad, worst);
+    for (int i = 0; i < c->n; i++) {
+        ch_tensor_free(ref[i]);
+        ch_tensor_free(on[i]);
+        free(bits[i]), free(vals[i]), free(want[i]), free(got[i]);
+    }
+}
+
+static void test_ops(ch_device *dev, tap_rng *rng)
+{
+    for (int f = 0; f < 2; f++)
+        for (size_t k = 0; k < sizeof op_cases / sizeof op_cases[0]; k++)
+            op_case_run(dev, &formats[f], &op_cases[k], rng);
+}
+
 static void test_errors(ch_device *dev)
 {
     int64_t s[2] = {4, 4};
@@ -222,6 +434,7 @@ int main(void)
     tap_rng rng = {20261201};
     for (int d = 0; d < ndev; d++) {
         test_device(devs[d], &rng);
+        test_ops(devs[d], &rng);
         test_errors(devs[d]);
     }
     ch_shutdown();

@@ -43,6 +43,17 @@ CH_API ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x);
 CH_API ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha,
                          const ch_tensor *a, const ch_tensor *b, float beta);
 
+/* ---- Half storage ---------------------------------------------------------
+ * The elementwise ops, activations, bias, ch_sum and ch_mean, softmax,
+ * LayerNorm and BatchNorm (with ch_channel_sums) take any of their float
+ * tensors in CH_BF16 or CH_F16 as well as CH_F32, mixed freely: they
+ * compute in f32 on the values the half tensors hold (exact in f32) and
+ * round each half output once, to nearest even. Where a backend has no
+ * half kernels of its own, the core runs the f32 op on f32 copies made on
+ * the same device (ch_cast), so every backend takes them. The optimizer
+ * steps, the losses, the embedding, pooling and the convolution stay f32
+ * (master weights and their state are f32 by design). */
+
 /* ---- Elementwise (same element count; in place allowed) ------------------ */
 
 CH_API ch_status ch_add(ch_tensor *y, const ch_tensor *a, const ch_tensor *b);

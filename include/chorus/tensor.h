@@ -16,7 +16,7 @@ extern "C" {
 typedef enum ch_dtype {
     CH_F32 = 0,
     CH_I32 = 1,
-    CH_BF16 = 2, /* bfloat16: ch_cast, ch_gemm and ch_gemm_batched, checkpoints */
+    CH_BF16 = 2, /* bfloat16: storage for the float ops (chorus/ops.h), checkpoints */
     CH_F16 = 3   /* IEEE binary16: the same */
 } ch_dtype;
 
