@@ -38,21 +38,16 @@ static const fmt formats[] = {{"bf16", CH_BF16, 7}, {"f16", CH_F16, 10}};
 
 static ch_device *host;
 
-/* n random floats in [-1, 1] rounded to F (host casts, checked bit for bit
- * by test-cast): the half patterns and their exact f32 values. */
-static ch_status make_half(const fmt *F, int64_t n, tap_rng *rng, uint16_t *bits, float *exact)
+/* vals rounded to F in place (host casts, checked bit for bit by
+ * test-cast), their half patterns in bits. */
+static ch_status round_to(const fmt *F, int64_t n, float *vals, uint16_t *bits)
 {
-    float *f = malloc(sizeof(float) * (size_t)n);
     ch_tensor *x = NULL, *h = NULL;
-    ch_status st = f ? CH_OK : CH_ERR_OUT_OF_MEMORY;
-    for (int64_t i = 0; f && i < n; i++)
-        f[i] = tap_rng_uniform(rng, -1.0f, 1.0f);
-    if (st == CH_OK)
-        st = ch_tensor_new(&x, host, CH_F32, 1, &n);
+    ch_status st = ch_tensor_new(&x, host, CH_F32, 1, &n);
     if (st == CH_OK)
         st = ch_tensor_new(&h, host, F->dtype, 1, &n);
     if (st == CH_OK)
-        st = ch_tensor_upload(x, f, sizeof(float) * (size_t)n);
+        st = ch_tensor_upload(x, vals, sizeof(float) * (size_t)n);
     if (st == CH_OK)
         st = ch_cast(h, x);
     if (st == CH_OK)
@@ -60,11 +55,19 @@ static ch_status make_half(const fmt *F, int64_t n, tap_rng *rng, uint16_t *bits
     if (st == CH_OK)
         st = ch_cast(x, h);
     if (st == CH_OK)
-        st = ch_tensor_download(x, exact, sizeof(float) * (size_t)n);
+        st = ch_tensor_download(x, vals, sizeof(float) * (size_t)n);
     ch_tensor_free(x);
     ch_tensor_free(h);
-    free(f);
     return st;
+}
+
+/* n random floats in [-1, 1] rounded to F: the half patterns and their
+ * exact f32 values. */
+static ch_status make_half(const fmt *F, int64_t n, tap_rng *rng, uint16_t *bits, float *exact)
+{
+    for (int64_t i = 0; i < n; i++)
+        exact[i] = tap_rng_uniform(rng, -1.0f, 1.0f);
+    return round_to(F, n, exact, bits);
 }
 
 /* A tensor on dev of `dtype` holding `bits` (half) or `vals` (f32). */
@@ -283,26 +286,9 @@ static ch_status case_values(const fmt *F, int64_t n, float lo, float hi, tap_rn
     ch_status made = make_half(F, n, rng, bits, exact);
     if (made != CH_OK || (lo == 0.0f && hi == 0.0f))
         return made;
-    /* Stretch [-1, 1] onto [lo, hi] and round again. */
     for (int64_t i = 0; i < n; i++)
         exact[i] = lo + (exact[i] + 1.0f) * 0.5f * (hi - lo);
-    ch_tensor *x = NULL, *h = NULL;
-    ch_status st = ch_tensor_new(&x, host, CH_F32, 1, &n);
-    if (st == CH_OK)
-        st = ch_tensor_new(&h, host, F->dtype, 1, &n);
-    if (st == CH_OK)
-        st = ch_tensor_upload(x, exact, sizeof(float) * (size_t)n);
-    if (st == CH_OK)
-        st = ch_cast(h, x);
-    if (st == CH_OK)
-        st = ch_tensor_download(h, bits, 2 * (size_t)n);
-    if (st == CH_OK)
-        st = ch_cast(x, h);
-    if (st == CH_OK)
-        st = ch_tensor_download(x, exact, sizeof(float) * (size_t)n);
-    ch_tensor_free(x);
-    ch_tensor_free(h);
-    return st;
+    return round_to(F, n, exact, bits);
 }
 
 static int64_t count_of(const op_case *c, int i)

@@ -32,6 +32,20 @@ static ch_status chcu_stream_blas(chcu_stream *s)
     return CH_OK;
 }
 
+/* The stream's device made current, its BLAS lock taken and its handle
+ * made; on failure the lock is not held. */
+static ch_status chcu_blas_begin(chcu_stream *s)
+{
+    ch_status st = chcu_enter(s->dev);
+    if (st)
+        return st;
+    pthread_mutex_lock(&s->blas_lock);
+    st = chcu_stream_blas(s);
+    if (st)
+        pthread_mutex_unlock(&s->blas_lock);
+    return st;
+}
+
 ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                     float alpha, ch_bmem a, int64_t lda, ch_bmem b, int64_t ldb, float beta,
                     ch_bmem c, int64_t ldc)
@@ -42,18 +56,14 @@ ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n
                          "cublasSgemm: a size or stride beyond INT_MAX (m %lld, n %lld, k %lld)",
                          (long long)m, (long long)n, (long long)k);
     chcu_stream *s = (chcu_stream *)stream;
-    ch_status st = chcu_enter(s->dev);
+    ch_status st = chcu_blas_begin(s);
     if (st)
         return st;
-    pthread_mutex_lock(&s->blas_lock);
-    st = chcu_stream_blas(s);
-    if (!st)
-        st = chcu_blas_check(cublasSgemm(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                         trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
-                                         (int)k, &alpha, chcu_at<float>(b), (int)ldb,
-                                         chcu_at<float>(a), (int)lda, &beta, chcu_at<float>(c),
-                                         (int)ldc),
-                             "cublasSgemm");
+    st = chcu_blas_check(cublasSgemm(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k,
+                                     &alpha, chcu_at<float>(b), (int)ldb, chcu_at<float>(a),
+                                     (int)lda, &beta, chcu_at<float>(c), (int)ldc),
+                         "cublasSgemm");
     pthread_mutex_unlock(&s->blas_lock);
     return st;
 }
@@ -72,20 +82,16 @@ ch_status chcu_gemm_batched(void *stream, int trans_a, int trans_b, int64_t coun
                          "matrices, m %lld, n %lld, k %lld)",
                          (long long)count, (long long)m, (long long)n, (long long)k);
     chcu_stream *s = (chcu_stream *)stream;
-    ch_status st = chcu_enter(s->dev);
+    ch_status st = chcu_blas_begin(s);
     if (st)
         return st;
-    pthread_mutex_lock(&s->blas_lock);
-    st = chcu_stream_blas(s);
-    if (!st)
-        st = chcu_blas_check(
-            cublasSgemmStridedBatched(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
-                                      (int)k, &alpha, chcu_at<float>(b), (int)ldb,
-                                      (long long)stride_b, chcu_at<float>(a), (int)lda,
-                                      (long long)stride_a, &beta, chcu_at<float>(c), (int)ldc,
-                                      (long long)stride_c, (int)count),
-            "cublasSgemmStridedBatched");
+    st = chcu_blas_check(
+        cublasSgemmStridedBatched(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k,
+                                  &alpha, chcu_at<float>(b), (int)ldb, (long long)stride_b,
+                                  chcu_at<float>(a), (int)lda, (long long)stride_a, &beta,
+                                  chcu_at<float>(c), (int)ldc, (long long)stride_c, (int)count),
+        "cublasSgemmStridedBatched");
     pthread_mutex_unlock(&s->blas_lock);
     return st;
 }
@@ -109,20 +115,18 @@ ch_status chcu_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b,
     cudaDataType_t in = ab == CH_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     cudaDataType_t out = cd == CH_F32 ? CUDA_R_32F : in;
     chcu_stream *s = (chcu_stream *)stream;
-    ch_status st = chcu_enter(s->dev);
+    ch_status st = chcu_blas_begin(s);
     if (st)
         return st;
-    pthread_mutex_lock(&s->blas_lock);
-    st = chcu_stream_blas(s);
     cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                       opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if (!st && count == 1)
+    if (count == 1)
         st = chcu_blas_check(cublasGemmEx(s->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
                                           chcu_at<void>(b), in, (int)ldb, chcu_at<void>(a), in,
                                           (int)lda, &beta, chcu_at<void>(c), out, (int)ldc,
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                              "cublasGemmEx");
-    else if (!st)
+    else
         st = chcu_blas_check(
             cublasGemmStridedBatchedEx(s->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
                                        chcu_at<void>(b), in, (int)ldb, (long long)stride_b,
