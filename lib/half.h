@@ -16,12 +16,13 @@
 #define CHI_HALF_FN static inline
 #endif
 
+/* Both results computed and one chosen, without a branch: loops over
+ * arrays of these vectorise. */
 CHI_HALF_FN uint16_t chi_f32_to_bf16(uint32_t u)
 {
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    uint16_t nan = (uint16_t)((u >> 16) | 0x0040u);
+    uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
 }
 
 CHI_HALF_FN uint32_t chi_bf16_to_f32(uint16_t h) { return (uint32_t)h << 16; }

@@ -59,6 +59,13 @@ struct ch_reducer {
     void *stage_user;
     void *span;                /* the backend's communicators across processes */
     const ch_backend_i *span_be;
+    /* ch_reducer_set_dtype(CH_BF16): the host-staged sum moves bf16. */
+    ch_dtype dtype;
+    ch_tensor **half;          /* [n] device participants' bf16 copies */
+    ch_host_buffer *t16;       /* the bf16 total, pinned */
+    float *t32;                /* with a stage: the f32 total it gets */
+    const void **hsrc;         /* [n] */
+    int *hsrc_bf16;            /* [n] */
 };
 
 /* ---- modes --------------------------------------------------------------- */
@@ -176,6 +183,13 @@ void ch_reducer_free(ch_reducer *r)
     if (r->staging)
         for (int i = 0; i < r->n; i++)
             ch_host_buffer_free(r->staging[i]);
+    for (int i = 0; r->half && i < r->n; i++)
+        ch_tensor_free(r->half[i]);
+    free(r->half);
+    ch_host_buffer_free(r->t16);
+    free(r->t32);
+    free(r->hsrc);
+    free(r->hsrc_bf16);
     free(r->streams);
     free(r->group);
     free(r->first);
@@ -286,6 +300,50 @@ ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user)
 
 /* The backend every participant is on when it can span processes, every
  * device once, and the mode allows it; else NULL. */
+ch_status ch_reducer_set_dtype(ch_reducer *r, ch_dtype dtype)
+{
+    static const char fn[] = "ch_reducer_set_dtype";
+    if (!r)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: r is NULL", fn);
+    if (dtype != CH_F32 && dtype != CH_BF16)
+        return chi_error(CH_ERR_DTYPE, "%s: %s, expected f32 or bf16", fn, ch_dtype_name(dtype));
+    if (dtype == r->dtype)
+        return CH_OK;
+    if (dtype == CH_BF16 && r->span)
+        return chi_error(CH_ERR_STATE, "%s: the reducer spans processes through its backend, "
+                         "which sums in f32", fn);
+    if (dtype == CH_F32) {
+        r->dtype = CH_F32;
+        return CH_OK;
+    }
+    /* Staging for every group's first participant (as a stage needs), a
+     * bf16 copy on every device participant, the pinned bf16 total. */
+    ch_status st = CH_OK;
+    size_t un = (size_t)r->n;
+    if (!r->half) {
+        r->half = calloc(un, sizeof *r->half);
+        r->hsrc = calloc(un, sizeof *r->hsrc);
+        r->hsrc_bf16 = calloc(un, sizeof *r->hsrc_bf16);
+        if (!r->half || !r->hsrc || !r->hsrc_bf16)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    }
+    int64_t cap = r->capacity > 0 ? r->capacity : 1;
+    for (int i = 0; st == CH_OK && i < r->n; i++) {
+        if (r->first[r->group[i]] == i)
+            st = make_staging(r, i, 1);
+        if (st == CH_OK && !r->half[i] && !host_memory(r->streams[i]->dev))
+            st = ch_tensor_new(&r->half[i], r->streams[i]->dev, CH_BF16, 1, &cap);
+        if (st == CH_OK && !r->t16 && !host_memory(r->streams[i]->dev))
+            st = ch_host_buffer_new(&r->t16, r->streams[i]->dev, (size_t)cap * 2);
+    }
+    if (st == CH_OK && !r->t16)
+        st = ch_host_buffer_new(&r->t16, r->streams[0]->dev, (size_t)cap * 2);
+    if (st != CH_OK)
+        return chi_error(st, "%s: %s", fn, ch_last_error());
+    r->dtype = CH_BF16;
+    return CH_OK;
+}
+
 static const ch_backend_i *span_backend(const ch_reducer *r)
 {
     if (!r || r->mode == CH_REDUCE_HOST)
@@ -338,6 +396,9 @@ ch_status ch_reducer_span(ch_reducer *r, const void *id, int first, int total)
     if (r->span)
         return chi_error(CH_ERR_STATE, "ch_reducer_span: the reducer spans processes "
                          "already");
+    if (r->dtype != CH_F32)
+        return chi_error(CH_ERR_STATE, "ch_reducer_span: the reducer sums in %s on the host; "
+                         "a span sums in f32", ch_dtype_name(r->dtype));
     if (first < 0 || total < 1 || first > total - r->n)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_span: participants %d to %d of "
                          "%d: expected 0 <= first and first + %d <= total", first,
@@ -540,6 +601,91 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
     return st;
 }
 
+/* The host-staged sum in bf16: every group's first participant's buffer
+ * rounded to bf16 on its device and downloaded (half the bytes), host
+ * participants' read in place and rounded, the sum taken in f32 in group
+ * order and rounded to bf16 once (after the stage, which gets the f32
+ * total), and that bf16 total uploaded to every device participant and
+ * widened there, and widened into every host participant: every
+ * participant ends with the same values. */
+static ch_status stage_bf16(ch_reducer *r, int64_t count)
+{
+    ch_status st = CH_OK;
+    ch_tensor *hviews[64] = {NULL}, **half = count > 0 && r->n <= 64 ? hviews : NULL;
+    if (!half)
+        return chi_error(CH_ERR_LIMIT, "ch_reducer_allreduce: bf16 with %d participants, at "
+                         "most 64", r->n);
+    for (int i = 0; i < r->n && st == CH_OK; i++)
+        if (r->half[i])
+            st = ch_tensor_view(&half[i], r->half[i], 0, count);
+    /* Rounded on the devices and downloaded, queued on every device. */
+    for (int g = 0; g < r->ngroups && st == CH_OK; g++) {
+        int i = r->first[g];
+        if (host_memory(r->streams[i]->dev))
+            continue;
+        st = ch_stream_set_current(r->streams[i]);
+        if (st == CH_OK)
+            st = ch_cast(half[i], r->views[i]);
+        if (st == CH_OK)
+            st = ch_tensor_download_async(half[i], r->staging[i], 0);
+    }
+    for (int g = 0; g < r->ngroups && st == CH_OK; g++) {
+        int i = r->first[g];
+        if (!host_memory(r->streams[i]->dev))
+            st = ch_stream_sync(r->streams[i]);
+    }
+    uint16_t *t16 = ch_host_buffer_data(r->t16);
+    if (st == CH_OK) {
+        for (int g = 0; g < r->ngroups; g++) {
+            int i = r->first[g];
+            int dev = !host_memory(r->streams[i]->dev);
+            r->hsrc[g] = dev ? ch_host_buffer_data(r->staging[i])
+                             : (const void *)host_addr(r->views[i]);
+            r->hsrc_bf16[g] = dev;
+        }
+        if (r->stage) {
+            if (!r->t32)
+                r->t32 = malloc((size_t)(r->capacity > 0 ? r->capacity : 1) * sizeof(float));
+            if (!r->t32)
+                st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_allreduce: out of host memory");
+            if (st == CH_OK) {
+                chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, r->t32, NULL);
+                st = r->stage(r->stage_user, r->t32, count);
+            }
+            if (st == CH_OK) {
+                const void *one[1] = {r->t32};
+                const int f32[1] = {0};
+                chi_sum_bf16(count, 1, one, f32, NULL, t16);
+            }
+        } else {
+            chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, NULL, t16);
+        }
+    }
+    /* Back: host participants widen in place, devices upload and widen. */
+    int ncopies = 0;
+    for (int i = 0; i < r->n && st == CH_OK; i++)
+        if (host_memory(r->streams[i]->dev))
+            r->copies[ncopies++] = host_addr(r->views[i]);
+    if (st == CH_OK)
+        chi_widen_bf16(count, t16, ncopies, r->copies);
+    for (int i = 0; i < r->n && st == CH_OK; i++) {
+        if (!r->half[i])
+            continue;
+        st = ch_stream_set_current(r->streams[i]);
+        if (st == CH_OK)
+            st = r->t16->pinned && r->t16->dev->be == r->streams[i]->dev->be
+                     ? ch_tensor_upload_async(half[i], r->t16, 0)
+                     : ch_tensor_upload(half[i], t16, (size_t)count * 2);
+        if (st == CH_OK)
+            st = ch_cast(r->views[i], half[i]);
+    }
+    /* Nothing queued may still read the views or the staging: the caller
+     * syncs every stream before the views go. */
+    for (int i = 0; i < r->n; i++)
+        ch_tensor_free(half[i]);
+    return st;
+}
+
 static ch_status sync_all(ch_reducer *r)
 {
     ch_status st = CH_OK;
@@ -603,7 +749,9 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
         queued = 1;
         st = reduce_groups(r, count);
     }
-    if (st == CH_OK && !r->span && (r->ngroups >= 2 || r->stage))
+    if (st == CH_OK && !r->span && r->dtype == CH_BF16 && (r->ngroups >= 2 || r->stage))
+        st = stage_bf16(r, count);
+    else if (st == CH_OK && !r->span && (r->ngroups >= 2 || r->stage))
         st = stage_across_groups(r, count);
     /* Also after a failure: nothing queued may still touch the staging or
      * the views once this returns. The first failure's message is kept. */

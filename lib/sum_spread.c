@@ -92,3 +92,82 @@ void chi_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src, in
         spread_chunk(lo, len, dst, nsrc, src, ncopies, copies);
     }
 }
+
+/* ---- the bf16 all-reduce ------------------------------------------------- */
+
+#include "half.h"
+
+static float bf16_value(uint16_t h)
+{
+    uint32_t u = chi_bf16_to_f32(h);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t bf16_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return chi_f32_to_bf16(u);
+}
+
+static void sum_bf16_chunk(int64_t lo, int64_t len, int nsrc, const void *const *src,
+                           const int *is_bf16, float *t32, uint16_t *t16)
+{
+    float acc[SPREAD_CHUNK];
+    for (int k = 0; k < nsrc; k++) {
+        if (is_bf16[k]) {
+            const uint16_t *s = (const uint16_t *)src[k] + lo;
+            CHI_OMP(omp simd)
+            for (int64_t i = 0; i < len; i++)
+                acc[i] = k ? acc[i] + bf16_value(s[i]) : bf16_value(s[i]);
+        } else {
+            const float *s = (const float *)src[k] + lo;
+            CHI_OMP(omp simd)
+            for (int64_t i = 0; i < len; i++) {
+                float v = bf16_value(bf16_of(s[i]));
+                acc[i] = k ? acc[i] + v : v;
+            }
+        }
+    }
+    if (t32)
+        memcpy(t32 + lo, acc, (size_t)len * sizeof(float));
+    if (t16) {
+        CHI_OMP(omp simd)
+        for (int64_t i = 0; i < len; i++)
+            t16[lo + i] = bf16_of(acc[i]);
+    }
+}
+
+void chi_sum_bf16(int64_t n, int nsrc, const void *const *src, const int *is_bf16, float *t32,
+                  uint16_t *t16)
+{
+    if (n <= 0 || nsrc < 1)
+        return;
+    int64_t chunks = (n + SPREAD_CHUNK - 1) / SPREAD_CHUNK;
+    CHI_OMP(omp parallel for schedule(static) if (parallel: chunks > SPREAD_PAR_CHUNKS))
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t lo = c * SPREAD_CHUNK;
+        int64_t len = n - lo < SPREAD_CHUNK ? n - lo : SPREAD_CHUNK;
+        sum_bf16_chunk(lo, len, nsrc, src, is_bf16, t32, t16);
+    }
+}
+
+void chi_widen_bf16(int64_t n, const uint16_t *t16, int ncopies, float *const *copies)
+{
+    if (n <= 0 || ncopies < 1)
+        return;
+    int64_t chunks = (n + SPREAD_CHUNK - 1) / SPREAD_CHUNK;
+    CHI_OMP(omp parallel for schedule(static) if (parallel: chunks > SPREAD_PAR_CHUNKS))
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t lo = c * SPREAD_CHUNK;
+        int64_t len = n - lo < SPREAD_CHUNK ? n - lo : SPREAD_CHUNK;
+        for (int k = 0; k < ncopies; k++) {
+            float *d = copies[k];
+            CHI_OMP(omp simd)
+            for (int64_t i = lo; i < lo + len; i++)
+                d[i] = bf16_value(t16[i]);
+        }
+    }
+}

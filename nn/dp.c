@@ -947,6 +947,9 @@ static ch_status check_options(const ch_dp_options *o, int n)
     if (!(o->loss_scale >= 0.0f) || !isfinite(o->loss_scale))
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->loss_scale is %g, "
                          "expected a finite number >= 0 (0: 65536)", o->loss_scale);
+    if (o->reduce_dtype != CH_F32 && o->reduce_dtype != CH_BF16)
+        return chi_error(CH_ERR_DTYPE, "ch_dp_new: options->reduce_dtype is %s, expected f32 "
+                         "or bf16", ch_dtype_name(o->reduce_dtype));
     if (o->loss_scale_interval < 0)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->loss_scale_interval "
                          "is %d, expected >= 0 (0: 2000)", o->loss_scale_interval);
@@ -1028,6 +1031,8 @@ static ch_status make_reducer(ch_dp *dp)
     free(comms);
     if (st == CH_OK && dp->ranks > 1)
         st = ch_reducer_set_stage(dp->reducer, sum_across, dp);
+    if (st == CH_OK && dp->o.reduce_dtype == CH_BF16)
+        st = ch_reducer_set_dtype(dp->reducer, CH_BF16);
     if (st != CH_OK)
         return chi_error(st, "ch_dp_new: %s", ch_last_error());
     return CH_OK;
@@ -1055,7 +1060,7 @@ typedef struct joining {
     int64_t numel;
     int32_t nparams, nbuckets, nbuffers, split;
     int32_t accumulate, batchnorm_local, sample_dtype, sample_ndim;
-    int32_t precision, loss_scale_interval;
+    int32_t precision, loss_scale_interval, reduce_dtype;
     float loss_scale;
     int64_t sample_shape[CH_MAX_DIMS];
     int64_t labels_per_sample;
@@ -1078,8 +1083,9 @@ static const char *disagreement(const joining *a, const joining *z)
     if (a->batchnorm_local != z->batchnorm_local)
         return "options->batchnorm_local";
     if (a->precision != z->precision || a->loss_scale != z->loss_scale ||
-        a->loss_scale_interval != z->loss_scale_interval)
-        return "the precision (options->precision, loss_scale or loss_scale_interval)";
+        a->loss_scale_interval != z->loss_scale_interval || a->reduce_dtype != z->reduce_dtype)
+        return "the precision (options->precision, loss_scale, loss_scale_interval or "
+               "reduce_dtype)";
     if (a->sample_dtype != z->sample_dtype || a->sample_ndim != z->sample_ndim ||
         memcmp(a->sample_shape, z->sample_shape, sizeof a->sample_shape) != 0 ||
         a->labels_per_sample != z->labels_per_sample)
@@ -1106,6 +1112,7 @@ static ch_status join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **w
     mine.precision = o->precision;
     mine.loss_scale = o->loss_scale;
     mine.loss_scale_interval = o->loss_scale_interval;
+    mine.reduce_dtype = o->reduce_dtype;
     mine.sample_dtype = o->sample_dtype;
     mine.sample_ndim = o->sample_ndim;
     memcpy(mine.sample_shape, o->sample_shape, sizeof mine.sample_shape);
@@ -1139,7 +1146,8 @@ static ch_status join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **w
     }
     dp->nall = 0;
     dp->nmax = 0;
-    dp->span_all = 1;
+    /* bf16 reduction goes through the host: no span (which sums f32). */
+    dp->span_all = o->reduce_dtype == CH_F32;
     for (int k = 0; k < dp->ranks; k++)
         dp->span_all = dp->span_all && all[k].span_bytes > 0 &&
                        all[k].span_bytes == all[0].span_bytes;

@@ -551,6 +551,140 @@ static void test_stage(void)
                   "r is NULL", "ch_reducer_set_stage(NULL)");
 }
 
+/* ---- bf16 on the host path ------------------------------------------------- */
+
+static float bf16_round(float f)
+{
+    /* Round to nearest even on the top 16 bits (finite inputs here). */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Host mode moves bf16: every participant ends with the bf16 rounding of
+ * the f32 sum, taken left to right, of the participants' values rounded
+ * to bf16: bit for bit, in every buffer, the rest of the buffers untouched;
+ * two calls give the same bits; f32 again after switching back. */
+static void bf16_case(const char *const *names, int n, int64_t total, int64_t off, int64_t count)
+{
+    rcase c = {{NULL}, n};
+    for (int i = 0; i < n; i++)
+        c.names[i] = names[i];
+    plist p;
+    const char *missing;
+    if (!plist_make(&p, &c, &missing)) {
+        if (missing)
+            tap_skip("bf16 over {%s...}: no device %s here", names[0], missing);
+        return;
+    }
+    ch_reducer *r = NULL;
+    ch_tensor *t[MAXP] = {0};
+    float *in[MAXP] = {0}, *out = malloc(sizeof(float) * (size_t)total),
+          *want = malloc(sizeof(float) * (size_t)count);
+    tap_rng rng = {77};
+    ch_status st = out && want ? ch_reducer_new(&r, p.stream, n, count, CH_REDUCE_HOST)
+                               : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = ch_reducer_set_dtype(r, CH_BF16);
+    for (int i = 0; i < n && st == CH_OK; i++) {
+        in[i] = malloc(sizeof(float) * (size_t)total);
+        if (!in[i]) {
+            st = CH_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        for (int64_t k = 0; k < total; k++)
+            in[i][k] = tap_rng_uniform(&rng, -1, 1);
+        st = ch_tensor_new(&t[i], p.dev[i], CH_F32, 1, &total);
+        if (st == CH_OK)
+            st = ch_tensor_upload(t[i], in[i], sizeof(float) * (size_t)total);
+    }
+    for (int64_t k = 0; st == CH_OK && k < count; k++) {
+        float acc = bf16_round(in[0][off + k]);
+        for (int i = 1; i < n; i++)
+            acc += bf16_round(in[i][off + k]);
+        want[k] = bf16_round(acc);
+    }
+    int same = 1, again = 1;
+    for (int pass = 0; pass < 2 && st == CH_OK; pass++) {
+        if (pass == 1) /* the same inputs again */
+            for (int i = 0; i < n && st == CH_OK; i++)
+                st = ch_tensor_upload(t[i], in[i], sizeof(float) * (size_t)total);
+        if (st == CH_OK)
+            st = ch_reducer_allreduce(r, t, off, count);
+        for (int i = 0; i < n && st == CH_OK; i++) {
+            st = ch_tensor_download(t[i], out, sizeof(float) * (size_t)total);
+            for (int64_t k = 0; st == CH_OK && k < total; k++) {
+                int ok = k >= off && k < off + count
+                             ? memcmp(&out[k], &want[k - off], sizeof(float)) == 0
+                             : out[k] == in[i][k];
+                if (pass == 0)
+                    same = same && ok;
+                else
+                    again = again && ok;
+            }
+        }
+    }
+    if (tap_status_ok(st, "bf16 over {%s}: allreduce of %lld of %lld floats", p.label,
+                      (long long)count, (long long)total))
+        tap_ok(same && again, "bf16 over {%s}: every buffer holds bf16(sum of bf16(x_i)) bit for "
+               "bit, the rest untouched, on two calls", p.label);
+    if (st == CH_OK) {
+        st = ch_reducer_set_dtype(r, CH_F32);
+        for (int i = 0; i < n && st == CH_OK; i++)
+            st = ch_tensor_upload(t[i], in[i], sizeof(float) * (size_t)total);
+        if (st == CH_OK)
+            st = ch_reducer_allreduce(r, t, off, count);
+        int f32 = 1;
+        for (int i = 0; i < n && st == CH_OK; i++) {
+            st = ch_tensor_download(t[i], out, sizeof(float) * (size_t)total);
+            for (int64_t k = 0; st == CH_OK && k < count; k++) {
+                float acc = in[0][off + k];
+                for (int j = 1; j < n; j++)
+                    acc += in[j][off + k];
+                f32 = f32 && out[off + k] == acc;
+            }
+        }
+        tap_ok(st == CH_OK && f32, "bf16 over {%s}: back to f32, the f32 sum bit for bit",
+               p.label);
+    }
+    for (int i = 0; i < n; i++) {
+        ch_tensor_free(t[i]);
+        free(in[i]);
+    }
+    free(out);
+    free(want);
+    ch_reducer_free(r);
+    plist_free(&p);
+}
+
+static void test_bf16(void)
+{
+    static const char *const hosts[] = {"host", "host", "host"},
+                             *const mixed[] = {"host", "opencl:0", "opencl:1"},
+                             *const ocl[] = {"opencl:0", "opencl:1"},
+                             *const gpu[] = {"cuda:0", "host"};
+    bf16_case(hosts, 3, 1000, 10, 900);
+    bf16_case(mixed, 3, 1000, 10, 900);
+    bf16_case(mixed, 3, 70001, 3, 69990); /* several chunks, in parallel */
+    bf16_case(ocl, 2, 5000, 0, 5000);
+    bf16_case(gpu, 2, 5000, 7, 4000);
+    ch_device *host;
+    ch_stream *s[1];
+    ch_reducer *r = NULL;
+    if (ch_device_by_name(&host, "host") == CH_OK && ch_stream_new(&s[0], host) == CH_OK) {
+        if (ch_reducer_new(&r, s, 1, 16, CH_REDUCE_HOST) == CH_OK) {
+            tap_status_is(ch_reducer_set_dtype(r, CH_F16), CH_ERR_DTYPE, "expected f32 or bf16",
+                          "ch_reducer_set_dtype(f16) is refused");
+            ch_reducer_free(r);
+        }
+        ch_stream_free(s[0]);
+    }
+    tap_status_is(ch_reducer_set_dtype(NULL, CH_BF16), CH_ERR_INVALID_ARGUMENT, "r is NULL",
+                  "ch_reducer_set_dtype(NULL)");
+}
+
 /* ---- across processes without the host (NCCL) ---------------------------- */
 
 static void test_span(void)
@@ -783,6 +917,7 @@ int main(void)
     test_errors();
     test_single();
     test_stage();
+    test_bf16();
     test_span();
     test_auto_groups();
     test_many_host();

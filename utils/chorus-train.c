@@ -42,6 +42,7 @@ typedef struct options {
     float weight_decay;      /* < 0: the optimizer's default */
     ch_dtype save_dtype;     /* --save-dtype: the checkpoints' tensors */
     ch_dtype precision;      /* --precision: mixed precision's half format, or f32 */
+    ch_dtype reduce_dtype;   /* --reduce-dtype: the gradients' host-staged reduction */
 } options;
 
 static void usage(FILE *f)
@@ -103,6 +104,8 @@ static void usage(FILE *f)
             "                      GEMMs and convolutions on inputs rounded to bf16 or\n"
             "                      fp16, f32 sums, f32 master weights; fp16 scales the\n"
             "                      loss dynamically (kept in checkpoints)\n"
+            "  --reduce-dtype f32|bf16  the gradients' reduction through the host in bf16\n"
+            "                      (half the bytes moved, f32 sums; default f32)\n"
             "  --resume FILE       continue from a checkpoint\n"
             "  --log FILE          one JSON line per step\n"
             "  --json              print the result as one JSON object\n"
@@ -242,11 +245,12 @@ static int parse_options(int argc, char **argv, options *o)
         {"augment", required_argument, 0, 1013}, {"weight-decay", required_argument, 0, 1014},
         {"save-dtype", required_argument, 0, 1015},
         {"precision", required_argument, 0, 1016},
+        {"reduce-dtype", required_argument, 0, 1017},
         {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     *o = (options){NULL, "cnn", "all", NULL, NULL, NULL, NULL, "cosine", "auto", "auto",
                    "sync", "\n", {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1,
-                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f, CH_F32, CH_F32};
+                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f, CH_F32, CH_F32, CH_F32};
     o->gpt.vocab = 0;
     opterr = 0;
     int c;
@@ -381,6 +385,14 @@ static int parse_options(int argc, char **argv, options *o)
                 o->precision = CH_F16;
             else
                 return fail_usage("--precision is f32, bf16 or fp16, not \"%s\"", optarg);
+            break;
+        case 1017:
+            if (strcmp(optarg, "f32") == 0)
+                o->reduce_dtype = CH_F32;
+            else if (strcmp(optarg, "bf16") == 0)
+                o->reduce_dtype = CH_BF16;
+            else
+                return fail_usage("--reduce-dtype is f32 or bf16, not \"%s\"", optarg);
             break;
         case 'h': usage(stdout); exit(0);
         case 'V': printf("chorus-train %s\n", ch_version()); exit(0);
@@ -945,6 +957,7 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
     d.seed = t->o->seed;
     d.dist = ch_dist_world();
     d.precision = t->o->precision;
+    d.reduce_dtype = t->o->reduce_dtype;
     ch_status st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
     /* A reduction these devices cannot do is the user's choice to change. */
     t->bad_reduce = st == CH_ERR_UNSUPPORTED;

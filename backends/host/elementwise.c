@@ -369,7 +369,7 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
         (void)stream;                                                                   \
         to_t *py = (to_t *)((char *)y.ptr + y.off);                                     \
         const from_t *px = (const from_t *)((const char *)x.ptr + x.off);               \
-        CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN))                             \
+        CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))              \
         for (int64_t i = 0; i < n; i++)                                                 \
             py[i] = fn(px[i]);                                                          \
         return CH_OK;                                                                   \

@@ -71,6 +71,21 @@ CH_API ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int
 typedef ch_status (*ch_reduce_stage_fn)(void *user, float *total, int64_t count);
 CH_API ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user);
 
+/* The host-staged sum in bf16 (dtype CH_BF16; CH_F32, the default, turns
+ * it back): every group's first participant rounds its buffer to bf16 on
+ * its device, and half the bytes go to the host and back; host
+ * participants are rounded as they are read. The sum is taken in f32, in
+ * group order (the same bits every run), rounded to bf16 once (a stage
+ * gets the f32 total first), and every participant ends with that bf16
+ * total widened to f32: the same values everywhere. Applies where the
+ * total goes through the host (host mode, auto across groups, a stage);
+ * peer reduction inside a group stays f32, and a group's sum is rounded
+ * once. The buffers stay f32. Allocates a bf16 copy of `capacity` on every
+ * device participant and staging where missing: CH_ERR_OUT_OF_MEMORY
+ * leaves the reducer as it was. CH_ERR_DTYPE for another dtype,
+ * CH_ERR_STATE when the reducer spans processes (ch_reducer_span). */
+CH_API ch_status ch_reducer_set_dtype(ch_reducer *r, ch_dtype dtype);
+
 /* Across processes without the host: when every participant is on one
  * backend that can make communicators spanning processes (CUDA with NCCL),
  * each on its own device, and the mode is peer or auto, the reducers of
