@@ -542,6 +542,26 @@ static void test_precision(ch_device **three, const char *names, ch_module *f32_
     ch_module_free(before);
     ch_module_free(after);
 
+    /* Gradients reduced in bf16 through the host: training goes as with
+     * f32 (the gradients lose bits, the step does not change course in
+     * 20 steps), and two runs give the same bits. */
+    o = options();
+    o.reduce_dtype = CH_BF16;
+    ch_module *rb = make_model(0), *rb2 = make_model(0);
+    float lr1 = train(rb, three, 3, o, plain, bs);
+    train(rb2, three, 3, o, plain, bs);
+    max_rel(rb2, rb, &bitwise);
+    int differs;
+    max_rel(rb, f32_single, &differs);
+    tap_ok(isfinite(lr1) && fabsf(lr1 - f32_loss) < 0.1f && bitwise && !differs,
+           "bf16 reduction over %s: trains as f32 does (last loss %.4f, f32 %.4f), other bits "
+           "than f32's, the same bits twice", names, lr1, f32_loss);
+    ch_module_free(rb);
+    ch_module_free(rb2);
+    o.reduce_dtype = CH_F16;
+    tap_status_is(ch_dp_new(&dp, f32_single, three, 3, &o), CH_ERR_DTYPE, "reduce_dtype",
+                  "an f16 reduction is refused");
+
     /* The errors a caller can make. */
     o = options();
     o.precision = CH_I32;

@@ -373,6 +373,19 @@ assert float(m["loss_scale"]) == 65536.0 and m["loss_scale_clean"] == "57", m
         --checkpoint "$tmp/p-f16-resumed.st" >/dev/null 2>&1 &&
     cmp -s "$tmp/p-f16.st" "$tmp/p-f16-resumed.st" && grep -Eq ' precision=fp16 loss_scale=65536 skipped_steps=0$' "$tmp/p-f16.out"
 ok $? "--precision fp16: the checkpoint at step 57 records scale 65536 after 57 clean steps, and resuming from it gives the straight run's file ($(tail -1 "$tmp/p-f16.out"))"
+# --reduce-dtype bf16 over two host replicas: it learns.
+# shellcheck disable=SC2086
+"$train" --data "$data" --devices host,host --model mlp --limit 2000 --batch 50 --quiet \
+    --epochs 2 --reduce-dtype bf16 >"$tmp/rd.out" 2>&1
+status=$?
+acc=$(sed -n 's/^result test_accuracy=\([0-9.]*\) .*/\1/p' "$tmp/rd.out")
+awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.70) }'
+ok $((status + $?)) "--reduce-dtype bf16 over host,host learns (accuracy $acc >= 0.70; got $status)"
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --reduce-dtype f16 >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && grep -q -- '--reduce-dtype is f32 or bf16' "$tmp/err"
+ok $? "--reduce-dtype f16: exit 2 naming the choices (got $status: $(cat "$tmp/err"))"
 # shellcheck disable=SC2086
 "$train" $quick --epochs 1 --precision fp64 >/dev/null 2>"$tmp/err"
 status=$?
