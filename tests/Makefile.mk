@@ -28,7 +28,7 @@ TEST_LIBS = tests/libtestutil.la libchorus.la -lm
 #   the host convolution with its oneDNN path;
 noinst_LTLIBRARIES += tests/libchorus-internal.la
 tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c \
-	backends/host/conv.c backends/host/conv_dnnl.c
+	backends/host/conv.c backends/host/dnnl.c
 tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS)
 tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(ONEDNN_LIBS) $(BLAS_LIBS)
 INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)

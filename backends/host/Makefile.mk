@@ -9,7 +9,7 @@ libchorus_la_SOURCES += \
 	backends/host/sum.c \
 	backends/host/softmax.c \
 	backends/host/conv.c \
-	backends/host/conv_dnnl.c \
+	backends/host/dnnl.c \
 	backends/host/optim.c \
 	backends/host/attention.c \
 	backends/host/norm.c \

@@ -350,6 +350,9 @@ static const ch_backend_i host_iface = {
     .bf16_to_f32 = chi_host_bf16_to_f32,
     .f32_to_f16 = chi_host_f32_to_f16,
     .f16_to_f32 = chi_host_f16_to_f32,
+#ifdef HAVE_ONEDNN
+    .gemm_half = chi_host_gemm_half,
+#endif
 };
 
 const ch_backend_i *chi_host_backend(void)

@@ -116,7 +116,7 @@ ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t o
 ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t out_channels,
                                    ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,
                                    ch_bmem w, ch_bmem ws, size_t ws_bytes);
-/* conv_dnnl.c (builds with oneDNN): the convolution through oneDNN's
+/* dnnl.c (builds with oneDNN): the convolution through oneDNN's
  * primitives. The workspace query answers 0 for a shape oneDNN does not
  * take; the calls then return CH_ERR_UNSUPPORTED without a message, and
  * conv.c's im2col convolution does it. */
@@ -129,6 +129,14 @@ ch_status chi_host_dnnl_conv_backward(const ch_conv_geom *g, int64_t out_channel
                                       float *dw, float beta, const float *dy, const float *x,
                                       const float *w, void *ws, size_t ws_bytes);
 void chi_host_dnnl_shutdown(void);
+/* The gemm_half slot: oneDNN's matmul with bf16 or f16 inputs and f32
+ * sums (AVX512-BF16 / AMX where the CPU has them); CH_ERR_UNSUPPORTED with
+ * a message for a combination oneDNN does not run here. */
+ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b,
+                             int64_t count, int64_t m, int64_t n, int64_t k, float alpha,
+                             ch_bmem a, int64_t lda, int64_t stride_a, ch_bmem b, int64_t ldb,
+                             int64_t stride_b, float beta, ch_bmem c, int64_t ldc,
+                             int64_t stride_c);
 #endif
 ch_status chi_host_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
                                    ch_bmem idx, ch_bmem x);

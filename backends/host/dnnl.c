@@ -1,5 +1,7 @@
-/* The host convolution through oneDNN's convolution primitives, when the
- * build has oneDNN: the direct convolutions PyTorch runs on the CPU, with
+/* oneDNN's primitives for the host, when the build has oneDNN: the
+ * convolution and the half-precision GEMM (matmul, below).
+ *
+ * The convolution through oneDNN's convolution primitives: the direct convolutions PyTorch runs on the CPU, with
  * no column matrix. The tensors stay NCHW / OIHW; each primitive takes the
  * layouts it runs fastest on (blocked channels on AVX-512), so the plain
  * inputs are reordered into the workspace the core passes and the outputs
@@ -22,6 +24,7 @@
 
 #include <dnnl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,13 +61,28 @@ typedef struct dn_entry {
     struct dn_entry *next;
 } dn_entry;
 
+/* A matmul for one shape of the gemm_half slot. */
+typedef struct mm_entry {
+    int ab, cd, ta, tb;
+    int64_t count, m, n, k, lda, ldb, ldc, sa, sb, sc;
+    float alpha, beta;
+    int ok;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t md[3]; /* a, b, c */
+    size_t scratch;
+    char why[160]; /* when not ok: what oneDNN refused */
+    struct mm_entry *next;
+} mm_entry;
+
 static struct {
     pthread_mutex_t lock;
     dnnl_engine_t engine;
     int engine_failed;
     dn_entry *entries;
     int count;
-} dn = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, NULL, 0};
+    mm_entry *matmuls;
+    int nmatmuls;
+} dn = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, NULL, 0, NULL, 0};
 
 static size_t align_up(size_t x)
 {
@@ -97,6 +115,14 @@ void chi_host_dnnl_shutdown(void)
         entry_free(e);
     }
     dn.count = 0;
+    while (dn.matmuls) {
+        mm_entry *e = dn.matmuls;
+        dn.matmuls = e->next;
+        if (e->prim)
+            dnnl_primitive_destroy(e->prim);
+        free(e);
+    }
+    dn.nmatmuls = 0;
     if (dn.engine)
         dnnl_engine_destroy(dn.engine);
     dn.engine = NULL;
@@ -447,6 +473,165 @@ ch_status chi_host_dnnl_conv_backward(const ch_conv_geom *g, int64_t out_channel
             dw[i] = beta == 0.0f ? plain_dw[i] : beta * dw[i] + plain_dw[i];
     }
     return CH_OK;
+}
+
+/* ---- the half-precision GEMM ------------------------------------------- */
+
+static void mm_build(mm_entry *e)
+{
+    dnnl_data_type_t in = e->ab == CH_BF16 ? dnnl_bf16 : dnnl_f16;
+    dnnl_data_type_t out = e->cd == CH_F32 ? dnnl_f32 : in;
+    int nd = e->count > 1 ? 3 : 2, o = nd - 2;
+    dnnl_dims_t da = {e->count, e->m, e->k}, db = {e->count, e->k, e->n},
+                dc = {e->count, e->m, e->n};
+    dnnl_dims_t sa = {e->sa, e->ta ? 1 : e->lda, e->ta ? e->lda : 1},
+                sb = {e->sb, e->tb ? 1 : e->ldb, e->tb ? e->ldb : 1}, sc = {e->sc, e->ldc, 1};
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_attr_t attr = user_scratch_attr();
+    const char *what = "dnnl_memory_desc_init_by_strides";
+    dnnl_status_t s = attr ? dnnl_success : dnnl_out_of_memory;
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_strides(&e->md[0], nd, da + (1 - o), in, sa + (1 - o));
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_strides(&e->md[1], nd, db + (1 - o), in, sb + (1 - o));
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_strides(&e->md[2], nd, dc + (1 - o), out, sc + (1 - o));
+    if (s == dnnl_success && e->alpha != 1.0f) {
+        what = "dnnl_primitive_attr_set_output_scales";
+        s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &e->alpha);
+    }
+    if (s == dnnl_success && e->beta != 0.0f) {
+        what = "the sum post-op";
+        s = dnnl_post_ops_create(&po);
+        if (s == dnnl_success)
+            s = dnnl_post_ops_append_sum(po, e->beta);
+        if (s == dnnl_success)
+            s = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    if (s == dnnl_success) {
+        what = "dnnl_matmul_desc_init";
+        s = dnnl_matmul_desc_init(&d, &e->md[0], &e->md[1], NULL, &e->md[2]);
+    }
+    if (s == dnnl_success) {
+        what = "dnnl_primitive_desc_create (matmul)";
+        s = dnnl_primitive_desc_create(&pd, &d, attr, dn.engine, NULL);
+    }
+    if (s == dnnl_success) {
+        e->scratch = scratch_of(pd);
+        what = "dnnl_primitive_create (matmul)";
+        s = dnnl_primitive_create(&e->prim, pd);
+    }
+    e->ok = s == dnnl_success;
+    if (!e->ok) {
+        e->prim = NULL;
+        snprintf(e->why, sizeof e->why, "%s: oneDNN status %d", what, (int)s);
+    }
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+}
+
+/* The matmul for this call's shape, made on first use (NULL with *why
+ * when oneDNN cannot run it; the cache's failure too). */
+static const mm_entry *mm_lookup(const mm_entry *key, const char **why)
+{
+    const mm_entry *found = NULL;
+    *why = "the oneDNN engine could not be made";
+    pthread_mutex_lock(&dn.lock);
+    if (!dn.engine && !dn.engine_failed &&
+        dnnl_engine_create(&dn.engine, dnnl_cpu, 0) != dnnl_success) {
+        dn.engine = NULL;
+        dn.engine_failed = 1;
+    }
+    if (!dn.engine)
+        goto out;
+    for (mm_entry *e = dn.matmuls; e; e = e->next)
+        if (e->ab == key->ab && e->cd == key->cd && e->ta == key->ta && e->tb == key->tb &&
+            e->count == key->count && e->m == key->m && e->n == key->n && e->k == key->k &&
+            e->lda == key->lda && e->ldb == key->ldb && e->ldc == key->ldc &&
+            e->sa == key->sa && e->sb == key->sb && e->sc == key->sc &&
+            e->alpha == key->alpha && e->beta == key->beta) {
+            found = e;
+            goto out;
+        }
+    *why = "more shapes than the cache holds";
+    if (dn.nmatmuls >= MAX_ENTRIES)
+        goto out;
+    mm_entry *e = malloc(sizeof *e);
+    *why = "out of host memory";
+    if (!e)
+        goto out;
+    *e = *key;
+    e->next = NULL;
+    mm_build(e);
+    e->next = dn.matmuls;
+    dn.matmuls = e;
+    dn.nmatmuls++;
+    found = e;
+out:
+    pthread_mutex_unlock(&dn.lock);
+    if (found && !found->ok) {
+        *why = found->why;
+        return NULL;
+    }
+    return found;
+}
+
+ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b,
+                             int64_t count, int64_t m, int64_t n, int64_t k, float alpha,
+                             ch_bmem a, int64_t lda, int64_t stride_a, ch_bmem b, int64_t ldb,
+                             int64_t stride_b, float beta, ch_bmem c, int64_t ldc,
+                             int64_t stride_c)
+{
+    (void)stream;
+    if (m == 0 || n == 0 || count == 0)
+        return CH_OK;
+    mm_entry key = {ab, cd, trans_a != 0, trans_b != 0, count, m, n, k, lda, ldb, ldc,
+                    count > 1 ? stride_a : 0, count > 1 ? stride_b : 0,
+                    count > 1 ? stride_c : 0, alpha, beta, 0, NULL, {{0}}, 0, "", NULL};
+    const char *why;
+    const mm_entry *e = k > 0 ? mm_lookup(&key, &why) : NULL;
+    if (!e)
+        return chi_error(CH_ERR_UNSUPPORTED, "host gemm_half (oneDNN matmul): %s",
+                         k > 0 ? why : "k is 0");
+    void *scratch = NULL;
+    if (e->scratch && !(scratch = malloc(e->scratch)))
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "host gemm_half: malloc(%zu) for oneDNN's "
+                         "scratchpad failed", e->scratch);
+    void *ptr[3] = {(char *)a.ptr + a.off, (char *)b.ptr + b.off, (char *)c.ptr + c.off};
+    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    dnnl_stream_t st = NULL;
+    dnnl_status_t s = dnnl_stream_create(&st, dn.engine, dnnl_stream_default_flags);
+    for (int i = 0; i < 3 && s == dnnl_success; i++)
+        s = dnnl_memory_create(&mem[i], &e->md[i], dn.engine, ptr[i]);
+    if (s == dnnl_success && scratch) {
+        dnnl_memory_desc_t md;
+        dnnl_dims_t d = {(dnnl_dim_t)e->scratch};
+        s = dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_a);
+        if (s == dnnl_success)
+            s = dnnl_memory_create(&mem[3], &md, dn.engine, scratch);
+    }
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
+                                   {DNNL_ARG_WEIGHTS, mem[1]},
+                                   {DNNL_ARG_DST, mem[2]},
+                                   {DNNL_ARG_SCRATCHPAD, mem[3]}};
+        s = dnnl_primitive_execute(e->prim, st, scratch ? 4 : 3, args);
+    }
+    if (s == dnnl_success)
+        s = dnnl_stream_wait(st);
+    for (int i = 0; i < 4; i++)
+        if (mem[i])
+            dnnl_memory_destroy(mem[i]);
+    if (st)
+        dnnl_stream_destroy(st);
+    free(scratch);
+    return s == dnnl_success ? CH_OK : dn_fail(s, "gemm_half", "the matmul");
 }
 
 #endif /* HAVE_ONEDNN */
