@@ -65,6 +65,9 @@ static void make_batch(ch_tensor **x, ch_tensor **labels, ch_device *dev, const 
 
 /* Median of `steps` timed training steps of `model` on `dev` after warm-up:
  * samples per second. */
+/* --precision: mixed precision's format for every model (CH_F32: off). */
+static ch_dtype precision = CH_F32;
+
 static double train_rate(const char *model, const shapes *sh, ch_device *dev, int batch,
                          int steps)
 {
@@ -73,6 +76,7 @@ static double train_rate(const char *model, const shapes *sh, ch_device *dev, in
     ch_optimizer *opt = NULL;
     make_model(&m, model, sh);
     BENCH_CHECK(ch_module_init(m, 1));
+    BENCH_CHECK(ch_module_set_precision(m, precision));
     BENCH_CHECK(ch_module_to(m, dev));
     BENCH_CHECK(ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY));
     ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f);
@@ -289,6 +293,7 @@ int main(int argc, char **argv)
                                           {"dim", required_argument, 0, 'E'},
                                           {"context", required_argument, 0, 'T'},
                                           {"vocab", required_argument, 0, 'V'},
+                                          {"precision", required_argument, 0, 'P'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     int c;
@@ -305,11 +310,24 @@ int main(int argc, char **argv)
         case 'E': sh.gpt.dim = atoi(optarg); break;
         case 'T': sh.gpt.context = atoi(optarg); break;
         case 'V': sh.gpt.vocab = atoi(optarg); break;
+        case 'P':
+            if (strcmp(optarg, "f32") == 0)
+                precision = CH_F32;
+            else if (strcmp(optarg, "bf16") == 0)
+                precision = CH_BF16;
+            else if (strcmp(optarg, "fp16") == 0)
+                precision = CH_F16;
+            else {
+                fprintf(stderr, "bench-train: --precision is f32, bf16 or fp16\n");
+                return 2;
+            }
+            break;
         case 'h':
             printf("usage: bench-train [--devices LIST] [--model mlp|cnn|resnet|gpt] [--batch N] "
                    "[--steps N] [--depth N] [--layers N] [--heads N] [--dim N] [--context N] "
-                   "[--vocab N] [--json]\n"
-                   "without --model: the mlp and the cnn\n");
+                   "[--vocab N] [--precision f32|bf16|fp16] [--json]\n"
+                   "without --model: the mlp and the cnn; --precision: mixed precision "
+                   "(ch_module_set_precision), no loss scaling\n");
             return 0;
         default: fprintf(stderr, "bench-train: bad option (see --help)\n"); return 2;
         }
@@ -346,7 +364,8 @@ int main(int argc, char **argv)
             const char *id = ch_device_id(devs[d]);
             double share = -1, bound = -1;
 #ifdef HAVE_REF_GEMM
-            if (strcmp(id, "host") == 0 && mi != 2) {
+            /* The share is of f32 GEMMs: not measured in mixed precision. */
+            if (strcmp(id, "host") == 0 && mi != 2 && precision == CH_F32) {
                 bound = batch / gemm_seconds(models[mi], &sh, batch, steps);
                 share = rate / bound;
             }
@@ -358,6 +377,8 @@ int main(int argc, char **argv)
                     printf(",\"tokens_per_s\":%.1f", rate * (double)sh.gpt.context);
                 if (share >= 0)
                     printf(",\"gemm_bound_samples_per_s\":%.1f,\"gemm_share\":%.3f", bound, share);
+                if (precision != CH_F32)
+                    printf(",\"precision\":\"%s\"", ch_dtype_name(precision));
                 printf("}");
             } else {
                 if (gpt)
