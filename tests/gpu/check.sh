@@ -533,15 +533,25 @@ run_train() {
 
 run_benches() {
     gpu bench-cublas plain "$OUTDIR/bench.log" 60 bench-cublas 1024 2048 4096 &&
-        bench_block bench-cublas "bench-cublas: ch_gemm against cublasSgemm on cuda:0"
+        bench_block bench-cublas "bench-cublas: ch_gemm against cuBLAS (f32, bf16, f16 inputs) on cuda:0"
     gpu bench-train plain "$OUTDIR/bench.log" 60 bench-train --devices cuda:0 &&
         bench_block bench-train "bench-train --devices cuda:0 (mlp and cnn, samples/s)"
+    # Mixed precision: the gpt in f32 and in bf16 (target: bf16 at 2x f32).
+    for p in f32 bf16; do
+        gpu "bench-train-gpt-$p" plain "$OUTDIR/bench.log" 90 bench-train --devices cuda:0 \
+            --model gpt --batch 64 --steps 20 --precision "$p" &&
+            bench_block "bench-train-gpt-$p" "bench-train --devices cuda:0 --model gpt --precision $p"
+    done
     gpu bench-ops plain "$OUTDIR/bench.log" 60 bench-ops --devices cuda:0 --sizes 1024,4096 &&
         bench_block bench-ops "bench-ops --devices cuda:0"
     gpu allreduce-x2 plain "$OUTDIR/bench.log" 40 bench-allreduce --devices cuda:0,cuda:0 \
         --mode peer --max-mb 256 && bench_block allreduce-x2 "bench-allreduce, cuda:0 x2"
     gpu allreduce-x3 plain "$OUTDIR/bench.log" 40 bench-allreduce --devices cuda:0,cuda:0,cuda:0 \
         --mode peer --max-mb 256 && bench_block allreduce-x3 "bench-allreduce, cuda:0 x3"
+    # bf16 against f32 through the host, where the bytes cross PCIe.
+    gpu allreduce-bf16 plain "$OUTDIR/bench.log" 60 bench-allreduce --devices cuda:0,host \
+        --mode host --bf16 --min-kb 4096 --max-mb 256 &&
+        bench_block allreduce-bf16 "bench-allreduce --bf16, cuda:0,host through the host"
     gpu bench-dp plain "$OUTDIR/bench.log" 60 bench-dp --devices cuda:0,cuda:0 --model cnn \
         --reduce peer && bench_block bench-dp "bench-dp --devices cuda:0,cuda:0 --model cnn"
 }
