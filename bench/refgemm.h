@@ -18,6 +18,10 @@
 #define HAVE_REF_GEMM 1
 #define REF_GEMM_NAME "cblas_sgemm (OpenBLAS)"
 #define REF_GEMM_LIB "OpenBLAS"
+#else
+/* No library: the rows and ratios that name one are left out. */
+#define REF_GEMM_NAME "no GEMM library"
+#define REF_GEMM_LIB "no library"
 #endif
 
 #ifdef HAVE_REF_GEMM

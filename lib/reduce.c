@@ -66,6 +66,7 @@ struct ch_reducer {
     float *t32;                /* with a stage: the f32 total it gets */
     const void **hsrc;         /* [n] */
     int *hsrc_bf16;            /* [n] */
+    ch_tensor **hviews;        /* [n] a call's views of half */
 };
 
 /* ---- modes --------------------------------------------------------------- */
@@ -190,6 +191,7 @@ void ch_reducer_free(ch_reducer *r)
     free(r->t32);
     free(r->hsrc);
     free(r->hsrc_bf16);
+    free(r->hviews);
     free(r->streams);
     free(r->group);
     free(r->first);
@@ -324,7 +326,8 @@ ch_status ch_reducer_set_dtype(ch_reducer *r, ch_dtype dtype)
         r->half = calloc(un, sizeof *r->half);
         r->hsrc = calloc(un, sizeof *r->hsrc);
         r->hsrc_bf16 = calloc(un, sizeof *r->hsrc_bf16);
-        if (!r->half || !r->hsrc || !r->hsrc_bf16)
+        r->hviews = calloc(un, sizeof *r->hviews);
+        if (!r->half || !r->hsrc || !r->hsrc_bf16 || !r->hviews)
             return chi_error(CH_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     }
     int64_t cap = r->capacity > 0 ? r->capacity : 1;
@@ -611,10 +614,8 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
 static ch_status stage_bf16(ch_reducer *r, int64_t count)
 {
     ch_status st = CH_OK;
-    ch_tensor *hviews[64] = {NULL}, **half = count > 0 && r->n <= 64 ? hviews : NULL;
-    if (!half)
-        return chi_error(CH_ERR_LIMIT, "ch_reducer_allreduce: bf16 with %d participants, at "
-                         "most 64", r->n);
+    ch_tensor **half = r->hviews;
+    memset(half, 0, (size_t)r->n * sizeof *half);
     for (int i = 0; i < r->n && st == CH_OK; i++)
         if (r->half[i])
             st = ch_tensor_view(&half[i], r->half[i], 0, count);
@@ -681,8 +682,10 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
     }
     /* Nothing queued may still read the views or the staging: the caller
      * syncs every stream before the views go. */
-    for (int i = 0; i < r->n; i++)
+    for (int i = 0; i < r->n; i++) {
         ch_tensor_free(half[i]);
+        half[i] = NULL;
+    }
     return st;
 }
 
