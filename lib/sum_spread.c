@@ -79,18 +79,39 @@ static void spread_chunk(int64_t lo, int64_t len, float *dst, int nsrc,
             memcpy(copies[c] + lo, dst + lo, (size_t)len * sizeof(float));
 }
 
+/* fn on every fixed chunk of [0, n), shared out over the threads. */
+typedef void (*chunk_fn)(int64_t lo, int64_t len, const void *ctx);
+
+static void each_chunk(int64_t n, chunk_fn fn, const void *ctx)
+{
+    int64_t chunks = (n + SPREAD_CHUNK - 1) / SPREAD_CHUNK;
+    CHI_OMP(omp parallel for schedule(static) if (parallel: chunks > SPREAD_PAR_CHUNKS))
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t lo = c * SPREAD_CHUNK;
+        fn(lo, n - lo < SPREAD_CHUNK ? n - lo : SPREAD_CHUNK, ctx);
+    }
+}
+
+typedef struct spread_args {
+    float *dst;
+    int nsrc, ncopies;
+    const float *const *src;
+    float *const *copies;
+} spread_args;
+
+static void spread_one(int64_t lo, int64_t len, const void *ctx)
+{
+    const spread_args *a = ctx;
+    spread_chunk(lo, len, a->dst, a->nsrc, a->src, a->ncopies, a->copies);
+}
+
 void chi_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src, int ncopies,
                     float *const *copies)
 {
     if (n <= 0 || nsrc < 1)
         return;
-    int64_t chunks = (n + SPREAD_CHUNK - 1) / SPREAD_CHUNK;
-    CHI_OMP(omp parallel for schedule(static) if (parallel: chunks > SPREAD_PAR_CHUNKS))
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t lo = c * SPREAD_CHUNK;
-        int64_t len = n - lo < SPREAD_CHUNK ? n - lo : SPREAD_CHUNK;
-        spread_chunk(lo, len, dst, nsrc, src, ncopies, copies);
-    }
+    spread_args a = {dst, nsrc, ncopies, src, copies};
+    each_chunk(n, spread_one, &a);
 }
 
 /* ---- the bf16 all-reduce ------------------------------------------------- */
@@ -140,34 +161,47 @@ static void sum_bf16_chunk(int64_t lo, int64_t len, int nsrc, const void *const 
     }
 }
 
+typedef struct bf16_args {
+    int nsrc;
+    const void *const *src;
+    const int *is_bf16;
+    float *t32;
+    uint16_t *t16;
+    const uint16_t *from;
+    int ncopies;
+    float *const *copies;
+} bf16_args;
+
+static void sum_bf16_one(int64_t lo, int64_t len, const void *ctx)
+{
+    const bf16_args *a = ctx;
+    sum_bf16_chunk(lo, len, a->nsrc, a->src, a->is_bf16, a->t32, a->t16);
+}
+
+static void widen_one(int64_t lo, int64_t len, const void *ctx)
+{
+    const bf16_args *a = ctx;
+    for (int k = 0; k < a->ncopies; k++) {
+        float *d = a->copies[k];
+        CHI_OMP(omp simd)
+        for (int64_t i = lo; i < lo + len; i++)
+            d[i] = bf16_value(a->from[i]);
+    }
+}
+
 void chi_sum_bf16(int64_t n, int nsrc, const void *const *src, const int *is_bf16, float *t32,
                   uint16_t *t16)
 {
     if (n <= 0 || nsrc < 1)
         return;
-    int64_t chunks = (n + SPREAD_CHUNK - 1) / SPREAD_CHUNK;
-    CHI_OMP(omp parallel for schedule(static) if (parallel: chunks > SPREAD_PAR_CHUNKS))
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t lo = c * SPREAD_CHUNK;
-        int64_t len = n - lo < SPREAD_CHUNK ? n - lo : SPREAD_CHUNK;
-        sum_bf16_chunk(lo, len, nsrc, src, is_bf16, t32, t16);
-    }
+    bf16_args a = {nsrc, src, is_bf16, t32, t16, NULL, 0, NULL};
+    each_chunk(n, sum_bf16_one, &a);
 }
 
 void chi_widen_bf16(int64_t n, const uint16_t *t16, int ncopies, float *const *copies)
 {
     if (n <= 0 || ncopies < 1)
         return;
-    int64_t chunks = (n + SPREAD_CHUNK - 1) / SPREAD_CHUNK;
-    CHI_OMP(omp parallel for schedule(static) if (parallel: chunks > SPREAD_PAR_CHUNKS))
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t lo = c * SPREAD_CHUNK;
-        int64_t len = n - lo < SPREAD_CHUNK ? n - lo : SPREAD_CHUNK;
-        for (int k = 0; k < ncopies; k++) {
-            float *d = copies[k];
-            CHI_OMP(omp simd)
-            for (int64_t i = lo; i < lo + len; i++)
-                d[i] = bf16_value(t16[i]);
-        }
-    }
+    bf16_args a = {0, NULL, NULL, NULL, NULL, t16, ncopies, copies};
+    each_chunk(n, widen_one, &a);
 }

@@ -289,6 +289,18 @@ done:
     }
 }
 
+/* The CPU engine, made on first use (dn.lock held); NULL, for good, when
+ * oneDNN cannot make one. */
+static dnnl_engine_t engine_locked(void)
+{
+    if (!dn.engine && !dn.engine_failed &&
+        dnnl_engine_create(&dn.engine, dnnl_cpu, 0) != dnnl_success) {
+        dn.engine = NULL;
+        dn.engine_failed = 1;
+    }
+    return dn.engine;
+}
+
 static int geom_equal(const ch_conv_geom *a, const ch_conv_geom *b)
 {
     return a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w && a->oh == b->oh &&
@@ -303,12 +315,7 @@ static const dn_entry *lookup(const ch_conv_geom *g, int64_t o, int backward, in
 {
     const dn_entry *found = NULL;
     pthread_mutex_lock(&dn.lock);
-    if (!dn.engine && !dn.engine_failed &&
-        dnnl_engine_create(&dn.engine, dnnl_cpu, 0) != dnnl_success) {
-        dn.engine = NULL;
-        dn.engine_failed = 1;
-    }
-    if (!dn.engine)
+    if (!engine_locked())
         goto out;
     for (dn_entry *e = dn.entries; e; e = e->next)
         if (geom_equal(&e->g, g) && e->o == o && e->backward == backward &&
@@ -543,12 +550,7 @@ static const mm_entry *mm_lookup(const mm_entry *key, const char **why)
     const mm_entry *found = NULL;
     *why = "the oneDNN engine could not be made";
     pthread_mutex_lock(&dn.lock);
-    if (!dn.engine && !dn.engine_failed &&
-        dnnl_engine_create(&dn.engine, dnnl_cpu, 0) != dnnl_success) {
-        dn.engine = NULL;
-        dn.engine_failed = 1;
-    }
-    if (!dn.engine)
+    if (!engine_locked())
         goto out;
     for (mm_entry *e = dn.matmuls; e; e = e->next)
         if (e->ab == key->ab && e->cd == key->cd && e->ta == key->ta && e->tb == key->tb &&
