@@ -38,8 +38,11 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # headers (1: argument orders, ch_train_state's normalisation fields;
 # 2: ch_dp_options' fields for BatchNorm and token data, with the new ops
 # and modules for the ResNet and the GPT, ch_conv2d among them; 3:
-# ch_dp_options.dist, with chorus/dist.h and ch_reducer_set_stage).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 3:0:0 $(OPENMP_CFLAGS)
+# ch_dp_options.dist, with chorus/dist.h and ch_reducer_set_stage; 4:
+# ch_dp_options' precision, loss scale and reduce_dtype and ch_train_state's
+# loss scale, with half precision in the ops, ch_module_set_precision and
+# ch_reducer_set_dtype).
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 4:0:0 $(OPENMP_CFLAGS)
 
 nobase_include_HEADERS += \
 	include/chorus.h \
