@@ -644,31 +644,32 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
                              : (const void *)host_addr(r->views[i]);
             r->hsrc_bf16[g] = dev;
         }
+        /* Host participants get the widened total straight from the sum
+         * (after the stage, from a second pass). */
+        int ncopies = 0;
+        for (int i = 0; i < r->n; i++)
+            if (host_memory(r->streams[i]->dev))
+                r->copies[ncopies++] = host_addr(r->views[i]);
         if (r->stage) {
             if (!r->t32)
                 r->t32 = malloc((size_t)(r->capacity > 0 ? r->capacity : 1) * sizeof(float));
             if (!r->t32)
                 st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_allreduce: out of host memory");
             if (st == CH_OK) {
-                chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, r->t32, NULL);
+                chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, r->t32, NULL, 0, NULL);
                 st = r->stage(r->stage_user, r->t32, count);
             }
             if (st == CH_OK) {
                 const void *one[1] = {r->t32};
                 const int f32[1] = {0};
-                chi_sum_bf16(count, 1, one, f32, NULL, t16);
+                chi_sum_bf16(count, 1, one, f32, NULL, t16, ncopies, r->copies);
             }
         } else {
-            chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, NULL, t16);
+            chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, NULL, t16, ncopies,
+                         r->copies);
         }
     }
-    /* Back: host participants widen in place, devices upload and widen. */
-    int ncopies = 0;
-    for (int i = 0; i < r->n && st == CH_OK; i++)
-        if (host_memory(r->streams[i]->dev))
-            r->copies[ncopies++] = host_addr(r->views[i]);
-    if (st == CH_OK)
-        chi_widen_bf16(count, t16, ncopies, r->copies);
+    /* Back to the devices: upload the bf16 total and widen it there. */
     for (int i = 0; i < r->n && st == CH_OK; i++) {
         if (!r->half[i])
             continue;

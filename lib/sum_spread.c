@@ -133,23 +133,37 @@ static uint16_t bf16_of(float f)
     return chi_f32_to_bf16(u);
 }
 
+/* f rounded to bf16, as a float (chi_f32_to_bf16's bits, widened). */
+static float bf16_rounded(float f)
+{
+    return bf16_value(bf16_of(f));
+}
+
+/* One chunk: each source widened (bf16) or rounded (f32), added left to
+ * right in f32. Straight loops without branches: they vectorise. */
 static void sum_bf16_chunk(int64_t lo, int64_t len, int nsrc, const void *const *src,
                            const int *is_bf16, float *t32, uint16_t *t16)
 {
     float acc[SPREAD_CHUNK];
     for (int k = 0; k < nsrc; k++) {
-        if (is_bf16[k]) {
-            const uint16_t *s = (const uint16_t *)src[k] + lo;
+        const uint16_t *h = (const uint16_t *)src[k] + lo;
+        const float *f = (const float *)src[k] + lo;
+        if (k == 0 && is_bf16[k]) {
             CHI_OMP(omp simd)
             for (int64_t i = 0; i < len; i++)
-                acc[i] = k ? acc[i] + bf16_value(s[i]) : bf16_value(s[i]);
-        } else {
-            const float *s = (const float *)src[k] + lo;
+                acc[i] = bf16_value(h[i]);
+        } else if (k == 0) {
             CHI_OMP(omp simd)
-            for (int64_t i = 0; i < len; i++) {
-                float v = bf16_value(bf16_of(s[i]));
-                acc[i] = k ? acc[i] + v : v;
-            }
+            for (int64_t i = 0; i < len; i++)
+                acc[i] = bf16_rounded(f[i]);
+        } else if (is_bf16[k]) {
+            CHI_OMP(omp simd)
+            for (int64_t i = 0; i < len; i++)
+                acc[i] += bf16_value(h[i]);
+        } else {
+            CHI_OMP(omp simd)
+            for (int64_t i = 0; i < len; i++)
+                acc[i] += bf16_rounded(f[i]);
         }
     }
     if (t32)
@@ -161,13 +175,25 @@ static void sum_bf16_chunk(int64_t lo, int64_t len, int nsrc, const void *const 
     }
 }
 
+/* The chunk's bf16 total widened into every copy while it is in cache. */
+static void widen_chunk(int64_t lo, int64_t len, const uint16_t *t16, int ncopies,
+                        float *const *copies)
+{
+    for (int k = 0; k < ncopies; k++) {
+        float *d = copies[k] + lo;
+        const uint16_t *h = t16 + lo;
+        CHI_OMP(omp simd)
+        for (int64_t i = 0; i < len; i++)
+            d[i] = bf16_value(h[i]);
+    }
+}
+
 typedef struct bf16_args {
     int nsrc;
     const void *const *src;
     const int *is_bf16;
     float *t32;
     uint16_t *t16;
-    const uint16_t *from;
     int ncopies;
     float *const *copies;
 } bf16_args;
@@ -176,32 +202,14 @@ static void sum_bf16_one(int64_t lo, int64_t len, const void *ctx)
 {
     const bf16_args *a = ctx;
     sum_bf16_chunk(lo, len, a->nsrc, a->src, a->is_bf16, a->t32, a->t16);
-}
-
-static void widen_one(int64_t lo, int64_t len, const void *ctx)
-{
-    const bf16_args *a = ctx;
-    for (int k = 0; k < a->ncopies; k++) {
-        float *d = a->copies[k];
-        CHI_OMP(omp simd)
-        for (int64_t i = lo; i < lo + len; i++)
-            d[i] = bf16_value(a->from[i]);
-    }
+    widen_chunk(lo, len, a->t16, a->ncopies, a->copies);
 }
 
 void chi_sum_bf16(int64_t n, int nsrc, const void *const *src, const int *is_bf16, float *t32,
-                  uint16_t *t16)
+                  uint16_t *t16, int ncopies, float *const *copies)
 {
     if (n <= 0 || nsrc < 1)
         return;
-    bf16_args a = {nsrc, src, is_bf16, t32, t16, NULL, 0, NULL};
+    bf16_args a = {nsrc, src, is_bf16, t32, t16, t16 ? ncopies : 0, copies};
     each_chunk(n, sum_bf16_one, &a);
-}
-
-void chi_widen_bf16(int64_t n, const uint16_t *t16, int ncopies, float *const *copies)
-{
-    if (n <= 0 || ncopies < 1)
-        return;
-    bf16_args a = {0, NULL, NULL, NULL, NULL, t16, ncopies, copies};
-    each_chunk(n, widen_one, &a);
 }
