@@ -457,18 +457,26 @@ static ch_status probe_stage(void *user, float *total, int64_t count)
     return CH_OK;
 }
 
-static void stage_case(const char *const *names, int n, ch_reduce_mode mode)
+/* The participants `names` (n of them) in *p; 0, with a skip line naming
+ * the missing device under `what`, when one is not here. */
+static int plist_of(plist *p, const char *const *names, int n, const char *what)
 {
     rcase c = {{NULL}, n};
     for (int i = 0; i < n; i++)
         c.names[i] = names[i];
-    plist p;
     const char *missing;
-    if (!plist_make(&p, &c, &missing)) {
-        if (missing)
-            tap_skip("stage over {%s}: no device %s here", names[0], missing);
+    if (plist_make(p, &c, &missing))
+        return 1;
+    if (missing)
+        tap_skip("%s over {%s...}: no device %s here", what, names[0], missing);
+    return 0;
+}
+
+static void stage_case(const char *const *names, int n, ch_reduce_mode mode)
+{
+    plist p;
+    if (!plist_of(&p, names, n, "stage"))
         return;
-    }
     const char *mode_name = ch_reduce_mode_name(mode);
     ch_reducer *r = NULL;
     ch_status st = ch_reducer_new(&r, p.stream, n, 3000, mode);
@@ -569,16 +577,9 @@ static float bf16_round(float f)
  * two calls give the same bits; f32 again after switching back. */
 static void bf16_case(const char *const *names, int n, int64_t total, int64_t off, int64_t count)
 {
-    rcase c = {{NULL}, n};
-    for (int i = 0; i < n; i++)
-        c.names[i] = names[i];
     plist p;
-    const char *missing;
-    if (!plist_make(&p, &c, &missing)) {
-        if (missing)
-            tap_skip("bf16 over {%s...}: no device %s here", names[0], missing);
+    if (!plist_of(&p, names, n, "bf16"))
         return;
-    }
     ch_reducer *r = NULL;
     ch_tensor *t[MAXP] = {0};
     float *in[MAXP] = {0}, *out = malloc(sizeof(float) * (size_t)total),

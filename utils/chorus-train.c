@@ -138,6 +138,29 @@ static int parse_int(const char *s, int64_t lo, int64_t *out)
     return 1;
 }
 
+/* A float format's name among the space-separated `accepted` ones ("fp16"
+ * and "f16" both name f16): 1 and *out, or 0. */
+static int parse_dtype(const char *s, const char *accepted, ch_dtype *out)
+{
+    static const struct {
+        const char *name;
+        ch_dtype dtype;
+    } names[] = {{"f32", CH_F32}, {"bf16", CH_BF16}, {"f16", CH_F16}, {"fp16", CH_F16}};
+    size_t len = strlen(s);
+    for (const char *a = accepted; *a;) {
+        size_t n = strcspn(a, " ");
+        if (n == len && strncmp(a, s, n) == 0)
+            for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+                if (strcmp(names[i].name, s) == 0) {
+                    *out = names[i].dtype;
+                    return 1;
+                }
+        a += n;
+        a += *a == ' ';
+    }
+    return 0;
+}
+
 static int parse_float(const char *s, float *out)
 {
     char *end;
@@ -367,31 +390,15 @@ static int parse_options(int argc, char **argv, options *o)
                 return fail_usage("--weight-decay wants a number >= 0, not \"%s\"", optarg);
             break;
         case 1015:
-            if (strcmp(optarg, "f32") == 0)
-                o->save_dtype = CH_F32;
-            else if (strcmp(optarg, "bf16") == 0)
-                o->save_dtype = CH_BF16;
-            else if (strcmp(optarg, "f16") == 0)
-                o->save_dtype = CH_F16;
-            else
+            if (!parse_dtype(optarg, "f32 bf16 f16", &o->save_dtype))
                 return fail_usage("--save-dtype is f32, bf16 or f16, not \"%s\"", optarg);
             break;
         case 1016:
-            if (strcmp(optarg, "f32") == 0)
-                o->precision = CH_F32;
-            else if (strcmp(optarg, "bf16") == 0)
-                o->precision = CH_BF16;
-            else if (strcmp(optarg, "fp16") == 0 || strcmp(optarg, "f16") == 0)
-                o->precision = CH_F16;
-            else
+            if (!parse_dtype(optarg, "f32 bf16 fp16 f16", &o->precision))
                 return fail_usage("--precision is f32, bf16 or fp16, not \"%s\"", optarg);
             break;
         case 1017:
-            if (strcmp(optarg, "f32") == 0)
-                o->reduce_dtype = CH_F32;
-            else if (strcmp(optarg, "bf16") == 0)
-                o->reduce_dtype = CH_BF16;
-            else
+            if (!parse_dtype(optarg, "f32 bf16", &o->reduce_dtype))
                 return fail_usage("--reduce-dtype is f32 or bf16, not \"%s\"", optarg);
             break;
         case 'h': usage(stdout); exit(0);
