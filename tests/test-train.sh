@@ -386,6 +386,38 @@ ok $((status + $?)) "--reduce-dtype bf16 over host,host learns (accuracy $acc >=
 status=$?
 test "$status" -eq 2 && grep -q -- '--reduce-dtype is f32 or bf16' "$tmp/err"
 ok $? "--reduce-dtype f16: exit 2 naming the choices (got $status: $(cat "$tmp/err"))"
+# SIGINT and SIGTERM while training: the run stops after the step it is
+# in, writes its checkpoint at that step (the log's last line), exits 130
+# or 143, and the checkpoint resumes.
+for sig in INT TERM; do
+    rm -f "$tmp/sig.st" "$tmp/sig.jsonl"
+    # shellcheck disable=SC2086
+    "$train" $quick --epochs 50 --checkpoint "$tmp/sig.st" --log "$tmp/sig.jsonl" \
+        >"$tmp/sig.out" 2>"$tmp/sig.err" &
+    pid=$!
+    tries=0
+    while [ "$(wc -l <"$tmp/sig.jsonl" 2>/dev/null || echo 0)" -lt 5 ] && [ $tries -lt 600 ]; do
+        sleep 0.1
+        tries=$((tries + 1))
+    done
+    kill -s "$sig" "$pid"
+    wait "$pid"
+    status=$?
+    want=$([ "$sig" = INT ] && echo 130 || echo 143)
+    steps=$(wc -l <"$tmp/sig.jsonl")
+    python3 -c '
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    m = json.loads(f.read(n))["__metadata__"]
+assert int(m["step"]) == int(sys.argv[2]), (m["step"], sys.argv[2])
+' "$tmp/sig.st" "$steps" && grep -q "SIG$sig: stopped after step $steps" "$tmp/sig.err"
+    ok $((status != want || $? != 0)) "SIG$sig after $steps steps: exit $status (want $want), the checkpoint at step $steps, the message says so ($(head -c 200 "$tmp/sig.err"))"
+done
+# shellcheck disable=SC2086
+"$train" $quick --epochs 2 --resume "$tmp/sig.st" >"$tmp/sig-resumed.out" 2>&1
+grep -Eq '^result test_accuracy=0\.[0-9]+ ' "$tmp/sig-resumed.out"
+ok $? "the checkpoint a signal left resumes ($(tail -1 "$tmp/sig-resumed.out"))"
 # shellcheck disable=SC2086
 "$train" $quick --epochs 1 --precision fp64 >/dev/null 2>"$tmp/err"
 status=$?

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +111,11 @@ static void usage(FILE *f)
             "  --log FILE          one JSON line per step\n"
             "  --json              print the result as one JSON object\n"
             "  --quiet             no progress output\n"
-            "  --help, --version\n",
+            "  --help, --version\n"
+            "SIGINT or SIGTERM stops training after the current step, writes the\n"
+            "checkpoint (with --checkpoint) and exits 130 or 143; a second one ends\n"
+            "the process at once. Exit status: 0, 1 for a failure while training,\n"
+            "2 for bad options or data.\n",
             CH_RESNET_DEPTH);
 }
 
@@ -480,6 +485,7 @@ typedef struct trainer {
     FILE *log;
     int tty;
     int shown;               /* columns of the progress line on the screen */
+    int signalled;           /* SIGINT or SIGTERM stopped training (0: none) */
     int bad_reduce;          /* ch_dp_new refused --reduce for these devices */
     int64_t step;
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
@@ -736,6 +742,46 @@ static ch_status validate(trainer *t, double *loss, double *accuracy)
 
 /* One epoch from batch `first`; returns 1 in *stop when --max-steps is
  * reached, and in *next the batch to go on from. */
+/* SIGINT and SIGTERM: the first asks training to stop after the current
+ * step (with a checkpoint when --checkpoint is given) and exit 128 + the
+ * signal; a second one ends the process at once. */
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int signo)
+{
+    if (g_signal) {
+        signal(signo, SIG_DFL);
+        raise(signo);
+        return;
+    }
+    g_signal = signo;
+}
+
+static void catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    (void)sigaction(SIGINT, &sa, NULL);
+    (void)sigaction(SIGTERM, &sa, NULL);
+}
+
+/* The signal that stops training after this step, 0 for none; under
+ * mpirun every process learns whether any got one, so that all stop at
+ * the same step (SIGINT wins a tie: it is what a terminal sends). */
+static int stop_signal(void)
+{
+    int mine = g_signal;
+    if (g_ranks <= 1)
+        return mine;
+    double v[2] = {mine == SIGINT, mine == SIGTERM};
+    if (ch_dist_sum(ch_dist_world(), v, 2) != CH_OK)
+        return mine;
+    return v[0] > 0 ? SIGINT : v[1] > 0 ? SIGTERM : 0;
+}
+
 static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop,
                              double *busy, int64_t *samples, int64_t *next)
 {
@@ -771,6 +817,11 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
                       (double)(nb - number - 1);
         progress(t, epoch, number, nb, loss, rate, left);
         if (st == CH_OK && updated && t->o->max_steps > 0 && t->step >= t->o->max_steps) {
+            *stop = 1;
+            break;
+        }
+        /* A signal stops at an update, not between accumulated batches. */
+        if (st == CH_OK && ch_dp_pending(t->dp) == 0 && (t->signalled = stop_signal())) {
             *stop = 1;
             break;
         }
@@ -1129,6 +1180,14 @@ static int run(trainer *t)
                                   ch_dp_optimizer(t->dp, 0), &cs, o->save_dtype) != CH_OK)
             return runtime_error("cannot write the checkpoint");
     }
+    if (t->signalled) {
+        if (g_rank == 0)
+            fprintf(stderr, "chorus-train: %s: stopped after step %lld%s%s\n",
+                    t->signalled == SIGINT ? "SIGINT" : "SIGTERM", (long long)t->step,
+                    o->checkpoint ? ", checkpoint written to " : "",
+                    o->checkpoint ? o->checkpoint : "");
+        return 128 + t->signalled;
+    }
     double acc = 0, loss = 0;
     if ((o->lm ? validate(t, &loss, &acc) : evaluate(t, &acc, &loss)) != CH_OK)
         return runtime_error("evaluation failed");
@@ -1337,6 +1396,7 @@ int main(int argc, char **argv)
     if (rc == 0) {
         trainer t = {.o = &o, .tty = isatty(STDERR_FILENO), .val_loss = NAN};
         rc = prepare(&t);
+        catch_signals();
         if (rc == 0)
             rc = run(&t);
         teardown(&t);
@@ -1344,8 +1404,8 @@ int main(int argc, char **argv)
     }
     /* After a failure another process may be stuck in a collective, and
      * MPI_Finalize would wait for it: leave, and let the launcher end the
-     * job. */
-    if (rc == 0 || g_ranks == 1)
+     * job. A signal stops every process at the same step: they finalize. */
+    if (rc == 0 || rc > 128 || g_ranks == 1)
         ch_dist_finalize();
     return rc;
 }
