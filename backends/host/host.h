@@ -32,8 +32,11 @@ ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, i
  * for the CPU picked when the library loads (GCC's target_clones, an
  * ifunc): for the loops that vectorise, whose baseline build has 4-byte
  * lanes in 16-byte registers. AVX2 without FMA, so that both builds round
- * alike and give the same bits. Elsewhere, one build. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__)
+ * alike and give the same bits. Elsewhere, one build; and one under
+ * ThreadSanitizer, whose instrumented ifunc resolvers would run while the
+ * library is relocated, before its runtime exists. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define CHI_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define CHI_CLONES
