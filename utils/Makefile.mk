@@ -5,4 +5,4 @@ utils_chorus_info_LDADD = libchorus.la
 
 bin_PROGRAMS += utils/chorus-train
 utils_chorus_train_SOURCES = utils/chorus-train.c
-utils_chorus_train_LDADD = libchorus.la -lm
+utils_chorus_train_LDADD = libchorus.la $(PTHREAD_LIBS) -lm
