@@ -690,22 +690,34 @@ static ch_status param_checksum(replica *r)
 }
 
 /* fp16: whether every reduced gradient is finite, through each bucket's
- * sum (an infinity or a NaN anywhere makes it one). The buckets hold the
- * same bits on every replica of the job, so every replica decides alike. */
+ * sum (an infinity or a NaN anywhere makes it one), the sums side by side
+ * and read back in one download. The buckets hold the same bits on every
+ * replica of the job, so every replica decides alike. */
 static ch_status grads_finite(replica *r, int *finite)
 {
     ch_dp *dp = r->dp;
-    int64_t one = 1;
+    int64_t nb = dp->nbuckets;
     *finite = 1;
     if (!r->finite)
-        TRY(ch_tensor_new(&r->finite, r->dev, CH_F32, 1, &one));
-    for (int b = 0; *finite && b < dp->nbuckets; b++) {
-        float sum;
-        TRY(ch_sum(r->finite, r->grads[b], 0));
-        TRY(ch_tensor_download(r->finite, &sum, sizeof sum));
-        *finite = isfinite(sum);
+        TRY(ch_tensor_new(&r->finite, r->dev, CH_F32, 1, &nb));
+    ch_status st = CH_OK;
+    for (int b = 0; st == CH_OK && b < dp->nbuckets; b++) {
+        ch_tensor *slot = NULL;
+        st = ch_tensor_view(&slot, r->finite, b, 1);
+        if (st == CH_OK)
+            st = ch_sum(slot, r->grads[b], 0);
+        ch_tensor_free(slot);
     }
-    return CH_OK;
+    float sums[64], *all = nb <= 64 ? sums : malloc(sizeof(float) * (size_t)nb);
+    if (st == CH_OK && !all)
+        st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_step: out of memory");
+    if (st == CH_OK)
+        st = ch_tensor_download(r->finite, all, sizeof(float) * (size_t)nb);
+    for (int64_t b = 0; st == CH_OK && b < nb; b++)
+        *finite = *finite && isfinite(all[b]);
+    if (all != sums)
+        free(all);
+    return st;
 }
 
 static ch_status update(replica *r)
