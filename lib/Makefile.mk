@@ -28,8 +28,15 @@ libchorus_la_SOURCES = \
 	lib/registry.h \
 	lib/philox.h \
 	lib/half.h \
-	lib/optim_consts.h
-libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
+	lib/optim_consts.h \
+	lib/fault.h
+# A test build's counted allocations and writes (configure
+# --enable-fault-injection; lib/fault.h).
+if FAULT_INJECTION
+libchorus_la_SOURCES += lib/fault.c
+endif
+EXTRA_DIST += lib/fault.c
+libchorus_la_CPPFLAGS = $(AM_CPPFLAGS) $(FAULT_CPPFLAGS) $(BLAS_CFLAGS) $(HWLOC_CFLAGS) $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
 	$(MPI_CFLAGS)
 libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) \
 	$(MPI_LIBS)

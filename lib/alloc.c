@@ -98,10 +98,12 @@ ch_status chi_alloc(ch_device *dev, size_t bytes, void **ptr)
             chi_free(dev, *ptr, bytes);
         return st;
     }
-    ch_status st = dev->be->iface->alloc(dev->dev, bytes, ptr);
+    ch_status st = CHI_INJECT("device allocation", CH_ERR_DEVICE_OUT_OF_MEMORY,
+                              dev->be->iface->alloc(dev->dev, bytes, ptr));
     if (st == CH_ERR_DEVICE_OUT_OF_MEMORY && a->stats.cached_bytes > 0) {
         flush_locked(dev);
-        st = dev->be->iface->alloc(dev->dev, bytes, ptr);
+        st = CHI_INJECT("device allocation", CH_ERR_DEVICE_OUT_OF_MEMORY,
+                        dev->be->iface->alloc(dev->dev, bytes, ptr));
     }
     if (st == CH_OK) {
         a->stats.device_allocs++;
@@ -121,7 +123,7 @@ static void *last_use(ch_device *dev)
         return NULL;
     void *ev = NULL;
     const ch_backend_i *be = dev->be->iface;
-    if (be->event_new(dev->dev, &ev) != CH_OK)
+    if (CHI_INJECT("event creation", CH_ERR_DRIVER, be->event_new(dev->dev, &ev)) != CH_OK)
         return NULL;
     if (be->event_record(ev, chi_current_stream(dev)) != CH_OK) {
         be->event_free(ev);

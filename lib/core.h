@@ -6,6 +6,20 @@
 #include <stdatomic.h>
 #include "backend.h"
 
+/* A device-side request that a fault-injection build (lib/fault.h) counts
+ * and can make fail: CHI_INJECT(what, status, call) is `call`'s status, or
+ * `status` with a message naming `what` when this is the point that fails.
+ * Other builds call `call` and nothing else. */
+#ifdef CHORUS_FAULT_INJECTION
+#define CHI_FAULT(what) chi_fault_hit((what), __FILE__, __LINE__)
+#else
+#define CHI_FAULT(what) 0
+#endif
+#define CHI_INJECT(what, status, call)                                                   \
+    (CHI_FAULT(what) ? chi_error((status), "%s failed (injected at %s:%d)", (what), __FILE__, \
+                                 __LINE__)                                               \
+                     : (call))
+
 #define CH_MAX_BACKENDS 4
 #define CH_MAX_DEVICES 64
 

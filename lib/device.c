@@ -114,7 +114,16 @@ static ch_status open_device(const chi_disc_input *in, const chi_disc_device *dd
     d->be = be;
     d->be_index = in->backend_index;
     fill_info(d, in, dd);
-    ch_status st = be->iface->device_open(be->ctx, in->backend_index, &d->dev);
+    ch_status st = CHI_INJECT("device opening", CH_ERR_DRIVER,
+                              be->iface->device_open(be->ctx, in->backend_index, &d->dev));
+    /* A device that will not open is hidden (and chorus-info says why),
+     * but the host always opens, and running out of memory is not the
+     * device's fault: those fail ch_init rather than give a smaller
+     * machine. */
+    if (st != CH_OK && (st == CH_ERR_OUT_OF_MEMORY || strcmp(be->name, "host") == 0)) {
+        free(d);
+        return chi_error(st, "ch_init: cannot open %s: %s", dd->id, ch_last_error());
+    }
     if (st != CH_OK) {
         ch_hidden_device h = {0};
         snprintf(h.id, sizeof h.id, "%s", dd->id);
@@ -169,13 +178,22 @@ static int listed(const char *list, const char *id)
 }
 
 /* Names in CHORUS_DEVICES that match no device are an error, not a silent
- * smaller machine. */
+ * smaller machine; so are a list that names nothing (only commas) and one
+ * longer than a device list may be (ch_device_list_parse's 1023
+ * characters), which would be cut inside a name. */
 static ch_status check_env_list(const char *env, const chi_disc_result *res)
 {
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s", env);
+    size_t len = strlen(env);
+    if (len >= sizeof buf)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_init: CHORUS_DEVICES is %zu characters long, longer than the %zu "
+                         "a device list may have", len, sizeof buf - 1);
+    memcpy(buf, env, len + 1);
+    int names = 0;
     for (char *save = NULL, *name = strtok_r(buf, ",", &save); name;
          name = strtok_r(NULL, ",", &save)) {
+        names++;
         if (strcmp(name, "all") == 0)
             continue;
         int found = 0;
@@ -186,6 +204,9 @@ static ch_status check_env_list(const char *env, const chi_disc_result *res)
                              "ch_init: CHORUS_DEVICES names \"%s\", which is not a device "
                              "here (run chorus-info)", name);
     }
+    if (names == 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_init: CHORUS_DEVICES \"%s\" names no "
+                         "device (unset it to see them all)", env);
     return CH_OK;
 }
 

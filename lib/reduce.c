@@ -413,7 +413,8 @@ ch_status ch_reducer_span(ch_reducer *r, const void *id, int first, int total)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_span: out of host memory");
     for (int i = 0; i < r->n; i++)
         ranks[i] = first + i;
-    ch_status st = be->span_new(&r->span, r->n, r->handles, ranks, total, id);
+    ch_status st = CHI_INJECT("span creation", CH_ERR_DRIVER,
+                              be->span_new(&r->span, r->n, r->handles, ranks, total, id));
     free(ranks);
     if (st != CH_OK) {
         r->span = NULL;

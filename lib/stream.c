@@ -20,7 +20,8 @@ ch_status chi_stream_create(ch_stream **out, ch_device *dev, int is_default)
     ch_stream *s = calloc(1, sizeof *s);
     if (!s)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_stream_new: out of memory");
-    ch_status st = dev->be->iface->stream_new(dev->dev, &s->handle);
+    ch_status st = CHI_INJECT("stream creation", CH_ERR_DRIVER,
+                              dev->be->iface->stream_new(dev->dev, &s->handle));
     if (st != CH_OK) {
         free(s);
         return st;
@@ -164,7 +165,8 @@ ch_status ch_event_new(ch_event **out, ch_device *dev)
     ch_event *e = calloc(1, sizeof *e);
     if (!e)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_event_new: out of memory");
-    ch_status st = dev->be->iface->event_new(dev->dev, &e->handle);
+    ch_status st = CHI_INJECT("event creation", CH_ERR_DRIVER,
+                              dev->be->iface->event_new(dev->dev, &e->handle));
     if (st != CH_OK) {
         free(e);
         return st;
@@ -235,7 +237,8 @@ ch_status ch_host_buffer_new(ch_host_buffer **out, ch_device *dev, size_t bytes)
     b->bytes = bytes;
     const ch_backend_i *be = dev->be->iface;
     if (be->host_alloc) {
-        ch_status st = be->host_alloc(dev->dev, bytes, &b->ptr);
+        ch_status st = CHI_INJECT("pinned allocation", CH_ERR_OUT_OF_MEMORY,
+                                  be->host_alloc(dev->dev, bytes, &b->ptr));
         if (st != CH_OK) {
             free(b);
             return st;

@@ -277,7 +277,7 @@ static ch_status stream_after(const ch_backend_i *be, void *waiter, ch_device *d
                               void *producer)
 {
     void *ev = NULL;
-    ch_status st = be->event_new(dev->dev, &ev);
+    ch_status st = CHI_INJECT("event creation", CH_ERR_DRIVER, be->event_new(dev->dev, &ev));
     if (st == CH_OK)
         st = be->event_record(ev, producer);
     if (st == CH_OK)
@@ -319,7 +319,8 @@ static ch_status staging_buffer(ch_device *dev, void **ptr)
     }
     const ch_backend_i *be = dev->be->iface;
     if (be->host_alloc) {
-        ch_status st = be->host_alloc(dev->dev, STAGING_BYTES, &dev->staging);
+        ch_status st = CHI_INJECT("pinned allocation", CH_ERR_OUT_OF_MEMORY,
+                                  be->host_alloc(dev->dev, STAGING_BYTES, &dev->staging));
         if (st != CH_OK)
             return st;
     } else if (posix_memalign(&dev->staging, 64, STAGING_BYTES) != 0) {

@@ -108,6 +108,7 @@ struct ch_dp {
     int nbuckets;
     int *param_bucket;        /* parameter index -> bucket */
     ch_reducer *reducer;      /* n > 1 */
+    ch_tensor **reduce_bufs;  /* [n] the reducer thread's view of a bucket */
     pthread_t reducer_thread;
     int reducer_started;
 
@@ -123,6 +124,8 @@ struct ch_dp {
     int finished;
     int quit;
     atomic_int failed;
+    atomic_int parted;        /* a replica failed during its update */
+    char parted_error[1200];  /* then every later call fails with this */
 
     /* the call in flight */
     job job;
@@ -173,6 +176,7 @@ struct ch_dp {
     int64_t eval_correct;
 #ifdef CHI_TEST_HOOKS
     int fail_replica;         /* this replica fails its next call */
+    int fail_update;          /* this replica fails its next update, past the barrier */
     int fail_reduce;          /* the next reduction fails */
 #endif
 };
@@ -194,6 +198,8 @@ static void injected_clear(ch_dp *dp, int step_done)
 {
     dp->fail_replica = -1;
     if (step_done)
+        dp->fail_update = -1;
+    if (step_done)
         dp->fail_reduce = 0;
 }
 
@@ -201,6 +207,18 @@ void chi_dp_fail_next(ch_dp *dp, int replica)
 {
     if (dp)
         dp->fail_replica = replica;
+}
+
+void chi_dp_fail_update_next(ch_dp *dp, int replica)
+{
+    if (dp)
+        dp->fail_update = replica;
+}
+
+static ch_status injected_update(const ch_dp *dp, int replica)
+{
+    return dp->fail_update == replica ? chi_error(CH_ERR_INTERNAL, "failure injected by a test")
+                                      : CH_OK;
 }
 
 void chi_dp_fail_reduce_next(ch_dp *dp)
@@ -211,6 +229,7 @@ void chi_dp_fail_reduce_next(ch_dp *dp)
 #else
 #define injected(dp, replica) CH_OK
 #define injected_clear(dp, step_done) ((void)0)
+#define injected_update(dp, replica) CH_OK
 #endif
 
 /* ---- Helpers ------------------------------------------------------------------- */
@@ -422,7 +441,7 @@ static void *reducer_main(void *arg)
 {
     ch_dp *dp = arg;
     int64_t seen = 0;
-    ch_tensor **bufs = malloc((size_t)dp->n * sizeof *bufs);
+    ch_tensor **bufs = dp->reduce_bufs;
     pthread_mutex_lock(&dp->lock);
     while (next_call(dp, &dp->reduce_generation, &seen)) {
         for (int b = 0; b < dp->nbuckets; b++) {
@@ -445,8 +464,7 @@ static void *reducer_main(void *arg)
             if (b == 0)
                 dp->reduce_start = ch_clock_seconds();
             ch_clear_error();
-            ch_status st = bufs ? reduce_bucket(dp, b, bufs)
-                                 : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp: out of memory");
+            ch_status st = reduce_bucket(dp, b, bufs);
             pthread_mutex_lock(&dp->lock);
             if (st != CH_OK) {
                 reducer_failed(dp, st);
@@ -457,7 +475,6 @@ static void *reducer_main(void *arg)
         pthread_cond_broadcast(&dp->posted);
     }
     pthread_mutex_unlock(&dp->lock);
-    free(bufs);
     return NULL;
 }
 
@@ -720,10 +737,13 @@ static ch_status grads_finite(replica *r, int *finite)
     return st;
 }
 
-static ch_status update(replica *r)
+/* What an update needs that can fail for want of memory, before the
+ * barrier: the mean over the micro-batches and fp16's loss scale undone,
+ * fp16's overflow check, the optimizer's state made. When one replica
+ * fails here, none updates. */
+static ch_status pre_update(replica *r)
 {
     ch_dp *dp = r->dp;
-    /* The mean over the micro-batches, and fp16's loss scale undone. */
     float unscale = dp->grad_rescale / dp->scaler;
     for (int b = 0; unscale != 1.0f && b < dp->nbuckets; b++)
         TRY(ch_scale(r->grads[b], r->grads[b], unscale));
@@ -735,7 +755,16 @@ static ch_status update(replica *r)
         if (r->overflow)
             return CH_OK; /* skipped: parameters and optimizer untouched */
     }
-    return ch_optimizer_step(r->opt, dp->lr);
+    return nn_optimizer_prepare(r->opt);
+}
+
+/* After the barrier: the update itself, the same on every replica. */
+static ch_status update(replica *r)
+{
+    if (r->overflow)
+        return CH_OK;
+    TRY(injected_update(r->dp, r->index));
+    return ch_optimizer_step(r->opt, r->dp->lr);
 }
 
 /* fp16, after an update: GradScaler's rule for the next step's scale. */
@@ -814,10 +843,18 @@ static void train(replica *r)
             fail(r, post_rest(r));
         wait_reduced(dp);
     }
+    if (dp->sync && !atomic_load(&dp->failed))
+        fail(r, pre_update(r));
     if (dp->threaded)
         pthread_barrier_wait(&dp->barrier);
-    if (dp->sync && !atomic_load(&dp->failed))
-        fail(r, update(r));
+    if (dp->sync && !atomic_load(&dp->failed)) {
+        /* Past the barrier nothing allocates; a device failing now may
+         * leave this replica's parameters apart from the others'. */
+        ch_status st = update(r);
+        if (st != CH_OK)
+            atomic_store(&dp->parted, 1);
+        fail(r, st);
+    }
     if (dp->sync && !atomic_load(&dp->failed) && dp->o.check_every > 0 &&
         (dp->step + 1) % dp->o.check_every == 0)
         fail(r, param_checksum(r));
@@ -1030,9 +1067,14 @@ static ch_status make_reducer(ch_dp *dp)
 {
     if (!dp->threaded)
         return CH_OK;
+    /* Made here, not by the thread: a thread that could not allocate would
+     * fail every step to come. */
+    dp->reduce_bufs = malloc((size_t)dp->n * sizeof *dp->reduce_bufs);
     ch_stream **comms = malloc((size_t)dp->n * sizeof *comms);
-    if (!comms)
+    if (!comms || !dp->reduce_bufs) {
+        free(comms);
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    }
     for (int i = 0; i < dp->n; i++)
         comms[i] = dp->r[i].comm;
     int64_t largest = 0;
@@ -1415,6 +1457,7 @@ void ch_dp_free(ch_dp *dp)
     free(dp->buckets);
     free(dp->param_bucket);
     free(dp->posted_count);
+    free(dp->reduce_bufs);
     free(dp);
 }
 
@@ -1614,12 +1657,24 @@ static ch_status check_every_rank_has_samples(const ch_dp *dp, const char *fn, i
     return CH_OK;
 }
 
+/* After a replica failed during its update, the replicas may hold
+ * different parameters: every later call fails. */
+static ch_status check_parted(const ch_dp *dp, const char *fn)
+{
+    if (!atomic_load(&dp->parted))
+        return CH_OK;
+    return chi_error(CH_ERR_STATE, "%s: an earlier step failed while the replicas were updating "
+                     "their parameters, so they may differ (%.900s): free this dp and make a new "
+                     "one, from a checkpoint", fn, dp->parted_error);
+}
+
 /* A training call: micro-batch `batch` (NULL: flush), reducing and
  * updating when `sync`. */
 static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync,
                             float *loss)
 {
     const char *fn = batch ? "ch_dp_step" : "ch_dp_flush";
+    TRY(check_parted(dp, fn));
     int k = dp->o.accumulate > 1 ? dp->o.accumulate : 1;
     dp->job = JOB_TRAIN;
     dp->batch = batch;
@@ -1638,6 +1693,8 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     injected_clear(dp, sync);
     dp->grad_rescale = 1.0f;
     ch_status st = call_status(dp, fn);
+    if (atomic_load(&dp->parted) && !dp->parted_error[0])
+        snprintf(dp->parted_error, sizeof dp->parted_error, "%s", ch_last_error());
     int checked = sync && dp->o.check_every > 0 && (dp->step + 1) % dp->o.check_every == 0;
     if (st == CH_OK && checked)
         st = check_replicas(dp, fn, dp->step + 1);
@@ -1814,6 +1871,7 @@ static ch_status gather_rows(ch_dp *dp, ch_tensor *out, int total)
 static ch_status infer_call(ch_dp *dp, job j, const ch_batch *batch, ch_tensor *out)
 {
     const char *fn = j == JOB_PREDICT ? "ch_dp_predict" : "ch_dp_evaluate";
+    TRY(check_parted(dp, fn));
     if (dp->ranks_stale) {
         /* Per-process BatchNorm statistics: rank 0's are the ones kept. */
         ch_status st = bcast_state(dp, 0, "rank 0's running statistics");

@@ -165,12 +165,20 @@ void chi_dp_fail_next(struct ch_dp *dp, int replica);
 /* The reduction of the next step fails (in the reducer thread, while the
  * replicas are in backward). */
 void chi_dp_fail_reduce_next(struct ch_dp *dp);
+/* Replica `replica` fails its next update (past the barrier, after the
+ * others may have updated): the dp must refuse every later call. */
+void chi_dp_fail_update_next(struct ch_dp *dp, int replica);
 #endif
 
 /* The slot of optimizer state `index` (see ch_optimizer_state) and the
- * parameter it belongs to: for loading checkpoints. */
+ * parameter it belongs to: for loading checkpoints. `writing`: the caller
+ * puts a loaded state there (it is not a fresh momentum any more). */
 ch_optimizer_kind nn_optimizer_kind(const ch_optimizer *opt);
+/* Make (or move) every state tensor the next ch_optimizer_step needs, so
+ * that the step itself allocates nothing (data parallelism prepares every
+ * replica's before any of them updates). */
+ch_status nn_optimizer_prepare(ch_optimizer *opt);
 ch_status nn_optimizer_state_slot(ch_optimizer *opt, int index, ch_tensor ***slot,
-                                  ch_tensor **param);
+                                  ch_tensor **param, int writing);
 
 #endif

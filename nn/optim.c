@@ -121,6 +121,8 @@ struct ch_optimizer {
     int nparams;
     ch_tensor **m;      /* momentum or first moment, per parameter */
     ch_tensor **v;      /* second moment (Adam) */
+    unsigned char *fresh; /* per parameter: its momentum was made for a step not
+                           * yet taken (SGD starts it from the gradient) */
     int64_t steps;
 };
 
@@ -148,8 +150,9 @@ ch_status ch_optimizer_new(ch_optimizer **out, ch_module *model,
     if (opt) {
         opt->m = calloc((size_t)n + 1, sizeof *opt->m);
         opt->v = calloc((size_t)n + 1, sizeof *opt->v);
+        opt->fresh = calloc((size_t)n + 1, 1);
     }
-    if (!opt || !opt->m || !opt->v) {
+    if (!opt || !opt->m || !opt->v || !opt->fresh) {
         ch_optimizer_free(opt);
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_optimizer_new: out of memory");
     }
@@ -170,6 +173,7 @@ void ch_optimizer_free(ch_optimizer *opt)
         ch_tensor_free(opt->v[i]);
     free(opt->m);
     free(opt->v);
+    free(opt->fresh);
     free(opt);
 }
 
@@ -194,23 +198,45 @@ static ch_status state_for(ch_tensor **s, const ch_tensor *p, int *fresh)
     return ch_fill(*s, 0.0);
 }
 
+/* Every state tensor the step needs, made or moved before any parameter
+ * changes: running out of memory here leaves the model and the optimizer
+ * as they were, never half a step (data-parallel replicas would part). */
+static ch_status prepare_states(ch_optimizer *opt)
+{
+    for (int i = 0; i < opt->nparams; i++) {
+        ch_tensor *p = NULL;
+        TRY(ch_module_param(opt->model, i, NULL, &p, NULL));
+        int fresh = 0;
+        if (opt->o.kind != CH_OPT_SGD) {
+            TRY(state_for(&opt->m[i], p, &fresh));
+            TRY(state_for(&opt->v[i], p, &fresh));
+        } else if (opt->o.momentum != 0.0f) {
+            TRY(state_for(&opt->m[i], p, &fresh));
+            if (fresh)
+                opt->fresh[i] = 1;
+        }
+    }
+    return CH_OK;
+}
+
+ch_status nn_optimizer_prepare(ch_optimizer *opt)
+{
+    if (!opt)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_optimizer_step: opt is NULL");
+    return prepare_states(opt);
+}
+
 static ch_status sgd_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g, float lr)
 {
     ch_sgd_params sp = {lr, opt->o.momentum, opt->o.dampening, opt->o.weight_decay,
                         opt->o.nesterov};
-    int fresh = 0;
-    if (opt->o.momentum != 0.0f)
-        TRY(state_for(&opt->m[i], p, &fresh));
-    return ch_sgd_step(p, opt->m[i], g, &sp, fresh);
+    return ch_sgd_step(p, opt->m[i], g, &sp, opt->o.momentum != 0.0f && opt->fresh[i]);
 }
 
 static ch_status adam_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g, float lr)
 {
     ch_adam_params ap = {lr, opt->o.beta1, opt->o.beta2, opt->o.eps, opt->o.weight_decay,
                          opt->o.kind == CH_OPT_ADAMW, opt->steps + 1};
-    int fresh;
-    TRY(state_for(&opt->m[i], p, &fresh));
-    TRY(state_for(&opt->v[i], p, &fresh));
     return ch_adam_step(p, opt->m[i], opt->v[i], g, &ap);
 }
 
@@ -222,6 +248,7 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
         return chi_error(CH_ERR_STATE, "ch_optimizer_step: the model has %d parameters, it had "
                          "%d when the optimizer was made", ch_module_param_count(opt->model),
                          opt->nparams);
+    TRY(prepare_states(opt));
     for (int i = 0; i < opt->nparams; i++) {
         ch_tensor *p = NULL, *g = NULL;
         TRY(ch_module_param(opt->model, i, NULL, &p, &g));
@@ -230,6 +257,7 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
         else
             TRY(adam_param(opt, i, p, g, lr));
     }
+    memset(opt->fresh, 0, (size_t)opt->nparams);
     opt->steps++;
     return CH_OK;
 }
@@ -273,11 +301,13 @@ ch_status ch_optimizer_state(const ch_optimizer *opt, int index, const char **na
 ch_optimizer_kind nn_optimizer_kind(const ch_optimizer *opt) { return opt->o.kind; }
 
 ch_status nn_optimizer_state_slot(ch_optimizer *opt, int index, ch_tensor ***slot,
-                                  ch_tensor **param)
+                                  ch_tensor **param, int writing)
 {
     int k = states_per_param(opt), i = index / k;
     TRY(ch_module_param(opt->model, i, NULL, param, NULL));
     *slot = index % k == 0 ? &opt->m[i] : &opt->v[i];
+    if (writing)
+        opt->fresh[i] = 0; /* a state that steps were taken with goes there */
     return CH_OK;
 }
 

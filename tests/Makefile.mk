@@ -12,6 +12,9 @@ AM_TESTS_ENVIRONMENT = \
 	POCL_DEVICES="$${POCL_DEVICES-pthread pthread}"; \
 	ASAN_OPTIONS="intercept_tls_get_addr=0$${ASAN_OPTIONS:+:$$ASAN_OPTIONS}"; \
 	export CHORUS_BACKEND_PATH POCL_DEVICES ASAN_OPTIONS;
+if FAULT_INJECTION
+AM_TESTS_ENVIRONMENT += CHORUS_FAULT_BUILD=yes; export CHORUS_FAULT_BUILD;
+endif
 
 noinst_HEADERS += tests/tap.h
 check_LTLIBRARIES = tests/libtestutil.la
@@ -37,7 +40,7 @@ INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)
 #   same core and backends.
 check_LTLIBRARIES += tests/libnn-hooks.la
 tests_libnn_hooks_la_SOURCES = $(nn_sources)
-tests_libnn_hooks_la_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
+tests_libnn_hooks_la_CPPFLAGS = $(AM_CPPFLAGS) $(FAULT_CPPFLAGS) -DCHI_TEST_HOOKS $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
 	$(MPI_CFLAGS)
 tests_libnn_hooks_la_LIBADD = $(ZLIB_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(MPI_LIBS)
 
@@ -65,6 +68,15 @@ tests_test_cast_LDADD = $(TEST_LIBS)
 check_PROGRAMS += tests/test-half
 tests_test_half_SOURCES = tests/test-half.c
 tests_test_half_LDADD = $(TEST_LIBS)
+
+# The allocation-failure walk and the checkpoint's failing writes: only in
+# a build configured --enable-fault-injection (CI's sanitizer build).
+if FAULT_INJECTION
+check_PROGRAMS += tests/test-fault
+tests_test_fault_SOURCES = tests/test-fault.c
+tests_test_fault_LDADD = $(TEST_LIBS)
+endif
+EXTRA_DIST += tests/test-fault.c
 
 check_PROGRAMS += tests/test-dist-local
 tests_test_dist_local_SOURCES = tests/test-dist-local.c

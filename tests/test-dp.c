@@ -240,6 +240,24 @@ static void test_fault(ch_module *model, ch_device **devs, int n, const char *na
     tap_status_ok(st, "%s: the next step runs", what);
     tap_ok(loss > 0.0f && loss < 4.0f, "%s: ... with a finite, positive loss (%.4f)", what,
            loss);
+    /* A replica failing in its update itself, when the others may have
+     * updated: the replicas may differ, so every later call is refused
+     * (a failure before the update, for want of memory, leaves them all
+     * as they were: tests/test-fault.c). */
+    chi_dp_fail_update_next(dp, 1);
+    st = ch_dp_step(dp, &loss, &bs->b[2], 0.05f);
+    if (st == CH_OK && o.accumulate > 1)
+        st = ch_dp_step(dp, &loss, &bs->b[2], 0.05f);
+    tap_status_is(st, CH_ERR_INTERNAL, "replica 1", "%s: a replica failing in its update: "
+                  "its error is returned", what);
+    st = ch_dp_step(dp, &loss, &bs->b[3], 0.05f);
+    tap_status_is(st, CH_ERR_STATE, "may differ", "%s: ... and the next step is refused", what);
+    ch_tensor *out = NULL;
+    int64_t shape[2] = {BATCH, 10};
+    ch_tensor_new(&out, devs[0], CH_F32, 2, shape);
+    tap_status_is(ch_dp_predict(dp, out, &bs->b[3]), CH_ERR_STATE, "may differ",
+                  "%s: ... and so is a prediction", what);
+    ch_tensor_free(out);
     t0 = ch_clock_seconds();
     ch_dp_free(dp);
     secs = ch_clock_seconds() - t0;

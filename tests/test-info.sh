@@ -59,6 +59,18 @@ ids=$(CHORUS_DEVICES=host "$info" --json 2>"$tmp.err" | json_ids 2>>"$tmp.err")
 test "$ids" = host
 ok $? "CHORUS_DEVICES=host lists only host: got \"$ids\""
 
+# A CHORUS_DEVICES longer than a device list may be (1023 characters) is an
+# error, not a list cut inside a name; so is one of commas alone.
+long=$(printf 'host,%.0s' $(seq 1 210))host
+CHORUS_DEVICES=$long "$info" >"$tmp.out" 2>"$tmp.err"
+status=$?
+test "$status" -ne 0 && grep -q 'CHORUS_DEVICES is 1054 characters long' "$tmp.err"
+ok $? "a CHORUS_DEVICES of 1054 characters is refused: status $status, $(head -c 200 "$tmp.err")"
+CHORUS_DEVICES=',,' "$info" >"$tmp.out" 2>"$tmp.err"
+status=$?
+test "$status" -ne 0 && grep -q 'names no device' "$tmp.err"
+ok $? "CHORUS_DEVICES=,, is refused: status $status, $(head -c 200 "$tmp.err")"
+
 "$info" --no-such-option >"$tmp.out" 2>"$tmp.err"
 status=$?
 test "$status" -eq 2

@@ -3,3 +3,7 @@
 # runs the rest end to end. idxset.py writes made-up IDX sets for both.
 TESTS += tests/test-train-progress.py
 EXTRA_DIST += tests/test-train-progress.py tests/idxset.py
+# Checkpoints under SIGKILL: 200 kills of a training that saves every step
+# (CHORUS_CRASH_ITERATIONS, CHORUS_CRASH_SECONDS).
+TESTS += tests/test-crash.py
+EXTRA_DIST += tests/test-crash.py

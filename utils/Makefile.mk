@@ -3,6 +3,8 @@ bin_PROGRAMS += utils/chorus-info
 utils_chorus_info_SOURCES = utils/chorus-info.c
 utils_chorus_info_LDADD = libchorus.la
 
+# chorus-train's option parser is a file of its own, also built into
+# tests/fuzz/fuzz-train-options.
 bin_PROGRAMS += utils/chorus-train
-utils_chorus_train_SOURCES = utils/chorus-train.c
+utils_chorus_train_SOURCES = utils/chorus-train.c utils/train-options.c utils/train-options.h
 utils_chorus_train_LDADD = libchorus.la $(PTHREAD_LIBS) -lm

@@ -4,467 +4,26 @@
 
 #include <chorus.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
-#define EXIT_USAGE 2
-#define EXIT_RUNTIME 1
+#include "train-options.h"
 
 /* Under mpirun: this process's rank and the job's size (0 and 1 alone).
  * Rank 0 alone reports usage errors, progress and results, and writes the
  * log and the checkpoints. */
 static int g_rank, g_ranks = 1;
 
-typedef struct options {
-    const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log, *schedule;
-    const char *split, *reduce, *batchnorm, *prompt;
-    float weights[64];       /* --split W1,W2,...; nweights 0: equal or auto */
-    int nweights;
-    ch_idx_options norm;     /* --normalize MEAN,STD; std 0: not given */
-    int64_t epochs, max_steps, limit, bucket_mb, accumulate;
-    int batch, json, quiet;
-    float lr;
-    uint64_t seed;
-    int64_t depth;           /* resnet */
-    ch_gpt_config gpt;       /* gpt; vocab 0: the data's */
-    int64_t generate, top_k, eval_every;
-    float temperature;
-    int lm;                  /* a language model (gpt) */
-    unsigned aug;            /* CH_AUGMENT_* */
-    int crop_pad;
-    float weight_decay;      /* < 0: the optimizer's default */
-    ch_dtype save_dtype;     /* --save-dtype: the checkpoints' tensors */
-    ch_dtype precision;      /* --precision: mixed precision's half format, or f32 */
-    ch_dtype reduce_dtype;   /* --reduce-dtype: the gradients' host-staged reduction */
-} options;
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: chorus-train [options]\n"
-            "  --data PATH         images: a folder of IDX files (default\n"
-            "                      " DEFAULT_DATA ");\n"
-            "                      gpt: a text file, a folder of texts, or a folder of\n"
-            "                      llm.c token shards (*_train*.bin, *_val*.bin)\n"
-            "  --model NAME        mlp, cnn (default), resnet or gpt\n"
-            "  --depth N           resnet: 6n+2 layers (default %d)\n"
-            "  --batchnorm sync|local  under data parallelism, BatchNorm's batch statistics\n"
-            "                      over the whole batch (sync, default) or per replica\n"
-            "  --layers N --heads N --dim N --context N --vocab N --dropout P\n"
-            "                      gpt: its shape (default 4, 4, 128, 64, the data's\n"
-            "                      vocabulary, 0); context = tokens a sample sees\n"
-            "  --eval-every N      gpt: validation loss every N steps (default: each epoch)\n"
-            "  --generate N        gpt: print N tokens sampled from the model after training\n"
-            "  --temperature X     sampling temperature (default 1)\n"
-            "  --top-k K           sample among the K likeliest tokens (default 40; 0: all)\n"
-            "  --prompt TEXT       what the sample continues (default a newline)\n"
-            "  --devices LIST      devices to train on, \"all\" (default); with several,\n"
-            "                      data parallel: one replica each, the batch split; a\n"
-            "                      device listed twice (host,host) holds two replicas.\n"
-            "                      Under mpirun, LIST;LIST;... gives each process on a\n"
-            "                      machine its own (by local rank, in turn)\n"
-            "  --split auto|equal|W1,W2,...  shares of the batch per device: auto\n"
-            "                      (default) balances them from measured step times\n"
-            "  --reduce auto|host|peer  gradient reduction: host (pinned memory, fixed\n"
-            "                      order), peer (device to device inside one backend) or\n"
-            "                      auto (default: peer inside groups, host across them)\n"
-            "  --bucket-mb N       reduce gradients in buckets of N MiB (default 25)\n"
-            "  --accumulate K      one optimizer step every K batches (default 1)\n"
-            "  --epochs N          epochs (default 5)\n"
-            "  --max-steps N       stop after N optimizer steps in all (default: no limit)\n"
-            "  --limit N           train on the first N samples only (quick runs)\n"
-            "  --normalize MEAN,STD  inputs become (pixel / 255 - MEAN) / STD; default: the\n"
-            "                      checkpoint's with --resume, else the mean and std of the\n"
-            "                      training images (Fashion-MNIST: 0.2860,0.3530)\n"
-            "  --batch N           batch size (default 64)\n"
-            "  --augment LIST      random augmentation of the training images: none,\n"
-            "                      flip (mirror left-right half the time), crop[:N]\n"
-            "                      (shift by up to N pixels, default 2, zeros in),\n"
-            "                      or flip,crop[:N]; default none\n"
-            "  --lr X              learning rate (default 0.001; resnet 0.003; sgd 0.05)\n"
-            "  --optimizer NAME    sgd, adam (default) or adamw (the resnet's default)\n"
-            "  --weight-decay X    weight decay (default 0; adamw 0.01, the resnet's\n"
-            "                      adamw 0.05), decoupled for adamw, added to the\n"
-            "                      gradient for sgd and adam\n"
-            "  --schedule NAME     learning rate: cosine (default, decays to 0 over the\n"
-            "                      epochs), step (x0.1 every 2 epochs) or constant\n"
-            "  --seed N            seed of the initialisation and the shuffle (default 1)\n"
-            "  --checkpoint FILE   save a checkpoint (safetensors) after every epoch\n"
-            "  --save-dtype f32|bf16|f16  the checkpoint's tensors (default f32; bf16\n"
-            "                      or f16: half the size, a resumed run goes on from the\n"
-            "                      values rounded to it)\n"
-            "  --precision f32|bf16|fp16  mixed precision (default f32): the layers'\n"
-            "                      GEMMs and convolutions on inputs rounded to bf16 or\n"
-            "                      fp16, f32 sums, f32 master weights; fp16 scales the\n"
-            "                      loss dynamically (kept in checkpoints)\n"
-            "  --reduce-dtype f32|bf16  the gradients' reduction through the host in bf16\n"
-            "                      (half the bytes moved, f32 sums; default f32)\n"
-            "  --resume FILE       continue from a checkpoint\n"
-            "  --log FILE          one JSON line per step\n"
-            "  --json              print the result as one JSON object\n"
-            "  --quiet             no progress output\n"
-            "  --help, --version\n"
-            "SIGINT or SIGTERM stops training after the current step, writes the\n"
-            "checkpoint (with --checkpoint) and exits 130 or 143; a second one ends\n"
-            "the process at once. Exit status: 0, 1 for a failure while training,\n"
-            "2 for bad options or data.\n",
-            CH_RESNET_DEPTH);
-}
-
-static int fail_usage(const char *fmt, ...)
-{
-    if (g_rank != 0)
-        return EXIT_USAGE; /* every rank parses the same line: rank 0 says it */
-    va_list ap;
-    fprintf(stderr, "chorus-train: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, " (see --help)\n");
-    return EXIT_USAGE;
-}
-
-static int parse_int(const char *s, int64_t lo, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo)
-        return 0;
-    *out = v;
-    return 1;
-}
-
-/* A float format's name among the space-separated `accepted` ones ("fp16"
- * and "f16" both name f16): 1 and *out, or 0. */
-static int parse_dtype(const char *s, const char *accepted, ch_dtype *out)
-{
-    static const struct {
-        const char *name;
-        ch_dtype dtype;
-    } names[] = {{"f32", CH_F32}, {"bf16", CH_BF16}, {"f16", CH_F16}, {"fp16", CH_F16}};
-    size_t len = strlen(s);
-    for (const char *a = accepted; *a;) {
-        size_t n = strcspn(a, " ");
-        if (n == len && strncmp(a, s, n) == 0)
-            for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-                if (strcmp(names[i].name, s) == 0) {
-                    *out = names[i].dtype;
-                    return 1;
-                }
-        a += n;
-        a += *a == ' ';
-    }
-    return 0;
-}
-
-static int parse_float(const char *s, float *out)
-{
-    char *end;
-    float v = strtof(s, &end);
-    if (end == s || *end || !isfinite(v))
-        return 0;
-    *out = v;
-    return 1;
-}
-
-/* The long name of option value `c`. */
-static const char *longs_name(const struct option *longs, int c)
-{
-    for (; longs->name; longs++)
-        if (longs->val == c)
-            return longs->name;
-    return "?";
-}
-
-/* "1,2,5" into o->weights. */
-static int parse_weights(options *o)
-{
-    const char *p = o->split;
-    o->nweights = 0;
-    while (*p && o->nweights < 64) {
-        char *end;
-        float w = strtof(p, &end);
-        if (end == p || !(w > 0.0f) || !isfinite(w) || (*end && *end != ','))
-            return 0;
-        o->weights[o->nweights++] = w;
-        p = *end ? end + 1 : end;
-    }
-    return o->nweights > 0 && !*p;
-}
-
-/* "0.5,0.25": a finite mean and a std > 0. */
-static int parse_norm(const char *s, ch_idx_options *out)
-{
-    char *end, *end2;
-    float mean = strtof(s, &end);
-    if (end == s || *end != ',' || !isfinite(mean))
-        return 0;
-    float std = strtof(end + 1, &end2);
-    if (end2 == end + 1 || *end2 || !isfinite(std) || !(std > 0.0f))
-        return 0;
-    *out = (ch_idx_options){mean, std};
-    return 1;
-}
-
-/* none | flip | crop[:N] | flip,crop[:N] (either order). */
-static int parse_augment(const char *s, options *o)
-{
-    o->aug = 0;
-    o->crop_pad = 0;
-    if (strcmp(s, "none") == 0)
-        return 1;
-    while (*s) {
-        size_t n = strcspn(s, ",");
-        if (n == 4 && strncmp(s, "flip", 4) == 0 && !(o->aug & CH_AUGMENT_FLIP)) {
-            o->aug |= CH_AUGMENT_FLIP;
-        } else if (n >= 4 && strncmp(s, "crop", 4) == 0 && !(o->aug & CH_AUGMENT_CROP)) {
-            o->aug |= CH_AUGMENT_CROP;
-            o->crop_pad = 2;
-            if (n > 4) {
-                char num[16];
-                int64_t v;
-                if (s[4] != ':' || n - 5 >= sizeof num)
-                    return 0;
-                memcpy(num, s + 5, n - 5);
-                num[n - 5] = 0;
-                if (!parse_int(num, 1, &v) || v > 1024)
-                    return 0;
-                o->crop_pad = (int)v;
-            }
-        } else {
-            return 0;
-        }
-        s += n;
-        if (*s == ',' && !*++s)
-            return 0;
-    }
-    return o->aug != 0;
-}
-
-static int parse_options(int argc, char **argv, options *o)
-{
-    static const struct option longs[] = {
-        {"data", required_argument, 0, 'd'},    {"model", required_argument, 0, 'm'},
-        {"devices", required_argument, 0, 'D'}, {"epochs", required_argument, 0, 'e'},
-        {"max-steps", required_argument, 0, 'S'}, {"batch", required_argument, 0, 'b'},
-        {"limit", required_argument, 0, 'N'},   {"schedule", required_argument, 0, 'C'},
-        {"split", required_argument, 0, 'P'},   {"reduce", required_argument, 0, 'R'},
-        {"lr", required_argument, 0, 'l'},      {"optimizer", required_argument, 0, 'o'},
-        {"seed", required_argument, 0, 's'},    {"checkpoint", required_argument, 0, 'c'},
-        {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
-        {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
-        {"bucket-mb", required_argument, 0, 'B'}, {"accumulate", required_argument, 0, 'A'},
-        {"normalize", required_argument, 0, 'Z'}, {"depth", required_argument, 0, 1000},
-        {"batchnorm", required_argument, 0, 1001}, {"layers", required_argument, 0, 1002},
-        {"heads", required_argument, 0, 1003},  {"dim", required_argument, 0, 1004},
-        {"context", required_argument, 0, 1005}, {"vocab", required_argument, 0, 1006},
-        {"dropout", required_argument, 0, 1007}, {"generate", required_argument, 0, 1008},
-        {"temperature", required_argument, 0, 1009}, {"top-k", required_argument, 0, 1010},
-        {"prompt", required_argument, 0, 1011}, {"eval-every", required_argument, 0, 1012},
-        {"augment", required_argument, 0, 1013}, {"weight-decay", required_argument, 0, 1014},
-        {"save-dtype", required_argument, 0, 1015},
-        {"precision", required_argument, 0, 1016},
-        {"reduce-dtype", required_argument, 0, 1017},
-        {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
-    *o = (options){NULL, "cnn", "all", NULL, NULL, NULL, NULL, "cosine", "auto", "auto",
-                   "sync", "\n", {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1,
-                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f, CH_F32, CH_F32, CH_F32};
-    o->gpt.vocab = 0;
-    opterr = 0;
-    int c;
-    int64_t v;
-    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
-        switch (c) {
-        case 'd': o->data = optarg; break;
-        case 'm': o->model = optarg; break;
-        case 'D': o->devices = optarg; break;
-        case 'o': o->optimizer = optarg; break;
-        case 'c': o->checkpoint = optarg; break;
-        case 'r': o->resume = optarg; break;
-        case 'L': o->log = optarg; break;
-        case 'C': o->schedule = optarg; break;
-        case 'P': o->split = optarg; break;
-        case 'R': o->reduce = optarg; break;
-        case 'j': o->json = 1; break;
-        case 'q': o->quiet = 1; break;
-        case 'e':
-            if (!parse_int(optarg, 1, &o->epochs))
-                return fail_usage("--epochs wants a whole number >= 1, not \"%s\"", optarg);
-            break;
-        case 'S':
-            if (!parse_int(optarg, 1, &o->max_steps))
-                return fail_usage("--max-steps wants a whole number >= 1, not \"%s\"", optarg);
-            break;
-        case 'B':
-            if (!parse_int(optarg, 1, &o->bucket_mb) || o->bucket_mb > 1 << 20)
-                return fail_usage("--bucket-mb wants a whole number from 1 to 1048576, not "
-                                  "\"%s\"", optarg);
-            break;
-        case 'A':
-            if (!parse_int(optarg, 1, &o->accumulate) || o->accumulate > 1 << 20)
-                return fail_usage("--accumulate wants a whole number from 1 to 1048576, not "
-                                  "\"%s\"", optarg);
-            break;
-        case 'Z':
-            if (!parse_norm(optarg, &o->norm))
-                return fail_usage("--normalize wants MEAN,STD, two numbers with STD > 0, not "
-                                  "\"%s\"", optarg);
-            break;
-        case 'N':
-            if (!parse_int(optarg, 1, &o->limit))
-                return fail_usage("--limit wants a whole number >= 1, not \"%s\"", optarg);
-            break;
-        case 'b':
-            if (!parse_int(optarg, 1, &v) || v > 1 << 20)
-                return fail_usage("--batch wants a whole number from 1 to 1048576, not \"%s\"",
-                                  optarg);
-            o->batch = (int)v;
-            break;
-        case 's':
-            if (!parse_int(optarg, 0, &v))
-                return fail_usage("--seed wants a whole number >= 0, not \"%s\"", optarg);
-            o->seed = (uint64_t)v;
-            break;
-        case 'l': {
-            char *end;
-            o->lr = strtof(optarg, &end);
-            if (end == optarg || *end || !(o->lr > 0.0f) || !isfinite(o->lr))
-                return fail_usage("--lr wants a number > 0, not \"%s\"", optarg);
-            break;
-        }
-        case 1000:
-            if (!parse_int(optarg, 8, &o->depth) || (o->depth - 2) % 6 || o->depth > 10000)
-                return fail_usage("--depth wants 6n + 2 (8, 14, 20, ...), not \"%s\"", optarg);
-            break;
-        case 1001: o->batchnorm = optarg; break;
-        case 1002: case 1003: case 1004: case 1005: case 1006:
-            if (!parse_int(optarg, 1, &v) || v > 1 << 24)
-                return fail_usage("--%s wants a whole number from 1 to 16777216, not \"%s\"",
-                                  longs_name(longs, c), optarg);
-            if (c == 1002)
-                o->gpt.layers = (int)v;
-            else if (c == 1003)
-                o->gpt.heads = (int)v;
-            else if (c == 1004)
-                o->gpt.dim = v;
-            else if (c == 1005)
-                o->gpt.context = v;
-            else
-                o->gpt.vocab = v;
-            break;
-        case 1007:
-            if (!parse_float(optarg, &o->gpt.dropout) || o->gpt.dropout < 0.0f ||
-                o->gpt.dropout >= 1.0f)
-                return fail_usage("--dropout wants a number in [0, 1), not \"%s\"", optarg);
-            break;
-        case 1008:
-            if (!parse_int(optarg, 0, &o->generate) || o->generate > 1 << 20)
-                return fail_usage("--generate wants a whole number from 0 to 1048576, not "
-                                  "\"%s\"", optarg);
-            break;
-        case 1009:
-            if (!parse_float(optarg, &o->temperature) || !(o->temperature > 0.0f))
-                return fail_usage("--temperature wants a number > 0, not \"%s\"", optarg);
-            break;
-        case 1010:
-            if (!parse_int(optarg, 0, &o->top_k))
-                return fail_usage("--top-k wants a whole number >= 0, not \"%s\"", optarg);
-            break;
-        case 1011: o->prompt = optarg; break;
-        case 1012:
-            if (!parse_int(optarg, 1, &o->eval_every))
-                return fail_usage("--eval-every wants a whole number >= 1, not \"%s\"", optarg);
-            break;
-        case 1013:
-            if (!parse_augment(optarg, o))
-                return fail_usage("--augment is none, flip, crop[:N] or flip,crop[:N] with N "
-                                  "from 1 to 1024, not \"%s\"", optarg);
-            break;
-        case 1014:
-            if (!parse_float(optarg, &o->weight_decay) || !(o->weight_decay >= 0.0f))
-                return fail_usage("--weight-decay wants a number >= 0, not \"%s\"", optarg);
-            break;
-        case 1015:
-            if (!parse_dtype(optarg, "f32 bf16 f16", &o->save_dtype))
-                return fail_usage("--save-dtype is f32, bf16 or f16, not \"%s\"", optarg);
-            break;
-        case 1016:
-            if (!parse_dtype(optarg, "f32 bf16 fp16 f16", &o->precision))
-                return fail_usage("--precision is f32, bf16 or fp16, not \"%s\"", optarg);
-            break;
-        case 1017:
-            if (!parse_dtype(optarg, "f32 bf16", &o->reduce_dtype))
-                return fail_usage("--reduce-dtype is f32 or bf16, not \"%s\"", optarg);
-            break;
-        case 'h': usage(stdout); exit(0);
-        case 'V': printf("chorus-train %s\n", ch_version()); exit(0);
-        default:
-            return fail_usage("unknown option or missing value: %s", argv[optind - 1]);
-        }
-    }
-    if (optind < argc)
-        return fail_usage("unexpected argument \"%s\"", argv[optind]);
-    if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0 &&
-        strcmp(o->model, "resnet") != 0 && strcmp(o->model, "gpt") != 0)
-        return fail_usage("--model is mlp, cnn, resnet or gpt, not \"%s\"", o->model);
-    o->lm = strcmp(o->model, "gpt") == 0;
-    if (o->lm && !o->data)
-        return fail_usage("--model gpt needs --data: a text file, a folder of texts, or a "
-                          "folder of llm.c token shards");
-    if (!o->data)
-        o->data = DEFAULT_DATA;
-    if (o->gpt.dim % o->gpt.heads != 0)
-        return fail_usage("--heads %d does not divide --dim %lld", o->gpt.heads,
-                          (long long)o->gpt.dim);
-    if (strcmp(o->batchnorm, "sync") != 0 && strcmp(o->batchnorm, "local") != 0)
-        return fail_usage("--batchnorm is sync or local, not \"%s\"", o->batchnorm);
-    if (o->lm && o->aug)
-        return fail_usage("--augment is for image models, not --model gpt");
-    if (!o->lm && (o->generate || o->eval_every))
-        return fail_usage("--%s is for --model gpt", o->generate ? "generate" : "eval-every");
-    /* The resnet trains with AdamW and a weight decay of 0.05: over three
-     * devices Adam alone stopped at 0.928 on Fashion-MNIST in 5 epochs,
-     * AdamW reaches 0.931 there and 0.932 on host (BENCHMARKS.md). */
-    int resnet = strcmp(o->model, "resnet") == 0;
-    if (!o->optimizer)
-        o->optimizer = resnet ? "adamw" : "adam";
-    if (o->weight_decay < 0.0f && resnet && strcmp(o->optimizer, "adamw") == 0)
-        o->weight_decay = 0.05f;
-    if (strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") && strcmp(o->optimizer, "adamw"))
-        return fail_usage("--optimizer is sgd, adam or adamw, not \"%s\"", o->optimizer);
-    if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "step") &&
-        strcmp(o->schedule, "constant"))
-        return fail_usage("--schedule is cosine, step or constant, not \"%s\"", o->schedule);
-    ch_reduce_mode mode;
-    if (ch_reduce_mode_parse(&mode, o->reduce) != CH_OK)
-        return fail_usage("--reduce is auto, host or peer, not \"%s\"", o->reduce);
-    if (strcmp(o->split, "equal") != 0 && strcmp(o->split, "auto") != 0 && !parse_weights(o))
-        return fail_usage("--split is auto, equal or positive weights W1,W2,..., not \"%s\"",
-                          o->split);
-    /* The resnet's BatchNorm takes a larger step: 3e-3 reaches 0.932 on
-     * Fashion-MNIST in 5 epochs where 1e-3 stops at 0.925 (BENCHMARKS.md). */
-    if (o->lr < 0)
-        o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f
-                : resnet                         ? 0.003f
-                                                  : 0.001f;
-    return 0;
-}
-
 /* ---- Training -------------------------------------------------------------------- */
 
 typedef struct trainer {
-    const options *o;
+    const train_options *o;
     ch_device *dev;          /* the first device: pinned buffers */
     ch_device *devs[64];     /* a device listed twice holds two replicas */
     int ndev;
@@ -574,7 +133,7 @@ static int terminal_columns(void)
         return ws.ws_col;
     const char *env = getenv("COLUMNS");
     int64_t v;
-    if (env && parse_int(env, 1, &v) && v <= 100000)
+    if (env && train_parse_int(env, 1, &v) && v <= 100000)
         return (int)v;
     return 80;
 }
@@ -969,7 +528,7 @@ static ch_status next_logits(trainer *t, const int32_t *text, int64_t n, float *
  * as text, shard tokens as numbers). */
 static ch_status generate(trainer *t)
 {
-    const options *o = t->o;
+    const train_options *o = t->o;
     int64_t plen = (int64_t)strlen(o->prompt), n = plen > 0 ? plen : 1;
     int32_t *text = malloc((size_t)(n + o->generate) * sizeof *text);
     float *logits = malloc(2 * (size_t)o->gpt.vocab * sizeof *logits);
@@ -1058,7 +617,7 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
  * training stopped (the replicas load the optimizer state later). */
 static ch_status make_model(trainer *t)
 {
-    const options *o = t->o;
+    const train_options *o = t->o;
     t->resumed = (ch_train_state){0, 0, 0, o->seed, 0.0f, 0.0f, 0.0f, 0};
     ch_status st;
     if (o->lm)
@@ -1169,7 +728,7 @@ static int runtime_error(const char *what)
 
 static int run(trainer *t)
 {
-    const options *o = t->o;
+    const train_options *o = t->o;
     const ch_train_state state = t->resumed;
     if (setup(t) != CH_OK) {
         if (t->bad_reduce) {
@@ -1278,7 +837,7 @@ static int run(trainer *t)
  * status. */
 static int open_data(trainer *t)
 {
-    const options *o = t->o;
+    const train_options *o = t->o;
     const ch_idx_options recorded = {t->resumed.input_mean, t->resumed.input_std};
     if (o->norm.std > 0 && recorded.std > 0 &&
         (o->norm.mean != recorded.mean || o->norm.std != recorded.std)) {
@@ -1309,7 +868,7 @@ static int open_data(trainer *t)
  * may be larger). 0 or the exit status. */
 static int open_tokens(trainer *t)
 {
-    options *o = (options *)t->o;
+    train_options *o = (train_options *)t->o;
     if (ch_tokens_open(&t->tok_train, &t->tok_val, o->data) != CH_OK) {
         fprintf(stderr, "chorus-train: --data: %s\n", ch_last_error());
         return EXIT_USAGE;
@@ -1362,7 +921,7 @@ static const char *rank_devices(const char *devices, char *out, size_t cap)
 /* Devices, model, data and log; 0 or the exit status. */
 static int prepare(trainer *t)
 {
-    const options *o = t->o;
+    const train_options *o = t->o;
     char mine[1024];
     const char *list = rank_devices(o->devices, mine, sizeof mine);
     if (!list) {
@@ -1409,8 +968,16 @@ int main(int argc, char **argv)
         g_rank = ch_dist_rank(ch_dist_world());
         g_ranks = ch_dist_size(ch_dist_world());
     }
-    options o;
-    int rc = parse_options(argc, argv, &o);
+    train_options o;
+    int rc = train_parse_options(argc, argv, &o, g_rank == 0 ? stderr : NULL);
+    if (rc == TRAIN_OPTIONS_HELP) {
+        train_usage(stdout);
+        return 0;
+    }
+    if (rc == TRAIN_OPTIONS_VERSION) {
+        printf("chorus-train %s\n", ch_version());
+        return 0;
+    }
     if (rc == 0 && g_rank != 0) {
         o.quiet = 1;
         o.generate = 0;

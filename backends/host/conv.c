@@ -193,6 +193,7 @@ ch_status chi_host_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bm
     const float *pc = chi_host_f32(col);
     int64_t plane = g->h * g->w, plane_out = g->oh * g->ow, row_len = g->n * plane_out;
     int64_t work = g->n * g->c * g->kh * g->kw * plane_out;
+    (void)work; /* read by the OpenMP pragma alone */
     unsigned char masks[SHIFT_MASK_BYTES], *mask = shift_applies(g) ? masks : NULL;
     if (mask)
         shift_masks(g, mask);

@@ -33,7 +33,7 @@ backends_opencl_chorus_opencl_la_SOURCES = \
 	backends/opencl/allreduce.c
 nodist_backends_opencl_chorus_opencl_la_SOURCES = backends/opencl/kernels.c
 # kernels.c is generated in the build tree and includes opencl.h.
-backends_opencl_chorus_opencl_la_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/opencl
+backends_opencl_chorus_opencl_la_CPPFLAGS = $(AM_CPPFLAGS) $(FAULT_CPPFLAGS) -I$(top_srcdir)/backends/opencl
 backends_opencl_chorus_opencl_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared
 backends_opencl_chorus_opencl_la_LIBADD = libchorus.la $(OPENCL_LIBS) $(CLBLAST_LIBS) \
 	$(PTHREAD_LIBS) -lm
