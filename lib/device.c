@@ -49,7 +49,12 @@ static ch_status gather_inputs(chi_disc_input **out, int *n)
         if (!be->iface)
             continue;
         for (int i = 0; i < be->ndevices; i++) {
-            if (be->iface->device_props(be->ctx, i, &in[k].props) != CH_OK) {
+            ch_status pst = be->iface->device_props(be->ctx, i, &in[k].props);
+            if (pst == CH_ERR_OUT_OF_MEMORY) { /* not the device's fault: see open_device */
+                free(in);
+                return chi_error(pst, "ch_init: %s:%d: %s", be->name, i, ch_last_error());
+            }
+            if (pst != CH_OK) {
                 ch_hidden_device h = {0};
                 snprintf(h.id, sizeof h.id, "%s:%d", be->name, i);
                 snprintf(h.reason, sizeof h.reason, "cannot read its properties: %s",

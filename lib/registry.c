@@ -127,9 +127,12 @@ static ch_status start_backend(chi_backend *be, const ch_backend_i *iface, const
     ch_clear_error();
     int n = 0;
     void *ctx = NULL;
-    if (iface->init(&ctx, &n) != CH_OK) {
+    ch_status st = iface->init(&ctx, &n);
+    if (st != CH_OK) {
         set_detail(be, "%s", ch_last_error()[0] ? ch_last_error() : "init failed");
-        return CH_ERR_UNAVAILABLE;
+        /* Running out of memory is not the backend's fault: ch_init fails
+         * rather than give a machine without it. */
+        return st == CH_ERR_OUT_OF_MEMORY ? st : CH_ERR_UNAVAILABLE;
     }
     be->iface = iface;
     be->ctx = ctx;
@@ -137,7 +140,9 @@ static ch_status start_backend(chi_backend *be, const ch_backend_i *iface, const
     return CH_OK;
 }
 
-static void load_module(chi_backend *be, const char *name, int built)
+/* CH_OK, the backend unavailable (the reason in its detail) or not;
+ * CH_ERR_OUT_OF_MEMORY when it ran out of memory starting. */
+static ch_status load_module(chi_backend *be, const char *name, int built)
 {
     char path[1024], searched[400];
     snprintf(be->name, sizeof be->name, "%s", name);
@@ -145,11 +150,11 @@ static void load_module(chi_backend *be, const char *name, int built)
     if (!path[0] && !built) {
         set_detail(be, "not built: configure found no %s toolkit or was told --without-%s",
                    name, name);
-        return;
+        return CH_OK;
     }
     if (!path[0]) {
         set_detail(be, "module chorus-%s.so not found in %s", name, searched);
-        return;
+        return CH_OK;
     }
     /* RTLD_LOCAL keeps each module's symbols to itself. Modules are never
      * dlclose'd: driver runtimes (static cudart) register exit handlers that
@@ -158,17 +163,19 @@ static void load_module(chi_backend *be, const char *name, int built)
     if (!dl) {
         const char *why = dlerror();
         set_detail(be, "cannot load module: %s", why ? why : path);
-        return;
+        return CH_OK;
     }
     ch_backend_entry_fn entry;
     *(void **)&entry = dlsym(dl, CH_BACKEND_ENTRY_SYMBOL);
     if (!entry) {
         set_detail(be, "%s has no symbol %s", path, CH_BACKEND_ENTRY_SYMBOL);
-        return;
+        return CH_OK;
     }
     be->dl = dl;
-    if (start_backend(be, entry(), path) == CH_OK)
+    ch_status st = start_backend(be, entry(), path);
+    if (st == CH_OK)
         set_detail(be, "%s", path);
+    return st == CH_ERR_OUT_OF_MEMORY ? st : CH_OK;
 }
 
 ch_status chi_registry_load(void)
@@ -178,11 +185,17 @@ ch_status chi_registry_load(void)
     chi_backend *host = &backends[nbackends++];
     snprintf(host->name, sizeof host->name, "host");
     host->host_memory = 1;
-    if (start_backend(host, chi_host_backend(), "the built-in host backend") != CH_OK)
-        return chi_error(CH_ERR_INTERNAL, "ch_init: the host backend failed: %s", host->detail);
+    ch_status st = start_backend(host, chi_host_backend(), "the built-in host backend");
+    if (st != CH_OK)
+        return chi_error(st == CH_ERR_OUT_OF_MEMORY ? st : CH_ERR_INTERNAL,
+                         "ch_init: the host backend failed: %s", host->detail);
     set_detail(host, "built in");
-    for (size_t i = 0; i < sizeof modules / sizeof modules[0]; i++)
-        load_module(&backends[nbackends++], modules[i].name, modules[i].built);
+    for (size_t i = 0; i < sizeof modules / sizeof modules[0]; i++) {
+        chi_backend *be = &backends[nbackends++];
+        if (load_module(be, modules[i].name, modules[i].built) != CH_OK)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: starting the %s backend: %s",
+                             modules[i].name, be->detail);
+    }
     return CH_OK;
 }
 
