@@ -163,3 +163,18 @@ ch_module *tap_sequential(int n, ch_module *const *children)
     }
     return seq;
 }
+
+ch_dp_options tap_mnist_dp_options(uint64_t seed)
+{
+    ch_dp_options o = {0};
+    o.reduce = CH_REDUCE_HOST;
+    o.loss = CH_LOSS_CROSS_ENTROPY;
+    o.optimizer = ch_optimizer_defaults(CH_OPT_SGD, 0.05f);
+    o.optimizer.momentum = 0.9f;
+    o.sample_ndim = 3;
+    o.sample_shape[0] = 1;
+    o.sample_shape[1] = 28;
+    o.sample_shape[2] = 28;
+    o.seed = seed;
+    return o;
+}

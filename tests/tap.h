@@ -44,6 +44,10 @@ int tap_devices(ch_device **out, int capacity);
  * check sets it): how many; 0 when it is unset; -1, after a failing TAP
  * line, when it names a device that is not here or too many. */
 int tap_env_devices(ch_device **out, int capacity);
+/* Data-parallel options for the MNIST-shaped test models (samples
+ * [1, 28, 28], cross-entropy, SGD at 0.05 with momentum 0.9, reduction
+ * through the host) with dropout seed `seed`. */
+ch_dp_options tap_mnist_dp_options(uint64_t seed);
 /* A Sequential of the n children (ownership passes to it); NULL when a
  * child is NULL or an add fails, the message in ch_last_error(). */
 ch_module *tap_sequential(int n, ch_module *const *children);

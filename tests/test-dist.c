@@ -121,20 +121,11 @@ static ch_module *make_model(kind k)
     return tap_sequential(n, c);
 }
 
+/* SGD (tap_mnist_dp_options): Adam turns a gradient of rounding noise
+ * into a step of the learning rate, and the comparison would measure that. */
 static ch_dp_options options(void)
 {
-    ch_dp_options o = {0};
-    o.reduce = CH_REDUCE_HOST;
-    o.loss = CH_LOSS_CROSS_ENTROPY;
-    /* SGD: Adam turns a gradient of rounding noise into a step of the
-     * learning rate, and the comparison would measure that. */
-    o.optimizer = ch_optimizer_defaults(CH_OPT_SGD, 0.05f);
-    o.optimizer.momentum = 0.9f;
-    o.sample_ndim = 3;
-    o.sample_shape[0] = 1;
-    o.sample_shape[1] = 28;
-    o.sample_shape[2] = 28;
-    o.seed = 11;
+    ch_dp_options o = tap_mnist_dp_options(11);
     o.check_every = 3;
     return o;
 }

@@ -69,20 +69,7 @@ static void free_batches(batches *bs)
     }
 }
 
-static ch_dp_options options(void)
-{
-    ch_dp_options o = {0};
-    o.reduce = CH_REDUCE_HOST;
-    o.loss = CH_LOSS_CROSS_ENTROPY;
-    o.optimizer = ch_optimizer_defaults(CH_OPT_SGD, 0.05f);
-    o.optimizer.momentum = 0.9f;
-    o.sample_ndim = 3;
-    o.sample_shape[0] = 1;
-    o.sample_shape[1] = 28;
-    o.sample_shape[2] = 28;
-    o.seed = 5;
-    return o;
-}
+static ch_dp_options options(void) { return tap_mnist_dp_options(5); }
 
 /* A small convolutional net with dropout before its last layer. */
 static ch_module *dropnet(void)

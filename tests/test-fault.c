@@ -337,21 +337,6 @@ typedef struct dp_ctx {
     ch_batch batch;
 } dp_ctx;
 
-static ch_dp_options dp_options(void)
-{
-    ch_dp_options o = {0};
-    o.reduce = CH_REDUCE_HOST;
-    o.loss = CH_LOSS_CROSS_ENTROPY;
-    o.optimizer = ch_optimizer_defaults(CH_OPT_SGD, 0.05f);
-    o.optimizer.momentum = 0.9f;
-    o.sample_ndim = 3;
-    o.sample_shape[0] = 1;
-    o.sample_shape[1] = 28;
-    o.sample_shape[2] = 28;
-    o.seed = 5;
-    return o;
-}
-
 static void dp_setup(void *ctx)
 {
     dp_ctx *c = ctx;
@@ -367,7 +352,7 @@ static void dp_setup(void *ctx)
 static ch_status dp_run(void *ctx)
 {
     dp_ctx *c = ctx;
-    ch_dp_options o = dp_options();
+    ch_dp_options o = tap_mnist_dp_options(5);
     float loss = NAN;
     ch_status st = ch_dp_new(&c->dp, c->model, c->devs, 3, &o);
     if (st == CH_OK)

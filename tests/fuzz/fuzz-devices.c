@@ -72,6 +72,19 @@ static int visible_index(const char *name, size_t len, const int *visible)
     return -1;
 }
 
+/* Append device i to the expected list: 0 when that makes the list wrong
+ * (a repeat where none may be, or more than `capacity`). */
+static int add(int *out, int *n, int i, int capacity, int repeats)
+{
+    for (int k = 0; !repeats && k < *n; k++)
+        if (out[k] == i)
+            return 0;
+    if (*n >= capacity)
+        return 0;
+    out[(*n)++] = i;
+    return 1;
+}
+
 /* What parsing `list` should give: 1 and the indices, or 0. */
 static int expect(const char *list, int capacity, int repeats, const int *visible,
                   const int *inall, int *out, int *n)
@@ -85,24 +98,12 @@ static int expect(const char *list, int capacity, int repeats, const int *visibl
             return 0;
         if (len == 3 && memcmp(p, "all", 3) == 0) {
             for (int i = 0; i < ndev; i++)
-                if (visible[i] && inall[i]) {
-                    for (int k = 0; !repeats && k < *n; k++)
-                        if (out[k] == i)
-                            return 0;
-                    if (*n >= capacity)
-                        return 0;
-                    out[(*n)++] = i;
-                }
+                if (visible[i] && inall[i] && !add(out, n, i, capacity, repeats))
+                    return 0;
         } else {
             int i = visible_index(p, len, visible);
-            if (i < 0)
+            if (i < 0 || !add(out, n, i, capacity, repeats))
                 return 0;
-            for (int k = 0; !repeats && k < *n; k++)
-                if (out[k] == i)
-                    return 0;
-            if (*n >= capacity)
-                return 0;
-            out[(*n)++] = i;
         }
         if (!p[len])
             break;
