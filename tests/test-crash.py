@@ -103,7 +103,7 @@ def main():
               "a run of 3 steps writes its checkpoint (%.2f s; %s)" % (first, err[-200:])):
         return 1
     os.unlink(ckpt)
-    window = (0.5 * first, 2.0 * first)
+    window = (0.5 * first, 1.25 * first)
     for i in range(ITERATIONS):
         if time.monotonic() - start > SECONDS:
             problems.append("out of time after %d kills" % i)
