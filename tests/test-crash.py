@@ -28,22 +28,12 @@ import time
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import idxset  # noqa: E402
+import taplib  # noqa: E402
+from taplib import ok  # noqa: E402
 
 TRAIN = os.environ.get("CHORUS_TRAIN", "./utils/chorus-train")
 ITERATIONS = int(os.environ.get("CHORUS_CRASH_ITERATIONS", "200"))
 SECONDS = float(os.environ.get("CHORUS_CRASH_SECONDS", "900"))
-count = 0
-failed = False
-
-
-def ok(cond, what):
-    global count, failed
-    count += 1
-    print("%sok %d - %s" % ("" if cond else "not ", count, what.replace("#", "_")))
-    sys.stdout.flush()
-    failed |= not cond
-    return cond
-
 
 def check(path):
     """The step of a complete checkpoint, or raise ValueError saying what
@@ -197,12 +187,11 @@ def main():
        "the last checkpoint (step %d) resumes and trains on to step %d (exit %d, got step %d: "
        "%s)" % (last_step, last_step + 2, r.returncode, final,
                 (r.stdout + r.stderr).decode(errors="replace")[-200:].strip()))
-    if not failed:
+    if not taplib.failed:
         shutil.rmtree(tmp)
     else:
         print("# files kept in %s" % tmp)
-    print("1..%d" % count)
-    return 1 if failed else 0
+    return taplib.done()
 
 
 if __name__ == "__main__":

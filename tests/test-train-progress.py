@@ -15,25 +15,11 @@ import tty
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import idxset  # noqa: E402
+from taplib import done, ok, skip  # noqa: E402
 
 TRAIN = os.environ.get("CHORUS_TRAIN", "./utils/chorus-train")
 EPOCHS = 2
 BATCHES = 30  # 600 samples in batches of 20
-count = 0
-failed = False
-
-
-def ok(cond, what):
-    global count, failed
-    count += 1
-    print("%sok %d - %s" % ("" if cond else "not ", count, what.replace("#", "_")))
-    failed |= not cond
-
-
-def skip(what):
-    global count
-    count += 1
-    print("ok %d # SKIP %s" % (count, what))
 
 
 def run(data, devices, cols, columns_env=None):
@@ -131,8 +117,7 @@ def main():
                 skip("no opencl:0 here: %r" % drawn.strip()[:120])
         else:
             check(data, "host,opencl:0", 80, 0, keeps=("epoch 2/2", "loss"))
-    print("1..%d" % count)
-    return 1 if failed else 0
+    return done()
 
 
 if __name__ == "__main__":
