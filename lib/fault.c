@@ -17,7 +17,8 @@
 #endif
 #endif
 
-/* The forced include defined nothing here (CHI_FAULT_IMPL), but be sure. */
+/* The forced include came before CHI_FAULT_IMPL was defined, so the
+ * macros are there: the calls below are the real ones. */
 #undef malloc
 #undef calloc
 #undef realloc

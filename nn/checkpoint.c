@@ -500,21 +500,31 @@ static const char *meta_str(const file *f, const char *key)
     return json_string_value(json_object_get(json_object_get(f->header, "__metadata__"), key));
 }
 
-/* A count in the metadata: 0 when absent, else a whole number >= 0 (a
+/* A whole number from 0 to `max` in the metadata: 0 when absent (a
  * negative step or batch would send a resumed run before its data). */
-static ch_status meta_count(const file *f, const char *key, int64_t *out)
+static ch_status meta_number(const file *f, const char *key, uint64_t max, uint64_t *out)
 {
     const char *s = meta_str(f, key);
     *out = 0;
     if (!s)
         return CH_OK;
-    char *end;
+    char *end = NULL;
     errno = 0;
-    long long v = s[0] >= '0' && s[0] <= '9' ? strtoll(s, &end, 10) : -1;
-    if (v < 0 || errno || *end)
+    int digit = s[0] >= '0' && s[0] <= '9';
+    unsigned long long v = digit ? strtoull(s, &end, 10) : 0;
+    if (!digit || errno || *end || v > max)
         return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: %s is \"%s\", expected a "
-                         "whole number >= 0", f->path, key, s);
+                         "whole number from 0 to %llu", f->path, key, s,
+                         (unsigned long long)max);
     *out = v;
+    return CH_OK;
+}
+
+static ch_status meta_count(const file *f, const char *key, int64_t *out)
+{
+    uint64_t v;
+    TRY(meta_number(f, key, INT64_MAX, &v));
+    *out = (int64_t)v;
     return CH_OK;
 }
 
@@ -622,17 +632,11 @@ static ch_status read_state(const file *f, const ch_idx_options *input, ch_train
     TRY(meta_count(f, "epoch", &out->epoch));
     TRY(meta_count(f, "batch", &out->batch));
     TRY(meta_count(f, "step", &out->step));
-    const char *seed = meta_str(f, "seed");
-    char *end = NULL;
-    errno = 0;
-    out->seed = seed ? strtoull(seed, &end, 10) : 0;
-    if (seed && (!(seed[0] >= '0' && seed[0] <= '9') || errno || *end))
-        return chi_error(CH_ERR_FORMAT, "ch_checkpoint_load: %s: seed is \"%s\", expected a "
-                         "whole number from 0 to %llu", f->path, seed,
-                         (unsigned long long)UINT64_MAX);
+    TRY(meta_number(f, "seed", UINT64_MAX, &out->seed));
     out->input_mean = input->mean;
     out->input_std = input->std;
     const char *scale = meta_str(f, "loss_scale");
+    char *end = NULL;
     out->loss_scale = scale ? strtof(scale, &end) : 0.0f;
     int64_t clean = 0;
     ch_status st = scale ? meta_count(f, "loss_scale_clean", &clean) : CH_OK;

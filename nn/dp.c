@@ -90,7 +90,8 @@ typedef struct replica {
                                  other replicas' BatchNorm sums */
     uint64_t checksum;
     int overflow;             /* fp16: its reduced gradients were not finite */
-    ch_tensor *finite;        /* fp16: a bucket's sum, for the check */
+    ch_tensor *finite;        /* fp16: each bucket's sum, for the check */
+    float *finite_host;       /* fp16: the sums read back */
     float *xbuf;              /* BatchNorm's sums, exchanged through the host */
     double *xsum;
     int64_t xcap;
@@ -197,10 +198,10 @@ static ch_status injected(const ch_dp *dp, int replica)
 static void injected_clear(ch_dp *dp, int step_done)
 {
     dp->fail_replica = -1;
-    if (step_done)
+    if (step_done) {
         dp->fail_update = -1;
-    if (step_done)
         dp->fail_reduce = 0;
+    }
 }
 
 void chi_dp_fail_next(ch_dp *dp, int replica)
@@ -715,6 +716,11 @@ static ch_status grads_finite(replica *r, int *finite)
     ch_dp *dp = r->dp;
     int64_t nb = dp->nbuckets;
     *finite = 1;
+    if (!r->finite_host) {
+        r->finite_host = malloc(sizeof(float) * (size_t)nb);
+        if (!r->finite_host)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_step: out of memory");
+    }
     if (!r->finite)
         TRY(ch_tensor_new(&r->finite, r->dev, CH_F32, 1, &nb));
     ch_status st = CH_OK;
@@ -725,15 +731,10 @@ static ch_status grads_finite(replica *r, int *finite)
             st = ch_sum(slot, r->grads[b], 0);
         ch_tensor_free(slot);
     }
-    float sums[64], *all = nb <= 64 ? sums : malloc(sizeof(float) * (size_t)nb);
-    if (st == CH_OK && !all)
-        st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_step: out of memory");
     if (st == CH_OK)
-        st = ch_tensor_download(r->finite, all, sizeof(float) * (size_t)nb);
+        st = ch_tensor_download(r->finite, r->finite_host, sizeof(float) * (size_t)nb);
     for (int64_t b = 0; st == CH_OK && b < nb; b++)
-        *finite = *finite && isfinite(all[b]);
-    if (all != sums)
-        free(all);
+        *finite = *finite && isfinite(r->finite_host[b]);
     return st;
 }
 
@@ -1422,6 +1423,7 @@ void ch_dp_free(ch_dp *dp)
         ch_tensor_free(r->labels);
         ch_tensor_free(r->pred);
         ch_tensor_free(r->finite);
+        free(r->finite_host);
         free(r->pred_host);
         free(r->xbuf);
         free(r->xsum);

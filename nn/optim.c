@@ -201,7 +201,7 @@ static ch_status state_for(ch_tensor **s, const ch_tensor *p, int *fresh)
 /* Every state tensor the step needs, made or moved before any parameter
  * changes: running out of memory here leaves the model and the optimizer
  * as they were, never half a step (data-parallel replicas would part). */
-static ch_status prepare_states(ch_optimizer *opt)
+ch_status nn_optimizer_prepare(ch_optimizer *opt)
 {
     for (int i = 0; i < opt->nparams; i++) {
         ch_tensor *p = NULL;
@@ -217,13 +217,6 @@ static ch_status prepare_states(ch_optimizer *opt)
         }
     }
     return CH_OK;
-}
-
-ch_status nn_optimizer_prepare(ch_optimizer *opt)
-{
-    if (!opt)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_optimizer_step: opt is NULL");
-    return prepare_states(opt);
 }
 
 static ch_status sgd_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g, float lr)
@@ -248,7 +241,7 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
         return chi_error(CH_ERR_STATE, "ch_optimizer_step: the model has %d parameters, it had "
                          "%d when the optimizer was made", ch_module_param_count(opt->model),
                          opt->nparams);
-    TRY(prepare_states(opt));
+    TRY(nn_optimizer_prepare(opt));
     for (int i = 0; i < opt->nparams; i++) {
         ch_tensor *p = NULL, *g = NULL;
         TRY(ch_module_param(opt->model, i, NULL, &p, &g));

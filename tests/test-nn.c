@@ -499,6 +499,31 @@ static void test_checkpoint_half(const char *dir, ch_module *a, ch_optimizer *op
     tap_ok(access(path, F_OK) != 0, "... and writes no file");
 }
 
+/* The checkpoint buf (got bytes) written to `path` with the value "was"
+ * of metadata `key` replaced by "with" (as long: the header stays valid);
+ * 0 when the file does not hold that value. */
+static int with_meta(const char *path, char *buf, size_t got, const char *key, const char *was,
+                     const char *with)
+{
+    char pat[128];
+    int n = snprintf(pat, sizeof pat, "\"%s\":\"%s\"", key, was);
+    char *at = NULL;
+    for (size_t i = 8; !at && i + (size_t)n <= got; i++)
+        if (memcmp(buf + i, pat, (size_t)n) == 0)
+            at = buf + i;
+    char *value = at ? at + strlen(key) + 4 : NULL;
+    if (at)
+        memcpy(value, with, strlen(was));
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fwrite(buf, 1, got, f);
+        fclose(f);
+    }
+    if (at)
+        memcpy(value, was, strlen(was));
+    return at != NULL && strlen(was) == strlen(with);
+}
+
 static void test_checkpoint(void)
 {
     char dir[] = "/tmp/chorus-test-nn-XXXXXX", path[256], bad[256];
@@ -590,21 +615,22 @@ static void test_checkpoint(void)
     tap_status_is(ch_checkpoint_load(bad, b, opt_b, NULL), CH_ERR_FORMAT, "offsets",
                   "a truncated checkpoint is refused");
     tap_ok(!params_equal(a, b), "a failed load leaves the model as it was");
-    /* A normalisation with a std <= 0 (same length: the header stays valid). */
-    const char *key = "\"input_std\":\"0.25\"";
-    char *std_at = NULL;
-    for (size_t i = 8; !std_at && i + strlen(key) <= got; i++)
-        if (memcmp(buf + i, key, strlen(key)) == 0)
-            std_at = buf + i;
-    if (std_at)
-        memcpy(std_at + 13, "-1.0", 4);
-    f = fopen(bad, "wb");
-    fwrite(buf, 1, got, f);
-    fclose(f);
-    tap_status_is(ch_checkpoint_load(bad, b, opt_b, &back), CH_ERR_FORMAT, "input_std \"-1.0\"",
-                  "a recorded input_std of -1 is refused (%s in the header)",
-                  std_at ? "found" : "NOT found");
-    tap_ok(!params_equal(a, b), "... before the model is changed");
+    /* A normalisation with a std <= 0, and metadata counts that are not
+     * whole numbers >= 0 (same lengths: the header stays valid), refused
+     * before the model is changed. */
+    static const struct {
+        const char *key, *was, *with, *says;
+    } metas[] = {{"input_std", "0.25", "-1.0", "input_std \"-1.0\""},
+                 {"step", "250", "-25", "step is \"-25\""},
+                 {"seed", "18446744073709551600", "x8446744073709551600", "seed is \"x"},
+                 {"optimizer_steps", "1", "-", "optimizer_steps is \"-\""}};
+    for (size_t k = 0; k < sizeof metas / sizeof metas[0]; k++) {
+        int found = with_meta(bad, buf, got, metas[k].key, metas[k].was, metas[k].with);
+        tap_status_is(ch_checkpoint_load(bad, b, opt_b, &back), CH_ERR_FORMAT, metas[k].says,
+                      "a recorded %s of \"%s\" is refused (%s in the header)", metas[k].key,
+                      metas[k].with, found ? "found" : "NOT found");
+        tap_ok(!params_equal(a, b), "... before the model is changed");
+    }
     ch_train_state none = {0, 0, 0, 1, 0.0f, 0.0f, 0.0f, 0};
     back.input_std = 1.0f;
     int none_ok = ch_checkpoint_save(bad, a, NULL, &none) == CH_OK &&
