@@ -28,6 +28,7 @@ libchorus_la_SOURCES = \
 	lib/registry.h \
 	lib/philox.h \
 	lib/half.h \
+	lib/bf16_sum.h \
 	lib/optim_consts.h \
 	lib/fault.h
 # A test build's counted allocations and writes (configure
@@ -47,8 +48,8 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # and modules for the ResNet and the GPT, ch_conv2d among them; 3:
 # ch_dp_options.dist, with chorus/dist.h and ch_reducer_set_stage; 4:
 # ch_dp_options' precision, loss scale and reduce_dtype and ch_train_state's
-# loss scale, with half precision in the ops, ch_module_set_precision and
-# ch_reducer_set_dtype).
+# loss scale, with half precision in the ops, ch_module_set_precision,
+# ch_reducer_set_dtype, ch_reducer_set_stage_bf16 and ch_dist_sum_bf16).
 libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 4:0:0 $(OPENMP_CFLAGS)
 
 nobase_include_HEADERS += \

@@ -27,6 +27,17 @@ CHI_HALF_FN uint16_t chi_f32_to_bf16(uint32_t u)
 
 CHI_HALF_FN uint32_t chi_bf16_to_f32(uint16_t h) { return (uint32_t)h << 16; }
 
+/* chi_bf16_to_f32(chi_f32_to_bf16(u)) in 32-bit lanes, without narrowing
+ * and widening: u rounded to bf16's precision, kept as f32 bits (the
+ * host's bf16 sums, lib/sum_spread.c). A finite u stays below 2^32 - 2^15,
+ * so the addition cannot wrap. */
+CHI_HALF_FN uint32_t chi_f32_round_bf16(uint32_t u)
+{
+    uint32_t nan = (u & 0xffff0000u) | 0x00400000u;
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+}
+
 CHI_HALF_FN uint16_t chi_f32_to_f16(uint32_t u)
 {
     uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;

@@ -57,6 +57,8 @@ struct ch_reducer {
     const ch_host_buffer **holders;      /* [n + 1] staging that holds the total */
     ch_reduce_stage_fn stage;  /* the total passes through it on the host */
     void *stage_user;
+    ch_reduce_stage_bf16_fn stage16;  /* in bf16, instead: the bf16 total does */
+    void *stage16_user;
     void *span;                /* the backend's communicators across processes */
     const ch_backend_i *span_be;
     /* ch_reducer_set_dtype(CH_BF16): the host-staged sum moves bf16. */
@@ -296,6 +298,23 @@ ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user)
     r->stage = fn;
     r->stage_user = user;
     return CH_OK;
+}
+
+ch_status ch_reducer_set_stage_bf16(ch_reducer *r, ch_reduce_stage_bf16_fn fn, void *user)
+{
+    if (!r)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_set_stage_bf16: r is NULL");
+    /* Its staging comes with ch_reducer_set_dtype(CH_BF16), the only
+     * state in which it runs. */
+    r->stage16 = fn;
+    r->stage16_user = user;
+    return CH_OK;
+}
+
+/* Whether the total goes through a stage in the reducer's current dtype. */
+static int staged(const ch_reducer *r)
+{
+    return r->stage || (r->dtype == CH_BF16 && r->stage16);
 }
 
 /* ---- across processes without the host ------------------------------------ */
@@ -608,8 +627,9 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
 /* The host-staged sum in bf16: every group's first participant's buffer
  * rounded to bf16 on its device and downloaded (half the bytes), host
  * participants' read in place and rounded, the sum taken in f32 in group
- * order and rounded to bf16 once (after the stage, which gets the f32
- * total), and that bf16 total uploaded to every device participant and
+ * order and rounded to bf16 once (after an f32 stage, which gets the f32
+ * total; before a bf16 stage, which leaves the job's bf16 total in its
+ * place), and that bf16 total uploaded to every device participant and
  * widened there, and widened into every host participant: every
  * participant ends with the same values. */
 static ch_status stage_bf16(ch_reducer *r, int64_t count)
@@ -636,7 +656,11 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
         if (!host_memory(r->streams[i]->dev))
             st = ch_stream_sync(r->streams[i]);
     }
-    uint16_t *t16 = ch_host_buffer_data(r->t16);
+    /* The bf16 total is written only when a device participant takes it. */
+    uint16_t *t16 = NULL;
+    for (int i = 0; i < r->n; i++)
+        if (r->half[i])
+            t16 = ch_host_buffer_data(r->t16);
     if (st == CH_OK) {
         for (int g = 0; g < r->ngroups; g++) {
             int i = r->first[g];
@@ -651,7 +675,19 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
         for (int i = 0; i < r->n; i++)
             if (host_memory(r->streams[i]->dev))
                 r->copies[ncopies++] = host_addr(r->views[i]);
-        if (r->stage) {
+        if (r->stage16) {
+            /* The process's total rounded to bf16 through the stage, which
+             * leaves the job's there; then widened into the host
+             * participants. */
+            uint16_t *total = ch_host_buffer_data(r->t16);
+            chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, NULL, total, 0, NULL);
+            st = r->stage16(r->stage16_user, total, count);
+            if (st == CH_OK) {
+                const void *one[1] = {total};
+                const int bf16[1] = {1};
+                chi_sum_bf16(count, 1, one, bf16, NULL, NULL, ncopies, r->copies);
+            }
+        } else if (r->stage) {
             if (!r->t32)
                 r->t32 = malloc((size_t)(r->capacity > 0 ? r->capacity : 1) * sizeof(float));
             if (!r->t32)
@@ -733,7 +769,7 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
                                int64_t count)
 {
     ch_status st = check_call(r, bufs, offset, count);
-    if (st != CH_OK || (r->n == 1 && !r->stage && !r->span) || count == 0)
+    if (st != CH_OK || (r->n == 1 && !staged(r) && !r->span) || count == 0)
         return st;
 
     memset(r->saved, 0, (size_t)r->n * sizeof *r->saved);
@@ -754,7 +790,7 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
         queued = 1;
         st = reduce_groups(r, count);
     }
-    if (st == CH_OK && !r->span && r->dtype == CH_BF16 && (r->ngroups >= 2 || r->stage))
+    if (st == CH_OK && !r->span && r->dtype == CH_BF16 && (r->ngroups >= 2 || staged(r)))
         st = stage_bf16(r, count);
     else if (st == CH_OK && !r->span && (r->ngroups >= 2 || r->stage))
         st = stage_across_groups(r, count);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "bf16_sum.h"
 #include "omp.h"
 
 /* Floats per chunk: 64 KiB per source, so a chunk of the total stays in
@@ -116,76 +117,13 @@ void chi_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src, in
 
 /* ---- the bf16 all-reduce ------------------------------------------------- */
 
-#include "half.h"
-
-static float bf16_value(uint16_t h)
+/* One chunk (lib/bf16_sum.h), built for AVX2 too. */
+CHI_CLONES static void sum_bf16_chunk(int64_t lo, int64_t len, int nsrc,
+                                      const void *const *src, const int *is_bf16,
+                                      float *t32, uint16_t *t16, int ncopies,
+                                      float *const *copies)
 {
-    uint32_t u = chi_bf16_to_f32(h);
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint16_t bf16_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return chi_f32_to_bf16(u);
-}
-
-/* f rounded to bf16, as a float (chi_f32_to_bf16's bits, widened). */
-static float bf16_rounded(float f)
-{
-    return bf16_value(bf16_of(f));
-}
-
-/* One chunk: each source widened (bf16) or rounded (f32), added left to
- * right in f32. Straight loops without branches: they vectorise. */
-static void sum_bf16_chunk(int64_t lo, int64_t len, int nsrc, const void *const *src,
-                           const int *is_bf16, float *t32, uint16_t *t16)
-{
-    float acc[SPREAD_CHUNK];
-    for (int k = 0; k < nsrc; k++) {
-        const uint16_t *h = (const uint16_t *)src[k] + lo;
-        const float *f = (const float *)src[k] + lo;
-        if (k == 0 && is_bf16[k]) {
-            CHI_OMP(omp simd)
-            for (int64_t i = 0; i < len; i++)
-                acc[i] = bf16_value(h[i]);
-        } else if (k == 0) {
-            CHI_OMP(omp simd)
-            for (int64_t i = 0; i < len; i++)
-                acc[i] = bf16_rounded(f[i]);
-        } else if (is_bf16[k]) {
-            CHI_OMP(omp simd)
-            for (int64_t i = 0; i < len; i++)
-                acc[i] += bf16_value(h[i]);
-        } else {
-            CHI_OMP(omp simd)
-            for (int64_t i = 0; i < len; i++)
-                acc[i] += bf16_rounded(f[i]);
-        }
-    }
-    if (t32)
-        memcpy(t32 + lo, acc, (size_t)len * sizeof(float));
-    if (t16) {
-        CHI_OMP(omp simd)
-        for (int64_t i = 0; i < len; i++)
-            t16[lo + i] = bf16_of(acc[i]);
-    }
-}
-
-/* The chunk's bf16 total widened into every copy while it is in cache. */
-static void widen_chunk(int64_t lo, int64_t len, const uint16_t *t16, int ncopies,
-                        float *const *copies)
-{
-    for (int k = 0; k < ncopies; k++) {
-        float *d = copies[k] + lo;
-        const uint16_t *h = t16 + lo;
-        CHI_OMP(omp simd)
-        for (int64_t i = 0; i < len; i++)
-            d[i] = bf16_value(h[i]);
-    }
+    chi_bf16_sum_range(lo, len, nsrc, src, is_bf16, t32, t16, ncopies, copies);
 }
 
 typedef struct bf16_args {
@@ -201,8 +139,8 @@ typedef struct bf16_args {
 static void sum_bf16_one(int64_t lo, int64_t len, const void *ctx)
 {
     const bf16_args *a = ctx;
-    sum_bf16_chunk(lo, len, a->nsrc, a->src, a->is_bf16, a->t32, a->t16);
-    widen_chunk(lo, len, a->t16, a->ncopies, a->copies);
+    sum_bf16_chunk(lo, len, a->nsrc, a->src, a->is_bf16, a->t32, a->t16, a->ncopies,
+                   a->copies);
 }
 
 void chi_sum_bf16(int64_t n, int nsrc, const void *const *src, const int *is_bf16, float *t32,
@@ -210,6 +148,6 @@ void chi_sum_bf16(int64_t n, int nsrc, const void *const *src, const int *is_bf1
 {
     if (n <= 0 || nsrc < 1)
         return;
-    bf16_args a = {nsrc, src, is_bf16, t32, t16, t16 ? ncopies : 0, copies};
+    bf16_args a = {nsrc, src, is_bf16, t32, t16, ncopies, copies};
     each_chunk(n, sum_bf16_one, &a);
 }

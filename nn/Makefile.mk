@@ -1,6 +1,7 @@
 # nn: data sets, loader, modules, losses, optimizers, checkpoints, data
-# parallelism. Built into libchorus; uses only the public API of lib/ and
-# lib/error.h (chi_error, TRY). tests/Makefile.mk builds these sources a
+# parallelism. Built into libchorus; uses only the public API of lib/,
+# lib/error.h (chi_error, TRY) and the header-only lib/bf16_sum.h (the
+# host's bf16 sums, for the one across processes). tests/Makefile.mk builds these sources a
 # second time, with the test hooks, for the tests that inject failures.
 nn_sources = \
 	nn/dataset.c \

@@ -28,6 +28,8 @@ int nn_comm_size(const nn_comm *c);
 /* In place: the sum over the processes, the same bits on each. */
 ch_status nn_comm_sum_f32(nn_comm *c, float *values, int64_t n, const char *what);
 ch_status nn_comm_sum_f64(nn_comm *c, double *values, int64_t n, const char *what);
+/* In place, bf16 values: as ch_dist_sum_bf16. */
+ch_status nn_comm_sum_bf16(nn_comm *c, uint16_t *values, int64_t n, const char *what);
 /* `bytes` at `data` on `root` to every process. */
 ch_status nn_comm_bcast(nn_comm *c, void *data, size_t bytes, int root, const char *what);
 /* Each process's `bytes` at `mine` into all[rank * bytes]. */

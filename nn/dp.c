@@ -416,6 +416,13 @@ static ch_status sum_across(void *user, float *total, int64_t count)
     return nn_comm_sum_f32(dp->grad, total, count, "reducing gradients across processes");
 }
 
+/* The same in bf16 (reduce_dtype bf16): half the bytes cross. */
+static ch_status sum_across_bf16(void *user, uint16_t *total, int64_t count)
+{
+    ch_dp *dp = user;
+    return nn_comm_sum_bf16(dp->grad, total, count, "reducing gradients across processes");
+}
+
 /* Across processes, before each bucket: whether every process is still
  * in the step. A process that failed says so once, at the bucket it was
  * to reduce next, and every process stops there: no process is left
@@ -1086,6 +1093,8 @@ static ch_status make_reducer(ch_dp *dp)
     free(comms);
     if (st == CH_OK && dp->ranks > 1)
         st = ch_reducer_set_stage(dp->reducer, sum_across, dp);
+    if (st == CH_OK && dp->ranks > 1)
+        st = ch_reducer_set_stage_bf16(dp->reducer, sum_across_bf16, dp);
     if (st == CH_OK && dp->o.reduce_dtype == CH_BF16)
         st = ch_reducer_set_dtype(dp->reducer, CH_BF16);
     if (st != CH_OK)

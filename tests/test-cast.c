@@ -4,12 +4,15 @@
  * format can hold, every midpoint between two neighbours (the ties) and a
  * float on either side of it, the specials (zeros, infinities, NaNs with
  * payloads, f32 subnormals, the overflow edges) and a million random
- * bit patterns. Then the errors a caller can make. */
+ * bit patterns. The same inputs through the library's rounding to bf16
+ * kept in 32 bits (lib/half.h, for the host's bf16 sums). Then the errors
+ * a caller can make. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "half.h" /* chi_f32_round_bf16, which the host's bf16 sums use */
 #include "tap.h"
 
 #define MAX_DEVICES 16
@@ -201,6 +204,26 @@ static void test_device(ch_device *dev, const fmt *F)
     free(wide);
 }
 
+/* chi_f32_round_bf16(u): the reference's bf16 pattern widened, bit for bit. */
+static void test_round_in_place(void)
+{
+    size_t n = 0;
+    float *in = inputs(&formats[0], &n);
+    if (!in) {
+        tap_ok(0, "out of memory");
+        return;
+    }
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t want = ref_widen(&formats[0], ref_narrow(&formats[0], in[i]));
+        if (chi_f32_round_bf16(bits_of(in[i])) != want && bad++ == 0)
+            first = i;
+    }
+    tap_ok(bad == 0, "chi_f32_round_bf16 over %zu floats: the bf16 rounding, widened, bit for "
+           "bit (%zu differ; first 0x%08x)", n, bad, bad ? bits_of(in[first]) : 0u);
+    free(in);
+}
+
 static void test_errors(ch_device *host, ch_device *other)
 {
     int64_t four = 4, five = 5;
@@ -242,6 +265,7 @@ int main(void)
             test_device(devs[d], &formats[k]);
     ch_device *host = NULL;
     ch_device_by_name(&host, "host");
+    test_round_in_place();
     test_errors(host, n > 1 && devs[1] != host ? devs[1] : NULL);
     ch_shutdown();
     return tap_done();

@@ -660,6 +660,135 @@ static void bf16_case(const char *const *names, int n, int64_t total, int64_t of
     plist_free(&p);
 }
 
+/* A bf16 stage (ch_reducer_set_stage_bf16): in bf16 it gets the bf16
+ * rounding of the sum of the bf16-rounded values, bit for bit, and what it
+ * leaves (here each value doubled, exact in bf16) is in every buffer; the
+ * f32 stage beside it is not called in bf16, and is again in f32. */
+typedef struct stage16_probe {
+    const float *want; /* the bf16 total, widened */
+    int calls, exact, fail;
+    int64_t count;
+} stage16_probe;
+
+static ch_status probe_stage16(void *user, uint16_t *total, int64_t count)
+{
+    stage16_probe *p = user;
+    p->calls++;
+    p->count = count;
+    if (p->fail)
+        return chi_error(CH_ERR_REMOTE, "the bf16 stage failed on purpose");
+    for (int64_t k = 0; k < count; k++) {
+        uint32_t u = (uint32_t)total[k] << 16, w;
+        memcpy(&w, &p->want[k], sizeof w);
+        p->exact = p->exact && u == w;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        f *= 2.0f;
+        memcpy(&u, &f, sizeof u);
+        total[k] = (uint16_t)(u >> 16);
+    }
+    return CH_OK;
+}
+
+static void stage16_case(const char *const *names, int n, ch_reduce_mode mode)
+{
+    plist p;
+    if (!plist_of(&p, names, n, "bf16 stage"))
+        return;
+    const char *mode_name = ch_reduce_mode_name(mode);
+    enum { TOTAL = 40000, OFF = 7, COUNT = 39990 };
+    ch_reducer *r = NULL;
+    ch_tensor *t[MAXP] = {0};
+    float *in[MAXP] = {0}, *out = malloc(sizeof(float) * TOTAL),
+          *want = malloc(sizeof(float) * COUNT);
+    ch_status st = out && want ? ch_reducer_new(&r, p.stream, n, COUNT, mode)
+                               : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_ERR_UNSUPPORTED) { /* peer over backends that cannot */
+        free(out);
+        free(want);
+        plist_free(&p);
+        return;
+    }
+    tap_rng rng = {43};
+    int64_t len = TOTAL;
+    for (int i = 0; i < n && st == CH_OK; i++) {
+        in[i] = malloc(sizeof(float) * TOTAL);
+        if (!in[i]) {
+            st = CH_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        for (int k = 0; k < TOTAL; k++)
+            in[i][k] = tap_rng_uniform(&rng, -1, 1);
+        st = ch_tensor_new(&t[i], p.dev[i], CH_F32, 1, &len);
+        if (st == CH_OK)
+            st = ch_tensor_upload(t[i], in[i], sizeof(float) * TOTAL);
+    }
+    /* Peer groups sum in f32 first (in participant order), the host rounds
+     * each group's sum to bf16 and adds them in f32 in group order. */
+    int groups = st == CH_OK ? ch_reducer_group_count(r) : 0;
+    for (int k = 0; st == CH_OK && k < COUNT; k++) {
+        float acc = 0.0f;
+        for (int g = 0; g < groups; g++) {
+            float sum = 0.0f;
+            int first = 1;
+            for (int i = 0; i < n; i++)
+                if (ch_reducer_group(r, i) == g) {
+                    sum = first ? in[i][OFF + k] : sum + in[i][OFF + k];
+                    first = 0;
+                }
+            acc = g == 0 ? bf16_round(sum) : acc + bf16_round(sum);
+        }
+        want[k] = bf16_round(acc);
+    }
+    stage_probe probe32 = {0};
+    stage16_probe probe = {want, 0, 1, 0, 0};
+    if (st == CH_OK)
+        st = ch_reducer_set_stage(r, probe_stage, &probe32);
+    if (st == CH_OK)
+        st = ch_reducer_set_stage_bf16(r, probe_stage16, &probe);
+    if (st == CH_OK)
+        st = ch_reducer_set_dtype(r, CH_BF16);
+    if (st == CH_OK)
+        st = ch_reducer_allreduce(r, t, OFF, COUNT);
+    int same = 1;
+    for (int i = 0; i < n && st == CH_OK; i++) {
+        st = ch_tensor_download(t[i], out, sizeof(float) * TOTAL);
+        for (int k = 0; st == CH_OK && k < TOTAL; k++)
+            same = same && (k >= OFF && k < OFF + COUNT ? out[k] == 2.0f * want[k - OFF]
+                                                         : out[k] == in[i][k]);
+    }
+    if (tap_status_ok(st, "bf16 stage over {%s}, %s: allreduce", p.label, mode_name))
+        tap_ok(probe.calls == 1 && probe.count == COUNT && probe.exact && probe32.calls == 0 &&
+                   same,
+               "bf16 stage over {%s}, %s: called once (%d) with the %lld-element bf16 total bit "
+               "for bit (%s), the f32 stage not at all (%d), what it left in every buffer",
+               p.label, mode_name, probe.calls, (long long)probe.count,
+               probe.exact ? "yes" : "no", probe32.calls);
+    probe.fail = 1;
+    if (st == CH_OK)
+        tap_status_is(ch_reducer_allreduce(r, t, 0, 10), CH_ERR_REMOTE, "bf16 stage failed on",
+                      "bf16 stage over {%s}, %s: its failure is the call's", p.label, mode_name);
+    if (st == CH_OK) {
+        int calls = probe.calls;
+        st = ch_reducer_set_dtype(r, CH_F32);
+        static const double zeros[10];
+        probe32.want = zeros;
+        if (st == CH_OK)
+            st = ch_reducer_allreduce(r, t, 0, 10);
+        tap_ok(st == CH_OK && probe.calls == calls && probe32.calls == 1,
+               "bf16 stage over {%s}, %s: back in f32 the f32 stage runs (%d), the bf16 one "
+               "not", p.label, mode_name, probe32.calls);
+    }
+    for (int i = 0; i < n; i++) {
+        ch_tensor_free(t[i]);
+        free(in[i]);
+    }
+    free(out);
+    free(want);
+    ch_reducer_free(r);
+    plist_free(&p);
+}
+
 static void test_bf16(void)
 {
     static const char *const hosts[] = {"host", "host", "host"},
@@ -671,6 +800,14 @@ static void test_bf16(void)
     bf16_case(mixed, 3, 70001, 3, 69990); /* several chunks, in parallel */
     bf16_case(ocl, 2, 5000, 0, 5000);
     bf16_case(gpu, 2, 5000, 7, 4000);
+    static const char *const one[] = {"host"};
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        stage16_case(one, 1, modes[m]);
+        stage16_case(hosts, 3, modes[m]);
+        stage16_case(mixed, 3, modes[m]);
+        stage16_case(ocl, 2, modes[m]);
+        stage16_case(gpu, 2, modes[m]);
+    }
     ch_device *host;
     ch_stream *s[1];
     ch_reducer *r = NULL;
@@ -684,6 +821,8 @@ static void test_bf16(void)
     }
     tap_status_is(ch_reducer_set_dtype(NULL, CH_BF16), CH_ERR_INVALID_ARGUMENT, "r is NULL",
                   "ch_reducer_set_dtype(NULL)");
+    tap_status_is(ch_reducer_set_stage_bf16(NULL, probe_stage16, NULL), CH_ERR_INVALID_ARGUMENT,
+                  "r is NULL", "ch_reducer_set_stage_bf16(NULL)");
 }
 
 /* ---- across processes without the host (NCCL) ---------------------------- */

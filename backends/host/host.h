@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include "backend.h"
+#include "bf16_sum.h" /* CHI_CLONES */
 #include "omp.h"
 
 #ifdef __cplusplus
@@ -27,20 +28,6 @@ ch_status chi_host_sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n,
 ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                                float alpha, const float *a, int64_t lda, const float *b,
                                int64_t ldb, float beta, float *c, int64_t ldc);
-
-/* A function built twice, for AVX2 and for the baseline x86-64, the one
- * for the CPU picked when the library loads (GCC's target_clones, an
- * ifunc): for the loops that vectorise, whose baseline build has 4-byte
- * lanes in 16-byte registers. AVX2 without FMA, so that both builds round
- * alike and give the same bits. Elsewhere, one build; and one under
- * ThreadSanitizer, whose instrumented ifunc resolvers would run while the
- * library is relocated, before its runtime exists. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define CHI_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CHI_CLONES
-#endif
 
 /* Below this many elements an op runs on one thread: starting the team
  * (and waking threads that went to sleep) costs more than it saves for a

@@ -78,6 +78,17 @@ CH_API ch_status ch_dist_sum(ch_dist *d, double *values, int n);
  * chorus/reduce.h, ch_reducer_set_stage). */
 CH_API ch_status ch_dist_sum_f32(ch_dist *d, float *values, int64_t n);
 
+/* In place, `n` bf16 values (their bit patterns): each becomes the sum
+ * over the group of the processes' values, taken in f32 in rank order and
+ * rounded to bf16 once (to nearest, ties to even): the same bits on every
+ * process, while each process sends and receives half the bytes of
+ * ch_dist_sum_f32 over as many elements (a reduce-scatter and an
+ * all-gather of bf16). The stage of a reducer that reduces in bf16
+ * (chorus/reduce.h, ch_reducer_set_stage_bf16). CH_ERR_OUT_OF_MEMORY when
+ * the blocks it receives (about 2n bytes, kept for the next call) cannot
+ * be allocated. */
+CH_API ch_status ch_dist_sum_bf16(ch_dist *d, uint16_t *values, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif

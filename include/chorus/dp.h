@@ -96,8 +96,9 @@ typedef struct ch_dp_options {
     float loss_scale;        /* CH_F16: the first scale (0: 65536) */
     int loss_scale_interval; /* CH_F16: clean steps before it grows (0: 2000) */
     /* The gradients' reduction through the host in bf16 (CH_BF16: half the
-     * bytes moved, summed in f32 in a fixed order; ch_reducer_set_dtype)
-     * or f32 (CH_F32, 0, the default). The master gradients stay f32. */
+     * bytes moved, to and from the devices and across processes, summed in
+     * f32 in a fixed order; ch_reducer_set_dtype, ch_dist_sum_bf16) or f32
+     * (CH_F32, 0, the default). The master gradients stay f32. */
     ch_dtype reduce_dtype;
 } ch_dp_options;
 

@@ -75,8 +75,9 @@ CH_API ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void
  * it back): every group's first participant rounds its buffer to bf16 on
  * its device, and half the bytes go to the host and back; host
  * participants are rounded as they are read. The sum is taken in f32, in
- * group order (the same bits every run), rounded to bf16 once (a stage
- * gets the f32 total first), and every participant ends with that bf16
+ * group order (the same bits every run), rounded to bf16 once (an f32
+ * stage gets the f32 total first; a bf16 stage, below, the rounded one),
+ * and every participant ends with that bf16
  * total widened to f32: the same values everywhere. Applies where the
  * total goes through the host (host mode, auto across groups, a stage);
  * peer reduction inside a group stays f32, and a group's sum is rounded
@@ -85,6 +86,16 @@ CH_API ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void
  * leaves the reducer as it was. CH_ERR_DTYPE for another dtype,
  * CH_ERR_STATE when the reducer spans processes (ch_reducer_span). */
 CH_API ch_status ch_reducer_set_dtype(ch_reducer *r, ch_dtype dtype);
+/* A stage for the reducer in bf16 (ch_reducer_set_dtype(CH_BF16)), taking
+ * the place of ch_reducer_set_stage's there: `fn` gets host memory holding
+ * the call's total rounded to bf16 (`count` bit patterns) and leaves in
+ * place the bf16 values every participant is to get, widened. Across
+ * processes (ch_dist_sum_bf16, which data parallelism with reduce_dtype
+ * bf16 uses) it moves half the bytes of the f32 stage. In f32 the
+ * reducer keeps using the f32 stage, if any; NULL removes this one. */
+typedef ch_status (*ch_reduce_stage_bf16_fn)(void *user, uint16_t *total, int64_t count);
+CH_API ch_status ch_reducer_set_stage_bf16(ch_reducer *r, ch_reduce_stage_bf16_fn fn,
+                                           void *user);
 
 /* Across processes without the host: when every participant is on one
  * backend that can make communicators spanning processes (CUDA with NCCL),
