@@ -388,13 +388,15 @@ const ch_backend_i *chi_host_backend(void);
  * fixed chunks. dst may be src[0] or a copy; nothing else may overlap. */
 void chi_sum_spread(int64_t n, float *dst, int nsrc, const float *const *src, int ncopies,
                     float *const *copies);
-/* The bf16 all-reduce's (lib/reduce.c): each source bf16 (is_bf16[k]) or
- * f32 rounded to bf16 first, summed left to right in f32 into t32 (may be
- * NULL), that sum rounded to bf16 into t16 (may be NULL) and into the f32
- * copies (rounded, then widened), tile by tile while in cache (a copy may
- * be a source). The same chunks as chi_sum_spread. */
-void chi_sum_bf16(int64_t n, int nsrc, const void *const *src, const int *is_bf16, float *t32,
-                  uint16_t *t16, int ncopies, float *const *copies);
+/* The bf16 all-reduce's (lib/reduce.c), over elements [from, from + n) of
+ * every array: each source bf16 (is_bf16[k]) or f32 rounded to bf16
+ * first, summed left to right in f32 into t32 (may be NULL), that sum
+ * rounded to bf16 into t16 (may be NULL) and into the f32 copies
+ * (rounded, then widened), tile by tile while in cache (a copy may be a
+ * source). The same chunks as chi_sum_spread. */
+void chi_sum_bf16(int64_t from, int64_t n, int nsrc, const void *const *src,
+                  const int *is_bf16, float *t32, uint16_t *t16, int ncopies,
+                  float *const *copies);
 
 #ifdef __cplusplus
 }

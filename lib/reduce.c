@@ -632,6 +632,10 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
  * place), and that bf16 total uploaded to every device participant and
  * widened there, and widened into every host participant: every
  * participant ends with the same values. */
+/* Elements per call of a bf16 stage: 2 MiB of bf16, 4 MiB of each f32
+ * source. */
+#define STAGE_SLICE ((int64_t)1 << 20)
+
 static ch_status stage_bf16(ch_reducer *r, int64_t count)
 {
     ch_status st = CH_OK;
@@ -677,15 +681,19 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
                 r->copies[ncopies++] = host_addr(r->views[i]);
         if (r->stage16) {
             /* The process's total rounded to bf16 through the stage, which
-             * leaves the job's there; then widened into the host
-             * participants. */
+             * leaves the job's there, then widened into the host
+             * participants: slice by slice, so that each slice's sources,
+             * bf16 total and copies are still in cache from one step to
+             * the next. */
             uint16_t *total = ch_host_buffer_data(r->t16);
-            chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, NULL, total, 0, NULL);
-            st = r->stage16(r->stage16_user, total, count);
-            if (st == CH_OK) {
-                const void *one[1] = {total};
-                const int bf16[1] = {1};
-                chi_sum_bf16(count, 1, one, bf16, NULL, NULL, ncopies, r->copies);
+            const void *one[1] = {total};
+            const int bf16[1] = {1};
+            for (int64_t lo = 0; lo < count && st == CH_OK; lo += STAGE_SLICE) {
+                int64_t len = count - lo < STAGE_SLICE ? count - lo : STAGE_SLICE;
+                chi_sum_bf16(lo, len, r->ngroups, r->hsrc, r->hsrc_bf16, NULL, total, 0, NULL);
+                st = r->stage16(r->stage16_user, total + lo, len);
+                if (st == CH_OK)
+                    chi_sum_bf16(lo, len, 1, one, bf16, NULL, NULL, ncopies, r->copies);
             }
         } else if (r->stage) {
             if (!r->t32)
@@ -693,16 +701,16 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
             if (!r->t32)
                 st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_allreduce: out of host memory");
             if (st == CH_OK) {
-                chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, r->t32, NULL, 0, NULL);
+                chi_sum_bf16(0, count, r->ngroups, r->hsrc, r->hsrc_bf16, r->t32, NULL, 0, NULL);
                 st = r->stage(r->stage_user, r->t32, count);
             }
             if (st == CH_OK) {
                 const void *one[1] = {r->t32};
                 const int f32[1] = {0};
-                chi_sum_bf16(count, 1, one, f32, NULL, t16, ncopies, r->copies);
+                chi_sum_bf16(0, count, 1, one, f32, NULL, t16, ncopies, r->copies);
             }
         } else {
-            chi_sum_bf16(count, r->ngroups, r->hsrc, r->hsrc_bf16, NULL, t16, ncopies,
+            chi_sum_bf16(0, count, r->ngroups, r->hsrc, r->hsrc_bf16, NULL, t16, ncopies,
                          r->copies);
         }
     }

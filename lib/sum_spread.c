@@ -127,6 +127,7 @@ CHI_CLONES static void sum_bf16_chunk(int64_t lo, int64_t len, int nsrc,
 }
 
 typedef struct bf16_args {
+    int64_t from;
     int nsrc;
     const void *const *src;
     const int *is_bf16;
@@ -139,15 +140,16 @@ typedef struct bf16_args {
 static void sum_bf16_one(int64_t lo, int64_t len, const void *ctx)
 {
     const bf16_args *a = ctx;
-    sum_bf16_chunk(lo, len, a->nsrc, a->src, a->is_bf16, a->t32, a->t16, a->ncopies,
-                   a->copies);
+    sum_bf16_chunk(a->from + lo, len, a->nsrc, a->src, a->is_bf16, a->t32, a->t16,
+                   a->ncopies, a->copies);
 }
 
-void chi_sum_bf16(int64_t n, int nsrc, const void *const *src, const int *is_bf16, float *t32,
-                  uint16_t *t16, int ncopies, float *const *copies)
+void chi_sum_bf16(int64_t from, int64_t n, int nsrc, const void *const *src,
+                  const int *is_bf16, float *t32, uint16_t *t16, int ncopies,
+                  float *const *copies)
 {
     if (n <= 0 || nsrc < 1)
         return;
-    bf16_args a = {nsrc, src, is_bf16, t32, t16, ncopies, copies};
+    bf16_args a = {from, nsrc, src, is_bf16, t32, t16, ncopies, copies};
     each_chunk(n, sum_bf16_one, &a);
 }

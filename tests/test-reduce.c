@@ -667,19 +667,20 @@ static void bf16_case(const char *const *names, int n, int64_t total, int64_t of
 typedef struct stage16_probe {
     const float *want; /* the bf16 total, widened */
     int calls, exact, fail;
-    int64_t count;
+    int64_t count;     /* the elements it has been given, its pieces in order */
 } stage16_probe;
 
 static ch_status probe_stage16(void *user, uint16_t *total, int64_t count)
 {
     stage16_probe *p = user;
     p->calls++;
-    p->count = count;
     if (p->fail)
         return chi_error(CH_ERR_REMOTE, "the bf16 stage failed on purpose");
+    const float *want = p->want + p->count;
+    p->count += count;
     for (int64_t k = 0; k < count; k++) {
         uint32_t u = (uint32_t)total[k] << 16, w;
-        memcpy(&w, &p->want[k], sizeof w);
+        memcpy(&w, &want[k], sizeof w);
         p->exact = p->exact && u == w;
         float f;
         memcpy(&f, &u, sizeof f);
@@ -690,18 +691,18 @@ static ch_status probe_stage16(void *user, uint16_t *total, int64_t count)
     return CH_OK;
 }
 
-static void stage16_case(const char *const *names, int n, ch_reduce_mode mode)
+static void stage16_case(const char *const *names, int n, ch_reduce_mode mode, int64_t total)
 {
     plist p;
     if (!plist_of(&p, names, n, "bf16 stage"))
         return;
     const char *mode_name = ch_reduce_mode_name(mode);
-    enum { TOTAL = 40000, OFF = 7, COUNT = 39990 };
+    const int64_t off = 7, count = total - 10;
     ch_reducer *r = NULL;
     ch_tensor *t[MAXP] = {0};
-    float *in[MAXP] = {0}, *out = malloc(sizeof(float) * TOTAL),
-          *want = malloc(sizeof(float) * COUNT);
-    ch_status st = out && want ? ch_reducer_new(&r, p.stream, n, COUNT, mode)
+    float *in[MAXP] = {0}, *out = malloc(sizeof(float) * total),
+          *want = malloc(sizeof(float) * count);
+    ch_status st = out && want ? ch_reducer_new(&r, p.stream, n, count, mode)
                                : CH_ERR_OUT_OF_MEMORY;
     if (st == CH_ERR_UNSUPPORTED) { /* peer over backends that cannot */
         free(out);
@@ -710,30 +711,30 @@ static void stage16_case(const char *const *names, int n, ch_reduce_mode mode)
         return;
     }
     tap_rng rng = {43};
-    int64_t len = TOTAL;
+    int64_t len = total;
     for (int i = 0; i < n && st == CH_OK; i++) {
-        in[i] = malloc(sizeof(float) * TOTAL);
+        in[i] = malloc(sizeof(float) * total);
         if (!in[i]) {
             st = CH_ERR_OUT_OF_MEMORY;
             break;
         }
-        for (int k = 0; k < TOTAL; k++)
+        for (int k = 0; k < total; k++)
             in[i][k] = tap_rng_uniform(&rng, -1, 1);
         st = ch_tensor_new(&t[i], p.dev[i], CH_F32, 1, &len);
         if (st == CH_OK)
-            st = ch_tensor_upload(t[i], in[i], sizeof(float) * TOTAL);
+            st = ch_tensor_upload(t[i], in[i], sizeof(float) * total);
     }
     /* Peer groups sum in f32 first (in participant order), the host rounds
      * each group's sum to bf16 and adds them in f32 in group order. */
     int groups = st == CH_OK ? ch_reducer_group_count(r) : 0;
-    for (int k = 0; st == CH_OK && k < COUNT; k++) {
+    for (int k = 0; st == CH_OK && k < count; k++) {
         float acc = 0.0f;
         for (int g = 0; g < groups; g++) {
             float sum = 0.0f;
             int first = 1;
             for (int i = 0; i < n; i++)
                 if (ch_reducer_group(r, i) == g) {
-                    sum = first ? in[i][OFF + k] : sum + in[i][OFF + k];
+                    sum = first ? in[i][off + k] : sum + in[i][off + k];
                     first = 0;
                 }
             acc = g == 0 ? bf16_round(sum) : acc + bf16_round(sum);
@@ -749,21 +750,22 @@ static void stage16_case(const char *const *names, int n, ch_reduce_mode mode)
     if (st == CH_OK)
         st = ch_reducer_set_dtype(r, CH_BF16);
     if (st == CH_OK)
-        st = ch_reducer_allreduce(r, t, OFF, COUNT);
+        st = ch_reducer_allreduce(r, t, off, count);
     int same = 1;
     for (int i = 0; i < n && st == CH_OK; i++) {
-        st = ch_tensor_download(t[i], out, sizeof(float) * TOTAL);
-        for (int k = 0; st == CH_OK && k < TOTAL; k++)
-            same = same && (k >= OFF && k < OFF + COUNT ? out[k] == 2.0f * want[k - OFF]
+        st = ch_tensor_download(t[i], out, sizeof(float) * total);
+        for (int k = 0; st == CH_OK && k < total; k++)
+            same = same && (k >= off && k < off + count ? out[k] == 2.0f * want[k - off]
                                                          : out[k] == in[i][k]);
     }
     if (tap_status_ok(st, "bf16 stage over {%s}, %s: allreduce", p.label, mode_name))
-        tap_ok(probe.calls == 1 && probe.count == COUNT && probe.exact && probe32.calls == 0 &&
-                   same,
-               "bf16 stage over {%s}, %s: called once (%d) with the %lld-element bf16 total bit "
-               "for bit (%s), the f32 stage not at all (%d), what it left in every buffer",
-               p.label, mode_name, probe.calls, (long long)probe.count,
-               probe.exact ? "yes" : "no", probe32.calls);
+        tap_ok(probe.calls == (count + (1 << 20) - 1) / (1 << 20) && probe.count == count &&
+                   probe.exact && probe32.calls == 0 && same,
+               "bf16 stage over {%s}, %s: called with the %lld-element bf16 total bit for bit "
+               "(%s), in %d piece%s of up to 2^20, the f32 stage not at all (%d), what it left "
+               "in every buffer", p.label, mode_name, (long long)probe.count,
+               probe.exact ? "yes" : "no", probe.calls, probe.calls == 1 ? "" : "s",
+               probe32.calls);
     probe.fail = 1;
     if (st == CH_OK)
         tap_status_is(ch_reducer_allreduce(r, t, 0, 10), CH_ERR_REMOTE, "bf16 stage failed on",
@@ -802,12 +804,14 @@ static void test_bf16(void)
     bf16_case(gpu, 2, 5000, 7, 4000);
     static const char *const one[] = {"host"};
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-        stage16_case(one, 1, modes[m]);
-        stage16_case(hosts, 3, modes[m]);
-        stage16_case(mixed, 3, modes[m]);
-        stage16_case(ocl, 2, modes[m]);
-        stage16_case(gpu, 2, modes[m]);
+        stage16_case(one, 1, modes[m], 40000);
+        stage16_case(hosts, 3, modes[m], 40000);
+        stage16_case(mixed, 3, modes[m], 40000);
+        stage16_case(ocl, 2, modes[m], 40000);
+        stage16_case(gpu, 2, modes[m], 40000);
     }
+    /* Past one piece: 2^21 + 3 elements go in three. */
+    stage16_case(mixed, 3, CH_REDUCE_HOST, ((int64_t)1 << 21) + 13);
     ch_device *host;
     ch_stream *s[1];
     ch_reducer *r = NULL;

@@ -77,8 +77,8 @@ CH_API ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void
  * participants are rounded as they are read. The sum is taken in f32, in
  * group order (the same bits every run), rounded to bf16 once (an f32
  * stage gets the f32 total first; a bf16 stage, below, the rounded one),
- * and every participant ends with that bf16
- * total widened to f32: the same values everywhere. Applies where the
+ * and every participant ends with that bf16 total widened to f32: the
+ * same values everywhere. Applies where the
  * total goes through the host (host mode, auto across groups, a stage);
  * peer reduction inside a group stays f32, and a group's sum is rounded
  * once. The buffers stay f32. Allocates a bf16 copy of `capacity` on every
@@ -89,10 +89,13 @@ CH_API ch_status ch_reducer_set_dtype(ch_reducer *r, ch_dtype dtype);
 /* A stage for the reducer in bf16 (ch_reducer_set_dtype(CH_BF16)), taking
  * the place of ch_reducer_set_stage's there: `fn` gets host memory holding
  * the call's total rounded to bf16 (`count` bit patterns) and leaves in
- * place the bf16 values every participant is to get, widened. Across
- * processes (ch_dist_sum_bf16, which data parallelism with reduce_dtype
- * bf16 uses) it moves half the bytes of the f32 stage. In f32 the
- * reducer keeps using the f32 stage, if any; NULL removes this one. */
+ * place the bf16 values every participant is to get, widened. A call of
+ * more than 2^20 elements gives it its total in pieces of 2^20 (the last
+ * shorter), one call of `fn` each, in order, so that each piece is still
+ * in cache when it comes back. Across processes (ch_dist_sum_bf16, which
+ * data parallelism with reduce_dtype bf16 uses) it moves half the bytes
+ * of the f32 stage. In f32 the reducer keeps using the f32 stage, if any;
+ * NULL removes this one. */
 typedef ch_status (*ch_reduce_stage_bf16_fn)(void *user, uint16_t *total, int64_t count);
 CH_API ch_status ch_reducer_set_stage_bf16(ch_reducer *r, ch_reduce_stage_bf16_fn fn,
                                            void *user);
