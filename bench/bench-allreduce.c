@@ -109,22 +109,25 @@ static int cross_process(ch_dist *world, ch_device **devs, int n, const char *id
     BENCH_CHECK(ch_reducer_new(&r, streams, n, (int64_t)(max_bytes / sizeof(float)), mode));
     BENCH_CHECK(ch_reducer_set_stage(r, across, world));
     BENCH_CHECK(ch_reducer_set_stage_bf16(r, across_bf16, world));
-    if (rank == 0 && bf16) {
-        bench_header("bench-allreduce (across processes, bf16 against f32)");
-        printf("# %d processes, each with %d replica%s on %s (rank 0's list), mode %s; the "
-               "reducer with the cross-process stage in f32 (ch_dist_sum_f32) and in bf16 "
-               "(ch_dist_sum_bf16), interleaved; ratio = f32 median / bf16 median\n",
-               ranks, n, n == 1 ? "" : "s", ids, ch_reduce_mode_name(mode));
-        printf("%10s %6s %12s %12s %10s %10s %7s\n", "size", "reps", "f32 ms", "bf16 ms",
-               "f32 GB/s", "bf16 GB/s", "ratio");
-    } else if (rank == 0) {
-        bench_header("bench-allreduce (across processes)");
-        printf("# %d processes, each with %d replica%s on %s (rank 0's list), mode %s; ours = "
-               "the reducer with the cross-process stage, MPI = MPI_Allreduce alone on one host "
-               "buffer; ratio = MPI median / ours\n",
-               ranks, n, n == 1 ? "" : "s", ids, ch_reduce_mode_name(mode));
-        printf("%10s %6s %12s %12s %10s %10s %7s\n", "size", "reps", "MPI ms", "ours ms",
-               "MPI GB/s", "ours GB/s", "ratio");
+    if (rank == 0) {
+        /* The two columns: MPI_Allreduce and ours, or ours in f32 and bf16. */
+        const char *a = bf16 ? "f32" : "MPI", *b = bf16 ? "bf16" : "ours";
+        bench_header(bf16 ? "bench-allreduce (across processes, bf16 against f32)"
+                          : "bench-allreduce (across processes)");
+        printf("# %d processes, each with %d replica%s on %s (rank 0's list), mode %s; %s\n",
+               ranks, n, n == 1 ? "" : "s", ids, ch_reduce_mode_name(mode),
+               bf16 ? "the reducer with the cross-process stage in f32 (ch_dist_sum_f32) and "
+                      "in bf16 (ch_dist_sum_bf16), interleaved; ratio = f32 median / bf16 "
+                      "median"
+                    : "ours = the reducer with the cross-process stage, MPI = MPI_Allreduce "
+                      "alone on one host buffer; ratio = MPI median / ours");
+        char ms[2][16], gbs[2][16];
+        snprintf(ms[0], sizeof ms[0], "%s ms", a);
+        snprintf(ms[1], sizeof ms[1], "%s ms", b);
+        snprintf(gbs[0], sizeof gbs[0], "%s GB/s", a);
+        snprintf(gbs[1], sizeof gbs[1], "%s GB/s", b);
+        printf("%10s %6s %12s %12s %10s %10s %7s\n", "size", "reps", ms[0], ms[1], gbs[0],
+               gbs[1], "ratio");
     }
     double worst = 1e30, at64 = 0;
     for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {

@@ -571,6 +571,31 @@ static float bf16_round(float f)
     return f;
 }
 
+/* Each participant's `total` random floats in in[i] (malloc'd) and in a new
+ * f32 tensor t[i] on its device. */
+static ch_status random_buffers(const plist *p, int n, int64_t total, tap_rng *rng, float **in,
+                                ch_tensor **t)
+{
+    for (int i = 0; i < n; i++) {
+        in[i] = malloc(sizeof(float) * (size_t)total);
+        if (!in[i])
+            return CH_ERR_OUT_OF_MEMORY;
+        for (int64_t k = 0; k < total; k++)
+            in[i][k] = tap_rng_uniform(rng, -1, 1);
+        TRY(ch_tensor_new(&t[i], p->dev[i], CH_F32, 1, &total));
+        TRY(ch_tensor_upload(t[i], in[i], sizeof(float) * (size_t)total));
+    }
+    return CH_OK;
+}
+
+static void free_buffers(int n, float **in, ch_tensor **t)
+{
+    for (int i = 0; i < n; i++) {
+        ch_tensor_free(t[i]);
+        free(in[i]);
+    }
+}
+
 /* Host mode moves bf16: every participant ends with the bf16 rounding of
  * the f32 sum, taken left to right, of the participants' values rounded
  * to bf16: bit for bit, in every buffer, the rest of the buffers untouched;
@@ -589,18 +614,8 @@ static void bf16_case(const char *const *names, int n, int64_t total, int64_t of
                                : CH_ERR_OUT_OF_MEMORY;
     if (st == CH_OK)
         st = ch_reducer_set_dtype(r, CH_BF16);
-    for (int i = 0; i < n && st == CH_OK; i++) {
-        in[i] = malloc(sizeof(float) * (size_t)total);
-        if (!in[i]) {
-            st = CH_ERR_OUT_OF_MEMORY;
-            break;
-        }
-        for (int64_t k = 0; k < total; k++)
-            in[i][k] = tap_rng_uniform(&rng, -1, 1);
-        st = ch_tensor_new(&t[i], p.dev[i], CH_F32, 1, &total);
-        if (st == CH_OK)
-            st = ch_tensor_upload(t[i], in[i], sizeof(float) * (size_t)total);
-    }
+    if (st == CH_OK)
+        st = random_buffers(&p, n, total, &rng, in, t);
     for (int64_t k = 0; st == CH_OK && k < count; k++) {
         float acc = bf16_round(in[0][off + k]);
         for (int i = 1; i < n; i++)
@@ -650,10 +665,7 @@ static void bf16_case(const char *const *names, int n, int64_t total, int64_t of
         tap_ok(st == CH_OK && f32, "bf16 over {%s}: back to f32, the f32 sum bit for bit",
                p.label);
     }
-    for (int i = 0; i < n; i++) {
-        ch_tensor_free(t[i]);
-        free(in[i]);
-    }
+    free_buffers(n, in, t);
     free(out);
     free(want);
     ch_reducer_free(r);
@@ -711,19 +723,8 @@ static void stage16_case(const char *const *names, int n, ch_reduce_mode mode, i
         return;
     }
     tap_rng rng = {43};
-    int64_t len = total;
-    for (int i = 0; i < n && st == CH_OK; i++) {
-        in[i] = malloc(sizeof(float) * total);
-        if (!in[i]) {
-            st = CH_ERR_OUT_OF_MEMORY;
-            break;
-        }
-        for (int k = 0; k < total; k++)
-            in[i][k] = tap_rng_uniform(&rng, -1, 1);
-        st = ch_tensor_new(&t[i], p.dev[i], CH_F32, 1, &len);
-        if (st == CH_OK)
-            st = ch_tensor_upload(t[i], in[i], sizeof(float) * total);
-    }
+    if (st == CH_OK)
+        st = random_buffers(&p, n, total, &rng, in, t);
     /* Peer groups sum in f32 first (in participant order), the host rounds
      * each group's sum to bf16 and adds them in f32 in group order. */
     int groups = st == CH_OK ? ch_reducer_group_count(r) : 0;
@@ -781,10 +782,7 @@ static void stage16_case(const char *const *names, int n, ch_reduce_mode mode, i
                "bf16 stage over {%s}, %s: back in f32 the f32 stage runs (%d), the bf16 one "
                "not", p.label, mode_name, probe32.calls);
     }
-    for (int i = 0; i < n; i++) {
-        ch_tensor_free(t[i]);
-        free(in[i]);
-    }
+    free_buffers(n, in, t);
     free(out);
     free(want);
     ch_reducer_free(r);
