@@ -144,7 +144,13 @@ enum {
     AT_DO,    /* [B*H, T, hd] */
     AT_DA,    /* [B*H, T, T] */
     AT_DQKV,  /* [3, B, H, T, hd] */
-    AT_DX5    /* [B, T, 3D]: c_attn's output gradient */
+    AT_DX5,   /* [B, T, 3D]: c_attn's output gradient */
+    /* Mixed precision: the batched products' inputs rounded to the half
+     * format (ch_module_set_precision), as autocast does for bmm. */
+    AT_QKVH,  /* AT_QKV */
+    AT_AH,    /* the probabilities A (after dropout) */
+    AT_DOH,   /* AT_DO */
+    AT_DAH    /* dS, softmax's input gradient */
 };
 
 typedef struct attn_dims {
@@ -209,14 +215,18 @@ static ch_status attn_dims_of(const ch_module *m, const ch_tensor *x, attn_dims 
 
 static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)a->hd)); }
 
-/* Attention core forward: AT_QKV holds q, k, v; leaves AT_OY. */
+/* Attention core forward: AT_QKV holds q, k, v; leaves AT_OY. In mixed
+ * precision both products take half inputs (q, k, v and A rounded) and sum
+ * in f32; the scores, softmax and A stay f32. */
 static ch_status attn_core(ch_module *m, const attn_dims *a)
 {
     int64_t bh = a->b * a->h, att[3] = {bh, a->t, a->t}, o[3] = {bh, a->t, a->hd};
     TRY(ensure(m, AT_P, 3, att));
     TRY(ensure(m, AT_O, 3, o));
+    const ch_tensor *rounded;
+    TRY(nn_half(&m->tmp[AT_QKVH], m, m->tmp[AT_QKV], &rounded));
     ch_tensor *qkv[3] = {NULL, NULL, NULL};
-    ch_status st = parts(qkv, m->tmp[AT_QKV], a);
+    ch_status st = parts(qkv, m->precision != CH_F32 ? m->tmp[AT_QKVH] : m->tmp[AT_QKV], a);
     if (st == CH_OK)
         st = ch_gemm_batched(m->tmp[AT_P], 0, 1, attn_scale(a), qkv[0], qkv[1], 0.0f);
     if (st == CH_OK)
@@ -230,6 +240,8 @@ static ch_status attn_core(ch_module *m, const attn_dims *a)
             st = dropout_in_place(m, m->tmp[AT_A], &m->tmp[AT_MASK], a->b, SALT_ATTN);
         prob = m->tmp[AT_A];
     }
+    if (st == CH_OK)
+        st = nn_half(&m->tmp[AT_AH], m, prob, &prob);
     if (st == CH_OK)
         st = ch_gemm_batched(m->tmp[AT_O], 0, 0, 1.0f, prob, qkv[2], 0.0f);
     free_parts(qkv);
@@ -258,34 +270,41 @@ static ch_status attn_forward(ch_module *m, const ch_tensor *x)
     return nn_view_of(&m->y, c_proj->y);
 }
 
-/* From dL/dOY (c_proj's input gradient) to dL/dqkv in AT_DQKV. */
+/* From dL/dOY (c_proj's input gradient) to dL/dqkv in AT_DQKV. In mixed
+ * precision the products take the rounded q, k, v and A of forward and dO
+ * and dS rounded here; softmax's backward stays f32. */
 static ch_status attn_core_backward(ch_module *m, const ch_tensor *doy, const attn_dims *a)
 {
     int64_t bh = a->b * a->h, att[3] = {bh, a->t, a->t}, o[3] = {bh, a->t, a->hd};
     int64_t qkv5[5] = {3, a->b, a->h, a->t, a->hd};
     int64_t bthd[4] = {a->b, a->t, a->h, a->hd}, bhtd[4] = {a->b, a->h, a->t, a->hd};
     static const int split_heads[4] = {0, 2, 1, 3};
+    int half = m->precision != CH_F32;
     TRY(ensure(m, AT_DO, 3, o));
     TRY(ensure(m, AT_DA, 3, att));
     TRY(ensure(m, AT_DQKV, 5, qkv5));
     TRY(permute_as(m->tmp[AT_DO], 4, bhtd, doy, 4, bthd, split_heads));
-    const ch_tensor *prob = dropping(m) ? m->tmp[AT_A] : m->tmp[AT_P];
+    const ch_tensor *prob = half ? m->tmp[AT_AH] : dropping(m) ? m->tmp[AT_A] : m->tmp[AT_P];
+    const ch_tensor *dout, *ds;
+    TRY(nn_half(&m->tmp[AT_DOH], m, m->tmp[AT_DO], &dout));
     ch_tensor *qkv[3] = {NULL, NULL, NULL}, *d[3] = {NULL, NULL, NULL};
-    ch_status st = parts(qkv, m->tmp[AT_QKV], a);
+    ch_status st = parts(qkv, half ? m->tmp[AT_QKVH] : m->tmp[AT_QKV], a);
     if (st == CH_OK)
         st = parts(d, m->tmp[AT_DQKV], a);
     if (st == CH_OK) /* dA = dO v^T, dv = A^T dO */
-        st = ch_gemm_batched(m->tmp[AT_DA], 0, 1, 1.0f, m->tmp[AT_DO], qkv[2], 0.0f);
+        st = ch_gemm_batched(m->tmp[AT_DA], 0, 1, 1.0f, dout, qkv[2], 0.0f);
     if (st == CH_OK)
-        st = ch_gemm_batched(d[2], 1, 0, 1.0f, prob, m->tmp[AT_DO], 0.0f);
+        st = ch_gemm_batched(d[2], 1, 0, 1.0f, prob, dout, 0.0f);
     if (st == CH_OK && dropping(m))
         st = ch_mul(m->tmp[AT_DA], m->tmp[AT_DA], m->tmp[AT_MASK]);
     if (st == CH_OK)
         st = ch_softmax_backward(m->tmp[AT_DA], m->tmp[AT_DA], m->tmp[AT_P]);
-    if (st == CH_OK) /* dq = dS k scale, dk = dS^T q scale */
-        st = ch_gemm_batched(d[0], 0, 0, attn_scale(a), m->tmp[AT_DA], qkv[1], 0.0f);
     if (st == CH_OK)
-        st = ch_gemm_batched(d[1], 1, 0, attn_scale(a), m->tmp[AT_DA], qkv[0], 0.0f);
+        st = nn_half(&m->tmp[AT_DAH], m, m->tmp[AT_DA], &ds);
+    if (st == CH_OK) /* dq = dS k scale, dk = dS^T q scale */
+        st = ch_gemm_batched(d[0], 0, 0, attn_scale(a), ds, qkv[1], 0.0f);
+    if (st == CH_OK)
+        st = ch_gemm_batched(d[1], 1, 0, attn_scale(a), ds, qkv[0], 0.0f);
     free_parts(qkv);
     free_parts(d);
     return st;

@@ -18,6 +18,16 @@
  * + 1e-5 max|want|, u half an ulp of the output's format as above (0 for
  * an f32 output), 1e-5 the f32 ops' agreement across devices (test-ops).
  *
+ * Mixed precision in attention (ch_module_set_precision on a causal
+ * self-attention, on each device): forward against a reference computed
+ * here in double sums that rounds the inputs of all four products to bf16
+ * (the two Linears' and the two batched ones, as autocast does): closer
+ * to it by 8 times at least than to the reference that rounds only the
+ * Linears' (a device's f32 sums may flip the odd bf16 rounding of an
+ * intermediate, so not bit for bit); backward's gradients against the
+ * f32 module's within 3e-2 of their largest (a few bf16 roundings of
+ * 2^-9 in a row), and other bits than f32's.
+ *
  * Then the dtype errors a caller can make. */
 #include <math.h>
 #include <stdio.h>
@@ -372,6 +382,163 @@ static void test_ops(ch_device *dev, tap_rng *rng)
             op_case_run(dev, &formats[f], &op_cases[k], rng);
 }
 
+/* ---- Mixed precision in attention ------------------------------------------- */
+
+enum { AB = 2, AT = 6, AD = 8, AH = 2, AHD = 4, AQKV = 3 * AD };
+
+/* v[0..n) rounded to bf16 in place when `on`. */
+static void rounded(int on, float *v, int64_t n)
+{
+    uint16_t bits[AB * AT * AQKV];
+    if (on && round_to(&formats[0], n, v, bits) != CH_OK)
+        for (int64_t i = 0; i < n; i++)
+            v[i] = NAN;
+}
+
+/* y [AB, AT, AD] = attention of x with the weights w (c_attn's weight and
+ * bias, c_proj's, in state_dict order), sums in double: the Linears'
+ * inputs rounded to bf16 when `linear`, the batched products' when
+ * `core`. */
+static void attention_ref(float *y, const float *x, float *const *w, int linear, int core)
+{
+    float xr[AB * AT * AD], wa[AQKV * AD], wp[AD * AD], qkv[AB * AT * AQKV];
+    float oy[AB * AT * AD];
+    memcpy(xr, x, sizeof xr);
+    memcpy(wa, w[0], sizeof wa);
+    memcpy(wp, w[2], sizeof wp);
+    rounded(linear, xr, AB * AT * AD);
+    rounded(linear, wa, AQKV * AD);
+    rounded(linear, wp, AD * AD);
+    for (int r = 0; r < AB * AT; r++)
+        for (int j = 0; j < AQKV; j++) {
+            double s = w[1][j];
+            for (int i = 0; i < AD; i++)
+                s += (double)xr[r * AD + i] * wa[j * AD + i];
+            qkv[r * AQKV + j] = (float)s;
+        }
+    rounded(core, qkv, AB * AT * AQKV);
+    double scale = 1.0 / sqrt((double)AHD);
+    for (int b = 0; b < AB; b++)
+        for (int h = 0; h < AH; h++)
+            for (int t = 0; t < AT; t++) {
+                const float *q = qkv + (b * AT + t) * AQKV + h * AHD;
+                float p[AT];
+                double e[AT], mx = -INFINITY, z = 0;
+                for (int u = 0; u <= t; u++) {
+                    const float *k = qkv + (b * AT + u) * AQKV + AD + h * AHD;
+                    double s = 0;
+                    for (int c = 0; c < AHD; c++)
+                        s += (double)q[c] * k[c];
+                    e[u] = (float)(s * scale);
+                    mx = fmax(mx, e[u]);
+                }
+                for (int u = 0; u <= t; u++)
+                    z += e[u] = exp(e[u] - mx);
+                for (int u = 0; u <= t; u++)
+                    p[u] = (float)(e[u] / z);
+                rounded(core, p, t + 1);
+                for (int c = 0; c < AHD; c++) {
+                    double s = 0;
+                    for (int u = 0; u <= t; u++)
+                        s += (double)p[u] * qkv[(b * AT + u) * AQKV + 2 * AD + h * AHD + c];
+                    oy[(b * AT + t) * AD + h * AHD + c] = (float)s;
+                }
+            }
+    rounded(linear, oy, AB * AT * AD);
+    for (int r = 0; r < AB * AT; r++)
+        for (int j = 0; j < AD; j++) {
+            double s = w[3][j];
+            for (int i = 0; i < AD; i++)
+                s += (double)oy[r * AD + i] * wp[j * AD + i];
+            y[r * AD + j] = (float)s;
+        }
+}
+
+/* The module's output for x, and its gradients for dy (dx, then every
+ * parameter's) laid end to end in g. */
+static ch_status attention_run(ch_device *dev, ch_dtype precision, const float *x,
+                               const float *dy, float *y, float *g, float **w)
+{
+    ch_module *m = NULL;
+    ch_tensor *tx = NULL, *tdy = NULL, *ty, *tdx;
+    int64_t shape[3] = {AB, AT, AD};
+    ch_status st = ch_nn_causal_self_attention(&m, AD, AH, 0.0f);
+    if (st == CH_OK)
+        st = ch_module_init(m, 5);
+    for (int i = 0; st == CH_OK && i < 4; i++) { /* the weights, for the reference */
+        ch_tensor *v;
+        st = ch_module_param(m, i, NULL, &v, NULL);
+        if (st == CH_OK)
+            st = ch_tensor_download(v, w[i], ch_tensor_nbytes(v));
+    }
+    if (st == CH_OK)
+        st = ch_module_set_precision(m, precision);
+    if (st == CH_OK)
+        st = ch_module_to(m, dev);
+    if (st == CH_OK)
+        st = tensor_of(&tx, dev, CH_F32, 3, shape, NULL, x);
+    if (st == CH_OK)
+        st = tensor_of(&tdy, dev, CH_F32, 3, shape, NULL, dy);
+    if (st == CH_OK)
+        st = ch_module_forward(m, &ty, tx);
+    if (st == CH_OK)
+        st = ch_tensor_download(ty, y, sizeof(float) * AB * AT * AD);
+    if (st == CH_OK)
+        st = ch_module_backward(m, &tdx, tdy);
+    if (st == CH_OK)
+        st = ch_tensor_download(tdx, g, sizeof(float) * AB * AT * AD);
+    size_t at = AB * AT * AD;
+    for (int i = 0; st == CH_OK && i < 4; i++) {
+        ch_tensor *grad;
+        st = ch_module_param(m, i, NULL, NULL, &grad);
+        if (st == CH_OK)
+            st = ch_tensor_download(grad, g + at, ch_tensor_nbytes(grad));
+        at += (size_t)ch_tensor_numel(grad);
+    }
+    ch_tensor_free(tx);
+    ch_tensor_free(tdy);
+    ch_module_free(m);
+    return st;
+}
+
+static void test_attention(ch_device *dev, tap_rng *rng)
+{
+    enum { NX = AB * AT * AD, NG = NX + AQKV * AD + AQKV + AD * AD + AD };
+    float x[NX], dy[NX], y16[NX], y32[NX], g16[NG], g32[NG], ra[NX], rb[NX];
+    float wa[AQKV * AD], ba[AQKV], wp[AD * AD], bp[AD], *w[4] = {wa, ba, wp, bp};
+    for (int i = 0; i < NX; i++) {
+        x[i] = tap_rng_uniform(rng, -2.0f, 2.0f);
+        dy[i] = tap_rng_uniform(rng, -1.0f, 1.0f);
+    }
+    ch_status st = attention_run(dev, CH_BF16, x, dy, y16, g16, w);
+    if (st == CH_OK)
+        st = attention_run(dev, CH_F32, x, dy, y32, g32, w);
+    if (!tap_status_ok(st, "%s: causal self-attention in bf16 and f32, forward and backward",
+                       ch_device_id(dev)))
+        return;
+    attention_ref(ra, x, w, 1, 1);
+    attention_ref(rb, x, w, 1, 0);
+    double ea = 0, eb = 0, scale = 0, eg = 0, gscale = 0;
+    for (int i = 0; i < NX; i++) {
+        ea = fmax(ea, fabs(y16[i] - ra[i]));
+        eb = fmax(eb, fabs(y16[i] - rb[i]));
+        scale = fmax(scale, fabs(ra[i]));
+    }
+    int same = 1;
+    for (int i = 0; i < NG; i++) {
+        eg = fmax(eg, fabs(g16[i] - g32[i]));
+        gscale = fmax(gscale, fabs(g32[i]));
+        same = same && g16[i] == g32[i];
+    }
+    tap_ok(ea * 8 <= eb && ea <= 1e-3 * scale,
+           "%s: attention in bf16 rounds the batched products' inputs too: max err %.2e against "
+           "the reference that does, %.2e against the one that rounds the Linears' alone "
+           "(largest output %.2f)", ch_device_id(dev), ea, eb, scale);
+    tap_ok(eg <= 3e-2 * gscale && !same,
+           "%s: its gradients (dx, the weights') within 3e-2 of f32's largest (max err %.2e of "
+           "%.2e), other bits", ch_device_id(dev), eg, gscale);
+}
+
 static void test_errors(ch_device *dev)
 {
     int64_t s[2] = {4, 4};
@@ -421,6 +588,7 @@ int main(void)
     for (int d = 0; d < ndev; d++) {
         test_device(devs[d], &rng);
         test_ops(devs[d], &rng);
+        test_attention(devs[d], &rng);
         test_errors(devs[d]);
     }
     ch_shutdown();

@@ -134,14 +134,16 @@ CH_API ch_status ch_module_clone(ch_module **out, const ch_module *m, ch_device 
 CH_API void ch_module_train(ch_module *m, int training);
 
 /* Mixed precision, as PyTorch's autocast runs it: with CH_BF16 or CH_F16
- * the GEMMs of every Linear and of the GPT's output projection take their
- * inputs (activations, weights, incoming gradients) rounded to that format
- * and sum in f32 (ch_gemm with half inputs: tensor cores on CUDA), and
- * every Conv2d convolves inputs, weights and gradients rounded to it, also
+ * the GEMMs of every Linear, of attention's two batched products (q k^T
+ * and the probabilities times v, and theirs in backward) and of the GPT's
+ * output projection take their inputs (activations, weights, incoming
+ * gradients) rounded to that format and sum in f32 (ch_gemm and
+ * ch_gemm_batched with half inputs: tensor cores on CUDA), and every
+ * Conv2d convolves inputs, weights and gradients rounded to it, also
  * summing in f32. The parameters, their gradients and the optimizer's
  * state stay f32 (master weights), and so do the activations between
- * layers, normalisations, attention's softmax and the loss. CH_F32 (the
- * default) turns it off. Applies to m and every module below it (clones
+ * layers, normalisations, attention's scores and softmax, and the loss.
+ * CH_F32 (the default) turns it off. Applies to m and every module below it (clones
  * keep it). CH_ERR_DTYPE for another dtype. */
 CH_API ch_status ch_module_set_precision(ch_module *m, ch_dtype dtype);
 CH_API ch_dtype ch_module_precision(const ch_module *m);
