@@ -108,6 +108,19 @@ ok $? "rank 0 alone prints the result, with ranks=2: $(cat "$tmp/two.out")"
     cmp -s "$tmp/one.st" "$tmp/two.st"
 ok $? "2 ranks of host train the bits of one process on host,host"
 
+# Gradients reduced in bf16: across the two processes each total crosses
+# rounded to bf16 and the sum is rounded once (ch_dist_sum_bf16), which is
+# what one process does with host,host reduced through the host (--reduce
+# host; auto would sum the two host replicas as one peer group, in f32):
+# the same bits again, not f32's.
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 2 "$train" $quick --devices host --epochs 2 --reduce-dtype bf16 \
+    --checkpoint "$tmp/two16.st" >"$tmp/two16.out" 2>"$tmp/two16.err" &&
+    "$train" $quick --devices host,host --epochs 2 --reduce-dtype bf16 --reduce host \
+        --checkpoint "$tmp/one16.st" >/dev/null 2>&1 &&
+    cmp -s "$tmp/one16.st" "$tmp/two16.st" && ! cmp -s "$tmp/two16.st" "$tmp/two.st"
+ok $? "--reduce-dtype bf16: 2 ranks of host train the bits of one process on host,host, other bits than f32 (stderr: $(tail -c 300 "$tmp/two16.err" | tr '\n#' '  '))"
+
 # shellcheck disable=SC2086
 timeout 600 $mpi -np 2 "$train" $quick --devices host --epochs 2 --max-steps 57 \
     --checkpoint "$tmp/mid.st" >/dev/null 2>&1 &&
