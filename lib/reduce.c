@@ -624,6 +624,10 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
     return st;
 }
 
+/* Elements per call of a bf16 stage: 2 MiB of bf16, 4 MiB of each f32
+ * source. */
+#define STAGE_SLICE ((int64_t)1 << 20)
+
 /* The host-staged sum in bf16: every group's first participant's buffer
  * rounded to bf16 on its device and downloaded (half the bytes), host
  * participants' read in place and rounded, the sum taken in f32 in group
@@ -632,10 +636,6 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
  * place), and that bf16 total uploaded to every device participant and
  * widened there, and widened into every host participant: every
  * participant ends with the same values. */
-/* Elements per call of a bf16 stage: 2 MiB of bf16, 4 MiB of each f32
- * source. */
-#define STAGE_SLICE ((int64_t)1 << 20)
-
 static ch_status stage_bf16(ch_reducer *r, int64_t count)
 {
     ch_status st = CH_OK;
