@@ -13,12 +13,11 @@
 #include "omp.h"
 
 /* For the host's loops (the host backend, lib/sum_spread.c, nn/dist.c): a
- * function
- * built twice, for AVX2 and for the baseline x86-64, the one for the CPU
- * picked when the library loads (GCC's target_clones, an ifunc): for the
- * loops that vectorise, whose baseline build has 4-byte
- * lanes in 16-byte registers. AVX2 without FMA, so that both builds round
- * alike and give the same bits. Elsewhere, one build; and one under
+ * function built twice, for AVX2 and for the baseline x86-64, the one for
+ * the CPU picked when the library loads (GCC's target_clones, an ifunc):
+ * for the loops that vectorise, whose baseline build has 4-byte lanes in
+ * 16-byte registers. AVX2 without FMA, so that both builds round alike and
+ * give the same bits. Elsewhere, one build; and one under
  * ThreadSanitizer, whose instrumented ifunc resolvers would run while the
  * library is relocated, before its runtime exists. */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__) && \
