@@ -488,14 +488,14 @@ static ch_status sum_on(const ch_dist *d, MPI_Comm comm, void *values, int64_t n
 
 /* This rank's share of a bf16 sum (sum_bf16_on), in f32 in rank order and
  * rounded once, built for AVX2 too. */
-CHI_CLONES static void sum_blocks(int64_t len, int p, const void *const *src, const int *ones,
-                                  uint16_t *out)
+CHI_CLONES static void sum_blocks(int64_t len, int p, const void *const *src,
+                                  const int *is_bf16, uint16_t *out)
 {
     const int64_t chunk = 16384;
     CHI_OMP(omp parallel for schedule(static) if (parallel: len > 8 * chunk))
     for (int64_t lo = 0; lo < len; lo += chunk)
-        chi_bf16_sum_range(lo, len - lo < chunk ? len - lo : chunk, p, src, ones, NULL, out,
-                           0, NULL);
+        chi_bf16_sum_range(lo, len - lo < chunk ? len - lo : chunk, p, src, is_bf16, NULL,
+                           out, 0, NULL);
 }
 
 /* The bf16 sum across the group, in place: a reduce-scatter by
@@ -513,7 +513,7 @@ static ch_status sum_bf16_on(const ch_dist *d, MPI_Comm comm, bf16_scratch *s,
     int64_t most = n < chunk ? n : chunk;
     size_t up = (size_t)p;
     size_t block_bytes = ((size_t)(most / p) + 1) * sizeof(uint16_t);
-    size_t need = up * block_bytes + 4 * up * sizeof(int) + up * sizeof(void *) + 64;
+    size_t need = up * block_bytes + 5 * up * sizeof(int) + up * sizeof(void *) + 64;
     if (s->bytes < need) {
         void *mem = malloc(need);
         if (!mem)
@@ -526,8 +526,10 @@ static ch_status sum_bf16_on(const ch_dist *d, MPI_Comm comm, bf16_scratch *s,
     /* The tables first (aligned), then the received blocks. */
     const void **src = s->mem;
     int *counts = (int *)(src + up), *displs = counts + up, *rcounts = displs + up;
-    int *rdispls = rcounts + up;
-    uint16_t *blocks = (uint16_t *)(rdispls + up);
+    int *rdispls = rcounts + up, *bf16 = rdispls + up;
+    uint16_t *blocks = (uint16_t *)(bf16 + up);
+    for (int b = 0; b < p; b++)
+        bf16[b] = 1; /* every block received is bf16 */
     for (int64_t off = 0; off < n; off += chunk) {
         int64_t len = n - off < chunk ? n - off : chunk;
         for (int b = 0; b < p; b++) {
@@ -549,12 +551,9 @@ static ch_status sum_bf16_on(const ch_dist *d, MPI_Comm comm, bf16_scratch *s,
         if (e != MPI_SUCCESS)
             return mpi_error(e, "MPI_Ialltoallv", what);
         TRY(finish(d, &req, "MPI_Ialltoallv", what));
-        /* rcounts, no longer needed, says every block is bf16. */
-        for (int b = 0; b < p; b++) {
+        for (int b = 0; b < p; b++)
             src[b] = blocks + (size_t)b * (size_t)mine;
-            rcounts[b] = 1;
-        }
-        sum_blocks(mine, p, src, rcounts, v + displs[rank]);
+        sum_blocks(mine, p, src, bf16, v + displs[rank]);
         pthread_mutex_lock(&mpi_lock);
         e = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, v, counts, displs,
                             MPI_UINT16_T, comm, &req);

@@ -1,5 +1,6 @@
 #include "tap.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,3 +179,64 @@ ch_dp_options tap_mnist_dp_options(uint64_t seed)
     o.seed = seed;
     return o;
 }
+
+uint32_t tap_bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+float tap_float_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The pattern nearest to f, ties to the even one, by arithmetic on doubles;
+ * a NaN is quiet with its sign and the top of its payload. */
+uint16_t tap_half_narrow(int mant, float f)
+{
+    uint32_t u = tap_bits_of(f);
+    int ebits = 15 - mant, bias = (1 << (ebits - 1)) - 1, emin = 1 - bias;
+    uint16_t sign = (uint16_t)((u >> 31) << 15);
+    uint16_t inf = (uint16_t)(((1u << ebits) - 1u) << mant);
+    if (isnan(f))
+        return (uint16_t)(sign | inf | (1u << (mant - 1)) |
+                          ((u & 0x7fffffu) >> (23 - mant)));
+    if (isinf(f))
+        return (uint16_t)(sign | inf);
+    double a = fabs((double)f);
+    if (a == 0.0)
+        return sign;
+    int e;
+    frexp(a, &e);
+    e -= 1; /* a = m 2^e, 1 <= m < 2 */
+    if (e < emin)
+        e = emin;
+    double q = nearbyint(ldexp(a, mant - e)); /* in units of the last place */
+    if (q >= ldexp(1.0, mant + 1)) {
+        q /= 2;
+        e += 1;
+    }
+    if (e > bias)
+        return (uint16_t)(sign | inf);
+    if (q < ldexp(1.0, mant))
+        return (uint16_t)(sign | (uint16_t)q); /* subnormal, or zero */
+    return (uint16_t)(sign | (((e + bias) << mant) | ((uint32_t)q - (1u << mant))));
+}
+
+/* The float a pattern stands for (exact: every pattern is a float). */
+uint32_t tap_half_widen(int mant, uint16_t h)
+{
+    int ebits = 15 - mant, bias = (1 << (ebits - 1)) - 1, emin = 1 - bias;
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> mant) & ((1u << ebits) - 1u);
+    uint32_t m = h & ((1u << mant) - 1u);
+    if (e == (1u << ebits) - 1u)
+        return sign | 0x7f800000u | (m << (23 - mant));
+    double v = e == 0 ? ldexp((double)m, emin - mant)
+                      : ldexp((double)((1u << mant) | m), (int)e - bias - mant);
+    return sign | tap_bits_of((float)v);
+}
+

@@ -44,6 +44,16 @@ int tap_devices(ch_device **out, int capacity);
  * check sets it): how many; 0 when it is unset; -1, after a failing TAP
  * line, when it names a device that is not here or too many. */
 int tap_env_devices(ch_device **out, int capacity);
+/* The bits of a float and back. */
+uint32_t tap_bits_of(float f);
+float tap_float_of(uint32_t u);
+/* References for the 16-bit float formats, named by their mantissa bits
+ * (bf16 7, f16 10; 15 - mant exponent bits, IEEE's bias), by arithmetic
+ * on doubles, not the library's bit steps: the pattern nearest to f, ties
+ * to the even one, a NaN quiet with its sign and the top of its payload;
+ * and the f32 bits a pattern stands for (exact). */
+uint16_t tap_half_narrow(int mant, float f);
+uint32_t tap_half_widen(int mant, uint16_t h);
 /* Data-parallel options for the MNIST-shaped test models (samples
  * [1, 28, 28], cross-entropy, SGD at 0.05 with momentum 0.9, reduction
  * through the host) with dropout seed `seed`. */

@@ -17,74 +17,14 @@
 
 #define MAX_DEVICES 16
 
-/* A 16-bit format: mantissa bits, smallest normal exponent, bias. */
+/* A 16-bit format: its mantissa bits (tap_half_narrow's). */
 typedef struct fmt {
     const char *name;
     ch_dtype dtype;
-    int mant, emin, bias;
+    int mant;
 } fmt;
 
-static const fmt formats[] = {{"bf16", CH_BF16, 7, -126, 127}, {"f16", CH_F16, 10, -14, 15}};
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* The pattern nearest to f, ties to the even one, by arithmetic on doubles;
- * a NaN is quiet with its sign and the top of its payload. */
-static uint16_t ref_narrow(const fmt *F, float f)
-{
-    uint32_t u = bits_of(f);
-    int ebits = 15 - F->mant;
-    uint16_t sign = (uint16_t)((u >> 31) << 15);
-    uint16_t inf = (uint16_t)(((1u << ebits) - 1u) << F->mant);
-    if (isnan(f))
-        return (uint16_t)(sign | inf | (1u << (F->mant - 1)) |
-                          ((u & 0x7fffffu) >> (23 - F->mant)));
-    if (isinf(f))
-        return (uint16_t)(sign | inf);
-    double a = fabs((double)f);
-    if (a == 0.0)
-        return sign;
-    int e;
-    frexp(a, &e);
-    e -= 1; /* a = m 2^e, 1 <= m < 2 */
-    if (e < F->emin)
-        e = F->emin;
-    double q = nearbyint(ldexp(a, F->mant - e)); /* in units of the last place */
-    if (q >= ldexp(1.0, F->mant + 1)) {
-        q /= 2;
-        e += 1;
-    }
-    if (e > F->bias)
-        return (uint16_t)(sign | inf);
-    if (q < ldexp(1.0, F->mant))
-        return (uint16_t)(sign | (uint16_t)q); /* subnormal, or zero */
-    return (uint16_t)(sign | (((e + F->bias) << F->mant) | ((uint32_t)q - (1u << F->mant))));
-}
-
-/* The float a pattern stands for (exact: every pattern is a float). */
-static uint32_t ref_widen(const fmt *F, uint16_t h)
-{
-    int ebits = 15 - F->mant;
-    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> F->mant) & ((1u << ebits) - 1u);
-    uint32_t m = h & ((1u << F->mant) - 1u);
-    if (e == (1u << ebits) - 1u)
-        return sign | 0x7f800000u | (m << (23 - F->mant));
-    double v = e == 0 ? ldexp((double)m, F->emin - F->mant)
-                      : ldexp((double)((1u << F->mant) | m), (int)e - F->bias - F->mant);
-    return sign | bits_of((float)v);
-}
+static const fmt formats[] = {{"bf16", CH_BF16, 7}, {"f16", CH_F16, 10}};
 
 /* The floats to narrow. */
 static float *inputs(const fmt *F, size_t *count)
@@ -94,9 +34,9 @@ static float *inputs(const fmt *F, size_t *count)
     if (!v)
         return NULL;
     for (uint32_t h = 0; h < 65536; h++) {
-        float a = float_of(ref_widen(F, (uint16_t)h));
+        float a = tap_float_of(tap_half_widen(F->mant, (uint16_t)h));
         v[n++] = a;
-        float b = float_of(ref_widen(F, (uint16_t)(h + 1)));
+        float b = tap_float_of(tap_half_widen(F->mant, (uint16_t)(h + 1)));
         /* Neighbours of one sign, both finite: their midpoint, a tie, and
          * the floats on either side of it. */
         if ((h & 0x7fffu) != 0x7fffu && isfinite(a) && isfinite(b) &&
@@ -115,10 +55,10 @@ static float *inputs(const fmt *F, size_t *count)
         0x33000001u, 0x32ffffffu, 0x387fc000u, 0x387fe000u, 0x387fffffu, 0x38800000u,
         0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f800001u, 0x7f7f8000u, 0x7f7f7fffu};
     for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++)
-        v[n++] = float_of(specials[i]);
+        v[n++] = tap_float_of(specials[i]);
     tap_rng rng = {F->mant};
     while (n < cap)
-        v[n++] = float_of((uint32_t)tap_rng_next(&rng));
+        v[n++] = tap_float_of((uint32_t)tap_rng_next(&rng));
     *count = n;
     return v;
 }
@@ -145,12 +85,12 @@ static void test_device(ch_device *dev, const fmt *F)
         st = ch_tensor_download(y, half, n * sizeof *half);
     size_t bad = 0, first = 0;
     for (size_t i = 0; st == CH_OK && i < n; i++)
-        if (half[i] != ref_narrow(F, in[i]) && bad++ == 0)
+        if (half[i] != tap_half_narrow(F->mant, in[i]) && bad++ == 0)
             first = i;
     if (tap_status_ok(st, "%s: f32 to %s of %zu floats", id, F->name, n))
         tap_ok(bad == 0, "%s: f32 to %s bit for bit (%zu wrong; the first: 0x%08x gave 0x%04x, "
-               "want 0x%04x)", id, F->name, bad, bad ? bits_of(in[first]) : 0,
-               bad ? half[first] : 0, bad ? ref_narrow(F, in[first]) : 0);
+               "want 0x%04x)", id, F->name, bad, bad ? tap_bits_of(in[first]) : 0,
+               bad ? half[first] : 0, bad ? tap_half_narrow(F->mant, in[first]) : 0);
 
     for (uint32_t k = 0; k < 65536; k++)
         pattern[k] = (uint16_t)k;
@@ -166,12 +106,12 @@ static void test_device(ch_device *dev, const fmt *F)
         st = ch_tensor_download(w, wide, 65536 * sizeof *wide);
     bad = 0;
     for (uint32_t k = 0; st == CH_OK && k < 65536; k++)
-        if (wide[k] != ref_widen(F, (uint16_t)k) && bad++ == 0)
+        if (wide[k] != tap_half_widen(F->mant, (uint16_t)k) && bad++ == 0)
             first = k;
     if (tap_status_ok(st, "%s: %s to f32 of all 65536 patterns", id, F->name))
         tap_ok(bad == 0, "%s: %s to f32 bit for bit (%zu wrong; the first: 0x%04zx gave "
                "0x%08x, want 0x%08x)", id, F->name, bad, bad ? first : 0,
-               bad ? wide[first] : 0, bad ? ref_widen(F, (uint16_t)first) : 0);
+               bad ? wide[first] : 0, bad ? tap_half_widen(F->mant, (uint16_t)first) : 0);
 
     /* A view at an odd element: the offsets of both widths. */
     ch_tensor *vx = NULL, *vy = NULL;
@@ -189,7 +129,7 @@ static void test_device(ch_device *dev, const fmt *F)
         st = ch_tensor_download(vy, half, 1000 * sizeof *half);
     bad = 0;
     for (size_t i = 0; st == CH_OK && i < 1000; i++)
-        bad += half[i] != ref_narrow(F, in[i]);
+        bad += half[i] != tap_half_narrow(F->mant, in[i]);
     if (tap_status_ok(st, "%s: f32 to %s between views at elements 7 and 3", id, F->name))
         tap_ok(bad == 0, "%s: ... every element where it belongs (%zu wrong)", id, bad);
     ch_tensor_free(vx);
@@ -215,12 +155,12 @@ static void test_round_in_place(void)
     }
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t want = ref_widen(&formats[0], ref_narrow(&formats[0], in[i]));
-        if (chi_f32_round_bf16(bits_of(in[i])) != want && bad++ == 0)
+        uint32_t want = tap_half_widen(formats[0].mant, tap_half_narrow(formats[0].mant, in[i]));
+        if (chi_f32_round_bf16(tap_bits_of(in[i])) != want && bad++ == 0)
             first = i;
     }
     tap_ok(bad == 0, "chi_f32_round_bf16 over %zu floats: the bf16 rounding, widened, bit for "
-           "bit (%zu differ; first 0x%08x)", n, bad, bad ? bits_of(in[first]) : 0u);
+           "bit (%zu differ; first 0x%08x)", n, bad, bad ? tap_bits_of(in[first]) : 0u);
     free(in);
 }
 

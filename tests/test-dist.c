@@ -259,33 +259,8 @@ static void test_repeatable(ch_device **devs, int n, const batches *bs)
 
 /* ---- bf16 across the processes ------------------------------------------ */
 
-static float value_of(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* f to bf16, to nearest with ties to even, by arithmetic on doubles (not
- * the library's bit steps); a NaN quiet with its sign and payload top. */
-static uint16_t pattern_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if (isnan(f))
-        return (uint16_t)((u >> 16) | 0x0040u);
-    if (isinf(f) || f == 0.0f)
-        return (uint16_t)(u >> 16);
-    /* Every finite sum here is a normal float far from the overflow edge:
-     * 8 significant bits. */
-    int e;
-    double m = frexp((double)f, &e); /* f = m 2^e, 0.5 <= |m| < 1 */
-    double q = nearbyint(ldexp(m, 8));
-    float r = (float)ldexp(q, e - 8);
-    memcpy(&u, &r, sizeof u);
-    return (uint16_t)(u >> 16);
-}
+/* bf16: 7 mantissa bits (tap_half_narrow). */
+static float value_of(uint16_t h) { return tap_float_of(tap_half_widen(7, h)); }
 
 /* Rank r's k-th value: a random finite bf16 in [-4, 4) (of every
  * exponent there down to 2^-8); rank 0 holds an infinity at n / 2 and the
@@ -297,7 +272,7 @@ static uint16_t rank_value(int r, int ranks, int64_t k, int64_t n, tap_rng *rng)
     if (n >= 3 && r == ranks - 1 && k == n - 1)
         return 0xffc1u;
     float f = ldexpf(tap_rng_uniform(rng, 1, 2), (int)(tap_rng_next(rng) % 11) - 9);
-    return pattern_of(tap_rng_next(rng) & 1 ? -f : f);
+    return tap_half_narrow(7, tap_rng_next(rng) & 1 ? -f : f);
 }
 
 /* ch_dist_sum_bf16: every rank's values summed in f32 in rank order and
@@ -326,7 +301,7 @@ static void test_sum_bf16(void)
             }
         }
         for (int64_t k = 0; k < n; k++)
-            want[k] = pattern_of(acc[k]);
+            want[k] = tap_half_narrow(7, acc[k]);
         ch_status st = ch_dist_sum_bf16(world, mine, n);
         int64_t bad = 0, first = -1;
         for (int64_t k = 0; st == CH_OK && k < n; k++)
