@@ -12,6 +12,8 @@
  *
  * Each rank takes the list at its rank (a comma-separated device list).
  * Rank 0 writes the TAP; every claim holds only if it holds on every rank. */
+#include "config.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,10 @@
 
 #include "tap.h"
 #include "../nn/nn.h" /* chi_dp_fail_next, the fault-injection hook */
+#ifdef CHORUS_FAULT_INJECTION
+#define CHI_FAULT_IMPL /* chi_fault_arm without the macros over this file's calls */
+#include "fault.h"
+#endif
 
 enum { BATCH = 24, STEPS = 10, CONTEXT = 16, VOCAB = 64 };
 
@@ -316,6 +322,28 @@ static void test_sum_bf16(void)
         free(want);
         free(acc);
     }
+#ifdef CHORUS_FAULT_INJECTION
+    /* The blocks it receives cannot be allocated (more values than any
+     * call before, so it must grow them): every rank fails alike, none is
+     * left waiting, and the next call works. */
+    int64_t big = (int64_t)1 << 20;
+    uint16_t *v = calloc((size_t)big, sizeof *v);
+    ch_status oom = CH_ERR_OUT_OF_MEMORY, next = CH_ERR_OUT_OF_MEMORY;
+    if (v) {
+        chi_fault_arm(CHI_FAULT_ALLOC, 1, 0);
+        oom = ch_dist_sum_bf16(world, v, big);
+        chi_fault_arm(CHI_FAULT_ALLOC, 0, 0);
+        if (oom != CH_OK)
+            next = ch_dist_sum_bf16(world, v, big);
+    }
+    tap_ok(everywhere(v && oom == CH_ERR_OUT_OF_MEMORY && next == CH_OK),
+           "ch_dist_sum_bf16 out of memory for its blocks: CH_ERR_OUT_OF_MEMORY on every rank, "
+           "then the next call works (rank %d: %s, then %s)", rank, ch_status_str(oom),
+           ch_status_str(next));
+    free(v);
+#else
+    tap_skip("ch_dist_sum_bf16 out of memory: a build with --enable-fault-injection tries it");
+#endif
     uint16_t one = 0x3f80u;
     ch_status a = ch_dist_sum_bf16(world, NULL, 4), b = ch_dist_sum_bf16(world, &one, -1),
               c = ch_dist_sum_bf16(world, NULL, 0);
