@@ -45,7 +45,7 @@ extern "C" {
 
 /* Changes whenever the table below or an enum a slot takes changes: a
  * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 7
+#define CH_BACKEND_ABI_VERSION 8
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -337,6 +337,23 @@ typedef struct ch_backend_i {
                            int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
                            int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
                            float beta, ch_bmem c, int64_t ldc, int64_t stride_c);
+
+    /* ---- convolution with half inputs (optional, added in ABI version 8) ----
+     * The three convolution slots above with their inputs in `dt` (CH_BF16
+     * or CH_F16): forward x and w; backward dy, x and w. The outputs (y;
+     * dx, dw) stay f32 and the products are summed in f32. When the
+     * workspace query returns CH_ERR_UNSUPPORTED (a format or shape the
+     * backend does not run) the core widens the inputs on the device and
+     * runs the f32 convolution, so every backend takes half inputs, this
+     * only faster. */
+    ch_status (*conv2d_half_workspace)(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                       int dt, int backward, int want, size_t *bytes);
+    ch_status (*conv2d_half_forward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                     int dt, ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws,
+                                     size_t ws_bytes);
+    ch_status (*conv2d_half_backward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                      int dt, ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy,
+                                      ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes);
 } ch_backend_i;
 
 typedef const ch_backend_i *(*ch_backend_entry_fn)(void);

@@ -526,14 +526,35 @@ static ch_bmem mem_or_null(const ch_tensor *t)
     return t ? chi_mem(t) : (ch_bmem){NULL, 0};
 }
 
-/* The backend's scratch for its convolution, on `like`'s device (NULL when
- * it asks for none). */
+/* The convolution's inputs: x and w (backward: dy too) alike, in f32,
+ * bf16 or f16. */
+static ch_status conv_dtypes(const char *fn, const ch_tensor *x, const ch_tensor *w,
+                             const ch_tensor *dy)
+{
+    if (x->dtype != CH_F32 && x->dtype != CH_BF16 && x->dtype != CH_F16)
+        return chi_error(CH_ERR_DTYPE, "%s: x is %s, expected f32, bf16 or f16", fn,
+                         ch_dtype_name(x->dtype));
+    const ch_tensor *other = w->dtype != x->dtype ? w : dy && dy->dtype != x->dtype ? dy : NULL;
+    if (other)
+        return chi_error(CH_ERR_DTYPE, "%s: x is %s but %s is %s, expected the same dtype", fn,
+                         ch_dtype_name(x->dtype), other == w ? "w" : "dy",
+                         ch_dtype_name(other->dtype));
+    return CH_OK;
+}
+
+/* The backend's scratch for its convolution with inputs in dt, on `like`'s
+ * device (NULL when it asks for none). */
 static ch_status conv_scratch(ch_tensor **ws, size_t *bytes, const ch_tensor *like,
-                              const ch_conv_geom *g, int64_t o, int backward, int want)
+                              const ch_conv_geom *g, int64_t o, ch_dtype dt, int backward,
+                              int want)
 {
     *ws = NULL;
     *bytes = 0;
-    TRY(BE(like)->conv2d_workspace(STREAM(like), g, o, backward, want, bytes));
+    if (dt == CH_F32)
+        TRY(BE(like)->conv2d_workspace(STREAM(like), g, o, backward, want, bytes));
+    else
+        TRY(BE(like)->conv2d_half_workspace(STREAM(like), g, o, (int)dt, backward, want,
+                                            bytes));
     if (*bytes == 0)
         return CH_OK;
     int64_t floats = (int64_t)((*bytes + sizeof(float) - 1) / sizeof(float));
@@ -571,11 +592,58 @@ static ch_status conv_composed(ch_tensor *y, const ch_tensor *x, const ch_tensor
     return st;
 }
 
+/* The convolution with half inputs (forward x and w, backward dy too; the
+ * shapes checked): the backend's conv2d_half slots, or the inputs widened
+ * to f32 on the device and the f32 convolution. Forward writes y,
+ * backward dx and dw as ch_conv2d_backward does. */
+static ch_status conv_half(const char *fn, int backward, ch_tensor *y, ch_tensor *dx,
+                           ch_tensor *dw, float beta, const ch_tensor *dy, const ch_tensor *x,
+                           const ch_tensor *w, const ch_window2d *win, const ch_conv_geom *g,
+                           int64_t o)
+{
+    const ch_tensor *like = backward ? dy : y;
+    const ch_backend_i *be = BE(like);
+    if (be->conv2d_half_workspace && be->conv2d_half_forward && be->conv2d_half_backward) {
+        ch_tensor *ws = NULL;
+        size_t bytes = 0;
+        ch_status st =
+            conv_scratch(&ws, &bytes, like, g, o, x->dtype, backward, (dx ? 1 : 0) | (dw ? 2 : 0));
+        if (st == CH_OK && backward)
+            st = be->conv2d_half_backward(STREAM(like), g, o, (int)x->dtype, mem_or_null(dx),
+                                          mem_or_null(dw), beta, chi_mem(dy), chi_mem(x),
+                                          chi_mem(w), mem_or_null(ws), bytes);
+        else if (st == CH_OK)
+            st = be->conv2d_half_forward(STREAM(like), g, o, (int)x->dtype, chi_mem(y),
+                                         chi_mem(x), chi_mem(w), mem_or_null(ws), bytes);
+        ch_tensor_free(ws);
+        if (st != CH_ERR_UNSUPPORTED)
+            return st;
+    }
+    /* Backward reads x only for dw and w only for dx. */
+    ch_tensor *tx = NULL, *tw = NULL, *tdy = NULL, *x32, *w32, *dy32 = NULL;
+    ch_status st = widened(x, !backward || dw, &tx, &x32);
+    if (st == CH_OK)
+        st = widened(w, !backward || dx, &tw, &w32);
+    if (st == CH_OK && backward)
+        st = widened(dy, 1, &tdy, &dy32);
+    if (st == CH_OK)
+        st = backward ? ch_conv2d_backward(dx, dw, dy32, x32, w32, win, beta)
+                      : ch_conv2d(y, x32, w32, win);
+    ch_tensor_free(tx);
+    ch_tensor_free(tw);
+    ch_tensor_free(tdy);
+    if (st != CH_OK)
+        return chi_error(st, "%s (%s inputs): %s", fn, ch_dtype_name(x->dtype),
+                         ch_last_error());
+    return CH_OK;
+}
+
 ch_status ch_conv2d(ch_tensor *y, const ch_tensor *x, const ch_tensor *w, const ch_window2d *win)
 {
     static const char fn[] = "ch_conv2d";
-    arg args[] = {{"y", y, CH_F32, 0}, {"x", x, CH_F32, 0}, {"w", w, CH_F32, 0}};
+    arg args[] = {{"y", y, CH_F32, 0}, {"x", x, ANY, 0}, {"w", w, ANY, 0}};
     TRY(check_args(fn, args, NARGS(args)));
+    TRY(conv_dtypes(fn, x, w, NULL));
     if (!win)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: win is NULL", fn);
     ch_conv_geom g;
@@ -584,11 +652,13 @@ ch_status ch_conv2d(ch_tensor *y, const ch_tensor *x, const ch_tensor *w, const 
     TRY(no_alias(fn, "y", y, "x", x));
     TRY(no_alias(fn, "y", y, "w", w));
     int64_t o = w->shape[0];
+    if (x->dtype != CH_F32)
+        return conv_half(fn, 0, y, NULL, NULL, 0.0f, NULL, x, w, win, &g, o);
     if (!BE(y)->conv2d_forward)
         return conv_composed(y, x, w, win, &g, o);
     ch_tensor *ws = NULL;
     size_t bytes = 0;
-    ch_status st = conv_scratch(&ws, &bytes, y, &g, o, 0, 0);
+    ch_status st = conv_scratch(&ws, &bytes, y, &g, o, CH_F32, 0, 0);
     if (st == CH_OK)
         st = BE(y)->conv2d_forward(STREAM(y), &g, o, chi_mem(y), chi_mem(x), chi_mem(w),
                                    mem_or_null(ws), bytes);
@@ -644,12 +714,13 @@ ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
                              float beta)
 {
     static const char fn[] = "ch_conv2d_backward";
-    arg args[] = {{"dy", dy, CH_F32, 0},
-                  {"x", x, CH_F32, 0},
-                  {"w", w, CH_F32, 0},
+    arg args[] = {{"dy", dy, ANY, 0},
+                  {"x", x, ANY, 0},
+                  {"w", w, ANY, 0},
                   {"dx", dx, CH_F32, 1},
                   {"dw", dw, CH_F32, 1}};
     TRY(check_args(fn, args, NARGS(args)));
+    TRY(conv_dtypes(fn, x, w, dy));
     if (!dx && !dw)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: dx and dw are both NULL (nothing to do)",
                          fn);
@@ -674,11 +745,14 @@ ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
             TRY(no_alias(fn, "dw", dw, "dx", dx));
     }
     int64_t o = w->shape[0];
+    if (x->dtype != CH_F32)
+        return conv_half(fn, 1, NULL, dx, dw, beta, dy, x, w, win, &g, o);
     if (!BE(dy)->conv2d_backward)
         return conv_backward_composed(dx, dw, dy, x, w, win, beta, &g, o);
     ch_tensor *ws = NULL;
     size_t bytes = 0;
-    ch_status st = conv_scratch(&ws, &bytes, dy, &g, o, 1, (dx ? 1 : 0) | (dw ? 2 : 0));
+    ch_status st =
+        conv_scratch(&ws, &bytes, dy, &g, o, CH_F32, 1, (dx ? 1 : 0) | (dw ? 2 : 0));
     if (st == CH_OK)
         st = BE(dy)->conv2d_backward(STREAM(dy), &g, o, mem_or_null(dx), mem_or_null(dw), beta,
                                      chi_mem(dy), chi_mem(x), chi_mem(w), mem_or_null(ws),

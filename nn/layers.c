@@ -116,12 +116,12 @@ static ch_status conv_forward(ch_module *m, const ch_tensor *x)
     int64_t y_shape[4] = {n, m->out, oh, ow};
     ch_window2d win = conv_window(m);
     TRY(nn_ensure(&m->y, m->dev, CH_F32, 4, y_shape));
-    /* Mixed precision: x and the weight rounded to the half format and
-     * widened (tmp[1], kept for backward, and tmp[3]), f32 sums. */
-    const ch_tensor *xr, *wr;
-    TRY(nn_rounded(&m->tmp[0], &m->tmp[1], m, x, &xr));
-    TRY(nn_rounded(&m->tmp[2], &m->tmp[3], m, m->params[0].value, &wr));
-    TRY(ch_conv2d(m->y, xr, wr, &win));
+    /* Mixed precision: x and the weight rounded to the half format (tmp[0]
+     * and tmp[1], kept for backward), f32 sums into an f32 y. */
+    const ch_tensor *xh, *wh;
+    TRY(nn_half(&m->tmp[0], m, x, &xh));
+    TRY(nn_half(&m->tmp[1], m, m->params[0].value, &wh));
+    TRY(ch_conv2d(m->y, xh, wh, &win));
     if (m->nparams > 1)
         TRY(ch_bias_add(m->y, m->y, m->params[1].value, 1));
     return CH_OK;
@@ -138,10 +138,10 @@ static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     }
     ch_window2d win = conv_window(m);
     int half = m->precision != CH_F32;
-    const ch_tensor *dyr;
-    TRY(nn_rounded(&m->tmp[4], &m->tmp[5], m, dy, &dyr));
-    return ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dyr,
-                              half ? m->tmp[1] : m->x, half ? m->tmp[3] : m->params[0].value,
+    const ch_tensor *dyh;
+    TRY(nn_half(&m->tmp[2], m, dy, &dyh));
+    return ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dyh,
+                              half ? m->tmp[0] : m->x, half ? m->tmp[1] : m->params[0].value,
                               &win, 1.0f);
 }
 

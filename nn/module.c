@@ -799,23 +799,6 @@ ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
     return CH_OK;
 }
 
-ch_status nn_rounded(ch_tensor **half, ch_tensor **wide, const ch_module *m, const ch_tensor *t,
-                     const ch_tensor **out)
-{
-    const ch_tensor *h;
-    TRY(nn_half(half, m, t, &h));
-    if (h == t) {
-        *out = t;
-        return CH_OK;
-    }
-    int64_t shape[CH_MAX_DIMS];
-    nn_shape(t, shape);
-    TRY(nn_ensure(wide, ch_tensor_device(t), CH_F32, ch_tensor_ndim(t), shape));
-    TRY(ch_cast(*wide, h));
-    *out = *wide;
-    return CH_OK;
-}
-
 void ch_module_set_rng(ch_module *m, uint64_t seed, int64_t step, int64_t first_sample)
 {
     if (!m)

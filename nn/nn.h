@@ -149,10 +149,6 @@ ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
  * half format in *slot (made or reused), in *out. */
 ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
                   const ch_tensor **out);
-/* Mixed precision: t itself when m computes in f32, else t rounded to m's
- * half format and widened back, in *wide (the half copy in *half). */
-ch_status nn_rounded(ch_tensor **half, ch_tensor **wide, const ch_module *m, const ch_tensor *t,
-                     const ch_tensor **out);
 /* A reshaped view, freed by the caller. */
 ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape);
 

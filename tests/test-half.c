@@ -18,6 +18,14 @@
  * + 1e-5 max|want|, u half an ulp of the output's format as above (0 for
  * an f32 output), 1e-5 the f32 ops' agreement across devices (test-ops).
  *
+ * ch_conv2d and ch_conv2d_backward with half x, w and dy (f32 outputs,
+ * dw with beta 0.5), strided, padded and not: the same bound as the GEMM's
+ * for an f32 c (the products of half values are exact in f32, so the sums'
+ * rounding is the only error), 2e-5 of the sum of the terms' magnitudes,
+ * against test-ops' double-precision convolution of the same values. On the
+ * host with oneDNN, bf16 runs oneDNN's bf16 convolution (AMX here; see
+ * test-host-conv); elsewhere the core widens the inputs on the device.
+ *
  * Mixed precision in attention (ch_module_set_precision on a causal
  * self-attention, on each device): forward against a reference computed
  * here in double sums that rounds the inputs of all four products to bf16
@@ -34,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ref.h"
 #include "tap.h"
 
 #define MAX_DEVICES 16
@@ -182,10 +191,19 @@ static void gemm_case(ch_device *dev, const fmt *F, ch_dtype cd, int count, int 
     free(abits), free(bbits), free(cbits), free(av), free(bv), free(c0), free(got);
 }
 
+static void conv_case(ch_device *dev, const fmt *F, int64_t n, int64_t c, int64_t h, int64_t w,
+                      int64_t o, const ch_window2d *win, tap_rng *rng);
+
 static void test_device(ch_device *dev, tap_rng *rng)
 {
+    static const ch_window2d same3 = {3, 3, 1, 1, 1, 1}, down3 = {3, 3, 2, 2, 1, 1},
+                             one = {1, 1, 2, 2, 0, 0}, odd = {5, 3, 2, 1, 0, 2};
     for (int f = 0; f < 2; f++) {
         const fmt *F = &formats[f];
+        conv_case(dev, F, 3, 8, 12, 12, 16, &same3, rng);
+        conv_case(dev, F, 2, 16, 14, 14, 32, &down3, rng);
+        conv_case(dev, F, 2, 16, 14, 14, 32, &one, rng);
+        conv_case(dev, F, 2, 3, 7, 8, 4, &odd, rng);
         for (int t = 0; t < 4; t++)
             gemm_case(dev, F, CH_F32, 0, t >> 1, t & 1, 37, 29, 41, t == 3 ? 0.5f : 0.0f, rng);
         gemm_case(dev, F, F->dtype, 0, 0, 1, 33, 40, 64, 0.0f, rng);
@@ -194,6 +212,85 @@ static void test_device(ch_device *dev, tap_rng *rng)
         gemm_case(dev, F, CH_F32, 4, 1, 0, 16, 16, 32, 0.5f, rng);
         gemm_case(dev, F, F->dtype, 2, 0, 0, 9, 31, 12, 0.0f, rng);
     }
+}
+
+/* ---- the convolution with half inputs --------------------------------- */
+
+static void conv_case(ch_device *dev, const fmt *F, int64_t n, int64_t c, int64_t h, int64_t w,
+                      int64_t o, const ch_window2d *win, tap_rng *rng)
+{
+    const char *id = ch_device_id(dev);
+    ref_geom g = ref_geom_make(n, c, h, w, win);
+    int64_t nx = n * c * h * w, nw = o * c * win->kh * win->kw, ny = n * o * g.oh * g.ow;
+    int64_t xs[4] = {n, c, h, w}, ws[4] = {o, c, win->kh, win->kw}, ys[4] = {n, o, g.oh, g.ow};
+    uint16_t *bx = malloc(2 * nx), *bw = malloc(2 * nw), *bdy = malloc(2 * ny);
+    float *x = malloc(4 * nx), *wt = malloc(4 * nw), *dy = malloc(4 * ny), *dw0 = malloc(4 * nw),
+          *ax = malloc(4 * nx), *aw = malloc(4 * nw), *ady = malloc(4 * ny),
+          *y = malloc(4 * ny), *dx = malloc(4 * nx), *dw = malloc(4 * nw);
+    double *want_y = malloc(8 * ny), *mag_y = malloc(8 * ny), *want_dx = malloc(8 * nx),
+           *mag_dx = malloc(8 * nx), *want_dw = malloc(8 * nw), *mag_dw = malloc(8 * nw);
+    ch_tensor *tx = NULL, *tw = NULL, *tdy = NULL, *ty = NULL, *tdx = NULL, *tdw = NULL;
+    ch_status st = bx && bw && bdy && x && wt && dy && dw0 && ax && aw && ady && y && dx && dw &&
+                           want_y && mag_y && want_dx && mag_dx && want_dw && mag_dw
+                       ? CH_OK
+                       : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = make_half(F, nx, rng, bx, x);
+    if (st == CH_OK)
+        st = make_half(F, nw, rng, bw, wt);
+    if (st == CH_OK)
+        st = make_half(F, ny, rng, bdy, dy);
+    for (int64_t i = 0; st == CH_OK && i < nw; i++)
+        dw0[i] = tap_rng_uniform(rng, -1.0f, 1.0f);
+    if (st == CH_OK)
+        st = tensor_of(&tx, dev, F->dtype, 4, xs, bx, NULL);
+    if (st == CH_OK)
+        st = tensor_of(&tw, dev, F->dtype, 4, ws, bw, NULL);
+    if (st == CH_OK)
+        st = tensor_of(&tdy, dev, F->dtype, 4, ys, bdy, NULL);
+    if (st == CH_OK)
+        st = ch_tensor_new(&ty, dev, CH_F32, 4, ys);
+    if (st == CH_OK)
+        st = ch_tensor_new(&tdx, dev, CH_F32, 4, xs);
+    if (st == CH_OK)
+        st = tensor_of(&tdw, dev, CH_F32, 4, ws, NULL, dw0);
+    if (st == CH_OK)
+        st = ch_conv2d(ty, tx, tw, win);
+    if (st == CH_OK)
+        st = ch_conv2d_backward(tdx, tdw, tdy, tx, tw, win, 0.5f);
+    if (st == CH_OK)
+        st = ch_tensor_download(ty, y, 4 * (size_t)ny);
+    if (st == CH_OK)
+        st = ch_tensor_download(tdx, dx, 4 * (size_t)nx);
+    if (st == CH_OK)
+        st = ch_tensor_download(tdw, dw, 4 * (size_t)nw);
+    if (tap_status_ok(st, "%s: ch_conv2d and its backward, %s x [%lld, %lld, %lld, %lld], "
+                      "w [%lld, %lld, %d, %d], stride %d, padding %d", id, F->name,
+                      (long long)n, (long long)c, (long long)h, (long long)w, (long long)o,
+                      (long long)c, win->kh, win->kw, win->sh, win->ph)) {
+        for (int64_t i = 0; i < nx; i++)
+            ax[i] = fabsf(x[i]);
+        for (int64_t i = 0; i < nw; i++)
+            aw[i] = fabsf(wt[i]);
+        for (int64_t i = 0; i < ny; i++)
+            ady[i] = fabsf(dy[i]);
+        ref_conv2d(want_y, &g, o, x, wt);
+        ref_conv2d(mag_y, &g, o, ax, aw);
+        ref_conv2d_backward(want_dx, want_dw, &g, o, dy, x, wt, 0.5, dw0);
+        for (int64_t i = 0; i < nw; i++)
+            dw0[i] = fabsf(dw0[i]);
+        ref_conv2d_backward(mag_dx, mag_dw, &g, o, ady, ax, aw, 0.5, dw0);
+        double ey = ref_err(y, want_y, mag_y, ny), edx = ref_err(dx, want_dx, mag_dx, nx),
+               edw = ref_err(dw, want_dw, mag_dw, nw);
+        tap_ok(ey <= 2e-5 && edx <= 2e-5 && edw <= 2e-5,
+               "%s: ... y, dx and dw within 2e-5 of sum|terms| (largest %.2g, %.2g, %.2g)", id,
+               ey, edx, edw);
+    }
+    ch_tensor_free(tx), ch_tensor_free(tw), ch_tensor_free(tdy);
+    ch_tensor_free(ty), ch_tensor_free(tdx), ch_tensor_free(tdw);
+    free(bx), free(bw), free(bdy), free(x), free(wt), free(dy), free(dw0), free(ax), free(aw);
+    free(ady), free(y), free(dx), free(dw);
+    free(want_y), free(mag_y), free(want_dx), free(mag_dx), free(want_dw), free(mag_dw);
 }
 
 /* ---- the ops that compute in f32 on half storage ---------------------- */
@@ -564,6 +661,56 @@ static void test_errors(ch_device *dev)
                   "%s: ch_gemm of f32 into bf16 is refused", ch_device_id(dev));
     tap_status_is(ch_gemm(c, 0, 0, 1.0f, i, i, 0.0f), CH_ERR_DTYPE, "expected f32, bf16 or f16",
                   "%s: ch_gemm of i32 is refused", ch_device_id(dev));
+    /* The convolution: x, w (and dy) alike, outputs f32. */
+    ch_tensor *x4 = NULL, *xh4 = NULL, *w4 = NULL, *wh4 = NULL, *wf4 = NULL, *y4 = NULL,
+              *yh4 = NULL, *yf4 = NULL, *dw4 = NULL, *dwh4 = NULL, *i4 = NULL;
+    int64_t xs[4] = {1, 2, 5, 5}, ws[4] = {3, 2, 3, 3}, ys[4] = {1, 3, 3, 3};
+    st = ch_tensor_new(&x4, dev, CH_F32, 4, xs);
+    if (st == CH_OK)
+        st = ch_tensor_new(&xh4, dev, CH_BF16, 4, xs);
+    if (st == CH_OK)
+        st = ch_tensor_new(&i4, dev, CH_I32, 4, xs);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w4, dev, CH_F32, 4, ws);
+    if (st == CH_OK)
+        st = ch_tensor_new(&wh4, dev, CH_BF16, 4, ws);
+    if (st == CH_OK)
+        st = ch_tensor_new(&wf4, dev, CH_F16, 4, ws);
+    if (st == CH_OK)
+        st = ch_tensor_new(&dw4, dev, CH_F32, 4, ws);
+    if (st == CH_OK)
+        st = ch_tensor_new(&dwh4, dev, CH_BF16, 4, ws);
+    if (st == CH_OK)
+        st = ch_tensor_new(&y4, dev, CH_F32, 4, ys);
+    if (st == CH_OK)
+        st = ch_tensor_new(&yh4, dev, CH_BF16, 4, ys);
+    if (st == CH_OK)
+        st = ch_tensor_new(&yf4, dev, CH_F16, 4, ys);
+    const ch_window2d win = {3, 3, 1, 1, 0, 0};
+    if (tap_status_ok(st, "%s: tensors for the convolution's error cases", ch_device_id(dev))) {
+        tap_status_is(ch_conv2d(y4, xh4, w4, &win), CH_ERR_DTYPE, "x is bf16 but w is f32",
+                      "%s: ch_conv2d of bf16 x by f32 w is refused", ch_device_id(dev));
+        tap_status_is(ch_conv2d(y4, xh4, wf4, &win), CH_ERR_DTYPE, "x is bf16 but w is f16",
+                      "%s: ch_conv2d of bf16 x by f16 w is refused", ch_device_id(dev));
+        tap_status_is(ch_conv2d(yh4, xh4, wh4, &win), CH_ERR_DTYPE, "y",
+                      "%s: ch_conv2d into a bf16 y is refused", ch_device_id(dev));
+        tap_status_is(ch_conv2d(y4, i4, w4, &win), CH_ERR_DTYPE, "expected f32, bf16 or f16",
+                      "%s: ch_conv2d of an i32 x is refused", ch_device_id(dev));
+        tap_status_is(ch_conv2d_backward(NULL, dw4, yf4, xh4, wh4, &win, 0.0f), CH_ERR_DTYPE,
+                      "x is bf16 but dy is f16",
+                      "%s: ch_conv2d_backward with an f16 dy for bf16 x and w is refused",
+                      ch_device_id(dev));
+        tap_status_is(ch_conv2d_backward(NULL, dw4, y4, xh4, wh4, &win, 0.0f), CH_ERR_DTYPE,
+                      "x is bf16 but dy is f32",
+                      "%s: ch_conv2d_backward with an f32 dy for bf16 x and w is refused",
+                      ch_device_id(dev));
+        tap_status_is(ch_conv2d_backward(NULL, dwh4, yh4, xh4, wh4, &win, 0.0f), CH_ERR_DTYPE,
+                      "dw", "%s: ch_conv2d_backward into a bf16 dw is refused",
+                      ch_device_id(dev));
+    }
+    ch_tensor_free(x4), ch_tensor_free(xh4), ch_tensor_free(i4), ch_tensor_free(w4);
+    ch_tensor_free(wh4), ch_tensor_free(wf4), ch_tensor_free(dw4), ch_tensor_free(dwh4);
+    ch_tensor_free(y4), ch_tensor_free(yh4), ch_tensor_free(yf4);
 out:
     ch_tensor_free(f);
     ch_tensor_free(bf);

@@ -2,9 +2,12 @@
  * ResNet and the op tests use is taken by oneDNN's primitives (not left to
  * the im2col fallback), and the forward, the input gradient and the weight
  * gradient (with beta 0, 0.5 and 1) match a double-precision loop. Also the
- * errors it can give: too small a workspace. Without oneDNN the test has
- * nothing to check and says so (the im2col convolution is checked by
- * test-ops in every build). */
+ * errors it can give: too small a workspace. The same with bf16 inputs
+ * (the conv2d_half slots: x, w and dy bf16, outputs f32), which oneDNN
+ * must take on a CPU with AVX512-BF16, and f16 inputs, taken or refused
+ * with CH_ERR_UNSUPPORTED (the core then widens them; test-half checks
+ * that path). Without oneDNN the test has nothing to check and says so
+ * (the im2col convolution is checked by test-ops in every build). */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -32,10 +35,17 @@ static ch_conv_geom geom_of(const conv_case *t)
     return g;
 }
 
-static void fill(float *x, size_t n, tap_rng *rng)
+/* Uniform in [-1, 1), rounded to the inputs' format (mant: its mantissa
+ * bits, 23 for f32) with its bits in h when it is half. */
+static void fill(float *x, uint16_t *h, size_t n, int mant, tap_rng *rng)
 {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         x[i] = tap_rng_uniform(rng, -1.0f, 1.0f);
+        if (mant < 23) {
+            h[i] = tap_half_narrow(mant, x[i]);
+            x[i] = tap_float_of(tap_half_widen(mant, h[i]));
+        }
+    }
 }
 
 /* The input element a tap reads, or -1 in the padding. */
@@ -55,27 +65,36 @@ static double rel(double got, double want, double mag)
     return fabs(got - want) / (mag + 1e-30);
 }
 
-static void run_case(const conv_case *t, tap_rng *rng)
+/* Checks of one case with inputs in dt: 6 for f32 and bf16; for f16 6
+ * when oneDNN takes it, else 1 (refused with CH_ERR_UNSUPPORTED). */
+static void run_case(const conv_case *t, ch_dtype dt, tap_rng *rng)
 {
     ch_conv_geom g = geom_of(t);
+    int mant = dt == CH_BF16 ? 7 : dt == CH_F16 ? 10 : 23;
+    const char *dn = ch_dtype_name(dt);
     int64_t nx = (int64_t)t->n * t->c * t->h * t->w, nw = (int64_t)t->o * t->c * t->kh * t->kw,
             ny = (int64_t)t->n * t->o * g.oh * g.ow;
     float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw),
           *y = malloc(sizeof(float) * ny), *dy = malloc(sizeof(float) * ny),
           *dx = malloc(sizeof(float) * nx), *dw = malloc(sizeof(float) * nw),
           *dw0 = malloc(sizeof(float) * nw);
+    uint16_t *hx = malloc(sizeof(uint16_t) * nx), *hw = malloc(sizeof(uint16_t) * nw),
+             *hdy = malloc(sizeof(uint16_t) * ny);
     double *wy = calloc(ny, sizeof *wy), *my = calloc(ny, sizeof *my),
            *wdx = calloc(nx, sizeof *wdx), *mdx = calloc(nx, sizeof *mdx),
            *wdw = calloc(nw, sizeof *wdw), *mdw = calloc(nw, sizeof *mdw);
-    if (!x || !w || !y || !dy || !dx || !dw || !dw0 || !wy || !my || !wdx || !mdx || !wdw ||
-        !mdw) {
+    if (!x || !w || !y || !dy || !dx || !dw || !dw0 || !hx || !hw || !hdy || !wy || !my ||
+        !wdx || !mdx || !wdw || !mdw) {
         tap_ok(0, "%s: malloc", t->what);
         goto out;
     }
-    fill(x, nx, rng);
-    fill(w, nw, rng);
-    fill(dy, ny, rng);
-    fill(dw0, nw, rng);
+    fill(x, hx, nx, mant, rng);
+    fill(w, hw, nw, mant, rng);
+    fill(dy, hdy, ny, mant, rng);
+    fill(dw0, NULL, nw, 23, rng);
+    /* What the calls read: the floats, or their half bits. */
+    const void *in_x = dt == CH_F32 ? (void *)x : hx, *in_w = dt == CH_F32 ? (void *)w : hw,
+               *in_dy = dt == CH_F32 ? (void *)dy : hdy;
     for (int64_t s = 0; s < t->n; s++)
         for (int64_t oc = 0; oc < t->o; oc++)
             for (int64_t oy = 0; oy < g.oh; oy++)
@@ -98,27 +117,36 @@ static void run_case(const conv_case *t, tap_rng *rng)
                 }
 
     size_t bytes = 0;
-    int taken = chi_host_dnnl_conv_workspace(&g, t->o, 0, 0, &bytes);
-    tap_ok(taken, "%s: oneDNN takes the forward", t->what);
+    int taken = chi_host_dnnl_conv_workspace(&g, t->o, dt, 0, 0, &bytes);
+    if (dt == CH_F16 && !taken) {
+        /* The slot says so, with a message, and the core widens instead. */
+        ch_status st = chi_host_conv2d_half_workspace(NULL, &g, t->o, dt, 0, 0, &bytes);
+        tap_status_is(st, CH_ERR_UNSUPPORTED, "f16",
+                      "%s, f16: oneDNN has no f16 convolution here, the slot refuses it",
+                      t->what);
+        goto out;
+    }
+    tap_ok(taken, "%s, %s: oneDNN takes the forward", t->what, dn);
     void *ws = bytes ? malloc(bytes) : NULL;
-    ch_status st = chi_host_dnnl_conv_forward(&g, t->o, y, x, w, ws, bytes);
+    ch_status st = chi_host_dnnl_conv_forward(&g, t->o, dt, y, in_x, in_w, ws, bytes);
     double worst = 0.0;
     for (int64_t i = 0; i < ny; i++)
         worst = fmax(worst, rel(y[i], wy[i], my[i]));
-    tap_ok(st == CH_OK && worst <= 1e-5, "%s: forward, relative error %.2g (want <= 1e-5)",
-           t->what, worst);
+    tap_ok(st == CH_OK && worst <= 1e-5, "%s, %s: forward, relative error %.2g (want <= 1e-5)",
+           t->what, dn, worst);
     free(ws);
 
     static const float betas[3] = {0.0f, 0.5f, 1.0f};
     for (int want = 1; want <= 3; want++) {
         float beta = betas[want - 1];
         bytes = 0;
-        taken = chi_host_dnnl_conv_workspace(&g, t->o, 1, want, &bytes);
+        taken = chi_host_dnnl_conv_workspace(&g, t->o, dt, 1, want, &bytes);
         ws = bytes ? malloc(bytes) : NULL;
         memcpy(dw, dw0, sizeof(float) * nw);
         memset(dx, 0xff, sizeof(float) * nx); /* NaN: every element must be written */
-        st = chi_host_dnnl_conv_backward(&g, t->o, want & 1 ? dx : NULL, want & 2 ? dw : NULL,
-                                         beta, dy, x, w, ws, bytes);
+        st = chi_host_dnnl_conv_backward(&g, t->o, dt, want & 1 ? dx : NULL,
+                                         want & 2 ? dw : NULL, beta, in_dy, in_x, in_w, ws,
+                                         bytes);
         double edx = 0.0, edw = 0.0;
         for (int64_t i = 0; (want & 1) && i < nx; i++) {
             double e = rel(dx[i], wdx[i], mdx[i]);
@@ -129,18 +157,20 @@ static void run_case(const conv_case *t, tap_rng *rng)
             edw = fmax(edw, rel(dw[i], wdw[i] + old, mdw[i] + fabs(old)));
         }
         tap_ok(taken && st == CH_OK && edx <= 1e-5 && edw <= 1e-5,
-               "%s: backward want %d beta %g taken by oneDNN, dx error %.2g, dw error %.2g "
-               "(want <= 1e-5)",
-               t->what, want, beta, edx, edw);
+               "%s, %s: backward want %d beta %g taken by oneDNN, dx error %.2g, dw error "
+               "%.2g (want <= 1e-5)",
+               t->what, dn, want, beta, edx, edw);
         if (want == 3 && bytes > 0) {
-            st = chi_host_dnnl_conv_backward(&g, t->o, dx, dw, beta, dy, x, w, ws, bytes - 1);
+            st = chi_host_dnnl_conv_backward(&g, t->o, dt, dx, dw, beta, in_dy, in_x, in_w, ws,
+                                             bytes - 1);
             tap_status_is(st, CH_ERR_INVALID_ARGUMENT, "workspace",
-                          "%s: a workspace a byte short is refused", t->what);
+                          "%s, %s: a workspace a byte short is refused", t->what, dn);
         }
         free(ws);
     }
 out:
     free(x), free(w), free(y), free(dy), free(dx), free(dw), free(dw0);
+    free(hx), free(hw), free(hdy);
     free(wy), free(my), free(wdx), free(mdx), free(wdw), free(mdw);
 }
 
@@ -157,10 +187,23 @@ int main(void)
         {2, 2, 75, 80, 3, 3, 3, 1, 1, 1, 1, "a wide plane"},
     };
     int n = (int)(sizeof cases / sizeof cases[0]);
-    tap_plan(n * 6);
     tap_rng rng = {20261201};
+    /* bf16 convolutions are oneDNN's on CPUs with AVX512-BF16 (and AMX);
+     * without, oneDNN 2.x may refuse them, and the test says so. */
+    int bf16_cpu = __builtin_cpu_supports("avx512bf16");
     for (int i = 0; i < n; i++)
-        run_case(&cases[i], &rng);
+        run_case(&cases[i], CH_F32, &rng);
+    for (int i = 0; i < n; i++) {
+        ch_conv_geom g = geom_of(&cases[i]);
+        size_t bytes;
+        if (bf16_cpu || chi_host_dnnl_conv_workspace(&g, cases[i].o, CH_BF16, 0, 0, &bytes))
+            run_case(&cases[i], CH_BF16, &rng);
+        else
+            tap_skip("%s, bf16: this CPU has no AVX512-BF16 and oneDNN refuses it",
+                     cases[i].what);
+    }
+    for (int i = 0; i < n; i++)
+        run_case(&cases[i], CH_F16, &rng);
     chi_host_dnnl_shutdown();
     return tap_done();
 }

@@ -352,6 +352,9 @@ static const ch_backend_i host_iface = {
     .f16_to_f32 = chi_host_f16_to_f32,
 #ifdef HAVE_ONEDNN
     .gemm_half = chi_host_gemm_half,
+    .conv2d_half_workspace = chi_host_conv2d_half_workspace,
+    .conv2d_half_forward = chi_host_conv2d_half_forward,
+    .conv2d_half_backward = chi_host_conv2d_half_backward,
 #endif
 };
 

@@ -279,7 +279,7 @@ ch_status chi_host_conv2d_workspace(void *stream, const ch_conv_geom *g, int64_t
 {
     (void)stream;
 #ifdef HAVE_ONEDNN
-    if (chi_host_dnnl_conv_workspace(g, out_channels, backward, want, bytes))
+    if (chi_host_dnnl_conv_workspace(g, out_channels, CH_F32, backward, want, bytes))
         return CH_OK;
 #endif
     int64_t per = conv_cols(g);
@@ -384,8 +384,9 @@ ch_status chi_host_conv2d_forward(void *stream, const ch_conv_geom *g, int64_t o
 {
     (void)stream;
 #ifdef HAVE_ONEDNN
-    ch_status dst = chi_host_dnnl_conv_forward(g, out_channels, chi_host_f32(y), chi_host_f32(x),
-                                               chi_host_f32(w), ws.ptr, ws_bytes);
+    ch_status dst = chi_host_dnnl_conv_forward(g, out_channels, CH_F32, chi_host_f32(y),
+                                               chi_host_f32(x), chi_host_f32(w), ws.ptr,
+                                               ws_bytes);
     if (dst != CH_ERR_UNSUPPORTED)
         return dst;
 #endif
@@ -407,7 +408,7 @@ ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t 
     float *pdw = dw.ptr ? chi_host_f32(dw) : NULL, *scratch = chi_host_f32(ws);
 #ifdef HAVE_ONEDNN
     ch_status dst = chi_host_dnnl_conv_backward(
-        g, out_channels, dx.ptr ? chi_host_f32(dx) : NULL, pdw, beta, chi_host_f32(dy),
+        g, out_channels, CH_F32, dx.ptr ? chi_host_f32(dx) : NULL, pdw, beta, chi_host_f32(dy),
         chi_host_f32(x), chi_host_f32(w), ws.ptr, ws_bytes);
     if (dst != CH_ERR_UNSUPPORTED)
         return dst;

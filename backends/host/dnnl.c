@@ -1,5 +1,6 @@
 /* oneDNN's primitives for the host, when the build has oneDNN: the
- * convolution and the half-precision GEMM (matmul, below).
+ * convolution (f32, or bf16/f16 inputs with f32 outputs and sums) and the
+ * half-precision GEMM (matmul, below).
  *
  * The convolution through oneDNN's convolution primitives: the direct convolutions PyTorch runs on the CPU, with
  * no column matrix. The tensors stay NCHW / OIHW; each primitive takes the
@@ -12,8 +13,9 @@
  * backend shuts down; its scratchpad is the caller's (user mode), so
  * replicas on several threads run the same primitive at once. A shape
  * oneDNN does not take is remembered too, and goes to the im2col
- * convolution (conv.c) every time, so the workspace asked for and the call
- * made always agree. */
+ * convolution (conv.c) every time (in half: the core's widened f32
+ * convolution), so the workspace asked for and the call made always
+ * agree. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -51,6 +53,7 @@ typedef struct dn_op {
 typedef struct dn_entry {
     ch_conv_geom g;
     int64_t o;
+    int dt;             /* the inputs' ch_dtype (x, w; backward dy too); outputs f32 */
     int backward, want; /* backward: the gradients wanted, bit 0 dx, bit 1 dw */
     int ok;   /* 0: oneDNN does not take this shape */
     dn_op ops[2];
@@ -199,7 +202,19 @@ static int op_init(dn_op *op, const_dnnl_primitive_desc_t pd, const dnnl_query_t
     return dnnl_primitive_create(&op->prim, pd) == dnnl_success;
 }
 
-/* Makes the primitives of e (its key set); e->ok says whether it worked. */
+/* A tensor's plain layout (tag) and the "any" layout a primitive chooses
+ * from, in type t; 0 when oneDNN refuses them. */
+static int descs(dnnl_memory_desc_t *plain, dnnl_memory_desc_t *any, const dnnl_dims_t d,
+                 dnnl_data_type_t t, dnnl_format_tag_t tag)
+{
+    return dnnl_memory_desc_init_by_tag(plain, 4, d, t, tag) == dnnl_success &&
+           dnnl_memory_desc_init_by_tag(any, 4, d, t, dnnl_format_tag_any) == dnnl_success;
+}
+
+/* Makes the primitives of e (its key set); e->ok says whether it worked.
+ * The inputs of each op are in e->dt (x and w forward, dy and w for dx,
+ * x and dy for dw), its output in f32: the suffix h names the first, f the
+ * second (the same descriptors when e->dt is f32). */
 static void entry_build(dn_entry *e)
 {
     const ch_conv_geom *g = &e->g;
@@ -208,7 +223,8 @@ static void entry_build(dn_entry *e)
     dnnl_dims_t strides = {g->sh, g->sw}, pad_l = {g->ph, g->pw},
                 pad_r = {(g->oh - 1) * g->sh + g->kh - g->h - g->ph,
                          (g->ow - 1) * g->sw + g->kw - g->w - g->pw};
-    dnnl_memory_desc_t x, w, y, xa, wa, ya;
+    dnnl_data_type_t in = e->dt == CH_BF16 ? dnnl_bf16 : e->dt == CH_F16 ? dnnl_f16 : dnnl_f32;
+    dnnl_memory_desc_t xh, wh, yh, xha, wha, yha, xf, wf, yf, xfa, wfa, yfa;
     dnnl_primitive_attr_t attr = user_scratch_attr();
     dnnl_primitive_desc_t fwd = NULL, pd = NULL;
     dnnl_convolution_desc_t cd;
@@ -216,22 +232,17 @@ static void entry_build(dn_entry *e)
     e->ok = 0;
     if (!attr)
         return;
-    if (dnnl_memory_desc_init_by_tag(&x, 4, xd, dnnl_f32, dnnl_nchw) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&w, 4, wd, dnnl_f32, dnnl_oihw) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&y, 4, yd, dnnl_f32, dnnl_nchw) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&xa, 4, xd, dnnl_f32, dnnl_format_tag_any) !=
-            dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any) !=
-            dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&ya, 4, yd, dnnl_f32, dnnl_format_tag_any) != dnnl_success)
+    if (!descs(&xh, &xha, xd, in, dnnl_nchw) || !descs(&wh, &wha, wd, in, dnnl_oihw) ||
+        !descs(&yh, &yha, yd, in, dnnl_nchw) || !descs(&xf, &xfa, xd, dnnl_f32, dnnl_nchw) ||
+        !descs(&wf, &wfa, wd, dnnl_f32, dnnl_oihw) || !descs(&yf, &yfa, yd, dnnl_f32, dnnl_nchw))
         goto done;
     if (dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct,
-                                           &xa, &wa, NULL, &ya, strides, pad_l, pad_r) !=
+                                           &xha, &wha, NULL, &yfa, strides, pad_l, pad_r) !=
             dnnl_success ||
         dnnl_primitive_desc_create(&fwd, &cd, attr, dn.engine, NULL) != dnnl_success)
         goto done;
     if (!e->backward) {
-        const dnnl_memory_desc_t *plain[3] = {&x, &w, &y};
+        const dnnl_memory_desc_t *plain[3] = {&xh, &wh, &yf};
         if (!op_init(&e->ops[e->nops++], fwd,
                      (const dnnl_query_t[3]){dnnl_query_src_md, dnnl_query_weights_md,
                                              dnnl_query_dst_md},
@@ -240,9 +251,9 @@ static void entry_build(dn_entry *e)
             goto done;
     }
     if (e->backward && (e->want & 1)) {
-        const dnnl_memory_desc_t *plain[3] = {&y, &w, &x};
-        if (dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &xa, &wa,
-                                                     &ya, strides, pad_l, pad_r) !=
+        const dnnl_memory_desc_t *plain[3] = {&yh, &wh, &xf};
+        if (dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &xfa, &wha,
+                                                     &yha, strides, pad_l, pad_r) !=
                 dnnl_success ||
             dnnl_primitive_desc_create(&pd, &cd, attr, dn.engine, fwd) != dnnl_success ||
             !op_init(&e->ops[e->nops++], pd,
@@ -257,10 +268,11 @@ static void entry_build(dn_entry *e)
     if (e->backward && (e->want & 2)) {
         /* The weight gradient always goes through the workspace (dw is
          * beta * dw + it): a plain copy when the primitive writes plain. */
-        const dnnl_memory_desc_t *plain[3] = {&x, &y, &w};
+        const dnnl_memory_desc_t *plain[3] = {&xh, &yh, &wf};
         dn_op *op = &e->ops[e->nops++];
-        if (dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &xa, &wa,
-                                                        NULL, &ya, strides, pad_l, pad_r) !=
+        if (dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &xha,
+                                                        &wfa, NULL, &yha, strides, pad_l,
+                                                        pad_r) !=
                 dnnl_success ||
             dnnl_primitive_desc_create(&pd, &cd, attr, dn.engine, fwd) != dnnl_success ||
             !op_init(op, pd,
@@ -271,7 +283,7 @@ static void entry_build(dn_entry *e)
             goto done;
         /* The plain weight gradient, before dw = beta * dw + it. */
         e->dw_off = bytes;
-        bytes += align_up(dnnl_memory_desc_get_size(&w));
+        bytes += align_up(dnnl_memory_desc_get_size(&wf));
     }
     e->scratch_off = bytes;
     e->bytes = bytes + align_up(scratch);
@@ -311,14 +323,14 @@ static int geom_equal(const ch_conv_geom *a, const ch_conv_geom *b)
 /* The primitives for this call, made on its shape's first call; NULL when
  * oneDNN does not take the shape (or its engine could not be made, or the
  * cache is full and the shape is new): the im2col convolution does it. */
-static const dn_entry *lookup(const ch_conv_geom *g, int64_t o, int backward, int want)
+static const dn_entry *lookup(const ch_conv_geom *g, int64_t o, int dt, int backward, int want)
 {
     const dn_entry *found = NULL;
     pthread_mutex_lock(&dn.lock);
     if (!engine_locked())
         goto out;
     for (dn_entry *e = dn.entries; e; e = e->next)
-        if (geom_equal(&e->g, g) && e->o == o && e->backward == backward &&
+        if (geom_equal(&e->g, g) && e->o == o && e->dt == dt && e->backward == backward &&
             (!backward || e->want == want)) {
             found = e->ok ? e : NULL;
             goto out;
@@ -330,6 +342,7 @@ static const dn_entry *lookup(const ch_conv_geom *g, int64_t o, int backward, in
         goto out;
     e->g = *g;
     e->o = o;
+    e->dt = dt;
     e->backward = backward;
     e->want = backward ? want : 0;
     entry_build(e);
@@ -438,34 +451,35 @@ static ch_status run_entry(const dn_entry *e, void *const ptr[2][3], char *ws, s
     return r;
 }
 
-int chi_host_dnnl_conv_workspace(const ch_conv_geom *g, int64_t out_channels, int backward,
-                                 int want, size_t *bytes)
+int chi_host_dnnl_conv_workspace(const ch_conv_geom *g, int64_t out_channels, int dt,
+                                 int backward, int want, size_t *bytes)
 {
-    const dn_entry *e = lookup(g, out_channels, backward, want);
+    const dn_entry *e = lookup(g, out_channels, dt, backward, want);
     if (!e)
         return 0;
     *bytes = e->bytes;
     return 1;
 }
 
-ch_status chi_host_dnnl_conv_forward(const ch_conv_geom *g, int64_t out_channels, float *y,
-                                     const float *x, const float *w, void *ws, size_t ws_bytes)
+ch_status chi_host_dnnl_conv_forward(const ch_conv_geom *g, int64_t out_channels, int dt,
+                                     float *y, const void *x, const void *w, void *ws,
+                                     size_t ws_bytes)
 {
-    const dn_entry *e = lookup(g, out_channels, 0, 0);
+    const dn_entry *e = lookup(g, out_channels, dt, 0, 0);
     if (!e)
         return CH_ERR_UNSUPPORTED;
     void *const ptr[2][3] = {{(void *)x, (void *)w, y}, {NULL, NULL, NULL}};
     return run_entry(e, ptr, ws, ws_bytes, "conv2d_forward");
 }
 
-ch_status chi_host_dnnl_conv_backward(const ch_conv_geom *g, int64_t out_channels, float *dx,
-                                      float *dw, float beta, const float *dy, const float *x,
-                                      const float *w, void *ws, size_t ws_bytes)
+ch_status chi_host_dnnl_conv_backward(const ch_conv_geom *g, int64_t out_channels, int dt,
+                                      float *dx, float *dw, float beta, const void *dy,
+                                      const void *x, const void *w, void *ws, size_t ws_bytes)
 {
     int want = (dx ? 1 : 0) | (dw ? 2 : 0);
     if (!want)
         return CH_OK;
-    const dn_entry *e = lookup(g, out_channels, 1, want);
+    const dn_entry *e = lookup(g, out_channels, dt, 1, want);
     if (!e)
         return CH_ERR_UNSUPPORTED;
     char *wsb = ws;
@@ -480,6 +494,66 @@ ch_status chi_host_dnnl_conv_backward(const ch_conv_geom *g, int64_t out_channel
             dw[i] = beta == 0.0f ? plain_dw[i] : beta * dw[i] + plain_dw[i];
     }
     return CH_OK;
+}
+
+/* ---- the convolution slots with half inputs ------------------------------ */
+
+static ch_status half_refused(const char *slot, const ch_conv_geom *g, int64_t out_channels,
+                              int dt)
+{
+    if (dt != CH_BF16 && dt != CH_F16)
+        return chi_error(CH_ERR_UNSUPPORTED, "host %s: dtype %d is not bf16 or f16", slot, dt);
+    return chi_error(CH_ERR_UNSUPPORTED,
+                     "host %s: oneDNN has no %s convolution for x [%lld, %lld, %lld, %lld] and "
+                     "%lld outputs of %dx%d on this CPU",
+                     slot, ch_dtype_name((ch_dtype)dt), (long long)g->n, (long long)g->c,
+                     (long long)g->h, (long long)g->w, (long long)out_channels, g->kh, g->kw);
+}
+
+static int is_half(int dt)
+{
+    return dt == CH_BF16 || dt == CH_F16;
+}
+
+ch_status chi_host_conv2d_half_workspace(void *stream, const ch_conv_geom *g,
+                                         int64_t out_channels, int dt, int backward, int want,
+                                         size_t *bytes)
+{
+    (void)stream;
+    if (!is_half(dt) || !chi_host_dnnl_conv_workspace(g, out_channels, dt, backward, want, bytes))
+        return half_refused("conv2d_half_workspace", g, out_channels, dt);
+    return CH_OK;
+}
+
+ch_status chi_host_conv2d_half_forward(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                       int dt, ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws,
+                                       size_t ws_bytes)
+{
+    (void)stream;
+    ch_status st = is_half(dt) ? chi_host_dnnl_conv_forward(
+                                     g, out_channels, dt, chi_host_f32(y),
+                                     (char *)x.ptr + x.off, (char *)w.ptr + w.off, ws.ptr,
+                                     ws_bytes)
+                               : CH_ERR_UNSUPPORTED;
+    return st == CH_ERR_UNSUPPORTED ? half_refused("conv2d_half_forward", g, out_channels, dt)
+                                    : st;
+}
+
+ch_status chi_host_conv2d_half_backward(void *stream, const ch_conv_geom *g,
+                                        int64_t out_channels, int dt, ch_bmem dx, ch_bmem dw,
+                                        float beta, ch_bmem dy, ch_bmem x, ch_bmem w,
+                                        ch_bmem ws, size_t ws_bytes)
+{
+    (void)stream;
+    ch_status st =
+        is_half(dt)
+            ? chi_host_dnnl_conv_backward(g, out_channels, dt, dx.ptr ? chi_host_f32(dx) : NULL,
+                                          dw.ptr ? chi_host_f32(dw) : NULL, beta,
+                                          (char *)dy.ptr + dy.off, (char *)x.ptr + x.off,
+                                          (char *)w.ptr + w.off, ws.ptr, ws_bytes)
+            : CH_ERR_UNSUPPORTED;
+    return st == CH_ERR_UNSUPPORTED ? half_refused("conv2d_half_backward", g, out_channels, dt)
+                                    : st;
 }
 
 /* ---- the half-precision GEMM ------------------------------------------- */

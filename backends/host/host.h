@@ -107,17 +107,32 @@ ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t 
                                    ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,
                                    ch_bmem w, ch_bmem ws, size_t ws_bytes);
 /* dnnl.c (builds with oneDNN): the convolution through oneDNN's
- * primitives. The workspace query answers 0 for a shape oneDNN does not
- * take; the calls then return CH_ERR_UNSUPPORTED without a message, and
+ * primitives, its inputs in dt (CH_F32, CH_BF16 or CH_F16), its outputs
+ * f32. The workspace query answers 0 for a shape oneDNN does not take; the calls then return CH_ERR_UNSUPPORTED without a message, and
  * conv.c's im2col convolution does it. */
 #ifdef HAVE_ONEDNN
-int chi_host_dnnl_conv_workspace(const ch_conv_geom *g, int64_t out_channels, int backward,
-                                 int want, size_t *bytes);
-ch_status chi_host_dnnl_conv_forward(const ch_conv_geom *g, int64_t out_channels, float *y,
-                                     const float *x, const float *w, void *ws, size_t ws_bytes);
-ch_status chi_host_dnnl_conv_backward(const ch_conv_geom *g, int64_t out_channels, float *dx,
-                                      float *dw, float beta, const float *dy, const float *x,
-                                      const float *w, void *ws, size_t ws_bytes);
+int chi_host_dnnl_conv_workspace(const ch_conv_geom *g, int64_t out_channels, int dt,
+                                 int backward, int want, size_t *bytes);
+ch_status chi_host_dnnl_conv_forward(const ch_conv_geom *g, int64_t out_channels, int dt,
+                                     float *y, const void *x, const void *w, void *ws,
+                                     size_t ws_bytes);
+ch_status chi_host_dnnl_conv_backward(const ch_conv_geom *g, int64_t out_channels, int dt,
+                                      float *dx, float *dw, float beta, const void *dy,
+                                      const void *x, const void *w, void *ws, size_t ws_bytes);
+/* The conv2d_half slots: oneDNN's convolution with bf16 or f16 inputs and
+ * f32 outputs and sums (AVX512-BF16 / AMX where the CPU has them);
+ * CH_ERR_UNSUPPORTED with a message where oneDNN does not take the format
+ * or the shape (the core then widens the inputs). */
+ch_status chi_host_conv2d_half_workspace(void *stream, const ch_conv_geom *g,
+                                         int64_t out_channels, int dt, int backward, int want,
+                                         size_t *bytes);
+ch_status chi_host_conv2d_half_forward(void *stream, const ch_conv_geom *g, int64_t out_channels,
+                                       int dt, ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws,
+                                       size_t ws_bytes);
+ch_status chi_host_conv2d_half_backward(void *stream, const ch_conv_geom *g,
+                                        int64_t out_channels, int dt, ch_bmem dx, ch_bmem dw,
+                                        float beta, ch_bmem dy, ch_bmem x, ch_bmem w,
+                                        ch_bmem ws, size_t ws_bytes);
 void chi_host_dnnl_shutdown(void);
 /* The gemm_half slot: oneDNN's matmul with bf16 or f16 inputs and f32
  * sums (AVX512-BF16 / AMX where the CPU has them); CH_ERR_UNSUPPORTED with

@@ -140,7 +140,8 @@ CH_API void ch_module_train(ch_module *m, int training);
  * gradients) rounded to that format and sum in f32 (ch_gemm and
  * ch_gemm_batched with half inputs: tensor cores on CUDA), and every
  * Conv2d convolves inputs, weights and gradients rounded to it, also
- * summing in f32. The parameters, their gradients and the optimizer's
+ * summing in f32 (ch_conv2d with half inputs: oneDNN's bf16 convolution
+ * on the host where it has one). The parameters, their gradients and the optimizer's
  * state stay f32 (master weights), and so do the activations between
  * layers, normalisations, attention's scores and softmax, and the loss.
  * CH_F32 (the default) turns it off. Applies to m and every module below it (clones

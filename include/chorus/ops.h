@@ -50,9 +50,10 @@ CH_API ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha,
  * compute in f32 on the values the half tensors hold (exact in f32) and
  * round each half output once, to nearest even. Where a backend has no
  * half kernels of its own, the core runs the f32 op on f32 copies made on
- * the same device (ch_cast), so every backend takes them. The optimizer
- * steps, the losses, the embedding, pooling and the convolution stay f32
- * (master weights and their state are f32 by design). */
+ * the same device (ch_cast), so every backend takes them. The
+ * convolution takes half inputs with an f32 output (below). The optimizer
+ * steps, the losses, the embedding and pooling stay f32 (master weights
+ * and their state are f32 by design). */
 
 /* ---- Elementwise (same element count; in place allowed) ------------------ */
 
@@ -130,15 +131,20 @@ CH_API ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2
 
 /* A 2-D convolution without bias, as PyTorch's conv2d: y [N, O, OH, OW]
  * from x [N, C, H, W] and w [O, C, kh, kw] (kh, kw as the window's). A
- * backend with a convolution of its own runs it (the host: one sample at a
- * time per thread, in its cache); the others run ch_im2col, ch_gemm and
- * ch_transpose01 on scratch from the device's allocator. */
+ * backend with a convolution of its own runs it (the host: oneDNN's, or
+ * one sample at a time per thread, in its cache); the others run
+ * ch_im2col, ch_gemm and ch_transpose01 on scratch from the device's
+ * allocator. x and w may be CH_BF16 or CH_F16 (both alike; y stays f32):
+ * the products are summed in f32, by the backend's half convolution where
+ * it has one (the host with oneDNN: bf16 on AVX512-BF16/AMX), elsewhere on
+ * f32 copies of the inputs made on the device. */
 CH_API ch_status ch_conv2d(ch_tensor *y, const ch_tensor *x, const ch_tensor *w,
                            const ch_window2d *win);
 /* Its gradients from dy [N, O, OH, OW]: dx [N, C, H, W] = the input's
  * (overwritten; NULL: not wanted), dw [O, C, kh, kw] = beta * dw + the
  * weight's (NULL: not wanted; beta 0 does not read dw). One of them must be
- * asked for. x and w are the forward's inputs. */
+ * asked for. x and w are the forward's inputs. dy, x and w may be half
+ * (all three alike) as in ch_conv2d; dx and dw stay f32. */
 CH_API ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
                                     const ch_tensor *x, const ch_tensor *w,
                                     const ch_window2d *win, float beta);
