@@ -204,6 +204,14 @@ int main(void)
     }
     for (int i = 0; i < n; i++)
         run_case(&cases[i], CH_F16, &rng);
+    /* What a newer core could pass: a dtype that is not a half format. */
+    ch_conv_geom g = geom_of(&cases[0]);
+    size_t bytes = 0;
+    static const int bad[2] = {CH_F32, 99};
+    for (int i = 0; i < 2; i++)
+        tap_status_is(chi_host_conv2d_half_workspace(NULL, &g, cases[0].o, bad[i], 0, 0, &bytes),
+                      CH_ERR_UNSUPPORTED, "not bf16 or f16",
+                      "the half slots refuse dtype %d with CH_ERR_UNSUPPORTED", bad[i]);
     chi_host_dnnl_shutdown();
     return tap_done();
 }

@@ -249,6 +249,11 @@ static const ch_backend_i chcu_table = {
     .f32_to_f16 = chcu_f32_to_f16,
     .f16_to_f32 = chcu_f16_to_f32,
     .gemm_half = chcu_gemm_half,
+    /* No half convolution of its own either: the core widens the inputs
+     * and composes the f32 one (cuDNN's would fill these). */
+    .conv2d_half_workspace = nullptr,
+    .conv2d_half_forward = nullptr,
+    .conv2d_half_backward = nullptr,
 };
 
 extern "C" CH_API const ch_backend_i *chorus_backend_entry(void)
