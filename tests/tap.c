@@ -239,4 +239,3 @@ uint32_t tap_half_widen(int mant, uint16_t h)
                       : ldexp((double)((1u << mant) | m), (int)e - bias - mant);
     return sign | tap_bits_of((float)v);
 }
-

@@ -121,9 +121,16 @@ static void run_case(const conv_case *t, ch_dtype dt, tap_rng *rng)
     if (dt == CH_F16 && !taken) {
         /* The slot says so, with a message, and the core widens instead. */
         ch_status st = chi_host_conv2d_half_workspace(NULL, &g, t->o, dt, 0, 0, &bytes);
-        tap_status_is(st, CH_ERR_UNSUPPORTED, "f16",
-                      "%s, f16: oneDNN has no f16 convolution here, the slot refuses it",
-                      t->what);
+        ch_bmem none = {NULL, 0}, bx = {hx, 0}, bw = {hw, 0}, bdy = {hdy, 0}, by = {y, 0},
+                bdx = {dx, 0};
+        ch_status fst = chi_host_conv2d_half_forward(NULL, &g, t->o, dt, by, bx, bw, none, 0);
+        ch_status bst = chi_host_conv2d_half_backward(NULL, &g, t->o, dt, bdx, none, 0.0f, bdy,
+                                                      bx, bw, none, 0);
+        tap_ok(st == CH_ERR_UNSUPPORTED && fst == CH_ERR_UNSUPPORTED &&
+                   bst == CH_ERR_UNSUPPORTED && strstr(ch_last_error(), "f16"),
+               "%s, f16: oneDNN has no f16 convolution here; the workspace query, the forward "
+               "and the backward refuse it (%d, %d, %d: %s)",
+               t->what, (int)st, (int)fst, (int)bst, ch_last_error());
         goto out;
     }
     tap_ok(taken, "%s, %s: oneDNN takes the forward", t->what, dn);

@@ -108,8 +108,9 @@ ch_status chi_host_conv2d_backward(void *stream, const ch_conv_geom *g, int64_t 
                                    ch_bmem w, ch_bmem ws, size_t ws_bytes);
 /* dnnl.c (builds with oneDNN): the convolution through oneDNN's
  * primitives, its inputs in dt (CH_F32, CH_BF16 or CH_F16), its outputs
- * f32. The workspace query answers 0 for a shape oneDNN does not take; the calls then return CH_ERR_UNSUPPORTED without a message, and
- * conv.c's im2col convolution does it. */
+ * f32. The workspace query answers 0 for a shape oneDNN does not take;
+ * the calls then return CH_ERR_UNSUPPORTED without a message, and conv.c's
+ * im2col convolution does it (in half: the core's widened one). */
 #ifdef HAVE_ONEDNN
 int chi_host_dnnl_conv_workspace(const ch_conv_geom *g, int64_t out_channels, int dt,
                                  int backward, int want, size_t *bytes);
