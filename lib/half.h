@@ -1,8 +1,9 @@
 /* The conversions between f32 and bf16 or f16 that every backend computes
  * (lib/backend.h, the f32_to_bf16 ... slots), on the bits: round to
  * nearest, ties to even; infinities, signed zeros and subnormals as IEEE
- * 754 says; a NaN stays a quiet NaN with its sign and the top bits of its
- * payload. The CUDA kernels (backends/cuda/elementwise.cu) call these
+ * 754 says; a NaN narrowed becomes a quiet NaN with its sign and the top
+ * bits of its payload, and widening is exact (a signalling NaN stays
+ * signalling). The CUDA kernels (backends/cuda/elementwise.cu) call these
  * functions; the OpenCL kernels (backends/opencl/elementwise.cl) spell out
  * the same steps in OpenCL C. */
 #ifndef CHORUS_LIB_HALF_H

@@ -24,6 +24,14 @@ static ch_status chcu_stream_blas(chcu_stream *s)
     if (st)
         return st;
     st = chcu_blas_check(cublasSetStream(h, s->s), "cublasSetStream");
+    /* Sums in f32 even where C is bf16 or f16: by default cuBLAS may add a
+     * split-K GEMM's partial sums in C's format. (f32's stay plain FP32:
+     * no TF32.) */
+    if (!st)
+        st = chcu_blas_check(
+            cublasSetMathMode(h, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+            "cublasSetMathMode");
     if (st) {
         (void)cublasDestroy(h);
         return st;
@@ -120,21 +128,23 @@ ch_status chcu_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b,
         return st;
     cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                       opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if (count == 1)
-        st = chcu_blas_check(cublasGemmEx(s->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
-                                          chcu_at<void>(b), in, (int)ldb, chcu_at<void>(a), in,
-                                          (int)lda, &beta, chcu_at<void>(c), out, (int)ldc,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                             "cublasGemmEx");
-    else
-        st = chcu_blas_check(
-            cublasGemmStridedBatchedEx(s->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
-                                       chcu_at<void>(b), in, (int)ldb, (long long)stride_b,
-                                       chcu_at<void>(a), in, (int)lda, (long long)stride_a,
-                                       &beta, chcu_at<void>(c), out, (int)ldc,
-                                       (long long)stride_c, (int)count, CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT),
-            "cublasGemmStridedBatchedEx");
+    cublasStatus_t bst =
+        count == 1
+            ? cublasGemmEx(s->blas, opb, opa, (int)n, (int)m, (int)k, &alpha, chcu_at<void>(b), in,
+                           (int)ldb, chcu_at<void>(a), in, (int)lda, &beta, chcu_at<void>(c),
+                           out, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+            : cublasGemmStridedBatchedEx(s->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
+                                         chcu_at<void>(b), in, (int)ldb, (long long)stride_b,
+                                         chcu_at<void>(a), in, (int)lda, (long long)stride_a,
+                                         &beta, chcu_at<void>(c), out, (int)ldc,
+                                         (long long)stride_c, (int)count, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT);
     pthread_mutex_unlock(&s->blas_lock);
-    return st;
+    const char *call = count == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx";
+    /* A GPU or a cuBLAS without these types: CH_ERR_UNSUPPORTED, and the
+     * core widens the inputs to f32 instead. */
+    if (bst == CUBLAS_STATUS_NOT_SUPPORTED || bst == CUBLAS_STATUS_ARCH_MISMATCH)
+        return chi_error(CH_ERR_UNSUPPORTED, "%s with %s inputs: %s", call,
+                         ab == CH_BF16 ? "bf16" : "f16", cublasGetStatusName(bst));
+    return chcu_blas_check(bst, call);
 }
