@@ -62,6 +62,15 @@ ok $? "the result line has every key: $(cat "$tmp/plain")"
         >/dev/null 2>&1 && cmp -s "$tmp/straight.st" "$tmp/resumed.st"
 ok $? "stopped at step 12 of 20 and resumed: the checkpoint of training straight through"
 
+# Validation in the middle of a later epoch leaves training alone: it once
+# set the batch's epoch to 0, and the rest of that epoch drew epoch 0's
+# windows again.
+# shellcheck disable=SC2086
+"$train" $tiny --epochs 2 --limit 160 --checkpoint "$tmp/plain.st" >/dev/null 2>&1 &&
+    "$train" $tiny --epochs 2 --limit 160 --eval-every 5 --checkpoint "$tmp/eval.st" \
+        >/dev/null 2>&1 && cmp -s "$tmp/plain.st" "$tmp/eval.st"
+ok $? "validation every 5 steps (in both epochs of 20): the checkpoint of training without it"
+
 # Two replicas on one device: the same windows, the same training to rounding.
 # shellcheck disable=SC2086
 "$train" $tiny --max-steps 20 --json >"$tmp/one.json" 2>/dev/null &&

@@ -39,7 +39,9 @@ typedef struct trainer {
     ch_tokens *tok_train, *tok_val; /* gpt */
     ch_host_buffer *tok_in, *tok_out; /* a batch of windows and their targets */
     ch_batch lm_batch;
-    int64_t lm_batches, lm_next; /* per epoch; the next one to assemble */
+    /* Batches per epoch; the next one to assemble and its epoch (kept
+     * here: validation fills lm_batch with epoch 0's windows). */
+    int64_t lm_batches, lm_next, lm_epoch;
     double val_loss;         /* the last validation loss, NAN before */
     float last_loss;         /* the last training batch's */
     FILE *log;
@@ -244,7 +246,7 @@ static ch_status batches_start(trainer *t, int64_t epoch, int64_t first)
     if (!t->o->lm)
         return ch_loader_start(t->loader, epoch, first);
     t->lm_next = first;
-    t->lm_batch.epoch = epoch;
+    t->lm_epoch = epoch;
     return CH_OK;
 }
 
@@ -262,7 +264,7 @@ static ch_status batches_next(trainer *t, ch_batch **b)
     if (t->lm_next >= t->lm_batches)
         return CH_OK;
     int64_t n = t->lm_next++;
-    ch_status st = fill_windows(t, t->tok_train, t->lm_batch.epoch, n * t->o->batch,
+    ch_status st = fill_windows(t, t->tok_train, t->lm_epoch, n * t->o->batch,
                                 t->o->batch, 0);
     if (st != CH_OK)
         return st;
