@@ -161,7 +161,8 @@ __kernel void adam_step(__global float *p, ulong po, __global float *m, ulong mo
 
 /* f32 <-> bf16 and f16 on the bits, the steps of lib/half.h (round to
  * nearest even; a NaN narrowed becomes a quiet NaN with its sign and the
- * top of its payload, widened it keeps its bits). Halves as ushort, floats as uint; offsets in elements. */
+ * top of its payload, widened it keeps its bits). Halves as ushort,
+ * floats as uint; offsets in elements. */
 __kernel void f32_to_bf16(__global ushort *y, ulong yo, __global const uint *x, ulong xo, int n)
 {
     int i = get_global_id(0);

@@ -165,8 +165,9 @@ CH_API ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy,
  * kept as IEEE 754 says; a NaN narrowed becomes a quiet NaN with its sign
  * and the top bits of its payload (f32 0x7fa00001 is bf16 0x7fe0 and f16
  * 0x7f00). Widening is exact, a NaN's bits included (a signalling one
- * stays signalling). The same bits on every backend. y and x: the same number of elements, the
- * same device, not overlapping. CH_ERR_DTYPE for another pair of dtypes. */
+ * stays signalling). The same bits on every backend. y and x: the same
+ * number of elements, the same device, not overlapping. CH_ERR_DTYPE for
+ * another pair of dtypes. */
 CH_API ch_status ch_cast(ch_tensor *y, const ch_tensor *x);
 
 /* ---- Reductions --------------------------------------------------------- */
