@@ -135,6 +135,34 @@ int tap_devices(ch_device **out, int capacity)
     return k;
 }
 
+/* The first pair (i < j) of non-host devices of one backend for which
+ * peering both ways is `peer`. */
+static int backend_pair(ch_device **a, ch_device **b, int peer)
+{
+    ch_device *devs[64];
+    int n = tap_devices(devs, 64);
+    for (int i = 0; i < n; i++) {
+        ch_device_info x, y;
+        if (ch_device_get_info(devs[i], &x) != CH_OK || strcmp(x.backend, "host") == 0)
+            continue;
+        for (int j = i + 1; j < n; j++) {
+            if (ch_device_get_info(devs[j], &y) != CH_OK || strcmp(x.backend, y.backend) != 0)
+                continue;
+            int both = ch_device_can_peer(devs[i], devs[j]) && ch_device_can_peer(devs[j], devs[i]);
+            if (both == peer) {
+                *a = devs[i];
+                *b = devs[j];
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+int tap_peer_pair(ch_device **a, ch_device **b) { return backend_pair(a, b, 1); }
+
+int tap_cross_pair(ch_device **a, ch_device **b) { return backend_pair(a, b, 0); }
+
 int tap_env_devices(ch_device **out, int capacity)
 {
     const char *list = getenv("CHORUS_TEST_DEVICES");

@@ -39,6 +39,14 @@ float tap_rng_uniform(tap_rng *r, float lo, float hi);
 /* Devices to run op tests on: every visible device (host included),
  * including OpenCL CPU devices. */
 int tap_devices(ch_device **out, int capacity);
+/* Two devices for tests of what depends on OpenCL's platforms, chosen by
+ * what they share rather than by index (which platform comes first is the
+ * ICD loader's choice): two devices of one backend that peer both ways
+ * (one OpenCL context: peer copies, peer reduction), or two of one backend
+ * that cannot peer (OpenCL devices of two platforms, two vendors'
+ * drivers). 1 with *a and *b set, 0 when there are no such two. */
+int tap_peer_pair(ch_device **a, ch_device **b);
+int tap_cross_pair(ch_device **a, ch_device **b);
 /* The devices CHORUS_TEST_DEVICES names, a comma-separated list in which a
  * device may repeat ("cuda:0,cuda:0": replicas sharing a GPU, as the GPU
  * check sets it): how many; 0 when it is unset; -1, after a failing TAP

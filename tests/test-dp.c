@@ -16,7 +16,12 @@
 
 enum { BATCH = 24, HALF = BATCH / 2, STEPS = 20 };
 
-static ch_device *host, *ocl0, *ocl1;
+/* ocl0 and ocl1: two OpenCL devices, of two platforms (two vendors'
+ * drivers) where there are two, else of one; peer0 and peer1: two that
+ * share a context, for peer reduction; cross: one of each of two
+ * platforms. Chosen by platform, not by index (the ICD loader orders the
+ * platforms). */
+static ch_device *host, *ocl0, *ocl1, *peer0, *peer1, *cross0, *cross1;
 
 /* A fixed sequence of random batches in pinned host memory, and the same
  * data cut into two micro-batches per step. */
@@ -71,30 +76,35 @@ static void free_batches(batches *bs)
 
 static ch_dp_options options(void) { return tap_mnist_dp_options(5); }
 
-/* A small convolutional net with dropout before its last layer. */
-static ch_module *dropnet(void)
+/* The nets trained here have no discrete choice in them: strided
+ * convolutions instead of max-pooling, tanh instead of ReLU. A data-parallel
+ * step over several backends computes each replica's samples with that
+ * backend's rounding, so its parameters differ from one device's in the
+ * last bits; where two inputs of a max-pool window are equal or a ReLU's
+ * input is zero within those bits, the choice can flip and move a whole
+ * gradient element (the cnn's max-pool did so at step 2 with host, opencl
+ * and the automatic split: 1.6e-2 after 20 steps). Equivalence up to float
+ * rounding is only measurable on a smooth function; max-pool and ReLU are
+ * checked against a double reference on every device in test-ops. With
+ * `dropout`, dropout (p 0.3) before the last layer. */
+static ch_module *smooth_net(int dropout)
 {
-    ch_module *m[8] = {NULL};
-    ch_nn_conv2d(&m[0], 1, 8, 3, 1, 1);
-    ch_nn_activation(&m[1], CH_ACT_RELU);
-    ch_nn_maxpool2d(&m[2], 2, 2);
-    ch_nn_flatten(&m[3]);
-    ch_nn_linear(&m[4], 8 * 14 * 14, 32);
-    ch_nn_activation(&m[5], CH_ACT_RELU);
-    ch_nn_dropout(&m[6], 0.3f);
-    ch_nn_linear(&m[7], 32, 10);
-    return tap_sequential(8, m);
+    ch_module *m[9] = {NULL};
+    int k = 0;
+    ch_nn_conv2d(&m[k++], 1, 8, 3, 2, 1);
+    ch_nn_activation(&m[k++], CH_ACT_TANH);
+    ch_nn_conv2d(&m[k++], 8, 16, 3, 2, 1);
+    ch_nn_activation(&m[k++], CH_ACT_TANH);
+    ch_nn_flatten(&m[k++]);
+    ch_nn_linear(&m[k++], 16 * 7 * 7, 64);
+    ch_nn_activation(&m[k++], CH_ACT_TANH);
+    if (dropout)
+        ch_nn_dropout(&m[k++], 0.3f);
+    ch_nn_linear(&m[k++], 64, 10);
+    return tap_sequential(k, m);
 }
 
-static ch_module *make_model(int dropout)
-{
-    ch_module *m = NULL;
-    if (dropout)
-        m = dropnet();
-    else
-        ch_nn_preset(&m, "cnn");
-    return m;
-}
+static ch_module *make_model(int dropout) { return smooth_net(dropout); }
 
 typedef struct run {
     int dropout;        /* the dropout net instead of the cnn */
@@ -435,10 +445,11 @@ static void test_errors(ch_module *model, ch_device **three, int n, const batche
  * other; training then amplifies such a flip as it amplifies any
  * perturbation. Measured on the cnn at lr 0.05 with momentum: 1.7e-7
  * after 4 steps, 6.8e-7 after 8, 5.3e-4 after 16. 1e-3 after 4 steps
- * leaves room for flips on other machines and is still far below what
- * computing in another precision gives: bf16 against f32 differ by 0.18
- * after 4 steps (1.8e-2 after one), so a replica that ran in f32, or
- * rounded to f16, fails it. */
+ * leaves room for flips on other machines. That it ran in bf16 at all:
+ * on the smooth net bf16 against f32 differ by 4e-4 after 4 steps, and
+ * the replicas must agree with host alone ten times better than that
+ * (1.2e-7 here), which a replica that ran in f32, or rounded to f16,
+ * cannot. */
 #define BF16_TOL 1e-3
 #define BF16_STEPS 4
 
@@ -469,9 +480,9 @@ static void test_precision(ch_device **three, const char *names, ch_module *f32_
     float l3 = train(multi, three, 3, o, plain, bs);
     double err = max_rel(multi, ref, &bitwise);
     double gap = max_rel(ref, f32_ref, &bitwise);
-    tap_ok(isfinite(l3) && err < BF16_TOL && gap > 10 * BF16_TOL,
+    tap_ok(isfinite(l3) && err < BF16_TOL && gap > 1e-5 && gap > 10 * err,
            "bf16 over %s, split 1:2:5: parameters after %d steps match host alone (max rel "
-           "err %.2e, want < %g; bf16 against f32: %.2e)", names, BF16_STEPS, err, BF16_TOL,
+           "err %.2e, want < %g and a tenth of bf16 against f32: %.2e)", names, BF16_STEPS, err, BF16_TOL,
            gap);
     nsteps = STEPS;
     train(multi, three, 3, o, plain, bs);
@@ -828,9 +839,12 @@ int main(void)
     if (ch_init() != CH_OK)
         tap_skip_all("ch_init: %s", ch_last_error());
     ch_device_by_name(&host, "host");
-    if (ch_device_by_name(&ocl0, "opencl:0") != CH_OK ||
-        ch_device_by_name(&ocl1, "opencl:1") != CH_OK)
-        ocl0 = ocl1 = NULL;
+    if (!tap_peer_pair(&peer0, &peer1))
+        peer0 = peer1 = NULL;
+    if (!tap_cross_pair(&cross0, &cross1))
+        cross0 = cross1 = NULL;
+    ocl0 = cross0 ? cross0 : peer0;
+    ocl1 = cross0 ? cross1 : peer1;
     batches bs;
     make_batches(&bs);
 
@@ -845,18 +859,27 @@ int main(void)
 
     ch_device *three[3] = {host, host, host};
     const char *names = "host,host,host";
-    char env_names[2][64];
+    char env_names[2][64], ocl_names[2][64];
     if (env_devices(three, env_names[0], sizeof env_names[0])) {
         names = env_names[0];
     } else if (ocl0) {
         three[1] = ocl0;
         three[2] = ocl1;
-        names = "host,opencl:0,opencl:1";
+        snprintf(ocl_names[0], sizeof ocl_names[0], "host,%s,%s", ch_device_id(ocl0),
+                 ch_device_id(ocl1));
+        names = ocl_names[0];
+        tap_diag("replicas on %s (%s)", names,
+                 cross0 ? "two OpenCL platforms" : "one OpenCL platform");
     } else {
-        tap_diag("no opencl:0 and opencl:1: three replicas on host instead");
+        tap_diag("no two OpenCL devices: three replicas on host instead");
     }
-    ch_device *pair[2] = {ocl0 ? ocl0 : host, ocl1 ? ocl1 : host};
-    const char *pair_names = ocl0 ? "opencl:0,opencl:1" : "host,host";
+    ch_device *pair[2] = {peer0 ? peer0 : host, peer1 ? peer1 : host};
+    const char *pair_names = "host,host";
+    if (peer0) {
+        snprintf(ocl_names[1], sizeof ocl_names[1], "%s,%s", ch_device_id(peer0),
+                 ch_device_id(peer1));
+        pair_names = ocl_names[1];
+    }
     if (names == env_names[0]) {
         pair[0] = three[0];
         pair[1] = same_backend(three[0], three[1]) ? three[1] : three[0];
@@ -887,6 +910,37 @@ int main(void)
     o.reduce = CH_REDUCE_PEER;
     equivalent("peer reduction", pair, 2, pair_names, o, plain, single, l1, &bs);
     equivalent("peer reduction", hosts, 3, "host,host,host", o, plain, single, l1, &bs);
+    /* Two platforms: peer reduction across them is refused, naming both;
+     * auto groups every device by platform (two in one context reduce
+     * peer to peer) and stages between the groups through the host. */
+    if (cross0) {
+        ch_device *xpair[2] = {cross0, cross1};
+        ch_dp *dp = NULL;
+        tap_status_is(ch_dp_new(&dp, single, xpair, 2, &o), CH_ERR_UNSUPPORTED,
+                      ch_device_id(cross1), "peer reduction over %s and %s (two platforms) "
+                      "is refused, naming them", ch_device_id(cross0), ch_device_id(cross1));
+        /* Every OpenCL device once: two groups, or three with a pair that
+         * shares a context. */
+        ch_device *every[5] = {host, cross0, cross1};
+        int ne = 3;
+        if (peer0 && peer0 != cross0 && peer0 != cross1)
+            every[ne++] = peer0;
+        if (peer1 && peer1 != cross0 && peer1 != cross1)
+            every[ne++] = peer1;
+        char every_names[96] = "host";
+        for (int i = 1; i < ne; i++)
+            snprintf(every_names + strlen(every_names), sizeof every_names - strlen(every_names),
+                     ",%s", ch_device_id(every[i]));
+        o = options();
+        o.reduce = CH_REDUCE_AUTO;
+        o.split = CH_DP_SPLIT_AUTO;
+        equivalent("auto reduction and split over two platforms", every, ne, every_names, o,
+                   plain, single, l1, &bs);
+    } else {
+        tap_skip("no two OpenCL platforms (./bootstrap installs Intel's CPU runtime beside "
+                 "PoCL): reduction across platforms not tried");
+        tap_skip("no two OpenCL platforms: auto reduction over both not tried");
+    }
     /* CUDA, when there is a GPU: two replicas on one GPU reduce peer to
      * peer (summed on the GPU, then NCCL's one-rank communicator where the
      * module has NCCL), and a GPU beside the host and OpenCL reduces with

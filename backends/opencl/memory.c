@@ -110,13 +110,26 @@ void chcl_host_free(void *dev, void *ptr)
     free(p);
 }
 
+/* Blocking means done: the data is in the buffer, for every queue, when
+ * this returns. OpenCL promises less for a blocking write: only that `host`
+ * may be reused, and Intel's CPU runtime returns from writes of up to a few
+ * hundred bytes once it has copied them aside, before the write has run;
+ * a queue that reads the buffer next then sees the old bytes. So the
+ * write's own event is waited for (docs/DESIGN.md, Streams). */
 ch_status chcl_upload(void *stream, ch_bmem dst, const void *host, size_t bytes,
                       int blocking)
 {
     chcl_stream *s = stream;
+    cl_event done = NULL;
     cl_int err = clEnqueueWriteBuffer(s->queue, chcl_buf(dst), blocking ? CL_TRUE : CL_FALSE,
-                                      dst.off, bytes, host, 0, NULL, NULL);
-    return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clEnqueueWriteBuffer");
+                                      dst.off, bytes, host, 0, NULL, blocking ? &done : NULL);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clEnqueueWriteBuffer");
+    if (!blocking)
+        return CH_OK;
+    err = clWaitForEvents(1, &done);
+    clReleaseEvent(done);
+    return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clWaitForEvents(upload)");
 }
 
 ch_status chcl_download(void *stream, void *host, ch_bmem src, size_t bytes, int blocking)
