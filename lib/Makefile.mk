@@ -49,10 +49,11 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # ch_dp_options.dist, with chorus/dist.h and ch_reducer_set_stage; 4:
 # ch_dp_options' precision, loss scale and reduce_dtype and ch_train_state's
 # loss scale, with half precision in the ops, ch_module_set_precision,
-# ch_reducer_set_dtype, ch_reducer_set_stage_bf16 and ch_dist_sum_bf16).
+# ch_reducer_set_dtype, ch_reducer_set_stage_bf16 and ch_dist_sum_bf16;
+# 5: ch_device_info.platform).
 # revision goes up when the interfaces stay and what they do grows (4:1:0:
 # ch_conv2d and its backward take half inputs, refused before).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 4:1:0 $(OPENMP_CFLAGS)
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 5:0:0 $(OPENMP_CFLAGS)
 
 nobase_include_HEADERS += \
 	include/chorus.h \

@@ -45,7 +45,7 @@ extern "C" {
 
 /* Changes whenever the table below or an enum a slot takes changes: a
  * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 8
+#define CH_BACKEND_ABI_VERSION 9
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -63,6 +63,8 @@ typedef struct ch_bdev_props {
     int compute_units;
     char pci_bus_id[32];   /* "dddd:bb:dd.f" lower case, "" when unknown */
     char detail[96];       /* "sm_90", "OpenCL 3.0 PoCL 3.1", ... */
+    char platform[64];     /* the driver platform (OpenCL's CL_PLATFORM_NAME), ""
+                              when the backend has none */
 } ch_bdev_props;
 
 /* The enums slots take (and ch_activation, from ops.h). Each ends with a

@@ -93,6 +93,7 @@ static void fill_info(ch_device *d, const chi_disc_input *in, const chi_disc_dev
     snprintf(info->backend, sizeof info->backend, "%s", in->backend);
     snprintf(info->name, sizeof info->name, "%s", in->props.name);
     snprintf(info->vendor, sizeof info->vendor, "%s", in->props.vendor);
+    snprintf(info->platform, sizeof info->platform, "%s", in->props.platform);
     info->kind = in->props.kind;
     info->memory_bytes = in->props.memory_bytes;
     info->max_alloc_bytes = in->props.max_alloc_bytes;

@@ -19,7 +19,7 @@ json_ids() {
 import json, sys
 devs = json.load(sys.stdin)
 assert isinstance(devs, list), "not an array"
-keys = ("id", "backend", "name", "vendor", "memory_bytes", "compute_units",
+keys = ("id", "backend", "platform", "name", "vendor", "memory_bytes", "compute_units",
         "pci_bus_id", "numa_node", "kind", "in_all", "note", "cpuset",
         "max_alloc_bytes")
 for d in devs:
@@ -54,6 +54,30 @@ if [ -n "${POCL_DEVICES:-}" ] && grep -Eq '^ +opencl +loaded' "$tmp.txt"; then
 else
     skip "the OpenCL backend is not loaded or POCL_DEVICES is unset"
 fi
+
+# Every OpenCL device names its platform (in the table too); the host none.
+platforms=$(python3 -c '
+import json, sys
+devs = json.load(sys.stdin)
+bad = [d["id"] for d in devs
+       if (d["backend"] == "opencl") != (d["platform"] != "")]
+print("bad:" + ",".join(bad) if bad else
+      ";".join(sorted(set(d["platform"] for d in devs if d["platform"]))))
+' <"$tmp.json" 2>&1)
+case $platforms in
+bad:* | *Traceback*) ok 1 "every OpenCL device names its platform, no other device does: $platforms" ;;
+*)
+    missing=""
+    old_ifs=$IFS
+    IFS=';'
+    for p in $platforms; do
+        grep -qF "$p" "$tmp.txt" || missing="$missing $p"
+    done
+    IFS=$old_ifs
+    test -z "$missing"
+    ok $? "every OpenCL device names its platform, in the JSON and the table (platforms: ${platforms:-none}; missing from the table:${missing:- none})"
+    ;;
+esac
 
 ids=$(CHORUS_DEVICES=host "$info" --json 2>"$tmp.err" | json_ids 2>>"$tmp.err")
 test "$ids" = host

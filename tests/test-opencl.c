@@ -1,9 +1,14 @@
-/* The OpenCL backend (issue 3): device info, copies host -> opencl:0 ->
- * opencl:1 -> host of every size, which path each copy took, device limits,
- * pinned transfers, events across devices, GEMM shapes and the all-reduce.
+/* The OpenCL backend (issue 3): device info, copies host -> A -> B -> host
+ * of every size, which path each copy took, device limits, pinned
+ * transfers, events across devices, GEMM shapes and the all-reduce.
  * The op-against-host suite is tests/test-ops.c. Run with
  * POCL_DEVICES="pthread pthread" (the harness sets it) for two devices in
- * one platform. */
+ * one platform, and with a second vendor's runtime beside PoCL (Intel's
+ * CPU runtime, from ./bootstrap) for two platforms. Pairs are chosen by
+ * platform, not by index: two devices of one platform share a context
+ * (peer copies, the peer all-reduce), two of two platforms do not (copies
+ * staged through host memory, events waited for on the host, the peer
+ * all-reduce refused). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,8 +17,11 @@
 #include "core.h"
 #include "tap.h"
 
-static ch_device *ocl[2];
+enum { MAXOCL = 8 };
+static ch_device *ocl[MAXOCL];
 static int nocl;
+/* Two devices of one platform, and two of two platforms (NULL: none). */
+static ch_device *same[2], *apart[2];
 
 /* The backend's table and its handles, for what the public API cannot
  * reach: slots called with arguments the core would never pass. */
@@ -29,14 +37,19 @@ static void find_devices(void)
         if (ch_backend_get_info(i, &bi) == CH_OK && strcmp(bi.name, "opencl") == 0)
             snprintf(why, sizeof why, "%s", bi.available ? "it exposes none" : bi.detail);
     }
-    for (int i = 0; i < 2; i++) {
-        char name[16];
-        snprintf(name, sizeof name, "opencl:%d", i);
-        if (ch_device_by_name(&ocl[nocl], name) == CH_OK)
-            nocl++;
+    ch_device *all[64];
+    int n = tap_devices(all, 64);
+    for (int i = 0; i < n && nocl < MAXOCL; i++) {
+        ch_device_info info;
+        if (ch_device_get_info(all[i], &info) == CH_OK && strcmp(info.backend, "opencl") == 0)
+            ocl[nocl++] = all[i];
     }
     if (nocl == 0)
         tap_skip_all("no OpenCL device: %s", why);
+    if (!tap_peer_pair(&same[0], &same[1]))
+        same[0] = same[1] = NULL;
+    if (!tap_cross_pair(&apart[0], &apart[1]))
+        apart[0] = apart[1] = NULL;
 }
 
 static void test_info(ch_device *dev)
@@ -44,9 +57,10 @@ static void test_info(ch_device *dev)
     ch_device_info info;
     if (!tap_status_ok(ch_device_get_info(dev, &info), "%s: info", ch_device_id(dev)))
         return;
-    tap_ok(strcmp(info.backend, "opencl") == 0 && info.name[0] && info.vendor[0],
-           "%s: backend \"%s\", name \"%s\", vendor \"%s\"", info.id, info.backend, info.name,
-           info.vendor);
+    tap_ok(strcmp(info.backend, "opencl") == 0 && info.name[0] && info.vendor[0] &&
+               info.platform[0],
+           "%s: backend \"%s\", platform \"%s\", name \"%s\", vendor \"%s\"", info.id,
+           info.backend, info.platform, info.name, info.vendor);
     tap_ok(info.memory_bytes > 0 && info.max_alloc_bytes > 0 &&
                info.max_alloc_bytes <= info.memory_bytes && info.compute_units >= 1,
            "%s: memory %llu, max alloc %llu, compute units %d", info.id,
@@ -73,8 +87,8 @@ static size_t first_diff(const uint32_t *a, const uint32_t *b, size_t n)
     return n;
 }
 
-/* host -> opencl:0 -> opencl:1 -> host, `n` elements of `dtype`. */
-static void test_round_trip(ch_dtype dtype, int64_t n)
+/* host -> a -> b -> host, `n` elements of `dtype`. */
+static void test_round_trip(ch_device *a, ch_device *b, ch_dtype dtype, int64_t n)
 {
     size_t bytes = (size_t)n * 4;
     uint32_t *src = malloc(bytes), *back = malloc(bytes);
@@ -89,21 +103,23 @@ static void test_round_trip(ch_dtype dtype, int64_t n)
         st = ch_tensor_upload(host, src, bytes);
     }
     if (st == CH_OK)
-        st = ch_tensor_to(&t0, host, ocl[0]);
+        st = ch_tensor_to(&t0, host, a);
     if (st == CH_OK)
-        st = ch_tensor_to(&t1, t0, ocl[nocl - 1]);
+        st = ch_tensor_to(&t1, t0, b);
     if (st == CH_OK)
         st = ch_tensor_to(&out, t1, hostdev);
     if (st == CH_OK)
         st = ch_tensor_download(out, back, bytes);
     if (tap_status_ok(st, "%s x %lld: host -> %s -> %s -> host", ch_dtype_name(dtype),
-                      (long long)n, ch_device_id(ocl[0]), ch_device_id(ocl[nocl - 1]))) {
+                      (long long)n, ch_device_id(a), ch_device_id(b))) {
         size_t at = first_diff(src, back, (size_t)n);
         if (at == (size_t)n)
-            tap_ok(1, "%s x %lld arrive intact", ch_dtype_name(dtype), (long long)n);
+            tap_ok(1, "%s x %lld arrive intact through %s and %s", ch_dtype_name(dtype),
+                   (long long)n, ch_device_id(a), ch_device_id(b));
         else
-            tap_ok(0, "%s x %lld: element %zu is %08x, want %08x", ch_dtype_name(dtype),
-                   (long long)n, at, back[at], src[at]);
+            tap_ok(0, "%s x %lld through %s and %s: element %zu is %08x, want %08x",
+                   ch_dtype_name(dtype), (long long)n, ch_device_id(a), ch_device_id(b), at,
+                   back[at], src[at]);
     }
     ch_tensor_free(out);
     ch_tensor_free(t1);
@@ -136,16 +152,19 @@ static ch_status counted_copy(ch_tensor *dst, const ch_tensor *src, uint64_t *pe
     return CH_OK;
 }
 
-static void test_paths(void)
+/* Which path a copy takes: host to a device through host memory; two
+ * devices of one platform device to device (`peer`), of two platforms
+ * through host memory; the data right either way. */
+static void test_paths(ch_device *const *pair, int peer, const char *what)
 {
-    if (nocl < 2) {
-        tap_skip("one OpenCL device only: no in-context copy to prove");
-        tap_skip("one OpenCL device only");
-        tap_skip("one OpenCL device only");
+    if (!pair[0]) {
+        tap_skip("no two OpenCL devices %s: its copy paths are not tried", what);
         return;
     }
-    tap_ok(ch_device_can_peer(ocl[0], ocl[1]) && ch_device_can_peer(ocl[1], ocl[0]),
-           "opencl:0 and opencl:1 share a platform: peer copies possible both ways");
+    const char *a_id = ch_device_id(pair[0]), *b_id = ch_device_id(pair[1]);
+    int can = ch_device_can_peer(pair[0], pair[1]), back_can = ch_device_can_peer(pair[1], pair[0]);
+    tap_ok(can == peer && back_can == peer, "%s and %s (%s): peer copies %s both ways (%d, %d)",
+           a_id, b_id, what, peer ? "possible" : "impossible", can, back_can);
     ch_device *hostdev;
     ch_tensor *h = NULL, *a = NULL, *b = NULL;
     int64_t n = 4096;
@@ -153,22 +172,31 @@ static void test_paths(void)
     if (st == CH_OK)
         st = ch_tensor_new(&h, hostdev, CH_F32, 1, &n);
     if (st == CH_OK)
-        st = ch_tensor_new(&a, ocl[0], CH_F32, 1, &n);
+        st = ch_tensor_new(&a, pair[0], CH_F32, 1, &n);
     if (st == CH_OK)
-        st = ch_tensor_new(&b, ocl[1], CH_F32, 1, &n);
+        st = ch_tensor_new(&b, pair[1], CH_F32, 1, &n);
     if (st == CH_OK)
         st = ch_fill(h, 1.0);
-    uint64_t peer = 0, staged = 0;
+    uint64_t npeer = 0, staged = 0;
     if (st == CH_OK)
-        st = counted_copy(a, h, &peer, &staged);
-    tap_ok(st == CH_OK && peer == 0 && staged == 1,
-           "host -> opencl:0 goes through host memory (status %s, peer %llu, staged %llu)",
-           ch_status_str(st), (unsigned long long)peer, (unsigned long long)staged);
+        st = counted_copy(a, h, &npeer, &staged);
+    tap_ok(st == CH_OK && npeer == 0 && staged == 1,
+           "host -> %s goes through host memory (status %s, peer %llu, staged %llu)", a_id,
+           ch_status_str(st), (unsigned long long)npeer, (unsigned long long)staged);
     if (st == CH_OK)
-        st = counted_copy(b, a, &peer, &staged);
-    tap_ok(st == CH_OK && peer == 1 && staged == 0,
-           "opencl:0 -> opencl:1 stays in the context (status %s, peer %llu, staged %llu)",
-           ch_status_str(st), (unsigned long long)peer, (unsigned long long)staged);
+        st = counted_copy(b, a, &npeer, &staged);
+    tap_ok(st == CH_OK && npeer == (uint64_t)peer && staged == (uint64_t)!peer,
+           "%s -> %s %s (status %s, peer %llu, staged %llu)", a_id, b_id,
+           peer ? "stays in the context" : "goes through host memory", ch_status_str(st),
+           (unsigned long long)npeer, (unsigned long long)staged);
+    float got[4096];
+    if (st == CH_OK)
+        st = ch_tensor_download(b, got, sizeof got);
+    int64_t bad = 0;
+    while (st == CH_OK && bad < n && got[bad] == 1.0f)
+        bad++;
+    tap_ok(st == CH_OK && bad == n, "%s -> %s: the copy holds the values (first wrong: %lld)",
+           a_id, b_id, (long long)bad);
     ch_tensor_free(b);
     ch_tensor_free(a);
     ch_tensor_free(h);
@@ -247,14 +275,57 @@ static void test_pinned(ch_device *dev)
     ch_host_buffer_free(in);
 }
 
-/* Work on a second stream of opencl:0, then an event orders opencl:1's
- * stream after it: the copy must see the fill, not what was there. */
-static void test_events(void)
+/* A buffer pinned by one platform's device, uploaded to and downloaded
+ * from a device of another platform asynchronously: to the other context
+ * it is plain host memory, which stays untouched until the stream syncs. */
+static void test_pinned_apart(void)
 {
-    if (nocl < 2) {
-        tap_skip("one OpenCL device only: no cross-device event to test");
+    if (!apart[0]) {
+        tap_skip("no two OpenCL platforms: pinned memory of one used by the other not tried");
         return;
     }
+    int64_t n = 4099;
+    size_t bytes = (size_t)n * 4;
+    ch_host_buffer *in = NULL, *out = NULL;
+    ch_tensor *t = NULL;
+    ch_stream *s = NULL;
+    ch_status st = ch_host_buffer_new(&in, apart[0], bytes);
+    if (st == CH_OK)
+        st = ch_host_buffer_new(&out, apart[0], bytes);
+    if (st == CH_OK)
+        st = ch_tensor_new(&t, apart[1], CH_I32, 1, &n);
+    for (int round = 0; round < 50 && st == CH_OK; round++) {
+        pattern(ch_host_buffer_data(in), (size_t)n, 7 + (uint64_t)round);
+        memset(ch_host_buffer_data(out), 0, bytes);
+        st = ch_tensor_upload_async(t, in, 0);
+        if (st == CH_OK)
+            st = ch_tensor_download_async(t, out, 0);
+        if (st == CH_OK)
+            st = ch_stream_get_current(&s, apart[1]);
+        if (st == CH_OK)
+            st = ch_stream_sync(s);
+        if (st == CH_OK &&
+            first_diff(ch_host_buffer_data(in), ch_host_buffer_data(out), (size_t)n) != (size_t)n)
+            st = chi_error(CH_ERR_INTERNAL, "round %d: the data came back changed", round);
+    }
+    tap_status_ok(st, "memory pinned by %s, uploaded to %s and back asynchronously, 50 rounds",
+                  ch_device_id(apart[0]), ch_device_id(apart[1]));
+    ch_tensor_free(t);
+    ch_host_buffer_free(out);
+    ch_host_buffer_free(in);
+}
+
+/* Work on a second stream of pair[0], then an event orders pair[1]'s
+ * stream after it: the copy must see the fill, not what was there. Across
+ * platforms the event is of another context, which no wait list may hold:
+ * the host waits for it instead. */
+static void test_events(ch_device *const *pair, const char *what)
+{
+    if (!pair[0]) {
+        tap_skip("no two OpenCL devices %s: no event between them to test", what);
+        return;
+    }
+    ch_device *ocl[2] = {pair[0], pair[1]};
     int64_t n = 1 << 20;
     ch_stream *s0 = NULL;
     ch_event *ev = NULL;
@@ -288,12 +359,13 @@ static void test_events(void)
         st = ch_copy(b, a);
     if (st == CH_OK)
         st = ch_tensor_download(b, back, (size_t)n * sizeof *back);
-    if (tap_status_ok(st, "fill on a second stream of opencl:0, event, copy to opencl:1")) {
+    if (tap_status_ok(st, "fill on a second stream of %s, event, copy to %s (%s)",
+                      ch_device_id(ocl[0]), ch_device_id(ocl[1]), what)) {
         int64_t bad = 0;
         while (bad < n && back[bad] == 7.0f)
             bad++;
         if (bad == n)
-            tap_ok(1, "the copy saw the fill");
+            tap_ok(1, "the copy to %s saw the fill", ch_device_id(ocl[1]));
         else
             tap_ok(0, "the copy missed the fill: element %lld is %g, want 7", (long long)bad,
                    back[bad]);
@@ -368,14 +440,41 @@ static void test_gemm(ch_device *dev, int m, int n, int k, int ta, int tb)
     free(got);
 }
 
-/* The optional all-reduce slot: opencl:0 and opencl:1 each hold a vector;
- * afterwards both hold the sum. */
-static void test_allreduce(void)
+/* The optional all-reduce slot: two devices of one platform each hold a
+ * vector; afterwards both hold the sum. Over two platforms (no shared
+ * context) the slot refuses, naming both devices. */
+static void test_allreduce_apart(void)
 {
-    if (nocl < 2 || !iface(ocl[0])->allreduce_sum) {
-        tap_skip(nocl < 2 ? "one OpenCL device only" : "no allreduce_sum slot");
+    if (!apart[0]) {
+        tap_skip("no two OpenCL platforms: the all-reduce's refusal across them is not tried");
         return;
     }
+    int64_t n = 16;
+    ch_tensor *t[2] = {NULL, NULL};
+    ch_status st = CH_OK;
+    for (int i = 0; i < 2 && st == CH_OK; i++)
+        st = ch_tensor_new(&t[i], apart[i], CH_F32, 1, &n);
+    if (tap_status_ok(st, "buffers on %s and %s", ch_device_id(apart[0]), ch_device_id(apart[1]))) {
+        void *streams[2] = {stream_of(apart[0]), stream_of(apart[1])};
+        ch_bmem bufs[2] = {bmem_of(t[0]), bmem_of(t[1])};
+        tap_status_is(iface(apart[0])->allreduce_sum(2, streams, bufs, n), CH_ERR_UNSUPPORTED,
+                      "different platforms", "allreduce_sum over %s and %s (two platforms) is "
+                      "refused", ch_device_id(apart[0]), ch_device_id(apart[1]));
+        tap_ok(!iface(apart[0])->can_allreduce(apart[0]->dev, apart[1]->dev),
+               "can_allreduce says no for %s and %s", ch_device_id(apart[0]),
+               ch_device_id(apart[1]));
+    }
+    ch_tensor_free(t[0]);
+    ch_tensor_free(t[1]);
+}
+
+static void test_allreduce(void)
+{
+    if (!same[0] || !iface(same[0])->allreduce_sum) {
+        tap_skip(!same[0] ? "no two OpenCL devices of one platform" : "no allreduce_sum slot");
+        return;
+    }
+    ch_device *ocl[2] = {same[0], same[1]};
     int64_t n = 300007;
     ch_tensor *t[2] = {NULL, NULL};
     ch_status st = CH_OK;
@@ -402,7 +501,8 @@ static void test_allreduce(void)
             tap_diag("device %d, element %lld: got %g, want %g", i, (long long)bad, got[bad],
                      x[bad] + x[n + bad]);
     }
-    if (tap_status_ok(st, "allreduce_sum over opencl:0 and opencl:1"))
+    if (tap_status_ok(st, "allreduce_sum over %s and %s", ch_device_id(ocl[0]),
+                      ch_device_id(ocl[1])))
         tap_ok(okays == 2, "both devices hold the exact sum (%d of 2)", okays);
     ch_tensor_free(t[0]);
     ch_tensor_free(t[1]);
@@ -426,11 +526,18 @@ int main(void)
 
     /* From 1 element (the closest a tensor gets to 1 byte) to 64 MiB. */
     static const int64_t sizes[] = {1, 3, 1023, 65537, 1000003, 16 << 20};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        test_round_trip(i % 2 ? CH_I32 : CH_F32, sizes[i]);
+    ch_device *first = same[0] ? same[0] : ocl[0], *second = same[0] ? same[1] : ocl[nocl - 1];
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        test_round_trip(first, second, i % 2 ? CH_I32 : CH_F32, sizes[i]);
+        if (apart[0])
+            test_round_trip(apart[0], apart[1], i % 2 ? CH_I32 : CH_F32, sizes[i]);
+    }
 
-    test_paths();
-    test_events();
+    test_paths(same, 1, "of one platform");
+    test_paths(apart, 0, "of two platforms");
+    test_events(same, "of one platform");
+    test_events(apart, "of two platforms");
+    test_pinned_apart();
     for (int i = 0; i < nocl; i++) {
         test_pinned(ocl[i]);
         test_limits(ocl[i]);
@@ -440,6 +547,7 @@ int main(void)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         test_gemm(ocl[i % nocl], shapes[i][0], shapes[i][1], shapes[i][2], i % 2, i / 2 % 2);
     test_allreduce();
+    test_allreduce_apart();
     ch_shutdown();
     return tap_done();
 }

@@ -3,7 +3,15 @@
  * sub-ranges; the same bits on every host-staged run; grouping; peer
  * refusals; every argument error; the caller's current streams. Run with
  * POCL_DEVICES="pthread pthread" (the harness sets it) for two OpenCL
- * devices in one platform; CHORUS_TEST_DEVICES adds a list of one's own. */
+ * devices in one platform, and a second vendor's OpenCL beside PoCL
+ * (Intel's CPU runtime, which ./bootstrap installs) for two platforms;
+ * CHORUS_TEST_DEVICES adds a list of one's own.
+ *
+ * OpenCL devices are named here by what they share, not by index (which
+ * platform comes first is the ICD loader's choice): "peer:0" and "peer:1"
+ * are two devices of one platform (one context: peer copies, peer
+ * reduction), "cross:0" and "cross:1" two of two platforms, "ocl:N" the
+ * N-th OpenCL device; a case whose names are not all here is skipped. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,14 +32,62 @@ typedef struct rcase {
 
 static const rcase cases[] = {
     {{"host", "host", "host"}, 3},
-    {{"opencl:0", "opencl:1"}, 2},
-    {{"host", "opencl:0", "opencl:1"}, 3},
-    {{"opencl:0", "opencl:0"}, 2},
-    {{"host", "opencl:0", "host", "opencl:1"}, 4},
+    {{"peer:0", "peer:1"}, 2},
+    {{"host", "peer:0", "peer:1"}, 3},
+    {{"host", "peer:0", "host", "peer:1"}, 4},
+    {{"cross:0", "cross:1"}, 2},
+    {{"host", "cross:0", "cross:1"}, 3},
+    {{"host", "cross:0", "host", "cross:1"}, 4},
+    {{"host", "ocl:0", "ocl:1", "ocl:2"}, 4},
+    {{"ocl:0", "ocl:0"}, 2},
+    {{"ocl:1", "ocl:1"}, 2},
+    {{"ocl:2", "ocl:2"}, 2},
     {{"cuda:0", "cuda:1"}, 2},
     {{"cuda:0", "cuda:0"}, 2},
-    {{"host", "cuda:0", "opencl:0"}, 3},
+    {{"host", "cuda:0", "ocl:0"}, 3},
 };
+
+/* The symbolic names' devices (NULL where there is none). */
+static ch_device *peer_dev[2], *cross_dev[2], *ocl_dev[3];
+
+static void find_symbolic(void)
+{
+    if (!tap_peer_pair(&peer_dev[0], &peer_dev[1]))
+        peer_dev[0] = peer_dev[1] = NULL;
+    if (!tap_cross_pair(&cross_dev[0], &cross_dev[1]))
+        cross_dev[0] = cross_dev[1] = NULL;
+    ch_device *all[64];
+    int n = tap_devices(all, 64), k = 0;
+    for (int i = 0; i < n && k < 3; i++) {
+        ch_device_info info;
+        if (ch_device_get_info(all[i], &info) == CH_OK && strcmp(info.backend, "opencl") == 0)
+            ocl_dev[k++] = all[i];
+    }
+}
+
+/* A name of the cases: a device's own id, or a symbolic one. CH_OK with
+ * *dev set, or the status of a name that is not here. */
+static ch_status device_named(ch_device **dev, const char *name)
+{
+    ch_device *const *table = NULL;
+    int index = 0, size = 0;
+    if (sscanf(name, "peer:%d", &index) == 1) {
+        table = peer_dev;
+        size = 2;
+    } else if (sscanf(name, "cross:%d", &index) == 1) {
+        table = cross_dev;
+        size = 2;
+    } else if (sscanf(name, "ocl:%d", &index) == 1) {
+        table = ocl_dev;
+        size = 3;
+    } else {
+        return ch_device_by_name(dev, name);
+    }
+    if (index < 0 || index >= size || !table[index])
+        return CH_ERR_NOT_FOUND;
+    *dev = table[index];
+    return CH_OK;
+}
 
 /* One participant list, resolved: devices, a stream each, and the names
  * joined for messages. */
@@ -55,15 +111,21 @@ static int plist_make(plist *p, const rcase *c, const char **missing)
 {
     *missing = NULL;
     memset(p, 0, sizeof *p);
-    for (int i = 0; i < c->n; i++) {
-        size_t len = strlen(p->label);
-        snprintf(p->label + len, sizeof p->label - len, "%s%s", i ? "," : "", c->names[i]);
-    }
     for (int i = 0; i < c->n; i++)
-        if (ch_device_by_name(&p->dev[i], c->names[i]) != CH_OK) {
+        if (device_named(&p->dev[i], c->names[i]) != CH_OK) {
+            for (int k = 0; k < c->n; k++) {
+                size_t len = strlen(p->label);
+                snprintf(p->label + len, sizeof p->label - len, "%s%s", k ? "," : "",
+                         c->names[k]);
+            }
             *missing = c->names[i];
             return 0;
         }
+    for (int i = 0; i < c->n; i++) {
+        size_t len = strlen(p->label);
+        snprintf(p->label + len, sizeof p->label - len, "%s%s", i ? "," : "",
+                 ch_device_id(p->dev[i]));
+    }
     for (int i = 0; i < c->n; i++) {
         ch_status st = ch_stream_new(&p->stream[i], p->dev[i]);
         if (st != CH_OK) {
@@ -76,15 +138,26 @@ static int plist_make(plist *p, const rcase *c, const char **missing)
     return 1;
 }
 
-static int same_backend(const plist *p)
+/* Whether a and b can be in one peer group: one backend, and for OpenCL
+ * one platform (the same device, or two that peer both ways). */
+static int joinable(ch_device *a, ch_device *b)
 {
-    ch_device_info a, b;
-    if (ch_device_get_info(p->dev[0], &a) != CH_OK)
+    ch_device_info x, y;
+    if (ch_device_get_info(a, &x) != CH_OK || ch_device_get_info(b, &y) != CH_OK ||
+        strcmp(x.backend, y.backend) != 0)
         return 0;
-    for (int i = 1; i < p->n; i++)
-        if (ch_device_get_info(p->dev[i], &b) != CH_OK || strcmp(a.backend, b.backend) != 0)
-            return 0;
-    return 1;
+    if (a == b || strcmp(x.backend, "opencl") != 0)
+        return 1;
+    return ch_device_can_peer(a, b) && ch_device_can_peer(b, a);
+}
+
+/* The first participant that cannot join participant 0, or p->n. */
+static int first_apart(const plist *p)
+{
+    int k = 1;
+    while (k < p->n && joinable(p->dev[0], p->dev[k]))
+        k++;
+    return k;
 }
 
 /* ---- one reduction, checked -------------------------------------------- */
@@ -212,25 +285,54 @@ static void check_current_restored(ch_reducer *r, const plist *p, const char *wh
     }
 }
 
+/* The race that returned wrong sums of 1 float now and then (an upload
+ * not yet run when another queue read the buffer): many all-reduces of
+ * one float, each on new values uploaded just before, every one checked. */
+enum { RACE_ROUNDS = 200 };
+
+static void race_one_float(ch_reducer *r, const plist *p, const char *what)
+{
+    ch_tensor *t[MAXP] = {0};
+    int64_t one = 1;
+    ch_status st = CH_OK;
+    for (int i = 0; i < p->n && st == CH_OK; i++)
+        st = ch_tensor_new(&t[i], p->dev[i], CH_F32, 1, &one);
+    int wrong = 0, round = 0;
+    for (; round < RACE_ROUNDS && st == CH_OK; round++) {
+        float want = 0;
+        for (int i = 0; i < p->n && st == CH_OK; i++) {
+            float v = (float)(round * 8 + i + 1);
+            want += v;
+            st = ch_tensor_upload(t[i], &v, sizeof v);
+        }
+        if (st == CH_OK)
+            st = ch_reducer_allreduce(r, t, 0, 1);
+        for (int i = 0; i < p->n && st == CH_OK; i++) {
+            float got = 0;
+            st = ch_tensor_download(t[i], &got, sizeof got);
+            wrong += st == CH_OK && got != want;
+        }
+    }
+    if (tap_status_ok(st, "%s: %d all-reduces of 1 float", what, round))
+        tap_ok(wrong == 0, "%s: each of %d all-reduces of 1 float right in every buffer (%d "
+               "wrong)", what, round, wrong);
+    for (int i = 0; i < p->n; i++)
+        ch_tensor_free(t[i]);
+}
+
 static void run_mode(const plist *p, ch_reduce_mode mode)
 {
     char what[160];
     ch_reducer *r = NULL;
-    int peer_ok = same_backend(p);
+    int apart = first_apart(p), peer_ok = apart == p->n;
     ch_status st = ch_reducer_new(&r, p->stream, p->n, CAPACITY, mode);
     snprintf(what, sizeof what, "{%s} %s", p->label, ch_reduce_mode_name(mode));
     if (mode == CH_REDUCE_PEER && !peer_ok) {
-        /* Across backends peer must refuse, naming the first two devices
-         * that cannot reduce together. */
-        int k = 1;
-        ch_device_info a, b;
-        ch_device_get_info(p->dev[0], &a);
-        while (k < p->n && ch_device_get_info(p->dev[k], &b) == CH_OK &&
-               strcmp(a.backend, b.backend) == 0)
-            k++;
+        /* Across backends or platforms peer must refuse, naming the
+         * first two devices that cannot reduce together. */
         char needle[96];
         snprintf(needle, sizeof needle, "cannot join %s and %s", ch_device_id(p->dev[0]),
-                 ch_device_id(p->dev[k]));
+                 ch_device_id(p->dev[apart]));
         tap_status_is(st, CH_ERR_UNSUPPORTED, needle, "%s: refused", what);
         tap_ok(r == NULL && strstr(ch_last_error(), "auto or host") != NULL,
                "%s: no reducer, and the message suggests auto or host", what);
@@ -253,14 +355,12 @@ static void run_mode(const plist *p, ch_reduce_mode mode)
             ordered = 0;
         if (g > last)
             last = g;
-        if (mode == CH_REDUCE_AUTO)
-            for (int j = 0; j < i; j++) /* one group per backend here */
+        if (mode == CH_REDUCE_AUTO) /* one group per backend, and OpenCL platform */
+            for (int j = 0; j < i; j++)
                 if ((ch_reducer_group(r, j) == g) !=
-                    (strcmp(ch_device_id(p->dev[j]), ch_device_id(p->dev[i])) == 0 ||
-                     (strncmp(ch_device_id(p->dev[j]), "opencl", 6) == 0 &&
-                      strncmp(ch_device_id(p->dev[i]), "opencl", 6) == 0) ||
-                     (strncmp(ch_device_id(p->dev[j]), "cuda", 4) == 0 &&
-                      strncmp(ch_device_id(p->dev[i]), "cuda", 4) == 0)))
+                    (p->dev[j] == p->dev[i] ||
+                     (strcmp(ch_device_id(p->dev[j]), "host") != 0 &&
+                      joinable(p->dev[j], p->dev[i]))))
                     ordered = 0;
     }
     tap_ok((expect_groups < 0 || groups == expect_groups) && ordered &&
@@ -279,6 +379,7 @@ static void run_mode(const plist *p, ch_reduce_mode mode)
         run_one(r, p, w, sizes[s], 0, 0, sizes[s], 100 + s, exact, bits);
     }
     memcpy(first, bits, sizeof(float) * 65537); /* the 65537 floats of seed 102 */
+    race_one_float(r, p, what);
     snprintf(w, sizeof w, "%s, floats [17, 1017) of a [50, 100] buffer", what);
     run_one(r, p, w, 5000, 1, 17, 1000, 7, exact, bits);
     if (mode == CH_REDUCE_HOST) {
@@ -337,27 +438,57 @@ static void run_env_case(void)
 
 /* ---- grouping in auto -------------------------------------------------- */
 
-static void test_auto_groups(void)
+/* Auto groups participants that can reduce peer to peer: one group per
+ * backend, and for OpenCL per platform (one context each); the host
+ * stages between the groups. */
+static void auto_groups_case(const rcase *c, int ngroups, const int *group)
 {
     plist p;
     const char *missing;
-    const rcase c = {{"host", "opencl:0", "opencl:1"}, 3};
-    if (!plist_make(&p, &c, &missing)) {
+    if (!plist_make(&p, c, &missing)) {
         if (missing)
-            tap_skip("auto over {host,opencl:0,opencl:1}: no device %s here", missing);
+            tap_skip("auto over {%s}: no device %s here", p.label, missing);
         return;
     }
     ch_reducer *r = NULL;
     ch_status st = ch_reducer_new(&r, p.stream, p.n, 16, CH_REDUCE_AUTO);
-    if (tap_status_ok(st, "auto over {host,opencl:0,opencl:1}"))
-        tap_ok(ch_reducer_group_count(r) == 2 && ch_reducer_group(r, 0) == 0 &&
-                   ch_reducer_group(r, 1) == 1 && ch_reducer_group(r, 2) == 1 &&
-                   ch_reducer_group(r, 3) == -1 && ch_reducer_group(r, -1) == -1,
-               "auto groups {host} and {opencl:0, opencl:1}: %d groups (%d %d %d)",
-               ch_reducer_group_count(r), ch_reducer_group(r, 0), ch_reducer_group(r, 1),
-               ch_reducer_group(r, 2));
+    if (tap_status_ok(st, "auto over {%s}", p.label)) {
+        int ok = ch_reducer_group_count(r) == ngroups && ch_reducer_group(r, p.n) == -1 &&
+                 ch_reducer_group(r, -1) == -1;
+        char got[64] = "";
+        for (int i = 0; i < p.n; i++) {
+            ok = ok && ch_reducer_group(r, i) == group[i];
+            snprintf(got + strlen(got), sizeof got - strlen(got), " %d",
+                     ch_reducer_group(r, i));
+        }
+        tap_ok(ok, "auto over {%s}: %d groups (got %d:%s)", p.label, ngroups,
+               ch_reducer_group_count(r), got);
+    }
     ch_reducer_free(r);
     plist_free(&p);
+}
+
+static void test_auto_groups(void)
+{
+    const rcase one_platform = {{"host", "peer:0", "peer:1"}, 3};
+    auto_groups_case(&one_platform, 2, (const int[]){0, 1, 1});
+    const rcase two_platforms = {{"host", "cross:0", "cross:1"}, 3};
+    auto_groups_case(&two_platforms, 3, (const int[]){0, 1, 2});
+    /* A pair of one platform and a device of another, interleaved. */
+    const rcase mixed = {{"peer:0", "host", "cross:0", "peer:1", "cross:1"}, 5};
+    plist p;
+    const char *missing;
+    if (!plist_make(&p, &mixed, &missing)) {
+        if (missing)
+            tap_skip("auto over {%s}: no device %s here", p.label, missing);
+        return;
+    }
+    /* cross:0 or cross:1 is of peer:0's platform; the other is not. */
+    int g[5] = {0, 1, 0, 0, 0};
+    int other = joinable(p.dev[0], p.dev[2]) ? 4 : 2;
+    g[other] = 2;
+    plist_free(&p);
+    auto_groups_case(&mixed, 3, g);
 }
 
 /* ---- many host replicas, long buffers ------------------------------------ */
@@ -544,8 +675,9 @@ static void stage_case(const char *const *names, int n, ch_reduce_mode mode)
 static void test_stage(void)
 {
     static const char *const one[] = {"host"}, *const hosts[] = {"host", "host", "host"},
-                             *const ocl1[] = {"opencl:0"}, *const ocl[] = {"opencl:0", "opencl:1"},
-                             *const mixed[] = {"host", "opencl:0", "opencl:1"},
+                             *const ocl1[] = {"ocl:0"}, *const ocl[] = {"peer:0", "peer:1"},
+                             *const mixed[] = {"host", "peer:0", "peer:1"},
+                             *const vendors[] = {"host", "cross:0", "cross:1"},
                              *const cuda[] = {"cuda:0"};
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         stage_case(one, 1, modes[m]);
@@ -553,6 +685,7 @@ static void test_stage(void)
         stage_case(ocl1, 1, modes[m]);
         stage_case(ocl, 2, modes[m]);
         stage_case(mixed, 3, modes[m]);
+        stage_case(vendors, 3, modes[m]);
         stage_case(cuda, 1, modes[m]);
     }
     tap_status_is(ch_reducer_set_stage(NULL, probe_stage, NULL), CH_ERR_INVALID_ARGUMENT,
@@ -792,11 +925,13 @@ static void stage16_case(const char *const *names, int n, ch_reduce_mode mode, i
 static void test_bf16(void)
 {
     static const char *const hosts[] = {"host", "host", "host"},
-                             *const mixed[] = {"host", "opencl:0", "opencl:1"},
-                             *const ocl[] = {"opencl:0", "opencl:1"},
+                             *const mixed[] = {"host", "peer:0", "peer:1"},
+                             *const ocl[] = {"peer:0", "peer:1"},
+                             *const vendors[] = {"host", "cross:0", "cross:1"},
                              *const gpu[] = {"cuda:0", "host"};
     bf16_case(hosts, 3, 1000, 10, 900);
     bf16_case(mixed, 3, 1000, 10, 900);
+    bf16_case(vendors, 3, 1000, 10, 900);
     bf16_case(mixed, 3, 70001, 3, 69990); /* several chunks, in parallel */
     bf16_case(ocl, 2, 5000, 0, 5000);
     bf16_case(gpu, 2, 5000, 7, 4000);
@@ -806,6 +941,7 @@ static void test_bf16(void)
         stage16_case(hosts, 3, modes[m], 40000);
         stage16_case(mixed, 3, modes[m], 40000);
         stage16_case(ocl, 2, modes[m], 40000);
+        stage16_case(vendors, 3, modes[m], 40000);
         stage16_case(gpu, 2, modes[m], 40000);
     }
     /* Past one piece: 2^21 + 3 elements go in three. */
@@ -1056,6 +1192,7 @@ int main(void)
         }
     }
     tap_diag("devices: %s", devs);
+    find_symbolic();
     test_errors();
     test_single();
     test_stage();

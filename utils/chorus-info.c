@@ -22,7 +22,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "Usage: %s [--json]\n"
-            "List the devices Chorus can train on: backend, name, vendor, memory,\n"
+            "List the devices Chorus can train on: backend, platform, name, vendor, memory,\n"
             "compute units, PCI bus id, NUMA node and local CPUs; the backends and\n"
             "why one is unavailable; peer access between devices; and the devices\n"
             "hidden because another backend already shows them or no driver runs them.\n"
@@ -135,9 +135,9 @@ static void get_info(int index, ch_device **dev, ch_device_info *info)
 
 static void print_devices(void)
 {
-    table t = {12, 0, 0, NULL};
-    const char *head[12] = {"id", "backend", "kind", "name", "vendor", "memory", "CUs",
-                            "PCI bus id", "NUMA", "cpuset", "all?", "note"};
+    table t = {13, 0, 0, NULL};
+    const char *head[13] = {"id", "backend", "platform", "kind", "name", "vendor", "memory",
+                            "CUs", "PCI bus id", "NUMA", "cpuset", "all?", "note"};
     table_add(&t, head);
     for (int i = 0; i < ch_device_count(); i++) {
         ch_device *dev;
@@ -147,7 +147,8 @@ static void print_devices(void)
         snprintf(mem, sizeof mem, "%.1f GiB", (double)in.memory_bytes / (1024.0 * 1024 * 1024));
         snprintf(cus, sizeof cus, "%d", in.compute_units);
         snprintf(numa, sizeof numa, "%d", in.numa_node);
-        const char *row[12] = {in.id, in.backend, kind_name(in.kind), in.name,
+        const char *row[13] = {in.id, in.backend, or_dash(in.platform), kind_name(in.kind),
+                               in.name,
                                or_dash(in.vendor), in.memory_bytes ? mem : "-", cus,
                                or_dash(in.pci_bus_id), in.numa_node >= 0 ? numa : "-",
                                or_dash(in.cpuset), in.in_all ? "yes" : "no", in.note};
@@ -301,6 +302,7 @@ static void json_device(const ch_device_info *in)
     json_key_string("kind", kind_name(in->kind), 0);
     json_key_string("name", in->name, 0);
     json_key_string("vendor", in->vendor, 0);
+    json_key_string("platform", in->platform, 0);
     printf(", \"memory_bytes\": %" PRIu64 ", \"max_alloc_bytes\": %" PRIu64
            ", \"compute_units\": %d",
            in->memory_bytes, in->max_alloc_bytes, in->compute_units);

@@ -154,6 +154,24 @@ static ch_status backend_device_props(void *ctx, int index, ch_bdev_props *props
                         sizeof units);
     if (st != CH_OK)
         return st;
+    cl_platform_id plat;
+    st = info_value(dev, CL_DEVICE_PLATFORM, "clGetDeviceInfo(CL_DEVICE_PLATFORM)", &plat,
+                    sizeof plat);
+    if (st != CH_OK)
+        return st;
+    char *pname;
+    size_t len = 0;
+    cl_int err = clGetPlatformInfo(plat, CL_PLATFORM_NAME, 0, NULL, &len);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clGetPlatformInfo(CL_PLATFORM_NAME)");
+    if (!(pname = malloc(len + 1)))
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "opencl: platform name of %zu bytes", len + 1);
+    err = clGetPlatformInfo(plat, CL_PLATFORM_NAME, len, pname, NULL);
+    pname[err == CL_SUCCESS ? len : 0] = '\0';
+    snprintf(props->platform, sizeof props->platform, "%s", pname);
+    free(pname);
+    if (err != CL_SUCCESS)
+        return chcl_err(err, "clGetPlatformInfo(CL_PLATFORM_NAME)");
     props->kind = kind_of(type);
     props->memory_bytes = mem;
     props->max_alloc_bytes = max_alloc;

@@ -71,6 +71,13 @@ typedef struct ch_device_info {
     int index;                /* position in the device list */
     char id[32];              /* "host", "cuda:0", "opencl:1" */
     char backend[16];         /* "host", "cuda", "opencl" */
+    char platform[64];        /* the driver's platform: OpenCL's platform name
+                                 ("Portable Computing Language", "Intel(R)
+                                 OpenCL", "AMD Accelerated Parallel
+                                 Processing"), "" for host and CUDA. Devices
+                                 of one platform share a context: copies and
+                                 peer reduction go device to device; between
+                                 platforms they go through host memory */
     char name[128];           /* the product name */
     char vendor[64];
     ch_device_kind kind;
