@@ -138,9 +138,13 @@ typedef struct ch_backend_i {
     ch_status (*event_sync)(void *event);
 
     /* ---- transfers ---- */
-    /* blocking = 1: return when the host side may be reused / holds the
-     * data. blocking = 0: `host` is pinned memory from host_alloc and stays
-     * untouched until the stream is synchronised. */
+    /* blocking = 1: return when the transfer has run: the device buffer
+     * holds the data for every stream (upload), the host memory holds it
+     * (download). Not merely when `host` may be reused, which is all a
+     * blocking clEnqueueWriteBuffer promises. blocking = 0: `host` is pinned
+     * memory from host_alloc of this backend (maybe of another device or
+     * OpenCL platform) and stays untouched until the stream is
+     * synchronised. */
     ch_status (*upload)(void *stream, ch_bmem dst, const void *host, size_t bytes,
                         int blocking);
     ch_status (*download)(void *stream, void *host, ch_bmem src, size_t bytes,

@@ -120,7 +120,11 @@ static int can_join(const ch_device *a, const ch_device *b, char *why, size_t si
     if (a == b)
         return 1;
     if (!be->can_allreduce || !be->can_allreduce(a->dev, b->dev)) {
-        snprintf(why, size, "the %s backend cannot reduce across them", a->be->name);
+        if (strcmp(a->info.platform, b->info.platform) != 0)
+            snprintf(why, size, "they are on two %s platforms, %s and %s, with no context in "
+                     "common", a->be->name, a->info.platform, b->info.platform);
+        else
+            snprintf(why, size, "the %s backend cannot reduce across them", a->be->name);
         return 0;
     }
     return 1;
@@ -128,7 +132,7 @@ static int can_join(const ch_device *a, const ch_device *b, char *why, size_t si
 
 static ch_status make_groups(ch_reducer *r)
 {
-    char why[128];
+    char why[320];
     r->ngroups = 0;
     for (int i = 0; i < r->n; i++) {
         ch_device *dev = r->streams[i]->dev;

@@ -7,3 +7,7 @@ EXTRA_DIST += tests/test-train-progress.py tests/idxset.py tests/taplib.py
 # (CHORUS_CRASH_ITERATIONS, CHORUS_CRASH_SECONDS).
 TESTS += tests/test-crash.py
 EXTRA_DIST += tests/test-crash.py
+# chorus-train over the host and two vendors' OpenCL platforms, step for
+# step against the host alone (skips itself with one platform).
+TESTS += tests/test-train-vendors.sh
+EXTRA_DIST += tests/test-train-vendors.sh

@@ -42,7 +42,11 @@ CH_API ch_status ch_event_wait(ch_stream *stream, ch_event *event);
 CH_API ch_status ch_event_sync(ch_event *event);
 
 /* Page-locked host memory for fast, asynchronous transfers to and from
- * `dev` (plain memory where the backend has no pinned allocator). */
+ * `dev` (plain memory where the backend has no pinned allocator). Devices
+ * of the same backend transfer from and to it asynchronously too; to a
+ * device of another backend it is plain memory. An asynchronous transfer
+ * reads or writes it until its stream is synchronised: touch, reuse or
+ * free the buffer only after that (the library does not track it). */
 CH_API ch_status ch_host_buffer_new(ch_host_buffer **out, ch_device *dev, size_t bytes);
 CH_API void ch_host_buffer_free(ch_host_buffer *buf);
 CH_API void *ch_host_buffer_data(const ch_host_buffer *buf);

@@ -35,7 +35,8 @@ CH_API ch_status ch_tensor_new(ch_tensor **out, ch_device *dev, ch_dtype dtype,
 CH_API void ch_tensor_free(ch_tensor *t);
 
 /* Copy `bytes` (must equal the tensor's size) from host memory; returns when
- * `src` may be reused. */
+ * the tensor holds the data, for work on any stream of its device (and so
+ * `src` may be reused). */
 CH_API ch_status ch_tensor_upload(ch_tensor *t, const void *src, size_t bytes);
 /* Copy the tensor to host memory; returns when the data is there. */
 CH_API ch_status ch_tensor_download(const ch_tensor *t, void *dst, size_t bytes);
