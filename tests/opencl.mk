@@ -16,3 +16,19 @@ endif
 check_PROGRAMS += tests/test-copy-order
 tests_test_copy_order_SOURCES = tests/test-copy-order.c
 tests_test_copy_order_LDADD = $(TEST_LIBS)
+
+# The OpenCL op tests on devices capped smaller than they are (work-groups
+# of 16, 48 and 128, local memory of 1 and 6 KiB: the fallbacks a small
+# device takes), and the caps' bad values refused.
+EXTRA_DIST += tests/opencl-limits.sh
+if HAVE_OPENCL
+TESTS += tests/opencl-limits.sh
+endif
+
+# The OpenCL op tests on oclgrind's simulated device, every access checked
+# (CI's kernel check; by hand: sh ../tests/oclgrind.sh from a build folder).
+EXTRA_DIST += tests/oclgrind.sh
+clean-local: clean-oclgrind-logs
+.PHONY: clean-oclgrind-logs
+clean-oclgrind-logs:
+	rm -rf tests/oclgrind-logs

@@ -676,12 +676,18 @@ double ref_dot_abs(const float *a, const float *b, int64_t n)
     return s;
 }
 
+/* Small sizes also give the case's memory back to the driver: a
+ * simulator such as oclgrind's checks every launch against every live
+ * buffer, so memory cached from earlier cases would slow every launch
+ * after them. */
 static void tc_free(tcase *c)
 {
     while (c->nt > 0)
         ch_tensor_free(c->t[--c->nt]);
     while (c->nmem > 0)
         free(c->mem[--c->nmem]);
+    if (c->dev && tc_small())
+        ch_device_empty_cache(c->dev);
 }
 
 int tc_end_err(tcase *c, double err, double tol)
@@ -758,6 +764,20 @@ void tc_skip_missing_backends(void)
         else if (info.device_count == 0)
             tap_skip("%s backend has no device", info.name);
     }
+}
+
+int tc_small(void)
+{
+    static int small = -1;
+    if (small >= 0)
+        return small;
+    const char *v = getenv("CHORUS_TEST_SIZES");
+    small = v && strcmp(v, "small") == 0;
+    if (small)
+        tap_diag("CHORUS_TEST_SIZES=small: the largest cases left out or made smaller");
+    else if (v && *v && strcmp(v, "full") != 0)
+        tap_ok(0, "CHORUS_TEST_SIZES=%s: expected \"small\" or \"full\"", v);
+    return small;
 }
 
 int64_t ref_numel(int ndim, const int64_t *shape)

@@ -196,6 +196,13 @@ int64_t ref_diff_words(const void *got, const void *want, int64_t n, int is_floa
                        size_t outlen);
 /* One "# SKIP" line per backend that is unavailable or has no device. */
 void tc_skip_missing_backends(void);
+/* 1 under CHORUS_TEST_SIZES=small: the op tests leave out their largest
+ * cases (or take smaller ones), for a slow device such as oclgrind's
+ * simulator; the cases kept still span several work-groups, reduce more
+ * elements than one work-group holds and end in partial work-groups.
+ * 0 when unset, empty or "full"; another value is a failing TAP line
+ * (once) and full sizes. */
+int tc_small(void);
 
 int64_t ref_numel(int ndim, const int64_t *shape);
 void ref_shape_str(char *out, size_t len, int ndim, const int64_t *shape);

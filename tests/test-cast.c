@@ -4,15 +4,16 @@
  * format can hold, every midpoint between two neighbours (the ties) and a
  * float on either side of it, the specials (zeros, infinities, NaNs with
  * payloads, f32 subnormals, the overflow edges) and a million random
- * bit patterns. The same inputs through the library's rounding to bf16
- * kept in 32 bits (lib/half.h, for the host's bf16 sums). Then the errors
- * a caller can make. */
+ * bit patterns (4096 under CHORUS_TEST_SIZES=small). The same inputs
+ * through the library's rounding to bf16 kept in 32 bits (lib/half.h, for
+ * the host's bf16 sums). Then the errors a caller can make. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "half.h" /* chi_f32_round_bf16, which the host's bf16 sums use */
+#include "ref.h"  /* tc_small */
 #include "tap.h"
 
 #define MAX_DEVICES 16
@@ -26,10 +27,11 @@ typedef struct fmt {
 
 static const fmt formats[] = {{"bf16", CH_BF16, 7}, {"f16", CH_F16, 10}};
 
-/* The floats to narrow. */
+/* The floats to narrow (small sizes, CHORUS_TEST_SIZES: 4096 random bit
+ * patterns rather than a million). */
 static float *inputs(const fmt *F, size_t *count)
 {
-    size_t cap = 65536 * 4 + 64 + (1u << 20), n = 0;
+    size_t cap = 65536 * 4 + 64 + (tc_small() ? 4096u : 1u << 20), n = 0;
     float *v = malloc(cap * sizeof *v);
     if (!v)
         return NULL;
@@ -195,6 +197,7 @@ static void test_errors(ch_device *host, ch_device *other)
 
 int main(void)
 {
+    tc_small();
     ch_status st = ch_init();
     if (!tap_status_ok(st, "ch_init"))
         return tap_done();

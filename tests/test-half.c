@@ -198,11 +198,14 @@ static void test_device(ch_device *dev, tap_rng *rng)
 {
     static const ch_window2d same3 = {3, 3, 1, 1, 1, 1}, down3 = {3, 3, 2, 2, 1, 1},
                              one = {1, 1, 2, 2, 0, 0}, odd = {5, 3, 2, 1, 0, 2};
+    /* Small sizes (CHORUS_TEST_SIZES): half the channels, smaller planes. */
+    int small = tc_small();
+    int64_t c1 = small ? 4 : 8, c2 = small ? 8 : 16, hw = small ? 10 : 14;
     for (int f = 0; f < 2; f++) {
         const fmt *F = &formats[f];
-        conv_case(dev, F, 3, 8, 12, 12, 16, &same3, rng);
-        conv_case(dev, F, 2, 16, 14, 14, 32, &down3, rng);
-        conv_case(dev, F, 2, 16, 14, 14, 32, &one, rng);
+        conv_case(dev, F, small ? 2 : 3, c1, 12, 12, 2 * c1, &same3, rng);
+        conv_case(dev, F, 2, c2, hw, hw, 2 * c2, &down3, rng);
+        conv_case(dev, F, 2, c2, hw, hw, 2 * c2, &one, rng);
         conv_case(dev, F, 2, 3, 7, 8, 4, &odd, rng);
         for (int t = 0; t < 4; t++)
             gemm_case(dev, F, CH_F32, 0, t >> 1, t & 1, 37, 29, 41, t == 3 ? 0.5f : 0.0f, rng);
@@ -741,6 +744,7 @@ out:
 
 int main(void)
 {
+    tc_small();
     if (ch_init() != CH_OK) {
         tap_skip_all("ch_init failed: %s", ch_last_error());
         return 0;

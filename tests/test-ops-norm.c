@@ -387,17 +387,19 @@ static void test_channel_sums(ch_device *dev, int ndim, const int64_t *shape, su
     tc_end_err(&c, ref_err(tc_fetch(&c, tsum, 2 * ch + 1), want, mag, 2 * ch + 1), TOL_SUM);
 }
 
-/* 2^22 equal terms in a channel: a plain f32 sum drifts, these must not. */
+/* 2^22 equal terms in a channel: a plain f32 sum drifts, these must not
+ * (small sizes: 2^16, 16 splits). */
 static void test_channel_sums_accuracy(ch_device *dev)
 {
-    const int64_t n = (int64_t)1 << 22;
+    const int log2n = tc_small() ? 16 : 22;
+    const int64_t n = (int64_t)1 << log2n;
     tcase c;
-    tc_begin(&c, dev, "channel_sums accuracy: 2^22 elements of 1.1 in one channel, within "
-             "%.1f ulp of the sums of |terms|", TOL_ACCURATE / ULP);
+    tc_begin(&c, dev, "channel_sums accuracy: 2^%d elements of 1.1 in one channel, within "
+             "%.1f ulp of the sums of |terms|", log2n, TOL_ACCURATE / ULP);
     float *x = tc_floats(&c, n);
     for (int64_t i = 0; i < n; i++)
         x[i] = 1.1f;
-    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(4, 1, 1024, 1024), x);
+    ch_tensor *tx = tc_tensor(&c, CH_F32, SHAPE(4, 1, n / 4096, 1024), x);
     ch_tensor *tsum = tc_tensor(&c, CH_F32, SHAPE(3), NULL);
     TC(&c, ch_channel_sums(tsum, tx, NULL, tx, NULL));
     double want[3], mag[3];
@@ -917,7 +919,9 @@ static void test_large_mean(ch_device *dev, int two_pass)
 /* The same inputs twice give the same bits: no atomics, fixed orders. */
 static void test_repeatable(ch_device *dev)
 {
-    const int64_t rows = 300, d = 257, outer = 9, ch = 3, inner = 5000;
+    /* Small sizes: fewer rows, and two splits per channel rather than 10. */
+    const int64_t rows = tc_small() ? 40 : 300, d = 257, outer = 9, ch = 3,
+                  inner = tc_small() ? 1000 : 5000;
     tcase c;
     tc_begin(&c, dev, "the same bits twice: layernorm_backward [%" PRId64 ",%" PRId64
              "], channel_sums [%" PRId64 ",%" PRId64 ",%" PRId64 "]", rows, d, outer, ch, inner);
@@ -1275,14 +1279,17 @@ static void test_layernorms(ch_device *dev)
     test_layernorm(dev, SHAPE(4, 3, 33), 1e-5f);
     test_layernorm(dev, SHAPE(65, 128), 1e-5f);
     test_layernorm(dev, SHAPE(2, 1031), 1e-6f);
-    test_layernorm(dev, SHAPE(257, 300), 1e-5f);
+    /* Small sizes (CHORUS_TEST_SIZES): 33 rows, the parameter gradients'
+     * chunks of 32 then one. */
+    int64_t rows = tc_small() ? 33 : 257;
+    test_layernorm(dev, SHAPE(rows, 300), 1e-5f);
     test_layernorm_backward(dev, SHAPE(1), 1);
     test_layernorm_backward(dev, SHAPE(3, 7), 1);
     test_layernorm_backward(dev, SHAPE(4, 3, 33), 0);
     test_layernorm_backward(dev, SHAPE(65, 128), 1);
     test_layernorm_backward(dev, SHAPE(2, 1031), 1);
-    test_layernorm_backward(dev, SHAPE(257, 300), 1);
-    test_layernorm_backward(dev, SHAPE(257, 300), 0);
+    test_layernorm_backward(dev, SHAPE(rows, 300), 1);
+    test_layernorm_backward(dev, SHAPE(rows, 300), 0);
     grad_layernorm(dev, 3, 7);
     grad_layernorm(dev, 2, 1);
 }
@@ -1294,7 +1301,11 @@ static void test_batchnorms(ch_device *dev)
         test_channel_sums(dev, SHAPE(7, 5), k);
         test_channel_sums(dev, SHAPE(3, 2, 5, 7), k);
         test_channel_sums(dev, SHAPE(2, 17, 9, 13), k);
-        test_channel_sums(dev, SHAPE(32, 3, 32, 33), k);
+        /* 8 splits per channel; small sizes: 2, the last shorter. */
+        if (tc_small())
+            test_channel_sums(dev, SHAPE(9, 2, 31, 33), k);
+        else
+            test_channel_sums(dev, SHAPE(32, 3, 32, 33), k);
     }
     test_channel_sums_accuracy(dev);
     test_batchnorm_stats(dev, 7, 5, 1, 0, 0, 0.1f);
@@ -1325,6 +1336,7 @@ static void test_batchnorms(ch_device *dev)
 
 int main(void)
 {
+    tc_small();
     test_before_init();
     ch_status st = ch_init();
     if (!tap_status_ok(st, "ch_init"))

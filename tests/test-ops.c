@@ -168,10 +168,13 @@ static void test_gemms(ch_device *dev)
         {1, 1, 1}, {17, 31, 33}, {65, 3, 129}, {7, 257, 13}, {127, 129, 65},
     };
     static const float ab[][2] = {{1, 0}, {0.5f, 1}, {-1.25f, 0.5f}, {2, 0}, {1, 1}};
+    /* Small sizes: the last, two tiles of 64 each way, with a shorter k. */
+    static const int64_t small_last[3] = {66, 65, 20};
     for (int t = 0; t < 4; t++)
-        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-            test_gemm(dev, t >> 1, t & 1, sizes[i][0], sizes[i][1], sizes[i][2], ab[i][0],
-                      ab[i][1]);
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            const int64_t *sz = tc_small() && i == 4 ? small_last : sizes[i];
+            test_gemm(dev, t >> 1, t & 1, sz[0], sz[1], sz[2], ab[i][0], ab[i][1]);
+        }
 }
 
 /* ---- Elementwise --------------------------------------------------------- */
@@ -388,8 +391,12 @@ static void test_bias(ch_device *dev)
     test_bias_grad(dev, SHAPE(2, 3, 4, 5), 3, 0.0f);
     test_bias_grad(dev, SHAPE(17, 33), 0, 1.0f);
     /* A convolution's layout past the host's threshold for threads
-     * (131072 elements), an odd channel count. */
-    test_bias_grad(dev, SHAPE(5, 33, 29, 31), 1, 1.0f);
+     * (131072 elements), an odd channel count; small sizes: still more
+     * than a work-group of elements per channel. */
+    if (tc_small())
+        test_bias_grad(dev, SHAPE(2, 33, 5, 31), 1, 1.0f);
+    else
+        test_bias_grad(dev, SHAPE(5, 33, 29, 31), 1, 1.0f);
 }
 
 /* ---- Softmax cross-entropy ----------------------------------------------- */
@@ -594,6 +601,8 @@ static void test_conv(ch_device *dev)
     }
     test_im2col(dev, 1, 2, 17, 31, &conv_windows[2]);
     test_col2im(dev, 1, 2, 17, 31, &conv_windows[2]);
+    if (tc_small())
+        return;
     /* Past the host's threshold for threads (131072 elements), in odd
      * counts of planes, so the work is cut between threads mid-batch. */
     test_im2col(dev, 3, 7, 29, 31, &conv_windows[1]);
@@ -666,6 +675,24 @@ static void test_conv2d_backward(ch_device *dev, int64_t n, int64_t ch, int64_t 
     tc_end_err(&c, err, TOL_SUM);
 }
 
+/* The ResNet's steps on c channels: a 3x3 "same" convolution of n_same
+ * samples on hw_same planes (backward in every mode), then the stride-2
+ * step to 2c channels and its 1x1 projection on n_down samples of hw_down
+ * planes. */
+static void test_conv2d_resnet(ch_device *dev, int64_t n_same, int64_t n_down, int64_t c,
+                               int64_t hw_same, int64_t hw_down)
+{
+    static const ch_window2d k1s2 = {1, 1, 2, 2, 0, 0};
+    test_conv2d(dev, n_same, c, hw_same, hw_same, c, &conv_windows[1]);
+    test_conv2d_backward(dev, n_same, c, hw_same, hw_same, c, &conv_windows[1], 3, 0.0f);
+    test_conv2d_backward(dev, n_same, c, hw_same, hw_same, c, &conv_windows[1], 1, 0.0f);
+    test_conv2d_backward(dev, n_same, c, hw_same, hw_same, c, &conv_windows[1], 2, 0.5f);
+    test_conv2d(dev, n_down, c, hw_down, hw_down, 2 * c, &conv_windows[2]);
+    test_conv2d_backward(dev, n_down, c, hw_down, hw_down, 2 * c, &conv_windows[2], 3, 1.0f);
+    test_conv2d(dev, n_down, c, hw_down, hw_down, 2 * c, &k1s2);
+    test_conv2d_backward(dev, n_down, c, hw_down, hw_down, 2 * c, &k1s2, 2, 1.0f);
+}
+
 static void test_conv2ds(ch_device *dev)
 {
     for (size_t i = 0; i < sizeof conv_windows / sizeof conv_windows[0]; i++) {
@@ -677,15 +704,12 @@ static void test_conv2ds(ch_device *dev)
      * to 32 and its 1x1 projection. */
     test_conv2d(dev, 1, 2, 9, 9, 3, &conv_windows[1]);
     test_conv2d_backward(dev, 1, 2, 9, 9, 3, &conv_windows[1], 3, 0.0f);
-    test_conv2d(dev, 5, 16, 12, 12, 16, &conv_windows[1]);
-    test_conv2d_backward(dev, 5, 16, 12, 12, 16, &conv_windows[1], 3, 0.0f);
-    test_conv2d_backward(dev, 5, 16, 12, 12, 16, &conv_windows[1], 1, 0.0f);
-    test_conv2d_backward(dev, 5, 16, 12, 12, 16, &conv_windows[1], 2, 0.5f);
-    test_conv2d(dev, 3, 16, 14, 14, 32, &conv_windows[2]);
-    test_conv2d_backward(dev, 3, 16, 14, 14, 32, &conv_windows[2], 3, 1.0f);
-    static const ch_window2d k1s2 = {1, 1, 2, 2, 0, 0};
-    test_conv2d(dev, 3, 16, 14, 14, 32, &k1s2);
-    test_conv2d_backward(dev, 3, 16, 14, 14, 32, &k1s2, 2, 1.0f);
+    /* Smaller under CHORUS_TEST_SIZES=small: fewer channels and planes. */
+    if (tc_small()) {
+        test_conv2d_resnet(dev, 2, 2, 8, 10, 10);
+        return;
+    }
+    test_conv2d_resnet(dev, 5, 3, 16, 12, 14);
     /* A plane too large for the host's whole-plane shifts. */
     test_conv2d(dev, 2, 2, 75, 80, 3, &conv_windows[1]);
     test_conv2d_backward(dev, 2, 2, 75, 80, 3, &conv_windows[1], 3, 1.0f);
@@ -791,13 +815,21 @@ static void test_pooling(ch_device *dev)
     test_maxpool_backward(dev, 1, 2, 7, 9, &k2s2);
     test_maxpool_backward(dev, 2, 3, 9, 9, &k3s2p1);
     test_maxpool_backward(dev, 1, 2, 6, 7, &k3s2p1);
+    test_maxpool_backward_stray(dev, 8, 10, &k2s2);
+    test_maxpool_backward_stray(dev, 9, 11, &k3s2p1);
+    if (tc_small()) {
+        /* Several work-groups with a partial last one. */
+        test_maxpool(dev, 3, 5, 21, 23, &k2s2);
+        test_maxpool(dev, 3, 5, 21, 23, &k3s2p1);
+        test_maxpool_backward(dev, 3, 5, 21, 23, &k2s2);
+        test_maxpool_backward(dev, 3, 5, 21, 23, &k3s2p1);
+        return;
+    }
     /* Enough planes for the host's threads, an odd count, odd widths. */
     test_maxpool(dev, 5, 7, 62, 65, &k2s2);
     test_maxpool(dev, 5, 7, 61, 64, &k3s2p1);
     test_maxpool_backward(dev, 5, 7, 62, 65, &k2s2);
     test_maxpool_backward(dev, 5, 7, 61, 64, &k3s2p1);
-    test_maxpool_backward_stray(dev, 8, 10, &k2s2);
-    test_maxpool_backward_stray(dev, 9, 11, &k3s2p1);
 }
 
 /* ---- Reductions ---------------------------------------------------------- */
@@ -1343,7 +1375,8 @@ static void test_random_vs_host(ch_device *dev, ch_device *host)
         [CH_RAND_DROPOUT] = {{0.5f, 0.0f}, {0.1f, 0.0f}},
     };
     for (int kind = 0; kind < CH_RAND_COUNT; kind++) {
-        test_rand_vs_host(dev, host, kind, 65537, 42, 0, args[kind][0][0], args[kind][0][1]);
+        test_rand_vs_host(dev, host, kind, tc_small() ? 4099 : 65537, 42, 0, args[kind][0][0],
+                          args[kind][0][1]);
         test_rand_vs_host(dev, host, kind, 1031, 0xdeadbeefcafef00dull, wrap, args[kind][1][0],
                           args[kind][1][1]);
     }
@@ -1374,6 +1407,7 @@ static void test_device(ch_device *dev)
 
 int main(void)
 {
+    tc_small();
     test_philox_kat();
     ch_status st = ch_init();
     if (!tap_status_ok(st, "ch_init"))

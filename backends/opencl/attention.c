@@ -43,7 +43,8 @@ ch_status chcl_softmax(void *stream, int64_t rows, int64_t s, int causal,
     size_t group;
     ch_status st = chcl_check_count("softmax", rows * s);
     if (st == CH_OK)
-        st = chcl_group_size(stream, CHCL_K_SOFTMAX_MASKED, row_group(s), &group);
+        st = chcl_group_size(stream, CHCL_K_SOFTMAX_MASKED, row_group(s), sizeof(cl_float),
+                             &group);
     if (st != CH_OK)
         return st;
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
@@ -60,7 +61,8 @@ ch_status chcl_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem d
     size_t group;
     ch_status st = chcl_check_count("softmax_backward", rows * s);
     if (st == CH_OK)
-        st = chcl_group_size(stream, CHCL_K_SOFTMAX_MASKED_BACKWARD, row_group(s), &group);
+        st = chcl_group_size(stream, CHCL_K_SOFTMAX_MASKED_BACKWARD, row_group(s),
+                             sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_ref DX = chcl_ref_of(dx), DY = chcl_ref_of(dy), Y = chcl_ref_of(y);

@@ -323,10 +323,56 @@ static ch_status platforms_add(chcl_backend *be, const cl_platform_id *ids, cl_u
     return chi_error(CH_ERR_UNAVAILABLE, "no OpenCL device on %u platform(s)", (unsigned)n);
 }
 
+/* A cap from the environment: unset or empty is none (0), else a decimal
+ * count from 1 to `max`; anything else makes the backend unavailable,
+ * saying why, as CHORUS_OPENCL_GEMM does. */
+static ch_status cap_parse(const char *name, const char *unit, unsigned long long max,
+                           unsigned long long *out)
+{
+    const char *value = getenv(name);
+    *out = 0;
+    if (!value || !*value)
+        return CH_OK;
+    unsigned long long v = 0;
+    const char *p = value;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        unsigned digit = (unsigned)(*p - '0');
+        if (v > (max - digit) / 10) {
+            v = 0;
+            break;
+        }
+        v = v * 10 + digit;
+    }
+    if (*p || v == 0)
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s=%s: expected a number of %s from 1 to %llu", name, value, unit,
+                         max);
+    *out = v;
+    return CH_OK;
+}
+
+/* CHORUS_OPENCL_MAX_WORK_GROUP and CHORUS_OPENCL_LOCAL_MEM: limits below
+ * every device's own, for tests of the paths a smaller device takes. */
+static ch_status caps_parse(chcl_caps *caps)
+{
+    unsigned long long wg, local;
+    ch_status st = cap_parse("CHORUS_OPENCL_MAX_WORK_GROUP", "work-items", 1u << 20, &wg);
+    if (st == CH_OK)
+        st = cap_parse("CHORUS_OPENCL_LOCAL_MEM", "bytes", 1ull << 40, &local);
+    if (st != CH_OK)
+        return st;
+    caps->max_wg = (size_t)wg;
+    caps->local_mem = (cl_ulong)local;
+    return CH_OK;
+}
+
 static ch_status backend_init(void **ctx, int *ndevices)
 {
     chcl_gemm_mode mode;
+    chcl_caps caps;
     ch_status st = chcl_gemm_mode_parse(getenv("CHORUS_OPENCL_GEMM"), &mode);
+    if (st == CH_OK)
+        st = caps_parse(&caps);
     if (st != CH_OK)
         return st;
     cl_platform_id *ids = NULL;
@@ -343,6 +389,7 @@ static ch_status backend_init(void **ctx, int *ndevices)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "opencl: backend context");
     }
     be->gemm_mode = mode;
+    be->caps = caps;
     st = platforms_add(be, ids, n);
     free(ids);
     if (st != CH_OK) {
@@ -356,9 +403,11 @@ static ch_status backend_init(void **ctx, int *ndevices)
 
 /* ---- devices ------------------------------------------------------------ */
 
+/* The device's limits that launches keep to, each lowered to the
+ * backend's cap where one is set. */
 static ch_status device_limits(chcl_device *d)
 {
-    size_t items[3];
+    cl_uint dims = 0;
     ch_status st = info_string(d->id, CL_DEVICE_NAME, "clGetDeviceInfo(CL_DEVICE_NAME)",
                                d->name, sizeof d->name);
     if (st == CH_OK)
@@ -374,12 +423,41 @@ static ch_status device_limits(chcl_device *d)
                         "clGetDeviceInfo(CL_DEVICE_MAX_WORK_GROUP_SIZE)", &d->max_wg,
                         sizeof d->max_wg);
     if (st == CH_OK)
-        st = info_value(d->id, CL_DEVICE_MAX_WORK_ITEM_SIZES,
-                        "clGetDeviceInfo(CL_DEVICE_MAX_WORK_ITEM_SIZES)", items,
-                        sizeof items);
+        st = info_value(d->id, CL_DEVICE_LOCAL_MEM_SIZE,
+                        "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)", &d->local_mem,
+                        sizeof d->local_mem);
     if (st == CH_OK)
-        d->max_item0 = items[0];
-    return st;
+        st = info_value(d->id, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS,
+                        "clGetDeviceInfo(CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS)", &dims,
+                        sizeof dims);
+    if (st != CH_OK)
+        return st;
+    /* At least 3 dimensions (the OpenCL minimum); the sizes of all of them
+     * asked at once, the first three kept. */
+    if (dims < 3)
+        return chi_error(CH_ERR_UNSUPPORTED, "opencl: %s has %u work-item dimensions, fewer "
+                         "than the 3 every OpenCL device has", d->name, (unsigned)dims);
+    size_t *items = malloc(dims * sizeof *items);
+    if (!items)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "opencl: %u work-item sizes", (unsigned)dims);
+    st = info_value(d->id, CL_DEVICE_MAX_WORK_ITEM_SIZES,
+                    "clGetDeviceInfo(CL_DEVICE_MAX_WORK_ITEM_SIZES)", items,
+                    dims * sizeof *items);
+    for (int i = 0; st == CH_OK && i < 3; i++)
+        d->max_item[i] = items[i];
+    free(items);
+    if (st != CH_OK)
+        return st;
+    const chcl_caps *caps = &d->be->caps;
+    if (caps->max_wg && caps->max_wg < d->max_wg)
+        d->max_wg = caps->max_wg;
+    for (int i = 0; i < 3; i++)
+        if (d->max_item[i] > d->max_wg)
+            d->max_item[i] = d->max_wg;
+    if (caps->local_mem && caps->local_mem < d->local_mem)
+        d->local_mem = caps->local_mem;
+    d->has_fp64 = has_extension(d->id, "cl_khr_fp64");
+    return CH_OK;
 }
 
 static void device_close(void *dev)

@@ -218,10 +218,16 @@ __kernel void f16_to_f32(__global uint *y, ulong yo, __global const ushort *x, u
     if (i >= n)
         return;
     uint h = x[xo + i];
-    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, r;
-    if (e == 0x1fu) {
+    /* The exponent field tested in place, not shifted down: from
+     * (h >> 10) & 0x1f, clang makes a switch on h >> 10 truncated to 5 bits,
+     * which oclgrind 21.10 runs with the sign bit still above them (it
+     * keeps narrow integers in whole bytes, unmasked), sending -0, the
+     * negative subnormals and -inf and NaNs to the normal numbers' branch
+     * (tests/oclgrind.sh). Here nothing is set above the field. */
+    uint sign = (h & 0x8000u) << 16, field = h & 0x7c00u, m = h & 0x3ffu, e = field >> 10, r;
+    if (field == 0x7c00u) {
         r = sign | 0x7f800000u | (m << 13);
-    } else if (e == 0u) {
+    } else if (field == 0u) {
         if (m == 0u) {
             r = sign;
         } else {

@@ -1,5 +1,5 @@
 /* GEMM, single and strided-batched: CLBlast's SGEMM (SGEMMSTRIDEDBATCHED)
- * when the module is built with it, our tiled kernel (gemm.cl) otherwise
+ * when the module is built with it, our tiled kernels (gemm.cl) otherwise
  * and for the shapes CLBlast refuses. The environment
  * variable CHORUS_OPENCL_GEMM=own|clblast forces one of them (read at init). */
 #include "config.h"
@@ -64,11 +64,41 @@ static ch_status gemm_own(chcl_stream *s, int trans_a, int trans_b, int64_t coun
                        CHCL_REF(B),     CHCL_ARG(ib),    CHCL_ARG(im),    CHCL_ARG(in),
                        CHCL_ARG(ik),    CHCL_ARG(ta),    CHCL_ARG(tb),    CHCL_ARG(alpha),
                        CHCL_ARG(beta),  CHCL_ARG(sa),    CHCL_ARG(sb),    CHCL_ARG(sc)};
-    size_t tiles_n = (size_t)((n + CHCL_GEMM_TILE - 1) / CHCL_GEMM_TILE);
-    size_t tiles_m = (size_t)((m + CHCL_GEMM_TILE - 1) / CHCL_GEMM_TILE);
-    size_t global[3] = {tiles_n * CHCL_GEMM_WG, tiles_m * CHCL_GEMM_WG, (size_t)count};
-    size_t local[3] = {CHCL_GEMM_WG, CHCL_GEMM_WG, 1};
-    return chcl_launch(s, CHCL_K_GEMM, CHCL_COUNT_OF(args), args, 3, global, local);
+    /* The tiled kernel with the smallest tile that covers C (fewer idle
+     * work-items on small products, attention's above all), else the
+     * largest; of those the device runs, by their work-groups and local
+     * memory. None: one work-item per element. */
+    static const struct {
+        chcl_kern_id k;
+        size_t wg;
+    } tiled[] = {{CHCL_K_GEMM, 16}, {CHCL_K_GEMM_WG8, 8}, {CHCL_K_GEMM_WG4, 4}};
+    int pick = -1;
+    for (int v = 0; v < CHCL_COUNT_OF(tiled); v++) {
+        size_t wg = tiled[v].wg, tile = wg * CHCL_GEMM_WPT;
+        size_t local[3] = {wg, wg, 1};
+        int fits = 0;
+        st = chcl_group_fits(s, tiled[v].k, local, &fits);
+        if (st != CH_OK)
+            return st;
+        if (fits && (pick < 0 || ((size_t)m <= tile && (size_t)n <= tile)))
+            pick = v;
+    }
+    if (pick >= 0) {
+        size_t wg = tiled[pick].wg, tile = wg * CHCL_GEMM_WPT;
+        size_t local[3] = {wg, wg, 1};
+        size_t global[3] = {((size_t)n + tile - 1) / tile * wg,
+                            ((size_t)m + tile - 1) / tile * wg, (size_t)count};
+        return chcl_launch(s, tiled[pick].k, CHCL_COUNT_OF(args), args, 3, global, local);
+    }
+    /* Work-groups of g work-items along a row of C (a power of two, at
+     * most 64 and what the kernel allows). */
+    size_t g;
+    st = chcl_group_size(s, CHCL_K_GEMM_SIMPLE, 64, 0, &g);
+    if (st != CH_OK)
+        return st;
+    size_t local[3] = {g, 1, 1};
+    size_t global[3] = {(size_t)n, (size_t)m, (size_t)count};
+    return chcl_launch(s, CHCL_K_GEMM_SIMPLE, CHCL_COUNT_OF(args), args, 3, global, local);
 }
 
 #ifdef HAVE_CLBLAST
@@ -130,8 +160,13 @@ static ch_status gemm_any(chcl_stream *s, int trans_a, int trans_b, int64_t coun
                           float beta, ch_bmem c, int64_t ldc, int64_t stride_c)
 {
 #ifdef HAVE_CLBLAST
-    chcl_gemm_mode mode = s->dev->be->gemm_mode;
-    if (mode != CHCL_GEMM_OWN) {
+    /* Under test caps (CHORUS_OPENCL_MAX_WORK_GROUP, _LOCAL_MEM) auto
+     * takes our kernels: CLBlast reads the device's own limits, which the
+     * caps pretend are lower. */
+    const chcl_backend *be = s->dev->be;
+    chcl_gemm_mode mode = be->gemm_mode;
+    int capped = be->caps.max_wg != 0 || be->caps.local_mem != 0;
+    if (mode == CHCL_GEMM_CLBLAST || (mode == CHCL_GEMM_AUTO && !capped)) {
         CLBlastStatusCode code = gemm_clblast(s, trans_a, trans_b, count, m, n, k, alpha, a,
                                               lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                                               stride_c);

@@ -4,27 +4,39 @@
  * the previous one. Our fallback where CLBlast is absent or refuses a
  * shape.
  *
- * A work-group of 16 x 16 work-items computes a 64 x 64 tile of C, each
- * work-item a 4 x 4 block strided by 16 so that neighbouring work-items
- * touch neighbouring columns. The K dimension goes by slices of 16 staged in
- * local memory; edges are padded with zeros, so any M, N, K works. The
- * layout constants match CHCL_GEMM_WG and CHCL_GEMM_TILE in opencl.h. */
+ * program.c places this file in the program several times, each after a
+ * GEMM_WG (and GEMM_NAME) of its own, so that a device with smaller
+ * work-groups or less local memory than a CPU's or a GPU's still has a
+ * kernel (gemm.c picks the largest that fits):
+ * - GEMM_WG 16, 8, 4: a work-group of WG x WG work-items computes a TS x TS
+ *   tile of C (TS = 4 WG), each work-item a 4 x 4 block strided by WG so
+ *   that neighbouring work-items touch neighbouring columns. The K
+ *   dimension goes by slices of 16 staged in local memory (2 x 16 x (TS + 1)
+ *   floats: 8.3 KiB at WG 16, 4.2 at 8, 2.2 at 4); edges are padded with
+ *   zeros, so any M, N, K works.
+ * - GEMM_WG 0: gemm_simple, one work-item per element of C, no local
+ *   memory, any work-group.
+ * Every one sums the products in the same order, increasing p from 0
+ * (the tiles' zero padding adds only zeros after them). CHCL_GEMM_WPT in
+ * opencl.h is WPT here. */
 
 /* Products summed with fused multiply-adds where the device has them, as
  * BLAS libraries do. */
 #pragma OPENCL FP_CONTRACT ON
 
-#define WG 16
-#define TS 64
+#if GEMM_WG > 0
+
+#define WG GEMM_WG
+#define WPT 4
+#define TS (WG * WPT)
 #define TK 16
-#define WPT (TS / WG)
 #define LOADS (TS * TK / (WG * WG))
 
 __kernel __attribute__((reqd_work_group_size(WG, WG, 1)))
-void gemm(__global float *c, ulong co, int ldc, __global const float *a, ulong ao,
-          int lda, __global const float *b, ulong bo, int ldb, int m, int n, int k,
-          int trans_a, int trans_b, float alpha, float beta, ulong stride_a,
-          ulong stride_b, ulong stride_c)
+void GEMM_NAME(__global float *c, ulong co, int ldc, __global const float *a, ulong ao,
+               int lda, __global const float *b, ulong bo, int ldb, int m, int n, int k,
+               int trans_a, int trans_b, float alpha, float beta, ulong stride_a,
+               ulong stride_b, ulong stride_c)
 {
     /* One column of padding: the staging stores of a non-transposed A (or a
      * transposed B) walk down a column, which would hit one bank 16 times. */
@@ -92,3 +104,39 @@ void gemm(__global float *c, ulong co, int ldc, __global const float *a, ulong a
         }
     }
 }
+
+#undef WG
+#undef WPT
+#undef TS
+#undef TK
+#undef LOADS
+
+#else
+
+/* Work-item (j, i, batch) computes C[i, j] of its matrix. */
+__kernel void gemm_simple(__global float *c, ulong co, int ldc, __global const float *a,
+                          ulong ao, int lda, __global const float *b, ulong bo, int ldb, int m,
+                          int n, int k, int trans_a, int trans_b, float alpha, float beta,
+                          ulong stride_a, ulong stride_b, ulong stride_c)
+{
+    int j = get_global_id(0), i = get_global_id(1);
+    if (i >= m || j >= n)
+        return;
+    ulong batch = get_global_id(2);
+    a += ao + batch * stride_a;
+    b += bo + batch * stride_b;
+    c += co + batch * stride_c;
+    float acc = 0.0f;
+    for (int p = 0; p < k; p++)
+        acc += (trans_a ? a[p * lda + i] : a[i * lda + p]) *
+               (trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+    float v = alpha * acc;
+    if (beta != 0.0f)
+        v += beta * c[i * ldc + j];
+    c[i * ldc + j] = v;
+}
+
+#endif
+
+#undef GEMM_WG
+#undef GEMM_NAME

@@ -43,6 +43,9 @@ typedef enum chcl_kern_id {
     CHCL_K_SGD_STEP,
     CHCL_K_ADAM_STEP,
     CHCL_K_GEMM,
+    CHCL_K_GEMM_WG8,
+    CHCL_K_GEMM_WG4,
+    CHCL_K_GEMM_SIMPLE,
     CHCL_K_SUM_ITEM,
     CHCL_K_SUM_GROUP,
     CHCL_K_ARGMAX_ITEM,
@@ -79,10 +82,12 @@ typedef enum chcl_kern_id {
     CHCL_K_COUNT
 } chcl_kern_id;
 
-/* The GEMM kernel's fixed work-group shape (gemm.cl: 16 x 16 work-items,
- * each computing 4 x 4 outputs of a 64 x 64 tile). */
-#define CHCL_GEMM_WG 16
-#define CHCL_GEMM_TILE 64
+/* The tiled GEMM kernels' work-groups (gemm.cl): WG x WG work-items, each
+ * computing CHCL_GEMM_WPT x CHCL_GEMM_WPT outputs of a tile of
+ * (WG * CHCL_GEMM_WPT)^2, for WG 16 (gemm), 8 (gemm_wg8) and 4 (gemm_wg4);
+ * gemm_simple, one work-item per output and no local memory, is the
+ * fallback for a device that runs none of them. */
+#define CHCL_GEMM_WPT 4
 
 /* Which GEMM the gemm slot uses (CHORUS_OPENCL_GEMM). */
 typedef enum chcl_gemm_mode {
@@ -98,6 +103,14 @@ typedef struct chcl_platform {
     cl_program progs[CHCL_P_COUNT];
 } chcl_platform;
 
+/* Limits a test may impose on every device, below the device's own
+ * (CHORUS_OPENCL_MAX_WORK_GROUP, CHORUS_OPENCL_LOCAL_MEM; 0: none), read
+ * at init: the kernels then run as on a smaller device. */
+typedef struct chcl_caps {
+    size_t max_wg;
+    cl_ulong local_mem;
+} chcl_caps;
+
 typedef struct chcl_backend {
     int nplatforms;
     chcl_platform *platforms;
@@ -105,6 +118,7 @@ typedef struct chcl_backend {
     cl_device_id *devices;         /* backend index order */
     chcl_platform **device_platform;  /* the platform of each device */
     chcl_gemm_mode gemm_mode;
+    chcl_caps caps;
 } chcl_backend;
 
 typedef struct chcl_pinned {
@@ -120,13 +134,24 @@ typedef struct chcl_device {
     char name[128];
     cl_ulong max_alloc;
     cl_ulong global_mem;
+    /* The limits every launch keeps to: the device's, lowered by the
+     * backend's caps. */
     size_t max_wg;                 /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
-    size_t max_item0;              /* CL_DEVICE_MAX_WORK_ITEM_SIZES[0] */
+    size_t max_item[3];            /* CL_DEVICE_MAX_WORK_ITEM_SIZES, first 3 */
+    cl_ulong local_mem;            /* CL_DEVICE_LOCAL_MEM_SIZE */
+    /* cl_khr_fp64. No kernel uses double; one that does must check this
+     * and keep a float path for the devices without it. */
+    int has_fp64;
     cl_command_queue queue;        /* for mapping pinned memory */
     atomic_ullong allocated;       /* bytes in live buffers of this module */
     pthread_mutex_t lock;          /* guards kernels and their arguments, pinned */
     cl_kernel kernels[CHCL_K_COUNT];
-    size_t kernel_wg[CHCL_K_COUNT];   /* CL_KERNEL_WORK_GROUP_SIZE per kernel */
+    /* Per kernel, once created: CL_KERNEL_WORK_GROUP_SIZE (capped by
+     * max_wg), CL_KERNEL_LOCAL_MEM_SIZE before any argument is set (its
+     * __local variables), CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE. */
+    size_t kernel_wg[CHCL_K_COUNT];
+    cl_ulong kernel_local[CHCL_K_COUNT];
+    size_t kernel_multiple[CHCL_K_COUNT];
     chcl_pinned *pinned;
 } chcl_device;
 
@@ -161,11 +186,20 @@ typedef struct chcl_arg {
 #define CHCL_LOCAL(bytes) ((chcl_arg){(bytes), NULL})
 
 /* The largest power-of-two work-group size, at most `cap`, the kernel
- * allows on the stream's device (for tree reductions). */
-ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t *out);
+ * allows on the stream's device with `per_item` bytes of local memory per
+ * work-item beside its own __local variables (for tree reductions);
+ * CH_ERR_LIMIT when not even one work-item fits in the local memory. */
+ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t per_item,
+                          size_t *out);
+/* Whether the device runs kernel `k` in work-groups of local[0] x local[1]
+ * x local[2] work-items with its __local variables (and no more): *fits 1
+ * or 0; an error only when the kernel cannot be built. */
+ch_status chcl_group_fits(chcl_stream *s, chcl_kern_id k, const size_t local[3], int *fits);
 /* Set the arguments and enqueue `k` on the stream: `dims` dimensions of
  * `global` work-items, rounded up to multiples of `local` (local NULL: one
- * chosen by us, 1-D only). */
+ * chosen by us, 1-D only). A work-group beyond the kernel's or the
+ * device's limits, or local memory beyond the device's, is CH_ERR_LIMIT
+ * naming the kernel, before anything is queued. */
 ch_status chcl_launch(chcl_stream *s, chcl_kern_id k, int nargs, const chcl_arg *args,
                       int dims, const size_t *global, const size_t *local);
 /* 1-D launch of n work-items. */

@@ -139,7 +139,8 @@ ch_status chcl_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
     ch_status st = check_3d("bias_grad", outer, c, inner);
     size_t group = 0;
     if (st == CH_OK)
-        st = chcl_group_size(stream, CHCL_K_BIAS_GRAD, group_cap(outer * inner), &group);
+        st = chcl_group_size(stream, CHCL_K_BIAS_GRAD, group_cap(outer * inner),
+                             sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_ref DB = chcl_ref_of(db), DY = chcl_ref_of(dy);
@@ -154,7 +155,7 @@ ch_status chcl_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
 static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
 {
     size_t group;
-    ch_status st = chcl_group_size(s, CHCL_K_MEAN, group_cap(n), &group);
+    ch_status st = chcl_group_size(s, CHCL_K_MEAN, group_cap(n), sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_ref L = chcl_ref_of(loss);
@@ -225,7 +226,8 @@ static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem prob
                               cl_mem rows, ch_bmem logits, ch_bmem labels, cl_mem flag)
 {
     size_t group;
-    ch_status st = chcl_group_size(s, CHCL_K_SOFTMAX_ROWS, group_cap(c), &group);
+    ch_status st = chcl_group_size(s, CHCL_K_SOFTMAX_ROWS, group_cap(c), sizeof(cl_float),
+                                   &group);
     if (st != CH_OK)
         return st;
     chcl_ref P = chcl_ref_of(probs), X = chcl_ref_of(logits), LB = chcl_ref_of(labels);
@@ -312,7 +314,7 @@ ch_status chcl_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
         return chcl_launch1(stream, CHCL_K_SUM_ITEM, CHCL_COUNT_OF(args), args, outputs);
     }
     size_t group;
-    st = chcl_group_size(stream, CHCL_K_SUM_GROUP, group_cap(n), &group);
+    st = chcl_group_size(stream, CHCL_K_SUM_GROUP, group_cap(n), sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(in),
@@ -335,7 +337,8 @@ ch_status chcl_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_
         return chcl_launch1(stream, CHCL_K_ARGMAX_ITEM, CHCL_COUNT_OF(args), args, outputs);
     }
     size_t group;
-    st = chcl_group_size(stream, CHCL_K_ARGMAX_GROUP, group_cap(n), &group);
+    st = chcl_group_size(stream, CHCL_K_ARGMAX_GROUP, group_cap(n),
+                         sizeof(cl_float) + sizeof(cl_int), &group);
     if (st != CH_OK)
         return st;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(in),

@@ -65,7 +65,15 @@ static const struct {
     int nsources;
 } programs[CHCL_P_COUNT] = {
     [CHCL_P_ELEMENTWISE] = {"elementwise.cl", (const char *const[]){chcl_src_elementwise}, 1},
-    [CHCL_P_GEMM] = {"gemm.cl", (const char *const[]){chcl_src_gemm}, 1},
+    /* gemm.cl once per work-group shape, GEMM_WG 0 its gemm_simple. */
+    [CHCL_P_GEMM] = {"gemm.cl",
+                     (const char *const[]){"#define GEMM_WG 16\n#define GEMM_NAME gemm\n",
+                                           chcl_src_gemm,
+                                           "#define GEMM_WG 8\n#define GEMM_NAME gemm_wg8\n",
+                                           chcl_src_gemm,
+                                           "#define GEMM_WG 4\n#define GEMM_NAME gemm_wg4\n",
+                                           chcl_src_gemm, "#define GEMM_WG 0\n", chcl_src_gemm},
+                     8},
     [CHCL_P_SUM] = {"sum.cl", (const char *const[]){chcl_src_common, chcl_src_sum}, 2},
     [CHCL_P_SOFTMAX] = {"softmax.cl", (const char *const[]){chcl_src_common, chcl_src_softmax}, 2},
     [CHCL_P_CONV] = {"conv.cl", (const char *const[]){chcl_src_conv}, 1},
@@ -92,6 +100,9 @@ static const struct {
     [CHCL_K_SGD_STEP] = {"sgd_step", CHCL_P_ELEMENTWISE},
     [CHCL_K_ADAM_STEP] = {"adam_step", CHCL_P_ELEMENTWISE},
     [CHCL_K_GEMM] = {"gemm", CHCL_P_GEMM},
+    [CHCL_K_GEMM_WG8] = {"gemm_wg8", CHCL_P_GEMM},
+    [CHCL_K_GEMM_WG4] = {"gemm_wg4", CHCL_P_GEMM},
+    [CHCL_K_GEMM_SIMPLE] = {"gemm_simple", CHCL_P_GEMM},
     [CHCL_K_SUM_ITEM] = {"sum_item", CHCL_P_SUM},
     [CHCL_K_SUM_GROUP] = {"sum_group", CHCL_P_SUM},
     [CHCL_K_ARGMAX_ITEM] = {"argmax_item", CHCL_P_SUM},
@@ -194,15 +205,32 @@ static ch_status kernel_get(chcl_device *d, chcl_kern_id k, cl_kernel *out)
     cl_kernel kern = clCreateKernel(prog, kernels[k].name, &err);
     if (err != CL_SUCCESS)
         return chcl_err_on(err, "clCreateKernel", kernels[k].name);
-    size_t wg;
+    /* Asked before any argument is set: the local memory of its __local
+     * variables alone. */
+    size_t wg = 0, multiple = 1;
+    cl_ulong local = 0;
+    const char *what = "clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE)";
     err = clGetKernelWorkGroupInfo(kern, d->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                    NULL);
+    if (err == CL_SUCCESS) {
+        what = "clGetKernelWorkGroupInfo(CL_KERNEL_LOCAL_MEM_SIZE)";
+        err = clGetKernelWorkGroupInfo(kern, d->id, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local,
+                                       &local, NULL);
+    }
+    if (err == CL_SUCCESS) {
+        what = "clGetKernelWorkGroupInfo(CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE)";
+        err = clGetKernelWorkGroupInfo(kern, d->id,
+                                       CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE,
+                                       sizeof multiple, &multiple, NULL);
+    }
     if (err != CL_SUCCESS) {
         clReleaseKernel(kern);
-        return chcl_err_on(err, "clGetKernelWorkGroupInfo", kernels[k].name);
+        return chcl_err_on(err, what, kernels[k].name);
     }
     d->kernels[k] = kern;
-    d->kernel_wg[k] = wg;
+    d->kernel_wg[k] = wg < d->max_wg ? wg : d->max_wg;
+    d->kernel_local[k] = local;
+    d->kernel_multiple[k] = multiple ? multiple : 1;
     *out = kern;
     return CH_OK;
 }
@@ -210,24 +238,85 @@ static ch_status kernel_get(chcl_device *d, chcl_kern_id k, cl_kernel *out)
 /* The most work-items a 1-D work-group of kernel `k` may have. */
 static size_t group_max_1d(const chcl_device *d, chcl_kern_id k)
 {
-    return d->kernel_wg[k] < d->max_item0 ? d->kernel_wg[k] : d->max_item0;
+    return d->kernel_wg[k] < d->max_item[0] ? d->kernel_wg[k] : d->max_item[0];
 }
 
-ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t *out)
+/* The work-group of a 1-D launch: GROUP_1D or the kernel's maximum if
+ * lower, rounded down to a multiple of the kernel's preferred multiple
+ * where it is at least that. */
+static size_t group_1d(const chcl_device *d, chcl_kern_id k)
+{
+    size_t g = group_max_1d(d, k), m = d->kernel_multiple[k];
+    if (g > GROUP_1D)
+        g = GROUP_1D;
+    return g >= m ? g / m * m : g;
+}
+
+ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t per_item,
+                          size_t *out)
 {
     chcl_device *d = s->dev;
     cl_kernel kern;
     pthread_mutex_lock(&d->lock);
     ch_status st = kernel_get(d, k, &kern);
     size_t max = st == CH_OK ? group_max_1d(d, k) : 0;
+    cl_ulong fixed = st == CH_OK ? d->kernel_local[k] : 0;
     pthread_mutex_unlock(&d->lock);
     if (st != CH_OK)
         return st;
+    cl_ulong room = d->local_mem > fixed ? d->local_mem - fixed : 0;
+    if (per_item > room)
+        return chi_error(CH_ERR_LIMIT,
+                         "opencl %s: needs %llu bytes of local memory for one work-item, "
+                         "%s has %llu",
+                         kernels[k].name, (unsigned long long)(fixed + per_item), d->name,
+                         (unsigned long long)d->local_mem);
     size_t g = 1;
-    while (g * 2 <= cap && g * 2 <= max)
+    while (g * 2 <= cap && g * 2 <= max && (cl_ulong)(g * 2) * per_item <= room)
         g *= 2;
     *out = g;
     return CH_OK;
+}
+
+/* Why a work-group of local[0 .. dims) work-items with `local_bytes` of
+ * dynamic local memory cannot run `k` on `d`, in why; 1 when it can. */
+static int group_ok(const chcl_device *d, chcl_kern_id k, int dims, const size_t *local,
+                    cl_ulong local_bytes, char *why, size_t len)
+{
+    size_t items = 1;
+    for (int i = 0; i < dims; i++) {
+        if (local[i] > d->max_item[i]) {
+            snprintf(why, len, "work-groups of %zu work-items in dimension %d, %s allows %zu",
+                     local[i], i, d->name, d->max_item[i]);
+            return 0;
+        }
+        items *= local[i];
+    }
+    if (items > d->kernel_wg[k]) {
+        snprintf(why, len, "work-groups of %zu work-items, %s allows %zu for this kernel",
+                 items, d->name, d->kernel_wg[k]);
+        return 0;
+    }
+    cl_ulong need = d->kernel_local[k] + local_bytes;
+    if (need > d->local_mem) {
+        snprintf(why, len, "%llu bytes of local memory, %s has %llu",
+                 (unsigned long long)need, d->name, (unsigned long long)d->local_mem);
+        return 0;
+    }
+    return 1;
+}
+
+ch_status chcl_group_fits(chcl_stream *s, chcl_kern_id k, const size_t local[3], int *fits)
+{
+    chcl_device *d = s->dev;
+    cl_kernel kern;
+    char why[256];
+    pthread_mutex_lock(&d->lock);
+    ch_status st = kernel_get(d, k, &kern);
+    if (st == CH_OK)
+        *fits = group_ok(d, k, 3, local, 0, why, sizeof why);
+    pthread_mutex_unlock(&d->lock);
+    return st;
 }
 
 static ch_status args_set(cl_kernel kern, const char *name, int nargs, const chcl_arg *args)
@@ -241,19 +330,11 @@ static ch_status args_set(cl_kernel kern, const char *name, int nargs, const chc
     return CH_OK;
 }
 
-/* A kernel that needs larger work-groups than the device allows (our GEMM's
- * fixed 16 x 16) cannot run there: say so rather than let the launch fail
- * with CL_INVALID_WORK_GROUP_SIZE. */
-static ch_status group_fits(chcl_device *d, chcl_kern_id k, size_t items)
-{
-    if (items <= d->kernel_wg[k])
-        return CH_OK;
-    return chi_error(CH_ERR_LIMIT,
-                     "opencl %s: needs work-groups of %zu work-items, %s allows %zu for "
-                     "this kernel",
-                     kernels[k].name, items, d->name, d->kernel_wg[k]);
-}
-
+/* A launch beyond the device's limits (a work-group too large for the
+ * kernel or the device, more local memory than it has) cannot run there:
+ * say so rather than let the launch fail with CL_INVALID_WORK_GROUP_SIZE
+ * or CL_OUT_OF_RESOURCES. The sizes are ours to choose, so this is a
+ * backstop; chcl_group_size and chcl_group_fits choose within them. */
 static ch_status enqueue(chcl_stream *s, chcl_kern_id k, int nargs, const chcl_arg *args,
                          int dims, const size_t *global, const size_t *local)
 {
@@ -262,15 +343,19 @@ static ch_status enqueue(chcl_stream *s, chcl_kern_id k, int nargs, const chcl_a
     ch_status st = kernel_get(d, k, &kern);
     if (st != CH_OK)
         return st;
-    size_t lsz[3], gsz[3], items = 1;
+    size_t lsz[3], gsz[3];
     for (int i = 0; i < dims; i++) {
-        lsz[i] = local ? local[i] : (group_max_1d(d, k) < GROUP_1D ? group_max_1d(d, k) : GROUP_1D);
+        lsz[i] = local ? local[i] : group_1d(d, k);
         gsz[i] = (global[i] + lsz[i] - 1) / lsz[i] * lsz[i];
-        items *= lsz[i];
     }
-    st = group_fits(d, k, items);
-    if (st == CH_OK)
-        st = args_set(kern, kernels[k].name, nargs, args);
+    cl_ulong local_bytes = 0;
+    for (int i = 0; i < nargs; i++)
+        if (!args[i].value)
+            local_bytes += args[i].size;
+    char why[256];
+    if (!group_ok(d, k, dims, lsz, local_bytes, why, sizeof why))
+        return chi_error(CH_ERR_LIMIT, "opencl %s: needs %s", kernels[k].name, why);
+    st = args_set(kern, kernels[k].name, nargs, args);
     if (st != CH_OK)
         return st;
     cl_int err = clEnqueueNDRangeKernel(s->queue, kern, (cl_uint)dims, NULL, gsz, lsz, 0,
