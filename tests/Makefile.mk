@@ -92,9 +92,9 @@ tests_test_dist_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dist_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
 TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
-	tests/test-dist.sh
+	tests/test-dist.sh tests/test-platforms.sh
 EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
-	tests/test-dist.sh tests/lsan-mpi.supp
+	tests/test-dist.sh tests/test-platforms.sh tests/lsan-mpi.supp
 AM_TESTS_ENVIRONMENT += CHORUS_TEST_BUILDDIR='$(abs_top_builddir)'; export CHORUS_TEST_BUILDDIR;
 AM_TESTS_ENVIRONMENT += CHORUS_MPIRUN='$(MPIRUN)'; export CHORUS_MPIRUN;
 # Under --enable-sanitizers, what Open MPI keeps until exit is not ours
@@ -103,6 +103,43 @@ AM_TESTS_ENVIRONMENT += \
 	LSAN_OPTIONS="suppressions=$(abs_top_srcdir)/tests/lsan-mpi.supp$${LSAN_OPTIONS:+:$$LSAN_OPTIONS}"; \
 	export LSAN_OPTIONS;
 AM_TESTS_ENVIRONMENT += CHORUS_TRAIN='$(abs_top_builddir)/utils/chorus-train'; export CHORUS_TRAIN;
+
+# Two vendors' OpenCL: beside PoCL (and any driver of this machine), Intel's
+# CPU runtime, which ./bootstrap installs into the source tree for the tests
+# alone (never on LD_LIBRARY_PATH: its folder holds a libOpenCL.so of its
+# own). tests/opencl-vendors, remade at every `make check`, holds a copy of
+# every .icd file of /etc/OpenCL/vendors and one naming the runtime when it
+# is installed; the tests see it through OCL_ICD_VENDORS unless the caller
+# sets OCL_ICD_VENDORS, or CHORUS_TEST_OPENCL=pocl leaves Intel's runtime
+# out (the system's drivers alone). tests/test-platforms.sh says which.
+# `make check INTEL_OPENCL=FILE` names another libintelocl.so.
+INTEL_OPENCL = $(abs_top_srcdir)/.test-deps/intel-opencl/lib/libintelocl.so
+OPENCL_SYSTEM_VENDORS = /etc/OpenCL/vendors
+if HAVE_OPENCL
+check_DATA += tests/opencl-vendors
+endif
+.PHONY: tests/opencl-vendors clean-opencl-vendors
+tests/opencl-vendors:
+	$(AM_V_GEN)rm -rf $@ $@.tmp && $(MKDIR_P) $@.tmp && \
+	for f in $(OPENCL_SYSTEM_VENDORS)/*.icd; do \
+	    test ! -f "$$f" || cp "$$f" $@.tmp/ || exit 1; \
+	done && \
+	if test -f '$(INTEL_OPENCL)'; then \
+	    echo '$(INTEL_OPENCL)' >$@.tmp/chorus-test-intel-cpu.icd; \
+	fi && \
+	mv $@.tmp $@
+clean-local: clean-opencl-vendors
+clean-opencl-vendors:
+	rm -rf tests/opencl-vendors tests/opencl-vendors.tmp
+AM_TESTS_ENVIRONMENT += \
+	CHORUS_TEST_INTEL_OPENCL='$(INTEL_OPENCL)'; \
+	CHORUS_TEST_OPENCL_VENDORS='$(abs_top_builddir)/tests/opencl-vendors'; \
+	export CHORUS_TEST_INTEL_OPENCL CHORUS_TEST_OPENCL_VENDORS; \
+	if test -z "$${OCL_ICD_VENDORS-}" && test "$${CHORUS_TEST_OPENCL-}" != pocl && \
+	    test -d "$$CHORUS_TEST_OPENCL_VENDORS"; then \
+	    OCL_ICD_VENDORS=$$CHORUS_TEST_OPENCL_VENDORS; export OCL_ICD_VENDORS; \
+	fi;
+
 include tests/host.mk
 include tests/opencl.mk
 include tests/ops.mk
