@@ -55,8 +55,11 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # ch_conv2d and its backward take half inputs, refused before).
 libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 5:0:0 $(OPENMP_CFLAGS)
 
-nobase_include_HEADERS += \
-	include/chorus.h \
+# Installed as PREFIX/include/chorus.h and PREFIX/include/chorus/*.h, where
+# pkg-config's -I${includedir} finds them (tests/installcheck.sh checks).
+include_HEADERS += include/chorus.h
+chorusincludedir = $(includedir)/chorus
+chorusinclude_HEADERS = \
 	include/chorus/export.h \
 	include/chorus/clock.h \
 	include/chorus/status.h \
