@@ -30,7 +30,11 @@ libchorus_la_SOURCES = \
 	lib/half.h \
 	lib/bf16_sum.h \
 	lib/optim_consts.h \
-	lib/fault.h
+	lib/fault.h \
+	$(kernel_math_headers)
+# The kernels' math shared by every backend (lib/kernels/prelude.h says how).
+kernel_math_headers = \
+	lib/kernels/prelude.h
 # A test build's counted allocations and writes (configure
 # --enable-fault-injection; lib/fault.h).
 if FAULT_INJECTION

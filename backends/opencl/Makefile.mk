@@ -2,8 +2,9 @@
 #
 # The kernels live in .cl files and are compiled into the module as C string
 # literals (kernels.c, generated below with sed), so nothing is looked up at
-# run time. lib/philox.h is embedded the same way: it is valid OpenCL C, and
-# the rand program is built from it, so every backend runs the same Philox.
+# run time. lib/philox.h and the shared math of lib/kernels/ are embedded the
+# same way (each header's basename must be unique): they are valid OpenCL C,
+# and the programs are built from them, so every backend runs the same math.
 opencl_kernels = \
 	backends/opencl/common.cl \
 	backends/opencl/elementwise.cl \
@@ -40,7 +41,7 @@ backends_opencl_chorus_opencl_la_LIBADD = libchorus.la $(OPENCL_LIBS) $(CLBLAST_
 CLEANFILES += backends/opencl/kernels.c
 endif
 
-opencl_embedded = $(opencl_kernels) lib/philox.h
+opencl_embedded = $(opencl_kernels) lib/philox.h $(kernel_math_headers)
 
 # The headers whose enums cross the backend ABI: every line that starts with
 # an enumerator (CH_NAME, then =, a comma, a comment or nothing) becomes
