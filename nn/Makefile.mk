@@ -17,6 +17,11 @@ nn_sources = \
 	nn/checkpoint.c \
 	nn/presets.c \
 	nn/dp.c \
+	nn/dp_impl.h \
+	nn/dp_worker.c \
+	nn/dp_reduce.c \
+	nn/dp_bn.c \
+	nn/dp_join.c \
 	nn/dist.c \
 	nn/dist.h \
 	nn/split.c \

@@ -1,0 +1,277 @@
+/* What the files of data parallelism (chorus/dp.h) share. Private to them:
+ *
+ * - nn/dp.c: the object and its calls (ch_dp_new, ch_dp_free, the step,
+ *   prediction and evaluation calls, the queries);
+ * - nn/dp_worker.c: what each replica's worker thread does in a call;
+ * - nn/dp_reduce.c: the buckets and the reducer thread;
+ * - nn/dp_bn.c: BatchNorm's statistics exchanged between replicas;
+ * - nn/dp_join.c: across processes, joining them in ch_dp_new and the
+ *   report every process gives the others at the end of every call.
+ *
+ * The design (replicas, buckets, the phases of a call) is described at the
+ * top of nn/dp.c. Every field of a ch_dp that threads share is read and
+ * written under w.lock unless it says otherwise. */
+#ifndef CHORUS_NN_DP_IMPL_H
+#define CHORUS_NN_DP_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dist.h"
+#include "nn.h"
+#include "split.h"
+#include <chorus/dp.h>
+
+typedef enum job { JOB_TRAIN, JOB_PREDICT, JOB_EVALUATE } job;
+
+/* What a process tells the others at the end of every call (across
+ * processes): its status, its share of the loss and of the right answers,
+ * replica 0's checksum, and its replicas' compute seconds (the automatic
+ * split), `nmax` of them after the fixed part. */
+typedef struct report {
+    int32_t st;
+    int32_t checked;
+    double loss;              /* sum over its replicas of mean loss x samples */
+    int64_t correct;
+    uint64_t checksum;
+    char error[400];
+} report;
+
+typedef struct bucket {
+    int p_lo, p_hi;           /* parameters [p_lo, p_hi) */
+    int64_t count;            /* their elements */
+} bucket;
+
+typedef struct replica {
+    ch_dp *dp;
+    int index;
+    ch_device *dev;
+    ch_stream *stream;        /* forward, backward, the optimizer */
+    ch_stream *comm;          /* the reducer's work on this replica */
+    ch_module *model;
+    ch_loss *loss;
+    ch_optimizer *opt;
+    ch_tensor *x, *labels, *pred;
+    int32_t *pred_host;       /* evaluation: the predictions, downloaded */
+    int64_t pred_cap;
+    pthread_t thread;
+    int started, bound;
+    int start, count;         /* its slice of the batch */
+    float loss_value;
+    int64_t correct;
+    double seconds, compute_seconds;
+    double compute_end;       /* when its forward and backward ended */
+    uint64_t checksum;
+    ch_status st;
+    char error[1024];
+
+    struct {                  /* its gradients in buckets (nn/dp_reduce.c) */
+        ch_tensor **grads;    /* per bucket: its gradients; the parameters' are views */
+        ch_event **ready;     /* per bucket: its gradients are complete */
+        int *missing;         /* per bucket: parameters still to come, -1 once posted */
+        int posting;          /* this backward posts buckets */
+    } bk;
+    struct {                  /* BatchNorm's sums, exchanged through the host (nn/dp_bn.c) */
+        float *buf;
+        double *sum;
+        int64_t cap;
+        double wait;          /* of its compute, seconds spent waiting for the
+                                 other replicas' sums */
+    } bn;
+    struct {                  /* fp16's check of the reduced gradients */
+        int overflow;         /* they were not finite */
+        ch_tensor *finite;    /* each bucket's sum, for the check */
+        float *finite_host;   /* the sums read back */
+    } fp16;
+} replica;
+
+struct ch_dp {
+    int n;                    /* this process's replicas */
+    replica *r;
+    ch_dp_options o;
+    nn_split split;           /* the batch's shares (nn/split.h) */
+    int64_t numel;            /* all parameters */
+    int threaded;             /* worker threads and a reducer: n > 1 or ranks > 1 */
+
+    struct {                  /* the threads and what they meet on */
+        pthread_mutex_t lock;
+        pthread_cond_t go, done;
+        pthread_barrier_t barrier;
+        int64_t generation;   /* bumped for every call the workers run */
+        int finished;         /* workers done with the call */
+        int quit;
+        atomic_int failed;    /* something failed in this call */
+        atomic_int parted;    /* a replica failed during its update */
+        char parted_error[1200]; /* then every later call fails with this */
+    } w;
+
+    struct {                  /* the buckets (nn/dp_reduce.c) */
+        bucket *list;
+        int count;
+        int *of_param;        /* parameter index -> bucket */
+        int *posted;          /* per bucket: replicas that posted it in this call */
+    } bk;
+
+    struct {                  /* the reducer thread (nn/dp_reduce.c) */
+        ch_reducer *reducer;  /* n > 1 */
+        ch_tensor **bufs;     /* [n] the reducer thread's view of a bucket */
+        pthread_t thread;
+        int started;
+        pthread_cond_t posted; /* a bucket was posted, the reducer is done, or a failure */
+        int64_t generation;   /* bumped for every call the reducer runs */
+        int done;             /* with this call */
+        double start;         /* when the first bucket's reduction began, 0: none */
+        ch_status st;
+        char error[1024];
+        nn_comm *comm;        /* its collectives across processes */
+    } red;
+
+    struct {                  /* BatchNorm's statistics exchange (nn/dp_bn.c) */
+        pthread_cond_t exchanged; /* a round of the exchange ended */
+        int active;           /* replicas with samples in this call: they exchange */
+        int arrived;
+        int64_t round;
+        int leader;           /* the replica that exchanges for the process */
+        int flagged;          /* this call's failure was told to the others */
+        int done;             /* exchanges across processes in this call */
+        int expected;         /* in a training call (-1 until one succeeded) */
+        int64_t *counts;      /* [counts_cap] the values of each of them */
+        int counts_cap;
+        double *total;        /* the process's sums, then the job's */
+        int64_t total_cap;
+        nn_comm *comm;        /* its collectives across processes (the leader's) */
+    } bn;
+
+    struct {                  /* the call in flight */
+        job job;
+        int sync;             /* this call reduces and updates */
+        const ch_batch *batch;
+        ch_tensor *out;       /* predict */
+        float lr;
+        float loss_scale;     /* the loss's gradient factor: scaler / accumulate */
+        float grad_rescale;   /* flush: accumulate / micro-batches there are */
+        double eval_loss;     /* the last evaluation's, over the job */
+        int64_t eval_correct;
+    } call;
+
+    struct {                  /* training's state from call to call */
+        int64_t step;         /* updates so far */
+        int buffers_stale;    /* replicas 1.. hold older running statistics than 0 */
+        int ranks_stale;      /* ranks other than 0 hold other running statistics */
+        int micro;            /* micro-batches accumulated since the last update */
+        int64_t micro_samples; /* their samples: the random stream's offset */
+        float scaler;         /* fp16's dynamic loss scale (1 otherwise) */
+        int scaler_clean;     /* clean steps since it last changed */
+        int64_t skipped;      /* steps skipped for an overflow */
+    } tr;
+
+    /* Across processes (options.dist with two or more): this process's
+     * replicas are replicas [first, first + n) of the job's nall, the
+     * split is the job's (nn/dp_join.c). */
+    struct {
+        ch_dist *dist;
+        int ranks, rank;
+        int nall, first, nmax;
+        int *rank_n, *rank_first; /* [ranks] */
+        nn_comm *ctl;         /* the calling thread's collectives */
+        size_t report_bytes;  /* sizeof(report) + nmax doubles */
+        unsigned char *reports; /* [ranks] reports, then this process's own */
+        int span_all;         /* every process's reducer can span processes (NCCL) */
+    } procs;
+
+#ifdef CHI_TEST_HOOKS
+    struct {
+        int replica;          /* this replica fails its next call */
+        int update;           /* this replica fails its next update, past the barrier */
+        int reduce;           /* the next reduction fails */
+    } inject;
+#endif
+};
+
+/* ---- Failures injected by tests ----------------------------------------------
+ * Only in the copy of nn/ that tests link (tests/Makefile.mk): the
+ * installed library has no hook. */
+#ifdef CHI_TEST_HOOKS
+/* The failure injected for `replica` (-1: the reducer), if any. */
+static inline ch_status dp_injected(const ch_dp *dp, int replica)
+{
+    int fails = replica < 0 ? dp->inject.reduce : dp->inject.replica == replica;
+    return fails ? chi_error(CH_ERR_INTERNAL, "failure injected by a test") : CH_OK;
+}
+
+static inline ch_status dp_injected_update(const ch_dp *dp, int replica)
+{
+    return dp->inject.update == replica ? chi_error(CH_ERR_INTERNAL, "failure injected by a test")
+                                        : CH_OK;
+}
+
+/* After a call: a replica's failure is for one call, the reducer's for one
+ * step (reset once the step synchronises). */
+static inline void dp_injected_clear(ch_dp *dp, int step_done)
+{
+    dp->inject.replica = -1;
+    if (step_done) {
+        dp->inject.update = -1;
+        dp->inject.reduce = 0;
+    }
+}
+#else
+#define dp_injected(dp, replica) CH_OK
+#define dp_injected_clear(dp, step_done) ((void)0)
+#define dp_injected_update(dp, replica) CH_OK
+#endif
+
+/* ---- nn/dp_worker.c ------------------------------------------------------------- */
+
+int64_t dp_labels_per_sample(const ch_dp *dp);
+/* Bytes of one input sample, of one sample's labels. */
+size_t dp_sample_bytes(const ch_dp *dp);
+size_t dp_label_bytes(const ch_dp *dp);
+/* Replica r's checksum of its parameters (r->checksum). */
+ch_status dp_param_checksum(replica *r);
+/* fp16, after an update: the loss scale for the next step. */
+void dp_rescale(ch_dp *dp);
+/* Runs the call set up in dp->call on every replica; returns when all are
+ * done. */
+void dp_run_all(ch_dp *dp);
+/* A replica's worker thread (arg: the replica). */
+void *dp_worker(void *arg);
+
+/* ---- nn/dp_reduce.c ------------------------------------------------------------- */
+
+ch_status dp_make_buckets(ch_dp *dp, const ch_module *model);
+/* The model's hook (nn_set_grad_hook; user: the replica). */
+ch_status dp_on_grads(void *user, int first, int count);
+/* Posts the buckets this replica has not posted yet. */
+ch_status dp_post_rest(replica *r);
+ch_status dp_make_reducer(ch_dp *dp);
+void *dp_reducer_main(void *arg);
+void dp_wait_reduced(ch_dp *dp);
+/* With w.lock held: wait for the next call (*generation moving past
+ * *seen); 0 when the dp is shutting down instead. */
+int dp_next_call(ch_dp *dp, const int64_t *generation, int64_t *seen);
+
+/* ---- nn/dp_bn.c ----------------------------------------------------------------- */
+
+/* The model's BatchNorm hook (nn_set_sync; user: the replica). */
+ch_status dp_exchange_sums(void *user, ch_tensor *t);
+void dp_flag_exchange(ch_dp *dp);
+ch_status dp_broadcast_buffers(ch_dp *dp);
+
+/* ---- nn/dp_join.c --------------------------------------------------------------- */
+
+ch_status dp_make_comms(ch_dp *dp);
+ch_status dp_join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **weights);
+ch_status dp_check_same_start(ch_dp *dp);
+ch_status dp_try_span(ch_dp *dp);
+ch_status dp_bcast_state(ch_dp *dp, int params, const char *what);
+ch_status dp_share_outcome(ch_dp *dp, ch_status st, const char *fn, double loss,
+                           int64_t correct, int checked, int64_t step);
+ch_status dp_check_every_rank_has_samples(const ch_dp *dp, const char *fn, int total);
+ch_status dp_gather_rows(ch_dp *dp, ch_tensor *out, int total);
+report *dp_report_of(const ch_dp *dp, int k);
+double *dp_report_seconds(report *p);
+
+#endif

@@ -1,0 +1,235 @@
+/* Data parallelism (nn/dp.c): the buckets and the reducer thread.
+ *
+ * The parameters are cut into buckets in reverse order, the order
+ * backward produces their gradients in; every replica's gradients are
+ * views of one buffer per bucket (nn_grads_into). When backward has
+ * produced a bucket's gradients, the worker records an event on its stream
+ * and posts the bucket (the model's hook, dp_on_grads). The reducer thread
+ * takes the buckets in order, each once every replica has posted it, and
+ * all-reduces that bucket's buffers on the replicas' communication streams
+ * (chorus/reduce.h), across processes too (its stage), while the workers'
+ * backward goes on with the earlier layers. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dp_impl.h"
+
+#define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
+
+/* Bucket b is complete on this replica: mark the point on its stream and
+ * hand it to the reducer. */
+static ch_status post(replica *r, int b)
+{
+    ch_dp *dp = r->dp;
+    r->bk.missing[b] = -1;
+    TRY(ch_event_record(r->bk.ready[b], r->stream));
+    pthread_mutex_lock(&dp->w.lock);
+    dp->bk.posted[b]++;
+    pthread_cond_broadcast(&dp->red.posted);
+    pthread_mutex_unlock(&dp->w.lock);
+    return CH_OK;
+}
+
+/* The model's hook: gradients of parameters [first, first + count) are done. */
+ch_status dp_on_grads(void *user, int first, int count)
+{
+    replica *r = user;
+    if (!r->bk.posting)
+        return CH_OK;
+    for (int p = first; p < first + count; p++) {
+        int b = r->dp->bk.of_param[p];
+        if (r->bk.missing[b] > 0 && --r->bk.missing[b] == 0)
+            TRY(post(r, b));
+    }
+    return CH_OK;
+}
+
+ch_status dp_post_rest(replica *r)
+{
+    for (int b = 0; b < r->dp->bk.count; b++)
+        if (r->bk.missing[b] >= 0)
+            TRY(post(r, b));
+    return CH_OK;
+}
+
+/* Buckets of about bucket_bytes from the last parameter backwards: the
+ * order backward produces the gradients in. */
+ch_status dp_make_buckets(ch_dp *dp, const ch_module *model)
+{
+    int np = ch_module_param_count(model);
+    size_t limit = dp->o.bucket_bytes ? dp->o.bucket_bytes : DEFAULT_BUCKET_BYTES;
+    int64_t *offs = calloc((size_t)np + 1, sizeof *offs);
+    dp->bk.of_param = calloc((size_t)(np ? np : 1), sizeof *dp->bk.of_param);
+    dp->bk.list = calloc((size_t)(np ? np : 1), sizeof *dp->bk.list);
+    if (!offs || !dp->bk.of_param || !dp->bk.list) {
+        free(offs);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    }
+    for (int i = 0; i < np; i++) {
+        ch_tensor *v;
+        ch_status st = ch_module_param(model, i, NULL, &v, NULL);
+        if (st != CH_OK) {
+            free(offs);
+            return st;
+        }
+        offs[i + 1] = offs[i] + ch_tensor_numel(v);
+    }
+    int hi = np;
+    while (hi > 0) {
+        int lo = hi - 1;
+        while (lo > 0 && (size_t)(offs[hi] - offs[lo - 1]) * sizeof(float) <= limit)
+            lo--;
+        bucket *b = &dp->bk.list[dp->bk.count];
+        *b = (bucket){lo, hi, offs[hi] - offs[lo]};
+        for (int p = lo; p < hi; p++)
+            dp->bk.of_param[p] = dp->bk.count;
+        dp->bk.count++;
+        hi = lo;
+    }
+    free(offs);
+    dp->bk.posted = calloc((size_t)(dp->bk.count ? dp->bk.count : 1),
+                           sizeof *dp->bk.posted);
+    return dp->bk.posted ? CH_OK
+                            : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+}
+
+/* With dp->w.lock held: wait for the next call (*generation moving past
+ * *seen); 0 when the dp is shutting down instead. */
+int dp_next_call(ch_dp *dp, const int64_t *generation, int64_t *seen)
+{
+    while (!dp->w.quit && *generation == *seen)
+        pthread_cond_wait(&dp->w.go, &dp->w.lock);
+    if (dp->w.quit)
+        return 0;
+    *seen = *generation;
+    return 1;
+}
+
+static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
+{
+    TRY(dp_injected(dp, -1));
+    for (int i = 0; i < dp->n; i++) {
+        TRY(ch_event_wait(dp->r[i].comm, dp->r[i].bk.ready[b]));
+        bufs[i] = dp->r[i].bk.grads[b];
+    }
+    return ch_reducer_allreduce(dp->red.reducer, bufs, 0, dp->bk.list[b].count);
+}
+
+/* The reducer's stage across processes: the process's total of a bucket
+ * becomes the job's (chorus/reduce.h). */
+static ch_status sum_across(void *user, float *total, int64_t count)
+{
+    ch_dp *dp = user;
+    return nn_comm_sum_f32(dp->red.comm, total, count, "reducing gradients across processes");
+}
+
+/* The same in bf16 (reduce_dtype bf16): half the bytes cross. */
+static ch_status sum_across_bf16(void *user, uint16_t *total, int64_t count)
+{
+    ch_dp *dp = user;
+    return nn_comm_sum_bf16(dp->red.comm, total, count, "reducing gradients across processes");
+}
+
+/* Across processes, before each bucket: whether every process is still
+ * in the step. A process that failed says so once, at the bucket it was
+ * to reduce next, and every process stops there: no process is left
+ * waiting for a bucket that will never come. */
+static ch_status all_in(ch_dp *dp, int failed)
+{
+    double flag = failed ? 1.0 : 0.0;
+    TRY(nn_comm_sum_f64(dp->red.comm, &flag, 1, "reducing gradients across processes"));
+    if (flag > 0.0 && !failed)
+        return chi_error(CH_ERR_REMOTE, "another process of the job failed in this step");
+    return CH_OK;
+}
+
+/* With dp->w.lock held: the reducer failed; the workers stop too. */
+static void reducer_failed(ch_dp *dp, ch_status st)
+{
+    dp->red.st = st;
+    snprintf(dp->red.error, sizeof dp->red.error, "reducing gradients (%s): %s",
+             ch_reduce_mode_name(dp->o.reduce), ch_last_error());
+    atomic_store(&dp->w.failed, 1);
+}
+
+void *dp_reducer_main(void *arg)
+{
+    ch_dp *dp = arg;
+    int64_t seen = 0;
+    ch_tensor **bufs = dp->red.bufs;
+    pthread_mutex_lock(&dp->w.lock);
+    while (dp_next_call(dp, &dp->red.generation, &seen)) {
+        for (int b = 0; b < dp->bk.count; b++) {
+            while (dp->bk.posted[b] < dp->n && !atomic_load(&dp->w.failed))
+                pthread_cond_wait(&dp->red.posted, &dp->w.lock);
+            int failed = atomic_load(&dp->w.failed);
+            if (dp->procs.ranks > 1) {
+                pthread_mutex_unlock(&dp->w.lock);
+                ch_clear_error();
+                ch_status st = all_in(dp, failed);
+                pthread_mutex_lock(&dp->w.lock);
+                if (st != CH_OK && !atomic_load(&dp->w.failed))
+                    reducer_failed(dp, st);
+                if (st != CH_OK)
+                    break;
+            }
+            if (failed)
+                break;
+            pthread_mutex_unlock(&dp->w.lock);
+            if (b == 0)
+                dp->red.start = ch_clock_seconds();
+            ch_clear_error();
+            ch_status st = reduce_bucket(dp, b, bufs);
+            pthread_mutex_lock(&dp->w.lock);
+            if (st != CH_OK) {
+                reducer_failed(dp, st);
+                break;
+            }
+        }
+        dp->red.done = 1;
+        pthread_cond_broadcast(&dp->red.posted);
+    }
+    pthread_mutex_unlock(&dp->w.lock);
+    return NULL;
+}
+
+void dp_wait_reduced(ch_dp *dp)
+{
+    pthread_mutex_lock(&dp->w.lock);
+    while (!dp->red.done)
+        pthread_cond_wait(&dp->red.posted, &dp->w.lock);
+    pthread_mutex_unlock(&dp->w.lock);
+}
+
+ch_status dp_make_reducer(ch_dp *dp)
+{
+    if (!dp->threaded)
+        return CH_OK;
+    /* Made here, not by the thread: a thread that could not allocate would
+     * fail every step to come. */
+    dp->red.bufs = malloc((size_t)dp->n * sizeof *dp->red.bufs);
+    ch_stream **comms = malloc((size_t)dp->n * sizeof *comms);
+    if (!comms || !dp->red.bufs) {
+        free(comms);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    }
+    for (int i = 0; i < dp->n; i++)
+        comms[i] = dp->r[i].comm;
+    int64_t largest = 0;
+    for (int b = 0; b < dp->bk.count; b++)
+        if (dp->bk.list[b].count > largest)
+            largest = dp->bk.list[b].count;
+    ch_status st = ch_reducer_new(&dp->red.reducer, comms, dp->n, largest, dp->o.reduce);
+    free(comms);
+    if (st == CH_OK && dp->procs.ranks > 1)
+        st = ch_reducer_set_stage(dp->red.reducer, sum_across, dp);
+    if (st == CH_OK && dp->procs.ranks > 1)
+        st = ch_reducer_set_stage_bf16(dp->red.reducer, sum_across_bf16, dp);
+    if (st == CH_OK && dp->o.reduce_dtype == CH_BF16)
+        st = ch_reducer_set_dtype(dp->red.reducer, CH_BF16);
+    if (st != CH_OK)
+        return chi_error(st, "ch_dp_new: %s", ch_last_error());
+    return CH_OK;
+}

@@ -1,0 +1,406 @@
+/* Data parallelism (nn/dp.c): what each replica's worker thread does in
+ * a call, and the calling thread's side of handing a call to the workers.
+ *
+ * A training call runs in phases separated by a barrier that every worker
+ * reaches whatever happened before (train()), so a failure on one replica
+ * cannot leave the others waiting. A call returns with every replica's
+ * stream drained (run_call). */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp_impl.h"
+
+static ch_status fail(replica *r, ch_status st)
+{
+    if (st != CH_OK && r->st == CH_OK) {
+        r->st = st;
+        snprintf(r->error, sizeof r->error, "replica %d on %s: %s", r->index,
+                 ch_device_id(r->dev), ch_last_error());
+        ch_dp *dp = r->dp;
+        pthread_mutex_lock(&dp->w.lock);
+        atomic_store(&dp->w.failed, 1);
+        pthread_cond_broadcast(&dp->red.posted);
+        pthread_cond_broadcast(&dp->bn.exchanged);
+        pthread_mutex_unlock(&dp->w.lock);
+    }
+    return st;
+}
+
+int64_t dp_labels_per_sample(const ch_dp *dp)
+{
+    return dp->o.labels_per_sample > 1 ? dp->o.labels_per_sample : 1;
+}
+
+static ch_status batch_tensors(replica *r, int labels)
+{
+    const ch_dp_options *o = &r->dp->o;
+    if (!r->x || ch_tensor_dim(r->x, 0) != r->count) {
+        ch_tensor_free(r->x);
+        r->x = NULL;
+        int64_t xs[CH_MAX_DIMS];
+        xs[0] = r->count;
+        for (int i = 0; i < o->sample_ndim; i++)
+            xs[i + 1] = o->sample_shape[i];
+        TRY(ch_tensor_new(&r->x, r->dev, o->sample_dtype, o->sample_ndim + 1, xs));
+    }
+    int64_t per = dp_labels_per_sample(r->dp);
+    if (labels && (!r->labels || ch_tensor_dim(r->labels, 0) != r->count)) {
+        ch_tensor_free(r->labels);
+        r->labels = NULL;
+        int64_t ls[2] = {r->count, per};
+        TRY(ch_tensor_new(&r->labels, r->dev, CH_I32, per > 1 ? 2 : 1, ls));
+    }
+    return CH_OK;
+}
+
+/* Bytes of one input sample. */
+size_t dp_sample_bytes(const ch_dp *dp)
+{
+    size_t bytes = ch_dtype_size(dp->o.sample_dtype);
+    for (int i = 0; i < dp->o.sample_ndim; i++)
+        bytes *= (size_t)dp->o.sample_shape[i];
+    return bytes;
+}
+
+size_t dp_label_bytes(const ch_dp *dp)
+{
+    return sizeof(int32_t) * (size_t)dp_labels_per_sample(dp);
+}
+
+static ch_status upload_slice(replica *r, int labels)
+{
+    const ch_batch *b = r->dp->call.batch;
+    /* Not the buffer's size over the count: a short last batch comes in a
+     * buffer made for a full one. */
+    size_t sample = dp_sample_bytes(r->dp);
+    TRY(batch_tensors(r, labels));
+    TRY(ch_tensor_upload_async(r->x, b->images, (size_t)r->start * sample));
+    if (labels)
+        TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)r->start * dp_label_bytes(r->dp)));
+    return CH_OK;
+}
+
+/* Forward, loss, backward on this replica's slice; the gradient adds to
+ * what earlier micro-batches left. */
+static ch_status compute(replica *r)
+{
+    ch_dp *dp = r->dp;
+    const ch_batch *b = dp->call.batch;
+    for (int b = 0; dp->tr.micro == 0 && b < dp->bk.count; b++)
+        TRY(ch_fill(r->bk.grads[b], 0.0));
+    r->loss_value = 0.0f;
+    if (r->count == 0)
+        return CH_OK;
+    TRY(upload_slice(r, 1));
+    TRY(dp_injected(dp, r->index));
+    ch_tensor *y, *lv, *dy;
+    /* Dropout draws by the optimizer step (restored with a checkpoint) and
+     * the sample's position in the batch (in the whole accumulation),
+     * whatever the split. */
+    ch_module_set_rng(r->model, dp->o.seed, ch_optimizer_steps(r->opt),
+                      dp->tr.micro_samples + r->start);
+    TRY(ch_module_forward(r->model, &y, r->x));
+    TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
+    /* Each replica's mean loss weighted by its share: the shares' gradients
+     * add up to the gradient of the whole batch's mean. */
+    TRY(ch_loss_backward(r->loss, &dy,
+                         dp->call.loss_scale * (float)r->count / (float)b->count));
+    TRY(ch_module_backward(r->model, NULL, dy));
+    return ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value);
+}
+
+/* FNV-1a over the bits of every parameter: replicas that took the same
+ * steps hold the same bits. */
+ch_status dp_param_checksum(replica *r)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    int np = ch_module_param_count(r->model);
+    float *buf = NULL;
+    size_t cap = 0;
+    ch_status st = CH_OK;
+    for (int i = 0; st == CH_OK && i < np; i++) {
+        ch_tensor *p;
+        st = ch_module_param(r->model, i, NULL, &p, NULL);
+        size_t bytes = st == CH_OK ? ch_tensor_nbytes(p) : 0;
+        if (st == CH_OK && bytes > cap) {
+            float *grown = realloc(buf, bytes);
+            if (!grown) {
+                st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_step: out of memory");
+                break;
+            }
+            buf = grown;
+            cap = bytes;
+        }
+        if (st == CH_OK)
+            st = ch_tensor_download(p, buf, bytes);
+        for (size_t k = 0; st == CH_OK && k < bytes; k++)
+            h = (h ^ ((const unsigned char *)buf)[k]) * 0x100000001b3ull;
+    }
+    free(buf);
+    r->checksum = h;
+    return st;
+}
+
+/* fp16: whether every reduced gradient is finite, through each bucket's
+ * sum (an infinity or a NaN anywhere makes it one), the sums side by side
+ * and read back in one download. The buckets hold the same bits on every
+ * replica of the job, so every replica decides alike. */
+static ch_status grads_finite(replica *r, int *finite)
+{
+    ch_dp *dp = r->dp;
+    int64_t nb = dp->bk.count;
+    *finite = 1;
+    if (!r->fp16.finite_host) {
+        r->fp16.finite_host = malloc(sizeof(float) * (size_t)nb);
+        if (!r->fp16.finite_host)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_step: out of memory");
+    }
+    if (!r->fp16.finite)
+        TRY(ch_tensor_new(&r->fp16.finite, r->dev, CH_F32, 1, &nb));
+    ch_status st = CH_OK;
+    for (int b = 0; st == CH_OK && b < dp->bk.count; b++) {
+        ch_tensor *slot = NULL;
+        st = ch_tensor_view(&slot, r->fp16.finite, b, 1);
+        if (st == CH_OK)
+            st = ch_sum(slot, r->bk.grads[b], 0);
+        ch_tensor_free(slot);
+    }
+    if (st == CH_OK)
+        st = ch_tensor_download(r->fp16.finite, r->fp16.finite_host, sizeof(float) * (size_t)nb);
+    for (int64_t b = 0; st == CH_OK && b < nb; b++)
+        *finite = *finite && isfinite(r->fp16.finite_host[b]);
+    return st;
+}
+
+/* What an update needs that can fail for want of memory, before the
+ * barrier: the mean over the micro-batches and fp16's loss scale undone,
+ * fp16's overflow check, the optimizer's state made. When one replica
+ * fails here, none updates. */
+static ch_status pre_update(replica *r)
+{
+    ch_dp *dp = r->dp;
+    float unscale = dp->call.grad_rescale / dp->tr.scaler;
+    for (int b = 0; unscale != 1.0f && b < dp->bk.count; b++)
+        TRY(ch_scale(r->bk.grads[b], r->bk.grads[b], unscale));
+    r->fp16.overflow = 0;
+    if (dp->o.precision == CH_F16) {
+        int finite;
+        TRY(grads_finite(r, &finite));
+        r->fp16.overflow = !finite;
+        if (r->fp16.overflow)
+            return CH_OK; /* skipped: parameters and optimizer untouched */
+    }
+    return nn_optimizer_prepare(r->opt);
+}
+
+/* After the barrier: the update itself, the same on every replica. */
+static ch_status update(replica *r)
+{
+    if (r->fp16.overflow)
+        return CH_OK;
+    TRY(dp_injected_update(r->dp, r->index));
+    return ch_optimizer_step(r->opt, r->dp->call.lr);
+}
+
+/* fp16, after an update: GradScaler's rule for the next step's scale. */
+void dp_rescale(ch_dp *dp)
+{
+    if (dp->o.precision != CH_F16)
+        return;
+    int overflow = 0;
+    for (int i = 0; i < dp->n; i++)
+        overflow |= dp->r[i].fp16.overflow;
+    if (overflow) {
+        dp->tr.scaler *= 0.5f;
+        dp->tr.scaler_clean = 0;
+        dp->tr.skipped++;
+        return;
+    }
+    int interval = dp->o.loss_scale_interval > 0 ? dp->o.loss_scale_interval : 2000;
+    if (++dp->tr.scaler_clean >= interval) {
+        float grown = dp->tr.scaler * 2.0f;
+        if (isfinite(grown))
+            dp->tr.scaler = grown;
+        dp->tr.scaler_clean = 0;
+    }
+}
+
+static void train(replica *r)
+{
+    ch_dp *dp = r->dp;
+    int reducing = dp->call.sync && dp->threaded;
+    double t0 = ch_clock_seconds();
+    if (reducing)
+        for (int b = 0; b < dp->bk.count; b++)
+            r->bk.missing[b] = dp->bk.list[b].p_hi - dp->bk.list[b].p_lo;
+    r->bk.posting = reducing;
+    r->bn.wait = 0.0;
+    /* A failure of this process's own (not one heard from another). */
+    ch_status st = dp->call.batch ? fail(r, compute(r)) : CH_OK;
+    if (st != CH_OK && st != CH_ERR_REMOTE)
+        dp_flag_exchange(dp);
+    r->compute_end = ch_clock_seconds();
+    /* The balancer wants each replica's own work: waiting for the others
+     * at BatchNorm's exchanges would make every replica look as slow as
+     * the slowest. */
+    r->compute_seconds = r->compute_end - t0 - r->bn.wait;
+    r->bk.posting = 0;
+    if (reducing) {
+        if (r->st == CH_OK)
+            fail(r, dp_post_rest(r));
+        dp_wait_reduced(dp);
+    }
+    if (dp->call.sync && !atomic_load(&dp->w.failed))
+        fail(r, pre_update(r));
+    if (dp->threaded)
+        pthread_barrier_wait(&dp->w.barrier);
+    if (dp->call.sync && !atomic_load(&dp->w.failed)) {
+        /* Past the barrier nothing allocates; a device failing now may
+         * leave this replica's parameters apart from the others'. */
+        ch_status st = update(r);
+        if (st != CH_OK)
+            atomic_store(&dp->w.parted, 1);
+        fail(r, st);
+    }
+    if (dp->call.sync && !atomic_load(&dp->w.failed) && dp->o.check_every > 0 &&
+        (dp->tr.step + 1) % dp->o.check_every == 0)
+        fail(r, dp_param_checksum(r));
+}
+
+/* Evaluation mode on this replica's slice: its outputs into the rows of
+ * dp->call.out, or its loss and number of correct answers. */
+static ch_status infer(replica *r)
+{
+    ch_dp *dp = r->dp;
+    const ch_batch *b = dp->call.batch;
+    r->loss_value = 0.0f;
+    r->correct = 0;
+    if (r->count == 0)
+        return CH_OK;
+    int evaluate = dp->call.job == JOB_EVALUATE;
+    TRY(upload_slice(r, evaluate));
+    TRY(dp_injected(dp, r->index));
+    ch_tensor *y;
+    ch_module_train(r->model, 0);
+    ch_status st = ch_module_forward(r->model, &y, r->x);
+    ch_module_train(r->model, 1);
+    TRY(st);
+    if (!evaluate) {
+        ch_tensor *rows = NULL;
+        TRY(ch_tensor_view(&rows, dp->call.out, r->start, r->count));
+        st = ch_copy(rows, y);
+        ch_tensor_free(rows);
+        /* A peer copy runs on the other device's stream, but this one
+         * waits for it (lib/tensor.c): run_call drains this one only. */
+        return st;
+    }
+    ch_tensor *lv;
+    TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
+    TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
+    int64_t per = dp_labels_per_sample(dp), rows = r->count * per;
+    TRY(nn_ensure(&r->pred, r->dev, CH_I32, 1, &rows));
+    TRY(ch_argmax(r->pred, y, 1));
+    if (rows > r->pred_cap) {
+        int32_t *grown = realloc(r->pred_host, (size_t)rows * sizeof *grown);
+        if (!grown)
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_evaluate: out of memory");
+        r->pred_host = grown;
+        r->pred_cap = rows;
+    }
+    TRY(ch_tensor_download(r->pred, r->pred_host, (size_t)rows * sizeof(int32_t)));
+    const int32_t *truth = (const int32_t *)ch_host_buffer_data(b->labels) + r->start * per;
+    for (int64_t i = 0; i < rows; i++)
+        r->correct += r->pred_host[i] == truth[i];
+    return CH_OK;
+}
+
+/* A call returns with the replica's stream drained, after a failure too:
+ * the caller may then refill or free the batch's pinned buffers (the
+ * loader does once a batch is released), which an upload may still read,
+ * and use the results on any stream. */
+static void run_call(replica *r)
+{
+    r->st = CH_OK;
+    r->error[0] = '\0';
+    ch_clear_error();
+    double t0 = ch_clock_seconds();
+    if (r->dp->call.job == JOB_TRAIN)
+        train(r);
+    else
+        fail(r, infer(r));
+    fail(r, ch_stream_sync(r->stream));
+    r->seconds = ch_clock_seconds() - t0;
+    if (r->dp->call.job != JOB_TRAIN)
+        r->compute_seconds = r->seconds;
+}
+
+void *dp_worker(void *arg)
+{
+    replica *r = arg;
+    ch_dp *dp = r->dp;
+    int64_t seen = 0;
+    /* Near the device's memory; a failure to bind only costs speed. */
+    if (!dp->o.no_bind)
+        r->bound = ch_device_bind_thread(r->dev) == CH_OK;
+    /* Ops of this thread on this device go to the replica's own stream. */
+    ch_stream_set_current(r->stream);
+    pthread_mutex_lock(&dp->w.lock);
+    /* Ready: ch_dp_new waits for every worker to get here. */
+    if (++dp->w.finished == dp->n)
+        pthread_cond_signal(&dp->w.done);
+    while (dp_next_call(dp, &dp->w.generation, &seen)) {
+        pthread_mutex_unlock(&dp->w.lock);
+        run_call(r);
+        pthread_mutex_lock(&dp->w.lock);
+        if (++dp->w.finished == dp->n)
+            pthread_cond_signal(&dp->w.done);
+    }
+    pthread_mutex_unlock(&dp->w.lock);
+    return NULL;
+}
+
+/* Run the call set up in dp on every replica and wait for all of them. */
+void dp_run_all(ch_dp *dp)
+{
+    if (!dp->threaded) {
+        /* The calling thread does the work, on the replica's stream. */
+        replica *r = &dp->r[0];
+        ch_stream *prev = NULL;
+        ch_status got = ch_stream_get_current(&prev, r->dev);
+        ch_stream_set_current(r->stream);
+        run_call(r);
+        if (got == CH_OK && prev)
+            ch_stream_set_current(prev);
+        return;
+    }
+    pthread_mutex_lock(&dp->w.lock);
+    dp->w.finished = 0;
+    atomic_store(&dp->w.failed, 0);
+    dp->red.done = 0;
+    dp->bn.active = 0;
+    dp->bn.arrived = 0;
+    dp->bn.leader = -1;
+    dp->bn.flagged = 0;
+    dp->bn.done = 0;
+    for (int i = 0; i < dp->n; i++) {
+        if (dp->r[i].count > 0 && dp->bn.leader < 0)
+            dp->bn.leader = i;
+        dp->bn.active += dp->r[i].count > 0;
+    }
+    dp->red.start = 0.0;
+    dp->red.st = CH_OK;
+    if (dp->call.job == JOB_TRAIN && dp->call.sync) {
+        for (int b = 0; b < dp->bk.count; b++)
+            dp->bk.posted[b] = 0;
+        dp->red.generation++;
+    }
+    dp->w.generation++;
+    pthread_cond_broadcast(&dp->w.go);
+    while (dp->w.finished < dp->n)
+        pthread_cond_wait(&dp->w.done, &dp->w.lock);
+    pthread_mutex_unlock(&dp->w.lock);
+}
