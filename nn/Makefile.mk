@@ -1,8 +1,9 @@
 # nn: data sets, loader, modules, losses, optimizers, checkpoints, data
 # parallelism. Built into libchorus; uses only the public API of lib/,
 # lib/error.h (chi_error, TRY) and the header-only lib/bf16_sum.h (the
-# host's bf16 sums, for the one across processes). tests/Makefile.mk builds these sources a
-# second time, with the test hooks, for the tests that inject failures.
+# host's bf16 sums, for the one across processes, in nn/dist_mpi.c).
+# tests/Makefile.mk builds these sources a second time, with the test
+# hooks, for the tests that inject failures.
 nn_sources = \
 	nn/dataset.c \
 	nn/dataset.h \
@@ -24,6 +25,13 @@ nn_sources = \
 	nn/dp_join.c \
 	nn/dist.c \
 	nn/dist.h \
+	nn/dist_impl.h \
 	nn/split.c \
 	nn/split.h
+# The transport across processes: MPI's, or the single-process one.
+if HAVE_MPI
+nn_sources += nn/dist_mpi.c
+else
+nn_sources += nn/dist_local.c
+endif
 libchorus_la_SOURCES += $(nn_sources)
