@@ -1,5 +1,5 @@
 /* The host's bf16 sums, header-only: the core's bf16 all-reduce
- * (lib/sum_spread.c) and the bf16 sum across processes (nn/dist.c, which
+ * (lib/sum_spread.c) and the bf16 sum across processes (nn/dist_mpi.c, which
  * links only the public API) compile the same loops. Each element is
  * src[0] + src[1] + ... in f32, left to right, every term a bf16 widened
  * or an f32 rounded to bf16 first (lib/half.h's steps, bit for bit). */
@@ -12,7 +12,7 @@
 #include "half.h"
 #include "omp.h"
 
-/* For the host's loops (the host backend, lib/sum_spread.c, nn/dist.c): a
+/* For the host's loops (the host backend, lib/sum_spread.c, nn/dist_mpi.c): a
  * function built twice, for AVX2 and for the baseline x86-64, the one for
  * the CPU picked when the library loads (GCC's target_clones, an ifunc):
  * for the loops that vectorise, whose baseline build has 4-byte lanes in
