@@ -4,7 +4,8 @@ utils_chorus_info_SOURCES = utils/chorus-info.c
 utils_chorus_info_LDADD = libchorus.la
 
 # chorus-train's option parser is a file of its own, also built into
-# tests/fuzz/fuzz-train-options.
+# tests/fuzz/fuzz-train-options; its progress line is another.
 bin_PROGRAMS += utils/chorus-train
-utils_chorus_train_SOURCES = utils/chorus-train.c utils/train-options.c utils/train-options.h
+utils_chorus_train_SOURCES = utils/chorus-train.c utils/train-options.c utils/train-options.h \
+	utils/progress.c utils/progress.h
 utils_chorus_train_LDADD = libchorus.la $(PTHREAD_LIBS) -lm

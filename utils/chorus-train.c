@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include "progress.h"
 #include "train-options.h"
 
 /* Under mpirun: this process's rank and the job's size (0 and 1 alone).
@@ -62,83 +62,7 @@ static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out, int 
     return st;
 }
 
-/* ---- The progress line ---------------------------------------------------------- */
-
-/* Its parts, from the one a narrow terminal keeps longest to the one it
- * drops first. */
-enum { PART_EPOCH, PART_LOSS, PART_LEFT, PART_BAR, PART_STEP, PART_RATE, PART_DEVICES, NPARTS };
-
-/* What a terminal too narrow for the line gives up, in turn: -1 narrows the
- * bar, a part number drops that part. */
-static const int fit_moves[] = {PART_DEVICES, -1, PART_RATE, PART_STEP, PART_BAR, PART_LEFT,
-                                PART_LOSS};
-
-#define BAR_WIDTH 30
-#define BAR_MIN 10
-#define PART_MAX 5120       /* 64 devices' " | opencl:12#2 123456 1234ms" */
-
-typedef struct line_parts {
-    char text[NPARTS][PART_MAX]; /* each part but the bar; "" leaves it out */
-    double done;                 /* the share of the epoch behind us, for the bar */
-} line_parts;
-
-/* The kept parts in display order (epoch, bar, step, loss, rate, time
- * left, devices) into out; returns its length. */
-static int compose(char *out, size_t cap, const line_parts *p, unsigned keep, int bar)
-{
-    static const int order[NPARTS] = {PART_EPOCH, PART_BAR,  PART_STEP,   PART_LOSS,
-                                      PART_RATE,  PART_LEFT, PART_DEVICES};
-    size_t len = 0;
-    out[0] = '\0';
-    for (int k = 0; k < NPARTS && len < cap; k++) {
-        int part = order[k];
-        if (!(keep & 1u << part) || (part != PART_BAR && !p->text[part][0]))
-            continue;
-        const char *sep = len && part != PART_DEVICES ? " " : "";
-        if (part == PART_BAR) {
-            int full = (int)(bar * p->done);
-            snprintf(out + len, cap - len, "%s[%.*s%*s]", sep, full,
-                     "##############################", bar - full, "");
-        } else {
-            snprintf(out + len, cap - len, "%s%s", sep, p->text[part]);
-        }
-        len += strlen(out + len);
-    }
-    return (int)len;
-}
-
-/* The line in at most `width` columns: parts dropped in fit_moves' order,
- * the epoch cut short as a last resort. */
-static int fit(char *out, size_t cap, const line_parts *p, int width)
-{
-    unsigned keep = (1u << NPARTS) - 1;
-    int bar = BAR_WIDTH, len = compose(out, cap, p, keep, bar);
-    for (size_t m = 0; len > width && m < sizeof fit_moves / sizeof fit_moves[0]; m++) {
-        if (fit_moves[m] < 0)
-            bar = bar - (len - width) > BAR_MIN ? bar - (len - width) : BAR_MIN;
-        else
-            keep &= ~(1u << fit_moves[m]);
-        len = compose(out, cap, p, keep, bar);
-    }
-    if (len > width && width >= 0 && (size_t)width < cap) {
-        out[width] = '\0';
-        len = width;
-    }
-    return len;
-}
-
-/* Columns of the terminal on stderr: its size, else $COLUMNS, else 80. */
-static int terminal_columns(void)
-{
-    struct winsize ws;
-    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
-        return ws.ws_col;
-    const char *env = getenv("COLUMNS");
-    int64_t v;
-    if (env && train_parse_int(env, 1, &v) && v <= 100000)
-        return (int)v;
-    return 80;
-}
+/* ---- The progress line's text (utils/progress.c draws it) --------------------------- */
 
 static void device_parts(const trainer *t, char *out, size_t cap)
 {
@@ -155,15 +79,13 @@ static void device_parts(const trainer *t, char *out, size_t cap)
     }
 }
 
-/* Redrawn in place: a carriage return, the line fitted to the terminal,
- * and spaces over what the previous one left. */
+/* The progress line's parts (utils/progress.h), redrawn in place. */
 static void progress(trainer *t, int64_t epoch, int64_t batch, int64_t nbatches, float loss,
                      double rate, double left)
 {
     if (t->o->quiet || !t->tty)
         return;
     line_parts p;
-    char line[sizeof p.text];
     p.done = (double)(batch + 1) / (double)nbatches;
     snprintf(p.text[PART_EPOCH], PART_MAX, "epoch %lld/%lld", (long long)epoch + 1,
              (long long)t->o->epochs);
@@ -178,14 +100,7 @@ static void progress(trainer *t, int64_t epoch, int64_t batch, int64_t nbatches,
         snprintf(p.text[PART_RATE], PART_MAX, "%6.0f samples/s", rate);
     snprintf(p.text[PART_LEFT], PART_MAX, "%4.0fs left", left);
     device_parts(t, p.text[PART_DEVICES], PART_MAX);
-    /* The last column stays empty: a line that fills it wraps at once on
-     * some terminals. */
-    int width = terminal_columns() - 1;
-    int len = fit(line, sizeof line, &p, width);
-    int pad = t->shown < width ? t->shown - len : width - len;
-    fprintf(stderr, "\r%s%*s", line, pad > 0 ? pad : 0, "");
-    fflush(stderr);
-    t->shown = len;
+    progress_draw(&p, &t->shown);
 }
 
 static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
