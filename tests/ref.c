@@ -660,6 +660,22 @@ double *tc_widen(tcase *c, const float *x, int64_t n)
     return d;
 }
 
+void tc_central_diff(tcase *c, tc_objective objective, const void *ctx, ch_tensor *t,
+                     const float *x, int64_t count, float h, double *want)
+{
+    float *v = tc_floats(c, count);
+    memcpy(v, x, (size_t)count * sizeof *v);
+    for (int64_t i = 0; i < count && c->st == CH_OK; i++) {
+        v[i] = x[i] + h;
+        double up = objective(c, ctx, t, v), hi = v[i];
+        v[i] = x[i] - h;
+        double down = objective(c, ctx, t, v);
+        want[i] = (up - down) / (hi - v[i]);
+        v[i] = x[i];
+    }
+    tc_upload(c, t, x);
+}
+
 double ref_dot(const float *a, const float *b, int64_t n)
 {
     double s = 0.0;

@@ -182,6 +182,16 @@ double *tc_widen(tcase *c, const float *x, int64_t n);
 double ref_dot(const float *a, const float *b, int64_t n);
 double ref_dot_abs(const float *a, const float *b, int64_t n);
 
+/* What central differences differentiate: a scalar L of `values`, which
+ * the objective uploads into `t` itself; `ctx` is whatever else it needs. */
+typedef double (*tc_objective)(tcase *c, const void *ctx, ch_tensor *t, const float *values);
+/* Central differences of L over every element of `t`, which holds `x`
+ * (count floats): want[i] = (L(x + h e_i) - L(x - h e_i)) / d, with d the
+ * distance between the two f32 values of x_i actually evaluated, not 2h.
+ * Stops at the first failed call; leaves `x` in `t`. */
+void tc_central_diff(tcase *c, tc_objective objective, const void *ctx, ch_tensor *t,
+                     const float *x, int64_t count, float h, double *want);
+
 /* One TAP line each, then everything of the case is freed. */
 int tc_end_err(tcase *c, double err, double tol);
 /* The adjoint identity <A x, y> == <x, A^T y> (lhs, rhs), its error

@@ -104,29 +104,14 @@ typedef struct bgemm_setup {
     float *ch;  /* scratch for c */
 } bgemm_setup;
 
-static double bgemm_objective(tcase *c, const bgemm_setup *s, ch_tensor *t, const float *values)
+static double bgemm_objective(tcase *c, const void *sv, ch_tensor *t, const float *values)
 {
+    const bgemm_setup *s = sv;
     int64_t nc = s->batch * s->m * s->n;
     tc_upload(c, t, values);
     TC(c, ch_gemm_batched(s->c, s->ta, s->tb, s->alpha, s->a, s->b, 0.0f));
     tc_download(c, s->c, s->ch, nc);
     return ref_dot(s->ch, s->gh, nc);
-}
-
-static void bgemm_numeric(tcase *c, const bgemm_setup *s, ch_tensor *t, const float *x,
-                          int64_t count, double *want)
-{
-    float *v = tc_floats(c, count);
-    memcpy(v, x, (size_t)count * sizeof *v);
-    for (int64_t i = 0; i < count && c->st == CH_OK; i++) {
-        v[i] = x[i] + FD_STEP;
-        double up = bgemm_objective(c, s, t, v), hi = v[i];
-        v[i] = x[i] - FD_STEP;
-        double down = bgemm_objective(c, s, t, v);
-        want[i] = (up - down) / (hi - v[i]);
-        v[i] = x[i];
-    }
-    tc_upload(c, t, x);
 }
 
 static void bgemm_analytic(tcase *c, const bgemm_setup *s, ch_tensor *da, ch_tensor *db)
@@ -163,8 +148,8 @@ static void grad_gemm_batched(ch_device *dev, int ta, int tb)
     const float *gda = tc_fetch(&c, da, na), *gdb = tc_fetch(&c, db, nb);
     for (int64_t i = 0; i < na + nb; i++)
         got[i] = i < na ? gda[i] : gdb[i - na];
-    bgemm_numeric(&c, &s, s.a, a, na, want);
-    bgemm_numeric(&c, &s, s.b, b, nb, want + na);
+    tc_central_diff(&c, bgemm_objective, &s, s.a, a, na, FD_STEP, want);
+    tc_central_diff(&c, bgemm_objective, &s, s.b, b, nb, FD_STEP, want + na);
     tc_end_err(&c, ref_err_scaled(got, want, na + nb, 1e-6), TOL_FD);
 }
 
@@ -409,14 +394,22 @@ static void test_softmax_backwards(ch_device *dev)
         test_softmax_backward(dev, SHAPE(8, 4, 64, 64), 1, 0);
 }
 
+typedef struct softmax_setup {
+    ch_tensor *ty;
+    const float *g;
+    float *y;                 /* scratch for softmax(x) */
+    int64_t n;
+    int causal;
+} softmax_setup;
+
 /* <softmax(x), g> for x = values. */
-static double softmax_objective(tcase *c, ch_tensor *tx, ch_tensor *ty, const float *values,
-                                const float *g, float *y, int64_t n, int causal)
+static double softmax_objective(tcase *c, const void *sv, ch_tensor *tx, const float *values)
 {
+    const softmax_setup *s = sv;
     tc_upload(c, tx, values);
-    TC(c, ch_softmax(ty, tx, causal));
-    tc_download(c, ty, y, n);
-    return ref_dot(y, g, n);
+    TC(c, ch_softmax(s->ty, tx, s->causal));
+    tc_download(c, s->ty, s->y, s->n);
+    return ref_dot(s->y, s->g, s->n);
 }
 
 /* ch_softmax_backward(g, y) is the gradient of <softmax(x), g>: zero
@@ -437,16 +430,8 @@ static void grad_softmax(ch_device *dev, int ndim, const int64_t *shape, int cau
     TC(&c, ch_softmax(ty, tx, causal));
     TC(&c, ch_softmax_backward(tdx, tg, ty));
     double *got = tc_widen(&c, tc_fetch(&c, tdx, n), n), *want = tc_doubles(&c, n);
-    float *v = tc_floats(&c, n), *y = tc_floats(&c, n);
-    memcpy(v, x, (size_t)n * sizeof *v);
-    for (int64_t i = 0; i < n && c.st == CH_OK; i++) {
-        v[i] = x[i] + FD_STEP;
-        double up = softmax_objective(&c, tx, ty, v, g, y, n, causal), hi = v[i];
-        v[i] = x[i] - FD_STEP;
-        double down = softmax_objective(&c, tx, ty, v, g, y, n, causal);
-        want[i] = (up - down) / (hi - v[i]);
-        v[i] = x[i];
-    }
+    softmax_setup s = {ty, g, tc_floats(&c, n), n, causal};
+    tc_central_diff(&c, softmax_objective, &s, tx, x, n, FD_STEP, want);
     tc_end_err(&c, ref_err_scaled(got, want, n, 1e-6), TOL_FD);
 }
 

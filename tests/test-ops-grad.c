@@ -59,13 +59,19 @@ static void grad_activation(ch_device *dev, ch_activation act)
 
 /* ---- Softmax cross-entropy: the loss is a scalar of every logit ---------- */
 
-static double xent_loss(tcase *c, ch_tensor *loss, ch_tensor *probs, ch_tensor *logits,
-                        const ch_tensor *labels, const float *values)
+typedef struct xent_setup {
+    ch_tensor *loss, *probs;
+    const ch_tensor *labels;
+} xent_setup;
+
+/* The loss for logits = values. */
+static double xent_loss(tcase *c, const void *sv, ch_tensor *logits, const float *values)
 {
+    const xent_setup *s = sv;
     float value = 0.0f;
     tc_upload(c, logits, values);
-    TC(c, ch_softmax_xent(loss, probs, logits, labels));
-    tc_download(c, loss, &value, 1);
+    TC(c, ch_softmax_xent(s->loss, s->probs, logits, s->labels));
+    tc_download(c, s->loss, &value, 1);
     return value;
 }
 
@@ -88,15 +94,10 @@ static void grad_softmax_xent(ch_device *dev, float scale)
     TC(&c, ch_softmax_xent_backward(td, tp, tlab, scale));
     double *got = tc_widen(&c, tc_fetch(&c, td, nl), nl);
     double *want = tc_doubles(&c, nl);
-    float *v = tc_floats(&c, nl);
-    for (int64_t i = 0; i < nl && c.st == CH_OK; i++) {
-        memcpy(v, logits, (size_t)nl * sizeof *v);
-        v[i] = logits[i] + h;
-        double up = xent_loss(&c, tloss, tp, tl, tlab, v), step = v[i];
-        v[i] = logits[i] - h;
-        double down = xent_loss(&c, tloss, tp, tl, tlab, v);
-        want[i] = scale * (up - down) / (step - v[i]);
-    }
+    xent_setup s = {tloss, tp, tlab};
+    tc_central_diff(&c, xent_loss, &s, tl, logits, nl, h, want);
+    for (int64_t i = 0; i < nl; i++)
+        want[i] *= scale;
     tc_end_err(&c, ref_err_scaled(got, want, nl, 1e-6), TOL_FD);
 }
 
@@ -217,15 +218,22 @@ static float *distinct_values(tcase *c, int64_t n)
     return x;
 }
 
-/* <maxpool(x), dy>; `y` is scratch for the pooled values. */
-static double pool_objective(tcase *c, ch_tensor *ty, ch_tensor *tidx, ch_tensor *tx,
-                             const ch_window2d *win, const float *x, const float *dy, float *y,
-                             int64_t ny)
+typedef struct pool_setup {
+    ch_tensor *ty, *tidx;
+    const ch_window2d *win;
+    const float *dy;
+    float *y;                 /* scratch for the pooled values */
+    int64_t ny;
+} pool_setup;
+
+/* <maxpool(x), dy> for x = values. */
+static double pool_objective(tcase *c, const void *sv, ch_tensor *tx, const float *x)
 {
+    const pool_setup *s = sv;
     tc_upload(c, tx, x);
-    TC(c, ch_maxpool2d(ty, tidx, tx, win));
-    tc_download(c, ty, y, ny);
-    return ref_dot(y, dy, ny);
+    TC(c, ch_maxpool2d(s->ty, s->tidx, tx, s->win));
+    tc_download(c, s->ty, s->y, s->ny);
+    return ref_dot(s->y, s->dy, s->ny);
 }
 
 static void grad_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64_t w,
@@ -249,16 +257,8 @@ static void grad_maxpool(ch_device *dev, int64_t n, int64_t ch, int64_t h, int64
     TC(&c, ch_maxpool2d_backward(tdx, tdy, tidx, win));
     double *got = tc_widen(&c, tc_fetch(&c, tdx, nx), nx);
     double *want = tc_doubles(&c, nx);
-    float *v = tc_floats(&c, nx), *y = tc_floats(&c, ny);
-    memcpy(v, x, (size_t)nx * sizeof *v);
-    for (int64_t i = 0; i < nx && c.st == CH_OK; i++) {
-        v[i] = x[i] + step;
-        double up = pool_objective(&c, ty, tidx, tx, win, v, dy, y, ny), hi = v[i];
-        v[i] = x[i] - step;
-        double down = pool_objective(&c, ty, tidx, tx, win, v, dy, y, ny);
-        want[i] = (up - down) / (hi - v[i]);
-        v[i] = x[i];
-    }
+    pool_setup s = {ty, tidx, win, dy, tc_floats(&c, ny), ny};
+    tc_central_diff(&c, pool_objective, &s, tx, x, nx, step, want);
     tc_end_err(&c, ref_err_scaled(got, want, nx, 1e-6), TOL_FD);
 }
 
@@ -299,30 +299,13 @@ typedef struct gemm_setup {
     float *ch;  /* scratch for c */
 } gemm_setup;
 
-static double gemm_objective(tcase *c, const gemm_setup *s, ch_tensor *t, const float *values)
+static double gemm_objective(tcase *c, const void *sv, ch_tensor *t, const float *values)
 {
+    const gemm_setup *s = sv;
     tc_upload(c, t, values);
     TC(c, ch_gemm(s->c, s->ta, s->tb, s->alpha, s->a, s->b, 0.0f));
     tc_download(c, s->c, s->ch, s->m * s->n);
     return ref_dot(s->ch, s->gh, s->m * s->n);
-}
-
-/* Central differences of L over every element of `t` (holding `x`). */
-static void gemm_numeric(tcase *c, const gemm_setup *s, ch_tensor *t, const float *x,
-                         int64_t count, double *want)
-{
-    const float h = 1e-2f;
-    float *v = tc_floats(c, count);
-    memcpy(v, x, (size_t)count * sizeof *v);
-    for (int64_t i = 0; i < count && c->st == CH_OK; i++) {
-        v[i] = x[i] + h;
-        double up = gemm_objective(c, s, t, v), hi = v[i];
-        v[i] = x[i] - h;
-        double down = gemm_objective(c, s, t, v);
-        want[i] = (up - down) / (hi - v[i]);
-        v[i] = x[i];
-    }
-    tc_upload(c, t, x);
 }
 
 /* The gradients the way a linear layer's backward computes them:
@@ -366,8 +349,8 @@ static void grad_gemm(ch_device *dev, int ta, int tb)
     const float *gda = tc_fetch(&c, da, na), *gdb = tc_fetch(&c, db, nb);
     for (int64_t i = 0; i < na + nb; i++)
         got[i] = i < na ? gda[i] : gdb[i - na];
-    gemm_numeric(&c, &s, s.a, a, na, want);
-    gemm_numeric(&c, &s, s.b, b, nb, want + na);
+    tc_central_diff(&c, gemm_objective, &s, s.a, a, na, 1e-2f, want);
+    tc_central_diff(&c, gemm_objective, &s, s.b, b, nb, 1e-2f, want + na);
     tc_end_err(&c, ref_err_scaled(got, want, na + nb, 1e-6), TOL_FD);
 }
 

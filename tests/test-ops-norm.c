@@ -255,24 +255,6 @@ static double ln_objective(tcase *c, const void *sv, ch_tensor *t, const float *
     return dot(s->yh, s->p, s->n);
 }
 
-/* Central differences of L over every element of `t` (holding `v`). */
-static void fd_over(tcase *c, double (*objective)(tcase *, const void *, ch_tensor *,
-                                                  const float *),
-                    const void *s, ch_tensor *t, const float *v, int64_t count, double *want)
-{
-    float *w = tc_floats(c, count);
-    memcpy(w, v, (size_t)count * sizeof *w);
-    for (int64_t i = 0; i < count && c->st == CH_OK; i++) {
-        w[i] = v[i] + FD_STEP;
-        double up = objective(c, s, t, w), hi = w[i];
-        w[i] = v[i] - FD_STEP;
-        double down = objective(c, s, t, w);
-        want[i] = (up - down) / (hi - w[i]);
-        w[i] = v[i];
-    }
-    tc_upload(c, t, v);
-}
-
 static void grad_layernorm(ch_device *dev, int64_t rows, int64_t d)
 {
     tcase c;
@@ -296,9 +278,9 @@ static void grad_layernorm(ch_device *dev, int64_t rows, int64_t d)
     TC(&c, ch_layernorm_backward(out[0], out[1], out[2], tp, s.x, s.mean, s.rstd, s.gamma));
     double *got = widen(&c, fetch_all(&c, 3, out, (int64_t[]){n, d, d}), n + 2 * d);
     double *want = tc_doubles(&c, n + 2 * d);
-    fd_over(&c, ln_objective, &s, s.x, x, n, want);
-    fd_over(&c, ln_objective, &s, s.gamma, gamma, d, want + n);
-    fd_over(&c, ln_objective, &s, s.beta, beta, d, want + n + d);
+    tc_central_diff(&c, ln_objective, &s, s.x, x, n, FD_STEP, want);
+    tc_central_diff(&c, ln_objective, &s, s.gamma, gamma, d, FD_STEP, want + n);
+    tc_central_diff(&c, ln_objective, &s, s.beta, beta, d, FD_STEP, want + n + d);
     tc_end_err(&c, ref_err_scaled(got, want, n + 2 * d, 1e-6), TOL_FD);
 }
 
@@ -676,9 +658,9 @@ static void grad_batchnorm(ch_device *dev, int ndim, const int64_t *shape)
                                  g));
     double *got = widen(&c, fetch_all(&c, 3, out, (int64_t[]){n, ch, ch}), n + 2 * ch);
     double *want = tc_doubles(&c, n + 2 * ch);
-    fd_over(&c, bn_objective, &s, s.x, x, n, want);
-    fd_over(&c, bn_objective, &s, s.gamma, gamma, ch, want + n);
-    fd_over(&c, bn_objective, &s, s.beta, beta, ch, want + n + ch);
+    tc_central_diff(&c, bn_objective, &s, s.x, x, n, FD_STEP, want);
+    tc_central_diff(&c, bn_objective, &s, s.gamma, gamma, ch, FD_STEP, want + n);
+    tc_central_diff(&c, bn_objective, &s, s.beta, beta, ch, FD_STEP, want + n + ch);
     tc_end_err(&c, ref_err_scaled(got, want, n + 2 * ch, 1e-6), TOL_FD);
 }
 
