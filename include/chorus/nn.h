@@ -179,9 +179,15 @@ CH_API ch_status ch_module_buffer(const ch_module *m, int index, const char **na
 
 /* ---- Losses -------------------------------------------------------------------- */
 
-/* Mean cross-entropy of logits [N, C] against i32 labels [N]: forward gives
- * the loss (1 element on the logits' device) and keeps the probabilities;
- * backward gives dL/dlogits, scaled by `scale` (1 for the mean loss). */
+/* A loss of one of two kinds, both means:
+ * - CH_LOSS_CROSS_ENTROPY: softmax cross-entropy of logits [N, C] against
+ *   i32 labels, one per row (N in all), averaged over the rows; forward
+ *   keeps the probabilities for backward;
+ * - CH_LOSS_MSE: squared error of a prediction of any shape against an f32
+ *   target with as many elements, averaged over the elements.
+ * Forward gives the loss (1 element on the prediction's device); backward
+ * gives dL/dpred scaled by `scale` (1 for the mean loss): [N, C] for
+ * cross-entropy, flat ([1, elements]) for MSE. */
 typedef struct ch_loss ch_loss;
 typedef enum ch_loss_kind { CH_LOSS_CROSS_ENTROPY = 0, CH_LOSS_MSE = 1 } ch_loss_kind;
 CH_API ch_status ch_loss_new(ch_loss **out, ch_loss_kind kind);
