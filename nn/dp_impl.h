@@ -9,8 +9,7 @@
  *   report every process gives the others at the end of every call.
  *
  * The design (replicas, buckets, the phases of a call) is described at the
- * top of nn/dp.c. Every field of a ch_dp that threads share is read and
- * written under w.lock unless it says otherwise. */
+ * top of nn/dp.c. */
 #ifndef CHORUS_NN_DP_IMPL_H
 #define CHORUS_NN_DP_IMPL_H
 
@@ -100,7 +99,7 @@ struct ch_dp {
         pthread_cond_t go, done;
         pthread_barrier_t barrier;
         int64_t generation;   /* bumped for every call the workers run */
-        int finished;         /* workers done with the call */
+        int finished;         /* workers done with the call (ready, before the first) */
         int quit;
         atomic_int failed;    /* something failed in this call */
         atomic_int parted;    /* a replica failed during its update */
