@@ -2,8 +2,8 @@
  * backward, the embedding gather and its backward (the batched GEMM is
  * gemm.cu's). No atomics in any sum: each output is summed by one thread
  * or one warp in an order fixed by the shape, so results are the same bits
- * on every run. (The embedding's out-of-range flag is an atomicMin, which
- * only picks the first bad position.) */
+ * on every run. (The embedding's out-of-range check word is an atomicMin,
+ * which only picks the first bad position.) */
 #include <math.h>
 #include "common.cuh"
 
@@ -123,17 +123,17 @@ ch_status chcu_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem d
 
 /* ---- embedding ---------------------------------------------------------------- */
 
-/* y[i, :] = table[idx[i], :], 0 for an index outside [0, v), whose
- * position lowers *bad. */
+/* y[i, :] = table[idx[i], :], 0 for an index outside [0, v), which lowers
+ * *bad to its position's check word (softmax.cu). */
 __global__ void embedding_kernel(float *y, const float *table, const int32_t *idx, int64_t n,
-                                 int64_t v, int64_t d, unsigned *bad)
+                                 int64_t v, int64_t d, unsigned long long *bad)
 {
     CHCU_FOR_ROWS(i, n)
     {
         int32_t row = idx[i];
         int ok = row >= 0 && row < v;
         if (!ok && blockIdx.x == 0 && threadIdx.x == 0)
-            atomicMin(bad, (unsigned)i);
+            atomicMin(bad, chcu_check_word(i, row));
         CHCU_FOR_COLS(j, d)
         y[i * d + j] = ok ? table[row * d + j] : 0.0f;
     }
@@ -143,22 +143,16 @@ ch_status chcu_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem 
                          ch_bmem table, ch_bmem idx)
 {
     chcu_stream *s = (chcu_stream *)stream;
-    unsigned *flag = NULL;
-    ch_status st = chcu_flag_acquire(s, &flag);
+    ch_status st = chcu_enter(s->dev);
+    unsigned long long *bad = NULL;
+    if (!st)
+        st = chcu_check_begin(s, n, &bad);
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, n, d);
-    embedding_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-        chcu_at<float>(y), chcu_at<float>(table), chcu_at<int32_t>(idx), n, v, d, flag);
-    st = chcu_launched("embedding_kernel");
-    int64_t pos = -1;
-    int32_t index = 0;
-    if (!st)
-        st = chcu_flag_read(s, flag, chcu_at<int32_t>(idx), &pos, &index);
-    chcu_scratch_release(s);
-    if (!st && pos >= 0)
-        st = chi_bad_index("ch_embedding", pos, index, v);
-    return st;
+    embedding_kernel<<<sh.grid, sh.block, 0, s->s>>>(chcu_at<float>(y), chcu_at<float>(table),
+                                                     chcu_at<int32_t>(idx), n, v, d, bad);
+    return chcu_check_end(s, chcu_launched("embedding_kernel"), "ch_embedding", 1, v);
 }
 
 /* The positions of each table row as a chain, one thread per position i:
