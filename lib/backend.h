@@ -183,7 +183,9 @@ typedef struct ch_backend_i {
     /* db[c] = beta db[c] + sum over outer, inner of dy[outer, c, inner] */
     ch_status (*bias_grad)(void *stream, int64_t outer, int64_t c, int64_t inner,
                            ch_bmem db, ch_bmem dy, float beta);
-    /* labels i32 */
+    /* labels i32; the first row with a label outside [0, c) is reported
+     * with chi_bad_label, by the call or, if the backend defers the check
+     * (CUDA), by the stream's next stream_sync or blocking transfer */
     ch_status (*softmax_xent)(void *stream, int64_t n, int64_t c, ch_bmem loss,
                               ch_bmem probs, ch_bmem logits, ch_bmem labels);
     ch_status (*softmax_xent_backward)(void *stream, int64_t n, int64_t c,
@@ -235,7 +237,7 @@ typedef struct ch_backend_i {
     ch_status (*softmax_backward)(void *stream, int64_t rows, int64_t s, ch_bmem dx,
                                   ch_bmem dy, ch_bmem y);
     /* idx i32 [n]; the first index outside [0, v) is reported with
-     * chi_bad_index (like chi_bad_label), its row of y set to 0 */
+     * chi_bad_index (like chi_bad_label, and as late), its row of y set to 0 */
     ch_status (*embedding)(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
                            ch_bmem table, ch_bmem idx);
     ch_status (*embedding_backward)(void *stream, int64_t n, int64_t v, int64_t d,

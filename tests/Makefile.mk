@@ -69,6 +69,11 @@ check_PROGRAMS += tests/test-half
 tests_test_half_SOURCES = tests/test-half.c
 tests_test_half_LDADD = $(TEST_LIBS)
 
+# The CUDA embedding backward's order (sort, runs, sums) on the host.
+check_PROGRAMS += tests/test-embedding-order
+tests_test_embedding_order_SOURCES = tests/test-embedding-order.c backends/cuda/embedding_order.h
+tests_test_embedding_order_LDADD = $(TEST_LIBS)
+
 # The allocation-failure walk and the checkpoint's failing writes: only in
 # a build configured --enable-fault-injection (CI's sanitizer build).
 if FAULT_INJECTION

@@ -163,6 +163,11 @@ int tap_peer_pair(ch_device **a, ch_device **b) { return backend_pair(a, b, 1); 
 
 int tap_cross_pair(ch_device **a, ch_device **b) { return backend_pair(a, b, 0); }
 
+ch_status tap_settled(ch_status st, const ch_tensor *t)
+{
+    return st != CH_OK ? st : ch_device_sync(ch_tensor_device(t));
+}
+
 int tap_env_devices(ch_device **out, int capacity)
 {
     const char *list = getenv("CHORUS_TEST_DEVICES");

@@ -52,6 +52,12 @@ int tap_cross_pair(ch_device **a, ch_device **b);
  * check sets it): how many; 0 when it is unset; -1, after a failing TAP
  * line, when it names a device that is not here or too many. */
 int tap_env_devices(ch_device **out, int capacity);
+/* An op's status as the device reports it: `st` when the call failed,
+ * else what waiting for the device says. Errors only a kernel can find
+ * (a label or an embedding index out of range) come from the call on the
+ * host and OpenCL, and from the stream's next wait on CUDA, which defers
+ * the check there (ops.h); this takes them from wherever they come. */
+ch_status tap_settled(ch_status st, const ch_tensor *t);
 /* The bits of a float and back. */
 uint32_t tap_bits_of(float f);
 float tap_float_of(uint32_t u);

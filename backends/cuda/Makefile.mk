@@ -24,7 +24,7 @@ cuda_module_sources = \
 	backends/cuda/attention.cu \
 	backends/cuda/norm.cu \
 	backends/cuda/allreduce.cu
-cuda_module_headers = backends/cuda/common.cuh
+cuda_module_headers = backends/cuda/common.cuh backends/cuda/embedding_order.h
 
 # Distributed whatever configure found, so that `make dist` without CUDA
 # still ships the module.

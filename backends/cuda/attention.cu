@@ -2,10 +2,12 @@
  * backward, the embedding gather and its backward (the batched GEMM is
  * gemm.cu's). No atomics in any sum: each output is summed by one thread
  * or one warp in an order fixed by the shape, so results are the same bits
- * on every run. (The embedding's out-of-range flag is an atomicMin, which
- * only picks the first bad position.) */
+ * on every run. (The embedding's out-of-range check word is an atomicMin,
+ * which only picks the first bad position.) */
 #include <math.h>
+#include <cub/device/device_radix_sort.cuh>
 #include "common.cuh"
+#include "embedding_order.h"
 
 /* ---- permute ---------------------------------------------------------------- */
 
@@ -123,17 +125,17 @@ ch_status chcu_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem d
 
 /* ---- embedding ---------------------------------------------------------------- */
 
-/* y[i, :] = table[idx[i], :], 0 for an index outside [0, v), whose
- * position lowers *bad. */
+/* y[i, :] = table[idx[i], :], 0 for an index outside [0, v), which lowers
+ * *bad to its position's check word (softmax.cu). */
 __global__ void embedding_kernel(float *y, const float *table, const int32_t *idx, int64_t n,
-                                 int64_t v, int64_t d, unsigned *bad)
+                                 int64_t v, int64_t d, unsigned long long *bad)
 {
     CHCU_FOR_ROWS(i, n)
     {
         int32_t row = idx[i];
         int ok = row >= 0 && row < v;
         if (!ok && blockIdx.x == 0 && threadIdx.x == 0)
-            atomicMin(bad, (unsigned)i);
+            atomicMin(bad, chcu_check_word(i, row));
         CHCU_FOR_COLS(j, d)
         y[i * d + j] = ok ? table[row * d + j] : 0.0f;
     }
@@ -143,91 +145,91 @@ ch_status chcu_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem 
                          ch_bmem table, ch_bmem idx)
 {
     chcu_stream *s = (chcu_stream *)stream;
-    unsigned *flag = NULL;
-    ch_status st = chcu_flag_acquire(s, &flag);
+    ch_status st = chcu_enter(s->dev);
+    unsigned long long *bad = NULL;
+    if (!st)
+        st = chcu_check_begin(s, n, &bad);
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, n, d);
-    embedding_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-        chcu_at<float>(y), chcu_at<float>(table), chcu_at<int32_t>(idx), n, v, d, flag);
-    st = chcu_launched("embedding_kernel");
-    int64_t pos = -1;
-    int32_t index = 0;
-    if (!st)
-        st = chcu_flag_read(s, flag, chcu_at<int32_t>(idx), &pos, &index);
-    chcu_scratch_release(s);
-    if (!st && pos >= 0)
-        st = chi_bad_index("ch_embedding", pos, index, v);
-    return st;
+    embedding_kernel<<<sh.grid, sh.block, 0, s->s>>>(chcu_at<float>(y), chcu_at<float>(table),
+                                                     chcu_at<int32_t>(idx), n, v, d, bad);
+    return chcu_check_end(s, chcu_launched("embedding_kernel"), "ch_embedding", 1, v);
 }
 
-/* The positions of each table row as a chain, one thread per position i:
- * head[r] = the first position whose index is r (head is -1 before),
- * next[i] = the next position with the same index as i, or -1. */
-__global__ void embedding_chain_kernel(int64_t *head, int64_t *next, const int32_t *idx,
-                                       int64_t n, int64_t v)
+/* The (key, position) pairs of the batch's indices (embedding_order.h). */
+__global__ void embedding_keys_kernel(uint32_t *keys, int32_t *pos, const int32_t *idx, int64_t n,
+                                      int64_t v)
 {
     CHCU_FOR_EACH(i, n)
     {
-        int32_t row = idx[i];
-        if (row < 0 || row >= v)
-            continue;
-        int first = 1;
-        int64_t after = -1;
-        for (int64_t j = 0; j < i && first; j++)
-            first = idx[j] != row;
-        for (int64_t j = i + 1; j < n && after < 0; j++)
-            if (idx[j] == row)
-                after = j;
-        next[i] = after;
-        if (first)
-            head[row] = i;
+        keys[i] = cheo_key(idx[i], v);
+        pos[i] = (int32_t)i;
     }
 }
 
-/* One thread per element of dtable [v, d]: the dy rows of its row's chain
- * summed in increasing position, then added. */
-__global__ void embedding_backward_kernel(float *dtable, const float *dy, const int64_t *head,
-                                          const int64_t *next, int64_t v, int64_t d)
+/* One thread per (sorted position, column of dtable): the first position
+ * of each row's run sums the run's dy rows in increasing position and adds
+ * the sum to the row; the others have nothing to do. */
+__global__ void embedding_backward_kernel(float *dtable, const float *dy, const uint32_t *keys,
+                                          const int32_t *pos, int64_t n, int64_t v, int64_t d)
 {
-    CHCU_FOR_ROWS(r, v)
+    CHCU_FOR_ROWS(i, n)
     {
+        if (!cheo_run_start(keys, i, v))
+            continue;
         CHCU_FOR_COLS(j, d)
-        {
-            int64_t i = head[r];
-            if (i < 0)
-                continue;
-            float sum = 0.0f;
-            for (; i >= 0; i = next[i])
-                sum += dy[i * d + j];
-            dtable[r * d + j] += sum;
-        }
+        dtable[(int64_t)keys[i] * d + j] += cheo_run_sum(keys, pos, dy, n, d, i, j);
     }
+}
+
+/* Rounded up to 256 bytes: each part of the scratch starts aligned for CUB. */
+static size_t chcu_align256(size_t bytes)
+{
+    return (bytes + 255) / 256 * 256;
 }
 
 ch_status chcu_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
                                   ch_bmem dtable, ch_bmem dy, ch_bmem idx)
 {
     chcu_stream *s = (chcu_stream *)stream;
+    if (n > INT32_MAX || v >= (int64_t)UINT32_MAX)
+        return chi_error(CH_ERR_LIMIT,
+                         "cuda embedding_backward: %lld indices into %lld rows, "
+                         "more than its sort takes (2^31 - 1 indices, 2^32 - 2 rows)",
+                         (long long)n, (long long)v);
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    void *work;
-    st = chcu_scratch_acquire(s, (size_t)(v + n) * sizeof(int64_t), &work);
+    /* How much work space CUB's sort wants for n pairs (no sorting yet). */
+    size_t sort_bytes = 0;
+    st = chcu_check(cub::DeviceRadixSort::SortPairs(
+                        NULL, sort_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
+                        (const int32_t *)NULL, (int32_t *)NULL, (int)n, 0, cheo_key_bits(v), s->s),
+                    "cub::DeviceRadixSort::SortPairs(size)");
     if (st)
         return st;
-    int64_t *head = (int64_t *)work, *next = head + v;
-    st = chcu_check(cudaMemsetAsync(head, 0xff, (size_t)v * sizeof *head, s->s),
-                    "cudaMemsetAsync");
+    /* Scratch: keys and positions, before and after the sort, then CUB's. */
+    const size_t part = chcu_align256((size_t)n * sizeof(uint32_t));
+    void *work;
+    st = chcu_scratch_acquire(s, 4 * part + sort_bytes, &work);
+    if (st)
+        return st;
+    char *w = (char *)work;
+    uint32_t *keys_in = (uint32_t *)w, *keys = (uint32_t *)(w + part);
+    int32_t *pos_in = (int32_t *)(w + 2 * part), *pos = (int32_t *)(w + 3 * part);
+    embedding_keys_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
+        keys_in, pos_in, chcu_at<int32_t>(idx), n, v);
+    st = chcu_launched("embedding_keys_kernel");
+    if (!st)
+        st = chcu_check(cub::DeviceRadixSort::SortPairs(w + 4 * part, sort_bytes, keys_in, keys,
+                                                        pos_in, pos, (int)n, 0, cheo_key_bits(v),
+                                                        s->s),
+                        "cub::DeviceRadixSort::SortPairs");
     if (!st) {
-        embedding_chain_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
-            head, next, chcu_at<int32_t>(idx), n, v);
-        st = chcu_launched("embedding_chain_kernel");
-    }
-    if (!st) {
-        chcu_shape2 sh = chcu_rows(s->dev, v, d);
+        chcu_shape2 sh = chcu_rows(s->dev, n, d);
         embedding_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-            chcu_at<float>(dtable), chcu_at<float>(dy), head, next, v, d);
+            chcu_at<float>(dtable), chcu_at<float>(dy), keys, pos, n, v, d);
         st = chcu_launched("embedding_backward_kernel");
     }
     chcu_scratch_release(s);

@@ -56,6 +56,16 @@ typedef struct chcu_device {
     unsigned char peer[CHCU_MAX_DEVICES];
 } chcu_device;
 
+/* A label or index check queued on a stream and not read yet (softmax.cu). */
+typedef struct chcu_pending_check {
+    const char *fn; /* the op, for the message */
+    int index;      /* 1: an embedding index (chi_bad_index); 0: a label */
+    int64_t limit;  /* classes, or the table's rows */
+} chcu_pending_check;
+
+/* Checks a stream holds before it waits on its own to read them. */
+#define CHCU_CHECKS 32
+
 typedef struct chcu_stream {
     chcu_device *dev;
     cudaStream_t s;
@@ -72,6 +82,15 @@ typedef struct chcu_stream {
     pthread_mutex_t scratch_lock;
     void *scratch;
     size_t scratch_bytes;
+    /* The label and index checks of the loss and embedding slots, read
+     * where the stream is waited for anyway (softmax.cu): check_dev[i] is
+     * the word the i-th pending check's kernel lowers, check_host[i] its
+     * pinned copy, queued after the kernel; both made at the first check. */
+    pthread_mutex_t check_lock;
+    unsigned long long *check_dev;
+    unsigned long long *check_host;
+    chcu_pending_check pending[CHCU_CHECKS];
+    int npending;
 } chcu_stream;
 
 typedef struct chcu_event {
@@ -158,20 +177,42 @@ __device__ static inline void chcu_row_max_expsum(const float *x, int64_t w, int
     *sum = chcu_warp_sum(s);
 }
 
-/* ---- out-of-range flags (softmax.cu) ---- */
+/* ---- deferred label and index checks (softmax.cu) ---- */
 
-/* A kernel lowers the flag word (atomicMin) to the first position whose
- * label or index is out of range. chcu_flag_reset queues setting it to
- * CHCU_NO_ROW; chcu_flag_read waits for it: *pos is that position and
- * *value the i32 there in `values` (device memory), or *pos is -1. */
-#define CHCU_NO_ROW 0xffffffffu
-ch_status chcu_flag_reset(const chcu_stream *s, unsigned *flag);
-/* Enter the stream's device, take its scratch for a flag and queue the
- * flag's reset; on success the caller gives the scratch back
- * (chcu_scratch_release) once it has read the flag. */
-ch_status chcu_flag_acquire(chcu_stream *s, unsigned **flag);
-ch_status chcu_flag_read(const chcu_stream *s, const unsigned *flag, const int32_t *values,
-                         int64_t *pos, int32_t *value);
+/* A kernel that finds labels or indices out of range lowers a check word
+ * (atomicMin) to chcu_check_word(position, value) of the first such
+ * position: the position in the high half orders the words, the value
+ * rides along in the low half, so one word names both and no later read
+ * of the labels (which may have changed by then) is needed. A word still
+ * CHCU_CHECK_NONE found nothing. */
+#define CHCU_CHECK_NONE 0xffffffffffffffffull
+/* Positions must stay below this for the word to hold them. */
+#define CHCU_CHECK_MAX_POS 0xffffffffll
+__host__ __device__ static inline unsigned long long chcu_check_word(int64_t pos, int32_t value)
+{
+    return (unsigned long long)pos << 32 | (uint32_t)value;
+}
+
+/* A slot that checks: chcu_check_begin (after entering the device) takes
+ * the stream's next check word, holding the stream's check lock; the
+ * caller launches its kernel with it and ends with chcu_check_end, which
+ * queues the word's copy to the host (when `launched` is CH_OK), records
+ * the check, releases the lock and returns `launched` or the copy's error.
+ * When the stream already holds CHCU_CHECKS unread checks, begin first
+ * waits for the stream and reads them, and returns the error they hold. */
+ch_status chcu_check_begin(chcu_stream *s, int64_t positions, unsigned long long **word);
+ch_status chcu_check_end(chcu_stream *s, ch_status launched, const char *fn, int index,
+                         int64_t limit);
+/* Waits for the stream (cudaStreamSynchronize, `what` naming it in an
+ * error), then reads and forgets the checks queued before: the first that
+ * found a bad value, in the order of the calls, is returned as
+ * chi_bad_label or chi_bad_index. Every wait on a stream that the core
+ * asks for (stream_sync, blocking transfers) goes through here. */
+ch_status chcu_stream_wait(chcu_stream *s, const char *what);
+/* The same reading, by a caller that holds the check lock and has waited. */
+ch_status chcu_checks_read_locked(chcu_stream *s);
+/* Frees the check words (the stream is being destroyed). */
+void chcu_checks_free(chcu_stream *s);
 
 template <typename T> static inline T *chcu_at(ch_bmem m)
 {

@@ -52,7 +52,9 @@ static ch_status chcu_transfer(chcu_stream *s, void *dst, const void *src, size_
     st = chcu_check(cudaMemcpyAsync(dst, src, bytes, kind, s->s), what);
     if (st || !blocking)
         return st;
-    return chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize");
+    /* A blocking transfer waits for the stream: the checks queued before it
+     * are read there (reading the loss reports its labels). */
+    return chcu_stream_wait(s, "cudaStreamSynchronize");
 }
 
 ch_status chcu_upload(void *stream, ch_bmem dst, const void *host, size_t bytes, int blocking)

@@ -1,70 +1,129 @@
-/* Fused softmax + cross-entropy, forward (mean loss) and backward.
+/* Fused softmax + cross-entropy, forward (mean loss) and backward, and the
+ * deferred checks of labels and embedding indices.
  *
- * Labels out of range: both kernels lower a flag word to the first row
- * whose label is outside [0, c) (atomicMin: the same row whatever the
- * order), and the slot reads it back before returning so that it can answer
- * CH_ERR_INVALID_ARGUMENT as the host does (ops.h). That read is the one
- * wait of these slots: it returns when the stream has run the kernel. The
- * embedding's indices are checked the same way (attention.cu). */
+ * Labels out of range: both kernels lower a check word to the first row
+ * whose label is outside [0, c) and that label (atomicMin: the same row
+ * whatever the order). The slot does not wait for it: the word is copied
+ * to pinned host memory behind the kernel, and read where the stream is
+ * waited for anyway (stream_sync, a blocking download or upload), which
+ * then answers CH_ERR_INVALID_ARGUMENT as the host does (ops.h). A training
+ * step waits once, to read its loss; reading each check on its own would
+ * add three or four waits a step. The embedding's indices are checked the
+ * same way (attention.cu). */
 #include <math.h>
 #include "common.cuh"
 
-ch_status chcu_flag_reset(const chcu_stream *s, unsigned *flag)
-{
-    return chcu_check(cudaMemsetAsync(flag, 0xff, sizeof *flag, s->s), "cudaMemsetAsync");
-}
+/* ---- deferred label and index checks ---- */
 
-ch_status chcu_flag_acquire(chcu_stream *s, unsigned **flag)
+static ch_status checks_alloc(chcu_stream *s)
 {
-    ch_status st = chcu_enter(s->dev);
-    void *work = NULL;
-    if (!st)
-        st = chcu_scratch_acquire(s, sizeof(unsigned), &work);
+    const size_t bytes = CHCU_CHECKS * sizeof *s->check_dev;
+    void *dev = NULL, *host = NULL;
+    ch_status st = chcu_check(cudaMalloc(&dev, bytes), "cudaMalloc(checks)");
     if (st)
         return st;
-    *flag = (unsigned *)work;
-    st = chcu_flag_reset(s, *flag);
-    if (st)
-        chcu_scratch_release(s);
+    st = chcu_check(cudaHostAlloc(&host, bytes, cudaHostAllocDefault), "cudaHostAlloc(checks)");
+    if (st) {
+        /* The allocation's error is the one to report. */
+        if (cudaFree(dev) != cudaSuccess)
+            (void)cudaGetLastError();
+        return st;
+    }
+    s->check_dev = (unsigned long long *)dev;
+    s->check_host = (unsigned long long *)host;
+    return CH_OK;
+}
+
+ch_status chcu_check_begin(chcu_stream *s, int64_t positions, unsigned long long **word)
+{
+    if (positions > CHCU_CHECK_MAX_POS)
+        return chi_error(CH_ERR_LIMIT,
+                         "cuda: %lld labels or indices, more than a check word "
+                         "can name (%lld)",
+                         (long long)positions, (long long)CHCU_CHECK_MAX_POS);
+    pthread_mutex_lock(&s->check_lock);
+    ch_status st = s->check_dev ? CH_OK : checks_alloc(s);
+    if (!st && s->npending == CHCU_CHECKS) {
+        /* Full: the one place a check waits on its own. */
+        st = chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize(checks)");
+        if (!st)
+            st = chcu_checks_read_locked(s);
+    }
+    unsigned long long *w = s->check_dev + s->npending;
+    if (!st)
+        st = chcu_check(cudaMemsetAsync(w, 0xff, sizeof *w, s->s), "cudaMemsetAsync(check)");
+    if (st) {
+        pthread_mutex_unlock(&s->check_lock);
+        return st;
+    }
+    *word = w;
+    return CH_OK;
+}
+
+ch_status chcu_check_end(chcu_stream *s, ch_status launched, const char *fn, int index,
+                         int64_t limit)
+{
+    int i = s->npending;
+    ch_status st = launched;
+    if (!st)
+        st = chcu_check(cudaMemcpyAsync(s->check_host + i, s->check_dev + i, sizeof *s->check_host,
+                                        cudaMemcpyDeviceToHost, s->s),
+                        "cudaMemcpyAsync(check)");
+    if (!st) {
+        s->pending[i].fn = fn;
+        s->pending[i].index = index;
+        s->pending[i].limit = limit;
+        s->npending = i + 1;
+    }
+    pthread_mutex_unlock(&s->check_lock);
     return st;
 }
 
-/* A small read on the stream, waited for. */
-static ch_status read_back(const chcu_stream *s, void *host, const void *dev, size_t bytes)
+ch_status chcu_checks_read_locked(chcu_stream *s)
 {
-    ch_status st = chcu_check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s->s),
-                              "cudaMemcpyAsync");
-    return st ? st : chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize");
+    ch_status st = CH_OK;
+    for (int i = 0; i < s->npending && !st; i++) {
+        unsigned long long w = s->check_host[i];
+        if (w == CHCU_CHECK_NONE)
+            continue;
+        const chcu_pending_check *p = &s->pending[i];
+        int64_t pos = (int64_t)(w >> 32);
+        int32_t value = (int32_t)(uint32_t)(w & 0xffffffffu);
+        st = p->index ? chi_bad_index(p->fn, pos, value, p->limit)
+                      : chi_bad_label(p->fn, pos, value, p->limit);
+    }
+    s->npending = 0;
+    return st;
 }
 
-ch_status chcu_flag_read(const chcu_stream *s, const unsigned *flag, const int32_t *values,
-                         int64_t *pos, int32_t *value)
+ch_status chcu_stream_wait(chcu_stream *s, const char *what)
 {
-    unsigned row = CHCU_NO_ROW;
-    ch_status st = read_back(s, &row, flag, sizeof row);
-    *pos = row == CHCU_NO_ROW ? -1 : (int64_t)row;
-    if (st || row == CHCU_NO_ROW)
-        return st;
-    return read_back(s, value, values + row, sizeof *value);
+    /* Held across the wait: a check queued meanwhile by another thread
+     * would have a host word not written yet. */
+    pthread_mutex_lock(&s->check_lock);
+    ch_status st = chcu_check(cudaStreamSynchronize(s->s), what);
+    if (!st)
+        st = chcu_checks_read_locked(s);
+    pthread_mutex_unlock(&s->check_lock);
+    return st;
 }
 
-/* Waits for the flag; the error names the first bad row and its label. */
-static ch_status labels_check(const chcu_stream *s, const char *fn, const unsigned *flag,
-                              const int32_t *labels, int64_t c)
+void chcu_checks_free(chcu_stream *s)
 {
-    int64_t row = -1;
-    int32_t label = 0;
-    ch_status st = chcu_flag_read(s, flag, labels, &row, &label);
-    if (st || row < 0)
-        return st;
-    return chi_bad_label(fn, row, label, c);
+    if (s->check_dev)
+        (void)chcu_check(cudaFree(s->check_dev), "cudaFree(checks)");
+    if (s->check_host)
+        (void)chcu_check(cudaFreeHost(s->check_host), "cudaFreeHost(checks)");
+    s->check_dev = s->check_host = NULL;
+    s->npending = 0;
 }
 
 /* One warp per row: probs = softmax(row); rowloss = log(sum) - (x[label] -
  * max), which is -log probs[label] without rounding probs first. A label
- * out of range gives NaN and lowers *bad to its row. */
+ * out of range gives NaN and lowers *bad to its row's check word. */
 __global__ void softmax_xent_kernel(float *probs, float *rowloss, const float *logits,
-                                    const int32_t *labels, int64_t n, int64_t c, unsigned *bad)
+                                    const int32_t *labels, int64_t n, int64_t c,
+                                    unsigned long long *bad)
 {
     const int lane = threadIdx.x % CHCU_WARP;
     const int64_t warps = (int64_t)gridDim.x * blockDim.x / CHCU_WARP;
@@ -82,7 +141,7 @@ __global__ void softmax_xent_kernel(float *probs, float *rowloss, const float *l
                 rowloss[r] = logf(sum) - (x[l] - m);
             } else {
                 rowloss[r] = NAN;
-                atomicMin(bad, (unsigned)r);
+                atomicMin(bad, chcu_check_word(r, l));
             }
         }
     }
@@ -95,42 +154,40 @@ ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    /* Scratch: the row losses, the flag (8 bytes, to keep the sum's
+    /* Scratch: the row losses (rounded up to 8 bytes, to keep the sum's
      * doubles aligned), the sum's workspace. */
     size_t rows_bytes = ((size_t)n * sizeof(float) + 7) / 8 * 8;
     void *work;
-    st = chcu_scratch_acquire(s, rows_bytes + 8 + chcu_sum_into_work(1, n, 1), &work);
+    st = chcu_scratch_acquire(s, rows_bytes + chcu_sum_into_work(1, n, 1), &work);
     if (st)
         return st;
     float *rowloss = (float *)work;
-    unsigned *flag = (unsigned *)((char *)work + rows_bytes);
-    st = chcu_flag_reset(s, flag);
+    unsigned long long *bad = NULL;
+    st = chcu_check_begin(s, n, &bad);
     if (!st) {
         softmax_xent_kernel<<<chcu_grid(s->dev, n * CHCU_WARP), CHCU_THREADS, 0, s->s>>>(
-            chcu_at<float>(probs), rowloss, chcu_at<float>(logits), chcu_at<int32_t>(labels), n,
-            c, flag);
-        st = chcu_launched("softmax_xent_kernel");
+            chcu_at<float>(probs), rowloss, chcu_at<float>(logits), chcu_at<int32_t>(labels), n, c,
+            bad);
+        st = chcu_check_end(s, chcu_launched("softmax_xent_kernel"), "ch_softmax_xent", 0, c);
     }
     if (!st)
         st = chcu_sum_into(s, chcu_at<float>(loss), rowloss, 1, n, 1, (double)n, 0.0f,
-                           (char *)work + rows_bytes + 8);
-    if (!st)
-        st = labels_check(s, "ch_softmax_xent", flag, chcu_at<int32_t>(labels), c);
+                           (char *)work + rows_bytes);
     chcu_scratch_release(s);
     return st;
 }
 
 /* dlogits[r, j] = (probs[r, j] - (j == label[r])) * scale / n; the threads
- * of column 0 lower *bad to a row whose label is out of range. */
-__global__ void softmax_xent_backward_kernel(float *dl, const float *probs,
-                                             const int32_t *labels, int64_t n, int64_t c,
-                                             float k, unsigned *bad)
+ * of column 0 lower *bad to the check word of a row whose label is out of
+ * range. */
+__global__ void softmax_xent_backward_kernel(float *dl, const float *probs, const int32_t *labels,
+                                             int64_t n, int64_t c, float k, unsigned long long *bad)
 {
     CHCU_FOR_ROWS(r, n)
     {
         int32_t l = labels[r];
         if (blockIdx.x == 0 && threadIdx.x == 0 && (l < 0 || l >= c))
-            atomicMin(bad, (unsigned)r);
+            atomicMin(bad, chcu_check_word(r, l));
         CHCU_FOR_COLS(j, c)
         {
             float t = j == l ? 1.0f : 0.0f;
@@ -143,17 +200,16 @@ ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
                                      ch_bmem probs, ch_bmem labels, float scale)
 {
     chcu_stream *s = (chcu_stream *)stream;
-    unsigned *flag = NULL;
-    ch_status st = chcu_flag_acquire(s, &flag);
+    ch_status st = chcu_enter(s->dev);
+    unsigned long long *bad = NULL;
+    if (!st)
+        st = chcu_check_begin(s, n, &bad);
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, n, c);
     softmax_xent_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
         chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c,
-        scale / (float)n, flag);
-    st = chcu_launched("softmax_xent_backward_kernel");
-    if (!st)
-        st = labels_check(s, "ch_softmax_xent_backward", flag, chcu_at<int32_t>(labels), c);
-    chcu_scratch_release(s);
-    return st;
+        scale / (float)n, bad);
+    return chcu_check_end(s, chcu_launched("softmax_xent_backward_kernel"),
+                          "ch_softmax_xent_backward", 0, c);
 }

@@ -20,12 +20,19 @@ ch_status chcu_stream_new(void *dev, void **stream)
         free(s);
         return chi_error(CH_ERR_INTERNAL, "cuda stream_new: pthread_mutex_init failed");
     }
+    if (pthread_mutex_init(&s->check_lock, NULL) != 0) {
+        pthread_mutex_destroy(&s->blas_lock);
+        pthread_mutex_destroy(&s->scratch_lock);
+        free(s);
+        return chi_error(CH_ERR_INTERNAL, "cuda stream_new: pthread_mutex_init failed");
+    }
     s->dev = d;
     /* Non-blocking: never serialised with the legacy default stream that
      * other code in the process may use. */
     st = chcu_check(cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking),
                     "cudaStreamCreateWithFlags");
     if (st) {
+        pthread_mutex_destroy(&s->check_lock);
         pthread_mutex_destroy(&s->blas_lock);
         pthread_mutex_destroy(&s->scratch_lock);
         free(s);
@@ -47,7 +54,10 @@ void chcu_stream_free(void *stream)
         (void)chcu_check(cudaStreamDestroy(s->s), "cudaStreamDestroy");
         if (s->scratch)
             (void)chcu_check(cudaFree(s->scratch), "cudaFree(scratch)");
+        /* Checks not read yet are dropped with the stream. */
+        chcu_checks_free(s);
     }
+    pthread_mutex_destroy(&s->check_lock);
     pthread_mutex_destroy(&s->blas_lock);
     pthread_mutex_destroy(&s->scratch_lock);
     free(s);
@@ -59,7 +69,8 @@ ch_status chcu_stream_sync(void *stream)
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    return chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize");
+    /* An op's queued label or index check answers here at the latest. */
+    return chcu_stream_wait(s, "cudaStreamSynchronize");
 }
 
 ch_status chcu_event_new(void *dev, void **event)

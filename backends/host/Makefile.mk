@@ -1,6 +1,7 @@
 # The host backend: plain C, oneDNN or OpenBLAS for GEMM and oneDNN for
 # convolutions when configured; built into
-# libchorus as the reference every other backend is tested against.
+# libchorus. It is not the tests' reference: they compare every backend,
+# this one included, with double-precision references (tests/ref.h).
 libchorus_la_SOURCES += \
 	backends/host/host.h \
 	backends/host/backend.c \

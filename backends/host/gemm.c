@@ -6,9 +6,9 @@
  * KC-deep MR-row strips, and a 6x16 register-blocked micro-kernel multiplies
  * an MR-row strip of A by an NR-column strip of B (which stays in L1). The
  * micro-kernels use GCC vector extensions: an 8-wide one compiled for
- * AVX2+FMA, chosen at run time on x86-64 CPUs that have them (no -march
- * assumed), and a 4-wide one that compiles to SSE2, NEON or plain C
- * everywhere else. */
+ * AVX2 (no FMA instructions: contraction is off), chosen at run time on
+ * x86-64 CPUs that have AVX2 and FMA (no -march assumed), and a 4-wide one
+ * that compiles to SSE2, NEON or plain C everywhere else. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -160,8 +160,11 @@ static void kernel_4wide(int64_t kc, const float *restrict ap, const float *rest
 }
 
 #ifdef HAVE_AVX2_KERNEL
-/* Twelve 8-wide accumulators in the 16 AVX registers, one pass; the
- * compiler turns `acc += a * b` into FMA. */
+/* Twelve 8-wide accumulators in the 16 AVX registers, one pass. `acc += a
+ * * b` stays a multiply and an add (vmulps, vaddps), each rounded: the
+ * build's -ffp-contract=off (configure.ac) keeps the compiler from fusing
+ * them into FMA although the target allows it, so the sums round as the
+ * 4-wide kernel's do. */
 __attribute__((target("avx2,fma")))
 static void kernel_avx2(int64_t kc, const float *restrict ap, const float *restrict bp,
                         float tile[MR][NR])

@@ -20,15 +20,17 @@
 # Makefile.mk lists, the nvcc flags are those of backends/cuda/Makefile.mk.
 #
 # Without a GPU (a rehearsal) it builds everything, runs test-cuda (which
-# must then say why CUDA is unavailable) and a short training on the host
-# (the carried data and zlib), and reports every GPU step as "skipped: no
-# GPU".
+# must then say why CUDA is unavailable), test-abi, test-models on the host
+# (the carried jansson) and a short training on the host (the carried data
+# and zlib), and reports every GPU step as "skipped: no GPU".
 #
 # OUTDIR receives summary.txt (read it first), probe.log, build.log,
 # tests.log, bench.log, train.log and, where compute-sanitizer exists,
 # sanitizer.log. Every step runs under a time limit, cut to what is left of
 # the budget, and is printed as it ends. The exit status is 0 when every
-# step passed or was skipped.
+# step passed, was skipped, or (the optional memcheck) was cut short by
+# the budget with no error found. The summary starts with the GPU, its
+# driver and the CUDA versions.
 #
 # Environment:
 #   CHECK_BUDGET  seconds for the whole run (default 400; the build may
@@ -67,7 +69,7 @@ out_of_time() { [ $((BUDGET - $(elapsed) - RESERVE)) -lt 3 ]; }
 row() { # step result seconds detail
     ROWS+=("$(printf '%-18s %-8s %5s  %s' "$1" "$2" "$3" "$4")")
     printf '[%4ss] %-18s %-8s %s\n' "$(elapsed)" "$1" "$2" "$4"
-    case $2 in ok | skipped) ;; *) FAILED=1 ;; esac
+    case $2 in ok | skipped | partial) ;; *) FAILED=1 ;; esac
 }
 
 note() { NOTES+=("$*"); }
@@ -75,6 +77,7 @@ note() { NOTES+=("$*"); }
 # ---- probe ------------------------------------------------------------------
 
 NVCC="" CUDA_HOME="" GPU="" GPU_ARCH="" NVDIRS=()
+GPU_NAME="" DRIVER="" DRIVER_CUDA="" TOOLKIT=""
 CUBLAS_SO="" NCCL_SO="" CUDART="" CUBLAS_INC="" NCCL_INC="" SANITIZER=""
 LIBDIRS=()
 
@@ -121,14 +124,20 @@ probe_gpu() {
         log "nvidia-smi: not found"
         return
     fi
-    timeout 20 nvidia-smi
-    local q
+    local smi q
+    smi=$(timeout 20 nvidia-smi 2>&1)
+    printf '%s\n' "$smi"
+    # The highest CUDA version the driver supports: only the table's header
+    # says it (--query-gpu has no field for it).
+    DRIVER_CUDA=$(printf '%s\n' "$smi" | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)
     q=$(timeout 20 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version,pci.bus_id \
         --format=csv,noheader 2>/dev/null | head -n 1)
     log "query: ${q:-none}"
     [ -n "$q" ] || return
     GPU=$q
+    GPU_NAME=$(printf '%s' "$q" | cut -d, -f1)
     GPU_ARCH=$(printf '%s' "$q" | cut -d, -f2 | tr -d ' .')
+    DRIVER=$(printf '%s' "$q" | cut -d, -f4 | tr -d ' ')
 }
 
 probe_python() {
@@ -153,6 +162,8 @@ probe() {
     if [ -n "$NVCC" ]; then
         NVCC=$(readlink -f "$NVCC")
         "$NVCC" --version | tail -n 2
+        # "Cuda compilation tools, release 13.0, V13.0.48" -> "13.0 (V13.0.48)"
+        TOOLKIT=$("$NVCC" --version | sed -n 's/.*release \([0-9.]*\), V\([0-9.]*\).*/\1 (V\2)/p')
         CUDA_HOME=$(cd "$(dirname "$NVCC")/.." && pwd)
     fi
     log "== gcc: $(gcc --version 2>&1 | head -n 1)"
@@ -188,11 +199,13 @@ probe() {
 
 ZINC="" JINC="" ZLIB="" JLIB="" DATA="" CARRY_USED=""
 
-# A library the system has (by soname), else the carried copy.
+# A library the system has (by soname), else the carried copy. The
+# system's only when the file ldconfig's cache names is there, a non-empty
+# regular file: a cache can outlive the library it lists.
 pick_lib() { # soname
     local f
     f=$(ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n && /x86-64/ { print $NF; exit }')
-    if [ -n "$f" ]; then
+    if [ -n "$f" ] && [ -f "$(readlink -f "$f")" ] && [ -s "$(readlink -f "$f")" ]; then
         echo "$f"
     elif [ -f "$CARRY/lib/$1" ]; then
         echo "$CARRY/lib/$1"
@@ -243,6 +256,25 @@ CFLAGS=(-std=gnu11 -O2 -g -Wall -Wextra -ffp-contract=off -fPIC -fopenmp -pthrea
     -DHAVE_CONFIG_H -DCHI_TEST_HOOKS)
 BUILT=()
 NO_ZLIB=0 NO_JANSSON=0
+# The carried libraries the system lacks, alone in a folder of their own
+# (the carried folder's lib/ also holds those the system has, which must
+# not shadow the system's): libchorus.so's RUNPATH, and what the linker
+# searches for libchorus.so's own dependencies when it links a program or
+# the module against it (-rpath-link). Without that, a machine with no
+# libjansson.so.4 of its own fails every link that names -lchorus
+# ("libjansson.so.4, needed by libchorus.so, not found").
+CARRIED_LIBS="$B/carried"
+LINK_RP=()
+
+# Copies the carried libraries in use into CARRIED_LIBS.
+carry_libs() {
+    local l
+    for l in "$ZLIB" "$JLIB"; do
+        case $l in "$CARRY"/*) mkdir -p "$CARRIED_LIBS" && cp "$l" "$CARRIED_LIBS/" || return 1 ;; esac
+    done
+    [ -d "$CARRIED_LIBS" ] && LINK_RP=("-Wl,-rpath-link,$CARRIED_LIBS")
+    return 0
+}
 
 cc() { # gcc with the project's flags and include folders
     gcc "${CFLAGS[@]}" -I"$B" -I"$SRC/include" -I"$SRC/lib" -I"$SRC/backends/host" \
@@ -301,8 +333,10 @@ build_lib() {
     done < <(lib_sources)
     wait_all || return 1
     log "gcc -shared -o $B/libchorus.so.2 (${#objs[@]} objects)"
+    local rpath=()
+    [ -d "$CARRIED_LIBS" ] && rpath=("-Wl,-rpath,$CARRIED_LIBS")
     gcc -shared -fopenmp -pthread -Wl,-soname,libchorus.so.2 -o "$B/libchorus.so.2" "${objs[@]}" \
-        ${ZLIB:+"$ZLIB"} ${JLIB:+"$JLIB"} -lm -ldl || return 1
+        ${ZLIB:+"$ZLIB"} ${JLIB:+"$JLIB"} ${rpath[@]+"${rpath[@]}"} -lm -ldl || return 1
     ln -sf libchorus.so.2 "$B/libchorus.so"
 }
 
@@ -337,7 +371,7 @@ build_module() {
     local rp=() d
     for d in "${LIBDIRS[@]}"; do rp+=("-Wl,-rpath,$d" "-Wl,-rpath-link,$d"); done
     log "g++ -shared -o $B/mod/chorus-cuda.so (NCCL: ${nccl_lib[*]:-no})"
-    g++ -shared -o "$B/mod/chorus-cuda.so" "$B"/cuda/*.o -L"$B" -lchorus "$CUBLAS_SO" \
+    g++ -shared -o "$B/mod/chorus-cuda.so" "$B"/cuda/*.o -L"$B" -lchorus ${LINK_RP[@]+"${LINK_RP[@]}"} "$CUBLAS_SO" \
         ${nccl_lib[@]+"${nccl_lib[@]}"} "$CUDART" ${rp[@]+"${rp[@]}"} -ldl -lrt -lpthread \
         -lstdc++ || return 1
     nm -D --defined-only "$B/mod/chorus-cuda.so" | grep -q ' chorus_backend_entry$' ||
@@ -354,8 +388,8 @@ program() { # name folder [extra gcc arguments]: sources from the Makefile.mk li
     [ "$dir" = tests ] && while read -r f; do srcs+=("$SRC/$f"); done \
         < <(am_sources tests_libtestutil_la_SOURCES)
     log "gcc -o $B/$name ${srcs[*]#"$SRC"/}"
-    cc -I"$SRC/tests" -o "$B/$name" "${srcs[@]}" "$@" -L"$B" -lchorus ${ZLIB:+"$ZLIB"} -lm \
-        -lpthread && touch "$B/$name.built"
+    cc -I"$SRC/tests" -o "$B/$name" "${srcs[@]}" "$@" -L"$B" -lchorus ${LINK_RP[@]+"${LINK_RP[@]}"} \
+        ${ZLIB:+"$ZLIB"} -lm -lpthread && touch "$B/$name.built"
 }
 
 # test-abi's three modules that the registry must refuse.
@@ -379,8 +413,19 @@ build_programs() {
         fi
         spawn program "$t" tests ${defs[@]+"${defs[@]}"}
     done
+    # The ResNet and GPT fixtures (PyTorch's numbers) on every device: the
+    # test reads them with jansson itself.
+    if [ "$NO_JANSSON" = 0 ]; then
+        spawn program test-models tests "$JLIB"
+    else
+        echo "no jansson" >"$B/test-models.why"
+    fi
     spawn program chorus-info utils
-    [ "$NO_ZLIB$NO_JANSSON" = 00 ] && spawn program chorus-train utils
+    if [ "$NO_ZLIB$NO_JANSSON" = 00 ]; then
+        spawn program chorus-train utils
+    else
+        echo "no zlib or jansson" >"$B/chorus-train.why"
+    fi
     for t in bench-ops bench-train bench-dp bench-allreduce; do spawn program "$t" bench; done
     local rp=() d
     for d in "${LIBDIRS[@]}"; do rp+=("-Wl,-rpath-link,$d"); done
@@ -392,6 +437,7 @@ build_programs() {
 
 build() {
     rm -rf "$B" && mkdir -p "$B" || return 1
+    carry_libs || { log "BUILD FAILED: cannot copy the carried libraries into $CARRIED_LIBS"; return 1; }
     build_lib || { log "BUILD FAILED: libchorus"; return 1; }
     local rc=0
     if [ -n "$NVCC" ] && [ -n "$CUBLAS_SO" ] && [ -n "$CUDART" ]; then
@@ -443,7 +489,13 @@ run() {
     local prog=$1
     shift
     if ! built "$prog"; then
-        row "$step" skipped 0 "not built"
+        # Left out on purpose (a library missing, said in build.log), or
+        # its build failed, which the build row has already counted.
+        if [ -s "$B/$prog.why" ]; then
+            row "$step" skipped 0 "not built: $(cat "$B/$prog.why")"
+        else
+            row "$step" FAILED 0 "not built (build.log)"
+        fi
         return 1
     fi
     if out_of_time; then
@@ -510,7 +562,20 @@ run_tests() {
     for t in test-ops-grad test-ops-attn test-ops-norm test-errors test-cast test-half; do
         gpu "$t" tap "$OUTDIR/tests.log" 90 "$t"
     done
-    gpu test-models tap "$OUTDIR/tests.log" 120 CHORUS_TEST_SRCDIR="$SRC" test-models
+    # On every device, so without a GPU too (the carried jansson at work);
+    # on a GPU its cuda:0 checks must be there, not just a passing run.
+    run test-models tap "$OUTDIR/tests.log" 120 CHORUS_TEST_SRCDIR="$SRC" test-models
+    if [ "$NCUDA" -lt 1 ]; then
+        row test-models-cuda skipped 0 "no GPU"
+    elif built test-models; then
+        local n
+        n=$(grep -cE '^(not )?ok .* on cuda:0: ' "$B/test-models.out" 2>/dev/null)
+        if [ "${n:-0}" -gt 0 ]; then
+            row test-models-cuda ok 0 "$n fixture checks on cuda:0 (counted in test-models)"
+        else
+            row test-models-cuda FAILED 0 "no fixture check ran on cuda:0 (tests.log)"
+        fi
+    fi
     gpu test-reduce tap "$OUTDIR/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce
     gpu test-dp tap "$OUTDIR/tests.log" 90 CHORUS_TEST_DEVICES=cuda:0,cuda:0 test-dp
 }
@@ -568,7 +633,9 @@ run_benches() {
 }
 
 # compute-sanitizer's memcheck over test-ops on cuda:0 alone: optional,
-# last, with whatever time is left (up to three minutes).
+# last, with whatever time is left (up to three minutes). Cut short by
+# that limit it is "partial", which fails nothing: it reports what it
+# checked; an error it found before the cut still fails the run.
 run_sanitizer() {
     if [ -z "$SANITIZER" ]; then
         row memcheck skipped 0 "no compute-sanitizer on this machine"
@@ -586,7 +653,18 @@ run_sanitizer() {
     errs=$(grep -m 1 -E 'ERROR SUMMARY: [0-9]+' "$OUTDIR/sanitizer.log" || true)
     case $rc in
     0) row memcheck ok $(($(date +%s) - t0)) "${errs:-no errors}; $(tap_counts "$OUTDIR/sanitizer.log")" ;;
-    124 | 137) row memcheck TIMEOUT $(($(date +%s) - t0)) "cut at ${lim}s (partial: $(tap_counts "$OUTDIR/sanitizer.log"))" ;;
+    124 | 137)
+        # Cut before its ERROR SUMMARY: the errors it printed so far, one
+        # "=========" block each, start with these words.
+        local found
+        found=$(grep -cE '^========= +(Invalid |Program hit |Malloc/Free error|Leaked |Uninitialized |Misaligned |Out-of-range |Barrier error|Error: )' \
+            "$OUTDIR/sanitizer.log")
+        if [ "${found:-0}" -gt 0 ]; then
+            row memcheck FAILED $(($(date +%s) - t0)) "cut at ${lim}s after $found error(s); see sanitizer.log"
+        else
+            row memcheck partial $(($(date +%s) - t0)) "cut at ${lim}s by the budget, no error so far: $(tap_counts "$OUTDIR/sanitizer.log")"
+        fi
+        ;;
     *) row memcheck FAILED $(($(date +%s) - t0)) "exit $rc; ${errs:-see sanitizer.log}" ;;
     esac
 }
@@ -595,9 +673,14 @@ run_sanitizer() {
 
 summary() {
     {
+        # What the run was on, first: the GPU, its driver and the CUDA
+        # versions (the driver's and the toolkit's that built the module).
+        log "GPU:      ${GPU_NAME:-none seen by nvidia-smi}${GPU:+ ($GPU)}"
+        log "driver:   ${DRIVER:-none}${DRIVER_CUDA:+, supports CUDA $DRIVER_CUDA}"
+        log "CUDA:     toolkit ${TOOLKIT:-none (no nvcc)}"
         log "Chorus GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(elapsed) s of a $BUDGET s budget"
         log "source:   $(git -C "$SRC" log -1 --format='%h %s' 2>/dev/null || echo "$SRC")"
-        log "GPU:      ${GPU:-none seen by nvidia-smi}; the library sees $NCUDA CUDA device(s)${CUDA_WHY:+ ($CUDA_WHY)}"
+        log "library:  sees $NCUDA CUDA device(s)${CUDA_WHY:+ ($CUDA_WHY)}"
         log "toolkit:  ${NVCC:-no nvcc}, arch $CUDA_ARCH; cuBLAS ${CUBLAS_SO:-none}; NCCL ${NCCL_SO:-none}; cudart ${CUDART##*/}"
         log "carried:  $CARRY_USED"
         log "build:    $(grep -c 'warning:' "$OUTDIR/build.log" 2>/dev/null) compiler warnings (build.log)"
@@ -632,7 +715,7 @@ main() {
     t0=$(date +%s)
     local state rc lim
     state=$(mktemp) || return 1
-    declare -p SRC B NVCC CUDA_HOME CUDA_ARCH CUBLAS_SO CUBLAS_INC NCCL_SO NCCL_INC CUDART \
+    declare -p SRC B CARRY NVCC CUDA_HOME CUDA_ARCH CUBLAS_SO CUBLAS_INC NCCL_SO NCCL_INC CUDART \
         LIBDIRS ZINC JINC ZLIB JLIB >"$state"
     lim=$(limit $((BUDGET * 3 / 5)))
     timeout -k 5 "$lim" bash "$SELF" --build "$state" >"$OUTDIR/build.log" 2>&1
@@ -648,12 +731,9 @@ main() {
     mkdir -p "$B" && : >"$B/failures" && : >"$B/benchmarks"
 
     export CHORUS_BACKEND_PATH="$B/mod"
-    # The carried libraries the system lacks, alone in a folder of their own.
-    local ld="$B" d l
-    for l in "$ZLIB" "$JLIB"; do
-        case $l in "$CARRY"/*) mkdir -p "$B/carried" && cp "$l" "$B/carried/" ;; esac
-    done
-    [ -d "$B/carried" ] && ld="$ld:$B/carried"
+    # The carried libraries the system lacks (copied by the build).
+    local ld="$B" d
+    [ -d "$CARRIED_LIBS" ] && ld="$ld:$CARRIED_LIBS"
     for d in $(printf '%s\n' ${LIBDIRS[@]+"${LIBDIRS[@]}"} | awk '!seen[$0]++'); do ld="$ld:$d"; done
     export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     unset CHORUS_DEVICES CHORUS_CUDA_NCCL CHORUS_TEST_DEVICES
