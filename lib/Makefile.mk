@@ -14,6 +14,7 @@ libchorus_la_SOURCES = \
 	lib/ops.c \
 	lib/ops_attn.c \
 	lib/ops_norm.c \
+	lib/ops_conv.c \
 	lib/ops_half.c \
 	lib/reduce.c \
 	lib/sum_spread.c \

@@ -151,6 +151,10 @@ ch_status chi_gemm_dtypes(const char *fn, const ch_tensor *c, const ch_tensor *a
 ch_status chi_gemm_half(const char *fn, ch_tensor *c, int trans_a, int trans_b, float alpha,
                         const ch_tensor *a, const ch_tensor *b, float beta, int64_t count,
                         int64_t m, int64_t n, int64_t k);
+/* x as f32: x itself when it is f32, else *tmp, a new f32 copy (with x's
+ * values when `fill`), for the caller to free (lib/ops.c; the half GEMM's
+ * and the half convolution's). */
+ch_status chi_widened(const ch_tensor *x, int fill, ch_tensor **tmp, ch_tensor **out);
 
 ch_status chi_alloc(ch_device *dev, size_t bytes, void **ptr);
 void chi_free(ch_device *dev, void *ptr, size_t bytes);
