@@ -71,25 +71,15 @@ static void find_module(const char *name, char *path, size_t size, char *searche
 }
 
 /* The first slot the core calls without looking that `iface` leaves NULL,
- * or NULL when it has them all (lib/backend.h says which may be missing). */
+ * or NULL when it has them all (lib/backend.h's list says which may be
+ * missing; the pairs below are the rules a kind cannot say). */
 static const char *missing_slot(const ch_backend_i *iface)
 {
-#define REQUIRED(slot) {#slot, iface->slot == NULL}
-    const struct {
-        const char *name;
-        int missing;
-    } slots[] = {
-        REQUIRED(init),         REQUIRED(shutdown),   REQUIRED(device_props),
-        REQUIRED(device_open),  REQUIRED(device_close), REQUIRED(alloc),
-        REQUIRED(free),         REQUIRED(stream_new), REQUIRED(stream_free),
-        REQUIRED(stream_sync),  REQUIRED(event_new),  REQUIRED(event_free),
-        REQUIRED(event_record), REQUIRED(event_wait), REQUIRED(event_sync),
-        REQUIRED(upload),       REQUIRED(download),   REQUIRED(copy),
-    };
-#undef REQUIRED
-    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
-        if (slots[i].missing)
-            return slots[i].name;
+#define REQUIRED_SLOT(group, kind, ret, name, params)                                    \
+    if (CH_SLOT_IS_##kind##_REQUIRED && !iface->name)                                     \
+        return #name;
+    CH_BACKEND_SLOTS(REQUIRED_SLOT)
+#undef REQUIRED_SLOT
     if (!iface->host_alloc != !iface->host_free)
         return iface->host_alloc ? "host_free (it has host_alloc)" : "host_alloc (it has host_free)";
     if (iface->peer_copy && !iface->can_peer)
