@@ -145,6 +145,31 @@ ch_status chi_half_call(int n, ch_tensor *const *t, const int *role, chi_f32_op 
 #define CHI_T(x) ((ch_tensor *)(x))
 enum { CHI_IO = CHI_HALF_IN | CHI_HALF_OUT };
 
+/* An op on the host for a backend that leaves its slot NULL
+ * (lib/ops_fallback.c; SLOT_OR_HOST in lib/opcheck.h). */
+typedef struct chi_staged {
+    ch_tensor *t;  /* NULL: an optional tensor left out */
+    int role;      /* CHI_HALF_IN, CHI_HALF_OUT or both */
+} chi_staged;
+/* Says once per (device, slot) that `dev` runs `slot` on the host, then
+ * makes on_host[i], a host tensor of staged[i]'s dtype and shape, for
+ * each tensor (arguments naming the same memory share one), with its
+ * values downloaded when it is read: a blocking download, after the work
+ * queued on the device's current stream. On failure nothing is left. */
+ch_status chi_fallback_stage(const char *fn, const char *slot, ch_device *dev,
+                             const chi_staged *staged, int n, ch_tensor **on_host);
+/* After the op ran on the host with status `st`: when CH_OK, uploads the
+ * outputs (blocking: done for every stream of the device when it
+ * returns); frees the host tensors either way. Returns st or the upload's
+ * error. */
+ch_status chi_fallback_finish(ch_status st, const chi_staged *staged, int n,
+                              ch_tensor **on_host);
+/* The host device for the fallback: the visible one, or one opened for
+ * this alone when CHORUS_DEVICES leaves host out (lib/device.c). */
+ch_device *chi_host_device(void);
+/* Forget the (device, op) pairs at ch_shutdown. */
+void chi_fallback_reset(void);
+
 /* ch_gemm and ch_gemm_batched with half tensors (lib/ops.c). */
 ch_status chi_gemm_dtypes(const char *fn, const ch_tensor *c, const ch_tensor *a,
                           const ch_tensor *b);

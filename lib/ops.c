@@ -26,7 +26,7 @@ ch_status ch_fill(ch_tensor *y, double value)
         float f = (float)value;
         memcpy(&word, &f, sizeof word);
     }
-    SLOT(fn, y, fill);
+    SLOT_OR_HOST(fn, y, fill, ch_fill(on_host[0], value), FB_OUT(y));
     return BE(y)->fill(STREAM(y), chi_mem(y), y->numel, word);
 }
 
@@ -66,7 +66,7 @@ ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x)
     if (!ok)
         return chi_error(CH_ERR_SHAPE, "%s: y's shape is not x's with the first two swapped", fn);
     TRY(no_alias(fn, "y", y, "x", x));
-    SLOT(fn, y, transpose01);
+    SLOT_OR_HOST(fn, y, transpose01, ch_transpose01(on_host[0], on_host[1]), FB_OUT(y), FB_IN(x));
     return BE(y)->transpose01(STREAM(y), x->shape[0], x->shape[1],
                               x->numel / (x->shape[0] * x->shape[1]), chi_mem(y), chi_mem(x));
 }
@@ -175,7 +175,7 @@ ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_
     TRY(no_alias(fn, "c", c, "b", b));
     if (a->dtype != CH_F32 || c->dtype != CH_F32)
         return chi_gemm_half(fn, c, trans_a, trans_b, alpha, a, b, beta, 0, m, n, k);
-    SLOT(fn, c, gemm);
+    /* gemm is a required slot: the registry refused a backend without it. */
     return BE(c)->gemm(STREAM(c), trans_a != 0, trans_b != 0, m, n, k, alpha, chi_mem(a),
                        a->shape[1], chi_mem(b), b->shape[1], beta, chi_mem(c), n);
 }
@@ -208,7 +208,8 @@ static ch_status binary(const char *fn, ch_binary_op op, ch_tensor *y, const ch_
     TRY(same_numel(fn, "y", y, "b", b));
     TRY(same_or_apart(fn, "y", y, "a", a));
     TRY(same_or_apart(fn, "y", y, "b", b));
-    SLOT(fn, y, binary);
+    SLOT_OR_HOST(fn, y, binary, binary(fn, op, on_host[0], on_host[1], on_host[2]), FB_OUT(y),
+                 FB_IN(a), FB_IN(b));
     return BE(y)->binary(STREAM(y), op, y->numel, chi_mem(y), chi_mem(a), chi_mem(b));
 }
 
@@ -252,7 +253,8 @@ static ch_status axpby(const char *fn, ch_tensor *y, float alpha, const ch_tenso
     TRY(check_finite(fn, "alpha", alpha));
     TRY(same_numel(fn, "y", y, "x", x));
     TRY(same_or_apart(fn, "y", y, "x", x));
-    SLOT(fn, y, axpby);
+    SLOT_OR_HOST(fn, y, axpby, axpby(fn, on_host[0], alpha, on_host[1], beta),
+                 FB_OUT_READ_IF(y, beta != 0.0f), FB_IN(x));
     return BE(y)->axpby(STREAM(y), y->numel, chi_mem(y), alpha, chi_mem(x), beta);
 }
 
@@ -290,7 +292,8 @@ ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x, ch_activation 
     TRY(check_act(fn, act));
     TRY(same_numel(fn, "y", y, "x", x));
     TRY(same_or_apart(fn, "y", y, "x", x));
-    SLOT(fn, y, act_forward);
+    SLOT_OR_HOST(fn, y, act_forward, ch_activation_forward(on_host[0], on_host[1], act), FB_OUT(y),
+                 FB_IN(x));
     return BE(y)->act_forward(STREAM(y), act, y->numel, chi_mem(y), chi_mem(x));
 }
 
@@ -318,7 +321,9 @@ ch_status ch_activation_backward(ch_tensor *dx, const ch_tensor *dy, const ch_te
     TRY(same_or_apart(fn, "dx", dx, "dy", dy));
     TRY(same_or_apart(fn, "dx", dx, reads_x ? "x" : "y", in));
     ch_bmem none = {NULL, 0};
-    SLOT(fn, dx, act_backward);
+    SLOT_OR_HOST(fn, dx, act_backward,
+                 ch_activation_backward(on_host[0], on_host[1], on_host[2], on_host[3], act),
+                 FB_OUT(dx), FB_IN(dy), FB_IN(x), FB_IN(y));
     return BE(dx)->act_backward(STREAM(dx), act, dx->numel, chi_mem(dx), chi_mem(dy),
                                 reads_x ? chi_mem(x) : none, reads_x ? none : chi_mem(y));
 }
@@ -346,7 +351,8 @@ ch_status ch_bias_add(ch_tensor *y, const ch_tensor *x, const ch_tensor *bias, i
     if (bias->numel != c)
         return chi_error(CH_ERR_SHAPE, "%s: bias has %lld elements, x has %lld on axis %d", fn,
                          (long long)bias->numel, (long long)c, axis);
-    SLOT(fn, y, bias_add);
+    SLOT_OR_HOST(fn, y, bias_add, ch_bias_add(on_host[0], on_host[1], on_host[2], axis), FB_OUT(y),
+                 FB_IN(x), FB_IN(bias));
     return BE(y)->bias_add(STREAM(y), outer, c, inner, chi_mem(y), chi_mem(x), chi_mem(bias));
 }
 
@@ -377,7 +383,8 @@ ch_status ch_bias_grad(ch_tensor *db, const ch_tensor *dy, int axis, float beta)
     if (db->numel != c)
         return chi_error(CH_ERR_SHAPE, "%s: db has %lld elements, dy has %lld on axis %d", fn,
                          (long long)db->numel, (long long)c, axis);
-    SLOT(fn, db, bias_grad);
+    SLOT_OR_HOST(fn, db, bias_grad, ch_bias_grad(on_host[0], on_host[1], axis, beta),
+                 FB_OUT_READ_IF(db, beta != 0.0f), FB_IN(dy));
     return BE(db)->bias_grad(STREAM(db), outer, c, inner, chi_mem(db), chi_mem(dy), beta);
 }
 
@@ -415,7 +422,9 @@ ch_status ch_softmax_xent(ch_tensor *loss, ch_tensor *probs, const ch_tensor *lo
     TRY(same_or_apart(fn, "probs", probs, "logits", logits));
     TRY(no_alias(fn, "loss", loss, "probs", probs));
     TRY(no_alias(fn, "loss", loss, "logits", logits));
-    SLOT(fn, loss, softmax_xent);
+    SLOT_OR_HOST(fn, loss, softmax_xent,
+                 ch_softmax_xent(on_host[0], on_host[1], on_host[2], on_host[3]), FB_OUT(loss),
+                 FB_OUT(probs), FB_IN(logits), FB_IN(labels));
     return BE(loss)->softmax_xent(STREAM(loss), n, c, chi_mem(loss), chi_mem(probs),
                                   chi_mem(logits), chi_mem(labels));
 }
@@ -433,7 +442,9 @@ ch_status ch_softmax_xent_backward(ch_tensor *dlogits, const ch_tensor *probs,
     TRY(same_numel(fn, "dlogits", dlogits, "probs", probs));
     TRY(check_finite(fn, "scale", scale));
     TRY(same_or_apart(fn, "dlogits", dlogits, "probs", probs));
-    SLOT(fn, dlogits, softmax_xent_backward);
+    SLOT_OR_HOST(fn, dlogits, softmax_xent_backward,
+                 ch_softmax_xent_backward(on_host[0], on_host[1], on_host[2], scale),
+                 FB_OUT(dlogits), FB_IN(probs), FB_IN(labels));
     return BE(dlogits)->softmax_xent_backward(STREAM(dlogits), n, c, chi_mem(dlogits),
                                               chi_mem(probs), chi_mem(labels), scale);
 }
@@ -476,7 +487,8 @@ static ch_status sum_axis(const char *fn, ch_axis_op op, ch_tensor *y, const ch_
     CHI_HALF_ENTRY(roles, sum_f32, &ctx, y, CHI_T(x));
     int64_t outer, n, inner;
     TRY(reduction(fn, y, x, axis, CH_F32, &outer, &n, &inner));
-    SLOT(fn, y, sum_axis);
+    SLOT_OR_HOST(fn, y, sum_axis, sum_axis(fn, op, on_host[0], on_host[1], axis), FB_OUT(y),
+                 FB_IN(x));
     return BE(y)->sum_axis(STREAM(y), op, outer, n, inner, chi_mem(y), chi_mem(x));
 }
 
@@ -495,7 +507,7 @@ ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis)
     static const char fn[] = "ch_argmax";
     int64_t outer, n, inner;
     TRY(reduction(fn, y, x, axis, CH_I32, &outer, &n, &inner));
-    SLOT(fn, y, argmax);
+    SLOT_OR_HOST(fn, y, argmax, ch_argmax(on_host[0], on_host[1], axis), FB_OUT(y), FB_IN(x));
     return BE(y)->argmax(STREAM(y), outer, n, inner, chi_mem(y), chi_mem(x));
 }
 
@@ -522,10 +534,9 @@ ch_status ch_cast(ch_tensor *y, const ch_tensor *x)
     else
         return chi_error(CH_ERR_DTYPE, "%s: from %s to %s: expected f32 to bf16 or f16, or "
                          "bf16 or f16 to f32", fn, ch_dtype_name(from), ch_dtype_name(to));
-    if (!slot)
-        return chi_error(CH_ERR_UNSUPPORTED, "%s: %s to %s is not implemented by the %s "
-                         "backend", fn, ch_dtype_name(from), ch_dtype_name(to),
-                         y->dev->be->name);
+    const char *name = from == CH_F32 ? (to == CH_BF16 ? "f32_to_bf16" : "f32_to_f16")
+                                      : (from == CH_BF16 ? "bf16_to_f32" : "f16_to_f32");
+    ON_HOST_IF(!slot, fn, y->dev, name, ch_cast(on_host[0], on_host[1]), FB_OUT(y), FB_IN(x));
     return slot(STREAM(y), y->numel, chi_mem(y), chi_mem(x));
 }
 
@@ -569,7 +580,8 @@ ch_status ch_sgd_step(ch_tensor *p, ch_tensor *m, const ch_tensor *g,
     TRY(check_param_set(fn, p, names, ts, 2));
     if (has_m)
         TRY(no_alias(fn, "m", m, "g", g));
-    SLOT(fn, p, sgd_step);
+    SLOT_OR_HOST(fn, p, sgd_step, ch_sgd_step(on_host[0], on_host[1], on_host[2], params, first_step),
+                 FB_IO(p), FB_IO(m), FB_IN(g));
     ch_bmem none = {NULL, 0};
     return BE(p)->sgd_step(STREAM(p), p->numel, chi_mem(p), has_m ? chi_mem(m) : none,
                            chi_mem(g), params, first_step != 0);
@@ -604,7 +616,9 @@ ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_tensor
     TRY(no_alias(fn, "m", m, "v", v));
     TRY(no_alias(fn, "m", m, "g", g));
     TRY(no_alias(fn, "v", v, "g", g));
-    SLOT(fn, p, adam_step);
+    SLOT_OR_HOST(fn, p, adam_step,
+                 ch_adam_step(on_host[0], on_host[1], on_host[2], on_host[3], params), FB_IO(p),
+                 FB_IO(m), FB_IO(v), FB_IN(g));
     return BE(p)->adam_step(STREAM(p), p->numel, chi_mem(p), chi_mem(m), chi_mem(v), chi_mem(g),
                             params);
 }
@@ -618,7 +632,7 @@ static ch_status rand_op(const char *fn, ch_rand_kind kind, ch_tensor *y, uint64
     TRY(check_args(fn, args, NARGS(args)));
     TRY(check_finite(fn, an, a));
     TRY(check_finite(fn, bn, b));
-    SLOT(fn, y, rand);
+    SLOT_OR_HOST(fn, y, rand, rand_op(fn, kind, on_host[0], seed, offset, an, a, bn, b), FB_OUT(y));
     return BE(y)->rand(STREAM(y), kind, y->numel, chi_mem(y), seed, offset, a, b);
 }
 

@@ -54,7 +54,7 @@ ch_status ch_im2col(ch_tensor *col, const ch_tensor *x, const ch_window2d *w)
     TRY(conv_geom(fn, "x", x, w, &g));
     TRY(check_col(fn, "col", col, &g));
     TRY(no_alias(fn, "col", col, "x", x));
-    SLOT(fn, col, im2col);
+    SLOT_OR_HOST(fn, col, im2col, ch_im2col(on_host[0], on_host[1], w), FB_OUT(col), FB_IN(x));
     return BE(col)->im2col(STREAM(col), &g, chi_mem(col), chi_mem(x));
 }
 
@@ -67,7 +67,7 @@ ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2d *w)
     TRY(conv_geom(fn, "dx", dx, w, &g));
     TRY(check_col(fn, "col", col, &g));
     TRY(no_alias(fn, "dx", dx, "col", col));
-    SLOT(fn, dx, col2im);
+    SLOT_OR_HOST(fn, dx, col2im, ch_col2im(on_host[0], on_host[1], w), FB_OUT(dx), FB_IN(col));
     return BE(dx)->col2im(STREAM(dx), &g, chi_mem(dx), chi_mem(col));
 }
 
@@ -363,7 +363,8 @@ ch_status ch_maxpool2d(ch_tensor *y, ch_tensor *idx, const ch_tensor *x, const c
     TRY(no_alias(fn, "y", y, "x", x));
     TRY(no_alias(fn, "idx", idx, "x", x));
     TRY(no_alias(fn, "idx", idx, "y", y));
-    SLOT(fn, y, maxpool_forward);
+    SLOT_OR_HOST(fn, y, maxpool_forward, ch_maxpool2d(on_host[0], on_host[1], on_host[2], w),
+                 FB_OUT(y), FB_OUT(idx), FB_IN(x));
     return BE(y)->maxpool_forward(STREAM(y), &g, chi_mem(y), chi_mem(idx), chi_mem(x));
 }
 
@@ -379,6 +380,8 @@ ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy, const ch_ten
     TRY(check_pooled(fn, "idx", idx, &g));
     TRY(no_alias(fn, "dx", dx, "dy", dy));
     TRY(no_alias(fn, "dx", dx, "idx", idx));
-    SLOT(fn, dx, maxpool_backward);
+    SLOT_OR_HOST(fn, dx, maxpool_backward,
+                 ch_maxpool2d_backward(on_host[0], on_host[1], on_host[2], w), FB_OUT(dx),
+                 FB_IN(dy), FB_IN(idx));
     return BE(dx)->maxpool_backward(STREAM(dx), &g, chi_mem(dx), chi_mem(dy), chi_mem(idx));
 }
