@@ -20,7 +20,7 @@
                                  __LINE__)                                               \
                      : (call))
 
-#define CH_MAX_BACKENDS 4
+#define CH_MAX_BACKENDS 16
 #define CH_MAX_DEVICES 64
 
 typedef struct chi_backend {

@@ -71,6 +71,7 @@ static ch_status gather_inputs(chi_disc_input **out, int *n)
             }
             snprintf(in[k].backend, sizeof in[k].backend, "%s", be->name);
             in[k].backend_index = i;
+            in[k].priority = be->iface->priority;
             k++;
         }
     }
