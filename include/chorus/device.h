@@ -16,8 +16,9 @@ typedef struct ch_device ch_device; /* opaque; owned by the library */
  * later calls do nothing). A backend that cannot load (no CUDA driver, no
  * OpenCL loader) is recorded as unavailable; ch_init still succeeds as long
  * as the host backend works. Environment:
- *   CHORUS_BACKEND_PATH  folders (':'-separated) searched for backend modules
- *                        before the installed backend folder
+ *   CHORUS_BACKEND_PATH  folders (':'-separated) scanned for backend modules
+ *                        (chorus-<name>.so) before the installed backend
+ *                        folder; the first file of a name is loaded
  *   CHORUS_DEVICES       a device list (see ch_device_list_parse): only these
  *                        devices are visible */
 CH_API ch_status ch_init(void);
