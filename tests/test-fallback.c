@@ -79,6 +79,149 @@ static int train(ch_device *dev, float *losses)
     return ok;
 }
 
+/* ---- ops whose outputs are read, or alias an input ---------------------- */
+
+enum { R = 6, D = 5, V = 4, MAX_OUT = 64 };
+
+/* A tensor of `n` floats on dev, filled from a fixed sequence. */
+static ch_tensor *filled(ch_device *dev, int ndim, const int64_t *shape, float seed)
+{
+    ch_tensor *t = NULL;
+    float v[MAX_OUT];
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    for (int64_t i = 0; i < n; i++)
+        v[i] = seed + 0.37f * (float)((i * 7) % 11) - 1.1f;
+    if (ch_tensor_new(&t, dev, CH_F32, ndim, shape) != CH_OK ||
+        ch_tensor_upload(t, v, (size_t)n * sizeof(float)) != CH_OK) {
+        ch_tensor_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* Appends t's values to out (at *n); a failed download is a status. */
+static ch_status take(const ch_tensor *t, float *out, int *n)
+{
+    int64_t k = ch_tensor_numel(t);
+    if (*n + k > 4 * MAX_OUT)
+        return CH_ERR_LIMIT;
+    ch_status st = ch_tensor_download(t, out + *n, (size_t)k * sizeof(float));
+    *n += (int)k;
+    return st;
+}
+
+/* In place (y is a), and y read (axpy, beta 1): one host copy for y and a,
+ * downloaded first. */
+static ch_status run_inplace(ch_device *dev, float *out, int *n)
+{
+    int64_t s[1] = {D};
+    ch_tensor *a = filled(dev, 1, s, 0.5f), *b = filled(dev, 1, s, -0.25f);
+    ch_status st = a && b ? ch_add(a, a, b) : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = ch_axpy(a, 0.5f, b);
+    if (st == CH_OK)
+        st = take(a, out, n);
+    ch_tensor_free(a);
+    ch_tensor_free(b);
+    return st;
+}
+
+/* Adam's state, read and written twice. */
+static ch_status run_adam(ch_device *dev, float *out, int *n)
+{
+    int64_t s[1] = {D};
+    ch_tensor *p = filled(dev, 1, s, 1.0f), *m = filled(dev, 1, s, 0.1f),
+              *v = filled(dev, 1, s, 2.0f), *g = filled(dev, 1, s, -0.3f);
+    ch_adam_params ap = {0.01f, 0.9f, 0.999f, 1e-8f, 0.01f, 1, 1};
+    ch_status st = p && m && v && g ? ch_adam_step(p, m, v, g, &ap) : CH_ERR_OUT_OF_MEMORY;
+    ap.step = 2;
+    if (st == CH_OK)
+        st = ch_adam_step(p, m, v, g, &ap);
+    if (st == CH_OK)
+        st = take(p, out, n);
+    if (st == CH_OK)
+        st = take(m, out, n);
+    if (st == CH_OK)
+        st = take(v, out, n);
+    ch_tensor_free(p);
+    ch_tensor_free(m);
+    ch_tensor_free(v);
+    ch_tensor_free(g);
+    return st;
+}
+
+/* LayerNorm forward and backward, dgamma and dbeta added to their values;
+ * the embedding's gradient added to a filled table. */
+static ch_status run_norm_embedding(ch_device *dev, float *out, int *n)
+{
+    int64_t rd[2] = {R, D}, d1[1] = {D}, r1[1] = {R}, vd[2] = {V, D};
+    ch_tensor *x = filled(dev, 2, rd, 0.2f), *dy = filled(dev, 2, rd, -0.4f),
+              *gamma = filled(dev, 1, d1, 1.0f), *beta = filled(dev, 1, d1, 0.0f),
+              *dgamma = filled(dev, 1, d1, 3.0f), *dbeta = filled(dev, 1, d1, -3.0f),
+              *dtable = filled(dev, 2, vd, 0.7f), *y = NULL, *dx = NULL, *mean = NULL,
+              *rstd = NULL, *idx = NULL;
+    int32_t iv[R] = {3, 0, 3, 1, 2, 3};
+    ch_status st = x && dy && gamma && beta && dgamma && dbeta && dtable ? CH_OK
+                                                                          : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = ch_tensor_new(&y, dev, CH_F32, 2, rd);
+    if (st == CH_OK)
+        st = ch_tensor_new(&dx, dev, CH_F32, 2, rd);
+    if (st == CH_OK)
+        st = ch_tensor_new(&mean, dev, CH_F32, 1, r1);
+    if (st == CH_OK)
+        st = ch_tensor_new(&rstd, dev, CH_F32, 1, r1);
+    if (st == CH_OK)
+        st = ch_tensor_new(&idx, dev, CH_I32, 1, r1);
+    if (st == CH_OK)
+        st = ch_tensor_upload(idx, iv, sizeof iv);
+    if (st == CH_OK)
+        st = ch_layernorm(y, mean, rstd, x, gamma, beta, 1e-5f);
+    if (st == CH_OK)
+        st = ch_layernorm_backward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma);
+    if (st == CH_OK)
+        st = ch_embedding_backward(dtable, dy, idx);
+    ch_tensor *outs[] = {y, dx, dgamma, dbeta, dtable};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0] && st == CH_OK; i++)
+        st = take(outs[i], out, n);
+    ch_tensor *all[] = {x, dy, gamma, beta, dgamma, dbeta, dtable, y, dx, mean, rstd, idx};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        ch_tensor_free(all[i]);
+    return st;
+}
+
+typedef ch_status (*scenario_fn)(ch_device *dev, float *out, int *n);
+
+/* Each scenario gives the host's bits on minimal:0: every op is the
+ * host's there (no GEMM in these). */
+static void check_scenarios(ch_device *host, ch_device *minimal)
+{
+    static const struct {
+        const char *what;
+        scenario_fn fn;
+    } cases[] = {
+        {"ch_add in place, then ch_axpy (y read)", run_inplace},
+        {"two ch_adam_step (p, m, v read and written)", run_adam},
+        {"ch_layernorm, its backward adding to dgamma and dbeta, ch_embedding_backward "
+         "adding to dtable", run_norm_embedding},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float a[4 * MAX_OUT], b[4 * MAX_OUT];
+        int na = 0, nb = 0;
+        ch_status sa = cases[c].fn(host, a, &na), sb = cases[c].fn(minimal, b, &nb);
+        int first = -1;
+        for (int i = 0; i < na && i < nb && first < 0; i++)
+            if (memcmp(&a[i], &b[i], sizeof a[i]) != 0)
+                first = i;
+        tap_ok(sa == CH_OK && sb == CH_OK && na == nb && na > 0 && first < 0,
+               "%s: minimal:0 gives the host's bits (status %d and %d, %d and %d values, "
+               "first difference at %d)",
+               cases[c].what, sa, sb, na, nb, first);
+    }
+}
+
 /* The backend list names minimal, loaded from the test's folder. */
 static void check_scanned(const char *dir)
 {
@@ -185,6 +328,8 @@ int main(void)
     int trained = st == CH_OK && train(host, on_host);
     int notes_before = ch_fallback_count();
     trained = trained && train(minimal, on_minimal);
+    if (st == CH_OK)
+        check_scenarios(host, minimal);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
