@@ -580,8 +580,9 @@ ch_status ch_sgd_step(ch_tensor *p, ch_tensor *m, const ch_tensor *g,
     TRY(check_param_set(fn, p, names, ts, 2));
     if (has_m)
         TRY(no_alias(fn, "m", m, "g", g));
-    SLOT_OR_HOST(fn, p, sgd_step, ch_sgd_step(on_host[0], on_host[1], on_host[2], params, first_step),
-                 FB_IO(p), FB_IO(m), FB_IN(g));
+    SLOT_OR_HOST(fn, p, sgd_step,
+                 ch_sgd_step(on_host[0], on_host[1], on_host[2], params, first_step), FB_IO(p),
+                 FB_IO(m), FB_IN(g));
     ch_bmem none = {NULL, 0};
     return BE(p)->sgd_step(STREAM(p), p->numel, chi_mem(p), has_m ? chi_mem(m) : none,
                            chi_mem(g), params, first_step != 0);

@@ -190,9 +190,12 @@ static ch_status scan_modules(void)
         ch_status st = CH_OK;
         for (struct dirent *e = readdir(d); e && st == CH_OK; e = readdir(d)) {
             char name[sizeof backends[0].name];
-            if (!module_name(e->d_name, name, sizeof name) || strcmp(name, "host") == 0 ||
-                n == (int)(sizeof names / sizeof names[0]))
+            if (!module_name(e->d_name, name, sizeof name) || strcmp(name, "host") == 0)
                 continue;
+            if (n == (int)(sizeof names / sizeof names[0])) {
+                st = chi_error(CH_ERR_LIMIT, "ch_init: more than %d modules in %s", n, dir);
+                break;
+            }
             names[n] = strdup(name);
             if (!names[n])
                 st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: strdup: out of memory");

@@ -279,7 +279,8 @@ static void check_notes(const char *text)
     }
     tap_ok(!absent[0], "the ops the mlp trains with are listed (absent:%s)",
            absent[0] ? absent : " none");
-    tap_status_is(ch_fallback_get(n, &(ch_fallback_info){{0}, {0}}), CH_ERR_NOT_FOUND, "out of range",
+    ch_fallback_info none;
+    tap_status_is(ch_fallback_get(n, &none), CH_ERR_NOT_FOUND, "out of range",
                   "ch_fallback_get(%d) of %d is refused", n, n);
 }
 
