@@ -14,6 +14,8 @@ libchorus_la_SOURCES = \
 	lib/ops.c \
 	lib/ops_attn.c \
 	lib/ops_norm.c \
+	lib/ops_conv.c \
+	lib/ops_fallback.c \
 	lib/ops_half.c \
 	lib/reduce.c \
 	lib/sum_spread.c \
@@ -56,8 +58,10 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # ch_reducer_set_dtype, ch_reducer_set_stage_bf16 and ch_dist_sum_bf16;
 # 5: ch_device_info.platform).
 # revision goes up when the interfaces stay and what they do grows (4:1:0:
-# ch_conv2d and its backward take half inputs, refused before).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 5:0:0 $(OPENMP_CFLAGS)
+# ch_conv2d and its backward take half inputs, refused before). Functions
+# added, none changed: current and age go up together and the soname stays
+# (6:0:1: ch_fallback_count and ch_fallback_get).
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 6:0:1 $(OPENMP_CFLAGS)
 
 # Installed as PREFIX/include/chorus.h and PREFIX/include/chorus/*.h, where
 # pkg-config's -I${includedir} finds them (tests/installcheck.sh checks).

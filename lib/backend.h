@@ -5,18 +5,12 @@
  * with shapes, dtypes and devices already checked, sizes >= 1, and every
  * buffer large enough.
  *
- * Which slots may be NULL:
- *   - lifetime, memory (alloc, free), streams and events, and transfers
- *     (upload, download, copy) are required: ch_init refuses a module that
- *     leaves one NULL, naming it;
- *   - slots marked "optional" may be NULL and the core falls back: mem_info
- *     (ch_device_memory reports unavailable), host_alloc with host_free (both
- *     or neither: pinned buffers become plain malloc'ed memory), can_peer and
- *     peer_copy (copies between devices go through host memory; peer_copy
- *     needs can_peer), allreduce_sum and can_allreduce (peer reduction is
- *     refused for the backend, host-staged reduction works);
- *   - an op slot may be NULL: the op then fails with CH_ERR_UNSUPPORTED
- *     naming the op and the backend.
+ * Which slots may be NULL: CH_BACKEND_SLOTS below lists every slot with
+ * its kind (REQUIRED, OPTIONAL, OP). A new backend starts with the
+ * required ones (the device, memory, stream and transfer slots and gemm)
+ * and grows: every op slot it leaves NULL runs on the host backend. The
+ * registry also refuses host_alloc without host_free (or the reverse),
+ * peer_copy without can_peer, and one or two of the three conv2d slots.
  *
  * Handles:
  *   backend context  returned by init, passed to device_props/device_open
@@ -45,7 +39,7 @@ extern "C" {
 
 /* Changes whenever the table below or an enum a slot takes changes: a
  * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 9
+#define CH_BACKEND_ABI_VERSION 10
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -101,268 +95,296 @@ typedef struct ch_conv_geom {
     int kh, kw, sh, sw, ph, pw;
 } ch_conv_geom;
 
+/* Every slot of the table, once, in the table's order: X(group, kind,
+ * return type, name, (parameters)). From this list come the table's
+ * members (below), each backend's prototypes (CH_SLOT_PROTOTYPE) and the
+ * registry's check of the required slots (lib/registry.c).
+ *
+ * group: what the slot acts on: DEVICE (the backend and its devices),
+ * MEMORY, STREAM (streams and events), TRANSFER, OP, COLLECTIVE. A
+ * backend's header declares the groups it names <prefix><slot>.
+ *
+ * kind: REQUIRED: ch_init refuses a module that leaves it NULL, naming
+ * it; OPTIONAL: may be NULL, the core does without (each says how); OP:
+ * may be NULL, the core then runs the op on the host backend, staging the
+ * tensors through host memory, and says so once per op and device
+ * (lib/ops_fallback.c). */
+#define CH_BACKEND_SLOTS(X)                                                                        \
+    /* ---- device and memory ---- */                                                              \
+    /* Find the devices. A backend with no usable driver fails here with                           \
+     * CH_ERR_UNAVAILABLE and a message saying why. Leaves nothing sticky. */                      \
+    X(DEVICE, REQUIRED, ch_status, init, (void **ctx, int *ndevices))                              \
+    X(DEVICE, REQUIRED, void, shutdown, (void *ctx))                                               \
+    X(DEVICE, REQUIRED, ch_status, device_props, (void *ctx, int index, ch_bdev_props *props))     \
+    X(DEVICE, REQUIRED, ch_status, device_open, (void *ctx, int index, void **dev))                \
+    X(DEVICE, REQUIRED, void, device_close, (void *dev))                                           \
+    /* optional: free and total bytes now (ch_device_memory reports unavailable                    \
+     * without it) */                                                                              \
+    X(DEVICE, OPTIONAL, ch_status, mem_info, (void *dev, uint64_t *free_bytes,                     \
+        uint64_t *total_bytes))                                                                    \
+    /* CH_ERR_DEVICE_OUT_OF_MEMORY when the device is full (the core then                          \
+     * empties its cache and tries once more), CH_ERR_LIMIT when `bytes` is                        \
+     * beyond what the device can allocate at once. */                                             \
+    X(MEMORY, REQUIRED, ch_status, alloc, (void *dev, size_t bytes, void **ptr))                   \
+    X(MEMORY, REQUIRED, void, free, (void *dev, void *ptr))                                        \
+    /* optional, both or neither: page-locked host memory (without them pinned                     \
+     * buffers are plain malloc'ed memory) */                                                      \
+    X(MEMORY, OPTIONAL, ch_status, host_alloc, (void *dev, size_t bytes, void **ptr))              \
+    X(MEMORY, OPTIONAL, void, host_free, (void *dev, void *ptr))                                   \
+    /* ---- streams and transfers ---- */                                                          \
+    X(STREAM, REQUIRED, ch_status, stream_new, (void *dev, void **stream))                         \
+    X(STREAM, REQUIRED, void, stream_free, (void *stream))                                         \
+    X(STREAM, REQUIRED, ch_status, stream_sync, (void *stream))                                    \
+    X(STREAM, REQUIRED, ch_status, event_new, (void *dev, void **event))                           \
+    X(STREAM, REQUIRED, void, event_free, (void *event))                                           \
+    X(STREAM, REQUIRED, ch_status, event_record, (void *event, void *stream))                      \
+    /* The stream waits for an event of the same backend (may be another device). */               \
+    X(STREAM, REQUIRED, ch_status, event_wait, (void *stream, void *event))                        \
+    X(STREAM, REQUIRED, ch_status, event_sync, (void *event))                                      \
+    /* blocking = 1: return when the transfer has run: the device buffer                           \
+     * holds the data for every stream (upload), the host memory holds it                          \
+     * (download). Not merely when `host` may be reused, which is all a                            \
+     * blocking clEnqueueWriteBuffer promises. blocking = 0: `host` is pinned                      \
+     * memory from host_alloc of this backend (maybe of another device or                          \
+     * OpenCL platform) and stays untouched until the stream is                                    \
+     * synchronised. */                                                                            \
+    X(TRANSFER, REQUIRED, ch_status, upload, (void *stream, ch_bmem dst, const void *host,         \
+        size_t bytes, int blocking))                                                               \
+    X(TRANSFER, REQUIRED, ch_status, download, (void *stream, void *host, ch_bmem src,             \
+        size_t bytes, int blocking))                                                               \
+    /* Same device. Regions do not overlap. */                                                     \
+    X(TRANSFER, REQUIRED, ch_status, copy, (void *stream, ch_bmem dst, ch_bmem src, size_t bytes)) \
+    /* optional: 1 when peer_copy can move data from src_dev to dst_dev                            \
+     * (without them copies between devices go through host memory) */                             \
+    X(TRANSFER, OPTIONAL, int, can_peer, (void *src_dev, void *dst_dev))                           \
+    /* optional, needs can_peer: queued on `stream` (of dst's device) after the                    \
+     * core made it wait for src's producers. */                                                   \
+    X(TRANSFER, OPTIONAL, ch_status, peer_copy, (void *stream, ch_bmem dst, void *src_dev,         \
+        ch_bmem src, size_t bytes))                                                                \
+    /* ---- ops (f32 unless said; an OP slot left NULL runs on the host) ---- */                   \
+    /* y as n 4-byte words, each set to `word` (the core turns an f32 or                           \
+     * i32 value into its bits: no slot takes a ch_dtype). */                                      \
+    X(OP, OP, ch_status, fill, (void *stream, ch_bmem y, int64_t n, uint32_t word))                \
+    /* Row-major: C[M,N] = alpha op(A) op(B) + beta C, lda/ldb/ldc are row                         \
+     * strides of A, B, C as stored. Required: the one op every backend has. */                    \
+    X(OP, REQUIRED, ch_status, gemm, (void *stream, int trans_a, int trans_b, int64_t m,           \
+        int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b, int64_t ldb,         \
+        float beta, ch_bmem c, int64_t ldc))                                                       \
+    X(OP, OP, ch_status, binary, (void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,  \
+        ch_bmem b))                                                                                \
+    /* y = alpha * x + beta * y (beta 0: y is not read) */                                         \
+    X(OP, OP, ch_status, axpby, (void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,       \
+        float beta))                                                                               \
+    X(OP, OP, ch_status, act_forward, (void *stream, ch_activation act, int64_t n, ch_bmem y,      \
+        ch_bmem x))                                                                                \
+    /* x or y may have ptr NULL when the activation does not read it */                            \
+    X(OP, OP, ch_status, act_backward, (void *stream, ch_activation act, int64_t n, ch_bmem dx,    \
+        ch_bmem dy, ch_bmem x, ch_bmem y))                                                         \
+    /* x, y seen as [outer, c, inner]: y = x + bias[c] */                                          \
+    X(OP, OP, ch_status, bias_add, (void *stream, int64_t outer, int64_t c, int64_t inner,         \
+        ch_bmem y, ch_bmem x, ch_bmem bias))                                                       \
+    /* db[c] = beta db[c] + sum over outer, inner of dy[outer, c, inner] */                        \
+    X(OP, OP, ch_status, bias_grad, (void *stream, int64_t outer, int64_t c, int64_t inner,        \
+        ch_bmem db, ch_bmem dy, float beta))                                                       \
+    /* labels i32; the first row with a label outside [0, c) is reported                           \
+     * with chi_bad_label, by the call or, if the backend defers the check                         \
+     * (CUDA), by the stream's next stream_sync or blocking transfer */                            \
+    X(OP, OP, ch_status, softmax_xent, (void *stream, int64_t n, int64_t c, ch_bmem loss,          \
+        ch_bmem probs, ch_bmem logits, ch_bmem labels))                                            \
+    X(OP, OP, ch_status, softmax_xent_backward, (void *stream, int64_t n, int64_t c,               \
+        ch_bmem dlogits, ch_bmem probs, ch_bmem labels, float scale))                              \
+    /* [a, b, inner] -> [b, a, inner]; dtype size 4 */                                             \
+    X(OP, OP, ch_status, transpose01, (void *stream, int64_t a, int64_t b, int64_t inner,          \
+        ch_bmem y, ch_bmem x))                                                                     \
+    X(OP, OP, ch_status, im2col, (void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x))    \
+    X(OP, OP, ch_status, col2im, (void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem col))   \
+    /* idx i32 */                                                                                  \
+    X(OP, OP, ch_status, maxpool_forward, (void *stream, const ch_conv_geom *g, ch_bmem y,         \
+        ch_bmem idx, ch_bmem x))                                                                   \
+    X(OP, OP, ch_status, maxpool_backward, (void *stream, const ch_conv_geom *g, ch_bmem dx,       \
+        ch_bmem dy, ch_bmem idx))                                                                  \
+    /* x as [outer, n, inner] -> y [outer, inner], summed over n */                                \
+    X(OP, OP, ch_status, sum_axis, (void *stream, ch_axis_op op, int64_t outer, int64_t n,         \
+        int64_t inner, ch_bmem y, ch_bmem x))                                                      \
+    /* y i32 */                                                                                    \
+    X(OP, OP, ch_status, argmax, (void *stream, int64_t outer, int64_t n, int64_t inner,           \
+        ch_bmem y, ch_bmem x))                                                                     \
+    /* m.ptr NULL when momentum is 0 */                                                            \
+    X(OP, OP, ch_status, sgd_step, (void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,      \
+        const ch_sgd_params *params, int first_step))                                              \
+    X(OP, OP, ch_status, adam_step, (void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,     \
+        ch_bmem g, const ch_adam_params *params))                                                  \
+    /* a, b: (lo, hi), (mean, std) or (p, unused) */                                               \
+    X(OP, OP, ch_status, rand, (void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,             \
+        uint64_t seed, uint64_t offset, float a, float b))                                         \
+    /* gemm's, for `count` matrices: the i-th of A at a + i * stride_a                             \
+     * elements, of B and C likewise */                                                            \
+    X(OP, OP, ch_status, gemm_batched, (void *stream, int trans_a, int trans_b, int64_t count,     \
+        int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda, int64_t stride_a,    \
+        ch_bmem b, int64_t ldb, int64_t stride_b, float beta, ch_bmem c, int64_t ldc,              \
+        int64_t stride_c))                                                                         \
+    /* 4-byte elements; xshape[0..ndim) is x's shape, y's dimension i is x's                       \
+     * perm[i]; 2 <= ndim <= CH_MAX_DIMS. The core passes the fewest                               \
+     * dimensions that describe the move: none of size 1, and no two of x                          \
+     * that stay neighbours, in order, in y (a plain copy never comes here) */                     \
+    X(OP, OP, ch_status, permute, (void *stream, int ndim, const int64_t *xshape, const int *perm, \
+        ch_bmem y, ch_bmem x))                                                                     \
+    /* rows of length s; with causal, row r (t = r % rows_per_matrix) keeps                        \
+     * columns j <= t + s - rows_per_matrix */                                                     \
+    X(OP, OP, ch_status, softmax, (void *stream, int64_t rows, int64_t s, int causal,              \
+        int64_t rows_per_matrix, ch_bmem y, ch_bmem x))                                            \
+    X(OP, OP, ch_status, softmax_backward, (void *stream, int64_t rows, int64_t s, ch_bmem dx,     \
+        ch_bmem dy, ch_bmem y))                                                                    \
+    /* idx i32 [n]; the first index outside [0, v) is reported with                                \
+     * chi_bad_index (like chi_bad_label, and as late), its row of y set to 0 */                   \
+    X(OP, OP, ch_status, embedding, (void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,     \
+        ch_bmem table, ch_bmem idx))                                                               \
+    X(OP, OP, ch_status, embedding_backward, (void *stream, int64_t n, int64_t v, int64_t d,       \
+        ch_bmem dtable, ch_bmem dy, ch_bmem idx))                                                  \
+    X(OP, OP, ch_status, layernorm, (void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,  \
+        ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma, ch_bmem beta))                       \
+    /* dx.ptr NULL: not wanted */                                                                  \
+    X(OP, OP, ch_status, layernorm_backward, (void *stream, int64_t rows, int64_t d, ch_bmem dx,   \
+        ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x, ch_bmem mean, ch_bmem rstd,          \
+        ch_bmem gamma))                                                                            \
+    /* a, b seen as [outer, c, inner]; sums [2c + 1]; a centre's ptr NULL: 0 */                    \
+    X(OP, OP, ch_status, channel_sums, (void *stream, int64_t outer, int64_t c, int64_t inner,     \
+        ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b, ch_bmem b_center))                   \
+    /* sums.ptr NULL: evaluation (from the running statistics); running_*.ptr                      \
+     * NULL: not updated */                                                                        \
+    X(OP, OP, ch_status, batchnorm_stats, (void *stream, int64_t c, float momentum, float eps,     \
+        ch_bmem mean, ch_bmem rstd, ch_bmem running_mean, ch_bmem running_var, ch_bmem sums,       \
+        ch_bmem center))                                                                           \
+    X(OP, OP, ch_status, batchnorm_forward, (void *stream, int64_t outer, int64_t c,               \
+        int64_t inner, ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,            \
+        ch_bmem beta))                                                                             \
+    /* dx.ptr NULL: not wanted */                                                                  \
+    X(OP, OP, ch_status, batchnorm_backward, (void *stream, int64_t outer, int64_t c,              \
+        int64_t inner, ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,           \
+        ch_bmem mean, ch_bmem rstd, ch_bmem gamma, ch_bmem local, ch_bmem total))                  \
+    /* Conversions between f32 and the half formats: n elements of x into y,                       \
+     * y and x apart: round to nearest, ties to even; infinities and signed                        \
+     * zeros kept; a NaN narrowed becomes a quiet NaN with its sign and the top                    \
+     * bits of its payload, widened it keeps its bits; f32 subnormals and the                      \
+     * formats' own subnormals as IEEE 754 says. The bits are those of                             \
+     * lib/half.h's functions, the same on every backend. */                                       \
+    X(OP, OP, ch_status, f32_to_bf16, (void *stream, int64_t n, ch_bmem y, ch_bmem x))             \
+    X(OP, OP, ch_status, bf16_to_f32, (void *stream, int64_t n, ch_bmem y, ch_bmem x))             \
+    X(OP, OP, ch_status, f32_to_f16, (void *stream, int64_t n, ch_bmem y, ch_bmem x))              \
+    X(OP, OP, ch_status, f16_to_f32, (void *stream, int64_t n, ch_bmem y, ch_bmem x))              \
+    /* optional, all three or none: a backend's own 2-D convolution: x [N, C,                      \
+     * H, W] by w [O, C, kh, kw] (out_channels = O) into y [N, O, OH, OW], no                      \
+     * bias. When these slots are NULL the core composes im2col, gemm and                          \
+     * transpose01 (what the OpenCL and CUDA backends get); a backend that can                     \
+     * do better, such as the host working one sample at a time in its cache,                      \
+     * or a backend on cuDNN or MIOpen, fills all three. conv2d_workspace says                     \
+     * how many bytes of scratch the next call on this thread needs (backward:                     \
+     * for conv2d_backward with the gradients `want` names, bit 0 dx, bit 1                        \
+     * dw); the core passes that much device memory as ws (ptr NULL when 0). */                    \
+    X(OP, OPTIONAL, ch_status, conv2d_workspace, (void *stream, const ch_conv_geom *g,             \
+        int64_t out_channels, int backward, int want, size_t *bytes))                              \
+    X(OP, OPTIONAL, ch_status, conv2d_forward, (void *stream, const ch_conv_geom *g,               \
+        int64_t out_channels, ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes))       \
+    /* dx = the input gradient (dx.ptr NULL: not wanted); dw = beta * dw +                         \
+     * the weight gradient (dw.ptr NULL: not wanted; beta 0 does not read dw) */                   \
+    X(OP, OPTIONAL, ch_status, conv2d_backward, (void *stream, const ch_conv_geom *g,              \
+        int64_t out_channels, ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,           \
+        ch_bmem w, ch_bmem ws, size_t ws_bytes))                                                   \
+    /* optional: gemm_batched's product (count matrices; count 1 is one GEMM                       \
+     * and the strides are then not used) with A and B in `ab` (CH_BF16 or                         \
+     * CH_F16) and C in `cd` (CH_F32 or ab), the products summed in f32 (tensor                    \
+     * cores where there are some). A combination the backend does not run                         \
+     * returns CH_ERR_UNSUPPORTED: the core then widens A and B to f32 (the                        \
+     * conversion slots above) and runs gemm or gemm_batched, so every backend                     \
+     * multiplies half tensors, this slot only faster. */                                          \
+    X(OP, OPTIONAL, ch_status, gemm_half, (void *stream, int ab, int cd, int trans_a, int trans_b, \
+        int64_t count, int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,       \
+        int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b, float beta, ch_bmem c,         \
+        int64_t ldc, int64_t stride_c))                                                            \
+    /* optional: the three convolution slots above with their inputs in `dt`                       \
+     * (CH_BF16 or CH_F16): forward x and w; backward dy, x and w. The outputs                     \
+     * (y; dx, dw) stay f32 and the products are summed in f32. When the                           \
+     * workspace query returns CH_ERR_UNSUPPORTED (a format or shape the                           \
+     * backend does not run) the core widens the inputs on the device and runs                     \
+     * the f32 convolution, so every backend takes half inputs, this only                          \
+     * faster. */                                                                                  \
+    X(OP, OPTIONAL, ch_status, conv2d_half_workspace, (void *stream, const ch_conv_geom *g,        \
+        int64_t out_channels, int dt, int backward, int want, size_t *bytes))                      \
+    X(OP, OPTIONAL, ch_status, conv2d_half_forward, (void *stream, const ch_conv_geom *g,          \
+        int64_t out_channels, int dt, ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws,                 \
+        size_t ws_bytes))                                                                          \
+    X(OP, OPTIONAL, ch_status, conv2d_half_backward, (void *stream, const ch_conv_geom *g,         \
+        int64_t out_channels, int dt, ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,   \
+        ch_bmem w, ch_bmem ws, size_t ws_bytes))                                                   \
+    /* ---- collectives (optional) ---- */                                                         \
+    /* In-place sum of `n` floats over `count` buffers of this backend:                            \
+     * bufs[i] lives on the device of streams[i] and the work is queued on                         \
+     * streams[i], after what each stream already holds; every buffer ends                         \
+     * with the sum. Called with count >= 2, n >= 1, buffers that do not                           \
+     * overlap, and devices can_allreduce accepted; a device may be listed                         \
+     * more than once (on distinct streams). Used by ch_reducer (peer mode;                        \
+     * NCCL for CUDA). Without it peer reduction is refused for the backend                        \
+     * and host-staged reduction works. */                                                         \
+    X(COLLECTIVE, OPTIONAL, ch_status, allreduce_sum, (int count, void *const *streams,            \
+        const ch_bmem *bufs, int64_t n))                                                           \
+    /* 1 when allreduce_sum may take a buffer on dev_a and one on dev_b in the                     \
+     * same call, 0 otherwise. The same device twice is always allowed; when                       \
+     * this slot is NULL, only that. */                                                            \
+    X(COLLECTIVE, OPTIONAL, int, can_allreduce, (void *dev_a, void *dev_b))                        \
+    /* A communicator that spans the processes of a job (NCCL's, between CUDA                      \
+     * devices of several processes and machines). One process makes an id of                      \
+     * span_id_bytes bytes (span_id) and every process gets a copy (over MPI,                      \
+     * by the caller); then each process makes the communicators of its                            \
+     * `count` participants (span_new: devs[i] takes rank ranks[i] of the                          \
+     * job's `nranks`, every device at most once in the job), which waits                          \
+     * until every process has called it. span_allreduce sums, in place, the                       \
+     * buffers of every participant of every process: each process passes its                      \
+     * own participants' streams and buffers, in the order of span_new, the                        \
+     * work queued on those streams. */                                                            \
+    X(COLLECTIVE, OPTIONAL, ch_status, span_id, (void *id))                                        \
+    X(COLLECTIVE, OPTIONAL, ch_status, span_new, (void **span, int count, void *const *devs,       \
+        const int *ranks, int nranks, const void *id))                                             \
+    X(COLLECTIVE, OPTIONAL, ch_status, span_allreduce, (void *span, int count,                     \
+        void *const *streams, const ch_bmem *bufs, int64_t n))                                     \
+    X(COLLECTIVE, OPTIONAL, void, span_free, (void *span))
+
+/* Which kind a slot is, as 0 or 1, for code generated from the list:
+ * CH_SLOT_IS_##kind##_REQUIRED and CH_SLOT_IS_##kind##_OP. */
+#define CH_SLOT_IS_REQUIRED_REQUIRED 1
+#define CH_SLOT_IS_OPTIONAL_REQUIRED 0
+#define CH_SLOT_IS_OP_REQUIRED 0
+#define CH_SLOT_IS_REQUIRED_OP 0
+#define CH_SLOT_IS_OPTIONAL_OP 0
+#define CH_SLOT_IS_OP_OP 1
+
+/* `ret prefix##name params;`: a backend header's prototype of its
+ * function for one slot. A header picks the groups its functions follow
+ * the naming for, e.g. (backends/host/host.h):
+ *   #define CHI_HOST_OP(ret, name, params) CH_SLOT_PROTOTYPE(chi_host_, ret, name, params)
+ *   #define CHI_HOST_DEVICE(ret, name, params)
+ *   ...
+ *   #define CHI_HOST_SLOT(group, kind, ret, name, params) CHI_HOST_##group(ret, name, params)
+ *   CH_BACKEND_SLOTS(CHI_HOST_SLOT)
+ * A slot the backend leaves NULL is declared and never defined, which C
+ * allows as long as nothing takes its address. */
+#define CH_SLOT_PROTOTYPE(prefix, ret, name, params) ret prefix##name params;
+
+#define CH_SLOT_MEMBER(group, kind, ret, name, params) ret(*name) params;
+
 typedef struct ch_backend_i {
     uint32_t abi_version;  /* CH_BACKEND_ABI_VERSION */
-    const char *name;      /* "host", "opencl", "cuda" */
-
-    /* ---- lifetime ---- */
-    /* Find the devices. A backend with no usable driver fails here with
-     * CH_ERR_UNAVAILABLE and a message saying why. Leaves nothing sticky. */
-    ch_status (*init)(void **ctx, int *ndevices);
-    void (*shutdown)(void *ctx);
-    ch_status (*device_props)(void *ctx, int index, ch_bdev_props *props);
-    ch_status (*device_open)(void *ctx, int index, void **dev);
-    void (*device_close)(void *dev);
-    /* optional: free and total bytes now */
-    ch_status (*mem_info)(void *dev, uint64_t *free_bytes, uint64_t *total_bytes);
-
-    /* ---- memory ---- */
-    /* CH_ERR_DEVICE_OUT_OF_MEMORY when the device is full (the core then
-     * empties its cache and tries once more), CH_ERR_LIMIT when `bytes` is
-     * beyond what the device can allocate at once. */
-    ch_status (*alloc)(void *dev, size_t bytes, void **ptr);
-    void (*free)(void *dev, void *ptr);
-    /* optional: page-locked host memory */
-    ch_status (*host_alloc)(void *dev, size_t bytes, void **ptr);
-    void (*host_free)(void *dev, void *ptr);
-
-    /* ---- streams and events ---- */
-    ch_status (*stream_new)(void *dev, void **stream);
-    void (*stream_free)(void *stream);
-    ch_status (*stream_sync)(void *stream);
-    ch_status (*event_new)(void *dev, void **event);
-    void (*event_free)(void *event);
-    ch_status (*event_record)(void *event, void *stream);
-    /* The stream waits for an event of the same backend (may be another device). */
-    ch_status (*event_wait)(void *stream, void *event);
-    ch_status (*event_sync)(void *event);
-
-    /* ---- transfers ---- */
-    /* blocking = 1: return when the transfer has run: the device buffer
-     * holds the data for every stream (upload), the host memory holds it
-     * (download). Not merely when `host` may be reused, which is all a
-     * blocking clEnqueueWriteBuffer promises. blocking = 0: `host` is pinned
-     * memory from host_alloc of this backend (maybe of another device or
-     * OpenCL platform) and stays untouched until the stream is
-     * synchronised. */
-    ch_status (*upload)(void *stream, ch_bmem dst, const void *host, size_t bytes,
-                        int blocking);
-    ch_status (*download)(void *stream, void *host, ch_bmem src, size_t bytes,
-                          int blocking);
-    /* Same device. Regions do not overlap. */
-    ch_status (*copy)(void *stream, ch_bmem dst, ch_bmem src, size_t bytes);
-    /* optional: 1 when peer_copy can move data from src_dev to dst_dev */
-    int (*can_peer)(void *src_dev, void *dst_dev);
-    /* optional: queued on `stream` (of dst's device) after the core made it
-     * wait for src's producers. */
-    ch_status (*peer_copy)(void *stream, ch_bmem dst, void *src_dev, ch_bmem src,
-                           size_t bytes);
-
-    /* ---- ops (f32 unless said) ---- */
-    /* y as n 4-byte words, each set to `word` (the core turns an f32 or
-     * i32 value into its bits: no slot takes a ch_dtype). */
-    ch_status (*fill)(void *stream, ch_bmem y, int64_t n, uint32_t word);
-    /* Row-major: C[M,N] = alpha op(A) op(B) + beta C, lda/ldb/ldc are row
-     * strides of A, B, C as stored. */
-    ch_status (*gemm)(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
-                      int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
-                      int64_t ldb, float beta, ch_bmem c, int64_t ldc);
-    ch_status (*binary)(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
-                        ch_bmem b);
-    /* y = alpha * x + beta * y (beta 0: y is not read) */
-    ch_status (*axpby)(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
-                       float beta);
-    ch_status (*act_forward)(void *stream, ch_activation act, int64_t n, ch_bmem y,
-                             ch_bmem x);
-    /* x or y may have ptr NULL when the activation does not read it */
-    ch_status (*act_backward)(void *stream, ch_activation act, int64_t n, ch_bmem dx,
-                              ch_bmem dy, ch_bmem x, ch_bmem y);
-    /* x, y seen as [outer, c, inner]: y = x + bias[c] */
-    ch_status (*bias_add)(void *stream, int64_t outer, int64_t c, int64_t inner,
-                          ch_bmem y, ch_bmem x, ch_bmem bias);
-    /* db[c] = beta db[c] + sum over outer, inner of dy[outer, c, inner] */
-    ch_status (*bias_grad)(void *stream, int64_t outer, int64_t c, int64_t inner,
-                           ch_bmem db, ch_bmem dy, float beta);
-    /* labels i32; the first row with a label outside [0, c) is reported
-     * with chi_bad_label, by the call or, if the backend defers the check
-     * (CUDA), by the stream's next stream_sync or blocking transfer */
-    ch_status (*softmax_xent)(void *stream, int64_t n, int64_t c, ch_bmem loss,
-                              ch_bmem probs, ch_bmem logits, ch_bmem labels);
-    ch_status (*softmax_xent_backward)(void *stream, int64_t n, int64_t c,
-                                       ch_bmem dlogits, ch_bmem probs, ch_bmem labels,
-                                       float scale);
-    /* [a, b, inner] -> [b, a, inner]; dtype size 4 */
-    ch_status (*transpose01)(void *stream, int64_t a, int64_t b, int64_t inner,
-                             ch_bmem y, ch_bmem x);
-    ch_status (*im2col)(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x);
-    ch_status (*col2im)(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem col);
-    /* idx i32 */
-    ch_status (*maxpool_forward)(void *stream, const ch_conv_geom *g, ch_bmem y,
-                                 ch_bmem idx, ch_bmem x);
-    ch_status (*maxpool_backward)(void *stream, const ch_conv_geom *g, ch_bmem dx,
-                                  ch_bmem dy, ch_bmem idx);
-    /* x as [outer, n, inner] -> y [outer, inner], summed over n */
-    ch_status (*sum_axis)(void *stream, ch_axis_op op, int64_t outer, int64_t n,
-                          int64_t inner, ch_bmem y, ch_bmem x);
-    /* y i32 */
-    ch_status (*argmax)(void *stream, int64_t outer, int64_t n, int64_t inner,
-                        ch_bmem y, ch_bmem x);
-    /* m.ptr NULL when momentum is 0 */
-    ch_status (*sgd_step)(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
-                          const ch_sgd_params *params, int first_step);
-    ch_status (*adam_step)(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
-                           ch_bmem g, const ch_adam_params *params);
-    /* a, b: (lo, hi), (mean, std) or (p, unused) */
-    ch_status (*rand)(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
-                      uint64_t seed, uint64_t offset, float a, float b);
-
-    /* ---- attention and normalisation (added in ABI version 4) ---- */
-    /* gemm's, for `count` matrices: the i-th of A at a + i * stride_a
-     * elements, of B and C likewise */
-    ch_status (*gemm_batched)(void *stream, int trans_a, int trans_b, int64_t count,
-                              int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a,
-                              int64_t lda, int64_t stride_a, ch_bmem b, int64_t ldb,
-                              int64_t stride_b, float beta, ch_bmem c, int64_t ldc,
-                              int64_t stride_c);
-    /* 4-byte elements; xshape[0..ndim) is x's shape, y's dimension i is x's
-     * perm[i]; 2 <= ndim <= CH_MAX_DIMS. The core passes the fewest
-     * dimensions that describe the move: none of size 1, and no two of x
-     * that stay neighbours, in order, in y (a plain copy never comes here) */
-    ch_status (*permute)(void *stream, int ndim, const int64_t *xshape, const int *perm,
-                         ch_bmem y, ch_bmem x);
-    /* rows of length s; with causal, row r (t = r % rows_per_matrix) keeps
-     * columns j <= t + s - rows_per_matrix */
-    ch_status (*softmax)(void *stream, int64_t rows, int64_t s, int causal,
-                         int64_t rows_per_matrix, ch_bmem y, ch_bmem x);
-    ch_status (*softmax_backward)(void *stream, int64_t rows, int64_t s, ch_bmem dx,
-                                  ch_bmem dy, ch_bmem y);
-    /* idx i32 [n]; the first index outside [0, v) is reported with
-     * chi_bad_index (like chi_bad_label, and as late), its row of y set to 0 */
-    ch_status (*embedding)(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
-                           ch_bmem table, ch_bmem idx);
-    ch_status (*embedding_backward)(void *stream, int64_t n, int64_t v, int64_t d,
-                                    ch_bmem dtable, ch_bmem dy, ch_bmem idx);
-    ch_status (*layernorm)(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
-                           ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma,
-                           ch_bmem beta);
-    /* dx.ptr NULL: not wanted */
-    ch_status (*layernorm_backward)(void *stream, int64_t rows, int64_t d, ch_bmem dx,
-                                    ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
-                                    ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
-    /* a, b seen as [outer, c, inner]; sums [2c + 1]; a centre's ptr NULL: 0 */
-    ch_status (*channel_sums)(void *stream, int64_t outer, int64_t c, int64_t inner,
-                              ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b,
-                              ch_bmem b_center);
-    /* sums.ptr NULL: evaluation (from the running statistics); running_*.ptr
-     * NULL: not updated */
-    ch_status (*batchnorm_stats)(void *stream, int64_t c, float momentum, float eps,
-                                 ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
-                                 ch_bmem running_var, ch_bmem sums, ch_bmem center);
-    ch_status (*batchnorm_forward)(void *stream, int64_t outer, int64_t c, int64_t inner,
-                                   ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
-                                   ch_bmem gamma, ch_bmem beta);
-    /* dx.ptr NULL: not wanted */
-    ch_status (*batchnorm_backward)(void *stream, int64_t outer, int64_t c, int64_t inner,
-                                    ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
-                                    ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,
-                                    ch_bmem local, ch_bmem total);
-
-    /* ---- collectives (optional) ---- */
-    /* In-place sum of `n` floats over `count` buffers of this backend:
-     * bufs[i] lives on the device of streams[i] and the work is queued on
-     * streams[i], after what each stream already holds; every buffer ends
-     * with the sum. Called with count >= 2, n >= 1, buffers that do not
-     * overlap, and devices can_allreduce accepted; a device may be listed
-     * more than once (on distinct streams). Used by ch_reducer (peer mode;
-     * NCCL for CUDA). */
-    ch_status (*allreduce_sum)(int count, void *const *streams, const ch_bmem *bufs,
-                               int64_t n);
-    /* optional: 1 when allreduce_sum may take a buffer on dev_a and one on
-     * dev_b in the same call, 0 otherwise. The same device twice is always
-     * allowed; when this slot is NULL, only that. Added in ABI version 2. */
-    int (*can_allreduce)(void *dev_a, void *dev_b);
-
-    /* ---- convolution (optional, added in ABI version 5) ---- */
-    /* A backend's own 2-D convolution: x [N, C, H, W] by w [O, C, kh, kw]
-     * (out_channels = O) into y [N, O, OH, OW], no bias. When these slots
-     * are NULL the core composes im2col, gemm and transpose01 (what the
-     * OpenCL and CUDA backends get); a backend that can do better, such as
-     * the host working one sample at a time in its cache, or a backend on
-     * cuDNN or MIOpen, fills all three. conv2d_workspace says how many
-     * bytes of scratch the next call on this thread needs (backward: for
-     * conv2d_backward with the gradients `want` names, bit 0 dx, bit 1 dw);
-     * the core passes that much device memory as ws (ptr NULL when 0). */
-    ch_status (*conv2d_workspace)(void *stream, const ch_conv_geom *g, int64_t out_channels,
-                                  int backward, int want, size_t *bytes);
-    ch_status (*conv2d_forward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
-                                ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes);
-    /* dx = the input gradient (dx.ptr NULL: not wanted); dw = beta * dw +
-     * the weight gradient (dw.ptr NULL: not wanted; beta 0 does not read dw) */
-    ch_status (*conv2d_backward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
-                                 ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy, ch_bmem x,
-                                 ch_bmem w, ch_bmem ws, size_t ws_bytes);
-
-    /* ---- collectives across processes (optional, added in ABI version 6) ----
-     * A communicator that spans the processes of a job (NCCL's, between
-     * CUDA devices of several processes and machines). One process makes
-     * an id of span_id_bytes bytes (span_id) and every process gets a copy
-     * (over MPI, by the caller); then each process makes the communicators
-     * of its `count` participants (span_new: devs[i] takes rank ranks[i]
-     * of the job's `nranks`, every device at most once in the job), which
-     * waits until every process has called it. span_allreduce sums, in
-     * place, the buffers of every participant of every process: each
-     * process passes its own participants' streams and buffers, in the
-     * order of span_new, the work queued on those streams. */
+    const char *name;      /* "host", "opencl", "cuda": the device ids' prefix */
+    /* Which backend keeps a device that two backends expose (the same PCI
+     * bus id, e.g. an NVIDIA GPU through CUDA and through OpenCL): the
+     * higher priority; the other is hidden as a duplicate. It also orders
+     * the device list (host first, then by priority, then by name). The
+     * built-in ones: host 100, cuda 50, opencl 10. A backend that drives a
+     * device through its vendor's own API should rank above one through a
+     * portable API. */
+    int priority;
+    /* The size of span_id's id, 0 when the backend has no span slots. */
     size_t span_id_bytes;
-    ch_status (*span_id)(void *id);
-    ch_status (*span_new)(void **span, int count, void *const *devs, const int *ranks,
-                          int nranks, const void *id);
-    ch_status (*span_allreduce)(void *span, int count, void *const *streams,
-                                const ch_bmem *bufs, int64_t n);
-    void (*span_free)(void *span);
-
-    /* ---- conversions between f32 and the half formats (optional, added in
-     * ABI version 6) ----
-     * n elements of x into y, y and x apart: round to nearest, ties to even;
-     * infinities and signed zeros kept; a NaN narrowed becomes a quiet NaN
-     * with its sign and the top bits of its payload, widened it keeps its
-     * bits; f32 subnormals and the formats' own subnormals as IEEE 754
-     * says. The bits are those of lib/half.h's functions, the same on every
-     * backend. */
-    ch_status (*f32_to_bf16)(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-    ch_status (*bf16_to_f32)(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-    ch_status (*f32_to_f16)(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-    ch_status (*f16_to_f32)(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-
-    /* ---- GEMM in half precision (optional, added in ABI version 7) ----
-     * gemm_batched's product (count matrices; count 1 is one GEMM and the
-     * strides are then not used) with A and B in `ab` (CH_BF16 or CH_F16)
-     * and C in `cd` (CH_F32 or ab), the products summed in f32 (tensor
-     * cores where there are some). A combination the backend does not run
-     * returns CH_ERR_UNSUPPORTED: the core then widens A and B to f32
-     * (the conversion slots above) and runs gemm or gemm_batched, so every
-     * backend multiplies half tensors, this slot only faster. */
-    ch_status (*gemm_half)(void *stream, int ab, int cd, int trans_a, int trans_b, int64_t count,
-                           int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
-                           int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
-                           float beta, ch_bmem c, int64_t ldc, int64_t stride_c);
-
-    /* ---- convolution with half inputs (optional, added in ABI version 8) ----
-     * The three convolution slots above with their inputs in `dt` (CH_BF16
-     * or CH_F16): forward x and w; backward dy, x and w. The outputs (y;
-     * dx, dw) stay f32 and the products are summed in f32. When the
-     * workspace query returns CH_ERR_UNSUPPORTED (a format or shape the
-     * backend does not run) the core widens the inputs on the device and
-     * runs the f32 convolution, so every backend takes half inputs, this
-     * only faster. */
-    ch_status (*conv2d_half_workspace)(void *stream, const ch_conv_geom *g, int64_t out_channels,
-                                       int dt, int backward, int want, size_t *bytes);
-    ch_status (*conv2d_half_forward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
-                                     int dt, ch_bmem y, ch_bmem x, ch_bmem w, ch_bmem ws,
-                                     size_t ws_bytes);
-    ch_status (*conv2d_half_backward)(void *stream, const ch_conv_geom *g, int64_t out_channels,
-                                      int dt, ch_bmem dx, ch_bmem dw, float beta, ch_bmem dy,
-                                      ch_bmem x, ch_bmem w, ch_bmem ws, size_t ws_bytes);
+    CH_BACKEND_SLOTS(CH_SLOT_MEMBER)
 } ch_backend_i;
 
 typedef const ch_backend_i *(*ch_backend_entry_fn)(void);

@@ -20,7 +20,7 @@
                                  __LINE__)                                               \
                      : (call))
 
-#define CH_MAX_BACKENDS 4
+#define CH_MAX_BACKENDS 16
 #define CH_MAX_DEVICES 64
 
 typedef struct chi_backend {
@@ -145,12 +145,41 @@ ch_status chi_half_call(int n, ch_tensor *const *t, const int *role, chi_f32_op 
 #define CHI_T(x) ((ch_tensor *)(x))
 enum { CHI_IO = CHI_HALF_IN | CHI_HALF_OUT };
 
+/* An op on the host for a backend that leaves its slot NULL
+ * (lib/ops_fallback.c; SLOT_OR_HOST in lib/opcheck.h). */
+typedef struct chi_staged {
+    ch_tensor *t;  /* NULL: an optional tensor left out */
+    int role;      /* CHI_HALF_IN, CHI_HALF_OUT or both */
+} chi_staged;
+/* Says once per (device, slot) that `dev` runs `slot` on the host, then
+ * makes on_host[i], a host tensor of staged[i]'s dtype and shape, for
+ * each tensor (arguments naming the same memory share one), with its
+ * values downloaded when it is read: a blocking download, after the work
+ * queued on the device's current stream. On failure nothing is left. */
+ch_status chi_fallback_stage(const char *fn, const char *slot, ch_device *dev,
+                             const chi_staged *staged, int n, ch_tensor **on_host);
+/* After the op ran on the host with status `st`: when CH_OK, uploads the
+ * outputs (blocking: done for every stream of the device when it
+ * returns); frees the host tensors either way. Returns st or the upload's
+ * error. */
+ch_status chi_fallback_finish(ch_status st, const chi_staged *staged, int n,
+                              ch_tensor **on_host);
+/* The host device for the fallback: the visible one, or one opened for
+ * this alone when CHORUS_DEVICES leaves host out (lib/device.c). */
+ch_device *chi_host_device(void);
+/* Forget the (device, op) pairs at ch_shutdown. */
+void chi_fallback_reset(void);
+
 /* ch_gemm and ch_gemm_batched with half tensors (lib/ops.c). */
 ch_status chi_gemm_dtypes(const char *fn, const ch_tensor *c, const ch_tensor *a,
                           const ch_tensor *b);
 ch_status chi_gemm_half(const char *fn, ch_tensor *c, int trans_a, int trans_b, float alpha,
                         const ch_tensor *a, const ch_tensor *b, float beta, int64_t count,
                         int64_t m, int64_t n, int64_t k);
+/* x as f32: x itself when it is f32, else *tmp, a new f32 copy (with x's
+ * values when `fill`), for the caller to free (lib/ops.c; the half GEMM's
+ * and the half convolution's). */
+ch_status chi_widened(const ch_tensor *x, int fill, ch_tensor **tmp, ch_tensor **out);
 
 ch_status chi_alloc(ch_device *dev, size_t bytes, void **ptr);
 void chi_free(ch_device *dev, void *ptr, size_t bytes);

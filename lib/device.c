@@ -15,6 +15,9 @@ static atomic_uint generation; /* bumped by every ch_init, for stale thread stat
 
 static ch_device *devices[CH_MAX_DEVICES];
 static int ndevices;
+/* The host device opened for ops run on the host when it is not in the
+ * list (chi_host_device), else NULL. */
+static ch_device *fallback_host;
 static ch_hidden_device *hidden;
 static int nhidden;
 static void *topology;
@@ -68,6 +71,7 @@ static ch_status gather_inputs(chi_disc_input **out, int *n)
             }
             snprintf(in[k].backend, sizeof in[k].backend, "%s", be->name);
             in[k].backend_index = i;
+            in[k].priority = be->iface->priority;
             k++;
         }
     }
@@ -106,7 +110,9 @@ static void fill_info(ch_device *d, const chi_disc_input *in, const chi_disc_dev
     snprintf(d->id, sizeof d->id, "%s", dd->id);
 }
 
-static ch_status open_device(const chi_disc_input *in, const chi_disc_device *dd)
+/* `visible` 0: the host device the fallback runs ops on when
+ * CHORUS_DEVICES leaves host out, kept apart from the device list. */
+static ch_status open_device(const chi_disc_input *in, const chi_disc_device *dd, int visible)
 {
     chi_backend *be = backend_named(in->backend);
     if (!be)
@@ -148,7 +154,10 @@ static ch_status open_device(const chi_disc_input *in, const chi_disc_device *dd
         free(d);
         return st;
     }
-    devices[ndevices++] = d;
+    if (visible)
+        devices[ndevices++] = d;
+    else
+        fallback_host = d;
     return CH_OK;
 }
 
@@ -254,8 +263,13 @@ static ch_status discover_and_open(void)
             dd->in_all = 1;
             snprintf(dd->note, sizeof dd->note, "in \"all\": named in CHORUS_DEVICES");
         }
-        st = open_device(&in[dd->input], dd);
+        st = open_device(&in[dd->input], dd, 1);
     }
+    /* Ops a backend leaves out run on the host (lib/ops_fallback.c), which
+     * needs a host device even when the user's list leaves it out. */
+    for (int i = 0; st == CH_OK && !chi_host_device() && i < res.ndevices; i++)
+        if (strcmp(in[res.devices[i].input].backend, "host") == 0)
+            st = open_device(&in[res.devices[i].input], &res.devices[i], 0);
     chi_disc_result_free(&res);
     free(in);
     return st;
@@ -266,6 +280,10 @@ static void teardown(void)
     for (int i = ndevices - 1; i >= 0; i--)
         close_device(devices[i]);
     ndevices = 0;
+    if (fallback_host)
+        close_device(fallback_host);
+    fallback_host = NULL;
+    chi_fallback_reset();
     free(hidden);
     hidden = NULL;
     nhidden = 0;
@@ -308,6 +326,14 @@ void ch_shutdown(void)
 }
 
 int ch_device_count(void) { return chi_initialized() ? ndevices : 0; }
+
+ch_device *chi_host_device(void)
+{
+    for (int i = 0; i < ndevices; i++)
+        if (devices[i]->be->host_memory)
+            return devices[i];
+    return fallback_host;
+}
 
 ch_status ch_device_get(ch_device **out, int index)
 {

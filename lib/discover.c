@@ -142,24 +142,14 @@ typedef struct disc_state {
     chi_disc_result *out;
 } disc_state;
 
-static int backend_rank(const char *backend)
-{
-    if (strcmp(backend, "host") == 0)
-        return 0;
-    if (strcmp(backend, "cuda") == 0)
-        return 1;
-    if (strcmp(backend, "opencl") == 0)
-        return 2;
-    return 3;
-}
-
-/* Host, cuda, opencl, then other backends by name; each by backend index.
- * The first of a group of inputs with one bus id in this order is the one
+/* Higher priority first (the backends' tables say theirs: host, then
+ * cuda, then opencl), then by backend name; each by backend index. The
+ * first of a group of inputs with one bus id in this order is the one
  * kept, which is how CUDA wins over OpenCL. */
 static int input_before(const chi_disc_input *inputs, int a, int b)
 {
     const chi_disc_input *x = &inputs[a], *y = &inputs[b];
-    int c = backend_rank(x->backend) - backend_rank(y->backend);
+    int c = (y->priority > x->priority) - (y->priority < x->priority);
     if (c == 0)
         c = strcmp(x->backend, y->backend);
     if (c == 0)

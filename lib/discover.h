@@ -18,6 +18,7 @@ extern "C" {
 typedef struct chi_disc_input {
     char backend[16];     /* "host", "cuda", "opencl" */
     int backend_index;    /* the backend's own index: cuda:N, opencl:N */
+    int priority;         /* its backend table's priority (lib/backend.h) */
     ch_bdev_props props;
 } chi_disc_input;
 
@@ -42,10 +43,12 @@ typedef struct chi_disc_result {
  * (no hwloc: no NUMA placement and no "present, no driver" entries, but
  * duplicates are still found by PCI bus id).
  *
- * Order of the visible list: host, then cuda:N, then opencl:N, then any
- * other backend, each by backend index. Rules:
- *   - A GPU exposed by two backends (same PCI bus id) is kept once: CUDA
- *     wins over OpenCL; the other is hidden with "same GPU as cuda:N".
+ * Order of the visible list: by backend priority, highest first (host
+ * 100, cuda 50, opencl 10), backends of one priority by name, each by
+ * backend index. Rules:
+ *   - A GPU exposed by two backends (same PCI bus id) is kept once, by the
+ *     backend of higher priority (CUDA over OpenCL); the other is hidden
+ *     with "same GPU as cuda:N".
  *   - A CPU device of a backend other than host (PoCL) stays visible, with
  *     in_all = 0 and a note saying it is the host's own CPU.
  *   - A PCI display/3D controller of NVIDIA (10de), AMD (1002) or Intel

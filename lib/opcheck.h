@@ -133,12 +133,36 @@ static inline void split_at(const ch_tensor *x, int axis, int64_t *outer, int64_
 
 #define BE(t) ((t)->dev->be->iface)
 #define STREAM(t) chi_current_stream((t)->dev)
-/* A backend may leave an op out; say so instead of crashing. */
-#define SLOT(fn, t, slot)                                                        \
-    do {                                                                         \
-        if (!BE(t)->slot)                                                        \
-            return chi_error(CH_ERR_UNSUPPORTED, "%s: not implemented by the %s backend", \
-                             fn, (t)->dev->be->name);                            \
+/* One tensor of an op that runs on the host (lib/ops_fallback.c): the
+ * tensor (may be NULL) and what the op does with it. An output that the op
+ * reads (an optimizer's state, a gradient it adds to, beta != 0) is FB_IO,
+ * so that its values are downloaded first. */
+#define FB_IN(t) {CHI_T(t), CHI_HALF_IN}
+#define FB_OUT(t) {CHI_T(t), CHI_HALF_OUT}
+#define FB_IO(t) {CHI_T(t), CHI_IO}
+/* An output read when `reads` holds (axpby's y with beta != 0). */
+#define FB_OUT_READ_IF(t, reads) {CHI_T(t), (reads) ? CHI_IO : CHI_HALF_OUT}
+
+/* A backend may leave an op slot NULL (lib/backend.h): the op then runs on
+ * the host backend. The tensors after `call` are staged in host tensors,
+ * on_host[0], on_host[1], ... in their order, and `call` runs the same op
+ * on those (it names them), so that the host's checks and slot do the
+ * work; then the outputs go back and the op returns. */
+#define SLOT_OR_HOST(fn, t, slot, call, ...)                                                  \
+    ON_HOST_IF(!BE(t)->slot, fn, (t)->dev, #slot, call, __VA_ARGS__)
+/* The same for a slot chosen at run time (ch_cast's conversions): when
+ * `missing`, `call` on the host, `slot` naming the slot in the note. */
+#define ON_HOST_IF(missing, fn, dev, slot, call, ...)                                         \
+    do {                                                                                      \
+        if (missing) {                                                                        \
+            const chi_staged staged_[] = {__VA_ARGS__};                                       \
+            ch_tensor *on_host[NARGS(staged_)];                                               \
+            ch_status fb_ = chi_fallback_stage(fn, slot, dev, staged_, NARGS(staged_),        \
+                                               on_host);                                      \
+            if (fb_ == CH_OK)                                                                 \
+                fb_ = (call);                                                                 \
+            return chi_fallback_finish(fb_, staged_, NARGS(staged_), on_host);                \
+        }                                                                                     \
     } while (0)
 
 #endif

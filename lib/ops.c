@@ -26,7 +26,7 @@ ch_status ch_fill(ch_tensor *y, double value)
         float f = (float)value;
         memcpy(&word, &f, sizeof word);
     }
-    SLOT(fn, y, fill);
+    SLOT_OR_HOST(fn, y, fill, ch_fill(on_host[0], value), FB_OUT(y));
     return BE(y)->fill(STREAM(y), chi_mem(y), y->numel, word);
 }
 
@@ -66,7 +66,7 @@ ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x)
     if (!ok)
         return chi_error(CH_ERR_SHAPE, "%s: y's shape is not x's with the first two swapped", fn);
     TRY(no_alias(fn, "y", y, "x", x));
-    SLOT(fn, y, transpose01);
+    SLOT_OR_HOST(fn, y, transpose01, ch_transpose01(on_host[0], on_host[1]), FB_OUT(y), FB_IN(x));
     return BE(y)->transpose01(STREAM(y), x->shape[0], x->shape[1],
                               x->numel / (x->shape[0] * x->shape[1]), chi_mem(y), chi_mem(x));
 }
@@ -92,7 +92,7 @@ ch_status chi_gemm_dtypes(const char *fn, const ch_tensor *c, const ch_tensor *a
 
 /* x as f32: x itself when it is f32, else *tmp, a new f32 copy (with x's
  * values when `fill`), for the caller to free. */
-static ch_status widened(const ch_tensor *x, int fill, ch_tensor **tmp, ch_tensor **out)
+ch_status chi_widened(const ch_tensor *x, int fill, ch_tensor **tmp, ch_tensor **out)
 {
     *tmp = NULL;
     if (x->dtype == CH_F32) {
@@ -130,11 +130,11 @@ ch_status chi_gemm_half(const char *fn, ch_tensor *c, int trans_a, int trans_b, 
             return st;
     }
     ch_tensor *ta = NULL, *tb = NULL, *tc = NULL, *a32, *b32, *c32;
-    ch_status st = widened(a, 1, &ta, &a32);
+    ch_status st = chi_widened(a, 1, &ta, &a32);
     if (st == CH_OK)
-        st = widened(b, 1, &tb, &b32);
+        st = chi_widened(b, 1, &tb, &b32);
     if (st == CH_OK)
-        st = widened(c, beta != 0.0f, &tc, &c32);
+        st = chi_widened(c, beta != 0.0f, &tc, &c32);
     if (st == CH_OK)
         st = count ? ch_gemm_batched(c32, trans_a, trans_b, alpha, a32, b32, beta)
                    : ch_gemm(c32, trans_a, trans_b, alpha, a32, b32, beta);
@@ -175,7 +175,7 @@ ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_
     TRY(no_alias(fn, "c", c, "b", b));
     if (a->dtype != CH_F32 || c->dtype != CH_F32)
         return chi_gemm_half(fn, c, trans_a, trans_b, alpha, a, b, beta, 0, m, n, k);
-    SLOT(fn, c, gemm);
+    /* gemm is a required slot: the registry refused a backend without it. */
     return BE(c)->gemm(STREAM(c), trans_a != 0, trans_b != 0, m, n, k, alpha, chi_mem(a),
                        a->shape[1], chi_mem(b), b->shape[1], beta, chi_mem(c), n);
 }
@@ -208,7 +208,8 @@ static ch_status binary(const char *fn, ch_binary_op op, ch_tensor *y, const ch_
     TRY(same_numel(fn, "y", y, "b", b));
     TRY(same_or_apart(fn, "y", y, "a", a));
     TRY(same_or_apart(fn, "y", y, "b", b));
-    SLOT(fn, y, binary);
+    SLOT_OR_HOST(fn, y, binary, binary(fn, op, on_host[0], on_host[1], on_host[2]), FB_OUT(y),
+                 FB_IN(a), FB_IN(b));
     return BE(y)->binary(STREAM(y), op, y->numel, chi_mem(y), chi_mem(a), chi_mem(b));
 }
 
@@ -252,7 +253,8 @@ static ch_status axpby(const char *fn, ch_tensor *y, float alpha, const ch_tenso
     TRY(check_finite(fn, "alpha", alpha));
     TRY(same_numel(fn, "y", y, "x", x));
     TRY(same_or_apart(fn, "y", y, "x", x));
-    SLOT(fn, y, axpby);
+    SLOT_OR_HOST(fn, y, axpby, axpby(fn, on_host[0], alpha, on_host[1], beta),
+                 FB_OUT_READ_IF(y, beta != 0.0f), FB_IN(x));
     return BE(y)->axpby(STREAM(y), y->numel, chi_mem(y), alpha, chi_mem(x), beta);
 }
 
@@ -290,7 +292,8 @@ ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x, ch_activation 
     TRY(check_act(fn, act));
     TRY(same_numel(fn, "y", y, "x", x));
     TRY(same_or_apart(fn, "y", y, "x", x));
-    SLOT(fn, y, act_forward);
+    SLOT_OR_HOST(fn, y, act_forward, ch_activation_forward(on_host[0], on_host[1], act), FB_OUT(y),
+                 FB_IN(x));
     return BE(y)->act_forward(STREAM(y), act, y->numel, chi_mem(y), chi_mem(x));
 }
 
@@ -318,7 +321,9 @@ ch_status ch_activation_backward(ch_tensor *dx, const ch_tensor *dy, const ch_te
     TRY(same_or_apart(fn, "dx", dx, "dy", dy));
     TRY(same_or_apart(fn, "dx", dx, reads_x ? "x" : "y", in));
     ch_bmem none = {NULL, 0};
-    SLOT(fn, dx, act_backward);
+    SLOT_OR_HOST(fn, dx, act_backward,
+                 ch_activation_backward(on_host[0], on_host[1], on_host[2], on_host[3], act),
+                 FB_OUT(dx), FB_IN(dy), FB_IN(x), FB_IN(y));
     return BE(dx)->act_backward(STREAM(dx), act, dx->numel, chi_mem(dx), chi_mem(dy),
                                 reads_x ? chi_mem(x) : none, reads_x ? none : chi_mem(y));
 }
@@ -346,7 +351,8 @@ ch_status ch_bias_add(ch_tensor *y, const ch_tensor *x, const ch_tensor *bias, i
     if (bias->numel != c)
         return chi_error(CH_ERR_SHAPE, "%s: bias has %lld elements, x has %lld on axis %d", fn,
                          (long long)bias->numel, (long long)c, axis);
-    SLOT(fn, y, bias_add);
+    SLOT_OR_HOST(fn, y, bias_add, ch_bias_add(on_host[0], on_host[1], on_host[2], axis), FB_OUT(y),
+                 FB_IN(x), FB_IN(bias));
     return BE(y)->bias_add(STREAM(y), outer, c, inner, chi_mem(y), chi_mem(x), chi_mem(bias));
 }
 
@@ -377,7 +383,8 @@ ch_status ch_bias_grad(ch_tensor *db, const ch_tensor *dy, int axis, float beta)
     if (db->numel != c)
         return chi_error(CH_ERR_SHAPE, "%s: db has %lld elements, dy has %lld on axis %d", fn,
                          (long long)db->numel, (long long)c, axis);
-    SLOT(fn, db, bias_grad);
+    SLOT_OR_HOST(fn, db, bias_grad, ch_bias_grad(on_host[0], on_host[1], axis, beta),
+                 FB_OUT_READ_IF(db, beta != 0.0f), FB_IN(dy));
     return BE(db)->bias_grad(STREAM(db), outer, c, inner, chi_mem(db), chi_mem(dy), beta);
 }
 
@@ -415,7 +422,9 @@ ch_status ch_softmax_xent(ch_tensor *loss, ch_tensor *probs, const ch_tensor *lo
     TRY(same_or_apart(fn, "probs", probs, "logits", logits));
     TRY(no_alias(fn, "loss", loss, "probs", probs));
     TRY(no_alias(fn, "loss", loss, "logits", logits));
-    SLOT(fn, loss, softmax_xent);
+    SLOT_OR_HOST(fn, loss, softmax_xent,
+                 ch_softmax_xent(on_host[0], on_host[1], on_host[2], on_host[3]), FB_OUT(loss),
+                 FB_OUT(probs), FB_IN(logits), FB_IN(labels));
     return BE(loss)->softmax_xent(STREAM(loss), n, c, chi_mem(loss), chi_mem(probs),
                                   chi_mem(logits), chi_mem(labels));
 }
@@ -433,386 +442,11 @@ ch_status ch_softmax_xent_backward(ch_tensor *dlogits, const ch_tensor *probs,
     TRY(same_numel(fn, "dlogits", dlogits, "probs", probs));
     TRY(check_finite(fn, "scale", scale));
     TRY(same_or_apart(fn, "dlogits", dlogits, "probs", probs));
-    SLOT(fn, dlogits, softmax_xent_backward);
+    SLOT_OR_HOST(fn, dlogits, softmax_xent_backward,
+                 ch_softmax_xent_backward(on_host[0], on_host[1], on_host[2], scale),
+                 FB_OUT(dlogits), FB_IN(probs), FB_IN(labels));
     return BE(dlogits)->softmax_xent_backward(STREAM(dlogits), n, c, chi_mem(dlogits),
                                               chi_mem(probs), chi_mem(labels), scale);
-}
-
-/* ---- Convolution and pooling ---------------------------------------------- */
-
-/* Fill the geometry from an [N, C, H, W] tensor and a window. */
-static ch_status conv_geom(const char *fn, const char *xn, const ch_tensor *x,
-                           const ch_window2d *w, ch_conv_geom *g)
-{
-    if (!w)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: w is NULL", fn);
-    if (x->ndim != 4)
-        return chi_error(CH_ERR_SHAPE, "%s: %s has %d dimensions, expected 4 ([N, C, H, W])", fn,
-                         xn, x->ndim);
-    if (w->kh < 1 || w->kw < 1 || w->sh < 1 || w->sw < 1 || w->ph < 0 || w->pw < 0)
-        return chi_error(CH_ERR_INVALID_ARGUMENT,
-                         "%s: window %dx%d stride %dx%d padding %dx%d, expected window and "
-                         "stride >= 1, padding >= 0",
-                         fn, w->kh, w->kw, w->sh, w->sw, w->ph, w->pw);
-    *g = (ch_conv_geom){.n = x->shape[0], .c = x->shape[1], .h = x->shape[2], .w = x->shape[3],
-                        .kh = w->kh, .kw = w->kw, .sh = w->sh, .sw = w->sw, .ph = w->ph,
-                        .pw = w->pw};
-    if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw)
-        return chi_error(CH_ERR_SHAPE,
-                         "%s: window %dx%d is larger than the padded %s plane %lldx%lld", fn,
-                         w->kh, w->kw, xn, (long long)(g->h + 2 * g->ph),
-                         (long long)(g->w + 2 * g->pw));
-    g->oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
-    g->ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
-    return CH_OK;
-}
-
-static ch_status check_col(const char *fn, const char *cn, const ch_tensor *col,
-                           const ch_conv_geom *g)
-{
-    int64_t rows = g->c * g->kh * g->kw, cols = g->n * g->oh * g->ow;
-    if (col->ndim != 2 || col->shape[0] != rows || col->shape[1] != cols)
-        return chi_error(CH_ERR_SHAPE, "%s: %s must be [%lld, %lld] (C*kh*kw, N*OH*OW)", fn, cn,
-                         (long long)rows, (long long)cols);
-    return CH_OK;
-}
-
-ch_status ch_im2col(ch_tensor *col, const ch_tensor *x, const ch_window2d *w)
-{
-    static const char fn[] = "ch_im2col";
-    arg args[] = {{"col", col, CH_F32, 0}, {"x", x, CH_F32, 0}};
-    TRY(check_args(fn, args, NARGS(args)));
-    ch_conv_geom g;
-    TRY(conv_geom(fn, "x", x, w, &g));
-    TRY(check_col(fn, "col", col, &g));
-    TRY(no_alias(fn, "col", col, "x", x));
-    SLOT(fn, col, im2col);
-    return BE(col)->im2col(STREAM(col), &g, chi_mem(col), chi_mem(x));
-}
-
-ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2d *w)
-{
-    static const char fn[] = "ch_col2im";
-    arg args[] = {{"dx", dx, CH_F32, 0}, {"col", col, CH_F32, 0}};
-    TRY(check_args(fn, args, NARGS(args)));
-    ch_conv_geom g;
-    TRY(conv_geom(fn, "dx", dx, w, &g));
-    TRY(check_col(fn, "col", col, &g));
-    TRY(no_alias(fn, "dx", dx, "col", col));
-    SLOT(fn, dx, col2im);
-    return BE(dx)->col2im(STREAM(dx), &g, chi_mem(dx), chi_mem(col));
-}
-
-/* w [O, C, kh, kw] for x's channels and the window; y (or dy) [N, O, OH, OW]. */
-static ch_status check_conv(const char *fn, const ch_tensor *w, const char *yn,
-                            const ch_tensor *y, const ch_conv_geom *g)
-{
-    if (w->ndim != 4 || w->shape[1] != g->c || w->shape[2] != g->kh || w->shape[3] != g->kw)
-        return chi_error(CH_ERR_SHAPE,
-                         "%s: w must be [O, %lld, %d, %d] (O, x's channels, the window); it has "
-                         "%d dimensions, [%lld, %lld, ...]",
-                         fn, (long long)g->c, g->kh, g->kw, w->ndim, (long long)w->shape[0],
-                         (long long)(w->ndim > 1 ? w->shape[1] : 0));
-    if (y->ndim != 4 || y->shape[0] != g->n || y->shape[1] != w->shape[0] ||
-        y->shape[2] != g->oh || y->shape[3] != g->ow)
-        return chi_error(CH_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld] (N, O, OH, OW)",
-                         fn, yn, (long long)g->n, (long long)w->shape[0], (long long)g->oh,
-                         (long long)g->ow);
-    return CH_OK;
-}
-
-static ch_bmem mem_or_null(const ch_tensor *t)
-{
-    return t ? chi_mem(t) : (ch_bmem){NULL, 0};
-}
-
-/* The convolution's inputs: x and w (backward: dy too) alike, in f32,
- * bf16 or f16. */
-static ch_status conv_dtypes(const char *fn, const ch_tensor *x, const ch_tensor *w,
-                             const ch_tensor *dy)
-{
-    if (x->dtype != CH_F32 && x->dtype != CH_BF16 && x->dtype != CH_F16)
-        return chi_error(CH_ERR_DTYPE, "%s: x is %s, expected f32, bf16 or f16", fn,
-                         ch_dtype_name(x->dtype));
-    const ch_tensor *other = w->dtype != x->dtype ? w : dy && dy->dtype != x->dtype ? dy : NULL;
-    if (other)
-        return chi_error(CH_ERR_DTYPE, "%s: x is %s but %s is %s, expected the same dtype", fn,
-                         ch_dtype_name(x->dtype), other == w ? "w" : "dy",
-                         ch_dtype_name(other->dtype));
-    return CH_OK;
-}
-
-/* The backend's scratch for its convolution with inputs in dt, on `like`'s
- * device (NULL when it asks for none). */
-static ch_status conv_scratch(ch_tensor **ws, size_t *bytes, const ch_tensor *like,
-                              const ch_conv_geom *g, int64_t o, ch_dtype dt, int backward,
-                              int want)
-{
-    *ws = NULL;
-    *bytes = 0;
-    if (dt == CH_F32)
-        TRY(BE(like)->conv2d_workspace(STREAM(like), g, o, backward, want, bytes));
-    else
-        TRY(BE(like)->conv2d_half_workspace(STREAM(like), g, o, (int)dt, backward, want,
-                                            bytes));
-    if (*bytes == 0)
-        return CH_OK;
-    int64_t floats = (int64_t)((*bytes + sizeof(float) - 1) / sizeof(float));
-    return ch_tensor_new(ws, like->dev, CH_F32, 1, &floats);
-}
-
-/* im2col, one GEMM over the whole batch, and [O, N, P] -> [N, O, P]. */
-static ch_status conv_composed(ch_tensor *y, const ch_tensor *x, const ch_tensor *w,
-                               const ch_window2d *win, const ch_conv_geom *g, int64_t o)
-{
-    int64_t k = g->c * g->kh * g->kw, p = g->oh * g->ow, n = g->n;
-    int64_t col_shape[2] = {k, n * p}, yt_shape[3] = {o, n, p}, yt2[2] = {o, n * p};
-    int64_t w2[2] = {o, k}, y3[3] = {n, o, p};
-    ch_tensor *col = NULL, *yt = NULL, *ytv = NULL, *wv = NULL, *yv = NULL;
-    ch_status st = ch_tensor_new(&col, x->dev, CH_F32, 2, col_shape);
-    if (st == CH_OK)
-        st = ch_tensor_new(&yt, x->dev, CH_F32, 3, yt_shape);
-    if (st == CH_OK)
-        st = ch_im2col(col, x, win);
-    if (st == CH_OK)
-        st = read_view(&wv, w, 2, w2);
-    if (st == CH_OK)
-        st = read_view(&ytv, yt, 2, yt2);
-    if (st == CH_OK)
-        st = ch_gemm(ytv, 0, 0, 1.0f, wv, col, 0.0f);
-    if (st == CH_OK)
-        st = ch_tensor_reshape(&yv, y, 3, y3);
-    if (st == CH_OK)
-        st = ch_transpose01(yv, yt);
-    ch_tensor_free(col);
-    ch_tensor_free(yt);
-    ch_tensor_free(ytv);
-    ch_tensor_free(wv);
-    ch_tensor_free(yv);
-    return st;
-}
-
-/* The convolution with half inputs (forward x and w, backward dy too; the
- * shapes checked): the backend's conv2d_half slots, or the inputs widened
- * to f32 on the device and the f32 convolution. Forward writes y,
- * backward dx and dw as ch_conv2d_backward does. */
-static ch_status conv_half(const char *fn, int backward, ch_tensor *y, ch_tensor *dx,
-                           ch_tensor *dw, float beta, const ch_tensor *dy, const ch_tensor *x,
-                           const ch_tensor *w, const ch_window2d *win, const ch_conv_geom *g,
-                           int64_t o)
-{
-    const ch_tensor *like = backward ? dy : y;
-    const ch_backend_i *be = BE(like);
-    if (be->conv2d_half_workspace && be->conv2d_half_forward && be->conv2d_half_backward) {
-        ch_tensor *ws = NULL;
-        size_t bytes = 0;
-        ch_status st =
-            conv_scratch(&ws, &bytes, like, g, o, x->dtype, backward, (dx ? 1 : 0) | (dw ? 2 : 0));
-        if (st == CH_OK && backward)
-            st = be->conv2d_half_backward(STREAM(like), g, o, (int)x->dtype, mem_or_null(dx),
-                                          mem_or_null(dw), beta, chi_mem(dy), chi_mem(x),
-                                          chi_mem(w), mem_or_null(ws), bytes);
-        else if (st == CH_OK)
-            st = be->conv2d_half_forward(STREAM(like), g, o, (int)x->dtype, chi_mem(y),
-                                         chi_mem(x), chi_mem(w), mem_or_null(ws), bytes);
-        ch_tensor_free(ws);
-        if (st != CH_ERR_UNSUPPORTED)
-            return st;
-    }
-    /* Backward reads x only for dw and w only for dx. */
-    ch_tensor *tx = NULL, *tw = NULL, *tdy = NULL, *x32, *w32, *dy32 = NULL;
-    ch_status st = widened(x, !backward || dw, &tx, &x32);
-    if (st == CH_OK)
-        st = widened(w, !backward || dx, &tw, &w32);
-    if (st == CH_OK && backward)
-        st = widened(dy, 1, &tdy, &dy32);
-    if (st == CH_OK)
-        st = backward ? ch_conv2d_backward(dx, dw, dy32, x32, w32, win, beta)
-                      : ch_conv2d(y, x32, w32, win);
-    ch_tensor_free(tx);
-    ch_tensor_free(tw);
-    ch_tensor_free(tdy);
-    if (st != CH_OK)
-        return chi_error(st, "%s (%s inputs): %s", fn, ch_dtype_name(x->dtype),
-                         ch_last_error());
-    return CH_OK;
-}
-
-ch_status ch_conv2d(ch_tensor *y, const ch_tensor *x, const ch_tensor *w, const ch_window2d *win)
-{
-    static const char fn[] = "ch_conv2d";
-    arg args[] = {{"y", y, CH_F32, 0}, {"x", x, ANY, 0}, {"w", w, ANY, 0}};
-    TRY(check_args(fn, args, NARGS(args)));
-    TRY(conv_dtypes(fn, x, w, NULL));
-    if (!win)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: win is NULL", fn);
-    ch_conv_geom g;
-    TRY(conv_geom(fn, "x", x, win, &g));
-    TRY(check_conv(fn, w, "y", y, &g));
-    TRY(no_alias(fn, "y", y, "x", x));
-    TRY(no_alias(fn, "y", y, "w", w));
-    int64_t o = w->shape[0];
-    if (x->dtype != CH_F32)
-        return conv_half(fn, 0, y, NULL, NULL, 0.0f, NULL, x, w, win, &g, o);
-    if (!BE(y)->conv2d_forward)
-        return conv_composed(y, x, w, win, &g, o);
-    ch_tensor *ws = NULL;
-    size_t bytes = 0;
-    ch_status st = conv_scratch(&ws, &bytes, y, &g, o, CH_F32, 0, 0);
-    if (st == CH_OK)
-        st = BE(y)->conv2d_forward(STREAM(y), &g, o, chi_mem(y), chi_mem(x), chi_mem(w),
-                                   mem_or_null(ws), bytes);
-    ch_tensor_free(ws);
-    return st;
-}
-
-/* dy -> [O, N, P]; then dw from it and im2col(x), dx by col2im of w^T
- * times it. */
-static ch_status conv_backward_composed(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
-                                        const ch_tensor *x, const ch_tensor *w,
-                                        const ch_window2d *win, float beta,
-                                        const ch_conv_geom *g, int64_t o)
-{
-    int64_t k = g->c * g->kh * g->kw, p = g->oh * g->ow, n = g->n;
-    int64_t col_shape[2] = {k, n * p}, dyt_shape[3] = {o, n, p}, dyt2[2] = {o, n * p};
-    int64_t w2[2] = {o, k}, dy3[3] = {n, o, p};
-    ch_tensor *col = NULL, *dyt = NULL, *dytv = NULL, *dyv = NULL, *wv = NULL, *dwv = NULL;
-    ch_status st = ch_tensor_new(&col, dy->dev, CH_F32, 2, col_shape);
-    if (st == CH_OK)
-        st = ch_tensor_new(&dyt, dy->dev, CH_F32, 3, dyt_shape);
-    if (st == CH_OK)
-        st = read_view(&dyv, dy, 3, dy3);
-    if (st == CH_OK)
-        st = ch_transpose01(dyt, dyv);
-    if (st == CH_OK)
-        st = read_view(&dytv, dyt, 2, dyt2);
-    if (st == CH_OK && dw) {
-        st = ch_im2col(col, x, win);
-        if (st == CH_OK)
-            st = ch_tensor_reshape(&dwv, dw, 2, w2);
-        if (st == CH_OK)
-            st = ch_gemm(dwv, 0, 1, 1.0f, dytv, col, beta);
-    }
-    if (st == CH_OK && dx) {
-        st = read_view(&wv, w, 2, w2);
-        if (st == CH_OK)
-            st = ch_gemm(col, 1, 0, 1.0f, wv, dytv, 0.0f);
-        if (st == CH_OK)
-            st = ch_col2im(dx, col, win);
-    }
-    ch_tensor_free(col);
-    ch_tensor_free(dyt);
-    ch_tensor_free(dytv);
-    ch_tensor_free(dyv);
-    ch_tensor_free(wv);
-    ch_tensor_free(dwv);
-    return st;
-}
-
-ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
-                             const ch_tensor *x, const ch_tensor *w, const ch_window2d *win,
-                             float beta)
-{
-    static const char fn[] = "ch_conv2d_backward";
-    arg args[] = {{"dy", dy, ANY, 0},
-                  {"x", x, ANY, 0},
-                  {"w", w, ANY, 0},
-                  {"dx", dx, CH_F32, 1},
-                  {"dw", dw, CH_F32, 1}};
-    TRY(check_args(fn, args, NARGS(args)));
-    TRY(conv_dtypes(fn, x, w, dy));
-    if (!dx && !dw)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: dx and dw are both NULL (nothing to do)",
-                         fn);
-    TRY(check_finite(fn, "beta", beta));
-    if (!win)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: win is NULL", fn);
-    ch_conv_geom g;
-    TRY(conv_geom(fn, "x", x, win, &g));
-    TRY(check_conv(fn, w, "dy", dy, &g));
-    if (dx) {
-        TRY(same_shape(fn, "dx", dx, "x", x));
-        TRY(no_alias(fn, "dx", dx, "dy", dy));
-        TRY(no_alias(fn, "dx", dx, "x", x));
-        TRY(no_alias(fn, "dx", dx, "w", w));
-    }
-    if (dw) {
-        TRY(same_shape(fn, "dw", dw, "w", w));
-        TRY(no_alias(fn, "dw", dw, "dy", dy));
-        TRY(no_alias(fn, "dw", dw, "x", x));
-        TRY(no_alias(fn, "dw", dw, "w", w));
-        if (dx)
-            TRY(no_alias(fn, "dw", dw, "dx", dx));
-    }
-    int64_t o = w->shape[0];
-    if (x->dtype != CH_F32)
-        return conv_half(fn, 1, NULL, dx, dw, beta, dy, x, w, win, &g, o);
-    if (!BE(dy)->conv2d_backward)
-        return conv_backward_composed(dx, dw, dy, x, w, win, beta, &g, o);
-    ch_tensor *ws = NULL;
-    size_t bytes = 0;
-    ch_status st =
-        conv_scratch(&ws, &bytes, dy, &g, o, CH_F32, 1, (dx ? 1 : 0) | (dw ? 2 : 0));
-    if (st == CH_OK)
-        st = BE(dy)->conv2d_backward(STREAM(dy), &g, o, mem_or_null(dx), mem_or_null(dw), beta,
-                                     chi_mem(dy), chi_mem(x), chi_mem(w), mem_or_null(ws),
-                                     bytes);
-    ch_tensor_free(ws);
-    return st;
-}
-
-static ch_status pool_geom(const char *fn, const char *xn, const ch_tensor *x,
-                           const ch_window2d *w, ch_conv_geom *g)
-{
-    TRY(conv_geom(fn, xn, x, w, g));
-    /* Wider padding could give a window of padding only, with no maximum. */
-    if (2 * w->ph > w->kh || 2 * w->pw > w->kw)
-        return chi_error(CH_ERR_INVALID_ARGUMENT,
-                         "%s: padding %dx%d is more than half the window %dx%d", fn, w->ph,
-                         w->pw, w->kh, w->kw);
-    return CH_OK;
-}
-
-static ch_status check_pooled(const char *fn, const char *yn, const ch_tensor *y,
-                              const ch_conv_geom *g)
-{
-    if (y->ndim != 4 || y->shape[0] != g->n || y->shape[1] != g->c || y->shape[2] != g->oh ||
-        y->shape[3] != g->ow)
-        return chi_error(CH_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld]", fn, yn,
-                         (long long)g->n, (long long)g->c, (long long)g->oh, (long long)g->ow);
-    return CH_OK;
-}
-
-ch_status ch_maxpool2d(ch_tensor *y, ch_tensor *idx, const ch_tensor *x, const ch_window2d *w)
-{
-    static const char fn[] = "ch_maxpool2d";
-    arg args[] = {{"y", y, CH_F32, 0}, {"idx", idx, CH_I32, 0}, {"x", x, CH_F32, 0}};
-    TRY(check_args(fn, args, NARGS(args)));
-    ch_conv_geom g;
-    TRY(pool_geom(fn, "x", x, w, &g));
-    TRY(check_pooled(fn, "y", y, &g));
-    TRY(check_pooled(fn, "idx", idx, &g));
-    TRY(no_alias(fn, "y", y, "x", x));
-    TRY(no_alias(fn, "idx", idx, "x", x));
-    TRY(no_alias(fn, "idx", idx, "y", y));
-    SLOT(fn, y, maxpool_forward);
-    return BE(y)->maxpool_forward(STREAM(y), &g, chi_mem(y), chi_mem(idx), chi_mem(x));
-}
-
-ch_status ch_maxpool2d_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tensor *idx,
-                                const ch_window2d *w)
-{
-    static const char fn[] = "ch_maxpool2d_backward";
-    arg args[] = {{"dx", dx, CH_F32, 0}, {"dy", dy, CH_F32, 0}, {"idx", idx, CH_I32, 0}};
-    TRY(check_args(fn, args, NARGS(args)));
-    ch_conv_geom g;
-    TRY(pool_geom(fn, "dx", dx, w, &g));
-    TRY(check_pooled(fn, "dy", dy, &g));
-    TRY(check_pooled(fn, "idx", idx, &g));
-    TRY(no_alias(fn, "dx", dx, "dy", dy));
-    TRY(no_alias(fn, "dx", dx, "idx", idx));
-    SLOT(fn, dx, maxpool_backward);
-    return BE(dx)->maxpool_backward(STREAM(dx), &g, chi_mem(dx), chi_mem(dy), chi_mem(idx));
 }
 
 /* ---- Reductions ------------------------------------------------------------ */
@@ -853,7 +487,8 @@ static ch_status sum_axis(const char *fn, ch_axis_op op, ch_tensor *y, const ch_
     CHI_HALF_ENTRY(roles, sum_f32, &ctx, y, CHI_T(x));
     int64_t outer, n, inner;
     TRY(reduction(fn, y, x, axis, CH_F32, &outer, &n, &inner));
-    SLOT(fn, y, sum_axis);
+    SLOT_OR_HOST(fn, y, sum_axis, sum_axis(fn, op, on_host[0], on_host[1], axis), FB_OUT(y),
+                 FB_IN(x));
     return BE(y)->sum_axis(STREAM(y), op, outer, n, inner, chi_mem(y), chi_mem(x));
 }
 
@@ -872,7 +507,7 @@ ch_status ch_argmax(ch_tensor *y, const ch_tensor *x, int axis)
     static const char fn[] = "ch_argmax";
     int64_t outer, n, inner;
     TRY(reduction(fn, y, x, axis, CH_I32, &outer, &n, &inner));
-    SLOT(fn, y, argmax);
+    SLOT_OR_HOST(fn, y, argmax, ch_argmax(on_host[0], on_host[1], axis), FB_OUT(y), FB_IN(x));
     return BE(y)->argmax(STREAM(y), outer, n, inner, chi_mem(y), chi_mem(x));
 }
 
@@ -899,10 +534,9 @@ ch_status ch_cast(ch_tensor *y, const ch_tensor *x)
     else
         return chi_error(CH_ERR_DTYPE, "%s: from %s to %s: expected f32 to bf16 or f16, or "
                          "bf16 or f16 to f32", fn, ch_dtype_name(from), ch_dtype_name(to));
-    if (!slot)
-        return chi_error(CH_ERR_UNSUPPORTED, "%s: %s to %s is not implemented by the %s "
-                         "backend", fn, ch_dtype_name(from), ch_dtype_name(to),
-                         y->dev->be->name);
+    const char *name = from == CH_F32 ? (to == CH_BF16 ? "f32_to_bf16" : "f32_to_f16")
+                                      : (from == CH_BF16 ? "bf16_to_f32" : "f16_to_f32");
+    ON_HOST_IF(!slot, fn, y->dev, name, ch_cast(on_host[0], on_host[1]), FB_OUT(y), FB_IN(x));
     return slot(STREAM(y), y->numel, chi_mem(y), chi_mem(x));
 }
 
@@ -946,7 +580,9 @@ ch_status ch_sgd_step(ch_tensor *p, ch_tensor *m, const ch_tensor *g,
     TRY(check_param_set(fn, p, names, ts, 2));
     if (has_m)
         TRY(no_alias(fn, "m", m, "g", g));
-    SLOT(fn, p, sgd_step);
+    SLOT_OR_HOST(fn, p, sgd_step,
+                 ch_sgd_step(on_host[0], on_host[1], on_host[2], params, first_step), FB_IO(p),
+                 FB_IO(m), FB_IN(g));
     ch_bmem none = {NULL, 0};
     return BE(p)->sgd_step(STREAM(p), p->numel, chi_mem(p), has_m ? chi_mem(m) : none,
                            chi_mem(g), params, first_step != 0);
@@ -981,7 +617,9 @@ ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_tensor
     TRY(no_alias(fn, "m", m, "v", v));
     TRY(no_alias(fn, "m", m, "g", g));
     TRY(no_alias(fn, "v", v, "g", g));
-    SLOT(fn, p, adam_step);
+    SLOT_OR_HOST(fn, p, adam_step,
+                 ch_adam_step(on_host[0], on_host[1], on_host[2], on_host[3], params), FB_IO(p),
+                 FB_IO(m), FB_IO(v), FB_IN(g));
     return BE(p)->adam_step(STREAM(p), p->numel, chi_mem(p), chi_mem(m), chi_mem(v), chi_mem(g),
                             params);
 }
@@ -995,7 +633,7 @@ static ch_status rand_op(const char *fn, ch_rand_kind kind, ch_tensor *y, uint64
     TRY(check_args(fn, args, NARGS(args)));
     TRY(check_finite(fn, an, a));
     TRY(check_finite(fn, bn, b));
-    SLOT(fn, y, rand);
+    SLOT_OR_HOST(fn, y, rand, rand_op(fn, kind, on_host[0], seed, offset, an, a, bn, b), FB_OUT(y));
     return BE(y)->rand(STREAM(y), kind, y->numel, chi_mem(y), seed, offset, a, b);
 }
 

@@ -47,7 +47,9 @@ ch_status ch_gemm_batched(ch_tensor *c, int trans_a, int trans_b, float alpha,
     TRY(no_alias(fn, "c", c, "b", b));
     if (a->dtype != CH_F32 || c->dtype != CH_F32)
         return chi_gemm_half(fn, c, trans_a, trans_b, alpha, a, b, beta, batch, m, n, k);
-    SLOT(fn, c, gemm_batched);
+    SLOT_OR_HOST(fn, c, gemm_batched,
+                 ch_gemm_batched(on_host[0], trans_a, trans_b, alpha, on_host[1], on_host[2], beta),
+                 FB_OUT_READ_IF(c, beta != 0.0f), FB_IN(a), FB_IN(b));
     return BE(c)->gemm_batched(STREAM(c), trans_a != 0, trans_b != 0, batch, m, n, k, alpha,
                                chi_mem(a), a->shape[2], a->shape[1] * a->shape[2], chi_mem(b),
                                b->shape[2], b->shape[1] * b->shape[2], beta, chi_mem(c), n,
@@ -139,7 +141,7 @@ ch_status ch_permute(ch_tensor *y, const ch_tensor *x, const int *perm)
     int ndim = permute_simplify(x->ndim, x->shape, perm, shape, p);
     if (ndim == 1)
         return BE(y)->copy(STREAM(y), chi_mem(y), chi_mem(x), ch_tensor_nbytes(x));
-    SLOT(fn, y, permute);
+    SLOT_OR_HOST(fn, y, permute, ch_permute(on_host[0], on_host[1], perm), FB_OUT(y), FB_IN(x));
     return BE(y)->permute(STREAM(y), ndim, shape, p, chi_mem(y), chi_mem(x));
 }
 
@@ -167,7 +169,7 @@ ch_status ch_softmax(ch_tensor *y, const ch_tensor *x, int causal)
         return chi_error(CH_ERR_SHAPE, "%s: a causal x [..., T, S] needs S >= T, x has T %lld "
                          "and S %lld (a row would see no column)", fn, (long long)t,
                          (long long)s);
-    SLOT(fn, y, softmax);
+    SLOT_OR_HOST(fn, y, softmax, ch_softmax(on_host[0], on_host[1], causal), FB_OUT(y), FB_IN(x));
     return BE(y)->softmax(STREAM(y), x->numel / s, s, causal != 0, t, chi_mem(y), chi_mem(x));
 }
 
@@ -189,7 +191,8 @@ ch_status ch_softmax_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tenso
     TRY(same_or_apart(fn, "dx", dx, "dy", dy));
     TRY(no_alias(fn, "dx", dx, "y", y));
     int64_t s = y->shape[y->ndim - 1];
-    SLOT(fn, dx, softmax_backward);
+    SLOT_OR_HOST(fn, dx, softmax_backward, ch_softmax_backward(on_host[0], on_host[1], on_host[2]),
+                 FB_OUT(dx), FB_IN(dy), FB_IN(y));
     return BE(dx)->softmax_backward(STREAM(dx), y->numel / s, s, chi_mem(dx), chi_mem(dy),
                                     chi_mem(y));
 }
@@ -219,7 +222,8 @@ ch_status ch_embedding(ch_tensor *y, const ch_tensor *table, const ch_tensor *id
     TRY(check_embedding(fn, "table", table, "y", y, idx));
     TRY(no_alias(fn, "y", y, "table", table));
     TRY(no_alias(fn, "y", y, "idx", idx));
-    SLOT(fn, y, embedding);
+    SLOT_OR_HOST(fn, y, embedding, ch_embedding(on_host[0], on_host[1], on_host[2]), FB_OUT(y),
+                 FB_IN(table), FB_IN(idx));
     return BE(y)->embedding(STREAM(y), idx->numel, table->shape[0], table->shape[1], chi_mem(y),
                             chi_mem(table), chi_mem(idx));
 }
@@ -232,7 +236,9 @@ ch_status ch_embedding_backward(ch_tensor *dtable, const ch_tensor *dy, const ch
     TRY(check_embedding(fn, "dtable", dtable, "dy", dy, idx));
     TRY(no_alias(fn, "dtable", dtable, "dy", dy));
     TRY(no_alias(fn, "dtable", dtable, "idx", idx));
-    SLOT(fn, dtable, embedding_backward);
+    SLOT_OR_HOST(fn, dtable, embedding_backward,
+                 ch_embedding_backward(on_host[0], on_host[1], on_host[2]), FB_IO(dtable),
+                 FB_IN(dy), FB_IN(idx));
     return BE(dtable)->embedding_backward(STREAM(dtable), idx->numel, dtable->shape[0],
                                           dtable->shape[1], chi_mem(dtable), chi_mem(dy),
                                           chi_mem(idx));

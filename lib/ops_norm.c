@@ -86,7 +86,10 @@ ch_status ch_layernorm(ch_tensor *y, ch_tensor *mean, ch_tensor *rstd, const ch_
     TRY(layernorm_shapes(fn, x, a, (const int[]){1, 2, -1}, (const int[]){4, 5, -1}, &rows,
                          &d));
     TRY(outputs_apart(fn, a, NARGS(a), 3, -1));
-    SLOT(fn, y, layernorm);
+    SLOT_OR_HOST(fn, y, layernorm,
+                 ch_layernorm(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
+                              on_host[5], eps),
+                 FB_OUT(y), FB_OUT(mean), FB_OUT(rstd), FB_IN(x), FB_IN(gamma), FB_IN(beta));
     return BE(y)->layernorm(STREAM(y), rows, d, eps, chi_mem(y), chi_mem(mean), chi_mem(rstd),
                             chi_mem(x), chi_mem(gamma), chi_mem(beta));
 }
@@ -118,7 +121,11 @@ ch_status ch_layernorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbe
     TRY(layernorm_shapes(fn, x, a, (const int[]){5, 6, -1}, (const int[]){1, 2, 7, -1}, &rows,
                          &d));
     TRY(outputs_apart(fn, a, NARGS(a), 3, -1));
-    SLOT(fn, dgamma, layernorm_backward);
+    SLOT_OR_HOST(fn, dgamma, layernorm_backward,
+                 ch_layernorm_backward(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
+                                       on_host[5], on_host[6], on_host[7]),
+                 FB_OUT(dx), FB_IO(dgamma), FB_IO(dbeta), FB_IN(dy), FB_IN(x), FB_IN(mean),
+                 FB_IN(rstd), FB_IN(gamma));
     return BE(dgamma)->layernorm_backward(STREAM(dgamma), rows, d, mem_or_none(dx),
                                           chi_mem(dgamma), chi_mem(dbeta), chi_mem(dy),
                                           chi_mem(x), chi_mem(mean), chi_mem(rstd),
@@ -173,7 +180,9 @@ ch_status ch_channel_sums(ch_tensor *sums, const ch_tensor *a, const ch_tensor *
     TRY(numel_is(fn, "sums", sums, 2 * c + 1, "2C + 1"));
     TRY(numels_are(fn, args, (const int[]){2, 4, -1}, c, "one per channel of a"));
     TRY(outputs_apart(fn, args, NARGS(args), 1, -1));
-    SLOT(fn, sums, channel_sums);
+    SLOT_OR_HOST(fn, sums, channel_sums,
+                 ch_channel_sums(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4]),
+                 FB_OUT(sums), FB_IN(a), FB_IN(a_center), FB_IN(b), FB_IN(b_center));
     return BE(sums)->channel_sums(STREAM(sums), outer, c, inner, chi_mem(sums), chi_mem(a),
                                   mem_or_none(a_center), chi_mem(b), mem_or_none(b_center));
 }
@@ -223,7 +232,11 @@ ch_status ch_batchnorm_stats(ch_tensor *mean, ch_tensor *rstd, ch_tensor *runnin
     TRY(numels_are(fn, a, (const int[]){1, 2, 3, 5, -1}, c, "one per channel, as mean"));
     TRY(numel_is(fn, "sums", sums, 2 * c + 1, "2C + 1, C the elements of mean"));
     TRY(outputs_apart(fn, a, NARGS(a), 4, -1));
-    SLOT(fn, mean, batchnorm_stats);
+    SLOT_OR_HOST(fn, mean, batchnorm_stats,
+                 ch_batchnorm_stats(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
+                                    on_host[5], momentum, eps),
+                 FB_OUT(mean), FB_OUT(rstd), FB_IO(running_mean), FB_IO(running_var),
+                 FB_IN(sums), FB_IN(center));
     return BE(mean)->batchnorm_stats(STREAM(mean), c, momentum, eps, chi_mem(mean),
                                      chi_mem(rstd), mem_or_none(running_mean),
                                      mem_or_none(running_var), mem_or_none(sums),
@@ -255,7 +268,10 @@ ch_status ch_batchnorm_forward(ch_tensor *y, const ch_tensor *x, const ch_tensor
     TRY(numels_are(fn, a, (const int[]){2, 3, 4, 5, -1}, c, "one per channel of x"));
     TRY(same_or_apart(fn, "y", y, "x", x));
     TRY(outputs_apart(fn, a, NARGS(a), 1, 1));
-    SLOT(fn, y, batchnorm_forward);
+    SLOT_OR_HOST(fn, y, batchnorm_forward,
+                 ch_batchnorm_forward(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
+                                      on_host[5]),
+                 FB_OUT(y), FB_IN(x), FB_IN(mean), FB_IN(rstd), FB_IN(gamma), FB_IN(beta));
     return BE(y)->batchnorm_forward(STREAM(y), outer, c, inner, chi_mem(y), chi_mem(x),
                                     chi_mem(mean), chi_mem(rstd), chi_mem(gamma),
                                     chi_mem(beta));
@@ -292,7 +308,12 @@ ch_status ch_batchnorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbe
     TRY(numels_are(fn, a, (const int[]){1, 2, 5, 6, 7, -1}, c, "one per channel of x"));
     TRY(numels_are(fn, a, (const int[]){8, 9, -1}, 2 * c + 1, "2C + 1 channel sums"));
     TRY(outputs_apart(fn, a, NARGS(a), 3, -1));
-    SLOT(fn, dgamma, batchnorm_backward);
+    SLOT_OR_HOST(fn, dgamma, batchnorm_backward,
+                 ch_batchnorm_backward(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
+                                       on_host[5], on_host[6], on_host[7], on_host[8],
+                                       on_host[9]),
+                 FB_OUT(dx), FB_IO(dgamma), FB_IO(dbeta), FB_IN(dy), FB_IN(x), FB_IN(mean),
+                 FB_IN(rstd), FB_IN(gamma), FB_IN(local), FB_IN(total));
     return BE(dgamma)->batchnorm_backward(STREAM(dgamma), outer, c, inner, mem_or_none(dx),
                                           chi_mem(dgamma), chi_mem(dbeta), chi_mem(dy),
                                           chi_mem(x), chi_mem(mean), chi_mem(rstd),

@@ -2,6 +2,7 @@
  * modules from CHORUS_BACKEND_PATH or the installed backend folder. */
 #include "config.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,12 +16,14 @@
 static chi_backend backends[CH_MAX_BACKENDS];
 static int nbackends;
 
-/* Modules the core knows how to look for, in list order, and whether this
- * build made them (a module may still be installed from another build). */
+/* The modules this source tree makes, and whether this build made them:
+ * named in ch_backend_get_info when the scan finds none of them, to say
+ * why (not built, or built and not found). Modules are found by the scan
+ * alone (scan_modules). */
 static const struct {
     const char *name;
     int built;
-} modules[] = {
+} known_modules[] = {
 #ifdef CH_BUILT_CUDA
     {"cuda", 1},
 #else
@@ -47,49 +50,43 @@ static void set_detail(chi_backend *be, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Find chorus-<name>.so in the search path; "" when it is nowhere. */
-static void find_module(const char *name, char *path, size_t size, char *searched,
-                        size_t searched_size)
+/* The search path: CHORUS_BACKEND_PATH's folders, then the installed
+ * backend folder. */
+static void search_path(char *dirs, size_t size)
 {
-    char dirs[4096];
     const char *env = getenv("CHORUS_BACKEND_PATH");
-    snprintf(dirs, sizeof dirs, "%s%s%s", env ? env : "", env && *env ? ":" : "",
-             CH_BACKEND_DIR);
-    size_t len = strlen(dirs) < searched_size ? strlen(dirs) : searched_size - 1;
-    memcpy(searched, dirs, len); /* a long path list is cut, not an error */
-    searched[len] = '\0';
-    path[0] = '\0';
-    for (char *save = NULL, *dir = strtok_r(dirs, ":", &save); dir;
-         dir = strtok_r(NULL, ":", &save)) {
-        if (!*dir)
-            continue;
-        snprintf(path, size, "%s/chorus-%s.so", dir, name);
-        if (access(path, R_OK) == 0)
-            return;
-    }
-    path[0] = '\0';
+    snprintf(dirs, size, "%s%s%s", env ? env : "", env && *env ? ":" : "", CH_BACKEND_DIR);
+}
+
+/* The backend name of a file called chorus-<name>.so, or 0 when the file
+ * is not a module's (or the name does not fit). */
+static int module_name(const char *file, char *name, size_t size)
+{
+    static const char prefix[] = "chorus-", suffix[] = ".so";
+    size_t len = strlen(file), pre = sizeof prefix - 1, suf = sizeof suffix - 1;
+    if (len <= pre + suf || strncmp(file, prefix, pre) != 0 ||
+        strcmp(file + len - suf, suffix) != 0 || len - pre - suf >= size)
+        return 0;
+    memcpy(name, file + pre, len - pre - suf);
+    name[len - pre - suf] = '\0';
+    return 1;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
 /* The first slot the core calls without looking that `iface` leaves NULL,
- * or NULL when it has them all (lib/backend.h says which may be missing). */
+ * or NULL when it has them all (lib/backend.h's list says which may be
+ * missing; the pairs below are the rules a kind cannot say). */
 static const char *missing_slot(const ch_backend_i *iface)
 {
-#define REQUIRED(slot) {#slot, iface->slot == NULL}
-    const struct {
-        const char *name;
-        int missing;
-    } slots[] = {
-        REQUIRED(init),         REQUIRED(shutdown),   REQUIRED(device_props),
-        REQUIRED(device_open),  REQUIRED(device_close), REQUIRED(alloc),
-        REQUIRED(free),         REQUIRED(stream_new), REQUIRED(stream_free),
-        REQUIRED(stream_sync),  REQUIRED(event_new),  REQUIRED(event_free),
-        REQUIRED(event_record), REQUIRED(event_wait), REQUIRED(event_sync),
-        REQUIRED(upload),       REQUIRED(download),   REQUIRED(copy),
-    };
-#undef REQUIRED
-    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
-        if (slots[i].missing)
-            return slots[i].name;
+#define REQUIRED_SLOT(group, kind, ret, name, params)                                    \
+    if (CH_SLOT_IS_##kind##_REQUIRED && !iface->name)                                     \
+        return #name;
+    CH_BACKEND_SLOTS(REQUIRED_SLOT)
+#undef REQUIRED_SLOT
     if (!iface->host_alloc != !iface->host_free)
         return iface->host_alloc ? "host_free (it has host_alloc)" : "host_alloc (it has host_free)";
     if (iface->peer_copy && !iface->can_peer)
@@ -140,22 +137,12 @@ static ch_status start_backend(chi_backend *be, const ch_backend_i *iface, const
     return CH_OK;
 }
 
-/* CH_OK, the backend unavailable (the reason in its detail) or not;
- * CH_ERR_OUT_OF_MEMORY when it ran out of memory starting. */
-static ch_status load_module(chi_backend *be, const char *name, int built)
+/* Load the module at `path` as backend `name`. CH_OK, the backend
+ * unavailable (the reason in its detail) or not; CH_ERR_OUT_OF_MEMORY when
+ * it ran out of memory starting. */
+static ch_status load_module(chi_backend *be, const char *name, const char *path)
 {
-    char path[1024], searched[400];
     snprintf(be->name, sizeof be->name, "%s", name);
-    find_module(name, path, sizeof path, searched, sizeof searched);
-    if (!path[0] && !built) {
-        set_detail(be, "not built: configure found no %s toolkit or was told --without-%s",
-                   name, name);
-        return CH_OK;
-    }
-    if (!path[0]) {
-        set_detail(be, "module chorus-%s.so not found in %s", name, searched);
-        return CH_OK;
-    }
     /* RTLD_LOCAL keeps each module's symbols to itself. Modules are never
      * dlclose'd: driver runtimes (static cudart) register exit handlers that
      * must still find their code at exit. */
@@ -178,6 +165,68 @@ static ch_status load_module(chi_backend *be, const char *name, int built)
     return st == CH_ERR_OUT_OF_MEMORY ? st : CH_OK;
 }
 
+static chi_backend *backend_named(const char *name)
+{
+    for (int i = 0; i < nbackends; i++)
+        if (strcmp(backends[i].name, name) == 0)
+            return &backends[i];
+    return NULL;
+}
+
+/* Every chorus-<name>.so in the search path, in path order and by name
+ * within a folder; the first file of a name is the one loaded (a folder
+ * earlier in CHORUS_BACKEND_PATH overrides an installed module). */
+static ch_status scan_modules(void)
+{
+    char dirs[4096];
+    search_path(dirs, sizeof dirs);
+    for (char *save = NULL, *dir = strtok_r(dirs, ":", &save); dir;
+         dir = strtok_r(NULL, ":", &save)) {
+        DIR *d = *dir ? opendir(dir) : NULL;
+        if (!d)
+            continue; /* a folder that is not there holds no module */
+        char *names[CH_MAX_BACKENDS * 4];
+        int n = 0;
+        ch_status st = CH_OK;
+        for (struct dirent *e = readdir(d); e && st == CH_OK; e = readdir(d)) {
+            char name[sizeof backends[0].name];
+            if (!module_name(e->d_name, name, sizeof name) || strcmp(name, "host") == 0)
+                continue;
+            if (n == (int)(sizeof names / sizeof names[0])) {
+                st = chi_error(CH_ERR_LIMIT, "ch_init: more than %d modules in %s", n, dir);
+                break;
+            }
+            names[n] = strdup(name);
+            if (!names[n])
+                st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: strdup: out of memory");
+            else
+                n++;
+        }
+        closedir(d);
+        qsort(names, (size_t)n, sizeof names[0], name_cmp);
+        for (int i = 0; i < n && st == CH_OK; i++) {
+            if (backend_named(names[i]))
+                continue;
+            if (nbackends == CH_MAX_BACKENDS) {
+                st = chi_error(CH_ERR_LIMIT, "ch_init: more than %d backends (at %s/chorus-%s.so)",
+                               CH_MAX_BACKENDS, dir, names[i]);
+                break;
+            }
+            char path[4200];
+            snprintf(path, sizeof path, "%s/chorus-%s.so", dir, names[i]);
+            chi_backend *be = &backends[nbackends++];
+            if (load_module(be, names[i], path) != CH_OK)
+                st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: starting the %s backend: %s",
+                               names[i], be->detail);
+        }
+        for (int i = 0; i < n; i++)
+            free(names[i]);
+        if (st != CH_OK)
+            return st;
+    }
+    return CH_OK;
+}
+
 ch_status chi_registry_load(void)
 {
     memset(backends, 0, sizeof backends);
@@ -190,11 +239,20 @@ ch_status chi_registry_load(void)
         return chi_error(st == CH_ERR_OUT_OF_MEMORY ? st : CH_ERR_INTERNAL,
                          "ch_init: the host backend failed: %s", host->detail);
     set_detail(host, "built in");
-    for (size_t i = 0; i < sizeof modules / sizeof modules[0]; i++) {
+    TRY(scan_modules());
+    /* Say why a module of this source tree is missing. */
+    char searched[400];
+    search_path(searched, sizeof searched); /* a long path list is cut, not an error */
+    for (size_t i = 0; i < sizeof known_modules / sizeof known_modules[0]; i++) {
+        if (backend_named(known_modules[i].name) || nbackends == CH_MAX_BACKENDS)
+            continue;
         chi_backend *be = &backends[nbackends++];
-        if (load_module(be, modules[i].name, modules[i].built) != CH_OK)
-            return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: starting the %s backend: %s",
-                             modules[i].name, be->detail);
+        snprintf(be->name, sizeof be->name, "%s", known_modules[i].name);
+        if (known_modules[i].built)
+            set_detail(be, "module chorus-%s.so not found in %s", be->name, searched);
+        else
+            set_detail(be, "not built: configure found no %s toolkit or was told --without-%s",
+                       be->name, be->name);
     }
     return CH_OK;
 }

@@ -3,7 +3,7 @@
  * that the registry finds it first on CHORUS_BACKEND_PATH and must refuse
  * it, naming the slot, before calling anything in it. The slots before
  * alloc in the registry's list are filled, so the refusal is for alloc.
- * Built again with PARTIAL_CONV: every required slot filled, and of the
+ * Built again with PARTIAL_CONV: every required slot filled (gemm too), and of the
  * three convolution slots (all or none) conv2d_forward alone, so the
  * refusal is for conv2d_workspace. */
 #include <stdlib.h>
@@ -67,6 +67,8 @@ static const ch_backend_i table = {
     .upload = NEVER(ch_status (*)(void *, ch_bmem, const void *, size_t, int)),
     .download = NEVER(ch_status (*)(void *, void *, ch_bmem, size_t, int)),
     .copy = NEVER(ch_status (*)(void *, ch_bmem, ch_bmem, size_t)),
+    .gemm = NEVER(ch_status (*)(void *, int, int, int64_t, int64_t, int64_t, float, ch_bmem,
+                                int64_t, ch_bmem, int64_t, float, ch_bmem, int64_t)),
     .conv2d_forward = NEVER(ch_status (*)(void *, const ch_conv_geom *, int64_t, ch_bmem,
                                           ch_bmem, ch_bmem, ch_bmem, size_t)),
 #endif

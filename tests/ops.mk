@@ -52,3 +52,19 @@ AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_MISSING_SLOT_DIR='$(abs_top_builddir)/tests/missing-slot/.libs'; \
 	CHORUS_TEST_PARTIAL_CONV_DIR='$(abs_top_builddir)/tests/partial-conv/.libs'; \
 	export CHORUS_TEST_WRONG_ABI_DIR CHORUS_TEST_MISSING_SLOT_DIR CHORUS_TEST_PARTIAL_CONV_DIR;
+
+# A module with the required slots alone (device, memory, streams,
+# transfers, GEMM) under a name the core does not know, found by the
+# registry's scan of the backend path: test-fallback trains the mlp on it,
+# every other op on the host backend, against the host alone.
+check_LTLIBRARIES += tests/minimal/chorus-minimal.la
+tests_minimal_chorus_minimal_la_SOURCES = tests/minimal-module.c
+tests_minimal_chorus_minimal_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
+	-rpath $(abs_builddir)/tests/minimal
+tests_minimal_chorus_minimal_la_LIBADD = libchorus.la
+check_PROGRAMS += tests/test-fallback
+tests_test_fallback_SOURCES = tests/test-fallback.c
+tests_test_fallback_LDADD = $(TEST_LIBS)
+AM_TESTS_ENVIRONMENT += \
+	CHORUS_TEST_MINIMAL_DIR='$(abs_top_builddir)/tests/minimal/.libs'; \
+	export CHORUS_TEST_MINIMAL_DIR;

@@ -20,16 +20,30 @@ typedef struct machine {
     int n;
 } machine;
 
-static void add(machine *m, const char *backend, int index, ch_device_kind kind,
-                const char *name, const char *bus)
+/* The priorities the built-in backends' tables state (lib/backend.h);
+ * another backend's is set by add_with_priority. */
+static int builtin_priority(const char *backend)
+{
+    return strcmp(backend, "host") == 0 ? 100 : strcmp(backend, "cuda") == 0 ? 50 : 10;
+}
+
+static void add_with_priority(machine *m, const char *backend, int priority, int index,
+                              ch_device_kind kind, const char *name, const char *bus)
 {
     chi_disc_input *in = &m->in[m->n++];
     memset(in, 0, sizeof *in);
     snprintf(in->backend, sizeof in->backend, "%s", backend);
     in->backend_index = index;
+    in->priority = priority;
     in->props.kind = kind;
     snprintf(in->props.name, sizeof in->props.name, "%s", name);
     snprintf(in->props.pci_bus_id, sizeof in->props.pci_bus_id, "%s", bus);
+}
+
+static void add(machine *m, const char *backend, int index, ch_device_kind kind,
+                const char *name, const char *bus)
+{
+    add_with_priority(m, backend, builtin_priority(backend), index, kind, name, bus);
 }
 
 static void add_host(machine *m)
@@ -125,6 +139,36 @@ static void test_cuda_wins(void)
     check_hidden_ids(&r, "opencl:0", "no topology, OpenCL listed first");
     check_reason(&r, "opencl:0", "same GPU as cuda:0", "0000:65:00.0");
     check_inputs(&m, &r, "no topology, OpenCL listed first");
+    chi_disc_result_free(&r);
+}
+
+/* The backend of higher priority keeps a GPU two backends see, whatever
+ * its name: a made-up "vulkan" module above CUDA takes the NVIDIA GPU,
+ * one below OpenCL loses the AMD GPU to it, and the list is ordered by
+ * priority, then name. */
+static void test_priority(void)
+{
+    machine m = {.n = 0};
+    chi_disc_result r;
+    const char *what = "vulkan at 60, then at 5";
+    add_host(&m);
+    add(&m, "cuda", 0, CH_DEVICE_GPU, "H100", "0000:17:00.0");
+    add(&m, "opencl", 0, CH_DEVICE_GPU, "Radeon", "0000:03:00.0");
+    add_with_priority(&m, "vulkan", 60, 0, CH_DEVICE_GPU, "H100", "0000:17:00.0");
+    add_with_priority(&m, "vulkan", 60, 1, CH_DEVICE_GPU, "Radeon", "0000:03:00.0");
+    if (!discover(&m, NULL, &r, what))
+        return;
+    check_visible(&r, "host,vulkan:0,vulkan:1", "vulkan at 60");
+    check_reason(&r, "cuda:0", "same GPU as vulkan:0", "0000:17:00.0");
+    check_reason(&r, "opencl:0", "same GPU as vulkan:1", "0000:03:00.0");
+    chi_disc_result_free(&r);
+    m.in[3].priority = m.in[4].priority = 5;
+    if (!discover(&m, NULL, &r, what))
+        return;
+    check_visible(&r, "host,cuda:0,opencl:0", "vulkan at 5");
+    check_reason(&r, "vulkan:0", "same GPU as cuda:0", NULL);
+    check_reason(&r, "vulkan:1", "same GPU as opencl:0", NULL);
+    check_inputs(&m, &r, what);
     chi_disc_result_free(&r);
 }
 
@@ -426,6 +470,7 @@ int main(void)
     setenv("HWLOC_LIBXML_IMPORT", "0", 1);
     test_cuda_wins();
     test_order();
+    test_priority();
     test_case_insensitive();
     test_empty_bus_id();
     test_opencl_cpu();

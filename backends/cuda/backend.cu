@@ -165,9 +165,18 @@ static ch_status chcu_mem_info(void *dev, uint64_t *free_bytes, uint64_t *total_
     return CH_OK;
 }
 
+/* In the order of lib/backend.h's list: C++ wants designated initializers
+ * in declaration order. */
 static const ch_backend_i chcu_table = {
     .abi_version = CH_BACKEND_ABI_VERSION,
     .name = "cuda",
+    /* Above OpenCL (10): a GPU that both drive is kept as cuda:N. */
+    .priority = 50,
+#ifdef CH_HAVE_NCCL
+    .span_id_bytes = chcu_span_id_bytes,
+#else
+    .span_id_bytes = 0,
+#endif
     .init = chcu_init,
     .shutdown = chcu_shutdown,
     .device_props = chcu_device_props,
@@ -223,37 +232,35 @@ static const ch_backend_i chcu_table = {
     .batchnorm_stats = chcu_batchnorm_stats,
     .batchnorm_forward = chcu_batchnorm_forward,
     .batchnorm_backward = chcu_batchnorm_backward,
-    .allreduce_sum = chcu_allreduce_sum,
-    .can_allreduce = chcu_can_allreduce,
+    .f32_to_bf16 = chcu_f32_to_bf16,
+    .bf16_to_f32 = chcu_bf16_to_f32,
+    .f32_to_f16 = chcu_f32_to_f16,
+    .f16_to_f32 = chcu_f16_to_f32,
     /* No convolution of its own: the core composes im2col, a cuBLAS GEMM
      * and a transpose (cuDNN's would fill these). */
     .conv2d_workspace = nullptr,
     .conv2d_forward = nullptr,
     .conv2d_backward = nullptr,
-#ifdef CH_HAVE_NCCL
-    /* Across the processes of an MPI job: NCCL's communicators. */
-    .span_id_bytes = chcu_span_id_bytes,
-    .span_id = chcu_span_id,
-    .span_new = chcu_span_new,
-    .span_allreduce = chcu_span_allreduce,
-    .span_free = chcu_span_free,
-#else
-    .span_id_bytes = 0,
-    .span_id = nullptr,
-    .span_new = nullptr,
-    .span_allreduce = nullptr,
-    .span_free = nullptr,
-#endif
-    .f32_to_bf16 = chcu_f32_to_bf16,
-    .bf16_to_f32 = chcu_bf16_to_f32,
-    .f32_to_f16 = chcu_f32_to_f16,
-    .f16_to_f32 = chcu_f16_to_f32,
     .gemm_half = chcu_gemm_half,
     /* No half convolution of its own either: the core widens the inputs
      * and composes the f32 one (cuDNN's would fill these). */
     .conv2d_half_workspace = nullptr,
     .conv2d_half_forward = nullptr,
     .conv2d_half_backward = nullptr,
+    .allreduce_sum = chcu_allreduce_sum,
+    .can_allreduce = chcu_can_allreduce,
+#ifdef CH_HAVE_NCCL
+    /* Across the processes of an MPI job: NCCL's communicators. */
+    .span_id = chcu_span_id,
+    .span_new = chcu_span_new,
+    .span_allreduce = chcu_span_allreduce,
+    .span_free = chcu_span_free,
+#else
+    .span_id = nullptr,
+    .span_new = nullptr,
+    .span_allreduce = nullptr,
+    .span_free = nullptr,
+#endif
 };
 
 extern "C" CH_API const ch_backend_i *chorus_backend_entry(void)

@@ -228,122 +228,22 @@ ch_status chcu_sum_into(chcu_stream *s, float *y, const float *x, int64_t outer,
                         int64_t n, int64_t inner, double divisor, float beta, void *work);
 size_t chcu_sum_into_work(int64_t outer, int64_t n, int64_t inner);
 
-/* ---- slots ---- */
+/* ---- slots (lib/backend.h's list) ----
+ * chcu_<slot> for every slot but the device ones (backend.cu's statics).
+ * The slots the table leaves NULL (the convolution) are declared and not
+ * defined; the span slots are defined only with NCCL. */
+#define CHCU_SLOT_DEVICE(ret, name, params)
+#define CHCU_SLOT_MEMORY(ret, name, params) CH_SLOT_PROTOTYPE(chcu_, ret, name, params)
+#define CHCU_SLOT_STREAM(ret, name, params) CH_SLOT_PROTOTYPE(chcu_, ret, name, params)
+#define CHCU_SLOT_TRANSFER(ret, name, params) CH_SLOT_PROTOTYPE(chcu_, ret, name, params)
+#define CHCU_SLOT_OP(ret, name, params) CH_SLOT_PROTOTYPE(chcu_, ret, name, params)
+#define CHCU_SLOT_COLLECTIVE(ret, name, params) CH_SLOT_PROTOTYPE(chcu_, ret, name, params)
+#define CHCU_SLOT(group, kind, ret, name, params) CHCU_SLOT_##group(ret, name, params)
+CH_BACKEND_SLOTS(CHCU_SLOT)
 
-ch_status chcu_alloc(void *dev, size_t bytes, void **ptr);
-void chcu_free(void *dev, void *ptr);
-ch_status chcu_host_alloc(void *dev, size_t bytes, void **ptr);
-void chcu_host_free(void *dev, void *ptr);
-
-ch_status chcu_stream_new(void *dev, void **stream);
-void chcu_stream_free(void *stream);
-ch_status chcu_stream_sync(void *stream);
-ch_status chcu_event_new(void *dev, void **event);
-void chcu_event_free(void *event);
-ch_status chcu_event_record(void *event, void *stream);
-ch_status chcu_event_wait(void *stream, void *event);
-ch_status chcu_event_sync(void *event);
-
-ch_status chcu_upload(void *stream, ch_bmem dst, const void *host, size_t bytes,
-                      int blocking);
-ch_status chcu_download(void *stream, void *host, ch_bmem src, size_t bytes,
-                        int blocking);
-ch_status chcu_copy(void *stream, ch_bmem dst, ch_bmem src, size_t bytes);
-int chcu_can_peer(void *src_dev, void *dst_dev);
-ch_status chcu_peer_copy(void *stream, ch_bmem dst, void *src_dev, ch_bmem src,
-                         size_t bytes);
-
-ch_status chcu_fill(void *stream, ch_bmem y, int64_t n, uint32_t word);
-ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
-                    int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
-                    int64_t ldb, float beta, ch_bmem c, int64_t ldc);
-ch_status chcu_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
-                      ch_bmem b);
-ch_status chcu_f32_to_bf16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-ch_status chcu_bf16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-ch_status chcu_f32_to_f16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-ch_status chcu_f16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-ch_status chcu_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
-                     float beta);
-ch_status chcu_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
-                           ch_bmem x);
-ch_status chcu_act_backward(void *stream, ch_activation act, int64_t n, ch_bmem dx,
-                            ch_bmem dy, ch_bmem x, ch_bmem y);
-ch_status chcu_bias_add(void *stream, int64_t outer, int64_t c, int64_t inner,
-                        ch_bmem y, ch_bmem x, ch_bmem bias);
-ch_status chcu_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
-                         ch_bmem db, ch_bmem dy, float beta);
-ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
-                            ch_bmem probs, ch_bmem logits, ch_bmem labels);
-ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c,
-                                     ch_bmem dlogits, ch_bmem probs, ch_bmem labels,
-                                     float scale);
-ch_status chcu_transpose01(void *stream, int64_t a, int64_t b, int64_t inner,
-                           ch_bmem y, ch_bmem x);
-ch_status chcu_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x);
-ch_status chcu_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem col);
-ch_status chcu_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
-                               ch_bmem idx, ch_bmem x);
-ch_status chcu_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
-                                ch_bmem dy, ch_bmem idx);
-ch_status chcu_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
-                        int64_t inner, ch_bmem y, ch_bmem x);
-ch_status chcu_argmax(void *stream, int64_t outer, int64_t n, int64_t inner,
-                      ch_bmem y, ch_bmem x);
-ch_status chcu_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
-                        const ch_sgd_params *params, int first_step);
-ch_status chcu_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
-                         ch_bmem g, const ch_adam_params *params);
-ch_status chcu_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
-                    uint64_t seed, uint64_t offset, float a, float b);
-ch_status chcu_gemm_batched(void *stream, int trans_a, int trans_b, int64_t count, int64_t m,
-                            int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
-                            int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
-                            float beta, ch_bmem c, int64_t ldc, int64_t stride_c);
-ch_status chcu_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b, int64_t count,
-                         int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
-                         int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b, float beta,
-                         ch_bmem c, int64_t ldc, int64_t stride_c);
-ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
-                       ch_bmem y, ch_bmem x);
-ch_status chcu_softmax(void *stream, int64_t rows, int64_t s, int causal,
-                       int64_t rows_per_matrix, ch_bmem y, ch_bmem x);
-ch_status chcu_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem dx, ch_bmem dy,
-                                ch_bmem y);
-ch_status chcu_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
-                         ch_bmem table, ch_bmem idx);
-ch_status chcu_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
-                                  ch_bmem dtable, ch_bmem dy, ch_bmem idx);
-ch_status chcu_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
-                         ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma, ch_bmem beta);
-ch_status chcu_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
-                                  ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
-                                  ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
-ch_status chcu_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inner,
-                            ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b,
-                            ch_bmem b_center);
-ch_status chcu_batchnorm_stats(void *stream, int64_t c, float momentum, float eps,
-                               ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
-                               ch_bmem running_var, ch_bmem sums, ch_bmem center);
-ch_status chcu_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t inner,
-                                 ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
-                                 ch_bmem gamma, ch_bmem beta);
-ch_status chcu_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_t inner,
-                                  ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
-                                  ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,
-                                  ch_bmem local, ch_bmem total);
-ch_status chcu_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
-                             int64_t n);
-int chcu_can_allreduce(void *dev_a, void *dev_b);
 /* Communicators across processes (NCCL), the span slots; without NCCL
  * chcu_span_id_bytes is 0 and the slots are not filled. */
 extern const size_t chcu_span_id_bytes;
-ch_status chcu_span_id(void *id);
-ch_status chcu_span_new(void **span, int count, void *const *devs, const int *ranks,
-                        int nranks, const void *id);
-ch_status chcu_span_allreduce(void *span, int count, void *const *streams,
-                              const ch_bmem *bufs, int64_t n);
-void chcu_span_free(void *span);
 /* The mode CHORUS_CUDA_NCCL asks for, or an error naming a bad value. */
 ch_status chcu_nccl_mode_of_env(chcu_nccl_mode *mode);
 void chcu_comms_free(chcu_backend *be);

@@ -286,6 +286,9 @@ static ch_status host_copy(void *stream, ch_bmem dst, ch_bmem src, size_t bytes)
 static const ch_backend_i host_iface = {
     .abi_version = CH_BACKEND_ABI_VERSION,
     .name = "host",
+    /* Above every module: the host CPU is only ever this backend's (an
+     * OpenCL CPU device is the same cores, but no PCI bus id ties them). */
+    .priority = 100,
     .init = host_init,
     .shutdown = host_shutdown,
     .device_props = host_device_props,

@@ -523,6 +523,9 @@ static ch_status device_mem_info(void *dev, uint64_t *free_bytes, uint64_t *tota
 static const ch_backend_i table = {
     .abi_version = CH_BACKEND_ABI_VERSION,
     .name = "opencl",
+    /* Below a vendor's own API (cuda: 50): a GPU that both drive is kept
+     * as cuda:N and hidden here. */
+    .priority = 10,
     .init = backend_init,
     .shutdown = backend_shutdown,
     .device_props = backend_device_props,

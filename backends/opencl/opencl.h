@@ -235,126 +235,36 @@ ch_status chcl_flag_reset(chcl_stream *s, cl_mem *flag);
 ch_status chcl_flag_read(chcl_stream *s, cl_mem flag, ch_bmem values, int64_t *pos,
                          int32_t *value);
 
-/* ---- The table's slots, by file (see lib/backend.h) ---- */
+/* ---- The table's slots (lib/backend.h's list) ----
+ * chcl_<slot> for every slot but the device ones (backend.c's statics), in
+ * the file of its family: memory.c (memory and transfers), stream.c, ops.c
+ * (elementwise, conversions, reductions, optimizers, random numbers),
+ * conv.c (im2col, col2im, max pooling), gemm.c (with gemm_batched),
+ * attention.c, norm.c, allreduce.c. The slots the table leaves NULL (the
+ * convolution, gemm_half, span_*) are declared and not defined. */
+#define CHCL_SLOT_DEVICE(ret, name, params)
+#define CHCL_SLOT_MEMORY(ret, name, params) CH_SLOT_PROTOTYPE(chcl_, ret, name, params)
+#define CHCL_SLOT_STREAM(ret, name, params) CH_SLOT_PROTOTYPE(chcl_, ret, name, params)
+#define CHCL_SLOT_TRANSFER(ret, name, params) CH_SLOT_PROTOTYPE(chcl_, ret, name, params)
+#define CHCL_SLOT_OP(ret, name, params) CH_SLOT_PROTOTYPE(chcl_, ret, name, params)
+#define CHCL_SLOT_COLLECTIVE(ret, name, params) CH_SLOT_PROTOTYPE(chcl_, ret, name, params)
+#define CHCL_SLOT(group, kind, ret, name, params) CHCL_SLOT_##group(ret, name, params)
+CH_BACKEND_SLOTS(CHCL_SLOT)
+
+/* Helpers beside the slots. */
 
 /* memory.c */
-ch_status chcl_alloc(void *dev, size_t bytes, void **ptr);
-void chcl_free(void *dev, void *ptr);
-ch_status chcl_host_alloc(void *dev, size_t bytes, void **ptr);
-void chcl_host_free(void *dev, void *ptr);
-ch_status chcl_upload(void *stream, ch_bmem dst, const void *host, size_t bytes,
-                      int blocking);
-ch_status chcl_download(void *stream, void *host, ch_bmem src, size_t bytes,
-                        int blocking);
-ch_status chcl_copy(void *stream, ch_bmem dst, ch_bmem src, size_t bytes);
-int chcl_can_peer(void *src_dev, void *dst_dev);
-ch_status chcl_peer_copy(void *stream, ch_bmem dst, void *src_dev, ch_bmem src,
-                         size_t bytes);
 /* A temporary device buffer: the caller releases it once its last command is
  * queued (OpenCL keeps it alive until those commands finish). */
 ch_status chcl_scratch_new(chcl_device *d, size_t bytes, cl_mem *out);
 
 /* stream.c */
-ch_status chcl_stream_new(void *dev, void **stream);
-void chcl_stream_free(void *stream);
-ch_status chcl_stream_sync(void *stream);
-ch_status chcl_event_new(void *dev, void **event);
-void chcl_event_free(void *event);
-ch_status chcl_event_record(void *event, void *stream);
-ch_status chcl_event_wait(void *stream, void *event);
-ch_status chcl_event_sync(void *event);
 /* Makes `waiter` wait for everything queued on `producer` so far. */
 ch_status chcl_stream_after(chcl_stream *waiter, chcl_stream *producer);
 
-/* ops.c */
-ch_status chcl_fill(void *stream, ch_bmem y, int64_t n, uint32_t word);
-ch_status chcl_binary(void *stream, ch_binary_op op, int64_t n, ch_bmem y, ch_bmem a,
-                      ch_bmem b);
-ch_status chcl_f32_to_bf16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-ch_status chcl_bf16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-ch_status chcl_f32_to_f16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-ch_status chcl_f16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
-ch_status chcl_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
-                     float beta);
-ch_status chcl_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
-                           ch_bmem x);
-ch_status chcl_act_backward(void *stream, ch_activation act, int64_t n, ch_bmem dx,
-                            ch_bmem dy, ch_bmem x, ch_bmem y);
-ch_status chcl_bias_add(void *stream, int64_t outer, int64_t c, int64_t inner, ch_bmem y,
-                        ch_bmem x, ch_bmem bias);
-ch_status chcl_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
-                         ch_bmem db, ch_bmem dy, float beta);
-ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
-                            ch_bmem probs, ch_bmem logits, ch_bmem labels);
-ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem dlogits,
-                                     ch_bmem probs, ch_bmem labels, float scale);
-ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch_bmem y,
-                           ch_bmem x);
-ch_status chcl_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
-                        int64_t inner, ch_bmem y, ch_bmem x);
-ch_status chcl_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_bmem y,
-                      ch_bmem x);
-ch_status chcl_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g,
-                        const ch_sgd_params *params, int first_step);
-ch_status chcl_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
-                         ch_bmem g, const ch_adam_params *params);
-ch_status chcl_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y, uint64_t seed,
-                    uint64_t offset, float a, float b);
-
-/* conv.c */
-ch_status chcl_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem x);
-ch_status chcl_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem col);
-ch_status chcl_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y,
-                               ch_bmem idx, ch_bmem x);
-ch_status chcl_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
-                                ch_bmem dy, ch_bmem idx);
-
 /* gemm.c */
-ch_status chcl_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
-                    int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
-                    int64_t ldb, float beta, ch_bmem c, int64_t ldc);
-ch_status chcl_gemm_batched(void *stream, int trans_a, int trans_b, int64_t count, int64_t m,
-                            int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
-                            int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b,
-                            float beta, ch_bmem c, int64_t ldc, int64_t stride_c);
 /* CHORUS_OPENCL_GEMM: NULL or "" (auto), "own" or "clblast". */
 ch_status chcl_gemm_mode_parse(const char *value, chcl_gemm_mode *mode);
-
-/* attention.c */
-ch_status chcl_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
-                       ch_bmem y, ch_bmem x);
-ch_status chcl_softmax(void *stream, int64_t rows, int64_t s, int causal,
-                       int64_t rows_per_matrix, ch_bmem y, ch_bmem x);
-ch_status chcl_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem dx, ch_bmem dy,
-                                ch_bmem y);
-ch_status chcl_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
-                         ch_bmem table, ch_bmem idx);
-ch_status chcl_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
-                                  ch_bmem dtable, ch_bmem dy, ch_bmem idx);
-/* norm.c */
-ch_status chcl_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
-                         ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma, ch_bmem beta);
-ch_status chcl_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
-                                  ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
-                                  ch_bmem mean, ch_bmem rstd, ch_bmem gamma);
-ch_status chcl_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inner,
-                            ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b,
-                            ch_bmem b_center);
-ch_status chcl_batchnorm_stats(void *stream, int64_t c, float momentum, float eps,
-                               ch_bmem mean, ch_bmem rstd, ch_bmem running_mean,
-                               ch_bmem running_var, ch_bmem sums, ch_bmem center);
-ch_status chcl_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t inner,
-                                 ch_bmem y, ch_bmem x, ch_bmem mean, ch_bmem rstd,
-                                 ch_bmem gamma, ch_bmem beta);
-ch_status chcl_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_t inner,
-                                  ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
-                                  ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma,
-                                  ch_bmem local, ch_bmem total);
-
-/* allreduce.c */
-ch_status chcl_allreduce_sum(int count, void *const *streams, const ch_bmem *bufs,
-                             int64_t n);
-int chcl_can_allreduce(void *dev_a, void *dev_b);
 
 /* ---- kernels.c (generated by Makefile.mk) ---- */
 

@@ -16,8 +16,9 @@ typedef struct ch_device ch_device; /* opaque; owned by the library */
  * later calls do nothing). A backend that cannot load (no CUDA driver, no
  * OpenCL loader) is recorded as unavailable; ch_init still succeeds as long
  * as the host backend works. Environment:
- *   CHORUS_BACKEND_PATH  folders (':'-separated) searched for backend modules
- *                        before the installed backend folder
+ *   CHORUS_BACKEND_PATH  folders (':'-separated) scanned for backend modules
+ *                        (chorus-<name>.so) before the installed backend
+ *                        folder; the first file of a name is loaded
  *   CHORUS_DEVICES       a device list (see ch_device_list_parse): only these
  *                        devices are visible */
 CH_API ch_status ch_init(void);
@@ -124,6 +125,26 @@ typedef struct ch_hidden_device {
 
 CH_API int ch_hidden_device_count(void);
 CH_API ch_status ch_hidden_device_get(int index, ch_hidden_device *out);
+
+/* ---- Ops run on the host for a device ---------------------------------- */
+
+/* A backend may leave out ops (a new backend starts with memory, streams
+ * and GEMM and grows): such an op, called on one of its devices, runs on
+ * the host backend instead, its tensors staged through host memory (the
+ * inputs downloaded, the outputs uploaded before the op returns), with
+ * the host's results. The first time for each device and op, one line on
+ * stderr says so ("chorus: opencl:0 has no layernorm; running it on the
+ * host"), unless the environment has CHORUS_QUIET_FALLBACK=1; every such
+ * (device, op) pair since ch_init is listed here, in the order they first
+ * ran. `op` is the backend slot's name (lib/backend.h), which is the op's
+ * name without ch_ for most ("layernorm", "act_forward", "im2col"). */
+typedef struct ch_fallback_info {
+    char device[32];  /* "opencl:0" */
+    char op[32];      /* "layernorm" */
+} ch_fallback_info;
+
+CH_API int ch_fallback_count(void);
+CH_API ch_status ch_fallback_get(int index, ch_fallback_info *info);
 
 /* ---- Memory ------------------------------------------------------------ */
 
