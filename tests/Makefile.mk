@@ -69,6 +69,11 @@ check_PROGRAMS += tests/test-half
 tests_test_half_SOURCES = tests/test-half.c
 tests_test_half_LDADD = $(TEST_LIBS)
 
+# lib/kernels/act.h's formulas as C, against their stated bounds.
+check_PROGRAMS += tests/test-act-math
+tests_test_act_math_SOURCES = tests/test-act-math.c
+tests_test_act_math_LDADD = $(TEST_LIBS)
+
 # The allocation-failure walk and the checkpoint's failing writes: only in
 # a build configured --enable-fault-injection (CI's sanitizer build).
 if FAULT_INJECTION

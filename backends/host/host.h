@@ -39,7 +39,7 @@ ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, i
 #define CHI_HOST_OPT_PAR_MIN 65536
 
 /* The address a ch_bmem names, typed. */
-/* f32 <-> bf16 and f16 (lib/half.h), elementwise.c. */
+/* f32 <-> bf16 and f16 (lib/kernels/half_bits.h), elementwise.c. */
 ch_status chi_host_f32_to_bf16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
 ch_status chi_host_bf16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x);
 ch_status chi_host_f32_to_f16(void *stream, int64_t n, ch_bmem y, ch_bmem x);
