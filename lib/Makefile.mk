@@ -29,14 +29,16 @@ libchorus_la_SOURCES = \
 	lib/discover.h \
 	lib/registry.h \
 	lib/philox.h \
-	lib/half.h \
 	lib/bf16_sum.h \
 	lib/optim_consts.h \
 	lib/fault.h \
 	$(kernel_math_headers)
 # The kernels' math shared by every backend (lib/kernels/prelude.h says how).
 kernel_math_headers = \
-	lib/kernels/prelude.h
+	lib/kernels/prelude.h \
+	lib/kernels/act.h \
+	lib/kernels/half_bits.h \
+	lib/kernels/optim_step.h
 # A test build's counted allocations and writes (configure
 # --enable-fault-injection; lib/fault.h).
 if FAULT_INJECTION

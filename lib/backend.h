@@ -267,7 +267,7 @@ typedef struct ch_conv_geom {
      * zeros kept; a NaN narrowed becomes a quiet NaN with its sign and the top                    \
      * bits of its payload, widened it keeps its bits; f32 subnormals and the                      \
      * formats' own subnormals as IEEE 754 says. The bits are those of                             \
-     * lib/half.h's functions, the same on every backend. */                                       \
+     * lib/kernels/half_bits.h's functions, the same on every backend. */                          \
     X(OP, OP, ch_status, f32_to_bf16, (void *stream, int64_t n, ch_bmem y, ch_bmem x))             \
     X(OP, OP, ch_status, bf16_to_f32, (void *stream, int64_t n, ch_bmem y, ch_bmem x))             \
     X(OP, OP, ch_status, f32_to_f16, (void *stream, int64_t n, ch_bmem y, ch_bmem x))              \

@@ -2,14 +2,15 @@
  * (lib/sum_spread.c) and the bf16 sum across processes (nn/dist_mpi.c, which
  * links only the public API) compile the same loops. Each element is
  * src[0] + src[1] + ... in f32, left to right, every term a bf16 widened
- * or an f32 rounded to bf16 first (lib/half.h's steps, bit for bit). */
+ * or an f32 rounded to bf16 first (lib/kernels/half_bits.h's steps, bit
+ * for bit). */
 #ifndef CHORUS_LIB_BF16_SUM_H
 #define CHORUS_LIB_BF16_SUM_H
 
 #include <stdint.h>
 #include <string.h>
 
-#include "half.h"
+#include "kernels/half_bits.h"
 #include "omp.h"
 
 /* For the host's loops (the host backend, lib/sum_spread.c, nn/dist_mpi.c): a
@@ -37,7 +38,7 @@
 
 static inline float chi_bf16_value(uint16_t h)
 {
-    uint32_t u = chi_bf16_to_f32(h);
+    uint32_t u = chk_bf16_to_f32(h);
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
@@ -47,7 +48,7 @@ static inline uint16_t chi_bf16_of(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    return chi_f32_to_bf16(u);
+    return chk_f32_to_bf16(u);
 }
 
 /* f rounded to bf16, as a float. */
@@ -55,7 +56,7 @@ static inline float chi_bf16_rounded(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    u = chi_f32_round_bf16(u);
+    u = chk_f32_round_bf16(u);
     memcpy(&f, &u, sizeof f);
     return f;
 }

@@ -74,6 +74,11 @@ check_PROGRAMS += tests/test-embedding-order
 tests_test_embedding_order_SOURCES = tests/test-embedding-order.c backends/cuda/embedding_order.h
 tests_test_embedding_order_LDADD = $(TEST_LIBS)
 
+# lib/kernels/act.h's formulas as C, against their stated bounds.
+check_PROGRAMS += tests/test-act-math
+tests_test_act_math_SOURCES = tests/test-act-math.c
+tests_test_act_math_LDADD = $(TEST_LIBS)
+
 # The allocation-failure walk and the checkpoint's failing writes: only in
 # a build configured --enable-fault-injection (CI's sanitizer build).
 if FAULT_INJECTION

@@ -5,14 +5,15 @@
  * float on either side of it, the specials (zeros, infinities, NaNs with
  * payloads, f32 subnormals, the overflow edges) and a million random
  * bit patterns (4096 under CHORUS_TEST_SIZES=small). The same inputs
- * through the library's rounding to bf16 kept in 32 bits (lib/half.h, for
- * the host's bf16 sums). Then the errors a caller can make. */
+ * through the library's rounding to bf16 kept in 32 bits
+ * (lib/kernels/half_bits.h, for the host's bf16 sums). Then the errors a
+ * caller can make. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "half.h" /* chi_f32_round_bf16, which the host's bf16 sums use */
+#include "kernels/half_bits.h" /* chk_f32_round_bf16, which the host's bf16 sums use */
 #include "ref.h"  /* tc_small */
 #include "tap.h"
 
@@ -146,7 +147,7 @@ static void test_device(ch_device *dev, const fmt *F)
     free(wide);
 }
 
-/* chi_f32_round_bf16(u): the reference's bf16 pattern widened, bit for bit. */
+/* chk_f32_round_bf16(u): the reference's bf16 pattern widened, bit for bit. */
 static void test_round_in_place(void)
 {
     size_t n = 0;
@@ -158,10 +159,10 @@ static void test_round_in_place(void)
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t want = tap_half_widen(formats[0].mant, tap_half_narrow(formats[0].mant, in[i]));
-        if (chi_f32_round_bf16(tap_bits_of(in[i])) != want && bad++ == 0)
+        if (chk_f32_round_bf16(tap_bits_of(in[i])) != want && bad++ == 0)
             first = i;
     }
-    tap_ok(bad == 0, "chi_f32_round_bf16 over %zu floats: the bf16 rounding, widened, bit for "
+    tap_ok(bad == 0, "chk_f32_round_bf16 over %zu floats: the bf16 rounding, widened, bit for "
            "bit (%zu differ; first 0x%08x)", n, bad, bad ? tap_bits_of(in[first]) : 0u);
     free(in);
 }

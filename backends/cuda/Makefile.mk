@@ -63,7 +63,7 @@ backends_cuda_chorus_cuda_la_LIBADD = libchorus.la -lcublas $(cuda_nccl_libs) \
 	-lcudart_static -ldl -lrt -lpthread -lstdc++
 
 $(cuda_module_sources:.cu=.lo): $(cuda_module_headers) lib/backend.h lib/error.h lib/philox.h \
-	lib/half.h $(kernel_math_headers) \
+	lib/optim_consts.h $(kernel_math_headers) \
 	include/chorus.h include/chorus/export.h include/chorus/status.h include/chorus/clock.h \
 	include/chorus/device.h include/chorus/stream.h include/chorus/tensor.h \
 	include/chorus/ops.h include/chorus/data.h include/chorus/nn.h \

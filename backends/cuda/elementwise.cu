@@ -2,7 +2,8 @@
  * Outputs may alias inputs (in place), so no pointer is __restrict__. */
 #include <math.h>
 #include "common.cuh"
-#include "half.h"
+#include "kernels/act.h"
+#include "kernels/half_bits.h"
 
 __global__ void fill_kernel(uint32_t *y, int64_t n, uint32_t word)
 {
@@ -91,7 +92,7 @@ ch_status chcu_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bmem x,
     return chcu_launched("axpby_kernel");
 }
 
-/* ---- f32 <-> bf16 and f16: lib/half.h's steps on the device ---- */
+/* ---- f32 <-> bf16 and f16: lib/kernels/half_bits.h's steps on the device ---- */
 
 template <typename To, typename From, To (*F)(From)>
 __global__ void convert_kernel(To *y, const From *x, int64_t n)
@@ -114,77 +115,41 @@ static ch_status convert(void *stream, int64_t n, ch_bmem y, ch_bmem x)
 
 ch_status chcu_f32_to_bf16(void *stream, int64_t n, ch_bmem y, ch_bmem x)
 {
-    return convert<uint16_t, uint32_t, chi_f32_to_bf16>(stream, n, y, x);
+    return convert<uint16_t, uint32_t, chk_f32_to_bf16>(stream, n, y, x);
 }
 
 ch_status chcu_bf16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x)
 {
-    return convert<uint32_t, uint16_t, chi_bf16_to_f32>(stream, n, y, x);
+    return convert<uint32_t, uint16_t, chk_bf16_to_f32>(stream, n, y, x);
 }
 
 ch_status chcu_f32_to_f16(void *stream, int64_t n, ch_bmem y, ch_bmem x)
 {
-    return convert<uint16_t, uint32_t, chi_f32_to_f16>(stream, n, y, x);
+    return convert<uint16_t, uint32_t, chk_f32_to_f16>(stream, n, y, x);
 }
 
 ch_status chcu_f16_to_f32(void *stream, int64_t n, ch_bmem y, ch_bmem x)
 {
-    return convert<uint32_t, uint16_t, chi_f16_to_f32>(stream, n, y, x);
+    return convert<uint32_t, uint16_t, chk_f16_to_f32>(stream, n, y, x);
 }
 
-#define CHCU_SQRT1_2 0.70710678118654752440f
-#define CHCU_INV_SQRT_2PI 0.39894228040143267794f
-
-/* Phi(x) through erfc: for x < -3, 1 + erf(x) cancels and loses 5% and
- * more of the result in f32. */
-__device__ static float gelu_cdf(float x)
-{
-    return 0.5f * erfcf(-x * CHCU_SQRT1_2);
-}
-
-template <ch_activation A> __device__ float act_apply(float x)
-{
-    static_assert(A >= CH_ACT_RELU && A <= CH_ACT_SIGMOID, "an activation this file computes");
-    if (A == CH_ACT_RELU)
-        return x > 0.0f ? x : 0.0f;
-    if (A == CH_ACT_GELU)
-        return x * gelu_cdf(x);
-    if (A == CH_ACT_TANH)
-        return tanhf(x);
-    return 1.0f / (1.0f + expf(-x));
-}
-
-/* dx = dy * act'(x); relu and gelu read x, tanh and sigmoid read y. */
-template <ch_activation A> __device__ float act_grad(float dy, const float *x, const float *y,
-                                                     int64_t i)
-{
-    static_assert(A >= CH_ACT_RELU && A <= CH_ACT_SIGMOID, "an activation this file computes");
-    if (A == CH_ACT_RELU)
-        return x[i] > 0.0f ? dy : 0.0f;
-    if (A == CH_ACT_GELU) {
-        float v = x[i];
-        float pdf = expf(-0.5f * v * v) * CHCU_INV_SQRT_2PI;
-        return dy * (gelu_cdf(v) + v * pdf);
-    }
-    float t = y[i];
-    /* (1 - t)(1 + t) rather than 1 - t^2, which cancels near |t| = 1. */
-    if (A == CH_ACT_TANH)
-        return dy * ((1.0f - t) * (1.0f + t));
-    return dy * (t * (1.0f - t));
-}
+/* ---- activations: lib/kernels/act.h's, A a constant, so each kernel keeps
+ * one branch ---- */
 
 template <ch_activation A> __global__ void act_forward_kernel(float *y, const float *x, int64_t n)
 {
     CHCU_FOR_EACH(i, n)
-    y[i] = act_apply<A>(x[i]);
+    y[i] = chk_act(A, x[i]);
 }
 
+/* relu and gelu read x, tanh and sigmoid read y (the other may be NULL). */
 template <ch_activation A>
 __global__ void act_backward_kernel(float *dx, const float *dy, const float *x, const float *y,
                                     int64_t n)
 {
     CHCU_FOR_EACH(i, n)
-    dx[i] = act_grad<A>(dy[i], x, y, i);
+    dx[i] = chk_act_grad(A, dy[i], chk_act_reads_x(A) ? x[i] : 0.0f,
+                         chk_act_reads_x(A) ? 0.0f : y[i]);
 }
 
 template <ch_activation A>

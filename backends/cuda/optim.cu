@@ -4,23 +4,20 @@
 #include "common.cuh"
 #include "optim_consts.h"
 
-/* Every operation rounded on its own (the _rn intrinsics are never fused
- * into FMA): the formulas of lib/optim_consts.h, bit for bit what the host
- * and OpenCL backends compute. */
-__global__ void sgd_kernel(float *p, float *m, const float *g, int64_t n, ch_sgd_params hp,
-                           float damp, int first_step)
+/* lib/kernels/optim_step.h's steps, with the scalars of lib/optim_consts.h:
+ * --fmad=false keeps every multiply and add rounded on its own, and nvcc's
+ * defaults (-prec-div=true, -prec-sqrt=true) round division and square
+ * root correctly, so the bits are those the host and OpenCL compute. m is
+ * NULL without momentum. */
+__global__ void sgd_kernel(float *p, float *m, const float *g, int64_t n, chk_sgd_consts k)
 {
     CHCU_FOR_EACH(i, n)
     {
-        float gi = __fadd_rn(g[i], __fmul_rn(hp.weight_decay, p[i]));
-        float d = gi;
-        if (m) {
-            float mi = first_step ? gi
-                                  : __fadd_rn(__fmul_rn(hp.momentum, m[i]), __fmul_rn(damp, gi));
-            m[i] = mi;
-            d = hp.nesterov ? __fadd_rn(gi, __fmul_rn(hp.momentum, mi)) : mi;
-        }
-        p[i] = __fsub_rn(p[i], __fmul_rn(hp.lr, d));
+        chk_sgd_state s = {p[i], m && !k.first_step ? m[i] : 0.0f};
+        s = chk_sgd_step(k, s, g[i]);
+        p[i] = s.p;
+        if (m)
+            m[i] = s.m;
     }
 }
 
@@ -33,25 +30,20 @@ ch_status chcu_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g
         return st;
     float *pm = params->momentum != 0.0f && m.ptr ? chcu_at<float>(m) : NULL;
     sgd_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
-        chcu_at<float>(p), pm, chcu_at<float>(g), n, *params, chi_sgd_damp(params), first_step);
+        chcu_at<float>(p), pm, chcu_at<float>(g), n, chi_sgd_consts_of(params, first_step));
     return chcu_launched("sgd_kernel");
 }
 
 __global__ void adam_kernel(float *p, float *m, float *v, const float *g, int64_t n,
-                            chi_adam_consts k)
+                            chk_adam_consts k)
 {
     CHCU_FOR_EACH(i, n)
     {
-        float w = p[i];
-        float gi = __fadd_rn(g[i], __fmul_rn(k.l2, w));
-        float pi = __fmul_rn(w, k.decay);
-        float mi = __fadd_rn(__fmul_rn(k.beta1, m[i]), __fmul_rn(k.one_minus_beta1, gi));
-        float vi = __fadd_rn(__fmul_rn(k.beta2, v[i]),
-                             __fmul_rn(__fmul_rn(k.one_minus_beta2, gi), gi));
-        m[i] = mi;
-        v[i] = vi;
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2_sqrt), k.eps);
-        p[i] = __fsub_rn(pi, __fdiv_rn(__fmul_rn(k.step_size, mi), denom));
+        chk_adam_state s = {p[i], m[i], v[i]};
+        s = chk_adam_step(k, s, g[i]);
+        p[i] = s.p;
+        m[i] = s.m;
+        v[i] = s.v;
     }
 }
 

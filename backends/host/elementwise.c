@@ -3,8 +3,9 @@
  * either the very same array as an input (in place) or apart from it, so
  * element i only ever depends on element i: that makes `omp simd` valid
  * where the pointers cannot be restrict.
- * Transcendental functions run in double: the host is the reference the
- * other backends are measured against. */
+ * The activations and the half conversions are lib/kernels/' functions,
+ * the very formulas the other backends compute; only the loops are this
+ * file's. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -12,13 +13,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "half.h"
 #include "host.h"
+#include "kernels/act.h"
+#include "kernels/half_bits.h"
 #include "philox.h"
-
-#define SQRT1_2 0.70710678118654752440
-#define INV_SQRT_2PI 0.39894228040143267794
-#define TWO_OVER_SQRT_PI 1.12837916709551257390
 
 ch_status chi_host_fill(void *stream, ch_bmem y, int64_t n, uint32_t word)
 {
@@ -78,47 +76,9 @@ ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bme
 
 /* ---- activations ------------------------------------------------------------ */
 
-/* GELU, x Phi(x) with Phi(x) = erfc(z) / 2 at z = -x / sqrt(2), and its
- * derivative Phi(x) + x phi(x). erfc rather than 1 + erf, so that large
- * negative x keeps its precision; and two corrections, because z and x^2
- * are rounded to float before erfc and exp see them, which costs 2 z^2
- * ulp of the result (50 at x = -9): erfc(z + dz) = erfc(z) - 2/sqrt(pi)
- * exp(-z^2) dz, with dz the rounding of z (x split into halves of 12 bits
- * whose products by a 12-bit sqrt(1/2) are exact), and exp(-x^2/2) times
- * 1 - lo/2, with lo the rounding of x^2 (Dekker's product). Written once
- * for a float and for eight (GCC's vector extensions: the same operators);
- * xc is x clamped to [-64, 64], beyond which exp(-x^2/2) is 0 and the
- * corrections are too. Sets e = erfc(z), gauss = exp(-x^2/2). */
-#define GELU_PIECES(x, xc, ERFC, EXP, e, gauss)                                          \
-    do {                                                                               \
-        const float s_hi_ = 0.70703125f, s_lo_ = (float)(SQRT1_2 - 0.70703125);         \
-        __typeof__(x) z_ = -(x) * (float)SQRT1_2;                                       \
-        __typeof__(x) c_ = (xc) * 4097.0f, xh_ = c_ - (c_ - (xc)), xl_ = (xc) - xh_;     \
-        __typeof__(x) dz_ = ((-xh_ * s_hi_ - z_) - xl_ * s_hi_) - (xc) * s_lo_;          \
-        __typeof__(x) sq_ = (xc) * (xc);                                                \
-        __typeof__(x) lo_ = ((xh_ * xh_ - sq_) + 2.0f * xh_ * xl_) + xl_ * xl_;         \
-        __typeof__(x) g_ = EXP(-0.5f * sq_);                                            \
-        (e) = ERFC(z_) - (float)TWO_OVER_SQRT_PI * g_ * dz_;                            \
-        (gauss) = g_ * (1.0f - 0.5f * lo_);                                             \
-    } while (0)
-
-static float gelu(float x)
-{
-    float e, gauss, xc = fminf(fmaxf(x, -64.0f), 64.0f);
-    GELU_PIECES(x, xc, erfcf, expf, e, gauss);
-    (void)gauss;
-    return 0.5f * x * e;
-}
-
-static float gelu_grad(float x)
-{
-    float e, gauss, xc = fminf(fmaxf(x, -64.0f), 64.0f);
-    GELU_PIECES(x, xc, erfcf, expf, e, gauss);
-    return 0.5f * e + x * (float)INV_SQRT_2PI * gauss;
-}
-
 #ifdef HAVE_LIBMVEC
-/* glibc's vector erfcf and expf (libmvec, x86-64) on eight floats in AVX2
+/* lib/kernels/act.h's GELU on glibc's vector erfcf and expf (libmvec,
+ * x86-64): the same CHK_GELU_PIECES on eight floats in AVX2
  * registers (a tenth of the time of the calls per element, which cost the
  * GPT's MLP a tenth of its step) or sixteen in AVX-512 ones (two thirds of
  * the AVX2 time again). fp-contract is off as everywhere here: both builds
@@ -152,17 +112,17 @@ __attribute__((target("avx512f"))) v16f _ZGVeN16v_expf(v16f x);
             VT v, d, e, gauss, out;                                                    \
             memcpy(&v, x + i, sizeof v);                                               \
             VT xc = CLAMP(v);                                                          \
-            GELU_PIECES(v, xc, ERFC, EXP, e, gauss);                                   \
+            CHK_GELU_PIECES(VT, v, xc, ERFC, EXP, e, gauss);                           \
             if (dy) {                                                                  \
                 memcpy(&d, dy + i, sizeof d);                                          \
-                out = d * (0.5f * e + v * (float)INV_SQRT_2PI * gauss);                \
+                out = d * CHK_GELU_GRAD_OF(v, e, gauss);                               \
             } else {                                                                   \
-                out = 0.5f * v * e;                                                    \
+                out = CHK_GELU_OF(v, e);                                               \
             }                                                                          \
             memcpy(y + i, &out, sizeof out);                                           \
         }                                                                              \
         for (int64_t i = body; i < n; i++)                                             \
-            y[i] = dy ? dy[i] * gelu_grad(x[i]) : gelu(x[i]);                          \
+            y[i] = dy ? dy[i] * chk_gelu_grad(x[i]) : chk_gelu(x[i]);                  \
     }
 
 DEFINE_GELU_VEC(gelu8, "avx2", v8f, 8, CLAMP8, _ZGVdN8v_erfcf, _ZGVdN8v_expf)
@@ -188,43 +148,6 @@ static int gelu_vector(float *y, const float *dy, const float *x, int64_t n)
     return 0;
 }
 
-static float act_one(ch_activation act, float x)
-{
-    switch (act) {
-    case CH_ACT_RELU:
-        return x > 0.0f ? x : 0.0f;
-    case CH_ACT_GELU:
-        return gelu(x);
-    case CH_ACT_TANH:
-        return (float)tanh(x);
-    case CH_ACT_SIGMOID:
-        return (float)(1.0 / (1.0 + exp(-(double)x)));
-    case CH_ACT_COUNT:
-        break;
-    }
-    return NAN;
-}
-
-/* x is read by relu and gelu, y by tanh and sigmoid (the other may be
- * absent). */
-static float act_grad_one(ch_activation act, float dy, const float *x,
-                          const float *y, int64_t i)
-{
-    switch (act) {
-    case CH_ACT_RELU:
-        return x[i] > 0.0f ? dy : 0.0f;
-    case CH_ACT_GELU:
-        return dy * gelu_grad(x[i]);
-    case CH_ACT_TANH:
-        return (float)(dy * (1.0 - (double)y[i] * y[i]));
-    case CH_ACT_SIGMOID:
-        return (float)(dy * (double)y[i] * (1.0 - y[i]));
-    case CH_ACT_COUNT:
-        break;
-    }
-    return NAN;
-}
-
 ch_status chi_host_act_forward(void *stream, ch_activation act, int64_t n, ch_bmem y,
                                ch_bmem x)
 {
@@ -238,14 +161,14 @@ ch_status chi_host_act_forward(void *stream, ch_activation act, int64_t n, ch_bm
          * so that it vectorises. */
         CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
         for (int64_t i = 0; i < n; i++)
-            py[i] = px[i] > 0.0f ? px[i] : 0.0f;
+            py[i] = chk_act(CH_ACT_RELU, px[i]);
         return CH_OK;
     }
     if (act == CH_ACT_GELU && gelu_vector(py, NULL, px, n))
         return CH_OK;
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
     for (int64_t i = 0; i < n; i++)
-        py[i] = act_one(act, px[i]);
+        py[i] = chk_act((int)act, px[i]);
     return CH_OK;
 }
 
@@ -263,16 +186,20 @@ ch_status chi_host_act_backward(void *stream, ch_activation act, int64_t n, ch_b
         /* Memory bound like its forward: a loop of its own that vectorises. */
         CHI_OMP(omp parallel for simd if (parallel: n > CHI_HOST_PAR_MIN))
         for (int64_t i = 0; i < n; i++) {
-            float d = pdy[i]; /* read unconditionally, so the select vectorises */
-            pdx[i] = px[i] > 0.0f ? d : 0.0f;
+            /* dy read unconditionally, so the select vectorises */
+            pdx[i] = chk_act_grad(CH_ACT_RELU, pdy[i], px[i], 0.0f);
         }
         return CH_OK;
     }
     if (act == CH_ACT_GELU && gelu_vector(pdx, pdy, px, n))
         return CH_OK;
+    /* x is read by relu and gelu, y by tanh and sigmoid (the other may be
+     * absent). */
+    int reads_x = chk_act_reads_x((int)act);
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
     for (int64_t i = 0; i < n; i++)
-        pdx[i] = act_grad_one(act, pdy[i], px, py, i);
+        pdx[i] = chk_act_grad((int)act, pdy[i], reads_x ? px[i] : 0.0f,
+                              reads_x ? 0.0f : py[i]);
     return CH_OK;
 }
 
@@ -361,7 +288,7 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
     return chi_unknown_enum("host", "rand", "ch_rand_kind", (int)kind, CH_RAND_COUNT);
 }
 
-/* ---- f32 <-> bf16 and f16, on the bits (lib/half.h) ----------------------------- */
+/* ---- f32 <-> bf16 and f16, on the bits (lib/kernels/half_bits.h) ---------------- */
 
 #define HOST_CONVERT(name, to_t, from_t, fn)                                            \
     ch_status name(void *stream, int64_t n, ch_bmem y, ch_bmem x)                       \
@@ -375,7 +302,7 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
         return CH_OK;                                                                   \
     }
 
-HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chi_f32_to_bf16)
-HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chi_bf16_to_f32)
-HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chi_f32_to_f16)
-HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chi_f16_to_f32)
+HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16)
+HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chk_bf16_to_f32)
+HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chk_f32_to_f16)
+HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chk_f16_to_f32)

@@ -52,7 +52,7 @@ static inline int32_t *chi_host_i32(ch_bmem m)
 /* ---- op and collective slots ----
  * Each is chi_host_<slot> (the device, memory, stream and transfer slots
  * are backend.c's own statics), in the file of its family: gemm.c,
- * elementwise.c (with the f32 <-> bf16 and f16 conversions, lib/half.h),
+ * elementwise.c (with the f32 <-> bf16 and f16 conversions, lib/kernels/half_bits.h),
  * sum.c, softmax.c, conv.c (with max pooling; the half convolution and
  * gemm_half in dnnl.c, built with oneDNN), norm.c, attention.c (with
  * gemm_batched and the embedding), optim.c, allreduce.c (its kernel,

@@ -279,7 +279,7 @@ typedef struct chcl_enum_value {
 extern const chcl_enum_value chcl_enum_values[];
 extern const int chcl_enum_count;
 
-/* The sources: each .cl file, and lib/philox.h. */
+/* The sources: each .cl file, lib/philox.h and lib/kernels/' headers. */
 extern const char chcl_src_common[];
 extern const char chcl_src_elementwise[];
 extern const char chcl_src_gemm[];
@@ -290,5 +290,9 @@ extern const char chcl_src_rand[];
 extern const char chcl_src_attention[];
 extern const char chcl_src_norm[];
 extern const char chcl_src_philox[];
+extern const char chcl_src_prelude[];
+extern const char chcl_src_act[];
+extern const char chcl_src_half_bits[];
+extern const char chcl_src_optim_step[];
 
 #endif

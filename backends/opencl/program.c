@@ -16,7 +16,7 @@
 
 /* Correctly rounded divide and sqrt when every device of the context
  * offers them: the optimizer kernels then match the host's arithmetic bit
- * for bit (lib/optim_consts.h). */
+ * for bit (lib/kernels/optim_step.h). */
 static const char *rounding_option(cl_context ctx)
 {
     cl_device_id devs[64];
@@ -64,7 +64,15 @@ static const struct {
     const char *const *sources;
     int nsources;
 } programs[CHCL_P_COUNT] = {
-    [CHCL_P_ELEMENTWISE] = {"elementwise.cl", (const char *const[]){chcl_src_elementwise}, 1},
+    [CHCL_P_ELEMENTWISE] = {"elementwise.cl",
+                            (const char *const[]){
+                                chcl_src_prelude,
+                                chcl_src_act,
+                                chcl_src_half_bits,
+                                chcl_src_optim_step,
+                                chcl_src_elementwise,
+                            },
+                            5},
     /* gemm.cl once per work-group shape, GEMM_WG 0 its gemm_simple. */
     [CHCL_P_GEMM] = {"gemm.cl",
                      (const char *const[]){"#define GEMM_WG 16\n#define GEMM_NAME gemm\n",

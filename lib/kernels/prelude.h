@@ -83,6 +83,7 @@ typedef float chk_acc;
 #define CHK_LOGF log
 #define CHK_TANHF tanh
 #define CHK_ERFF erf
+#define CHK_ERFCF erfc
 #define CHK_SQRTF sqrt
 #define CHK_FABSF fabs
 #define CHK_EXP exp
@@ -94,6 +95,7 @@ typedef float chk_acc;
 #define CHK_LOGF logf
 #define CHK_TANHF tanhf
 #define CHK_ERFF erff
+#define CHK_ERFCF erfcf
 #define CHK_SQRTF sqrtf
 #define CHK_FABSF fabsf
 #define CHK_EXP exp
