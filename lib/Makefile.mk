@@ -34,7 +34,8 @@ libchorus_la_SOURCES = \
 	$(kernel_math_headers)
 # The kernels' math shared by every backend (lib/kernels/prelude.h says how).
 kernel_math_headers = \
-	lib/kernels/prelude.h
+	lib/kernels/prelude.h \
+	lib/kernels/normalize.h
 # A test build's counted allocations and writes (configure
 # --enable-fault-injection; lib/fault.h).
 if FAULT_INJECTION

@@ -380,5 +380,7 @@ extern const char chcl_src_rand[];
 extern const char chcl_src_attention[];
 extern const char chcl_src_norm[];
 extern const char chcl_src_philox[];
+extern const char chcl_src_prelude[];
+extern const char chcl_src_normalize[];
 
 #endif

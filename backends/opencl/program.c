@@ -80,7 +80,12 @@ static const struct {
     [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_philox, chcl_src_rand}, 2},
     [CHCL_P_ATTENTION] = {"attention.cl",
                           (const char *const[]){chcl_src_common, chcl_src_attention}, 2},
-    [CHCL_P_NORM] = {"norm.cl", (const char *const[]){chcl_src_common, chcl_src_norm}, 2},
+    [CHCL_P_NORM] = {"norm.cl",
+                     (const char *const[]){chcl_src_prelude,
+                                           chcl_src_common,
+                                           chcl_src_normalize,
+                                           chcl_src_norm},
+                     4},
 };
 
 static const struct {
