@@ -35,7 +35,9 @@ libchorus_la_SOURCES = \
 # The kernels' math shared by every backend (lib/kernels/prelude.h says how).
 kernel_math_headers = \
 	lib/kernels/prelude.h \
-	lib/kernels/normalize.h
+	lib/kernels/normalize.h \
+	lib/kernels/xent.h \
+	lib/kernels/index.h
 # A test build's counted allocations and writes (configure
 # --enable-fault-injection; lib/fault.h).
 if FAULT_INJECTION

@@ -9,24 +9,32 @@
 
 /* ---- permute ---------------------------------------------------------------- */
 
-/* y's shape and the stride in x of each of y's dimensions. */
-struct chcu_perm {
+/* y's shape and the stride in x of each of y's dimensions, in the
+ * launch's index type I (lib/kernels/index.h's width rule). */
+template <typename I> struct chcu_perm {
     int ndim;
-    int64_t shape[CH_MAX_DIMS];
-    int64_t stride[CH_MAX_DIMS];
+    I shape[CH_MAX_DIMS];
+    I stride[CH_MAX_DIMS];
 };
 
-__global__ void permute_kernel(uint32_t *y, const uint32_t *x, int64_t n, chcu_perm p)
+template <typename I> __global__ void permute_kernel(uint32_t *y, const uint32_t *x, I n,
+                                                     chcu_perm<I> p)
 {
-    CHCU_FOR_EACH(i, n)
-    {
-        int64_t off = 0, rest = i;
-        for (int d = p.ndim - 1; d >= 0; d--) {
-            off += rest % p.shape[d] * p.stride[d];
-            rest /= p.shape[d];
-        }
-        y[i] = x[off];
+    CHCU_FOR_EACH_AS(I, i, n)
+    y[i] = x[chk_permute_src(i, p.ndim, p.shape, p.stride)];
+}
+
+template <typename I>
+static void permute_launch(chcu_stream *s, uint32_t *y, const uint32_t *x, int ndim,
+                           const int64_t *shape, const int64_t *stride, int64_t n)
+{
+    chcu_perm<I> p = {};
+    p.ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        p.shape[i] = (I)shape[i];
+        p.stride[i] = (I)stride[i];
     }
+    permute_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(y, x, (I)n, p);
 }
 
 ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
@@ -36,19 +44,15 @@ ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int 
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    int64_t xstride[CH_MAX_DIMS], n = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        xstride[d] = n;
-        n *= xshape[d];
-    }
-    chcu_perm p = {};
-    p.ndim = ndim;
-    for (int i = 0; i < ndim; i++) {
-        p.shape[i] = xshape[perm[i]];
-        p.stride[i] = xstride[perm[i]];
-    }
-    permute_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
-        chcu_at<uint32_t>(y), chcu_at<uint32_t>(x), n, p);
+    int64_t shape[CH_MAX_DIMS], stride[CH_MAX_DIMS];
+    int64_t n = chk_permute_plan(ndim, xshape, perm, shape, stride);
+    /* Every offset into x or y is below n. */
+    if (chk_index_is_32(n))
+        permute_launch<int32_t>(s, chcu_at<uint32_t>(y), chcu_at<uint32_t>(x), ndim, shape,
+                                stride, n);
+    else
+        permute_launch<int64_t>(s, chcu_at<uint32_t>(y), chcu_at<uint32_t>(x), ndim, shape,
+                                stride, n);
     return chcu_launched("permute_kernel");
 }
 
