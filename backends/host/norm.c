@@ -1,8 +1,9 @@
 /* Host LayerNorm and BatchNorm (ops.h, "Normalisation").
  *
  * The formulas are lib/kernels/normalize.h's, in double (chk_acc) from the
- * f32 inputs and rounded once on the way out. Every sum has an order fixed by the shape alone, so the
- * same inputs give the same bits whatever the thread count: a row's sums
+ * f32 inputs and rounded once on the way out. Every sum has an order fixed
+ * by the shape alone, so the same inputs give the same bits whatever the
+ * thread count: a row's sums
  * in LANES interleaved accumulators added pairwise (an order the compiler
  * can still vectorise), LayerNorm's parameter gradients per chunk of rows,
  * the chunks then added in order, a channel's sums one run of `inner`
