@@ -9,32 +9,24 @@
 
 /* ---- permute ---------------------------------------------------------------- */
 
-/* y's shape and the stride in x of each of y's dimensions, in the
- * launch's index type I (lib/kernels/index.h's width rule). */
-template <typename I> struct chcu_perm {
+/* y's shape and the stride in x of each of y's dimensions. */
+struct chcu_perm {
     int ndim;
-    I shape[CH_MAX_DIMS];
-    I stride[CH_MAX_DIMS];
+    int64_t shape[CH_MAX_DIMS];
+    int64_t stride[CH_MAX_DIMS];
 };
 
-template <typename I> __global__ void permute_kernel(uint32_t *y, const uint32_t *x, I n,
-                                                     chcu_perm<I> p)
+/* Indexed in I, narrowed once per thread. */
+template <typename I> __global__ void permute_kernel(uint32_t *y, const uint32_t *x, int64_t n,
+                                                     chcu_perm p)
 {
-    CHCU_FOR_EACH_AS(I, i, n)
-    y[i] = x[chk_permute_src(i, p.ndim, p.shape, p.stride)];
-}
-
-template <typename I>
-static void permute_launch(chcu_stream *s, uint32_t *y, const uint32_t *x, int ndim,
-                           const int64_t *shape, const int64_t *stride, int64_t n)
-{
-    chcu_perm<I> p = {};
-    p.ndim = ndim;
-    for (int i = 0; i < ndim; i++) {
-        p.shape[i] = (I)shape[i];
-        p.stride[i] = (I)stride[i];
+    I shape[CH_MAX_DIMS], stride[CH_MAX_DIMS];
+    for (int d = 0; d < p.ndim; d++) {
+        shape[d] = (I)p.shape[d];
+        stride[d] = (I)p.stride[d];
     }
-    permute_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(y, x, (I)n, p);
+    CHCU_FOR_EACH_AS(I, i, n)
+    y[i] = x[chk_permute_src(i, p.ndim, shape, stride)];
 }
 
 ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
@@ -44,15 +36,13 @@ ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int 
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    int64_t shape[CH_MAX_DIMS], stride[CH_MAX_DIMS];
-    int64_t n = chk_permute_plan(ndim, xshape, perm, shape, stride);
+    chcu_perm p = {};
+    p.ndim = ndim;
+    int64_t n = chk_permute_plan(ndim, xshape, perm, p.shape, p.stride);
     /* Every offset into x or y is below n. */
-    if (chk_index_is_32(n))
-        permute_launch<int32_t>(s, chcu_at<uint32_t>(y), chcu_at<uint32_t>(x), ndim, shape,
-                                stride, n);
-    else
-        permute_launch<int64_t>(s, chcu_at<uint32_t>(y), chcu_at<uint32_t>(x), ndim, shape,
-                                stride, n);
+    CHCU_LAUNCH_INDEXED(chk_index_is_32(n), permute_kernel,
+                        (chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s), chcu_at<uint32_t>(y),
+                        chcu_at<uint32_t>(x), n, p);
     return chcu_launched("permute_kernel");
 }
 

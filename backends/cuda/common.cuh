@@ -132,16 +132,29 @@ chcu_shape2 chcu_rows(const chcu_device *dev, int64_t rows, int64_t cols);
          j += (I)(gridDim.x * blockDim.x))
 #define CHCU_FOR_EACH_AS(I, i, n) CHCU_FOR_COLS_AS(I, i, n)
 
-/* A window op's geometry (ch_conv_geom) in the launch's index type I, and
- * whether that is 32 bits (lib/kernels/index.h's rule): layout.cu's
- * im2col and col2im, pool.cu's max pooling. */
+/* Launches kernel<int32_t> where is32 (lib/kernels/index.h's rule, chosen
+ * once per launch), kernel<int64_t> otherwise, with the launch
+ * configuration cfg (parenthesised) and the same arguments: the kernels
+ * narrow their sizes to I themselves. */
+#define CHCU_CFG(...) __VA_ARGS__
+#define CHCU_LAUNCH_INDEXED(is32, kernel, cfg, ...)          \
+    do {                                                     \
+        if (is32)                                            \
+            kernel<int32_t><<<CHCU_CFG cfg>>>(__VA_ARGS__);  \
+        else                                                 \
+            kernel<int64_t><<<CHCU_CFG cfg>>>(__VA_ARGS__);  \
+    } while (0)
+
+/* A window op's geometry (ch_conv_geom) in a kernel's index type I, and
+ * whether that is 32 bits: layout.cu's im2col and col2im, pool.cu's max
+ * pooling. */
 template <typename I> struct chcu_window {
     I n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
 };
-template <typename I> static inline chcu_window<I> chcu_window_of(const ch_conv_geom *g)
+template <typename I> __device__ static inline chcu_window<I> chcu_window_of(const ch_conv_geom &g)
 {
-    return chcu_window<I>{(I)g->n,  (I)g->c,  (I)g->h,  (I)g->w,  (I)g->oh, (I)g->ow,
-                          (I)g->kh, (I)g->kw, (I)g->sh, (I)g->sw, (I)g->ph, (I)g->pw};
+    return chcu_window<I>{(I)g.n,  (I)g.c,  (I)g.h,  (I)g.w,  (I)g.oh, (I)g.ow,
+                          (I)g.kh, (I)g.kw, (I)g.sh, (I)g.sw, (I)g.ph, (I)g.pw};
 }
 static inline int chcu_window_is_32(const ch_conv_geom *g)
 {

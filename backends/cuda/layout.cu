@@ -70,8 +70,9 @@ ch_status chcu_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch
  * one launch row per (c, ki, kj, n) and one item per output position. The
  * index math is lib/kernels/index.h's, in I (its width rule, chosen per
  * launch). */
-template <typename I> __global__ void im2col_kernel(float *col, const float *x, chcu_window<I> g)
+template <typename I> __global__ void im2col_kernel(float *col, const float *x, ch_conv_geom geom)
 {
+    const chcu_window<I> g = chcu_window_of<I>(geom);
     const I plane = g.oh * g.ow;
     CHCU_FOR_ROWS_AS(I, r, g.c * g.kh * g.kw * g.n)
     {
@@ -95,20 +96,17 @@ ch_status chcu_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem 
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, g->c * g->kh * g->kw * g->n, g->oh * g->ow);
-    if (chcu_window_is_32(g))
-        im2col_kernel<<<sh.grid, sh.block, 0, s->s>>>(chcu_at<float>(col), chcu_at<float>(x),
-                                                       chcu_window_of<int32_t>(g));
-    else
-        im2col_kernel<<<sh.grid, sh.block, 0, s->s>>>(chcu_at<float>(col), chcu_at<float>(x),
-                                                       chcu_window_of<int64_t>(g));
+    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), im2col_kernel, (sh.grid, sh.block, 0, s->s),
+                        chcu_at<float>(col), chcu_at<float>(x), *g);
     return chcu_launched("im2col_kernel");
 }
 
 /* The gather form of the adjoint: each dx element sums the col entries
  * taken from it, window offsets (ki, kj) in increasing order as a scatter
  * over col's rows would add them. */
-template <typename I> __global__ void col2im_kernel(float *dx, const float *col, chcu_window<I> g)
+template <typename I> __global__ void col2im_kernel(float *dx, const float *col, ch_conv_geom geom)
 {
+    const chcu_window<I> g = chcu_window_of<I>(geom);
     const I plane = g.h * g.w, cols = g.n * g.oh * g.ow;
     CHCU_FOR_ROWS_AS(I, r, g.n * g.c)
     {
@@ -141,11 +139,7 @@ ch_status chcu_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem c
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, g->n * g->c, g->h * g->w);
-    if (chcu_window_is_32(g))
-        col2im_kernel<<<sh.grid, sh.block, 0, s->s>>>(chcu_at<float>(dx), chcu_at<float>(col),
-                                                       chcu_window_of<int32_t>(g));
-    else
-        col2im_kernel<<<sh.grid, sh.block, 0, s->s>>>(chcu_at<float>(dx), chcu_at<float>(col),
-                                                       chcu_window_of<int64_t>(g));
+    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), col2im_kernel, (sh.grid, sh.block, 0, s->s),
+                        chcu_at<float>(dx), chcu_at<float>(col), *g);
     return chcu_launched("col2im_kernel");
 }

@@ -307,14 +307,16 @@ ch_status chcu_batchnorm_stats(void *stream, int64_t c, float momentum, float ep
     return chcu_launched("batchnorm_stats_kernel");
 }
 
+/* The element kernels index in I, index.h's width rule chosen per launch. */
+template <typename I>
 __global__ void batchnorm_forward_kernel(float *y, const float *x, const float *mean,
                                          const float *rstd, const float *gamma,
                                          const float *beta, int64_t n, int64_t c,
                                          int64_t inner)
 {
-    CHCU_FOR_EACH(i, n)
+    CHCU_FOR_EACH_AS(I, i, n)
     {
-        int64_t ch = (i / inner) % c;
+        I ch = chk_channel_of(i, (I)c, (I)inner);
         y[i] = chk_norm_affine(x[i], mean[ch], rstd[ch], gamma[ch], beta[ch]);
     }
 }
@@ -328,9 +330,10 @@ ch_status chcu_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t
     if (st)
         return st;
     int64_t n = outer * c * inner;
-    batchnorm_forward_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
-        chcu_at<float>(y), chcu_at<float>(x), chcu_at<float>(mean), chcu_at<float>(rstd),
-        chcu_at<float>(gamma), chcu_at<float>(beta), n, c, inner);
+    CHCU_LAUNCH_INDEXED(chk_index_is_32(n), batchnorm_forward_kernel,
+                        (chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s), chcu_at<float>(y),
+                        chcu_at<float>(x), chcu_at<float>(mean), chcu_at<float>(rstd),
+                        chcu_at<float>(gamma), chcu_at<float>(beta), n, c, inner);
     return chcu_launched("batchnorm_forward_kernel");
 }
 
@@ -346,13 +349,14 @@ __global__ void batchnorm_param_grads_kernel(float *dgamma, float *dbeta, const 
 }
 
 /* dx (chk_bn_dx) from the total sums. */
+template <typename I>
 __global__ void batchnorm_dx_kernel(float *dx, const float *dy, const float *x,
                                     const float *mean, const float *rstd, const float *gamma,
                                     const float *total, int64_t n, int64_t c, int64_t inner)
 {
-    CHCU_FOR_EACH(i, n)
+    CHCU_FOR_EACH_AS(I, i, n)
     {
-        int64_t ch = (i / inner) % c;
+        I ch = chk_channel_of(i, (I)c, (I)inner);
         dx[i] = chk_bn_dx(dy[i], x[i], mean[ch], rstd[ch], gamma[ch], total[ch], total[c + ch],
                           total[2 * c]);
     }
@@ -374,8 +378,10 @@ ch_status chcu_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_
     if (st || !dx.ptr)
         return st;
     int64_t n = outer * c * inner;
-    batchnorm_dx_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
-        chcu_at<float>(dx), chcu_at<float>(dy), chcu_at<float>(x), chcu_at<float>(mean),
-        chcu_at<float>(rstd), chcu_at<float>(gamma), chcu_at<float>(total), n, c, inner);
+    CHCU_LAUNCH_INDEXED(chk_index_is_32(n), batchnorm_dx_kernel,
+                        (chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s), chcu_at<float>(dx),
+                        chcu_at<float>(dy), chcu_at<float>(x), chcu_at<float>(mean),
+                        chcu_at<float>(rstd), chcu_at<float>(gamma), chcu_at<float>(total), n, c,
+                        inner);
     return chcu_launched("batchnorm_dx_kernel");
 }

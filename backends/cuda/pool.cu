@@ -5,8 +5,9 @@
 /* One launch row per (n, c) plane. The first maximum in window order wins;
  * padding is skipped, so it never wins. */
 template <typename I>
-__global__ void maxpool_forward_kernel(float *y, int32_t *idx, const float *x, chcu_window<I> g)
+__global__ void maxpool_forward_kernel(float *y, int32_t *idx, const float *x, ch_conv_geom geom)
 {
+    const chcu_window<I> g = chcu_window_of<I>(geom);
     const I in_plane = g.h * g.w, out_plane = g.oh * g.ow;
     CHCU_FOR_ROWS_AS(I, r, g.n * g.c)
     {
@@ -45,14 +46,9 @@ ch_status chcu_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y, c
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, g->n * g->c, g->oh * g->ow);
-    if (chcu_window_is_32(g))
-        maxpool_forward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-            chcu_at<float>(y), chcu_at<int32_t>(idx), chcu_at<float>(x),
-            chcu_window_of<int32_t>(g));
-    else
-        maxpool_forward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-            chcu_at<float>(y), chcu_at<int32_t>(idx), chcu_at<float>(x),
-            chcu_window_of<int64_t>(g));
+    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), maxpool_forward_kernel,
+                        (sh.grid, sh.block, 0, s->s), chcu_at<float>(y), chcu_at<int32_t>(idx),
+                        chcu_at<float>(x), *g);
     return chcu_launched("maxpool_forward_kernel");
 }
 
@@ -61,8 +57,9 @@ ch_status chcu_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y, c
  * would add them. */
 template <typename I>
 __global__ void maxpool_backward_kernel(float *dx, const float *dy, const int32_t *idx,
-                                        chcu_window<I> g)
+                                        ch_conv_geom geom)
 {
+    const chcu_window<I> g = chcu_window_of<I>(geom);
     const I in_plane = g.h * g.w, out_plane = g.oh * g.ow;
     CHCU_FOR_ROWS_AS(I, r, g.n * g.c)
     {
@@ -90,13 +87,8 @@ ch_status chcu_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, g->n * g->c, g->h * g->w);
-    if (chcu_window_is_32(g))
-        maxpool_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-            chcu_at<float>(dx), chcu_at<float>(dy), chcu_at<int32_t>(idx),
-            chcu_window_of<int32_t>(g));
-    else
-        maxpool_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-            chcu_at<float>(dx), chcu_at<float>(dy), chcu_at<int32_t>(idx),
-            chcu_window_of<int64_t>(g));
+    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), maxpool_backward_kernel,
+                        (sh.grid, sh.block, 0, s->s), chcu_at<float>(dx), chcu_at<float>(dy),
+                        chcu_at<int32_t>(idx), *g);
     return chcu_launched("maxpool_backward_kernel");
 }

@@ -10,18 +10,7 @@
  * f32 rounding however many elements a channel has. The host sizes every
  * temporary for doubles, the larger chk_acc. */
 
-/* The sum of tmp[0, L) into tmp[0], L the power-of-two group size, in the
- * order of common.cl's tree_sum. */
-void acc_tree_sum(__local chk_acc *tmp)
-{
-    int t = get_local_id(0);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = get_local_size(0) / 2; h > 0; h >>= 1) {
-        if (t < h)
-            tmp[t] += tmp[t + h];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-}
+DEFINE_TREE_SUM(acc_tree_sum, chk_acc)
 
 /* ---- LayerNorm ------------------------------------------------------------ */
 
@@ -260,7 +249,7 @@ __kernel void batchnorm_forward(__global float *y, ulong yo, __global const floa
     int i = get_global_id(0);
     if (i >= n)
         return;
-    int ch = (i / inner) % c;
+    int ch = chk_channel_of_32(i, c, inner);
     y[yo + i] = chk_norm_affine(x[xo + i], mean[mo + ch], rstd[ro + ch], gamma[go + ch],
                                 beta[bo + ch]);
 }
@@ -288,7 +277,7 @@ __kernel void batchnorm_dx(__global float *dx, ulong dxo, __global const float *
     int i = get_global_id(0);
     if (i >= n)
         return;
-    int ch = (i / inner) % c;
+    int ch = chk_channel_of_32(i, c, inner);
     dx[dxo + i] = chk_bn_dx(dy[dyo + i], x[xo + i], mean[mo + ch], rstd[ro + ch], gamma[go + ch],
                             total[to + ch], total[to + c + ch], total[to + 2 * c]);
 }

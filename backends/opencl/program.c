@@ -63,6 +63,9 @@ static ch_status build_options(cl_context ctx, char *out, size_t cap)
  * the kernels' and index.h's names of that width. */
 #define WIDTH_32 "#define IDX int\n#define IDX_NAME(f) f##_32\n"
 #define WIDTH_64 "#undef IDX\n#undef IDX_NAME\n#define IDX long\n#define IDX_NAME(f) f##_64\n"
+/* The sources and their count of such a program. */
+#define PER_WIDTH(src)                                                                     \
+    (const char *const[]){chcl_src_prelude, chcl_src_index, WIDTH_32, src, WIDTH_64, src}, 6
 
 /* The sources of each program, in the order they are concatenated. */
 static const struct {
@@ -87,31 +90,18 @@ static const struct {
                                               chcl_src_xent,
                                               chcl_src_softmax},
                         4},
-    [CHCL_P_CONV] = {"conv.cl",
-                     (const char *const[]){chcl_src_prelude,
-                                           chcl_src_index,
-                                           WIDTH_32,
-                                           chcl_src_conv,
-                                           WIDTH_64,
-                                           chcl_src_conv},
-                     6},
+    [CHCL_P_CONV] = {"conv.cl", PER_WIDTH(chcl_src_conv)},
     [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_philox, chcl_src_rand}, 2},
     [CHCL_P_ATTENTION] = {"attention.cl",
                           (const char *const[]){chcl_src_common, chcl_src_attention}, 2},
-    [CHCL_P_PERMUTE] = {"permute.cl",
-                        (const char *const[]){chcl_src_prelude,
-                                              chcl_src_index,
-                                              WIDTH_32,
-                                              chcl_src_permute,
-                                              WIDTH_64,
-                                              chcl_src_permute},
-                        6},
+    [CHCL_P_PERMUTE] = {"permute.cl", PER_WIDTH(chcl_src_permute)},
     [CHCL_P_NORM] = {"norm.cl",
                      (const char *const[]){chcl_src_prelude,
                                            chcl_src_common,
                                            chcl_src_normalize,
+                                           chcl_src_index,
                                            chcl_src_norm},
-                     4},
+                     5},
 };
 
 static const struct {

@@ -1,8 +1,8 @@
 /* Index math for every backend (prelude.h says how this file is compiled
  * in C, CUDA and OpenCL C): which input element a column of im2col or a
  * max-pooling window reads, which column entries and windows sum back into
- * an input element (col2im, pooling backward), and where an element of a
- * permute comes from. What stays each backend's own: how the elements are
+ * an input element (col2im, pooling backward), where an element of a
+ * permute comes from, and BatchNorm's channel of an element. What stays each backend's own: how the elements are
  * shared out (loops, work-items, threads), and the order of the sums,
  * which the backends keep fixed (window offsets, then outputs, ascending).
  *
@@ -78,6 +78,11 @@ CHK_FN chk_i64 chk_window_largest(chk_i64 n, chk_i64 c, chk_i64 h, chk_i64 w, ch
     CHK_FN T NAME(chk_cover_hi)(T y, T s, T p, T out)                                       \
     {                                                                                       \
         return NAME(chk_out_hi)(y + p, s, out);                                             \
+    }                                                                                       \
+    /* The channel of element i of [outer, c, inner] (BatchNorm). */                        \
+    CHK_FN T NAME(chk_channel_of)(T i, T c, T inner)                                        \
+    {                                                                                       \
+        return i / inner % c;                                                               \
     }                                                                                       \
     /* Permute: the offset in x of element i of y, y's shape and each of                    \
      * its dimensions' stride in x given (ndim of each, last fastest). */                   \
