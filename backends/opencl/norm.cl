@@ -239,7 +239,9 @@ __kernel void batchnorm_stats(__global float *mean, ulong mo, __global float *rs
     rvar[rvo + ch] = chk_bn_running(rvar[rvo + ch], momentum, chk_bn_unbiased(v, count));
 }
 
-/* x, y [outer, c, inner], one work-item per element. */
+/* x, y [outer, c, inner], one work-item per element. The index is an int
+ * whatever lib/kernels/index.h's rule says: norm.c holds these launches
+ * below 2^31 work-items, and a work-item takes no step past its own. */
 __kernel void batchnorm_forward(__global float *y, ulong yo, __global const float *x, ulong xo,
                                 __global const float *mean, ulong mo,
                                 __global const float *rstd, ulong ro,

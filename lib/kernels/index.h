@@ -2,9 +2,10 @@
  * in C, CUDA and OpenCL C): which input element a column of im2col or a
  * max-pooling window reads, which column entries and windows sum back into
  * an input element (col2im, pooling backward), where an element of a
- * permute comes from, and BatchNorm's channel of an element. What stays each backend's own: how the elements are
- * shared out (loops, work-items, threads), and the order of the sums,
- * which the backends keep fixed (window offsets, then outputs, ascending).
+ * permute comes from, and BatchNorm's channel of an element. What stays
+ * each backend's own: how the elements are shared out (loops, work-items,
+ * threads), and the order of the sums, which the backends keep fixed
+ * (window offsets, then outputs, ascending).
  *
  * THE index width rule, for every launch of these kernels: 32-bit index
  * math when chk_index_is_32 says every index of the launch fits, 64-bit
