@@ -190,19 +190,22 @@ static int64_t sums_splits(int64_t count)
 
 /* Block (channel, split): over its share of the channel's count = outer *
  * inner elements, the sums of a' and a' b' (primes: minus the centre, a
- * NULL centre being 0) into part[2 (ch splits + sp) ..]. */
+ * NULL centre being 0) into part[2 (ch splits + sp) ..]. Elements indexed
+ * in I (lib/kernels/index.h's width rule). */
+template <typename I>
 __global__ void channel_sums_part_kernel(chk_acc *part, const float *a, const float *ac,
                                          const float *b, const float *bc, int64_t c,
                                          int64_t inner, int64_t count, int64_t splits)
 {
     __shared__ chk_acc sh[CHCU_THREADS];
+    const I cc = (I)c, in = (I)inner;
     int64_t chunk = (count + splits - 1) / splits;
     for (int64_t g = blockIdx.x; g < c * splits; g += gridDim.x) {
         int64_t ch = g / splits, begin = (g % splits) * chunk;
         int64_t end = begin + chunk < count ? begin + chunk : count;
         chk_acc ca = ac ? ac[ch] : 0.0, cb = bc ? bc[ch] : 0.0, s1 = 0.0, s2 = 0.0;
-        for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-            int64_t at = ((e / inner) * c + ch) * inner + e % inner;
+        for (I e = (I)(begin + threadIdx.x); e < (I)end; e += (I)blockDim.x) {
+            I at = ((e / in) * cc + (I)ch) * in + e % in;
             chk_acc da = (chk_acc)a[at] - ca;
             s1 += da;
             s2 += da * ((chk_acc)b[at] - cb);
@@ -251,8 +254,9 @@ ch_status chcu_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inne
     chk_acc *part = (chk_acc *)work;
     const float *ac = a_center.ptr ? chcu_at<float>(a_center) : NULL;
     const float *bc = b_center.ptr ? chcu_at<float>(b_center) : NULL;
-    channel_sums_part_kernel<<<row_blocks(s->dev, c * splits), CHCU_THREADS, 0, s->s>>>(
-        part, chcu_at<float>(a), ac, chcu_at<float>(b), bc, c, inner, count, splits);
+    CHCU_LAUNCH_INDEXED(chk_index_is_32(outer * c * inner), channel_sums_part_kernel,
+                        (row_blocks(s->dev, c * splits), CHCU_THREADS, 0, s->s), part,
+                        chcu_at<float>(a), ac, chcu_at<float>(b), bc, c, inner, count, splits);
     st = chcu_launched("channel_sums_part_kernel");
     if (!st) {
         channel_sums_finish_kernel<<<chcu_grid(s->dev, c), CHCU_THREADS, 0, s->s>>>(
