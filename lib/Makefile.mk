@@ -38,7 +38,10 @@ kernel_math_headers = \
 	lib/kernels/prelude.h \
 	lib/kernels/act.h \
 	lib/kernels/half_bits.h \
-	lib/kernels/optim_step.h
+	lib/kernels/optim_step.h \
+	lib/kernels/normalize.h \
+	lib/kernels/xent.h \
+	lib/kernels/index.h
 # A test build's counted allocations and writes (configure
 # --enable-fault-injection; lib/fault.h).
 if FAULT_INJECTION

@@ -79,6 +79,10 @@ check_PROGRAMS += tests/test-act-math
 tests_test_act_math_SOURCES = tests/test-act-math.c
 tests_test_act_math_LDADD = $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-kernel-index
+tests_test_kernel_index_SOURCES = tests/test-kernel-index.c
+tests_test_kernel_index_LDADD = $(TEST_LIBS)
+
 # The allocation-failure walk and the checkpoint's failing writes: only in
 # a build configured --enable-fault-injection (CI's sanitizer build).
 if FAULT_INJECTION

@@ -706,6 +706,65 @@ static void tc_free(tcase *c)
         ch_device_empty_cache(c->dev);
 }
 
+/* The host backend's results, kept by tc_vs_host for the devices after
+ * it: a list, newest first, freed at exit. */
+typedef struct host_result {
+    struct host_result *next;
+    char name[256];
+    int64_t n;
+    float v[];
+} host_result;
+
+static host_result *host_results;
+
+static void host_results_free(void)
+{
+    while (host_results) {
+        host_result *r = host_results;
+        host_results = r->next;
+        free(r);
+    }
+}
+
+void tc_vs_host(tcase *c, const float *got, const double *mag, int64_t n, double tol)
+{
+    if (c->st != CH_OK)
+        return; /* the case's own line reports the failed call */
+    const char *id = ch_device_id(c->dev);
+    if (strncmp(id, "host", 4) == 0) {
+        host_result *r = malloc(sizeof *r + (size_t)n * sizeof(float));
+        if (!r) {
+            tc_fail(c, "tc_vs_host: malloc failed");
+            return;
+        }
+        if (!host_results)
+            atexit(host_results_free);
+        snprintf(r->name, sizeof r->name, "%s", c->name);
+        r->n = n;
+        memcpy(r->v, got, (size_t)n * sizeof(float));
+        r->next = host_results;
+        host_results = r;
+        return;
+    }
+    const host_result *r = host_results;
+    while (r && strcmp(r->name, c->name) != 0)
+        r = r->next;
+    if (!r) {
+        tap_skip("%s %s against the host backend: the host did not run it", id, c->name);
+        return;
+    }
+    double err = INFINITY;
+    if (r->n == n) {
+        err = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = one_err(got[i], r->v[i], fmax(mag ? mag[i] : fabs(r->v[i]), REF_TINY));
+            err = d > err ? d : err;
+        }
+    }
+    tap_ok(err <= tol, "%s %s against the host backend: err %.3g, want <= %.2g", id, c->name,
+           err, tol);
+}
+
 int tc_end_err(tcase *c, double err, double tol)
 {
     int ok;

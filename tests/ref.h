@@ -192,6 +192,16 @@ typedef double (*tc_objective)(tcase *c, const void *ctx, ch_tensor *t, const fl
 void tc_central_diff(tcase *c, tc_objective objective, const void *ctx, ch_tensor *t,
                      const float *x, int64_t count, float h, double *want);
 
+/* The ops whose formulas every backend takes from lib/kernels/: besides
+ * the reference, a device's result is compared with the host backend's on
+ * the same inputs (the case's name seeds them). The host's run of a case
+ * keeps its n floats under the case's name (no TAP line); another
+ * device's run gives one line: its largest difference from them, each
+ * element's relative to mag[i] (|host_i| where mag is NULL, as ref_err),
+ * at most tol; a skip naming the case when the host did not run it
+ * first. Call it before the case's tc_end_* line. */
+void tc_vs_host(tcase *c, const float *got, const double *mag, int64_t n, double tol);
+
 /* One TAP line each, then everything of the case is freed. */
 int tc_end_err(tcase *c, double err, double tol);
 /* The adjoint identity <A x, y> == <x, A^T y> (lhs, rhs), its error

@@ -18,17 +18,17 @@ struct chcu_perm {
     int64_t stride[CH_MAX_DIMS];
 };
 
-__global__ void permute_kernel(uint32_t *y, const uint32_t *x, int64_t n, chcu_perm p)
+/* Indexed in I, narrowed once per thread. */
+template <typename I> __global__ void permute_kernel(uint32_t *y, const uint32_t *x, int64_t n,
+                                                     chcu_perm p)
 {
-    CHCU_FOR_EACH(i, n)
-    {
-        int64_t off = 0, rest = i;
-        for (int d = p.ndim - 1; d >= 0; d--) {
-            off += rest % p.shape[d] * p.stride[d];
-            rest /= p.shape[d];
-        }
-        y[i] = x[off];
+    I shape[CH_MAX_DIMS], stride[CH_MAX_DIMS];
+    for (int d = 0; d < p.ndim; d++) {
+        shape[d] = (I)p.shape[d];
+        stride[d] = (I)p.stride[d];
     }
+    CHCU_FOR_EACH_AS(I, i, n)
+    y[i] = x[chk_permute_src(i, p.ndim, shape, stride)];
 }
 
 ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
@@ -38,19 +38,13 @@ ch_status chcu_permute(void *stream, int ndim, const int64_t *xshape, const int 
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    int64_t xstride[CH_MAX_DIMS], n = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        xstride[d] = n;
-        n *= xshape[d];
-    }
     chcu_perm p = {};
     p.ndim = ndim;
-    for (int i = 0; i < ndim; i++) {
-        p.shape[i] = xshape[perm[i]];
-        p.stride[i] = xstride[perm[i]];
-    }
-    permute_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
-        chcu_at<uint32_t>(y), chcu_at<uint32_t>(x), n, p);
+    int64_t n = chk_permute_plan(ndim, xshape, perm, p.shape, p.stride);
+    /* Every offset into x or y is below n. */
+    CHCU_LAUNCH_INDEXED(chk_index_is_32(n), permute_kernel,
+                        (chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s), chcu_at<uint32_t>(y),
+                        chcu_at<uint32_t>(x), n, p);
     return chcu_launched("permute_kernel");
 }
 

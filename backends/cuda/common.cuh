@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include "backend.h"
+#include "kernels/index.h"
 
 /* Peer flags are kept per device pair in a fixed table. */
 #define CHCU_MAX_DEVICES 64
@@ -140,6 +141,44 @@ chcu_shape2 chcu_rows(const chcu_device *dev, int64_t rows, int64_t cols);
 #define CHCU_FOR_EACH(i, n)                                                      \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);    \
          i += (int64_t)gridDim.x * blockDim.x)
+/* The same over an index type I of the launch's width (lib/kernels/index.h's
+ * rule leaves room for the step past the end in 32 bits). */
+#define CHCU_FOR_ROWS_AS(I, r, rows)                                              \
+    for (I r = (I)(blockIdx.y * blockDim.y + threadIdx.y); r < (I)(rows);        \
+         r += (I)(gridDim.y * blockDim.y))
+#define CHCU_FOR_COLS_AS(I, j, cols)                                              \
+    for (I j = (I)(blockIdx.x * blockDim.x + threadIdx.x); j < (I)(cols);        \
+         j += (I)(gridDim.x * blockDim.x))
+#define CHCU_FOR_EACH_AS(I, i, n) CHCU_FOR_COLS_AS(I, i, n)
+
+/* Launches kernel<int32_t> where is32 (lib/kernels/index.h's rule, chosen
+ * once per launch), kernel<int64_t> otherwise, with the launch
+ * configuration cfg (parenthesised) and the same arguments: the kernels
+ * narrow their sizes to I themselves. */
+#define CHCU_CFG(...) __VA_ARGS__
+#define CHCU_LAUNCH_INDEXED(is32, kernel, cfg, ...)          \
+    do {                                                     \
+        if (is32)                                            \
+            kernel<int32_t><<<CHCU_CFG cfg>>>(__VA_ARGS__);  \
+        else                                                 \
+            kernel<int64_t><<<CHCU_CFG cfg>>>(__VA_ARGS__);  \
+    } while (0)
+
+/* A window op's geometry (ch_conv_geom) in a kernel's index type I, and
+ * whether that is 32 bits: layout.cu's im2col and col2im, pool.cu's max
+ * pooling. */
+template <typename I> struct chcu_window {
+    I n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+};
+template <typename I> __device__ static inline chcu_window<I> chcu_window_of(const ch_conv_geom &g)
+{
+    return chcu_window<I>{(I)g.n,  (I)g.c,  (I)g.h,  (I)g.w,  (I)g.oh, (I)g.ow,
+                          (I)g.kh, (I)g.kw, (I)g.sh, (I)g.sw, (I)g.ph, (I)g.pw};
+}
+static inline int chcu_window_is_32(const ch_conv_geom *g)
+{
+    return chk_index_is_32(chk_window_largest(g->n, g->c, g->h, g->w, g->oh, g->ow, g->kh, g->kw));
+}
 
 /* ---- warp reductions ---- */
 

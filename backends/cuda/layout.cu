@@ -67,22 +67,23 @@ ch_status chcu_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch
 }
 
 /* col [C*kh*kw, N*OH*OW] is, in memory, [C, kh, kw, N] rows of OH*OW:
- * one launch row per (c, ki, kj, n) and one item per output position. */
-__global__ void im2col_kernel(float *col, const float *x, ch_conv_geom g)
+ * one launch row per (c, ki, kj, n) and one item per output position. The
+ * index math is lib/kernels/index.h's, in I (its width rule, chosen per
+ * launch). */
+template <typename I> __global__ void im2col_kernel(float *col, const float *x, ch_conv_geom geom)
 {
-    const int64_t plane = g.oh * g.ow;
-    CHCU_FOR_ROWS(r, g.c * g.kh * g.kw * g.n)
+    const chcu_window<I> g = chcu_window_of<I>(geom);
+    const I plane = g.oh * g.ow;
+    CHCU_FOR_ROWS_AS(I, r, g.c * g.kh * g.kw * g.n)
     {
-        int64_t n = r % g.n, t = r / g.n;
-        int kj = (int)(t % g.kw);
+        I n = r % g.n, t = r / g.n;
+        I kj = t % g.kw;
         t /= g.kw;
-        int ki = (int)(t % g.kh);
-        int64_t c = t / g.kh;
+        I ki = t % g.kh, c = t / g.kh;
         const float *src = x + (n * g.c + c) * g.h * g.w;
-        CHCU_FOR_COLS(q, plane)
+        CHCU_FOR_COLS_AS(I, q, plane)
         {
-            int64_t oh = q / g.ow, ow = q % g.ow;
-            int64_t h = oh * g.sh - g.ph + ki, w = ow * g.sw - g.pw + kj;
+            I h = chk_tap_in(q / g.ow, g.sh, g.ph, ki), w = chk_tap_in(q % g.ow, g.sw, g.pw, kj);
             col[r * plane + q] = h >= 0 && h < g.h && w >= 0 && w < g.w ? src[h * g.w + w] : 0.0f;
         }
     }
@@ -95,34 +96,35 @@ ch_status chcu_im2col(void *stream, const ch_conv_geom *g, ch_bmem col, ch_bmem 
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, g->c * g->kh * g->kw * g->n, g->oh * g->ow);
-    im2col_kernel<<<sh.grid, sh.block, 0, s->s>>>(chcu_at<float>(col), chcu_at<float>(x), *g);
+    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), im2col_kernel, (sh.grid, sh.block, 0, s->s),
+                        chcu_at<float>(col), chcu_at<float>(x), *g);
     return chcu_launched("im2col_kernel");
 }
 
 /* The gather form of the adjoint: each dx element sums the col entries
  * taken from it, window offsets (ki, kj) in increasing order as a scatter
  * over col's rows would add them. */
-__global__ void col2im_kernel(float *dx, const float *col, ch_conv_geom g)
+template <typename I> __global__ void col2im_kernel(float *dx, const float *col, ch_conv_geom geom)
 {
-    const int64_t plane = g.h * g.w, cols = g.n * g.oh * g.ow;
-    CHCU_FOR_ROWS(r, g.n * g.c)
+    const chcu_window<I> g = chcu_window_of<I>(geom);
+    const I plane = g.h * g.w, cols = g.n * g.oh * g.ow;
+    CHCU_FOR_ROWS_AS(I, r, g.n * g.c)
     {
-        int64_t n = r / g.c, c = r % g.c;
-        CHCU_FOR_COLS(p, plane)
+        I n = r / g.c, c = r % g.c;
+        CHCU_FOR_COLS_AS(I, p, plane)
         {
-            int64_t h = p / g.w, w = p % g.w;
+            I h = p / g.w, w = p % g.w;
             float sum = 0.0f;
-            for (int ki = 0; ki < g.kh; ki++) {
-                int64_t th = h + g.ph - ki;
-                if (th < 0 || th % g.sh != 0 || th / g.sh >= g.oh)
+            for (I ki = 0; ki < g.kh; ki++) {
+                I oh = chk_tap_out(h, g.sh, g.ph, ki, g.oh);
+                if (oh < 0)
                     continue;
-                int64_t oh = th / g.sh;
-                for (int kj = 0; kj < g.kw; kj++) {
-                    int64_t tw = w + g.pw - kj;
-                    if (tw < 0 || tw % g.sw != 0 || tw / g.sw >= g.ow)
+                for (I kj = 0; kj < g.kw; kj++) {
+                    I ow = chk_tap_out(w, g.sw, g.pw, kj, g.ow);
+                    if (ow < 0)
                         continue;
-                    int64_t row = (c * g.kh + ki) * g.kw + kj;
-                    sum += col[row * cols + (n * g.oh + oh) * g.ow + tw / g.sw];
+                    I row = (c * g.kh + ki) * g.kw + kj;
+                    sum += col[row * cols + (n * g.oh + oh) * g.ow + ow];
                 }
             }
             dx[r * plane + p] = sum;
@@ -137,6 +139,7 @@ ch_status chcu_col2im(void *stream, const ch_conv_geom *g, ch_bmem dx, ch_bmem c
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, g->n * g->c, g->h * g->w);
-    col2im_kernel<<<sh.grid, sh.block, 0, s->s>>>(chcu_at<float>(dx), chcu_at<float>(col), *g);
+    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), col2im_kernel, (sh.grid, sh.block, 0, s->s),
+                        chcu_at<float>(dx), chcu_at<float>(col), *g);
     return chcu_launched("col2im_kernel");
 }

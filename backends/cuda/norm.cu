@@ -1,6 +1,7 @@
-/* LayerNorm and BatchNorm (ops.h, "Normalisation").
+/* LayerNorm and BatchNorm (ops.h, "Normalisation"): the formulas are
+ * lib/kernels/normalize.h's, in its chk_acc (double here).
  *
- * Sums run in double, in an order fixed by the shape alone (no atomics),
+ * Sums run in chk_acc, in an order fixed by the shape alone (no atomics),
  * so a run repeats to the bit; a double sum of n terms errs by at most
  * n 2^-53 of their magnitudes, below f32's rounding for any n < 2^29.
  * LayerNorm: a block per row for the row's statistics; its parameter
@@ -8,6 +9,7 @@
  * BatchNorm's channel sums: a block per (channel, split), then the splits
  * in order. Blocks are CHCU_THREADS wide (a power of two) throughout. */
 #include "common.cuh"
+#include "kernels/normalize.h"
 
 /* LayerNorm's parameter gradients: rows per partial sum. */
 #define LN_CHUNK_ROWS 32
@@ -17,8 +19,8 @@
 #define SUMS_SPLITS_MAX 64
 
 /* The block's sum of v, the same order on every run; every thread gets it.
- * sh holds CHCU_THREADS doubles. */
-__device__ static double block_sum(double v, double *sh)
+ * sh holds CHCU_THREADS chk_acc. */
+__device__ static chk_acc block_sum(chk_acc v, chk_acc *sh)
 {
     const unsigned t = threadIdx.x;
     sh[t] = v;
@@ -28,7 +30,7 @@ __device__ static double block_sum(double v, double *sh)
             sh[t] += sh[t + h];
         __syncthreads();
     }
-    double r = sh[0];
+    chk_acc r = sh[0];
     __syncthreads();
     return r;
 }
@@ -45,18 +47,18 @@ __global__ void layernorm_kernel(float *y, float *mean, float *rstd, const float
                                  const float *gamma, const float *beta, int64_t rows,
                                  int64_t d, float eps)
 {
-    __shared__ double sh[CHCU_THREADS];
+    __shared__ chk_acc sh[CHCU_THREADS];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *px = x + r * d;
-        double s = 0.0;
+        chk_acc s = 0.0;
         for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
             s += px[j];
-        double m = block_sum(s, sh) / (double)d, v = 0.0;
+        chk_acc m = block_sum(s, sh) / (chk_acc)d, v = 0.0;
         for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-            v += ((double)px[j] - m) * ((double)px[j] - m);
-        double rs = 1.0 / sqrt(block_sum(v, sh) / (double)d + (double)eps);
+            v += ((chk_acc)px[j] - m) * ((chk_acc)px[j] - m);
+        chk_acc rs = chk_norm_rstd(block_sum(v, sh) / (chk_acc)d, eps);
         for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-            y[r * d + j] = (float)(((double)px[j] - m) * rs * gamma[j] + beta[j]);
+            y[r * d + j] = chk_norm_affine(px[j], m, rs, gamma[j], beta[j]);
         if (threadIdx.x == 0) {
             mean[r] = (float)m;
             rstd[r] = (float)rs;
@@ -77,31 +79,29 @@ ch_status chcu_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bm
     return chcu_launched("layernorm_kernel");
 }
 
-/* dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma: a block per row. */
+/* dx (chk_ln_dx): a block per row. */
 __global__ void layernorm_dx_kernel(float *dx, const float *dy, const float *x,
                                     const float *mean, const float *rstd, const float *gamma,
                                     int64_t rows, int64_t d)
 {
-    __shared__ double sh[CHCU_THREADS];
+    __shared__ chk_acc sh[CHCU_THREADS];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *pdy = dy + r * d, *px = x + r * d;
-        double m = mean[r], rs = rstd[r], s1 = 0.0, s2 = 0.0;
+        chk_acc m = mean[r], rs = rstd[r], s1 = 0.0, s2 = 0.0;
         for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            double g = (double)pdy[j] * gamma[j];
+            chk_acc g = chk_ln_g(pdy[j], gamma[j]);
             s1 += g;
-            s2 += g * (((double)px[j] - m) * rs);
+            s2 += g * chk_norm_xhat(px[j], m, rs);
         }
-        double k1 = block_sum(s1, sh) / (double)d, k2 = block_sum(s2, sh) / (double)d;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            double g = (double)pdy[j] * gamma[j], xhat = ((double)px[j] - m) * rs;
-            dx[r * d + j] = (float)(rs * (g - k1 - xhat * k2));
-        }
+        chk_acc k1 = block_sum(s1, sh) / (chk_acc)d, k2 = block_sum(s2, sh) / (chk_acc)d;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+            dx[r * d + j] = chk_ln_dx(pdy[j], gamma[j], px[j], m, rs, k1, k2);
     }
 }
 
 /* Item (k, j) of chunks x d: part[k, 0, j] = the sum of dy xhat and
  * part[k, 1, j] of dy over the rows of chunk k, in row order. */
-__global__ void layernorm_param_part_kernel(double *part, const float *dy, const float *x,
+__global__ void layernorm_param_part_kernel(chk_acc *part, const float *dy, const float *x,
                                             const float *mean, const float *rstd, int64_t rows,
                                             int64_t d, int64_t chunks)
 {
@@ -109,10 +109,10 @@ __global__ void layernorm_param_part_kernel(double *part, const float *dy, const
     {
         int64_t k = i / d, j = i % d;
         int64_t end = (k + 1) * LN_CHUNK_ROWS < rows ? (k + 1) * LN_CHUNK_ROWS : rows;
-        double g = 0.0, b = 0.0;
+        chk_acc g = 0.0, b = 0.0;
         for (int64_t r = k * LN_CHUNK_ROWS; r < end; r++) {
-            double v = dy[r * d + j];
-            g += v * (((double)x[r * d + j] - mean[r]) * rstd[r]);
+            chk_acc v = dy[r * d + j];
+            g += v * chk_norm_xhat(x[r * d + j], mean[r], rstd[r]);
             b += v;
         }
         part[k * 2 * d + j] = g;
@@ -120,12 +120,12 @@ __global__ void layernorm_param_part_kernel(double *part, const float *dy, const
     }
 }
 
-__global__ void layernorm_param_sum_kernel(float *dgamma, float *dbeta, const double *part,
+__global__ void layernorm_param_sum_kernel(float *dgamma, float *dbeta, const chk_acc *part,
                                            int64_t chunks, int64_t d)
 {
     CHCU_FOR_EACH(j, d)
     {
-        double g = 0.0, b = 0.0;
+        chk_acc g = 0.0, b = 0.0;
         for (int64_t k = 0; k < chunks; k++) {
             g += part[k * 2 * d + j];
             b += part[k * 2 * d + d + j];
@@ -141,10 +141,10 @@ static ch_status layernorm_params(chcu_stream *s, int64_t rows, int64_t d, float
 {
     int64_t chunks = (rows + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
     void *work;
-    ch_status st = chcu_scratch_acquire(s, (size_t)(chunks * 2 * d) * sizeof(double), &work);
+    ch_status st = chcu_scratch_acquire(s, (size_t)(chunks * 2 * d) * sizeof(chk_acc), &work);
     if (st)
         return st;
-    double *part = (double *)work;
+    chk_acc *part = (chk_acc *)work;
     layernorm_param_part_kernel<<<chcu_grid(s->dev, chunks * d), CHCU_THREADS, 0, s->s>>>(
         part, dy, x, mean, rstd, rows, d, chunks);
     st = chcu_launched("layernorm_param_part_kernel");
@@ -190,22 +190,25 @@ static int64_t sums_splits(int64_t count)
 
 /* Block (channel, split): over its share of the channel's count = outer *
  * inner elements, the sums of a' and a' b' (primes: minus the centre, a
- * NULL centre being 0) into part[2 (ch splits + sp) ..]. */
-__global__ void channel_sums_part_kernel(double *part, const float *a, const float *ac,
+ * NULL centre being 0) into part[2 (ch splits + sp) ..]. Elements indexed
+ * in I (lib/kernels/index.h's width rule). */
+template <typename I>
+__global__ void channel_sums_part_kernel(chk_acc *part, const float *a, const float *ac,
                                          const float *b, const float *bc, int64_t c,
                                          int64_t inner, int64_t count, int64_t splits)
 {
-    __shared__ double sh[CHCU_THREADS];
+    __shared__ chk_acc sh[CHCU_THREADS];
+    const I cc = (I)c, in = (I)inner;
     int64_t chunk = (count + splits - 1) / splits;
     for (int64_t g = blockIdx.x; g < c * splits; g += gridDim.x) {
         int64_t ch = g / splits, begin = (g % splits) * chunk;
         int64_t end = begin + chunk < count ? begin + chunk : count;
-        double ca = ac ? ac[ch] : 0.0, cb = bc ? bc[ch] : 0.0, s1 = 0.0, s2 = 0.0;
-        for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-            int64_t at = ((e / inner) * c + ch) * inner + e % inner;
-            double da = (double)a[at] - ca;
+        chk_acc ca = ac ? ac[ch] : 0.0, cb = bc ? bc[ch] : 0.0, s1 = 0.0, s2 = 0.0;
+        for (I e = (I)(begin + threadIdx.x); e < (I)end; e += (I)blockDim.x) {
+            I at = ((e / in) * cc + (I)ch) * in + e % in;
+            chk_acc da = (chk_acc)a[at] - ca;
             s1 += da;
-            s2 += da * ((double)b[at] - cb);
+            s2 += da * ((chk_acc)b[at] - cb);
         }
         s1 = block_sum(s1, sh);
         s2 = block_sum(s2, sh);
@@ -218,12 +221,12 @@ __global__ void channel_sums_part_kernel(double *part, const float *a, const flo
 
 /* A thread per channel: its splits in order; channel 0's also writes the
  * count. */
-__global__ void channel_sums_finish_kernel(float *sums, const double *part, int64_t c,
+__global__ void channel_sums_finish_kernel(float *sums, const chk_acc *part, int64_t c,
                                            int64_t splits, int64_t count)
 {
     CHCU_FOR_EACH(ch, c)
     {
-        double s1 = 0.0, s2 = 0.0;
+        chk_acc s1 = 0.0, s2 = 0.0;
         for (int64_t sp = 0; sp < splits; sp++) {
             s1 += part[2 * (ch * splits + sp)];
             s2 += part[2 * (ch * splits + sp) + 1];
@@ -245,14 +248,15 @@ ch_status chcu_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inne
         return st;
     int64_t count = outer * inner, splits = sums_splits(count);
     void *work;
-    st = chcu_scratch_acquire(s, (size_t)(2 * c * splits) * sizeof(double), &work);
+    st = chcu_scratch_acquire(s, (size_t)(2 * c * splits) * sizeof(chk_acc), &work);
     if (st)
         return st;
-    double *part = (double *)work;
+    chk_acc *part = (chk_acc *)work;
     const float *ac = a_center.ptr ? chcu_at<float>(a_center) : NULL;
     const float *bc = b_center.ptr ? chcu_at<float>(b_center) : NULL;
-    channel_sums_part_kernel<<<row_blocks(s->dev, c * splits), CHCU_THREADS, 0, s->s>>>(
-        part, chcu_at<float>(a), ac, chcu_at<float>(b), bc, c, inner, count, splits);
+    CHCU_LAUNCH_INDEXED(chk_index_is_32(outer * c * inner), channel_sums_part_kernel,
+                        (row_blocks(s->dev, c * splits), CHCU_THREADS, 0, s->s), part,
+                        chcu_at<float>(a), ac, chcu_at<float>(b), bc, c, inner, count, splits);
     st = chcu_launched("channel_sums_part_kernel");
     if (!st) {
         channel_sums_finish_kernel<<<chcu_grid(s->dev, c), CHCU_THREADS, 0, s->s>>>(
@@ -264,8 +268,7 @@ ch_status chcu_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inne
 }
 
 /* A thread per channel. sums NULL: evaluation, from the running
- * statistics; running NULL: not updated. A count of 1 has no unbiased
- * variance: the biased one (0) is taken. */
+ * statistics; running NULL: not updated. */
 __global__ void batchnorm_stats_kernel(float *mean, float *rstd, float *rmean, float *rvar,
                                        const float *sums, const float *center, int64_t c,
                                        float momentum, float eps)
@@ -274,19 +277,18 @@ __global__ void batchnorm_stats_kernel(float *mean, float *rstd, float *rmean, f
     {
         if (!sums) {
             mean[ch] = rmean[ch];
-            rstd[ch] = (float)(1.0 / sqrt((double)rvar[ch] + (double)eps));
+            rstd[ch] = (float)chk_norm_rstd(rvar[ch], eps);
             continue;
         }
-        double count = sums[2 * c], d = sums[ch] / count;
-        double m = (center ? center[ch] : 0.0) + d;
-        double v = fmax(sums[c + ch] / count - d * d, 0.0);
+        float count = sums[2 * c];
+        chk_acc m = chk_bn_mean(center ? center[ch] : 0.0f, sums[ch], count);
+        chk_acc v = chk_bn_var(sums[ch], sums[c + ch], count);
         mean[ch] = (float)m;
-        rstd[ch] = (float)(1.0 / sqrt(v + (double)eps));
+        rstd[ch] = (float)chk_norm_rstd(v, eps);
         if (!rmean)
             continue;
-        double k = momentum, unbiased = count > 1.0 ? v * count / (count - 1.0) : v;
-        rmean[ch] = (float)((1.0 - k) * rmean[ch] + k * m);
-        rvar[ch] = (float)((1.0 - k) * rvar[ch] + k * unbiased);
+        rmean[ch] = chk_bn_running(rmean[ch], momentum, m);
+        rvar[ch] = chk_bn_running(rvar[ch], momentum, chk_bn_unbiased(v, count));
     }
 }
 
@@ -309,15 +311,17 @@ ch_status chcu_batchnorm_stats(void *stream, int64_t c, float momentum, float ep
     return chcu_launched("batchnorm_stats_kernel");
 }
 
+/* The element kernels index in I, index.h's width rule chosen per launch. */
+template <typename I>
 __global__ void batchnorm_forward_kernel(float *y, const float *x, const float *mean,
                                          const float *rstd, const float *gamma,
                                          const float *beta, int64_t n, int64_t c,
                                          int64_t inner)
 {
-    CHCU_FOR_EACH(i, n)
+    CHCU_FOR_EACH_AS(I, i, n)
     {
-        int64_t ch = (i / inner) % c;
-        y[i] = (x[i] - mean[ch]) * rstd[ch] * gamma[ch] + beta[ch];
+        I ch = chk_channel_of(i, (I)c, (I)inner);
+        y[i] = chk_norm_affine(x[i], mean[ch], rstd[ch], gamma[ch], beta[ch]);
     }
 }
 
@@ -330,9 +334,10 @@ ch_status chcu_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t
     if (st)
         return st;
     int64_t n = outer * c * inner;
-    batchnorm_forward_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
-        chcu_at<float>(y), chcu_at<float>(x), chcu_at<float>(mean), chcu_at<float>(rstd),
-        chcu_at<float>(gamma), chcu_at<float>(beta), n, c, inner);
+    CHCU_LAUNCH_INDEXED(chk_index_is_32(n), batchnorm_forward_kernel,
+                        (chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s), chcu_at<float>(y),
+                        chcu_at<float>(x), chcu_at<float>(mean), chcu_at<float>(rstd),
+                        chcu_at<float>(gamma), chcu_at<float>(beta), n, c, inner);
     return chcu_launched("batchnorm_forward_kernel");
 }
 
@@ -342,22 +347,22 @@ __global__ void batchnorm_param_grads_kernel(float *dgamma, float *dbeta, const 
 {
     CHCU_FOR_EACH(ch, c)
     {
-        dgamma[ch] = (float)(dgamma[ch] + (double)rstd[ch] * local[c + ch]);
-        dbeta[ch] = (float)((double)dbeta[ch] + local[ch]);
+        dgamma[ch] = chk_bn_dgamma(dgamma[ch], rstd[ch], local[c + ch]);
+        dbeta[ch] = chk_bn_dbeta(dbeta[ch], local[ch]);
     }
 }
 
-/* dx = gamma rstd (dy - total[ch] / M - (x - mean) rstd^2 total[c + ch] / M). */
+/* dx (chk_bn_dx) from the total sums. */
+template <typename I>
 __global__ void batchnorm_dx_kernel(float *dx, const float *dy, const float *x,
                                     const float *mean, const float *rstd, const float *gamma,
                                     const float *total, int64_t n, int64_t c, int64_t inner)
 {
-    CHCU_FOR_EACH(i, n)
+    CHCU_FOR_EACH_AS(I, i, n)
     {
-        int64_t ch = (i / inner) % c;
-        float count = total[2 * c], rs = rstd[ch];
-        float mean_dy = total[ch] / count, slope = rs * rs * total[c + ch] / count;
-        dx[i] = gamma[ch] * rs * (dy[i] - mean_dy - (x[i] - mean[ch]) * slope);
+        I ch = chk_channel_of(i, (I)c, (I)inner);
+        dx[i] = chk_bn_dx(dy[i], x[i], mean[ch], rstd[ch], gamma[ch], total[ch], total[c + ch],
+                          total[2 * c]);
     }
 }
 
@@ -377,8 +382,10 @@ ch_status chcu_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_
     if (st || !dx.ptr)
         return st;
     int64_t n = outer * c * inner;
-    batchnorm_dx_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
-        chcu_at<float>(dx), chcu_at<float>(dy), chcu_at<float>(x), chcu_at<float>(mean),
-        chcu_at<float>(rstd), chcu_at<float>(gamma), chcu_at<float>(total), n, c, inner);
+    CHCU_LAUNCH_INDEXED(chk_index_is_32(n), batchnorm_dx_kernel,
+                        (chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s), chcu_at<float>(dx),
+                        chcu_at<float>(dy), chcu_at<float>(x), chcu_at<float>(mean),
+                        chcu_at<float>(rstd), chcu_at<float>(gamma), chcu_at<float>(total), n, c,
+                        inner);
     return chcu_launched("batchnorm_dx_kernel");
 }

@@ -12,6 +12,7 @@
  * same way (attention.cu). */
 #include <math.h>
 #include "common.cuh"
+#include "kernels/xent.h"
 
 /* ---- deferred label and index checks ---- */
 
@@ -181,18 +182,17 @@ ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch
  * of column 0 lower *bad to the check word of a row whose label is out of
  * range. */
 __global__ void softmax_xent_backward_kernel(float *dl, const float *probs, const int32_t *labels,
-                                             int64_t n, int64_t c, float k, unsigned long long *bad)
+                                             int64_t n, int64_t c, float scale,
+                                             unsigned long long *bad)
 {
     CHCU_FOR_ROWS(r, n)
     {
         int32_t l = labels[r];
         if (blockIdx.x == 0 && threadIdx.x == 0 && (l < 0 || l >= c))
             atomicMin(bad, chcu_check_word(r, l));
+        chk_acc k = chk_xent_scale(scale, (chk_acc)n);
         CHCU_FOR_COLS(j, c)
-        {
-            float t = j == l ? 1.0f : 0.0f;
-            dl[r * c + j] = (probs[r * c + j] - t) * k;
-        }
+        dl[r * c + j] = chk_xent_grad(probs[r * c + j], j == l, k);
     }
 }
 
@@ -209,7 +209,7 @@ ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
     chcu_shape2 sh = chcu_rows(s->dev, n, c);
     softmax_xent_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
         chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c,
-        scale / (float)n, bad);
+        scale, bad);
     return chcu_check_end(s, chcu_launched("softmax_xent_backward_kernel"),
                           "ch_softmax_xent_backward", 0, c);
 }

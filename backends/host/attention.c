@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "host.h"
+#include "kernels/index.h"
 
 /* ---- batched GEMM ------------------------------------------------------------ */
 
@@ -96,31 +97,23 @@ ch_status chi_host_permute(void *stream, int ndim, const int64_t *xshape, const 
                            ch_bmem y, ch_bmem x)
 {
     (void)stream;
-    int64_t xstride[CH_MAX_DIMS], shape[CH_MAX_DIMS], stride[CH_MAX_DIMS];
-    int64_t numel = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        xstride[d] = numel;
-        numel *= xshape[d];
-    }
-    for (int i = 0; i < ndim; i++) {
-        shape[i] = xshape[perm[i]];
-        stride[i] = xstride[perm[i]];
-    }
+    int64_t shape[CH_MAX_DIMS], stride[CH_MAX_DIMS];
+    int64_t numel = chk_permute_plan(ndim, xshape, perm, shape, stride);
     int64_t len = shape[ndim - 1], step = stride[ndim - 1], rows = numel / len;
     uint32_t *py = (uint32_t *)chi_host_f32(y);
     const uint32_t *px = (const uint32_t *)chi_host_f32(x);
-    /* Each thread takes a run of rows: the first row's index is worked out
-     * by division, the next ones by counting (an odometer over the outer
-     * dimensions); the rows are short (a head's 32 or 64 floats), so they
-     * are copied inline rather than by a memcpy call each. */
+    /* Each thread takes a run of rows: the first row's offset in x is
+     * index.h's chk_permute_src, the next ones are counted (an odometer
+     * over the outer dimensions); the rows are short (a head's 32 or 64
+     * floats), so they are copied inline rather than by a memcpy call
+     * each. */
     CHI_OMP(omp parallel if (numel > CHI_HOST_PAR_MIN))
     {
         int nt = chi_omp_threads(), t = chi_omp_thread();
         int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
-        int64_t idx[CH_MAX_DIMS] = {0}, off = 0, rest = r0;
-        for (int d = ndim - 2; d >= 0; d--) {
+        int64_t idx[CH_MAX_DIMS] = {0}, off = chk_permute_src_64(r0 * len, ndim, shape, stride);
+        for (int64_t d = ndim - 2, rest = r0; d >= 0; d--) {
             idx[d] = rest % shape[d];
-            off += idx[d] * stride[d];
             rest /= shape[d];
         }
         for (int64_t r = r0; r < r1; r++) {

@@ -17,16 +17,17 @@
 #include <string.h>
 
 #include "host.h"
+#include "kernels/index.h"
+
+/* The index math is lib/kernels/index.h's, 64-bit (the host works it out
+ * once per row or window, never per element, so its width costs nothing). */
 
 /* The outputs [*lo, *hi) along one axis whose tap k reads inside the input:
- * 0 <= o*s - p + k < in, clipped to [0, out). */
+ * 0 <= chk_tap_in(o) < in, clipped to [0, out). */
 static void tap_range(int64_t in, int64_t out, int s, int p, int k, int64_t *lo, int64_t *hi)
 {
-    int64_t before = p - k, last = in - 1 + p - k;
-    *lo = before <= 0 ? 0 : (before + s - 1) / s;
-    *hi = last < 0 ? 0 : last / s + 1;
-    if (*hi > out)
-        *hi = out;
+    *lo = chk_out_lo_64(p - k, s);
+    *hi = chk_out_hi_64(in - 1 + p - k, s, out);
     if (*lo > *hi)
         *lo = *hi;
 }
@@ -34,7 +35,7 @@ static void tap_range(int64_t in, int64_t out, int s, int p, int k, int64_t *lo,
 /* The input rows [*lo, *hi) that output row o's window covers. */
 static void window_range(int64_t o, int s, int p, int k, int64_t in, int64_t *lo, int64_t *hi)
 {
-    int64_t first = o * s - p;
+    int64_t first = chk_tap_in_64(o, s, p, 0);
     *lo = first < 0 ? 0 : first;
     *hi = first + k < in ? first + k : in;
 }

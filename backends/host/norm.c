@@ -1,8 +1,9 @@
 /* Host LayerNorm and BatchNorm (ops.h, "Normalisation").
  *
- * Everything is computed in double from the f32 inputs and rounded once
- * on the way out. Every sum has an order fixed by the shape alone, so the
- * same inputs give the same bits whatever the thread count: a row's sums
+ * The formulas are lib/kernels/normalize.h's, in double (chk_acc) from the
+ * f32 inputs and rounded once on the way out. Every sum has an order fixed
+ * by the shape alone, so the same inputs give the same bits whatever the
+ * thread count: a row's sums
  * in LANES interleaved accumulators added pairwise (an order the compiler
  * can still vectorise), LayerNorm's parameter gradients per chunk of rows,
  * the chunks then added in order, a channel's sums one run of `inner`
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 
 #include "host.h"
+#include "kernels/normalize.h"
 
 /* Rows of LayerNorm's backward summed together into one partial sum of
  * the parameter gradients. */
@@ -63,10 +65,10 @@ static void layernorm_row(float *y, float *mean, float *rstd, const float *x,
     sums_around(x, 0.0, x, 0.0, d, &s, &unused);
     double m = s / (double)d;
     sums_around(x, m, x, m, d, &unused, &v);
-    double r = 1.0 / sqrt(v / (double)d + (double)eps);
+    double r = chk_norm_rstd(v / (double)d, eps);
     CHI_OMP(omp simd)
     for (int64_t j = 0; j < d; j++)
-        y[j] = (float)(((double)x[j] - m) * r * gamma[j] + beta[j]);
+        y[j] = chk_norm_affine(x[j], m, r, gamma[j], beta[j]);
     *mean = (float)m;
     *rstd = (float)r;
 }
@@ -84,22 +86,22 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
     return CH_OK;
 }
 
-/* s1 = the sum of g = dy gamma and s2 = the sum of g (x - m) over a row. */
+/* s1 = the sum of g = dy gamma and s2 = the sum of g xhat over a row. */
 CHI_CLONES static void backward_sums(const float *dy, const float *gamma, const float *x, double m,
-                          int64_t d, double *s1, double *s2)
+                          double r, int64_t d, double *s1, double *s2)
 {
     double l1[LANES] = {0}, l2[LANES] = {0};
     int64_t j = 0;
     for (; j + LANES <= d; j += LANES)
         for (int k = 0; k < LANES; k++) {
-            double g = (double)dy[j + k] * gamma[j + k];
+            double g = chk_ln_g(dy[j + k], gamma[j + k]);
             l1[k] += g;
-            l2[k] += g * ((double)x[j + k] - m);
+            l2[k] += g * chk_norm_xhat(x[j + k], m, r);
         }
     for (int k = 0; j < d; j++, k++) {
-        double g = (double)dy[j] * gamma[j];
+        double g = chk_ln_g(dy[j], gamma[j]);
         l1[k] += g;
-        l2[k] += g * ((double)x[j] - m);
+        l2[k] += g * chk_norm_xhat(x[j], m, r);
     }
     *s1 = lanes_total(l1);
     *s2 = lanes_total(l2);
@@ -114,19 +116,17 @@ static void layernorm_backward_row(float *dx, double *pg, double *pb, const floa
     double m = mean, r = rstd;
     CHI_OMP(omp simd)
     for (int64_t j = 0; j < d; j++) {
-        pg[j] += dy[j] * (((double)x[j] - m) * r);
+        pg[j] += dy[j] * chk_norm_xhat(x[j], m, r);
         pb[j] += dy[j];
     }
     if (!dx)
         return;
     double s1, s2;
-    backward_sums(dy, gamma, x, m, d, &s1, &s2);
-    double k1 = s1 / (double)d, k2 = s2 * r / (double)d;
+    backward_sums(dy, gamma, x, m, r, d, &s1, &s2);
+    double k1 = s1 / (double)d, k2 = s2 / (double)d;
     CHI_OMP(omp simd)
-    for (int64_t j = 0; j < d; j++) {
-        double xhat = ((double)x[j] - m) * r, g = (double)dy[j] * gamma[j];
-        dx[j] = (float)(r * (g - k1 - xhat * k2));
-    }
+    for (int64_t j = 0; j < d; j++)
+        dx[j] = chk_ln_dx(dy[j], gamma[j], x[j], m, r, k1, k2);
 }
 
 ch_status chi_host_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
@@ -194,25 +194,21 @@ ch_status chi_host_channel_sums(void *stream, int64_t outer, int64_t c, int64_t 
 }
 
 /* Training: the batch's mean and rstd from the sums, and the running
- * statistics moved towards them (PyTorch: the unbiased variance, except
- * for M = 1 where it has none: there the biased one, 0, is taken). */
+ * statistics moved towards them. */
 static void stats_from_sums(int64_t c, float momentum, float eps, float *mean, float *rstd,
                             float *run_mean, float *run_var, const float *sums,
                             const float *center)
 {
-    double count = sums[2 * c], k = momentum;
+    float count = sums[2 * c];
     for (int64_t ch = 0; ch < c; ch++) {
-        double d = sums[ch] / count;
-        double m = (center ? center[ch] : 0.0) + d;
-        double v = sums[c + ch] / count - d * d;
-        v = v > 0.0 ? v : 0.0;
+        double m = chk_bn_mean(center ? center[ch] : 0.0f, sums[ch], count);
+        double v = chk_bn_var(sums[ch], sums[c + ch], count);
         mean[ch] = (float)m;
-        rstd[ch] = (float)(1.0 / sqrt(v + (double)eps));
+        rstd[ch] = (float)chk_norm_rstd(v, eps);
         if (!run_mean)
             continue;
-        double unbiased = count > 1.0 ? v * count / (count - 1.0) : v;
-        run_mean[ch] = (float)((1.0 - k) * run_mean[ch] + k * m);
-        run_var[ch] = (float)((1.0 - k) * run_var[ch] + k * unbiased);
+        run_mean[ch] = chk_bn_running(run_mean[ch], momentum, m);
+        run_var[ch] = chk_bn_running(run_var[ch], momentum, chk_bn_unbiased(v, count));
     }
 }
 
@@ -231,27 +227,28 @@ ch_status chi_host_batchnorm_stats(void *stream, int64_t c, float momentum, floa
     }
     for (int64_t ch = 0; ch < c; ch++) {
         pm[ch] = prm[ch];
-        pr[ch] = (float)(1.0 / sqrt((double)prv[ch] + (double)eps));
+        pr[ch] = (float)chk_norm_rstd(prv[ch], eps);
     }
     return CH_OK;
 }
 
-/* One channel's run of `inner` elements, in double (AVX2 or baseline). */
-CHI_CLONES static void bn_forward_run(float *y, const float *x, int64_t inner, double m,
-                                      double k, double b)
+/* One channel's run of `inner` elements (AVX2 or baseline). */
+CHI_CLONES static void bn_forward_run(float *y, const float *x, int64_t inner, float m, float r,
+                                      float gamma, float beta)
 {
     CHI_OMP(omp simd)
     for (int64_t i = 0; i < inner; i++)
-        y[i] = (float)(((double)x[i] - m) * k + b);
+        y[i] = chk_norm_affine(x[i], m, r, gamma, beta);
 }
 
+/* t: the channel's total sums (s1, s2, count). */
 CHI_CLONES static void bn_backward_run(float *dx, const float *dy, const float *x,
-                                       int64_t inner, double m, double k, double mean_dy,
-                                       double slope)
+                                       int64_t inner, float m, float r, float gamma, float t1,
+                                       float t2, float count)
 {
     CHI_OMP(omp simd)
     for (int64_t i = 0; i < inner; i++)
-        dx[i] = (float)(k * (dy[i] - mean_dy - ((double)x[i] - m) * slope));
+        dx[i] = chk_bn_dx(dy[i], x[i], m, r, gamma, t1, t2, count);
 }
 
 ch_status chi_host_batchnorm_forward(void *stream, int64_t outer, int64_t c, int64_t inner,
@@ -266,7 +263,7 @@ ch_status chi_host_batchnorm_forward(void *stream, int64_t outer, int64_t c, int
     for (int64_t o = 0; o < outer; o++)
         for (int64_t ch = 0; ch < c; ch++) {
             int64_t at = (o * c + ch) * inner;
-            bn_forward_run(py + at, px + at, inner, pm[ch], (double)pr[ch] * pg[ch], pb[ch]);
+            bn_forward_run(py + at, px + at, inner, pm[ch], pr[ch], pg[ch], pb[ch]);
         }
     return CH_OK;
 }
@@ -281,21 +278,19 @@ ch_status chi_host_batchnorm_backward(void *stream, int64_t outer, int64_t c, in
                 *pl = chi_host_f32(local), *pt = chi_host_f32(total);
     float *pdg = chi_host_f32(dgamma), *pdb = chi_host_f32(dbeta);
     for (int64_t ch = 0; ch < c; ch++) {
-        pdg[ch] = (float)(pdg[ch] + (double)pr[ch] * pl[c + ch]);
-        pdb[ch] = (float)((double)pdb[ch] + pl[ch]);
+        pdg[ch] = chk_bn_dgamma(pdg[ch], pr[ch], pl[c + ch]);
+        pdb[ch] = chk_bn_dbeta(pdb[ch], pl[ch]);
     }
     if (!dx.ptr)
         return CH_OK;
     float *pdx = chi_host_f32(dx);
     const float *pdy = chi_host_f32(dy), *px = chi_host_f32(x);
-    double count = pt[2 * c];
     CHI_OMP(omp parallel for collapse(2) if (outer * c * inner > CHI_HOST_PAR_MIN))
     for (int64_t o = 0; o < outer; o++)
         for (int64_t ch = 0; ch < c; ch++) {
-            double r = pr[ch];
             int64_t at = (o * c + ch) * inner;
-            bn_backward_run(pdx + at, pdy + at, px + at, inner, pm[ch], (double)pg[ch] * r,
-                            pt[ch] / count, r * r * pt[c + ch] / count);
+            bn_backward_run(pdx + at, pdy + at, px + at, inner, pm[ch], pr[ch], pg[ch], pt[ch],
+                            pt[c + ch], pt[2 * c]);
         }
     return CH_OK;
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "host.h"
+#include "kernels/xent.h"
 
 /* Labels outside [0, C) are an error on every backend (ops.h); the message
  * names the first, as the device backends' do. */
@@ -81,12 +82,10 @@ ch_status chi_host_softmax_xent_backward(void *stream, int64_t n, int64_t c,
         return st;
     float *pd = chi_host_f32(dlogits);
     const float *pp = chi_host_f32(probs);
-    double k = (double)scale / (double)n;
+    double k = chk_xent_scale(scale, (double)n);
     CHI_OMP(omp parallel for if (n * c > CHI_HOST_PAR_MIN))
     for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < c; j++) {
-            double onehot = j == pl[i] ? 1.0 : 0.0;
-            pd[i * c + j] = (float)(k * ((double)pp[i * c + j] - onehot));
-        }
+        for (int64_t j = 0; j < c; j++)
+            pd[i * c + j] = chk_xent_grad(pp[i * c + j], j == pl[i], k);
     return CH_OK;
 }

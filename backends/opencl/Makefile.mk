@@ -14,6 +14,7 @@ opencl_kernels = \
 	backends/opencl/conv.cl \
 	backends/opencl/rand.cl \
 	backends/opencl/attention.cl \
+	backends/opencl/permute.cl \
 	backends/opencl/norm.cl
 EXTRA_DIST += $(opencl_kernels)
 

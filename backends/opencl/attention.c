@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include "opencl.h"
+#include "kernels/index.h"
 
 /* Work-groups of the row reductions: a power of two covering the row, at
  * most 256. */
@@ -17,24 +18,21 @@ static size_t row_group(int64_t s)
 ch_status chcl_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
                        ch_bmem y, ch_bmem x)
 {
-    int64_t xstride[CH_MAX_DIMS], numel = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        xstride[d] = numel;
-        numel *= xshape[d];
-    }
-    ch_status st = chcl_check_count("permute", numel);
-    if (st != CH_OK)
-        return st;
-    cl_int8 shape = {{0}}, stride = {{0}};
+    int64_t yshape[CH_MAX_DIMS], ystride[CH_MAX_DIMS];
+    int64_t numel = chk_permute_plan(ndim, xshape, perm, yshape, ystride);
+    cl_long8 shape = {{0}}, stride = {{0}};
     for (int i = 0; i < ndim; i++) {
-        shape.s[i] = (cl_int)xshape[perm[i]];
-        stride.s[i] = (cl_int)xstride[perm[i]];
+        shape.s[i] = yshape[i];
+        stride.s[i] = ystride[i];
     }
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
-    cl_int n = (cl_int)numel, nd = ndim;
+    cl_long n = numel;
+    cl_int nd = ndim;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(n), CHCL_ARG(nd), CHCL_ARG(shape),
                        CHCL_ARG(stride)};
-    return chcl_launch1(stream, CHCL_K_PERMUTE, CHCL_COUNT_OF(args), args, numel);
+    /* Every offset into x or y is below numel (index.h's rule). */
+    chcl_kern_id k = chk_index_is_32(numel) ? CHCL_K_PERMUTE : CHCL_K_PERMUTE_64;
+    return chcl_launch1(stream, k, CHCL_COUNT_OF(args), args, numel);
 }
 
 ch_status chcl_softmax(void *stream, int64_t rows, int64_t s, int causal,

@@ -1,30 +1,11 @@
-/* Attention's ops: permute, the row softmax with its causal mask and its
- * backward, the embedding gather and its backward. No atomics in any sum:
+/* Attention's ops: the row softmax with its causal mask and its backward,
+ * the embedding gather and its backward (permute is permute.cl). No atomics in any sum:
  * each output is summed by one work-item or one work-group in a fixed
  * order, so results are the same bits on every run. (The embedding's
  * out-of-range flag is an atomic_min, which only picks the first bad
  * position.) Placed after common.cl (tree_sum, tree_max). */
 
 #pragma OPENCL FP_CONTRACT OFF
-
-/* One work-item per element of y; shapes of up to 8 dimensions come as
- * int8 (y's shape, and the stride in x of each of y's dimensions). */
-__kernel void permute(__global uint *y, ulong yo, __global const uint *x, ulong xo, int n,
-                      int ndim, int8 yshape, int8 xstride)
-{
-    int i = get_global_id(0);
-    if (i >= n)
-        return;
-    int shape[8], stride[8];
-    vstore8(yshape, 0, shape);
-    vstore8(xstride, 0, stride);
-    int off = 0, rest = i;
-    for (int d = ndim - 1; d >= 0; d--) {
-        off += rest % shape[d] * stride[d];
-        rest /= shape[d];
-    }
-    y[yo + i] = x[xo + off];
-}
 
 /* One work-group per row of s: y = softmax of the row's first w columns
  * (w = s, or with the causal mask the row's position in its matrix of

@@ -3,16 +3,21 @@
  * work-group size L and leave the result in tmp[0], combined in a fixed
  * order so the same inputs give the same bits on every run. */
 
-void tree_sum(__local float *tmp)
-{
-    int t = get_local_id(0);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = get_local_size(0) / 2; h > 0; h >>= 1) {
-        if (t < h)
-            tmp[t] += tmp[t + h];
-        barrier(CLK_LOCAL_MEM_FENCE);
+/* NAME(tmp) sums tmp of type T; tree_sum over floats, and norm.cl's
+ * acc_tree_sum over its chk_acc. */
+#define DEFINE_TREE_SUM(NAME, T)                            \
+    void NAME(__local T *tmp)                               \
+    {                                                       \
+        int t = get_local_id(0);                            \
+        barrier(CLK_LOCAL_MEM_FENCE);                       \
+        for (int h = get_local_size(0) / 2; h > 0; h >>= 1) { \
+            if (t < h)                                      \
+                tmp[t] += tmp[t + h];                       \
+            barrier(CLK_LOCAL_MEM_FENCE);                   \
+        }                                                   \
     }
-}
+
+DEFINE_TREE_SUM(tree_sum, float)
 
 void tree_max(__local float *tmp)
 {

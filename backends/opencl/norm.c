@@ -1,6 +1,8 @@
 /* The normalisation slots (norm.cl): sizes checked against what a kernel
- * indexes, temporaries for the two-step sums, absent buffers replaced by a
- * stand-in that the kernel is told not to read. */
+ * indexes, temporaries for the two-step sums (local and global, sized for
+ * doubles: the kernels' chk_acc is double where the device has it, float
+ * otherwise), absent buffers replaced by a stand-in that the kernel is
+ * told not to read. */
 #include "config.h"
 
 #include "opencl.h"
@@ -33,7 +35,7 @@ ch_status chcl_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bm
     size_t group = 0;
     ch_status st = chcl_check_count("layernorm", rows * d);
     if (st == CH_OK)
-        st = group_for(stream, CHCL_K_LAYERNORM, d, sizeof(cl_float), &group);
+        st = group_for(stream, CHCL_K_LAYERNORM, d, sizeof(cl_double), &group);
     if (st != CH_OK)
         return st;
     chcl_ref Y = chcl_ref_of(y), M = chcl_ref_of(mean), R = chcl_ref_of(rstd),
@@ -41,7 +43,7 @@ ch_status chcl_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bm
     cl_int dd = (cl_int)d;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(M),  CHCL_REF(R),   CHCL_REF(X),
                        CHCL_REF(G), CHCL_REF(B),  CHCL_ARG(dd), CHCL_ARG(eps),
-                       CHCL_LOCAL(group * sizeof(cl_float))};
+                       CHCL_LOCAL(group * sizeof(cl_double))};
     return chcl_launch_groups(stream, CHCL_K_LAYERNORM, CHCL_COUNT_OF(args), args, rows,
                               group);
 }
@@ -50,7 +52,7 @@ static ch_status layernorm_dx(chcl_stream *s, int64_t rows, int64_t d, ch_bmem d
                               ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma)
 {
     size_t group;
-    ch_status st = group_for(s, CHCL_K_LAYERNORM_DX, d, 2 * sizeof(cl_float), &group);
+    ch_status st = group_for(s, CHCL_K_LAYERNORM_DX, d, 2 * sizeof(cl_double), &group);
     if (st != CH_OK)
         return st;
     chcl_ref DX = chcl_ref_of(dx), DY = chcl_ref_of(dy), X = chcl_ref_of(x),
@@ -58,7 +60,7 @@ static ch_status layernorm_dx(chcl_stream *s, int64_t rows, int64_t d, ch_bmem d
     cl_int dd = (cl_int)d;
     chcl_arg args[] = {CHCL_REF(DX), CHCL_REF(DY), CHCL_REF(X),  CHCL_REF(M),
                        CHCL_REF(R),  CHCL_REF(G),  CHCL_ARG(dd),
-                       CHCL_LOCAL(2 * group * sizeof(cl_float))};
+                       CHCL_LOCAL(2 * group * sizeof(cl_double))};
     return chcl_launch_groups(s, CHCL_K_LAYERNORM_DX, CHCL_COUNT_OF(args), args, rows, group);
 }
 
@@ -96,7 +98,7 @@ ch_status chcl_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem
         st = layernorm_dx(s, rows, d, dx, dy, x, mean, rstd, gamma);
     cl_mem part = NULL;
     if (st == CH_OK)
-        st = chcl_scratch_new(s->dev, (size_t)(chunks * 2 * d) * sizeof(cl_float), &part);
+        st = chcl_scratch_new(s->dev, (size_t)(chunks * 2 * d) * sizeof(cl_double), &part);
     if (st != CH_OK)
         return st;
     st = layernorm_params(s, rows, d, chunks, part, dgamma, dbeta, dy, x, mean, rstd);
@@ -120,7 +122,7 @@ static ch_status channel_sums_part(chcl_stream *s, int64_t c, int64_t inner, int
 {
     int64_t chunk = (count + splits - 1) / splits;
     size_t group;
-    ch_status st = group_for(s, CHCL_K_CHANNEL_SUMS_PART, chunk, 4 * sizeof(cl_float), &group);
+    ch_status st = group_for(s, CHCL_K_CHANNEL_SUMS_PART, chunk, 4 * sizeof(cl_double), &group);
     if (st != CH_OK)
         return st;
     cl_int has_ac = a_center.ptr != NULL, has_bc = b_center.ptr != NULL;
@@ -132,7 +134,7 @@ static ch_status channel_sums_part(chcl_stream *s, int64_t c, int64_t inner, int
     chcl_arg args[] = {CHCL_ARG(part),     CHCL_REF(A),      CHCL_REF(AC), CHCL_REF(B),
                        CHCL_REF(BC),       CHCL_ARG(has_ac), CHCL_ARG(has_bc), CHCL_ARG(cc),
                        CHCL_ARG(in),       CHCL_ARG(n),      CHCL_ARG(sp), CHCL_ARG(ck),
-                       CHCL_LOCAL(4 * group * sizeof(cl_float))};
+                       CHCL_LOCAL(4 * group * sizeof(cl_double))};
     return chcl_launch_groups(s, CHCL_K_CHANNEL_SUMS_PART, CHCL_COUNT_OF(args), args,
                               c * splits, group);
 }
@@ -148,7 +150,7 @@ ch_status chcl_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inne
         st = chcl_check_count("channel_sums", 4 * c * splits);
     cl_mem part = NULL;
     if (st == CH_OK)
-        st = chcl_scratch_new(s->dev, (size_t)(4 * c * splits) * sizeof(cl_float), &part);
+        st = chcl_scratch_new(s->dev, (size_t)(4 * c * splits) * sizeof(cl_double), &part);
     if (st != CH_OK)
         return st;
     st = channel_sums_part(s, c, inner, count, splits, part, a, a_center, b, b_center);

@@ -1,12 +1,16 @@
-/* LayerNorm and BatchNorm (ops.h, "Normalisation"). No atomics: every
- * sum has an order fixed by the shape, so a run repeats to the bit.
- * LayerNorm takes a work-group per row for the row's statistics, and its
- * parameter gradients in two steps (partial sums over chunks of rows, then
- * the chunks in order). A channel's BatchNorm sums are compensated (each
- * sum carried as a pair hi + lo, TwoSum at every addition), so their error
- * stays a few units of f32 rounding however many elements a channel has. */
+/* LayerNorm and BatchNorm (ops.h, "Normalisation"): the formulas are
+ * lib/kernels/normalize.h's (placed before this file with prelude.h and
+ * common.cl), every sum in chk_acc (double where the device has it). No
+ * atomics: every sum has an order fixed by the shape, so a run repeats to
+ * the bit. LayerNorm takes a work-group per row for the row's statistics,
+ * and its parameter gradients in two steps (partial sums over chunks of
+ * rows, then the chunks in order). A channel's BatchNorm sums are also
+ * compensated (each sum carried as a pair hi + lo, TwoSum at every
+ * addition): where chk_acc is float, that keeps their error a few units of
+ * f32 rounding however many elements a channel has. The host sizes every
+ * temporary for doubles, the larger chk_acc. */
 
-#pragma OPENCL FP_CONTRACT OFF
+DEFINE_TREE_SUM(acc_tree_sum, chk_acc)
 
 /* ---- LayerNorm ------------------------------------------------------------ */
 
@@ -14,66 +18,64 @@
 __kernel void layernorm(__global float *y, ulong yo, __global float *mean, ulong mo,
                         __global float *rstd, ulong ro, __global const float *x, ulong xo,
                         __global const float *gamma, ulong go, __global const float *beta,
-                        ulong bo, int d, float eps, __local float *tmp)
+                        ulong bo, int d, float eps, __local chk_acc *tmp)
 {
     int r = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
     __global const float *px = x + xo + (long)r * d;
-    float s = 0.0f;
+    chk_acc s = 0;
     for (int j = t; j < d; j += step)
         s += px[j];
     tmp[t] = s;
-    tree_sum(tmp);
-    float m = tmp[0] / (float)d;
+    acc_tree_sum(tmp);
+    chk_acc m = tmp[0] / (chk_acc)d;
     barrier(CLK_LOCAL_MEM_FENCE);
-    float v = 0.0f;
+    chk_acc v = 0;
     for (int j = t; j < d; j += step) {
-        float u = px[j] - m;
+        chk_acc u = (chk_acc)px[j] - m;
         v += u * u;
     }
     tmp[t] = v;
-    tree_sum(tmp);
-    float rs = 1.0f / sqrt(tmp[0] / (float)d + eps);
+    acc_tree_sum(tmp);
+    chk_acc rs = chk_norm_rstd(tmp[0] / (chk_acc)d, eps);
     __global float *py = y + yo + (long)r * d;
     for (int j = t; j < d; j += step)
-        py[j] = (px[j] - m) * rs * gamma[go + j] + beta[bo + j];
+        py[j] = chk_norm_affine(px[j], m, rs, gamma[go + j], beta[bo + j]);
     if (t == 0) {
-        mean[mo + r] = m;
-        rstd[ro + r] = rs;
+        mean[mo + r] = (float)m;
+        rstd[ro + r] = (float)rs;
     }
 }
 
-/* dx of one row per work-group: rstd (g - mean(g) - xhat mean(g xhat)),
- * g = dy gamma. tmp holds two sums per work-item. */
+/* dx of one row per work-group (chk_ln_dx). tmp holds two sums per
+ * work-item. */
 __kernel void layernorm_dx(__global float *dx, ulong dxo, __global const float *dy, ulong dyo,
                            __global const float *x, ulong xo, __global const float *mean,
                            ulong mo, __global const float *rstd, ulong ro,
-                           __global const float *gamma, ulong go, int d, __local float *tmp)
+                           __global const float *gamma, ulong go, int d, __local chk_acc *tmp)
 {
     int r = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
     long at = (long)r * d;
-    float m = mean[mo + r], rs = rstd[ro + r];
-    float s1 = 0.0f, s2 = 0.0f;
+    chk_acc m = mean[mo + r], rs = rstd[ro + r];
+    chk_acc s1 = 0, s2 = 0;
     for (int j = t; j < d; j += step) {
-        float g = dy[dyo + at + j] * gamma[go + j];
+        chk_acc g = chk_ln_g(dy[dyo + at + j], gamma[go + j]);
         s1 += g;
-        s2 += g * ((x[xo + at + j] - m) * rs);
+        s2 += g * chk_norm_xhat(x[xo + at + j], m, rs);
     }
-    __local float *tmp2 = tmp + step;
+    __local chk_acc *tmp2 = tmp + step;
     tmp[t] = s1;
     tmp2[t] = s2;
-    tree_sum(tmp);
-    tree_sum(tmp2);
-    float k1 = tmp[0] / (float)d, k2 = tmp2[0] / (float)d;
-    for (int j = t; j < d; j += step) {
-        float g = dy[dyo + at + j] * gamma[go + j];
-        float xhat = (x[xo + at + j] - m) * rs;
-        dx[dxo + at + j] = rs * (g - k1 - xhat * k2);
-    }
+    acc_tree_sum(tmp);
+    acc_tree_sum(tmp2);
+    chk_acc k1 = tmp[0] / (chk_acc)d, k2 = tmp2[0] / (chk_acc)d;
+    for (int j = t; j < d; j += step)
+        dx[dxo + at + j] = chk_ln_dx(dy[dyo + at + j], gamma[go + j], x[xo + at + j], m, rs, k1,
+                                     k2);
 }
 
 /* Work-item (k, j) of chunks x d: part[k, 0, j] = the sum of dy xhat and
  * part[k, 1, j] the sum of dy over the rows of chunk k, in row order. */
-__kernel void layernorm_param_part(__global float *part, __global const float *dy, ulong dyo,
+__kernel void layernorm_param_part(__global chk_acc *part, __global const float *dy, ulong dyo,
                                    __global const float *x, ulong xo,
                                    __global const float *mean, ulong mo,
                                    __global const float *rstd, ulong ro, int rows, int d,
@@ -84,11 +86,11 @@ __kernel void layernorm_param_part(__global float *part, __global const float *d
         return;
     int k = i / d, j = i % d;
     int end = min(rows, (k + 1) * chunk_rows);
-    float g = 0.0f, b = 0.0f;
+    chk_acc g = 0, b = 0;
     for (int r = k * chunk_rows; r < end; r++) {
         long at = (long)r * d + j;
         float v = dy[dyo + at];
-        g += v * ((x[xo + at] - mean[mo + r]) * rstd[ro + r]);
+        g += v * chk_norm_xhat(x[xo + at], mean[mo + r], rstd[ro + r]);
         b += v;
     }
     part[(long)k * 2 * d + j] = g;
@@ -97,28 +99,28 @@ __kernel void layernorm_param_part(__global float *part, __global const float *d
 
 /* dgamma[j] += the chunks' sums in order, dbeta[j] likewise. */
 __kernel void layernorm_param_sum(__global float *dgamma, ulong dgo, __global float *dbeta,
-                                  ulong dbo, __global const float *part, int chunks, int d)
+                                  ulong dbo, __global const chk_acc *part, int chunks, int d)
 {
     int j = get_global_id(0);
     if (j >= d)
         return;
-    float g = 0.0f, b = 0.0f;
+    chk_acc g = 0, b = 0;
     for (int k = 0; k < chunks; k++) {
         g += part[(long)k * 2 * d + j];
         b += part[(long)k * 2 * d + d + j];
     }
-    dgamma[dgo + j] += g;
-    dbeta[dbo + j] += b;
+    dgamma[dgo + j] = (float)(dgamma[dgo + j] + g);
+    dbeta[dbo + j] = (float)(dbeta[dbo + j] + b);
 }
 
 /* ---- BatchNorm ------------------------------------------------------------ */
 
 /* (*hi, *lo) += v: TwoSum gives the rounding error of hi + v exactly, and
  * lo collects those errors. */
-void pair_add(float *hi, float *lo, float v)
+void pair_add(chk_acc *hi, chk_acc *lo, chk_acc v)
 {
-    float s = *hi + v;
-    float bv = s - *hi;
+    chk_acc s = *hi + v;
+    chk_acc bv = s - *hi;
     *lo += (*hi - (s - bv)) + (v - bv);
     *hi = s;
 }
@@ -126,16 +128,16 @@ void pair_add(float *hi, float *lo, float v)
 /* `pairs` trees side by side: p holds `pairs` arrays of one pair per
  * work-item, work-item t's pair of array q at p[2 (q L + t)] (hi, then
  * lo), L the group size; each array's total ends in its first pair. */
-void pair_tree(__local float *p, int pairs)
+void pair_tree(__local chk_acc *p, int pairs)
 {
     int t = get_local_id(0);
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int h = get_local_size(0) / 2; h > 0; h >>= 1) {
         if (t < h)
             for (int q = 0; q < pairs; q++) {
-                __local float *me = p + 2 * (q * get_local_size(0) + t);
-                __local float *other = me + 2 * h;
-                float hi = me[0], lo = me[1] + other[1];
+                __local chk_acc *me = p + 2 * (q * get_local_size(0) + t);
+                __local chk_acc *other = me + 2 * h;
+                chk_acc hi = me[0], lo = me[1] + other[1];
                 pair_add(&hi, &lo, other[0]);
                 me[0] = hi;
                 me[1] = lo;
@@ -149,25 +151,25 @@ void pair_tree(__local float *p, int pairs)
  * (primes: minus the centre; centres absent when has_* is 0) as pairs in
  * part[4 g ..]. Element e of a channel is (o, i) = (e / inner, e % inner),
  * followed along the work-item's stride without a division per element.
- * tmp holds 4 floats per work-item. */
-__kernel void channel_sums_part(__global float *part, __global const float *a, ulong ao,
+ * tmp holds 4 chk_acc per work-item. */
+__kernel void channel_sums_part(__global chk_acc *part, __global const float *a, ulong ao,
                                 __global const float *ac, ulong aco, __global const float *b,
                                 ulong bo, __global const float *bc, ulong bco, int has_ac,
                                 int has_bc, int c, int inner, int count, int splits,
-                                int chunk, __local float *tmp)
+                                int chunk, __local chk_acc *tmp)
 {
     int g = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
     int ch = g / splits;
     long begin = (long)(g % splits) * chunk + t, end = min((long)count, begin - t + chunk);
     int o = (int)(begin / inner), i = (int)(begin % inner);
     int step_o = step / inner, step_i = step % inner;
-    float ca = has_ac ? ac[aco + ch] : 0.0f, cb = has_bc ? bc[bco + ch] : 0.0f;
-    float h1 = 0.0f, l1 = 0.0f, h2 = 0.0f, l2 = 0.0f;
+    chk_acc ca = has_ac ? ac[aco + ch] : 0.0f, cb = has_bc ? bc[bco + ch] : 0.0f;
+    chk_acc h1 = 0, l1 = 0, h2 = 0, l2 = 0;
     for (long e = begin; e < end; e += step) {
         long at = ((long)o * c + ch) * inner + i;
-        float da = a[ao + at] - ca;
+        chk_acc da = (chk_acc)a[ao + at] - ca;
         pair_add(&h1, &l1, da);
-        pair_add(&h2, &l2, da * (b[bo + at] - cb));
+        pair_add(&h2, &l2, da * ((chk_acc)b[bo + at] - cb));
         o += step_o;
         i += step_i;
         if (i >= inner) {
@@ -190,29 +192,28 @@ __kernel void channel_sums_part(__global float *part, __global const float *a, u
 
 /* One work-item per channel: its splits' pairs in order, then the sums;
  * the first also writes the count. */
-__kernel void channel_sums_finish(__global float *sums, ulong so, __global const float *part,
-                                  int c, int splits, int count)
+__kernel void channel_sums_finish(__global float *sums, ulong so,
+                                  __global const chk_acc *part, int c, int splits, int count)
 {
     int ch = get_global_id(0);
     if (ch >= c)
         return;
-    float h1 = 0.0f, l1 = 0.0f, h2 = 0.0f, l2 = 0.0f;
+    chk_acc h1 = 0, l1 = 0, h2 = 0, l2 = 0;
     for (int sp = 0; sp < splits; sp++) {
-        __global const float *p = part + 4 * ((long)ch * splits + sp);
+        __global const chk_acc *p = part + 4 * ((long)ch * splits + sp);
         l1 += p[1];
         pair_add(&h1, &l1, p[0]);
         l2 += p[3];
         pair_add(&h2, &l2, p[2]);
     }
-    sums[so + ch] = h1 + l1;
-    sums[so + c + ch] = h2 + l2;
+    sums[so + ch] = (float)(h1 + l1);
+    sums[so + c + ch] = (float)(h2 + l2);
     if (ch == 0)
         sums[so + 2 * c] = (float)count;
 }
 
 /* One work-item per channel. has_sums 0: evaluation, from the running
- * statistics. has_running 0: they are not updated. A count of 1 has no
- * unbiased variance: the biased one (0) is taken. */
+ * statistics. has_running 0: they are not updated. */
 __kernel void batchnorm_stats(__global float *mean, ulong mo, __global float *rstd, ulong ro,
                               __global float *rmean, ulong rmo, __global float *rvar,
                               ulong rvo, __global const float *sums, ulong so,
@@ -224,23 +225,23 @@ __kernel void batchnorm_stats(__global float *mean, ulong mo, __global float *rs
         return;
     if (!has_sums) {
         mean[mo + ch] = rmean[rmo + ch];
-        rstd[ro + ch] = 1.0f / sqrt(rvar[rvo + ch] + eps);
+        rstd[ro + ch] = (float)chk_norm_rstd(rvar[rvo + ch], eps);
         return;
     }
-    float count = sums[so + 2 * c];
-    float d = sums[so + ch] / count;
-    float m = (has_center ? center[co + ch] : 0.0f) + d;
-    float v = fmax(sums[so + c + ch] / count - d * d, 0.0f);
-    mean[mo + ch] = m;
-    rstd[ro + ch] = 1.0f / sqrt(v + eps);
+    float count = sums[so + 2 * c], s1 = sums[so + ch], s2 = sums[so + c + ch];
+    chk_acc m = chk_bn_mean(has_center ? center[co + ch] : 0.0f, s1, count);
+    chk_acc v = chk_bn_var(s1, s2, count);
+    mean[mo + ch] = (float)m;
+    rstd[ro + ch] = (float)chk_norm_rstd(v, eps);
     if (!has_running)
         return;
-    float unbiased = count > 1.0f ? v * count / (count - 1.0f) : v;
-    rmean[rmo + ch] = (1.0f - momentum) * rmean[rmo + ch] + momentum * m;
-    rvar[rvo + ch] = (1.0f - momentum) * rvar[rvo + ch] + momentum * unbiased;
+    rmean[rmo + ch] = chk_bn_running(rmean[rmo + ch], momentum, m);
+    rvar[rvo + ch] = chk_bn_running(rvar[rvo + ch], momentum, chk_bn_unbiased(v, count));
 }
 
-/* x, y [outer, c, inner], one work-item per element. */
+/* x, y [outer, c, inner], one work-item per element. The index is an int
+ * whatever lib/kernels/index.h's rule says: norm.c holds these launches
+ * below 2^31 work-items, and a work-item takes no step past its own. */
 __kernel void batchnorm_forward(__global float *y, ulong yo, __global const float *x, ulong xo,
                                 __global const float *mean, ulong mo,
                                 __global const float *rstd, ulong ro,
@@ -250,8 +251,9 @@ __kernel void batchnorm_forward(__global float *y, ulong yo, __global const floa
     int i = get_global_id(0);
     if (i >= n)
         return;
-    int ch = (i / inner) % c;
-    y[yo + i] = (x[xo + i] - mean[mo + ch]) * rstd[ro + ch] * gamma[go + ch] + beta[bo + ch];
+    int ch = chk_channel_of_32(i, c, inner);
+    y[yo + i] = chk_norm_affine(x[xo + i], mean[mo + ch], rstd[ro + ch], gamma[go + ch],
+                                beta[bo + ch]);
 }
 
 /* dgamma += rstd local[c + ch], dbeta += local[ch]: one work-item per
@@ -263,12 +265,11 @@ __kernel void batchnorm_param_grads(__global float *dgamma, ulong dgo, __global 
     int ch = get_global_id(0);
     if (ch >= c)
         return;
-    dgamma[dgo + ch] += rstd[ro + ch] * local_sums[lo + c + ch];
-    dbeta[dbo + ch] += local_sums[lo + ch];
+    dgamma[dgo + ch] = chk_bn_dgamma(dgamma[dgo + ch], rstd[ro + ch], local_sums[lo + c + ch]);
+    dbeta[dbo + ch] = chk_bn_dbeta(dbeta[dbo + ch], local_sums[lo + ch]);
 }
 
-/* dx = gamma rstd (dy - total[ch] / M - (x - mean) rstd^2 total[c + ch] / M),
- * one work-item per element. */
+/* dx (chk_bn_dx) from the total sums, one work-item per element. */
 __kernel void batchnorm_dx(__global float *dx, ulong dxo, __global const float *dy, ulong dyo,
                            __global const float *x, ulong xo, __global const float *mean,
                            ulong mo, __global const float *rstd, ulong ro,
@@ -278,9 +279,7 @@ __kernel void batchnorm_dx(__global float *dx, ulong dxo, __global const float *
     int i = get_global_id(0);
     if (i >= n)
         return;
-    int ch = (i / inner) % c;
-    float count = total[to + 2 * c], rs = rstd[ro + ch];
-    float mean_dy = total[to + ch] / count, slope = rs * rs * total[to + c + ch] / count;
-    dx[dxo + i] = gamma[go + ch] * rs *
-                  (dy[dyo + i] - mean_dy - (x[xo + i] - mean[mo + ch]) * slope);
+    int ch = chk_channel_of_32(i, c, inner);
+    dx[dxo + i] = chk_bn_dx(dy[dyo + i], x[xo + i], mean[mo + ch], rstd[ro + ch], gamma[go + ch],
+                            total[to + ch], total[to + c + ch], total[to + 2 * c]);
 }

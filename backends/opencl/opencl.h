@@ -29,6 +29,7 @@ typedef enum chcl_prog_id {
     CHCL_P_RAND,
     CHCL_P_ATTENTION,
     CHCL_P_NORM,
+    CHCL_P_PERMUTE,
     CHCL_P_COUNT
 } chcl_prog_id;
 
@@ -58,8 +59,13 @@ typedef enum chcl_kern_id {
     CHCL_K_COL2IM,
     CHCL_K_MAXPOOL_FORWARD,
     CHCL_K_MAXPOOL_BACKWARD,
+    CHCL_K_IM2COL_64,
+    CHCL_K_COL2IM_64,
+    CHCL_K_MAXPOOL_FORWARD_64,
+    CHCL_K_MAXPOOL_BACKWARD_64,
     CHCL_K_RAND,
     CHCL_K_PERMUTE,
+    CHCL_K_PERMUTE_64,
     CHCL_K_SOFTMAX_MASKED,
     CHCL_K_SOFTMAX_MASKED_BACKWARD,
     CHCL_K_EMBEDDING,
@@ -294,5 +300,9 @@ extern const char chcl_src_prelude[];
 extern const char chcl_src_act[];
 extern const char chcl_src_half_bits[];
 extern const char chcl_src_optim_step[];
+extern const char chcl_src_normalize[];
+extern const char chcl_src_xent[];
+extern const char chcl_src_index[];
+extern const char chcl_src_permute[];
 
 #endif

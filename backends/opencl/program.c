@@ -58,6 +58,15 @@ static ch_status build_options(cl_context ctx, char *out, size_t cap)
 /* Room for the build options: a few dozen enum values. */
 #define OPTIONS_MAX 4096
 
+/* The index width of the programs compiled once per width (conv.cl,
+ * permute.cl; lib/kernels/index.h's rule): IDX the index type, IDX_NAME
+ * the kernels' and index.h's names of that width. */
+#define WIDTH_32 "#define IDX int\n#define IDX_NAME(f) f##_32\n"
+#define WIDTH_64 "#undef IDX\n#undef IDX_NAME\n#define IDX long\n#define IDX_NAME(f) f##_64\n"
+/* The sources and their count of such a program. */
+#define PER_WIDTH(src)                                                                     \
+    (const char *const[]){chcl_src_prelude, chcl_src_index, WIDTH_32, src, WIDTH_64, src}, 6
+
 /* The sources of each program, in the order they are concatenated. */
 static const struct {
     const char *name;
@@ -83,12 +92,24 @@ static const struct {
                                            chcl_src_gemm, "#define GEMM_WG 0\n", chcl_src_gemm},
                      8},
     [CHCL_P_SUM] = {"sum.cl", (const char *const[]){chcl_src_common, chcl_src_sum}, 2},
-    [CHCL_P_SOFTMAX] = {"softmax.cl", (const char *const[]){chcl_src_common, chcl_src_softmax}, 2},
-    [CHCL_P_CONV] = {"conv.cl", (const char *const[]){chcl_src_conv}, 1},
+    [CHCL_P_SOFTMAX] = {"softmax.cl",
+                        (const char *const[]){chcl_src_prelude,
+                                              chcl_src_common,
+                                              chcl_src_xent,
+                                              chcl_src_softmax},
+                        4},
+    [CHCL_P_CONV] = {"conv.cl", PER_WIDTH(chcl_src_conv)},
     [CHCL_P_RAND] = {"rand.cl", (const char *const[]){chcl_src_philox, chcl_src_rand}, 2},
     [CHCL_P_ATTENTION] = {"attention.cl",
                           (const char *const[]){chcl_src_common, chcl_src_attention}, 2},
-    [CHCL_P_NORM] = {"norm.cl", (const char *const[]){chcl_src_common, chcl_src_norm}, 2},
+    [CHCL_P_PERMUTE] = {"permute.cl", PER_WIDTH(chcl_src_permute)},
+    [CHCL_P_NORM] = {"norm.cl",
+                     (const char *const[]){chcl_src_prelude,
+                                           chcl_src_common,
+                                           chcl_src_normalize,
+                                           chcl_src_index,
+                                           chcl_src_norm},
+                     5},
 };
 
 static const struct {
@@ -119,12 +140,17 @@ static const struct {
     [CHCL_K_SOFTMAX_ROWS] = {"softmax_rows", CHCL_P_SOFTMAX},
     [CHCL_K_MEAN] = {"mean", CHCL_P_SOFTMAX},
     [CHCL_K_SOFTMAX_BACKWARD] = {"softmax_backward", CHCL_P_SOFTMAX},
-    [CHCL_K_IM2COL] = {"im2col", CHCL_P_CONV},
-    [CHCL_K_COL2IM] = {"col2im", CHCL_P_CONV},
-    [CHCL_K_MAXPOOL_FORWARD] = {"maxpool_forward", CHCL_P_CONV},
-    [CHCL_K_MAXPOOL_BACKWARD] = {"maxpool_backward", CHCL_P_CONV},
+    [CHCL_K_IM2COL] = {"im2col_32", CHCL_P_CONV},
+    [CHCL_K_COL2IM] = {"col2im_32", CHCL_P_CONV},
+    [CHCL_K_MAXPOOL_FORWARD] = {"maxpool_forward_32", CHCL_P_CONV},
+    [CHCL_K_MAXPOOL_BACKWARD] = {"maxpool_backward_32", CHCL_P_CONV},
+    [CHCL_K_IM2COL_64] = {"im2col_64", CHCL_P_CONV},
+    [CHCL_K_COL2IM_64] = {"col2im_64", CHCL_P_CONV},
+    [CHCL_K_MAXPOOL_FORWARD_64] = {"maxpool_forward_64", CHCL_P_CONV},
+    [CHCL_K_MAXPOOL_BACKWARD_64] = {"maxpool_backward_64", CHCL_P_CONV},
     [CHCL_K_RAND] = {"rand", CHCL_P_RAND},
-    [CHCL_K_PERMUTE] = {"permute", CHCL_P_ATTENTION},
+    [CHCL_K_PERMUTE] = {"permute_32", CHCL_P_PERMUTE},
+    [CHCL_K_PERMUTE_64] = {"permute_64", CHCL_P_PERMUTE},
     [CHCL_K_SOFTMAX_MASKED] = {"softmax_masked", CHCL_P_ATTENTION},
     [CHCL_K_SOFTMAX_MASKED_BACKWARD] = {"softmax_masked_backward", CHCL_P_ATTENTION},
     [CHCL_K_EMBEDDING] = {"embedding", CHCL_P_ATTENTION},

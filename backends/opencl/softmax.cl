@@ -47,7 +47,7 @@ __kernel void mean(__global float *y, ulong yo, __global const float *x, int n,
         y[yo] = tmp[0] / (float)n;
 }
 
-/* dlogits = scale (probs - onehot(labels)) / rows. */
+/* dlogits (xent.h's chk_xent_grad). */
 __kernel void softmax_backward(__global float *dl, ulong dlo, __global const float *probs,
                                ulong po, __global const int *labels, ulong lbo,
                                int total, int c, float scale, float rows,
@@ -59,6 +59,5 @@ __kernel void softmax_backward(__global float *dl, ulong dlo, __global const flo
     int lab = labels[lbo + i / c];
     if (i % c == 0 && (lab < 0 || lab >= c))
         atomic_min(bad, (uint)(i / c));
-    float hot = lab == i % c ? 1.0f : 0.0f;
-    dl[dlo + i] = scale * (probs[po + i] - hot) / rows;
+    dl[dlo + i] = chk_xent_grad(probs[po + i], lab == i % c, chk_xent_scale(scale, rows));
 }
