@@ -109,6 +109,7 @@ typedef struct ch_conv_geom {
  * may be NULL, the core then runs the op on the host backend, staging the
  * tensors through host memory, and says so once per op and device
  * (lib/ops_fallback.c). */
+/* clang-format off */
 #define CH_BACKEND_SLOTS(X)                                                                        \
     /* ---- device and memory ---- */                                                              \
     /* Find the devices. A backend with no usable driver fails here with                           \
@@ -347,6 +348,7 @@ typedef struct ch_conv_geom {
     X(COLLECTIVE, OPTIONAL, ch_status, span_allreduce, (void *span, int count,                     \
         void *const *streams, const ch_bmem *bufs, int64_t n))                                     \
     X(COLLECTIVE, OPTIONAL, void, span_free, (void *span))
+/* clang-format on */
 
 /* Which kind a slot is, as 0 or 1, for code generated from the list:
  * CH_SLOT_IS_##kind##_REQUIRED and CH_SLOT_IS_##kind##_OP. */
@@ -372,8 +374,8 @@ typedef struct ch_conv_geom {
 #define CH_SLOT_MEMBER(group, kind, ret, name, params) ret(*name) params;
 
 typedef struct ch_backend_i {
-    uint32_t abi_version;  /* CH_BACKEND_ABI_VERSION */
-    const char *name;      /* "host", "opencl", "cuda": the device ids' prefix */
+    uint32_t abi_version; /* CH_BACKEND_ABI_VERSION */
+    const char *name;     /* "host", "opencl", "cuda": the device ids' prefix */
     /* Which backend keeps a device that two backends expose (the same PCI
      * bus id, e.g. an NVIDIA GPU through CUDA and through OpenCL): the
      * higher priority; the other is hidden as a duplicate. It also orders

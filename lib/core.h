@@ -148,8 +148,8 @@ enum { CHI_IO = CHI_HALF_IN | CHI_HALF_OUT };
 /* An op on the host for a backend that leaves its slot NULL
  * (lib/ops_fallback.c; SLOT_OR_HOST in lib/opcheck.h). */
 typedef struct chi_staged {
-    ch_tensor *t;  /* NULL: an optional tensor left out */
-    int role;      /* CHI_HALF_IN, CHI_HALF_OUT or both */
+    ch_tensor *t; /* NULL: an optional tensor left out */
+    int role;     /* CHI_HALF_IN, CHI_HALF_OUT or both */
 } chi_staged;
 /* Says once per (device, slot) that `dev` runs `slot` on the host, then
  * makes on_host[i], a host tensor of staged[i]'s dtype and shape, for
@@ -162,8 +162,7 @@ ch_status chi_fallback_stage(const char *fn, const char *slot, ch_device *dev,
  * outputs (blocking: done for every stream of the device when it
  * returns); frees the host tensors either way. Returns st or the upload's
  * error. */
-ch_status chi_fallback_finish(ch_status st, const chi_staged *staged, int n,
-                              ch_tensor **on_host);
+ch_status chi_fallback_finish(ch_status st, const chi_staged *staged, int n, ch_tensor **on_host);
 /* The host device for the fallback: the visible one, or one opened for
  * this alone when CHORUS_DEVICES leaves host out (lib/device.c). */
 ch_device *chi_host_device(void);

@@ -137,21 +137,28 @@ static inline void split_at(const ch_tensor *x, int axis, int64_t *outer, int64_
  * tensor (may be NULL) and what the op does with it. An output that the op
  * reads (an optimizer's state, a gradient it adds to, beta != 0) is FB_IO,
  * so that its values are downloaded first. */
+/* clang-format off */
 #define FB_IN(t) {CHI_T(t), CHI_HALF_IN}
 #define FB_OUT(t) {CHI_T(t), CHI_HALF_OUT}
 #define FB_IO(t) {CHI_T(t), CHI_IO}
+/* clang-format on */
 /* An output read when `reads` holds (axpby's y with beta != 0). */
+/* clang-format off */
 #define FB_OUT_READ_IF(t, reads) {CHI_T(t), (reads) ? CHI_IO : CHI_HALF_OUT}
+/* clang-format on */
 
 /* A backend may leave an op slot NULL (lib/backend.h): the op then runs on
  * the host backend. The tensors after `call` are staged in host tensors,
  * on_host[0], on_host[1], ... in their order, and `call` runs the same op
  * on those (it names them), so that the host's checks and slot do the
  * work; then the outputs go back and the op returns. */
+/* clang-format off */
 #define SLOT_OR_HOST(fn, t, slot, call, ...)                                                  \
     ON_HOST_IF(!BE(t)->slot, fn, (t)->dev, #slot, call, __VA_ARGS__)
+/* clang-format on */
 /* The same for a slot chosen at run time (ch_cast's conversions): when
  * `missing`, `call` on the host, `slot` naming the slot in the note. */
+/* clang-format off */
 #define ON_HOST_IF(missing, fn, dev, slot, call, ...)                                         \
     do {                                                                                      \
         if (missing) {                                                                        \
@@ -164,5 +171,6 @@ static inline void split_at(const ch_tensor *x, int axis, int64_t *outer, int64_
             return chi_fallback_finish(fb_, staged_, NARGS(staged_), on_host);                \
         }                                                                                     \
     } while (0)
+/* clang-format on */
 
 #endif

@@ -9,8 +9,8 @@
 /* ---- Convolution and pooling ---------------------------------------------- */
 
 /* Fill the geometry from an [N, C, H, W] tensor and a window. */
-static ch_status conv_geom(const char *fn, const char *xn, const ch_tensor *x,
-                           const ch_window2d *w, ch_conv_geom *g)
+static ch_status conv_geom(const char *fn, const char *xn, const ch_tensor *x, const ch_window2d *w,
+                           ch_conv_geom *g)
 {
     if (!w)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: w is NULL", fn);
@@ -22,14 +22,20 @@ static ch_status conv_geom(const char *fn, const char *xn, const ch_tensor *x,
                          "%s: window %dx%d stride %dx%d padding %dx%d, expected window and "
                          "stride >= 1, padding >= 0",
                          fn, w->kh, w->kw, w->sh, w->sw, w->ph, w->pw);
-    *g = (ch_conv_geom){.n = x->shape[0], .c = x->shape[1], .h = x->shape[2], .w = x->shape[3],
-                        .kh = w->kh, .kw = w->kw, .sh = w->sh, .sw = w->sw, .ph = w->ph,
+    *g = (ch_conv_geom){.n = x->shape[0],
+                        .c = x->shape[1],
+                        .h = x->shape[2],
+                        .w = x->shape[3],
+                        .kh = w->kh,
+                        .kw = w->kw,
+                        .sh = w->sh,
+                        .sw = w->sw,
+                        .ph = w->ph,
                         .pw = w->pw};
     if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw)
         return chi_error(CH_ERR_SHAPE,
-                         "%s: window %dx%d is larger than the padded %s plane %lldx%lld", fn,
-                         w->kh, w->kw, xn, (long long)(g->h + 2 * g->ph),
-                         (long long)(g->w + 2 * g->pw));
+                         "%s: window %dx%d is larger than the padded %s plane %lldx%lld", fn, w->kh,
+                         w->kw, xn, (long long)(g->h + 2 * g->ph), (long long)(g->w + 2 * g->pw));
     g->oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
     g->ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
     return CH_OK;
@@ -72,8 +78,8 @@ ch_status ch_col2im(ch_tensor *dx, const ch_tensor *col, const ch_window2d *w)
 }
 
 /* w [O, C, kh, kw] for x's channels and the window; y (or dy) [N, O, OH, OW]. */
-static ch_status check_conv(const char *fn, const ch_tensor *w, const char *yn,
-                            const ch_tensor *y, const ch_conv_geom *g)
+static ch_status check_conv(const char *fn, const ch_tensor *w, const char *yn, const ch_tensor *y,
+                            const ch_conv_geom *g)
 {
     if (w->ndim != 4 || w->shape[1] != g->c || w->shape[2] != g->kh || w->shape[3] != g->kw)
         return chi_error(CH_ERR_SHAPE,
@@ -81,10 +87,10 @@ static ch_status check_conv(const char *fn, const ch_tensor *w, const char *yn,
                          "%d dimensions, [%lld, %lld, ...]",
                          fn, (long long)g->c, g->kh, g->kw, w->ndim, (long long)w->shape[0],
                          (long long)(w->ndim > 1 ? w->shape[1] : 0));
-    if (y->ndim != 4 || y->shape[0] != g->n || y->shape[1] != w->shape[0] ||
-        y->shape[2] != g->oh || y->shape[3] != g->ow)
-        return chi_error(CH_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld] (N, O, OH, OW)",
-                         fn, yn, (long long)g->n, (long long)w->shape[0], (long long)g->oh,
+    if (y->ndim != 4 || y->shape[0] != g->n || y->shape[1] != w->shape[0] || y->shape[2] != g->oh ||
+        y->shape[3] != g->ow)
+        return chi_error(CH_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld] (N, O, OH, OW)", fn,
+                         yn, (long long)g->n, (long long)w->shape[0], (long long)g->oh,
                          (long long)g->ow);
     return CH_OK;
 }
@@ -113,16 +119,14 @@ static ch_status conv_dtypes(const char *fn, const ch_tensor *x, const ch_tensor
 /* The backend's scratch for its convolution with inputs in dt, on `like`'s
  * device (NULL when it asks for none). */
 static ch_status conv_scratch(ch_tensor **ws, size_t *bytes, const ch_tensor *like,
-                              const ch_conv_geom *g, int64_t o, ch_dtype dt, int backward,
-                              int want)
+                              const ch_conv_geom *g, int64_t o, ch_dtype dt, int backward, int want)
 {
     *ws = NULL;
     *bytes = 0;
     if (dt == CH_F32)
         TRY(BE(like)->conv2d_workspace(STREAM(like), g, o, backward, want, bytes));
     else
-        TRY(BE(like)->conv2d_half_workspace(STREAM(like), g, o, (int)dt, backward, want,
-                                            bytes));
+        TRY(BE(like)->conv2d_half_workspace(STREAM(like), g, o, (int)dt, backward, want, bytes));
     if (*bytes == 0)
         return CH_OK;
     int64_t floats = (int64_t)((*bytes + sizeof(float) - 1) / sizeof(float));
@@ -164,10 +168,9 @@ static ch_status conv_composed(ch_tensor *y, const ch_tensor *x, const ch_tensor
  * shapes checked): the backend's conv2d_half slots, or the inputs widened
  * to f32 on the device and the f32 convolution. Forward writes y,
  * backward dx and dw as ch_conv2d_backward does. */
-static ch_status conv_half(const char *fn, int backward, ch_tensor *y, ch_tensor *dx,
-                           ch_tensor *dw, float beta, const ch_tensor *dy, const ch_tensor *x,
-                           const ch_tensor *w, const ch_window2d *win, const ch_conv_geom *g,
-                           int64_t o)
+static ch_status conv_half(const char *fn, int backward, ch_tensor *y, ch_tensor *dx, ch_tensor *dw,
+                           float beta, const ch_tensor *dy, const ch_tensor *x, const ch_tensor *w,
+                           const ch_window2d *win, const ch_conv_geom *g, int64_t o)
 {
     const ch_tensor *like = backward ? dy : y;
     const ch_backend_i *be = BE(like);
@@ -181,8 +184,8 @@ static ch_status conv_half(const char *fn, int backward, ch_tensor *y, ch_tensor
                                           mem_or_null(dw), beta, chi_mem(dy), chi_mem(x),
                                           chi_mem(w), mem_or_null(ws), bytes);
         else if (st == CH_OK)
-            st = be->conv2d_half_forward(STREAM(like), g, o, (int)x->dtype, chi_mem(y),
-                                         chi_mem(x), chi_mem(w), mem_or_null(ws), bytes);
+            st = be->conv2d_half_forward(STREAM(like), g, o, (int)x->dtype, chi_mem(y), chi_mem(x),
+                                         chi_mem(w), mem_or_null(ws), bytes);
         ch_tensor_free(ws);
         if (st != CH_ERR_UNSUPPORTED)
             return st;
@@ -201,8 +204,7 @@ static ch_status conv_half(const char *fn, int backward, ch_tensor *y, ch_tensor
     ch_tensor_free(tw);
     ch_tensor_free(tdy);
     if (st != CH_OK)
-        return chi_error(st, "%s (%s inputs): %s", fn, ch_dtype_name(x->dtype),
-                         ch_last_error());
+        return chi_error(st, "%s (%s inputs): %s", fn, ch_dtype_name(x->dtype), ch_last_error());
     return CH_OK;
 }
 
@@ -238,8 +240,8 @@ ch_status ch_conv2d(ch_tensor *y, const ch_tensor *x, const ch_tensor *w, const 
  * times it. */
 static ch_status conv_backward_composed(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
                                         const ch_tensor *x, const ch_tensor *w,
-                                        const ch_window2d *win, float beta,
-                                        const ch_conv_geom *g, int64_t o)
+                                        const ch_window2d *win, float beta, const ch_conv_geom *g,
+                                        int64_t o)
 {
     int64_t k = g->c * g->kh * g->kw, p = g->oh * g->ow, n = g->n;
     int64_t col_shape[2] = {k, n * p}, dyt_shape[3] = {o, n, p}, dyt2[2] = {o, n * p};
@@ -277,9 +279,8 @@ static ch_status conv_backward_composed(ch_tensor *dx, ch_tensor *dw, const ch_t
     return st;
 }
 
-ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
-                             const ch_tensor *x, const ch_tensor *w, const ch_window2d *win,
-                             float beta)
+ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy, const ch_tensor *x,
+                             const ch_tensor *w, const ch_window2d *win, float beta)
 {
     static const char fn[] = "ch_conv2d_backward";
     arg args[] = {{"dy", dy, ANY, 0},
@@ -319,25 +320,23 @@ ch_status ch_conv2d_backward(ch_tensor *dx, ch_tensor *dw, const ch_tensor *dy,
         return conv_backward_composed(dx, dw, dy, x, w, win, beta, &g, o);
     ch_tensor *ws = NULL;
     size_t bytes = 0;
-    ch_status st =
-        conv_scratch(&ws, &bytes, dy, &g, o, CH_F32, 1, (dx ? 1 : 0) | (dw ? 2 : 0));
+    ch_status st = conv_scratch(&ws, &bytes, dy, &g, o, CH_F32, 1, (dx ? 1 : 0) | (dw ? 2 : 0));
     if (st == CH_OK)
         st = BE(dy)->conv2d_backward(STREAM(dy), &g, o, mem_or_null(dx), mem_or_null(dw), beta,
-                                     chi_mem(dy), chi_mem(x), chi_mem(w), mem_or_null(ws),
-                                     bytes);
+                                     chi_mem(dy), chi_mem(x), chi_mem(w), mem_or_null(ws), bytes);
     ch_tensor_free(ws);
     return st;
 }
 
-static ch_status pool_geom(const char *fn, const char *xn, const ch_tensor *x,
-                           const ch_window2d *w, ch_conv_geom *g)
+static ch_status pool_geom(const char *fn, const char *xn, const ch_tensor *x, const ch_window2d *w,
+                           ch_conv_geom *g)
 {
     TRY(conv_geom(fn, xn, x, w, g));
     /* Wider padding could give a window of padding only, with no maximum. */
     if (2 * w->ph > w->kh || 2 * w->pw > w->kw)
         return chi_error(CH_ERR_INVALID_ARGUMENT,
-                         "%s: padding %dx%d is more than half the window %dx%d", fn, w->ph,
-                         w->pw, w->kh, w->kw);
+                         "%s: padding %dx%d is more than half the window %dx%d", fn, w->ph, w->pw,
+                         w->kh, w->kw);
     return CH_OK;
 }
 

@@ -17,7 +17,9 @@
 /* The op slots of lib/backend.h's list: at most one note each per
  * device. */
 #define COUNT_OP(group, kind, ret, name, params) +CH_SLOT_IS_##kind##_OP
-enum { OP_SLOTS = 0 CH_BACKEND_SLOTS(COUNT_OP) };
+enum {
+    OP_SLOTS = 0 CH_BACKEND_SLOTS(COUNT_OP)
+};
 #undef COUNT_OP
 
 static pthread_mutex_t notes_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -73,8 +75,10 @@ ch_status ch_fallback_get(int index, ch_fallback_info *info)
         *info = notes[index];
     pthread_mutex_unlock(&notes_lock);
     if (index < 0 || index >= n)
-        return chi_error(CH_ERR_NOT_FOUND, "ch_fallback_get: index %d out of range (%d ops ran "
-                         "on the host)", index, n);
+        return chi_error(CH_ERR_NOT_FOUND,
+                         "ch_fallback_get: index %d out of range (%d ops ran "
+                         "on the host)",
+                         index, n);
     return CH_OK;
 }
 
@@ -105,8 +109,10 @@ ch_status chi_fallback_stage(const char *fn, const char *slot, ch_device *dev,
         on_host[i] = NULL;
     ch_device *host = chi_host_device();
     if (!host)
-        return chi_error(CH_ERR_INTERNAL, "%s: %s has no %s and there is no host device to run "
-                         "it on", fn, dev->id, slot);
+        return chi_error(CH_ERR_INTERNAL,
+                         "%s: %s has no %s and there is no host device to run "
+                         "it on",
+                         fn, dev->id, slot);
     note(dev, slot);
     ch_status st = CH_OK;
     for (int i = 0; i < n && st == CH_OK; i++) {
@@ -131,8 +137,7 @@ ch_status chi_fallback_stage(const char *fn, const char *slot, ch_device *dev,
     return st;
 }
 
-ch_status chi_fallback_finish(ch_status st, const chi_staged *staged, int n,
-                              ch_tensor **on_host)
+ch_status chi_fallback_finish(ch_status st, const chi_staged *staged, int n, ch_tensor **on_host)
 {
     for (int i = 0; i < n && st == CH_OK; i++) {
         if (!on_host[i] || first_alias(staged, i) != i)
@@ -144,8 +149,8 @@ ch_status chi_fallback_finish(ch_status st, const chi_staged *staged, int n,
         /* The host backend runs an op on the calling thread, so its
          * results are there now. */
         if (writes)
-            st = ch_tensor_upload(staged[i].t, host_addr(on_host[i]),
-                                  ch_tensor_nbytes(staged[i].t));
+            st =
+                ch_tensor_upload(staged[i].t, host_addr(on_host[i]), ch_tensor_nbytes(staged[i].t));
     }
     for (int i = 0; i < n; i++)
         if (on_host[i] && first_alias(staged, i) == i)

@@ -86,10 +86,10 @@ ch_status ch_layernorm(ch_tensor *y, ch_tensor *mean, ch_tensor *rstd, const ch_
     TRY(layernorm_shapes(fn, x, a, (const int[]){1, 2, -1}, (const int[]){4, 5, -1}, &rows,
                          &d));
     TRY(outputs_apart(fn, a, NARGS(a), 3, -1));
-    SLOT_OR_HOST(fn, y, layernorm,
-                 ch_layernorm(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
-                              on_host[5], eps),
-                 FB_OUT(y), FB_OUT(mean), FB_OUT(rstd), FB_IN(x), FB_IN(gamma), FB_IN(beta));
+    SLOT_OR_HOST(
+        fn, y, layernorm,
+        ch_layernorm(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4], on_host[5], eps),
+        FB_OUT(y), FB_OUT(mean), FB_OUT(rstd), FB_IN(x), FB_IN(gamma), FB_IN(beta));
     return BE(y)->layernorm(STREAM(y), rows, d, eps, chi_mem(y), chi_mem(mean), chi_mem(rstd),
                             chi_mem(x), chi_mem(gamma), chi_mem(beta));
 }
@@ -235,8 +235,8 @@ ch_status ch_batchnorm_stats(ch_tensor *mean, ch_tensor *rstd, ch_tensor *runnin
     SLOT_OR_HOST(fn, mean, batchnorm_stats,
                  ch_batchnorm_stats(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
                                     on_host[5], momentum, eps),
-                 FB_OUT(mean), FB_OUT(rstd), FB_IO(running_mean), FB_IO(running_var),
-                 FB_IN(sums), FB_IN(center));
+                 FB_OUT(mean), FB_OUT(rstd), FB_IO(running_mean), FB_IO(running_var), FB_IN(sums),
+                 FB_IN(center));
     return BE(mean)->batchnorm_stats(STREAM(mean), c, momentum, eps, chi_mem(mean),
                                      chi_mem(rstd), mem_or_none(running_mean),
                                      mem_or_none(running_var), mem_or_none(sums),
@@ -310,8 +310,7 @@ ch_status ch_batchnorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbe
     TRY(outputs_apart(fn, a, NARGS(a), 3, -1));
     SLOT_OR_HOST(fn, dgamma, batchnorm_backward,
                  ch_batchnorm_backward(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
-                                       on_host[5], on_host[6], on_host[7], on_host[8],
-                                       on_host[9]),
+                                       on_host[5], on_host[6], on_host[7], on_host[8], on_host[9]),
                  FB_OUT(dx), FB_IO(dgamma), FB_IO(dbeta), FB_IN(dy), FB_IN(x), FB_IN(mean),
                  FB_IN(rstd), FB_IN(gamma), FB_IN(local), FB_IN(total));
     return BE(dgamma)->batchnorm_backward(STREAM(dgamma), outer, c, inner, mem_or_none(dx),

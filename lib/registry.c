@@ -82,9 +82,11 @@ static int name_cmp(const void *a, const void *b)
  * missing; the pairs below are the rules a kind cannot say). */
 static const char *missing_slot(const ch_backend_i *iface)
 {
+/* clang-format off */
 #define REQUIRED_SLOT(group, kind, ret, name, params)                                    \
     if (CH_SLOT_IS_##kind##_REQUIRED && !iface->name)                                     \
         return #name;
+    /* clang-format on */
     CH_BACKEND_SLOTS(REQUIRED_SLOT)
 #undef REQUIRED_SLOT
     if (!iface->host_alloc != !iface->host_free)

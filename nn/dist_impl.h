@@ -31,7 +31,7 @@ typedef struct dist_scratch {
 } dist_scratch;
 
 struct ch_dist {
-    dist_comm_t comm;         /* the calls of ch_dist_* */
+    dist_comm_t comm; /* the calls of ch_dist_* */
     int rank, size, local_rank, local_size;
     double timeout;
     dist_scratch scratch;
@@ -57,15 +57,15 @@ void dist_comm_close(nn_comm *c);
 /* The collectives on `comm` over d's group, within d's watchdog; `what`
  * names the call in the messages. */
 ch_status dist_barrier_on(const ch_dist *d, const char *what);
-ch_status dist_bcast_on(const ch_dist *d, dist_comm_t comm, void *data, size_t bytes,
-                        int root, const char *what);
+ch_status dist_bcast_on(const ch_dist *d, dist_comm_t comm, void *data, size_t bytes, int root,
+                        const char *what);
 /* The sum in place, f64 when `f64`, else f32. */
 ch_status dist_sum_on(const ch_dist *d, dist_comm_t comm, void *values, int64_t n, int f64,
                       const char *what);
 /* The bf16 sum in place, every process getting the same bits; `s` is
  * scratch the call may grow and keeps. */
-ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s,
-                           uint16_t *values, int64_t n, const char *what);
+ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s, uint16_t *values,
+                           int64_t n, const char *what);
 ch_status dist_gather_on(const ch_dist *d, dist_comm_t comm, const void *mine, void *all,
                          size_t bytes, const char *what);
 

@@ -6,14 +6,16 @@
 
 #include "dist_impl.h"
 
-int ch_dist_built(void) { return 0; }
+int ch_dist_built(void)
+{
+    return 0;
+}
 
 ch_status dist_join(ch_dist *world, int *argc, char ***argv, double timeout)
 {
     (void)argc;
     (void)argv;
-    *world = (ch_dist){.rank = 0, .size = 1, .local_rank = 0, .local_size = 1,
-                       .timeout = timeout};
+    *world = (ch_dist){.rank = 0, .size = 1, .local_rank = 0, .local_size = 1, .timeout = timeout};
     return CH_OK;
 }
 
@@ -29,13 +31,18 @@ ch_status dist_comm_open(nn_comm *c)
     return CH_OK;
 }
 
-void dist_comm_close(nn_comm *c) { (void)c; }
+void dist_comm_close(nn_comm *c)
+{
+    (void)c;
+}
 
 /* Never reached: a group of one returns before any of these. */
 static ch_status no_mpi(const char *what)
 {
-    return chi_error(CH_ERR_INTERNAL, "%s: a collective across processes in a build without "
-                     "MPI", what);
+    return chi_error(CH_ERR_INTERNAL,
+                     "%s: a collective across processes in a build without "
+                     "MPI",
+                     what);
 }
 
 ch_status dist_barrier_on(const ch_dist *d, const char *what)
@@ -44,8 +51,8 @@ ch_status dist_barrier_on(const ch_dist *d, const char *what)
     return no_mpi(what);
 }
 
-ch_status dist_bcast_on(const ch_dist *d, dist_comm_t comm, void *data, size_t bytes,
-                        int root, const char *what)
+ch_status dist_bcast_on(const ch_dist *d, dist_comm_t comm, void *data, size_t bytes, int root,
+                        const char *what)
 {
     (void)d, (void)comm, (void)data, (void)bytes, (void)root;
     return no_mpi(what);
@@ -58,8 +65,8 @@ ch_status dist_sum_on(const ch_dist *d, dist_comm_t comm, void *values, int64_t 
     return no_mpi(what);
 }
 
-ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s,
-                           uint16_t *values, int64_t n, const char *what)
+ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s, uint16_t *values,
+                           int64_t n, const char *what)
 {
     (void)d, (void)comm, (void)s, (void)values, (void)n;
     return no_mpi(what);

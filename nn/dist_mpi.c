@@ -25,7 +25,10 @@
 
 static int we_started_mpi;
 
-int ch_dist_built(void) { return 1; }
+int ch_dist_built(void)
+{
+    return 1;
+}
 
 static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -61,14 +64,14 @@ static void pause_poll(double waited)
  * not answer within PING_SECONDS is stopped, hung in the system, or gone;
  * one that answers has not reached the collective yet. */
 
-#define TAG_PING 1         /* token >= 0; -1 from the process itself: stop */
-#define TAG_PONG 16        /* + the ping's token */
+#define TAG_PING 1  /* token >= 0; -1 from the process itself: stop */
+#define TAG_PONG 16 /* + the ping's token */
 #define PING_SECONDS 2.0
 
 static MPI_Comm hb_comm;
 static pthread_t hb_thread;
 static int hb_started;
-static int ping_token;     /* under mpi_lock */
+static int ping_token; /* under mpi_lock */
 
 static void nap(long ns)
 {
@@ -152,8 +155,8 @@ static void who_answers(const ch_dist *d, char *out, size_t cap)
         pthread_mutex_lock(&mpi_lock);
         for (int k = 0; k < n; k++) {
             int done = 0;
-            if (k != d->rank && !answered[k] && MPI_Test(&recv[k], &done, MPI_STATUS_IGNORE) ==
-                                                        MPI_SUCCESS && done) {
+            if (k != d->rank && !answered[k] &&
+                MPI_Test(&recv[k], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
                 answered[k] = 1;
                 missing--;
             }
@@ -165,16 +168,19 @@ static void who_answers(const ch_dist *d, char *out, size_t cap)
     for (int k = 0; k < n; k++) {
         if (k == d->rank || answered[k])
             continue;
-        len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%d",
-                                len ? ", " : "rank ", k);
+        len +=
+            (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%d", len ? ", " : "rank ", k);
         if (len >= cap)
             break;
     }
     if (missing > 0 && len < cap)
-        snprintf(out + len, cap - len, " did not answer within %g s: stopped, hung in the "
-                 "system or gone", PING_SECONDS);
+        snprintf(out + len, cap - len,
+                 " did not answer within %g s: stopped, hung in the "
+                 "system or gone",
+                 PING_SECONDS);
     else if (missing == 0)
-        snprintf(out, cap, "every other process answers: one of them has not reached this "
+        snprintf(out, cap,
+                 "every other process answers: one of them has not reached this "
                  "call yet (still computing, or failed without telling)");
     /* Unanswered pings and their receives stay with MPI: it has no way to
      * take back a send to a process that is gone. */
@@ -212,7 +218,8 @@ static ch_status finish(const ch_dist *d, MPI_Request *req, const char *fn, cons
              * cancelled, and the job cannot go on without it. */
             char who[256];
             who_answers(d, who, sizeof who);
-            return chi_error(CH_ERR_REMOTE, "%s: rank %d of %d waited %g s for the other "
+            return chi_error(CH_ERR_REMOTE,
+                             "%s: rank %d of %d waited %g s for the other "
                              "processes of the job (the watchdog, CHORUS_DIST_TIMEOUT): %s",
                              what, d->rank, d->size, d->timeout,
                              who[0] ? who : "one of them failed, was killed or hangs");
@@ -245,7 +252,7 @@ ch_status dist_join(ch_dist *world, int *argc, char ***argv, double timeout)
     MPI_Finalized(&fin);
     if (fin)
         return chi_error(CH_ERR_UNAVAILABLE, "ch_dist_init: MPI was finalized already and "
-                         "cannot start again");
+                                             "cannot start again");
     int provided = MPI_THREAD_SINGLE;
     if (!init) {
         /* Open MPI's non-blocking all-reduce picks a binomial tree for two
@@ -262,9 +269,11 @@ ch_status dist_join(ch_dist *world, int *argc, char ***argv, double timeout)
     }
     ch_status st = CH_OK;
     if (provided < MPI_THREAD_SERIALIZED)
-        st = chi_error(CH_ERR_UNAVAILABLE, "ch_dist_init: MPI gives thread level %d, below "
+        st = chi_error(CH_ERR_UNAVAILABLE,
+                       "ch_dist_init: MPI gives thread level %d, below "
                        "MPI_THREAD_SERIALIZED: data parallelism calls it from several "
-                       "threads", provided);
+                       "threads",
+                       provided);
     *world = (ch_dist){.timeout = timeout};
     MPI_Comm_rank(MPI_COMM_WORLD, &world->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world->size);
@@ -275,8 +284,8 @@ ch_status dist_join(ch_dist *world, int *argc, char ***argv, double timeout)
     }
     MPI_Comm local = MPI_COMM_NULL;
     if (st == CH_OK) {
-        int e = MPI_Comm_split_type(world->comm, MPI_COMM_TYPE_SHARED, world->rank,
-                                    MPI_INFO_NULL, &local);
+        int e = MPI_Comm_split_type(world->comm, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL,
+                                    &local);
         if (e != MPI_SUCCESS)
             st = mpi_error(e, "MPI_Comm_split_type", "ch_dist_init");
     }
@@ -296,7 +305,6 @@ ch_status dist_join(ch_dist *world, int *argc, char ***argv, double timeout)
     }
     return st;
 }
-
 
 static ch_status start_responder(const ch_dist *d)
 {
@@ -387,8 +395,8 @@ ch_status dist_sum_on(const ch_dist *d, dist_comm_t comm, void *values, int64_t 
         int64_t len = n - off < chunk ? n - off : chunk;
         MPI_Request req;
         pthread_mutex_lock(&mpi_lock);
-        int e = MPI_Iallreduce(MPI_IN_PLACE, (char *)values + (size_t)off * size, (int)len,
-                               type, MPI_SUM, comm, &req);
+        int e = MPI_Iallreduce(MPI_IN_PLACE, (char *)values + (size_t)off * size, (int)len, type,
+                               MPI_SUM, comm, &req);
         pthread_mutex_unlock(&mpi_lock);
         if (e != MPI_SUCCESS)
             return mpi_error(e, "MPI_Iallreduce", what);
@@ -399,14 +407,14 @@ ch_status dist_sum_on(const ch_dist *d, dist_comm_t comm, void *values, int64_t 
 
 /* This rank's share of a bf16 sum (dist_sum_bf16_on), in f32 in rank order and
  * rounded once, built for AVX2 too. */
-CHI_CLONES static void sum_blocks(int64_t len, int p, const void *const *src,
-                                  const int *is_bf16, uint16_t *out)
+CHI_CLONES static void sum_blocks(int64_t len, int p, const void *const *src, const int *is_bf16,
+                                  uint16_t *out)
 {
     const int64_t chunk = 16384;
     CHI_OMP(omp parallel for schedule(static) if (parallel: len > 8 * chunk))
     for (int64_t lo = 0; lo < len; lo += chunk)
-        chi_bf16_sum_range(lo, len - lo < chunk ? len - lo : chunk, p, src, is_bf16, NULL,
-                           out, 0, NULL);
+        chi_bf16_sum_range(lo, len - lo < chunk ? len - lo : chunk, p, src, is_bf16, NULL, out, 0,
+                           NULL);
 }
 
 /* The bf16 sum across the group, in place: a reduce-scatter by
@@ -416,8 +424,8 @@ CHI_CLONES static void sum_blocks(int64_t len, int p, const void *const *src,
  * receives 2 (p - 1) / p of the values' bytes, half what an f32 all-reduce
  * of the same elements moves, and every rank gets the same bits. The
  * scratch (p blocks and the call's tables) grows as needed and is kept. */
-ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s,
-                           uint16_t *values, int64_t n, const char *what)
+ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s, uint16_t *values,
+                           int64_t n, const char *what)
 {
     int p = d->size, rank = d->rank;
     const int64_t chunk = (int64_t)1 << 28; /* MPI counts are ints */
@@ -428,8 +436,10 @@ ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s,
     if (s->bytes < need) {
         void *mem = malloc(need);
         if (!mem)
-            return chi_error(CH_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu bytes of "
-                             "bf16 blocks", what, need);
+            return chi_error(CH_ERR_OUT_OF_MEMORY,
+                             "%s: out of host memory for %zu bytes of "
+                             "bf16 blocks",
+                             what, need);
         free(s->mem);
         s->mem = mem;
         s->bytes = need;
@@ -466,8 +476,8 @@ ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s,
             src[b] = blocks + (size_t)b * (size_t)mine;
         sum_blocks(mine, p, src, bf16, v + displs[rank]);
         pthread_mutex_lock(&mpi_lock);
-        e = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, v, counts, displs,
-                            MPI_UINT16_T, comm, &req);
+        e = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, v, counts, displs, MPI_UINT16_T,
+                            comm, &req);
         pthread_mutex_unlock(&mpi_lock);
         if (e != MPI_SUCCESS)
             return mpi_error(e, "MPI_Iallgatherv", what);
@@ -497,8 +507,10 @@ ch_status dist_gather_on(const ch_dist *d, dist_comm_t comm, const void *mine, v
                          size_t bytes, const char *what)
 {
     if (bytes > (size_t)INT_MAX)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %zu bytes per process, more than one "
-                         "MPI call can gather", what, bytes);
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: %zu bytes per process, more than one "
+                         "MPI call can gather",
+                         what, bytes);
     MPI_Request req;
     pthread_mutex_lock(&mpi_lock);
     int e = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm, &req);

@@ -133,8 +133,8 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
     for (int b = 0; b < dp->bk.count; b++) {
         int64_t shape[1] = {dp->bk.list[b].count};
         TRY(ch_tensor_new(&r->bk.grads[b], dev, CH_F32, 1, shape));
-        TRY(nn_grads_into(r->model, dp->bk.list[b].p_lo,
-                          dp->bk.list[b].p_hi - dp->bk.list[b].p_lo, r->bk.grads[b]));
+        TRY(nn_grads_into(r->model, dp->bk.list[b].p_lo, dp->bk.list[b].p_hi - dp->bk.list[b].p_lo,
+                          r->bk.grads[b]));
     }
     nn_set_grad_hook(r->model, dp_on_grads, r);
     if (dp->threaded && !dp->o.batchnorm_local)
@@ -221,8 +221,8 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     dp_injected_clear(dp, 1);
     dp->call.grad_rescale = 1.0f;
     dp->tr.scaler = options->precision != CH_F16 ? 1.0f
-                 : options->loss_scale > 0.0f ? options->loss_scale
-                                              : 65536.0f;
+                    : options->loss_scale > 0.0f ? options->loss_scale
+                                                 : 65536.0f;
     dp->numel = ch_module_param_numel(model);
     dp->r = calloc((size_t)n, sizeof *dp->r);
     st = dp->r ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
@@ -417,9 +417,11 @@ static ch_status check_parted(const ch_dp *dp, const char *fn)
 {
     if (!atomic_load(&dp->w.parted))
         return CH_OK;
-    return chi_error(CH_ERR_STATE, "%s: an earlier step failed while the replicas were updating "
+    return chi_error(CH_ERR_STATE,
+                     "%s: an earlier step failed while the replicas were updating "
                      "their parameters, so they may differ (%.900s): free this dp and make a new "
-                     "one, from a checkpoint", fn, dp->w.parted_error);
+                     "one, from a checkpoint",
+                     fn, dp->w.parted_error);
 }
 
 /* A training call: micro-batch `batch` (NULL: flush), reducing and
@@ -502,7 +504,10 @@ ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr)
     return train_call(dp, batch, lr, dp->tr.micro + 1 >= k, loss);
 }
 
-int ch_dp_pending(const ch_dp *dp) { return dp ? dp->tr.micro : 0; }
+int ch_dp_pending(const ch_dp *dp)
+{
+    return dp ? dp->tr.micro : 0;
+}
 
 ch_status ch_dp_loss_scale(const ch_dp *dp, float *scale, int *clean_steps, int64_t *skipped)
 {
@@ -604,8 +609,10 @@ ch_status ch_dp_predict(ch_dp *dp, ch_tensor *out, const ch_batch *batch)
                          ch_dtype_name(ch_tensor_dtype(out)),
                          (long long)(ch_tensor_ndim(out) ? ch_tensor_dim(out, 0) : 0));
     if (dp->tr.micro > 0)
-        return chi_error(CH_ERR_STATE, "ch_dp_predict: %d micro-batches are accumulated; "
-                         "call ch_dp_step or ch_dp_flush first", dp->tr.micro);
+        return chi_error(CH_ERR_STATE,
+                         "ch_dp_predict: %d micro-batches are accumulated; "
+                         "call ch_dp_step or ch_dp_flush first",
+                         dp->tr.micro);
     return infer_call(dp, JOB_PREDICT, batch, out);
 }
 
@@ -616,8 +623,10 @@ ch_status ch_dp_evaluate(ch_dp *dp, float *loss, int64_t *correct, const ch_batc
                          !dp ? "dp" : "batch");
     TRY(check_batch(dp, batch, "ch_dp_evaluate", 1));
     if (dp->tr.micro > 0)
-        return chi_error(CH_ERR_STATE, "ch_dp_evaluate: %d micro-batches are accumulated; "
-                         "call ch_dp_step or ch_dp_flush first", dp->tr.micro);
+        return chi_error(CH_ERR_STATE,
+                         "ch_dp_evaluate: %d micro-batches are accumulated; "
+                         "call ch_dp_step or ch_dp_flush first",
+                         dp->tr.micro);
     TRY(infer_call(dp, JOB_EVALUATE, batch, NULL));
     if (loss)
         *loss = (float)dp->call.eval_loss;
@@ -665,7 +674,10 @@ double ch_dp_last_overlap(const ch_dp *dp)
 
 ch_reduce_mode ch_dp_reduce_mode(const ch_dp *dp) { return dp ? dp->o.reduce : CH_REDUCE_HOST; }
 
-int ch_dp_bucket_count(const ch_dp *dp) { return dp ? dp->bk.count : 0; }
+int ch_dp_bucket_count(const ch_dp *dp)
+{
+    return dp ? dp->bk.count : 0;
+}
 
 int ch_dp_bound(const ch_dp *dp, int index)
 {

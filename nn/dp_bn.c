@@ -68,7 +68,7 @@ static ch_status exchange_across(ch_dp *dp, int64_t n, int failed)
         dp->bn.flagged = 1;
         pthread_mutex_unlock(&dp->w.lock);
         return chi_error(CH_ERR_REMOTE, "BatchNorm statistics: another process of the job "
-                         "failed in this step");
+                                        "failed in this step");
     }
     return CH_OK;
 }

@@ -23,7 +23,11 @@
 #include "split.h"
 #include <chorus/dp.h>
 
-typedef enum job { JOB_TRAIN, JOB_PREDICT, JOB_EVALUATE } job;
+typedef enum job {
+    JOB_TRAIN,
+    JOB_PREDICT,
+    JOB_EVALUATE
+} job;
 
 /* What a process tells the others at the end of every call (across
  * processes): its status, its share of the loss and of the right answers,
@@ -32,138 +36,138 @@ typedef enum job { JOB_TRAIN, JOB_PREDICT, JOB_EVALUATE } job;
 typedef struct report {
     int32_t st;
     int32_t checked;
-    double loss;              /* sum over its replicas of mean loss x samples */
+    double loss; /* sum over its replicas of mean loss x samples */
     int64_t correct;
     uint64_t checksum;
     char error[400];
 } report;
 
 typedef struct bucket {
-    int p_lo, p_hi;           /* parameters [p_lo, p_hi) */
-    int64_t count;            /* their elements */
+    int p_lo, p_hi; /* parameters [p_lo, p_hi) */
+    int64_t count;  /* their elements */
 } bucket;
 
 typedef struct replica {
     ch_dp *dp;
     int index;
     ch_device *dev;
-    ch_stream *stream;        /* forward, backward, the optimizer */
-    ch_stream *comm;          /* the reducer's work on this replica */
+    ch_stream *stream; /* forward, backward, the optimizer */
+    ch_stream *comm;   /* the reducer's work on this replica */
     ch_module *model;
     ch_loss *loss;
     ch_optimizer *opt;
     ch_tensor *x, *labels, *pred;
-    int32_t *pred_host;       /* evaluation: the predictions, downloaded */
+    int32_t *pred_host; /* evaluation: the predictions, downloaded */
     int64_t pred_cap;
     pthread_t thread;
     int started, bound;
-    int start, count;         /* its slice of the batch */
+    int start, count; /* its slice of the batch */
     float loss_value;
     int64_t correct;
     double seconds, compute_seconds;
-    double compute_end;       /* when its forward and backward ended */
+    double compute_end; /* when its forward and backward ended */
     uint64_t checksum;
     ch_status st;
     char error[1024];
 
-    struct {                  /* its gradients in buckets (nn/dp_reduce.c) */
-        ch_tensor **grads;    /* per bucket: its gradients; the parameters' are views */
-        ch_event **ready;     /* per bucket: its gradients are complete */
-        int *missing;         /* per bucket: parameters still to come, -1 once posted */
-        int posting;          /* this backward posts buckets */
+    struct {               /* its gradients in buckets (nn/dp_reduce.c) */
+        ch_tensor **grads; /* per bucket: its gradients; the parameters' are views */
+        ch_event **ready;  /* per bucket: its gradients are complete */
+        int *missing;      /* per bucket: parameters still to come, -1 once posted */
+        int posting;       /* this backward posts buckets */
     } bk;
-    struct {                  /* BatchNorm's sums, exchanged through the host (nn/dp_bn.c) */
+    struct { /* BatchNorm's sums, exchanged through the host (nn/dp_bn.c) */
         float *buf;
         double *sum;
         int64_t cap;
-        double wait;          /* of its compute, seconds spent waiting for the
+        double wait; /* of its compute, seconds spent waiting for the
                                  other replicas' sums */
     } bn;
-    struct {                  /* fp16's check of the reduced gradients */
-        int overflow;         /* they were not finite */
-        ch_tensor *finite;    /* each bucket's sum, for the check */
-        float *finite_host;   /* the sums read back */
+    struct {                /* fp16's check of the reduced gradients */
+        int overflow;       /* they were not finite */
+        ch_tensor *finite;  /* each bucket's sum, for the check */
+        float *finite_host; /* the sums read back */
     } fp16;
 } replica;
 
 struct ch_dp {
-    int n;                    /* this process's replicas */
+    int n; /* this process's replicas */
     replica *r;
     ch_dp_options o;
-    nn_split split;           /* the batch's shares (nn/split.h) */
-    int64_t numel;            /* all parameters */
-    int threaded;             /* worker threads and a reducer: n > 1 or ranks > 1 */
+    nn_split split; /* the batch's shares (nn/split.h) */
+    int64_t numel;  /* all parameters */
+    int threaded;   /* worker threads and a reducer: n > 1 or ranks > 1 */
 
-    struct {                  /* the threads and what they meet on */
+    struct { /* the threads and what they meet on */
         pthread_mutex_t lock;
         pthread_cond_t go, done;
         pthread_barrier_t barrier;
-        int64_t generation;   /* bumped for every call the workers run */
-        int finished;         /* workers done with the call (ready, before the first) */
+        int64_t generation; /* bumped for every call the workers run */
+        int finished;       /* workers done with the call (ready, before the first) */
         int quit;
-        atomic_int failed;    /* something failed in this call */
-        atomic_int parted;    /* a replica failed during its update */
+        atomic_int failed;       /* something failed in this call */
+        atomic_int parted;       /* a replica failed during its update */
         char parted_error[1200]; /* then every later call fails with this */
     } w;
 
-    struct {                  /* the buckets (nn/dp_reduce.c) */
+    struct { /* the buckets (nn/dp_reduce.c) */
         bucket *list;
         int count;
-        int *of_param;        /* parameter index -> bucket */
-        int *posted;          /* per bucket: replicas that posted it in this call */
+        int *of_param; /* parameter index -> bucket */
+        int *posted;   /* per bucket: replicas that posted it in this call */
     } bk;
 
-    struct {                  /* the reducer thread (nn/dp_reduce.c) */
-        ch_reducer *reducer;  /* n > 1 */
-        ch_tensor **bufs;     /* [n] the reducer thread's view of a bucket */
+    struct {                 /* the reducer thread (nn/dp_reduce.c) */
+        ch_reducer *reducer; /* n > 1 */
+        ch_tensor **bufs;    /* [n] the reducer thread's view of a bucket */
         pthread_t thread;
         int started;
         pthread_cond_t posted; /* a bucket was posted, the reducer is done, or a failure */
-        int64_t generation;   /* bumped for every call the reducer runs */
-        int done;             /* with this call */
-        double start;         /* when the first bucket's reduction began, 0: none */
+        int64_t generation;    /* bumped for every call the reducer runs */
+        int done;              /* with this call */
+        double start;          /* when the first bucket's reduction began, 0: none */
         ch_status st;
         char error[1024];
-        nn_comm *comm;        /* its collectives across processes */
+        nn_comm *comm; /* its collectives across processes */
     } red;
 
-    struct {                  /* BatchNorm's statistics exchange (nn/dp_bn.c) */
+    struct {                      /* BatchNorm's statistics exchange (nn/dp_bn.c) */
         pthread_cond_t exchanged; /* a round of the exchange ended */
-        int active;           /* replicas with samples in this call: they exchange */
+        int active;               /* replicas with samples in this call: they exchange */
         int arrived;
         int64_t round;
-        int leader;           /* the replica that exchanges for the process */
-        int flagged;          /* this call's failure was told to the others */
-        int done;             /* exchanges across processes in this call */
-        int expected;         /* in a training call (-1 until one succeeded) */
-        int64_t *counts;      /* [counts_cap] the values of each of them */
+        int leader;      /* the replica that exchanges for the process */
+        int flagged;     /* this call's failure was told to the others */
+        int done;        /* exchanges across processes in this call */
+        int expected;    /* in a training call (-1 until one succeeded) */
+        int64_t *counts; /* [counts_cap] the values of each of them */
         int counts_cap;
-        double *total;        /* the process's sums, then the job's */
+        double *total; /* the process's sums, then the job's */
         int64_t total_cap;
-        nn_comm *comm;        /* its collectives across processes (the leader's) */
+        nn_comm *comm; /* its collectives across processes (the leader's) */
     } bn;
 
-    struct {                  /* the call in flight */
+    struct { /* the call in flight */
         job job;
-        int sync;             /* this call reduces and updates */
+        int sync; /* this call reduces and updates */
         const ch_batch *batch;
-        ch_tensor *out;       /* predict */
+        ch_tensor *out; /* predict */
         float lr;
-        float loss_scale;     /* the loss's gradient factor: scaler / accumulate */
-        float grad_rescale;   /* flush: accumulate / micro-batches there are */
-        double eval_loss;     /* the last evaluation's, over the job */
+        float loss_scale;   /* the loss's gradient factor: scaler / accumulate */
+        float grad_rescale; /* flush: accumulate / micro-batches there are */
+        double eval_loss;   /* the last evaluation's, over the job */
         int64_t eval_correct;
     } call;
 
-    struct {                  /* training's state from call to call */
-        int64_t step;         /* updates so far */
-        int buffers_stale;    /* replicas 1.. hold older running statistics than 0 */
-        int ranks_stale;      /* ranks other than 0 hold other running statistics */
-        int micro;            /* micro-batches accumulated since the last update */
+    struct {                   /* training's state from call to call */
+        int64_t step;          /* updates so far */
+        int buffers_stale;     /* replicas 1.. hold older running statistics than 0 */
+        int ranks_stale;       /* ranks other than 0 hold other running statistics */
+        int micro;             /* micro-batches accumulated since the last update */
         int64_t micro_samples; /* their samples: the random stream's offset */
-        float scaler;         /* fp16's dynamic loss scale (1 otherwise) */
-        int scaler_clean;     /* clean steps since it last changed */
-        int64_t skipped;      /* steps skipped for an overflow */
+        float scaler;          /* fp16's dynamic loss scale (1 otherwise) */
+        int scaler_clean;      /* clean steps since it last changed */
+        int64_t skipped;       /* steps skipped for an overflow */
     } tr;
 
     /* Across processes (options.dist with two or more): this process's
@@ -174,17 +178,17 @@ struct ch_dp {
         int ranks, rank;
         int nall, first, nmax;
         int *rank_n, *rank_first; /* [ranks] */
-        nn_comm *ctl;         /* the calling thread's collectives */
-        size_t report_bytes;  /* sizeof(report) + nmax doubles */
-        unsigned char *reports; /* [ranks] reports, then this process's own */
-        int span_all;         /* every process's reducer can span processes (NCCL) */
+        nn_comm *ctl;             /* the calling thread's collectives */
+        size_t report_bytes;      /* sizeof(report) + nmax doubles */
+        unsigned char *reports;   /* [ranks] reports, then this process's own */
+        int span_all;             /* every process's reducer can span processes (NCCL) */
     } procs;
 
 #ifdef CHI_TEST_HOOKS
     struct {
-        int replica;          /* this replica fails its next call */
-        int update;           /* this replica fails its next update, past the barrier */
-        int reduce;           /* the next reduction fails */
+        int replica; /* this replica fails its next call */
+        int update;  /* this replica fails its next update, past the barrier */
+        int reduce;  /* the next reduction fails */
     } inject;
 #endif
 };
@@ -266,8 +270,8 @@ ch_status dp_join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **weigh
 ch_status dp_check_same_start(ch_dp *dp);
 ch_status dp_try_span(ch_dp *dp);
 ch_status dp_bcast_state(ch_dp *dp, int params, const char *what);
-ch_status dp_share_outcome(ch_dp *dp, ch_status st, const char *fn, double loss,
-                           int64_t correct, int checked, int64_t step);
+ch_status dp_share_outcome(ch_dp *dp, ch_status st, const char *fn, double loss, int64_t correct,
+                           int checked, int64_t step);
 ch_status dp_check_every_rank_has_samples(const ch_dp *dp, const char *fn, int total);
 ch_status dp_gather_rows(ch_dp *dp, ch_tensor *out, int total);
 report *dp_report_of(const ch_dp *dp, int k);

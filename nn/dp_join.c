@@ -31,7 +31,7 @@ typedef struct joining {
     float loss_scale;
     int64_t sample_shape[CH_MAX_DIMS];
     int64_t labels_per_sample;
-    uint64_t span_bytes;      /* ch_reducer_span_bytes: 0 when it cannot span */
+    uint64_t span_bytes; /* ch_reducer_span_bytes: 0 when it cannot span */
     char error[400];
 } joining;
 
@@ -103,9 +103,11 @@ ch_status dp_join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **weigh
             st = chi_error((ch_status)all[k].st, "ch_dp_new: rank %d failed: %.400s", k,
                            all[k].error);
         else if (what)
-            st = chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: rank %d brings other %s than "
+            st = chi_error(CH_ERR_INVALID_ARGUMENT,
+                           "ch_dp_new: rank %d brings other %s than "
                            "rank 0: every process must make its dp with the same model and "
-                           "options", k, what);
+                           "options",
+                           k, what);
     }
     if (st != CH_OK) {
         free(all);
@@ -116,8 +118,8 @@ ch_status dp_join(ch_dp *dp, ch_status st, const ch_dp_options *o, float **weigh
     /* bf16 reduction goes through the host: no span (which sums f32). */
     dp->procs.span_all = o->reduce_dtype == CH_F32;
     for (int k = 0; k < dp->procs.ranks; k++)
-        dp->procs.span_all = dp->procs.span_all && all[k].span_bytes > 0 &&
-                       all[k].span_bytes == all[0].span_bytes;
+        dp->procs.span_all =
+            dp->procs.span_all && all[k].span_bytes > 0 && all[k].span_bytes == all[0].span_bytes;
     for (int k = 0; k < dp->procs.ranks; k++) {
         dp->procs.rank_first[k] = dp->procs.nall;
         dp->procs.rank_n[k] = all[k].n;
@@ -163,9 +165,10 @@ ch_status dp_check_same_start(ch_dp *dp)
                                      "ch_dp_new: the parameters' checksums");
     for (int k = 1; st == CH_OK && k < dp->procs.ranks; k++)
         if (all[k] != all[0])
-            st = chi_error(CH_ERR_INTERNAL, "ch_dp_new: rank %d holds other parameters than "
-                           "rank 0 after the broadcast (checksum %016llx, want %016llx)", k,
-                           (unsigned long long)all[k], (unsigned long long)all[0]);
+            st = chi_error(CH_ERR_INTERNAL,
+                           "ch_dp_new: rank %d holds other parameters than "
+                           "rank 0 after the broadcast (checksum %016llx, want %016llx)",
+                           k, (unsigned long long)all[k], (unsigned long long)all[0]);
     free(all);
     return st;
 }
@@ -194,8 +197,10 @@ ch_status dp_try_span(ch_dp *dp)
     }
     TRY(nn_comm_bcast(dp->procs.ctl, &msg, sizeof msg, 0, "ch_dp_new: the NCCL id"));
     if (msg.st != CH_OK)
-        return chi_error((ch_status)msg.st, "ch_dp_new: rank 0 could not make the id of a "
-                         "communicator across processes: %.400s", msg.error);
+        return chi_error((ch_status)msg.st,
+                         "ch_dp_new: rank 0 could not make the id of a "
+                         "communicator across processes: %.400s",
+                         msg.error);
     ch_status st = ch_reducer_span(dp->red.reducer, msg.id, dp->procs.first, dp->procs.nall);
     char why[400] = "";
     if (st != CH_OK)
@@ -207,8 +212,10 @@ ch_status dp_try_span(ch_dp *dp)
                                       "ch_dp_new: joining the communicator across processes");
     for (int k = 0; got == CH_OK && st == CH_OK && k < dp->procs.ranks; k++)
         if (all[k] != CH_OK)
-            st = chi_error((ch_status)all[k], "ch_dp_new: rank %d could not join the "
-                           "communicator across processes", k);
+            st = chi_error((ch_status)all[k],
+                           "ch_dp_new: rank %d could not join the "
+                           "communicator across processes",
+                           k);
     free(all);
     if (why[0])
         return chi_error(st, "ch_dp_new: %s", why);
@@ -229,15 +236,18 @@ report *dp_report_of(const ch_dp *dp, int k)
     return (report *)(dp->procs.reports + (size_t)k * dp->procs.report_bytes);
 }
 
-double *dp_report_seconds(report *p) { return (double *)(p + 1); }
+double *dp_report_seconds(report *p)
+{
+    return (double *)(p + 1);
+}
 
 /* Across processes, at the end of every call: each process's report to
  * all. The call fails on every process when it failed on one: with its own
  * message where it failed, else naming the first process that failed with
  * that process's message. Then, for a checked step, every process's
  * replica 0 against rank 0's. */
-ch_status dp_share_outcome(ch_dp *dp, ch_status st, const char *fn, double loss,
-                           int64_t correct, int checked, int64_t step)
+ch_status dp_share_outcome(ch_dp *dp, ch_status st, const char *fn, double loss, int64_t correct,
+                           int checked, int64_t step)
 {
     if (dp->procs.ranks == 1)
         return st;
@@ -254,8 +264,8 @@ ch_status dp_share_outcome(ch_dp *dp, ch_status st, const char *fn, double loss,
     mine->checksum = dp->r[0].checksum;
     for (int i = 0; i < dp->n; i++)
         dp_report_seconds(mine)[i] = dp->r[i].compute_seconds;
-    ch_status got = nn_comm_allgather(dp->procs.ctl, mine, dp->procs.reports,
-                                      dp->procs.report_bytes, fn);
+    ch_status got =
+        nn_comm_allgather(dp->procs.ctl, mine, dp->procs.reports, dp->procs.report_bytes, fn);
     if (st != CH_OK && (st != CH_ERR_REMOTE || got != CH_OK))
         return chi_error(st, "%s", why);
     if (got != CH_OK)
@@ -274,9 +284,10 @@ ch_status dp_share_outcome(ch_dp *dp, ch_status st, const char *fn, double loss,
     const report *root = dp_report_of(dp, 0);
     for (int k = 1; checked && k < dp->procs.ranks; k++)
         if (dp_report_of(dp, k)->checksum != root->checksum)
-            return chi_error(CH_ERR_INTERNAL, "%s: rank %d holds other parameters than rank 0 "
-                             "after step %lld (checksum %016llx, want %016llx)", fn, k,
-                             (long long)step,
+            return chi_error(CH_ERR_INTERNAL,
+                             "%s: rank %d holds other parameters than rank 0 "
+                             "after step %lld (checksum %016llx, want %016llx)",
+                             fn, k, (long long)step,
                              (unsigned long long)dp_report_of(dp, k)->checksum,
                              (unsigned long long)root->checksum);
     return CH_OK;
@@ -291,10 +302,11 @@ ch_status dp_check_every_rank_has_samples(const ch_dp *dp, const char *fn, int t
         return CH_OK;
     for (int k = 0; k < dp->procs.ranks; k++)
         if (rank_count(dp, k) == 0)
-            return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: the batch of %d samples leaves "
+            return chi_error(CH_ERR_INVALID_ARGUMENT,
+                             "%s: the batch of %d samples leaves "
                              "rank %d without any, and synchronised BatchNorm needs every "
-                             "process in every step: give at least %d samples", fn, total, k,
-                             dp->procs.nall);
+                             "process in every step: give at least %d samples",
+                             fn, total, k, dp->procs.nall);
     return CH_OK;
 }
 
@@ -366,9 +378,9 @@ ch_status dp_gather_rows(ch_dp *dp, ch_tensor *out, int total)
     ch_status st = ch_tensor_download(out, buf, bytes);
     for (int k = 0; st == CH_OK && k < dp->procs.ranks; k++) {
         int start = dp->split.start[dp->procs.rank_first[k]];
-        st = nn_comm_bcast(dp->procs.ctl, buf + (size_t)start * row,
-                           (size_t)rank_count(dp, k) * row, k,
-                           "ch_dp_predict: the outputs of every process");
+        st =
+            nn_comm_bcast(dp->procs.ctl, buf + (size_t)start * row, (size_t)rank_count(dp, k) * row,
+                          k, "ch_dp_predict: the outputs of every process");
     }
     if (st == CH_OK)
         st = ch_tensor_upload(out, buf, bytes);

@@ -89,10 +89,8 @@ ch_status dp_make_buckets(ch_dp *dp, const ch_module *model)
         hi = lo;
     }
     free(offs);
-    dp->bk.posted = calloc((size_t)(dp->bk.count ? dp->bk.count : 1),
-                           sizeof *dp->bk.posted);
-    return dp->bk.posted ? CH_OK
-                            : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    dp->bk.posted = calloc((size_t)(dp->bk.count ? dp->bk.count : 1), sizeof *dp->bk.posted);
+    return dp->bk.posted ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
 }
 
 /* With dp->w.lock held: wait for the next call (*generation moving past

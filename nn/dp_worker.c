@@ -18,8 +18,8 @@ static ch_status fail(replica *r, ch_status st)
 {
     if (st != CH_OK && r->st == CH_OK) {
         r->st = st;
-        snprintf(r->error, sizeof r->error, "replica %d on %s: %s", r->index,
-                 ch_device_id(r->dev), ch_last_error());
+        snprintf(r->error, sizeof r->error, "replica %d on %s: %s", r->index, ch_device_id(r->dev),
+                 ch_last_error());
         ch_dp *dp = r->dp;
         pthread_mutex_lock(&dp->w.lock);
         atomic_store(&dp->w.failed, 1);
@@ -107,8 +107,7 @@ static ch_status compute(replica *r)
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
     /* Each replica's mean loss weighted by its share: the shares' gradients
      * add up to the gradient of the whole batch's mean. */
-    TRY(ch_loss_backward(r->loss, &dy,
-                         dp->call.loss_scale * (float)r->count / (float)b->count));
+    TRY(ch_loss_backward(r->loss, &dy, dp->call.loss_scale * (float)r->count / (float)b->count));
     TRY(ch_module_backward(r->model, NULL, dy));
     return ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value);
 }

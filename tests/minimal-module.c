@@ -23,7 +23,10 @@ static ch_status minimal_init(void **ctx, int *ndevices)
     return CH_OK;
 }
 
-static void minimal_shutdown(void *ctx) { (void)ctx; }
+static void minimal_shutdown(void *ctx)
+{
+    (void)ctx;
+}
 
 static ch_status minimal_device_props(void *ctx, int index, ch_bdev_props *props)
 {
@@ -51,7 +54,10 @@ static ch_status minimal_device_open(void *ctx, int index, void **dev)
     return CH_OK;
 }
 
-static void minimal_device_close(void *dev) { (void)dev; }
+static void minimal_device_close(void *dev)
+{
+    (void)dev;
+}
 
 static ch_status minimal_alloc(void *dev, size_t bytes, void **ptr)
 {
@@ -79,7 +85,10 @@ static ch_status minimal_stream_new(void *dev, void **stream)
     return CH_OK;
 }
 
-static void minimal_stream_free(void *stream) { free(stream); }
+static void minimal_stream_free(void *stream)
+{
+    free(stream);
+}
 
 static ch_status minimal_stream_sync(void *stream)
 {
@@ -99,7 +108,10 @@ static ch_status minimal_event_record(void *event, void *stream)
     return CH_OK;
 }
 
-static char *at(ch_bmem m) { return (char *)m.ptr + m.off; }
+static char *at(ch_bmem m)
+{
+    return (char *)m.ptr + m.off;
+}
 
 static ch_status minimal_upload(void *stream, ch_bmem dst, const void *host, size_t bytes,
                                 int blocking)
@@ -110,8 +122,7 @@ static ch_status minimal_upload(void *stream, ch_bmem dst, const void *host, siz
     return CH_OK;
 }
 
-static ch_status minimal_download(void *stream, void *host, ch_bmem src, size_t bytes,
-                                  int blocking)
+static ch_status minimal_download(void *stream, void *host, ch_bmem src, size_t bytes, int blocking)
 {
     (void)stream;
     (void)blocking;

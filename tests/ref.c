@@ -761,8 +761,8 @@ void tc_vs_host(tcase *c, const float *got, const double *mag, int64_t n, double
             err = d > err ? d : err;
         }
     }
-    tap_ok(err <= tol, "%s %s against the host backend: err %.3g, want <= %.2g", id, c->name,
-           err, tol);
+    tap_ok(err <= tol, "%s %s against the host backend: err %.3g, want <= %.2g", id, c->name, err,
+           tol);
 }
 
 int tc_end_err(tcase *c, double err, double tol)

@@ -59,7 +59,10 @@ static double gelu_grad_err(float x)
     return rel(chk_gelu_grad(x), cdf + x * pdf, cdf + fabs((double)x) * pdf);
 }
 
-static double tanh_f32_err(float x) { return rel(chk_tanh_f32(x), tanh(x), tanh(x)); }
+static double tanh_f32_err(float x)
+{
+    return rel(chk_tanh_f32(x), tanh(x), tanh(x));
+}
 
 static double sigmoid_f32_err(float x)
 {
@@ -67,7 +70,10 @@ static double sigmoid_f32_err(float x)
     return rel(chk_sigmoid_f32(x), want, want);
 }
 
-static double tanh_err(float x) { return rel(chk_act(CH_ACT_TANH, x), tanh(x), tanh(x)); }
+static double tanh_err(float x)
+{
+    return rel(chk_act(CH_ACT_TANH, x), tanh(x), tanh(x));
+}
 
 static double sigmoid_err(float x)
 {

@@ -162,8 +162,10 @@ static void test_round_in_place(void)
         if (chk_f32_round_bf16(tap_bits_of(in[i])) != want && bad++ == 0)
             first = i;
     }
-    tap_ok(bad == 0, "chk_f32_round_bf16 over %zu floats: the bf16 rounding, widened, bit for "
-           "bit (%zu differ; first 0x%08x)", n, bad, bad ? tap_bits_of(in[first]) : 0u);
+    tap_ok(bad == 0,
+           "chk_f32_round_bf16 over %zu floats: the bf16 rounding, widened, bit for "
+           "bit (%zu differ; first 0x%08x)",
+           n, bad, bad ? tap_bits_of(in[first]) : 0u);
     free(in);
 }
 

@@ -40,8 +40,8 @@ static void add_with_priority(machine *m, const char *backend, int priority, int
     snprintf(in->props.pci_bus_id, sizeof in->props.pci_bus_id, "%s", bus);
 }
 
-static void add(machine *m, const char *backend, int index, ch_device_kind kind,
-                const char *name, const char *bus)
+static void add(machine *m, const char *backend, int index, ch_device_kind kind, const char *name,
+                const char *bus)
 {
     add_with_priority(m, backend, builtin_priority(backend), index, kind, name, bus);
 }

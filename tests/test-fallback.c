@@ -13,7 +13,12 @@
 
 #include "tap.h"
 
-enum { BATCH = 16, STEPS = 8, PIXELS = 28 * 28, CLASSES = 10 };
+enum {
+    BATCH = 16,
+    STEPS = 8,
+    PIXELS = 28 * 28,
+    CLASSES = 10
+};
 
 /* The losses of STEPS SGD steps of the mlp preset on `dev` over one batch
  * (which it learns by heart), from the same initial weights and data on
@@ -81,7 +86,12 @@ static int train(ch_device *dev, float *losses)
 
 /* ---- ops whose outputs are read, or alias an input ---------------------- */
 
-enum { R = 6, D = 5, V = 4, MAX_OUT = 64 };
+enum {
+    R = 6,
+    D = 5,
+    V = 4,
+    MAX_OUT = 64
+};
 
 /* A tensor of `n` floats on dev, filled from a fixed sequence. */
 static ch_tensor *filled(ch_device *dev, int ndim, const int64_t *shape, float seed)
@@ -160,11 +170,11 @@ static ch_status run_norm_embedding(ch_device *dev, float *out, int *n)
     ch_tensor *x = filled(dev, 2, rd, 0.2f), *dy = filled(dev, 2, rd, -0.4f),
               *gamma = filled(dev, 1, d1, 1.0f), *beta = filled(dev, 1, d1, 0.0f),
               *dgamma = filled(dev, 1, d1, 3.0f), *dbeta = filled(dev, 1, d1, -3.0f),
-              *dtable = filled(dev, 2, vd, 0.7f), *y = NULL, *dx = NULL, *mean = NULL,
-              *rstd = NULL, *idx = NULL;
+              *dtable = filled(dev, 2, vd, 0.7f), *y = NULL, *dx = NULL, *mean = NULL, *rstd = NULL,
+              *idx = NULL;
     int32_t iv[R] = {3, 0, 3, 1, 2, 3};
-    ch_status st = x && dy && gamma && beta && dgamma && dbeta && dtable ? CH_OK
-                                                                          : CH_ERR_OUT_OF_MEMORY;
+    ch_status st =
+        x && dy && gamma && beta && dgamma && dbeta && dtable ? CH_OK : CH_ERR_OUT_OF_MEMORY;
     if (st == CH_OK)
         st = ch_tensor_new(&y, dev, CH_F32, 2, rd);
     if (st == CH_OK)
@@ -205,7 +215,8 @@ static void check_scenarios(ch_device *host, ch_device *minimal)
         {"ch_add in place, then ch_axpy (y read)", run_inplace},
         {"two ch_adam_step (p, m, v read and written)", run_adam},
         {"ch_layernorm, its backward adding to dgamma and dbeta, ch_embedding_backward "
-         "adding to dtable", run_norm_embedding},
+         "adding to dtable",
+         run_norm_embedding},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         float a[4 * MAX_OUT], b[4 * MAX_OUT];
@@ -232,8 +243,7 @@ static void check_scanned(const char *dir)
     tap_ok(found && bi.available && bi.device_count == 1 && strstr(bi.detail, dir),
            "the scan of the backend path loads chorus-minimal.so from %s (found %d, "
            "available %d, devices %d, detail \"%s\")",
-           dir, found, found && bi.available, found ? bi.device_count : 0,
-           found ? bi.detail : "");
+           dir, found, found && bi.available, found ? bi.device_count : 0, found ? bi.detail : "");
 }
 
 /* stderr's lines "chorus: <device> has no <op>; running it on the host",
@@ -263,9 +273,9 @@ static void check_notes(const char *text)
            "one stderr line per (device, op), the same %d pairs as ch_fallback_get, all "
            "minimal:0 (%d lines, %d bad, first missing %d, %d repeated)",
            n, lines, bad, missing, repeated);
-    static const char *const needed[] = {"fill",         "bias_add",     "act_forward",
-                                         "softmax_xent", "act_backward", "bias_grad",
-                                         "softmax_xent_backward", "sgd_step"};
+    static const char *const needed[] = {
+        "fill",         "bias_add",  "act_forward",           "softmax_xent",
+        "act_backward", "bias_grad", "softmax_xent_backward", "sgd_step"};
     char absent[256] = "";
     for (size_t k = 0; k < sizeof needed / sizeof needed[0]; k++) {
         int seen = 0;
@@ -274,8 +284,7 @@ static void check_notes(const char *text)
             seen = ch_fallback_get(i, &f) == CH_OK && strcmp(f.op, needed[k]) == 0;
         }
         if (!seen)
-            snprintf(absent + strlen(absent), sizeof absent - strlen(absent), " %s",
-                     needed[k]);
+            snprintf(absent + strlen(absent), sizeof absent - strlen(absent), " %s", needed[k]);
     }
     tap_ok(!absent[0], "the ops the mlp trains with are listed (absent:%s)",
            absent[0] ? absent : " none");
@@ -350,12 +359,14 @@ int main(void)
         for (int s = 0; s < STEPS; s++)
             worst = fmax(worst, fabs((double)on_minimal[s] - on_host[s]) / fabs(on_host[s]));
         tap_diag("losses on host: %.7f ... %.7f; on minimal:0: %.7f ... %.7f; largest "
-                 "relative difference %.3g", on_host[0], on_host[STEPS - 1], on_minimal[0],
-                 on_minimal[STEPS - 1], worst);
+                 "relative difference %.3g",
+                 on_host[0], on_host[STEPS - 1], on_minimal[0], on_minimal[STEPS - 1], worst);
         tap_ok(on_host[STEPS - 1] < on_host[0], "the loss falls on the host (%.4f -> %.4f)",
                on_host[0], on_host[STEPS - 1]);
-        tap_ok(worst <= 1e-4, "minimal:0's losses are the host's within 1e-4 relative, step for "
-               "step (largest %.3g)", worst);
+        tap_ok(worst <= 1e-4,
+               "minimal:0's losses are the host's within 1e-4 relative, step for "
+               "step (largest %.3g)",
+               worst);
     }
     if (tap_ok(text != NULL, "stderr's copy read back"))
         check_notes(text);
@@ -397,13 +408,11 @@ int main(void)
            ch_device_count());
     tap_ok(after_init == 0, "ch_shutdown and ch_init forget the pairs (%d after ch_init)",
            after_init);
-    tap_ok(got[0] == 2.5f && got[4] == 2.5f, "the host's fill came back (%g, %g)", got[0],
-           got[4]);
+    tap_ok(got[0] == 2.5f && got[4] == 2.5f, "the host's fill came back (%g, %g)", got[0], got[4]);
     ch_fallback_info f = {{0}, {0}};
     tap_ok(ch_fallback_count() == 1 && ch_fallback_get(0, &f) == CH_OK &&
                strcmp(f.op, "fill") == 0 && text && !strstr(text, "chorus: "),
-           "CHORUS_QUIET_FALLBACK=1: fill on minimal:0 listed (%s), nothing on stderr",
-           f.op);
+           "CHORUS_QUIET_FALLBACK=1: fill on minimal:0 listed (%s), nothing on stderr", f.op);
     ch_shutdown();
     return tap_done();
 }

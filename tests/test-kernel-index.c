@@ -21,7 +21,8 @@ static void test_rule(void)
     chk_i64 small = chk_window_largest(64, 3, 224, 224, 112, 112, 7, 7);
     tap_ok(small == INT64_C(3) * 7 * 7 * 64 * 112 * 112 && chk_index_is_32(small),
            "window op [64,3,224,224], 7x7 to 112x112: largest %" PRId64 " (the column matrix), "
-           "32-bit", small);
+           "32-bit",
+           small);
     /* [256,512,64,64] with a 3x3 window: the input (5.4e8) fits, the column
      * matrix (4.8e9) does not even fit in 32 bits unsigned. */
     chk_i64 big = chk_window_largest(256, 512, 64, 64, 64, 64, 3, 3);
@@ -82,9 +83,10 @@ static void test_axis(void)
                                      s, p, k, in, y, l64, h64, lo, hi);
                     }
                 }
-    tap_ok(bad == 0, "chk_tap_out and chk_cover_lo/hi, 32 and 64 bits, against a search: "
-           "%" PRId64 " of %" PRId64 " positions wrong%s%s", bad, cases, bad ? "; first " : "",
-           first);
+    tap_ok(bad == 0,
+           "chk_tap_out and chk_cover_lo/hi, 32 and 64 bits, against a search: "
+           "%" PRId64 " of %" PRId64 " positions wrong%s%s",
+           bad, cases, bad ? "; first " : "", first);
 }
 
 /* The 64-bit functions where 32 bits would wrap. */

@@ -397,7 +397,7 @@ static void test_softmax_backwards(ch_device *dev)
 typedef struct softmax_setup {
     ch_tensor *ty;
     const float *g;
-    float *y;                 /* scratch for softmax(x) */
+    float *y; /* scratch for softmax(x) */
     int64_t n;
     int causal;
 } softmax_setup;

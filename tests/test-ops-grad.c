@@ -222,7 +222,7 @@ typedef struct pool_setup {
     ch_tensor *ty, *tidx;
     const ch_window2d *win;
     const float *dy;
-    float *y;                 /* scratch for the pooled values */
+    float *y; /* scratch for the pooled values */
     int64_t ny;
 } pool_setup;
 

@@ -1476,10 +1476,18 @@ static void test_optim_vs_host(ch_device *dev, ch_device *host, int adam, int va
 {
     tcase c;
     const int64_t n = 1031;
-    ch_sgd_params sp = {.lr = 0.1f, .momentum = 0.9f, .dampening = variant ? 0.0f : 0.1f,
-                        .weight_decay = 0.01f, .nesterov = variant};
-    ch_adam_params ap = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                         .weight_decay = 0.1f, .step = 3, .decoupled = variant};
+    ch_sgd_params sp = {.lr = 0.1f,
+                        .momentum = 0.9f,
+                        .dampening = variant ? 0.0f : 0.1f,
+                        .weight_decay = 0.01f,
+                        .nesterov = variant};
+    ch_adam_params ap = {.lr = 0.01f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.999f,
+                         .eps = 1e-8f,
+                         .weight_decay = 0.1f,
+                         .step = 3,
+                         .decoupled = variant};
     tc_begin(&c, dev, "%s step against the host's, bit for bit",
              adam ? (variant ? "AdamW" : "Adam") : (variant ? "nesterov sgd" : "sgd"));
     float *p0 = tc_random(&c, n, -1, 1);
@@ -1493,8 +1501,8 @@ static void test_optim_vs_host(ch_device *dev, ch_device *host, int adam, int va
         m[k] = tensor_on(&c, on[k], n, m0);
         v[k] = tensor_on(&c, on[k], n, v0);
         ch_tensor *tg = tensor_on(&c, on[k], n, g);
-        TC(&c, adam ? ch_adam_step(p[k], m[k], v[k], tg, &ap)
-                    : ch_sgd_step(p[k], m[k], tg, &sp, 0));
+        TC(&c,
+           adam ? ch_adam_step(p[k], m[k], v[k], tg, &ap) : ch_sgd_step(p[k], m[k], tg, &sp, 0));
     }
     int64_t words = adam ? 3 * n : 2 * n;
     float *got = tc_floats(&c, words), *want = tc_floats(&c, words);
@@ -1553,7 +1561,8 @@ int main(void)
         test_device(devs[i]);
     test_cross_device(devs, ndev);
     ch_device *host = NULL;
-    if (tap_status_ok(ch_device_by_name(&host, "host"), "the host device, for the random "
+    if (tap_status_ok(ch_device_by_name(&host, "host"),
+                      "the host device, for the random "
                       "streams and the shared formulas of the others"))
         for (int i = 0; i < ndev; i++)
             if (devs[i] != host) {

@@ -14,8 +14,8 @@
 
 /* What a terminal too narrow for the line gives up, in turn: -1 narrows the
  * bar, a part number drops that part. */
-static const int fit_moves[] = {PART_DEVICES, -1, PART_RATE, PART_STEP, PART_BAR, PART_LEFT,
-                                PART_LOSS};
+static const int fit_moves[] = {PART_DEVICES, -1,        PART_RATE, PART_STEP,
+                                PART_BAR,     PART_LEFT, PART_LOSS};
 
 #define BAR_WIDTH 30
 #define BAR_MIN 10

@@ -6,9 +6,18 @@
 
 /* The parts, from the one a narrow terminal keeps longest to the one it
  * drops first. */
-enum { PART_EPOCH, PART_LOSS, PART_LEFT, PART_BAR, PART_STEP, PART_RATE, PART_DEVICES, NPARTS };
+enum {
+    PART_EPOCH,
+    PART_LOSS,
+    PART_LEFT,
+    PART_BAR,
+    PART_STEP,
+    PART_RATE,
+    PART_DEVICES,
+    NPARTS
+};
 
-#define PART_MAX 5120       /* 64 devices' " | opencl:12#2 123456 1234ms" */
+#define PART_MAX 5120 /* 64 devices' " | opencl:12#2 123456 1234ms" */
 
 typedef struct line_parts {
     char text[NPARTS][PART_MAX]; /* each part but the bar; "" leaves it out */

@@ -19,8 +19,8 @@ struct chcu_perm {
 };
 
 /* Indexed in I, narrowed once per thread. */
-template <typename I> __global__ void permute_kernel(uint32_t *y, const uint32_t *x, int64_t n,
-                                                     chcu_perm p)
+template <typename I>
+__global__ void permute_kernel(uint32_t *y, const uint32_t *x, int64_t n, chcu_perm p)
 {
     I shape[CH_MAX_DIMS], stride[CH_MAX_DIMS];
     for (int d = 0; d < p.ndim; d++) {

@@ -143,12 +143,14 @@ chcu_shape2 chcu_rows(const chcu_device *dev, int64_t rows, int64_t cols);
          i += (int64_t)gridDim.x * blockDim.x)
 /* The same over an index type I of the launch's width (lib/kernels/index.h's
  * rule leaves room for the step past the end in 32 bits). */
+/* clang-format off */
 #define CHCU_FOR_ROWS_AS(I, r, rows)                                              \
     for (I r = (I)(blockIdx.y * blockDim.y + threadIdx.y); r < (I)(rows);        \
          r += (I)(gridDim.y * blockDim.y))
 #define CHCU_FOR_COLS_AS(I, j, cols)                                              \
     for (I j = (I)(blockIdx.x * blockDim.x + threadIdx.x); j < (I)(cols);        \
          j += (I)(gridDim.x * blockDim.x))
+/* clang-format on */
 #define CHCU_FOR_EACH_AS(I, i, n) CHCU_FOR_COLS_AS(I, i, n)
 
 /* Launches kernel<int32_t> where is32 (lib/kernels/index.h's rule, chosen
@@ -156,6 +158,7 @@ chcu_shape2 chcu_rows(const chcu_device *dev, int64_t rows, int64_t cols);
  * configuration cfg (parenthesised) and the same arguments: the kernels
  * narrow their sizes to I themselves. */
 #define CHCU_CFG(...) __VA_ARGS__
+/* clang-format off */
 #define CHCU_LAUNCH_INDEXED(is32, kernel, cfg, ...)          \
     do {                                                     \
         if (is32)                                            \
@@ -163,6 +166,7 @@ chcu_shape2 chcu_rows(const chcu_device *dev, int64_t rows, int64_t cols);
         else                                                 \
             kernel<int64_t><<<CHCU_CFG cfg>>>(__VA_ARGS__);  \
     } while (0)
+/* clang-format on */
 
 /* A window op's geometry (ch_conv_geom) in a kernel's index type I, and
  * whether that is 32 bits: layout.cu's im2col and col2im, pool.cu's max

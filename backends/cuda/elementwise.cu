@@ -148,8 +148,8 @@ __global__ void act_backward_kernel(float *dx, const float *dy, const float *x, 
                                     int64_t n)
 {
     CHCU_FOR_EACH(i, n)
-    dx[i] = chk_act_grad(A, dy[i], chk_act_reads_x(A) ? x[i] : 0.0f,
-                         chk_act_reads_x(A) ? 0.0f : y[i]);
+    dx[i] =
+        chk_act_grad(A, dy[i], chk_act_reads_x(A) ? x[i] : 0.0f, chk_act_reads_x(A) ? 0.0f : y[i]);
 }
 
 template <ch_activation A>

@@ -194,8 +194,8 @@ static int64_t sums_splits(int64_t count)
  * in I (lib/kernels/index.h's width rule). */
 template <typename I>
 __global__ void channel_sums_part_kernel(chk_acc *part, const float *a, const float *ac,
-                                         const float *b, const float *bc, int64_t c,
-                                         int64_t inner, int64_t count, int64_t splits)
+                                         const float *b, const float *bc, int64_t c, int64_t inner,
+                                         int64_t count, int64_t splits)
 {
     __shared__ chk_acc sh[CHCU_THREADS];
     const I cc = (I)c, in = (I)inner;
@@ -314,9 +314,8 @@ ch_status chcu_batchnorm_stats(void *stream, int64_t c, float momentum, float ep
 /* The element kernels index in I, index.h's width rule chosen per launch. */
 template <typename I>
 __global__ void batchnorm_forward_kernel(float *y, const float *x, const float *mean,
-                                         const float *rstd, const float *gamma,
-                                         const float *beta, int64_t n, int64_t c,
-                                         int64_t inner)
+                                         const float *rstd, const float *gamma, const float *beta,
+                                         int64_t n, int64_t c, int64_t inner)
 {
     CHCU_FOR_EACH_AS(I, i, n)
     {
@@ -354,9 +353,9 @@ __global__ void batchnorm_param_grads_kernel(float *dgamma, float *dbeta, const 
 
 /* dx (chk_bn_dx) from the total sums. */
 template <typename I>
-__global__ void batchnorm_dx_kernel(float *dx, const float *dy, const float *x,
-                                    const float *mean, const float *rstd, const float *gamma,
-                                    const float *total, int64_t n, int64_t c, int64_t inner)
+__global__ void batchnorm_dx_kernel(float *dx, const float *dy, const float *x, const float *mean,
+                                    const float *rstd, const float *gamma, const float *total,
+                                    int64_t n, int64_t c, int64_t inner)
 {
     CHCU_FOR_EACH_AS(I, i, n)
     {
@@ -382,10 +381,9 @@ ch_status chcu_batchnorm_backward(void *stream, int64_t outer, int64_t c, int64_
     if (st || !dx.ptr)
         return st;
     int64_t n = outer * c * inner;
-    CHCU_LAUNCH_INDEXED(chk_index_is_32(n), batchnorm_dx_kernel,
-                        (chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s), chcu_at<float>(dx),
-                        chcu_at<float>(dy), chcu_at<float>(x), chcu_at<float>(mean),
-                        chcu_at<float>(rstd), chcu_at<float>(gamma), chcu_at<float>(total), n, c,
-                        inner);
+    CHCU_LAUNCH_INDEXED(
+        chk_index_is_32(n), batchnorm_dx_kernel, (chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s),
+        chcu_at<float>(dx), chcu_at<float>(dy), chcu_at<float>(x), chcu_at<float>(mean),
+        chcu_at<float>(rstd), chcu_at<float>(gamma), chcu_at<float>(total), n, c, inner);
     return chcu_launched("batchnorm_dx_kernel");
 }

@@ -46,9 +46,8 @@ ch_status chcu_maxpool_forward(void *stream, const ch_conv_geom *g, ch_bmem y, c
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, g->n * g->c, g->oh * g->ow);
-    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), maxpool_forward_kernel,
-                        (sh.grid, sh.block, 0, s->s), chcu_at<float>(y), chcu_at<int32_t>(idx),
-                        chcu_at<float>(x), *g);
+    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), maxpool_forward_kernel, (sh.grid, sh.block, 0, s->s),
+                        chcu_at<float>(y), chcu_at<int32_t>(idx), chcu_at<float>(x), *g);
     return chcu_launched("maxpool_forward_kernel");
 }
 
@@ -87,8 +86,7 @@ ch_status chcu_maxpool_backward(void *stream, const ch_conv_geom *g, ch_bmem dx,
     if (st)
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, g->n * g->c, g->h * g->w);
-    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), maxpool_backward_kernel,
-                        (sh.grid, sh.block, 0, s->s), chcu_at<float>(dx), chcu_at<float>(dy),
-                        chcu_at<int32_t>(idx), *g);
+    CHCU_LAUNCH_INDEXED(chcu_window_is_32(g), maxpool_backward_kernel, (sh.grid, sh.block, 0, s->s),
+                        chcu_at<float>(dx), chcu_at<float>(dy), chcu_at<int32_t>(idx), *g);
     return chcu_launched("maxpool_backward_kernel");
 }

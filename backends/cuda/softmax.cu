@@ -208,8 +208,7 @@ ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
         return st;
     chcu_shape2 sh = chcu_rows(s->dev, n, c);
     softmax_xent_backward_kernel<<<sh.grid, sh.block, 0, s->s>>>(
-        chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c,
-        scale, bad);
+        chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c, scale, bad);
     return chcu_check_end(s, chcu_launched("softmax_xent_backward_kernel"),
                           "ch_softmax_xent_backward", 0, c);
 }

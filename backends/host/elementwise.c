@@ -102,6 +102,7 @@ __attribute__((target("avx512f"))) v16f _ZGVeN16v_expf(v16f x);
 /* NAME(y, dy, x, n): dy NULL, the forward y = gelu(x); otherwise y = dy
  * gelu'(x), W floats of type VT at a time; the tail of fewer than W goes
  * through the float versions. */
+/* clang-format off */
 #define DEFINE_GELU_VEC(NAME, TARGET, VT, W, CLAMP, ERFC, EXP)                          \
     __attribute__((target(TARGET))) static void NAME(float *y, const float *dy,        \
                                                      const float *x, int64_t n)        \
@@ -124,6 +125,7 @@ __attribute__((target("avx512f"))) v16f _ZGVeN16v_expf(v16f x);
         for (int64_t i = body; i < n; i++)                                             \
             y[i] = dy ? dy[i] * chk_gelu_grad(x[i]) : chk_gelu(x[i]);                  \
     }
+/* clang-format on */
 
 DEFINE_GELU_VEC(gelu8, "avx2", v8f, 8, CLAMP8, _ZGVdN8v_erfcf, _ZGVdN8v_expf)
 DEFINE_GELU_VEC(gelu16, "avx512f", v16f, 16, CLAMP16, _ZGVeN16v_erfcf, _ZGVeN16v_expf)
@@ -198,8 +200,7 @@ ch_status chi_host_act_backward(void *stream, ch_activation act, int64_t n, ch_b
     int reads_x = chk_act_reads_x((int)act);
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
     for (int64_t i = 0; i < n; i++)
-        pdx[i] = chk_act_grad((int)act, pdy[i], reads_x ? px[i] : 0.0f,
-                              reads_x ? 0.0f : py[i]);
+        pdx[i] = chk_act_grad((int)act, pdy[i], reads_x ? px[i] : 0.0f, reads_x ? 0.0f : py[i]);
     return CH_OK;
 }
 

@@ -88,7 +88,7 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
 
 /* s1 = the sum of g = dy gamma and s2 = the sum of g xhat over a row. */
 CHI_CLONES static void backward_sums(const float *dy, const float *gamma, const float *x, double m,
-                          double r, int64_t d, double *s1, double *s2)
+                                     double r, int64_t d, double *s1, double *s2)
 {
     double l1[LANES] = {0}, l2[LANES] = {0};
     int64_t j = 0;
@@ -242,9 +242,9 @@ CHI_CLONES static void bn_forward_run(float *y, const float *x, int64_t inner, f
 }
 
 /* t: the channel's total sums (s1, s2, count). */
-CHI_CLONES static void bn_backward_run(float *dx, const float *dy, const float *x,
-                                       int64_t inner, float m, float r, float gamma, float t1,
-                                       float t2, float count)
+CHI_CLONES static void bn_backward_run(float *dx, const float *dy, const float *x, int64_t inner,
+                                       float m, float r, float gamma, float t1, float t2,
+                                       float count)
 {
     CHI_OMP(omp simd)
     for (int64_t i = 0; i < inner; i++)

@@ -38,9 +38,9 @@ typedef struct sgd_job {
 
 /* chk_sgd_step over [lo, hi) with the options given as constants, so that
  * each call below compiles to a loop without a branch, which vectorises. */
-static inline __attribute__((always_inline)) void sgd_loop(const sgd_job *j, int64_t lo,
-                                                           int64_t hi, int has_momentum,
-                                                           int first_step, int nesterov)
+static inline __attribute__((always_inline)) void sgd_loop(const sgd_job *j, int64_t lo, int64_t hi,
+                                                           int has_momentum, int first_step,
+                                                           int nesterov)
 {
     float *restrict p = j->p, *restrict m = j->m;
     const float *restrict g = j->g;
@@ -111,7 +111,10 @@ static void adam_scalar(const adam_job *j, int64_t lo, int64_t hi)
 typedef float v4f __attribute__((vector_size(16)));
 typedef float v8f __attribute__((vector_size(32)));
 
-static inline v4f sqrt4(v4f x) { return (v4f)_mm_sqrt_ps((__m128)x); }
+static inline v4f sqrt4(v4f x)
+{
+    return (v4f)_mm_sqrt_ps((__m128)x);
+}
 
 __attribute__((target("avx"))) static inline v8f sqrt8(v8f x)
 {
@@ -119,6 +122,7 @@ __attribute__((target("avx"))) static inline v8f sqrt8(v8f x)
 }
 
 /* NAME runs CHK_ADAM_UPDATE W lanes of type VT at a time. */
+/* clang-format off */
 #define DEFINE_ADAM_VEC(NAME, TARGET, VT, W, SQRT)                                       \
     __attribute__((target(TARGET))) static void NAME(const adam_job *j, int64_t lo,      \
                                                      int64_t hi)                         \
@@ -137,6 +141,7 @@ __attribute__((target("avx"))) static inline v8f sqrt8(v8f x)
         }                                                                                \
         adam_scalar(j, i, hi);                                                           \
     }
+/* clang-format on */
 
 DEFINE_ADAM_VEC(adam_sse2, "sse2", v4f, 4, sqrt4)
 DEFINE_ADAM_VEC(adam_avx, "avx", v8f, 8, sqrt8)

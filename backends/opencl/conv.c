@@ -13,14 +13,10 @@
 static chcl_kern_id wide(chcl_kern_id k)
 {
     switch (k) {
-    case CHCL_K_IM2COL:
-        return CHCL_K_IM2COL_64;
-    case CHCL_K_COL2IM:
-        return CHCL_K_COL2IM_64;
-    case CHCL_K_MAXPOOL_FORWARD:
-        return CHCL_K_MAXPOOL_FORWARD_64;
-    default:
-        return CHCL_K_MAXPOOL_BACKWARD_64;
+    case CHCL_K_IM2COL: return CHCL_K_IM2COL_64;
+    case CHCL_K_COL2IM: return CHCL_K_COL2IM_64;
+    case CHCL_K_MAXPOOL_FORWARD: return CHCL_K_MAXPOOL_FORWARD_64;
+    default: return CHCL_K_MAXPOOL_BACKWARD_64;
     }
 }
 
@@ -30,7 +26,7 @@ static chcl_kern_id wide(chcl_kern_id k)
 static ch_status conv_launch(void *stream, chcl_kern_id k, const ch_conv_geom *g, int64_t total,
                              const ch_bmem *bufs, int nbufs)
 {
-    const cl_long geom[GEOM_ARGS] = {g->n, g->c, g->h, g->w, g->oh, g->ow,
+    const cl_long geom[GEOM_ARGS] = {g->n,  g->c,  g->h,  g->w,  g->oh, g->ow,
                                      g->kh, g->kw, g->sh, g->sw, g->ph, g->pw};
     if (!chk_index_is_32(chk_window_largest(g->n, g->c, g->h, g->w, g->oh, g->ow, g->kh, g->kw)))
         k = wide(k);

@@ -41,9 +41,9 @@ ch_status chcl_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bm
     chcl_ref Y = chcl_ref_of(y), M = chcl_ref_of(mean), R = chcl_ref_of(rstd),
              X = chcl_ref_of(x), G = chcl_ref_of(gamma), B = chcl_ref_of(beta);
     cl_int dd = (cl_int)d;
-    chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(M),  CHCL_REF(R),   CHCL_REF(X),
-                       CHCL_REF(G), CHCL_REF(B),  CHCL_ARG(dd), CHCL_ARG(eps),
-                       CHCL_LOCAL(group * sizeof(cl_double))};
+    chcl_arg args[] = {CHCL_REF(Y),  CHCL_REF(M),   CHCL_REF(R),
+                       CHCL_REF(X),  CHCL_REF(G),   CHCL_REF(B),
+                       CHCL_ARG(dd), CHCL_ARG(eps), CHCL_LOCAL(group * sizeof(cl_double))};
     return chcl_launch_groups(stream, CHCL_K_LAYERNORM, CHCL_COUNT_OF(args), args, rows,
                               group);
 }
@@ -58,9 +58,9 @@ static ch_status layernorm_dx(chcl_stream *s, int64_t rows, int64_t d, ch_bmem d
     chcl_ref DX = chcl_ref_of(dx), DY = chcl_ref_of(dy), X = chcl_ref_of(x),
              M = chcl_ref_of(mean), R = chcl_ref_of(rstd), G = chcl_ref_of(gamma);
     cl_int dd = (cl_int)d;
-    chcl_arg args[] = {CHCL_REF(DX), CHCL_REF(DY), CHCL_REF(X),  CHCL_REF(M),
-                       CHCL_REF(R),  CHCL_REF(G),  CHCL_ARG(dd),
-                       CHCL_LOCAL(2 * group * sizeof(cl_double))};
+    chcl_arg args[] = {
+        CHCL_REF(DX), CHCL_REF(DY), CHCL_REF(X),  CHCL_REF(M),
+        CHCL_REF(R),  CHCL_REF(G),  CHCL_ARG(dd), CHCL_LOCAL(2 * group * sizeof(cl_double))};
     return chcl_launch_groups(s, CHCL_K_LAYERNORM_DX, CHCL_COUNT_OF(args), args, rows, group);
 }
 
@@ -131,9 +131,18 @@ static ch_status channel_sums_part(chcl_stream *s, int64_t c, int64_t inner, int
     chcl_ref AC = has_ac ? chcl_ref_of(a_center) : A, BC = has_bc ? chcl_ref_of(b_center) : A;
     cl_int cc = (cl_int)c, in = (cl_int)inner, n = (cl_int)count, sp = (cl_int)splits,
            ck = (cl_int)chunk;
-    chcl_arg args[] = {CHCL_ARG(part),     CHCL_REF(A),      CHCL_REF(AC), CHCL_REF(B),
-                       CHCL_REF(BC),       CHCL_ARG(has_ac), CHCL_ARG(has_bc), CHCL_ARG(cc),
-                       CHCL_ARG(in),       CHCL_ARG(n),      CHCL_ARG(sp), CHCL_ARG(ck),
+    chcl_arg args[] = {CHCL_ARG(part),
+                       CHCL_REF(A),
+                       CHCL_REF(AC),
+                       CHCL_REF(B),
+                       CHCL_REF(BC),
+                       CHCL_ARG(has_ac),
+                       CHCL_ARG(has_bc),
+                       CHCL_ARG(cc),
+                       CHCL_ARG(in),
+                       CHCL_ARG(n),
+                       CHCL_ARG(sp),
+                       CHCL_ARG(ck),
                        CHCL_LOCAL(4 * group * sizeof(cl_double))};
     return chcl_launch_groups(s, CHCL_K_CHANNEL_SUMS_PART, CHCL_COUNT_OF(args), args,
                               c * splits, group);

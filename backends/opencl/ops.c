@@ -357,16 +357,10 @@ ch_status chcl_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g
     chcl_ref P = chcl_ref_of(p), M = chcl_ref_of(m), G = chcl_ref_of(g);
     cl_int len = (cl_int)n;
     chk_sgd_consts k = chi_sgd_consts_of(params, first_step);
-    chcl_arg args[] = {CHCL_REF(P),
-                       CHCL_REF(M),
-                       CHCL_REF(G),
-                       CHCL_ARG(len),
-                       CHCL_ARG(k.lr),
-                       CHCL_ARG(k.momentum),
-                       CHCL_ARG(k.damp),
-                       CHCL_ARG(k.weight_decay),
-                       CHCL_ARG(k.nesterov),
-                       CHCL_ARG(k.first_step)};
+    chcl_arg args[] = {
+        CHCL_REF(P),          CHCL_REF(M),           CHCL_REF(G),      CHCL_ARG(len),
+        CHCL_ARG(k.lr),       CHCL_ARG(k.momentum),  CHCL_ARG(k.damp), CHCL_ARG(k.weight_decay),
+        CHCL_ARG(k.nesterov), CHCL_ARG(k.first_step)};
     return chcl_launch1(stream, CHCL_K_SGD_STEP, CHCL_COUNT_OF(args), args, n);
 }
 

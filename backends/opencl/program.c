@@ -64,8 +64,10 @@ static ch_status build_options(cl_context ctx, char *out, size_t cap)
 #define WIDTH_32 "#define IDX int\n#define IDX_NAME(f) f##_32\n"
 #define WIDTH_64 "#undef IDX\n#undef IDX_NAME\n#define IDX long\n#define IDX_NAME(f) f##_64\n"
 /* The sources and their count of such a program. */
+/* clang-format off */
 #define PER_WIDTH(src)                                                                     \
     (const char *const[]){chcl_src_prelude, chcl_src_index, WIDTH_32, src, WIDTH_64, src}, 6
+/* clang-format on */
 
 /* The sources of each program, in the order they are concatenated. */
 static const struct {
@@ -84,18 +86,15 @@ static const struct {
                             5},
     /* gemm.cl once per work-group shape, GEMM_WG 0 its gemm_simple. */
     [CHCL_P_GEMM] = {"gemm.cl",
-                     (const char *const[]){"#define GEMM_WG 16\n#define GEMM_NAME gemm\n",
-                                           chcl_src_gemm,
-                                           "#define GEMM_WG 8\n#define GEMM_NAME gemm_wg8\n",
-                                           chcl_src_gemm,
-                                           "#define GEMM_WG 4\n#define GEMM_NAME gemm_wg4\n",
-                                           chcl_src_gemm, "#define GEMM_WG 0\n", chcl_src_gemm},
+                     (const char *const[]){
+                         "#define GEMM_WG 16\n#define GEMM_NAME gemm\n", chcl_src_gemm,
+                         "#define GEMM_WG 8\n#define GEMM_NAME gemm_wg8\n", chcl_src_gemm,
+                         "#define GEMM_WG 4\n#define GEMM_NAME gemm_wg4\n", chcl_src_gemm,
+                         "#define GEMM_WG 0\n", chcl_src_gemm},
                      8},
     [CHCL_P_SUM] = {"sum.cl", (const char *const[]){chcl_src_common, chcl_src_sum}, 2},
     [CHCL_P_SOFTMAX] = {"softmax.cl",
-                        (const char *const[]){chcl_src_prelude,
-                                              chcl_src_common,
-                                              chcl_src_xent,
+                        (const char *const[]){chcl_src_prelude, chcl_src_common, chcl_src_xent,
                                               chcl_src_softmax},
                         4},
     [CHCL_P_CONV] = {"conv.cl", PER_WIDTH(chcl_src_conv)},
@@ -104,11 +103,8 @@ static const struct {
                           (const char *const[]){chcl_src_common, chcl_src_attention}, 2},
     [CHCL_P_PERMUTE] = {"permute.cl", PER_WIDTH(chcl_src_permute)},
     [CHCL_P_NORM] = {"norm.cl",
-                     (const char *const[]){chcl_src_prelude,
-                                           chcl_src_common,
-                                           chcl_src_normalize,
-                                           chcl_src_index,
-                                           chcl_src_norm},
+                     (const char *const[]){chcl_src_prelude, chcl_src_common, chcl_src_normalize,
+                                           chcl_src_index, chcl_src_norm},
                      5},
 };
 

@@ -139,8 +139,8 @@ CH_API ch_status ch_hidden_device_get(int index, ch_hidden_device *out);
  * ran. `op` is the backend slot's name (lib/backend.h), which is the op's
  * name without ch_ for most ("layernorm", "act_forward", "im2col"). */
 typedef struct ch_fallback_info {
-    char device[32];  /* "opencl:0" */
-    char op[32];      /* "layernorm" */
+    char device[32]; /* "opencl:0" */
+    char op[32];     /* "layernorm" */
 } ch_fallback_info;
 
 CH_API int ch_fallback_count(void);

@@ -53,6 +53,7 @@
  * operators, the same formula. xc is x clamped to [-64, 64], beyond which
  * exp(-x^2/2) is 0 and the corrections are too. Sets e = erfc(z) and
  * gauss = exp(-x^2/2). */
+/* clang-format off */
 #define CHK_GELU_PIECES(T, x, xc, ERFC, EXP, e, gauss)                                       \
     do {                                                                                   \
         T z_ = -(x) * CHK_SQRT1_2F;                                                        \
@@ -64,13 +65,19 @@
         (e) = ERFC(z_) - CHK_TWO_OVER_SQRT_PIF * g_ * dz_;                                 \
         (gauss) = g_ * (1.0f - 0.5f * lo_);                                                \
     } while (0)
+/* clang-format on */
 
 /* GELU and its derivative from CHK_GELU_PIECES' e and gauss. */
 #define CHK_GELU_OF(x, e) (0.5f * (x) * (e))
+/* clang-format off */
 #define CHK_GELU_GRAD_OF(x, e, gauss) (0.5f * (e) + (x) * CHK_INV_SQRT_2PIF * (gauss))
+/* clang-format on */
 
 /* x clamped to [-64, 64] (a NaN stays NaN, and so does the result). */
-CHK_FN float chk_gelu_clamp(float x) { return x < -64.0f ? -64.0f : x > 64.0f ? 64.0f : x; }
+CHK_FN float chk_gelu_clamp(float x)
+{
+    return x < -64.0f ? -64.0f : x > 64.0f ? 64.0f : x;
+}
 
 /* CHK_GELU_PIECES on a float. */
 typedef struct chk_gelu_parts {
@@ -85,7 +92,10 @@ CHK_FN chk_gelu_parts chk_gelu_parts_of(float x)
     return r;
 }
 
-CHK_FN float chk_gelu(float x) { return CHK_GELU_OF(x, chk_gelu_parts_of(x).e); }
+CHK_FN float chk_gelu(float x)
+{
+    return CHK_GELU_OF(x, chk_gelu_parts_of(x).e);
+}
 
 CHK_FN float chk_gelu_grad(float x)
 {
@@ -95,9 +105,15 @@ CHK_FN float chk_gelu_grad(float x)
 
 /* tanh and sigmoid in float alone: what chk_act uses where chk_acc is
  * float (bounds above), and what tests/test-half.c measures in C. */
-CHK_FN float chk_tanh_f32(float x) { return CHK_TANHF(x); }
+CHK_FN float chk_tanh_f32(float x)
+{
+    return CHK_TANHF(x);
+}
 
-CHK_FN float chk_sigmoid_f32(float x) { return 1.0f / (1.0f + CHK_EXPF(-x)); }
+CHK_FN float chk_sigmoid_f32(float x)
+{
+    return 1.0f / (1.0f + CHK_EXPF(-x));
+}
 
 /* y = act(x). Integer literals cast to chk_acc: a bare 1.0 is a double,
  * which an OpenCL device without fp64 refuses. */
@@ -123,7 +139,10 @@ CHK_FN float chk_act(int act, float x)
 
 /* 1 when act's derivative reads the forward input x, 0 when it reads the
  * output y: the other may be absent, and must not be read. */
-CHK_FN int chk_act_reads_x(int act) { return act == CH_ACT_RELU || act == CH_ACT_GELU; }
+CHK_FN int chk_act_reads_x(int act)
+{
+    return act == CH_ACT_RELU || act == CH_ACT_GELU;
+}
 
 /* dx = dy act'(x), with x or y as chk_act_reads_x says (the other is
  * ignored). tanh' = (1 - y)(1 + y) rather than 1 - y^2, which cancels

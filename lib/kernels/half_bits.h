@@ -23,7 +23,10 @@ CHK_FN chk_u16 chk_f32_to_bf16(chk_u32 u)
     return (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
 }
 
-CHK_FN chk_u32 chk_bf16_to_f32(chk_u16 h) { return (chk_u32)h << 16; }
+CHK_FN chk_u32 chk_bf16_to_f32(chk_u16 h)
+{
+    return (chk_u32)h << 16;
+}
 
 /* chk_bf16_to_f32(chk_f32_to_bf16(u)) in 32-bit lanes, without narrowing
  * and widening: u rounded to bf16's precision, kept as f32 bits (the
@@ -43,7 +46,7 @@ CHK_FN chk_u16 chk_f32_to_f16(chk_u32 u)
         return (chk_u16)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
     if (a >= 0x477ff000u) /* 65520 and up round to infinity */
         return (chk_u16)(sign | 0x7c00u);
-    if (a < 0x38800000u) { /* below 2^-14: a subnormal f16, or zero */
+    if (a < 0x38800000u) {    /* below 2^-14: a subnormal f16, or zero */
         if (a <= 0x33000000u) /* up to 2^-25, the tie with the smallest: zero */
             return (chk_u16)sign;
         chk_u32 e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;

@@ -45,6 +45,7 @@ CHK_FN chk_i64 chk_window_largest(chk_i64 n, chk_i64 c, chk_i64 h, chk_i64 w, ch
 /* The functions of one width T, named by NAME(f). Along one axis: s the
  * stride, p the padding, k a window offset (tap), in and out the input's
  * and output's extents. */
+/* clang-format off */
 #define CHK_INDEX_MATH(T, NAME)                                                               \
     /* The input coordinate output o's tap k reads: outside [0, in) it                     \
      * reads the padding (a 0 for im2col, nothing for pooling). */                          \
@@ -96,6 +97,7 @@ CHK_FN chk_i64 chk_window_largest(chk_i64 n, chk_i64 c, chk_i64 h, chk_i64 w, ch
         }                                                                                   \
         return off;                                                                         \
     }
+/* clang-format on */
 
 #ifdef __CUDACC__
 #define CHK_INDEX_OVERLOAD(f) f

@@ -50,8 +50,7 @@ CHK_FN chk_acc chk_ln_g(float dy, float gamma)
 }
 
 /* dx = r (g - k1 - xhat k2). */
-CHK_FN float chk_ln_dx(float dy, float gamma, float x, chk_acc m, chk_acc r, chk_acc k1,
-                       chk_acc k2)
+CHK_FN float chk_ln_dx(float dy, float gamma, float x, chk_acc m, chk_acc r, chk_acc k1, chk_acc k2)
 {
     return (float)(r * (chk_ln_g(dy, gamma) - k1 - chk_norm_xhat(x, m, r) * k2));
 }

@@ -67,6 +67,7 @@ typedef struct chk_adam_state {
  * A macro over the type T, with SQRT its square root, so that the host
  * also runs it on GCC vectors of floats (backends/host/optim.c): the same
  * operators, so the same bits. p, m and v are lvalues, updated. */
+/* clang-format off */
 #define CHK_ADAM_UPDATE(T, SQRT, k, p, m, v, g)                                             \
     do {                                                                                  \
         T gi_ = (g) + (k).l2 * (p);                                                       \
@@ -75,6 +76,7 @@ typedef struct chk_adam_state {
         (v) = (k).beta2 * (v) + (k).one_minus_beta2 * gi_ * gi_;                          \
         (p) = pi_ - (k).step_size * (m) / (SQRT(v) / (k).bc2_sqrt + (k).eps);             \
     } while (0)
+/* clang-format on */
 
 CHK_FN chk_adam_state chk_adam_step(chk_adam_consts k, chk_adam_state s, float g)
 {
