@@ -47,6 +47,7 @@
 #include <chorus/export.h>
 #include <chorus/status.h>
 #include <chorus/clock.h>
+#include <chorus/trace.h>
 #include <chorus/device.h>
 #include <chorus/stream.h>
 #include <chorus/tensor.h>

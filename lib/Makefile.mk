@@ -4,6 +4,7 @@ lib_LTLIBRARIES += libchorus.la
 libchorus_la_SOURCES = \
 	lib/error.c \
 	lib/clock.c \
+	lib/trace.c \
 	lib/registry.c \
 	lib/device.c \
 	lib/discover.c \
@@ -22,6 +23,7 @@ libchorus_la_SOURCES = \
 	lib/version.c \
 	lib/philox.c \
 	lib/error.h \
+	lib/trace.h \
 	lib/omp.h \
 	lib/core.h \
 	lib/opcheck.h \
@@ -65,8 +67,9 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # revision goes up when the interfaces stay and what they do grows (4:1:0:
 # ch_conv2d and its backward take half inputs, refused before). Functions
 # added, none changed: current and age go up together and the soname stays
-# (6:0:1: ch_fallback_count and ch_fallback_get).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 6:0:1 $(OPENMP_CFLAGS)
+# (6:0:1: ch_fallback_count and ch_fallback_get; 7:0:2: ch_trace_start,
+# ch_trace_stop and ch_trace_running).
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 7:0:2 $(OPENMP_CFLAGS)
 
 # Installed as PREFIX/include/chorus.h and PREFIX/include/chorus/*.h, where
 # pkg-config's -I${includedir} finds them (tests/installcheck.sh checks).
@@ -75,6 +78,7 @@ chorusincludedir = $(includedir)/chorus
 chorusinclude_HEADERS = \
 	include/chorus/export.h \
 	include/chorus/clock.h \
+	include/chorus/trace.h \
 	include/chorus/status.h \
 	include/chorus/device.h \
 	include/chorus/stream.h \

@@ -8,6 +8,7 @@
 #include "core.h"
 #include "discover.h"
 #include "registry.h"
+#include "trace.h"
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int initialized;
@@ -317,6 +318,11 @@ ch_status ch_init(void)
 
 void ch_shutdown(void)
 {
+    /* A running trace is stopped and written out. ch_shutdown returns
+     * nothing: a failure leaves its message in ch_last_error() and says it
+     * on stderr, as a trace lost without a word would mislead. */
+    if (chi_trace_shutdown() != CH_OK)
+        fprintf(stderr, "chorus: ch_shutdown: %s\n", ch_last_error());
     pthread_mutex_lock(&init_lock);
     if (atomic_load(&initialized)) {
         atomic_store(&initialized, 0);

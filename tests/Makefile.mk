@@ -52,6 +52,12 @@ check_PROGRAMS += tests/test-clock
 tests_test_clock_SOURCES = tests/test-clock.c
 tests_test_clock_LDADD = $(TEST_LIBS)
 
+# The trace recorder (lib/trace.c), its file read back with jansson.
+check_PROGRAMS += tests/test-trace
+tests_test_trace_SOURCES = tests/test-trace.c
+tests_test_trace_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
+tests_test_trace_LDADD = $(TEST_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+
 check_PROGRAMS += tests/test-nn
 tests_test_nn_SOURCES = tests/test-nn.c
 tests_test_nn_LDADD = $(TEST_LIBS)

@@ -1,8 +1,9 @@
 #!/bin/sh
-# What the built libraries export: libchorus the public API (ch_*) and
-# chi_error (the one service the backend modules link against), nothing
-# else (no test hook, no internal helper); each backend module its entry
-# point alone.
+# What the built libraries export: libchorus the public API (ch_*),
+# chi_error (the service the backend modules link against) and the trace
+# recorder's chi_trace_* (lib/trace.h: for the modules and the test copies
+# of nn/), nothing else (no test hook, no other internal helper); each
+# backend module its entry point alone.
 top=${CHORUS_TEST_BUILDDIR:-.}
 lib=$top/.libs/libchorus.so
 
@@ -33,8 +34,8 @@ count=$(printf '%s\n' "$syms" | grep -c '^ch_')
 ok $? "libchorus exports the public API ($count ch_* symbols)"
 # A fault-injection build (configure --enable-fault-injection, never
 # installed) exports its counters and counted calls, chi_fault_*, as well.
-allowed="-e ^ch_ -e ^chi_error\$"
-what="ch_* and chi_error"
+allowed="-e ^ch_ -e ^chi_error\$ -e ^chi_trace_"
+what="ch_*, chi_error and chi_trace_*"
 if [ "${CHORUS_FAULT_BUILD:-}" = yes ]; then
     allowed="$allowed -e ^chi_fault_"
     what="$what (and chi_fault_*: a fault-injection build)"

@@ -65,8 +65,8 @@ backends_cuda_chorus_cuda_la_LIBADD = libchorus.la -lcublas $(cuda_nccl_libs) \
 $(cuda_module_sources:.cu=.lo): $(cuda_module_headers) lib/backend.h lib/error.h lib/philox.h \
 	lib/optim_consts.h $(kernel_math_headers) \
 	include/chorus.h include/chorus/export.h include/chorus/status.h include/chorus/clock.h \
-	include/chorus/device.h include/chorus/stream.h include/chorus/tensor.h \
-	include/chorus/ops.h include/chorus/data.h include/chorus/nn.h \
+	include/chorus/trace.h include/chorus/device.h include/chorus/stream.h \
+	include/chorus/tensor.h include/chorus/ops.h include/chorus/data.h include/chorus/nn.h \
 	include/chorus/reduce.h include/chorus/dp.h
 
 # SGEMM through cuBLAS called directly against ch_gemm on cuda:0 (issue 4's

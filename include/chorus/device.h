@@ -23,7 +23,9 @@ typedef struct ch_device ch_device; /* opaque; owned by the library */
  *                        devices are visible */
 CH_API ch_status ch_init(void);
 
-/* Release every device and backend. Tensors must be freed before. */
+/* Release every device and backend. Tensors must be freed before. Stops a
+ * running trace (chorus/trace.h): should its file fail, the message is
+ * left in ch_last_error() and printed on stderr. */
 CH_API void ch_shutdown(void);
 
 /* ---- Backends ---------------------------------------------------------- */

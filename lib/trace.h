@@ -1,0 +1,72 @@
+/* The trace recorder's calls for the library (chorus/trace.h starts and
+ * stops a trace): tracks, slices, instants, flows and counters in the
+ * Chrome trace-event format. While no trace runs each call costs one
+ * relaxed atomic load and returns: no allocation, no clock, no lock. They
+ * are safe from any thread. Exported, like chi_error, so that the backend
+ * modules and the test copies of nn/ reach the library's one recorder
+ * (tests/test-exports.sh allows chi_trace_*); not installed. */
+#ifndef CHORUS_LIB_TRACE_H
+#define CHORUS_LIB_TRACE_H
+
+#include <stdatomic.h>
+
+#include <chorus/trace.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 while a trace runs. Read with chi_tracing(). */
+CH_API extern atomic_int chi_trace_on;
+
+/* Whether a trace runs: skip the work of preparing events when not. */
+static inline int chi_tracing(void)
+{
+    return atomic_load_explicit(&chi_trace_on, memory_order_relaxed);
+}
+
+/* The track (a "tid" in this process's group) named `name`, made the first
+ * time the name is asked for and the same id after that (until
+ * ch_shutdown), with its name and sort_index (lower: shown higher) written
+ * to the trace. -1 while no trace runs, or when there was no memory for a
+ * new track (ch_trace_stop then reports it). Names the library uses:
+ * "host", "opencl:0", "cuda:0", "reducer", "loader",
+ * "link opencl:0 -> host". */
+CH_API int chi_trace_track(const char *name, int sort_index);
+
+/* Seconds on ch_clock_seconds' clock, the clock every event's time is on;
+ * 0, without reading the clock, while no trace runs. */
+CH_API double chi_trace_now(void);
+
+/* The events. Times are seconds on ch_clock_seconds' clock (a device's
+ * timings converted to it fit); the file holds microseconds from the
+ * trace's start. An event with a track below 0, or starting before the
+ * trace did (a time taken while no trace ran), is dropped. Strings are
+ * escaped for JSON; `args_json` is NULL or the text of a JSON object,
+ * copied as it is. */
+/* Work from t0 to t1 (a complete, "X", event; t1 before t0 is a slice of
+ * length 0). Slices of one track nest: each one inside another or apart. */
+CH_API void chi_trace_slice(int track, const char *name, const char *cat, double t0, double t1,
+                            const char *args_json);
+/* A moment ("i", scoped to the track). */
+CH_API void chi_trace_instant(int track, const char *name, const char *cat, double t,
+                              const char *args_json);
+/* One end of an arrow between slices: its start (end 0, "s") or its end
+ * (end 1, "f", bound to the slice that encloses t on `track`). The two
+ * ends share `id`, `name` and `cat`. */
+CH_API void chi_trace_flow(int track, unsigned long long id, int end, const char *name,
+                           const char *cat, double t);
+/* The value of `series` in the counter `name` from t on ("C"). A value
+ * that is not finite has no JSON number: the event is dropped. */
+CH_API void chi_trace_counter(int track, const char *name, double t, const char *series,
+                              double value);
+
+/* At ch_shutdown: stop a running trace (its status, CH_OK when none ran)
+ * and forget the tracks. */
+ch_status chi_trace_shutdown(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
