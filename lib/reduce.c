@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "trace.h"
 
 struct ch_reducer {
     int n;
@@ -69,6 +70,27 @@ struct ch_reducer {
     const void **hsrc;         /* [n] */
     int *hsrc_bf16;            /* [n] */
     ch_tensor **hviews;        /* [n] a call's views of half */
+    /* The trace (only while one runs): a mark on a participant's stream
+     * before and after each of its stages, made at the first traced call. */
+    struct {
+        int on;                            /* this call is traced */
+        char label[48];                    /* "bucket 3": chi_trace_reducer_label */
+        ch_event **ev;                     /* [n * MARKS] */
+        double *host;                      /* [n * MARKS] the host's clock at each mark */
+        unsigned char *set;                /* [n * MARKS] recorded in this call */
+        double sum0, sum1, stage0, stage1; /* host stages of this call */
+    } tr;
+};
+
+/* A participant's marks: its download's, its upload's, its peer stage's. */
+enum {
+    M_D2H0,
+    M_D2H1,
+    M_H2D0,
+    M_H2D1,
+    M_PEER0,
+    M_PEER1,
+    MARKS
 };
 
 /* ---- modes --------------------------------------------------------------- */
@@ -211,7 +233,111 @@ void ch_reducer_free(ch_reducer *r)
     free(r->copies);
     free(r->upload_from);
     free(r->holders);
+    for (int k = 0; r->tr.ev && k < r->n * MARKS; k++)
+        ch_event_free(r->tr.ev[k]);
+    free(r->tr.ev);
+    free(r->tr.host);
+    free(r->tr.set);
     free(r);
+}
+
+/* ---- the trace ------------------------------------------------------------ */
+
+void chi_trace_reducer_label(ch_reducer *r, const char *label)
+{
+    if (r)
+        snprintf(r->tr.label, sizeof r->tr.label, "%s", label ? label : "");
+}
+
+/* At a traced call: the marks' events, made once (while a trace runs, so
+ * that the devices time them). 0 when they cannot be made: the call is
+ * then not traced. */
+static int trace_begin(ch_reducer *r)
+{
+    r->tr.on = 0;
+    if (!chi_tracing())
+        return 0;
+    size_t k = (size_t)r->n * MARKS;
+    if (!r->tr.ev) {
+        r->tr.ev = calloc(k, sizeof *r->tr.ev);
+        r->tr.host = calloc(k, sizeof *r->tr.host);
+        r->tr.set = calloc(k, 1);
+        if (!r->tr.ev || !r->tr.host || !r->tr.set)
+            return 0;
+        for (int i = 0; i < r->n; i++)
+            for (int m = 0; m < MARKS; m++)
+                if (!host_memory(r->streams[i]->dev) &&
+                    ch_event_new(&r->tr.ev[i * MARKS + m], r->streams[i]->dev) != CH_OK)
+                    r->tr.ev[i * MARKS + m] = NULL;
+    }
+    memset(r->tr.set, 0, k);
+    r->tr.sum0 = r->tr.sum1 = r->tr.stage0 = r->tr.stage1 = 0.0;
+    r->tr.on = 1;
+    return 1;
+}
+
+/* Mark `m` of participant i on its stream (a host participant's work is
+ * done when its call returns: the host's clock). A mark that cannot be
+ * recorded is left out. */
+static void trace_mark(ch_reducer *r, int i, int m)
+{
+    if (!r->tr.on)
+        return;
+    ch_event *e = r->tr.ev[i * MARKS + m];
+    if (e && ch_event_record(e, r->streams[i]) != CH_OK)
+        return;
+    r->tr.host[i * MARKS + m] = ch_clock_seconds();
+    r->tr.set[i * MARKS + m] = 1;
+}
+
+static double mark_time(const ch_reducer *r, int i, int m)
+{
+    double t;
+    ch_event *e = r->tr.ev[i * MARKS + m];
+    if (e && chi_trace_event_seconds(e, &t) == CH_OK)
+        return t;
+    return r->tr.host[i * MARKS + m];
+}
+
+/* A stage [m0, m1] of participant i as a slice on `track`. */
+static void trace_stage(const ch_reducer *r, int i, int m0, const char *track, const char *what)
+{
+    if (!r->tr.set[i * MARKS + m0] || !r->tr.set[i * MARKS + m0 + 1])
+        return;
+    char name[96];
+    snprintf(name, sizeof name, "%s%s%s", r->tr.label, r->tr.label[0] ? " " : "", what);
+    double t0 = mark_time(r, i, m0), t1 = mark_time(r, i, m0 + 1);
+    chi_trace_slice(chi_trace_track(track, 200 + i), name, "reduce", t0, t1 > t0 ? t1 : t0, NULL);
+}
+
+/* After the call, every stream drained: its stages, on the tracks of the
+ * links that ran them (the host's, on the calling thread's "reducer"). */
+static void trace_end(ch_reducer *r)
+{
+    if (!r->tr.on)
+        return;
+    char track[96];
+    for (int i = 0; i < r->n; i++) {
+        const char *id = ch_device_id(r->streams[i]->dev);
+        snprintf(track, sizeof track, "link %s -> host", id);
+        trace_stage(r, i, M_D2H0, track, "d2h");
+        snprintf(track, sizeof track, "link host -> %s", id);
+        trace_stage(r, i, M_H2D0, track, "h2d");
+        snprintf(track, sizeof track, "link %s <-> %s", id, r->span ? "ranks" : "peers");
+        trace_stage(r, i, M_PEER0, track, "all-reduce");
+    }
+    char name[96];
+    if (r->tr.sum1 > 0.0) {
+        snprintf(name, sizeof name, "%s%ssum", r->tr.label, r->tr.label[0] ? " " : "");
+        chi_trace_slice(chi_trace_track("reducer", 100), name, "reduce", r->tr.sum0, r->tr.sum1,
+                        NULL);
+    }
+    if (r->tr.stage1 > 0.0) {
+        snprintf(name, sizeof name, "%s%sacross processes", r->tr.label, r->tr.label[0] ? " " : "");
+        chi_trace_slice(chi_trace_track("link ranks", 190), name, "reduce", r->tr.stage0,
+                        r->tr.stage1, NULL);
+    }
+    r->tr.on = 0;
 }
 
 ch_status ch_reducer_new(ch_reducer **out, ch_stream *const *streams, int n, int64_t capacity,
@@ -521,12 +647,16 @@ static ch_status reduce_groups(ch_reducer *r, int64_t count)
             if (r->group[i] == g) {
                 r->handles[k] = r->streams[i]->handle;
                 r->mems[k] = chi_mem(r->views[i]);
+                trace_mark(r, i, M_PEER0);
                 k++;
             }
         const ch_backend_i *be = r->streams[r->first[g]]->dev->be->iface;
         ch_status st = be->allreduce_sum(k, r->handles, r->mems, count);
         if (st != CH_OK)
             return st;
+        for (int i = r->first[g]; i < r->n; i++)
+            if (r->group[i] == g)
+                trace_mark(r, i, M_PEER1);
     }
     return CH_OK;
 }
@@ -551,8 +681,10 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
         int i = r->first[g];
         if (!host_memory(r->streams[i]->dev)) {
             st = ch_stream_set_current(r->streams[i]);
+            trace_mark(r, i, M_D2H0);
             if (st == CH_OK)
                 st = ch_tensor_download_async(r->views[i], r->staging[i], 0);
+            trace_mark(r, i, M_D2H1);
         }
     }
     for (int g = 0; g < r->ngroups && st == CH_OK; g++) {
@@ -594,6 +726,8 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
         }
         r->upload_from[i] = h;
     }
+    if (r->tr.on)
+        r->tr.sum0 = ch_clock_seconds();
     if (!r->stage) {
         chi_sum_spread(count, total, r->ngroups, r->src, ncopies, r->copies);
     } else {
@@ -601,13 +735,19 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
          * then its copies. */
         if (r->ngroups > 1)
             chi_sum_spread(count, total, r->ngroups, r->src, 0, NULL);
+        if (r->tr.on)
+            r->tr.stage0 = ch_clock_seconds();
         st = r->stage(r->stage_user, total, count);
+        if (r->tr.on)
+            r->tr.stage1 = ch_clock_seconds();
         if (st != CH_OK)
             return st;
         const float *from[1] = {total};
         if (ncopies > 0)
             chi_sum_spread(count, r->copies[0], 1, from, ncopies - 1, r->copies + 1);
     }
+    if (r->tr.on)
+        r->tr.sum1 = ch_clock_seconds();
 
     /* Uploads, queued on every device at once. */
     for (int i = 0; i < r->n && st == CH_OK; i++) {
@@ -617,6 +757,7 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
         st = ch_stream_set_current(r->streams[i]);
         if (st != CH_OK)
             break;
+        trace_mark(r, i, M_H2D0);
         if (r->upload_from[i]) {
             st = ch_tensor_upload_async(r->views[i], r->upload_from[i], 0);
         } else {
@@ -624,6 +765,7 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
              * with the staging made by ch_reducer_new): a plain upload. */
             st = ch_tensor_upload(r->views[i], total, (size_t)count * sizeof(float));
         }
+        trace_mark(r, i, M_H2D1);
     }
     return st;
 }
@@ -654,10 +796,12 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
         if (host_memory(r->streams[i]->dev))
             continue;
         st = ch_stream_set_current(r->streams[i]);
+        trace_mark(r, i, M_D2H0);
         if (st == CH_OK)
             st = ch_cast(half[i], r->views[i]);
         if (st == CH_OK)
             st = ch_tensor_download_async(half[i], r->staging[i], 0);
+        trace_mark(r, i, M_D2H1);
     }
     for (int g = 0; g < r->ngroups && st == CH_OK; g++) {
         int i = r->first[g];
@@ -669,6 +813,8 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
     for (int i = 0; i < r->n; i++)
         if (r->half[i])
             t16 = ch_host_buffer_data(r->t16);
+    if (st == CH_OK && r->tr.on)
+        r->tr.sum0 = ch_clock_seconds();
     if (st == CH_OK) {
         for (int g = 0; g < r->ngroups; g++) {
             int i = r->first[g];
@@ -718,17 +864,21 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
                          r->copies);
         }
     }
+    if (st == CH_OK && r->tr.on)
+        r->tr.sum1 = ch_clock_seconds();
     /* Back to the devices: upload the bf16 total and widen it there. */
     for (int i = 0; i < r->n && st == CH_OK; i++) {
         if (!r->half[i])
             continue;
         st = ch_stream_set_current(r->streams[i]);
+        trace_mark(r, i, M_H2D0);
         if (st == CH_OK)
             st = r->t16->pinned && r->t16->dev->be == r->streams[i]->dev->be
                      ? ch_tensor_upload_async(half[i], r->t16, 0)
                      : ch_tensor_upload(half[i], t16, (size_t)count * 2);
         if (st == CH_OK)
             st = ch_cast(r->views[i], half[i]);
+        trace_mark(r, i, M_H2D1);
     }
     /* Nothing queued may still read the views or the staging: the caller
      * syncs every stream before the views go. */
@@ -786,6 +936,7 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
 
     memset(r->saved, 0, (size_t)r->n * sizeof *r->saved);
     memset(r->views, 0, (size_t)r->n * sizeof *r->views);
+    trace_begin(r);
     st = save_current(r);
     for (int i = 0; i < r->n && st == CH_OK; i++)
         st = range_view(&r->views[i], bufs[i], offset, count);
@@ -796,8 +947,11 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
         for (int i = 0; i < r->n; i++) {
             r->handles[i] = r->streams[i]->handle;
             r->mems[i] = chi_mem(r->views[i]);
+            trace_mark(r, i, M_PEER0);
         }
         st = r->span_be->span_allreduce(r->span, r->n, r->handles, r->mems, count);
+        for (int i = 0; st == CH_OK && i < r->n; i++)
+            trace_mark(r, i, M_PEER1);
     } else if (st == CH_OK) {
         queued = 1;
         st = reduce_groups(r, count);
@@ -816,6 +970,9 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
         if (st == CH_OK)
             st = s;
     }
+    if (st == CH_OK)
+        trace_end(r);
+    r->tr.on = 0;
     ch_status s = restore_current(r);
     if (st == CH_OK)
         st = s;

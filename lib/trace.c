@@ -48,6 +48,7 @@ static int nevents;       /* written so far: a comma before the next */
 static ch_status failure; /* the first error, CH_OK while none */
 static char failure_msg[1024];
 static track *tracks; /* id = index + 1 (tid 0 holds the process_name event) */
+static char pname[128]; /* the process's name on the trace */
 static int ntracks, tracks_cap;
 
 /* ---- Text of one event ---- */
@@ -330,11 +331,12 @@ ch_status ch_trace_start(const char *trace_path, const ch_trace_options *opts)
     static const char opening[] = "{\"traceEvents\":[\n";
     append_locked(opening, sizeof opening - 1);
     char name[64];
-    const char *pname = opts ? opts->process_name : NULL;
-    if (!pname) {
+    const char *given = opts ? opts->process_name : NULL;
+    if (!given) {
         snprintf(name, sizeof name, "chorus %d", atomic_load(&pid));
-        pname = name;
+        given = name;
     }
+    snprintf(pname, sizeof pname, "%s", given);
     meta_locked("process_name", 0, pname, 0);
     for (int i = 0; i < ntracks; i++)
         track_meta_locked(i + 1);
@@ -526,4 +528,39 @@ void chi_trace_counter(int track, const char *name, double when, const char *ser
     text_json_str(&t, series);
     text_fmt(&t, ":%.17g}}", value);
     end_event(&t, gen);
+}
+
+/* TEMP */
+ch_status chi_trace_event_seconds(ch_event *event, double *t)
+{
+    (void)event;
+    (void)t;
+    return CH_ERR_UNSUPPORTED;
+}
+
+double chi_trace_origin(void)
+{
+    return chi_tracing() ? atomic_load(&origin) : 0.0;
+}
+
+void chi_trace_align(double new_origin, double offset, double uncertainty, int rank, int ranks,
+                     const char *host)
+{
+    if (!chi_tracing())
+        return;
+    pthread_mutex_lock(&lock);
+    if (file) {
+        atomic_store(&origin, new_origin);
+        char name[256];
+        snprintf(name, sizeof name, "%s, rank %d of %d on %s", pname, rank, ranks,
+                 host ? host : "?");
+        meta_locked("process_name", 0, name, 0);
+        meta_locked("process_sort_index", 0, NULL, rank);
+    }
+    pthread_mutex_unlock(&lock);
+    char args[160];
+    snprintf(args, sizeof args, "{\"rank\":%d,\"offset_s\":%.9f,\"uncertainty_s\":%.9f}", rank,
+             offset, uncertainty);
+    chi_trace_instant(chi_trace_track("steps", 0), "clock aligned to rank 0", "trace",
+                      ch_clock_seconds(), args);
 }

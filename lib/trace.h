@@ -10,6 +10,8 @@
 
 #include <stdatomic.h>
 
+#include <chorus/reduce.h>
+#include <chorus/stream.h>
 #include <chorus/trace.h>
 
 #ifdef __cplusplus
@@ -60,6 +62,23 @@ CH_API void chi_trace_flow(int track, unsigned long long id, int end, const char
  * that is not finite has no JSON number: the event is dropped. */
 CH_API void chi_trace_counter(int track, const char *name, double t, const char *series,
                               double value);
+
+/* Across processes (data parallelism under mpirun): this trace's times
+ * from now on count from `origin` on this process's clock (rank 0's
+ * origin, moved to this clock), the process is named for its rank and
+ * host, and the offset to rank 0's clock and its uncertainty are written
+ * as an instant on the "steps" track. chi_trace_origin: the origin now, 0
+ * while no trace runs. */
+CH_API double chi_trace_origin(void);
+CH_API void chi_trace_align(double origin, double offset, double uncertainty, int rank, int ranks,
+                            const char *host);
+
+/* The name the reducer's next calls give their stages on the trace
+ * ("bucket 3" makes "bucket 3 d2h", ...); "" or NULL: none. */
+CH_API void chi_trace_reducer_label(ch_reducer *r, const char *label);
+
+/* TEMP until device timing lands. */
+CH_API ch_status chi_trace_event_seconds(ch_event *event, double *t);
 
 /* At ch_shutdown: stop a running trace (its status, CH_OK when none ran)
  * and forget the tracks. */

@@ -1,6 +1,6 @@
 # nn: data sets, loader, modules, losses, optimizers, checkpoints, data
 # parallelism. Built into libchorus; uses only the public API of lib/,
-# lib/error.h (chi_error, TRY) and the header-only lib/bf16_sum.h (the
+# lib/error.h (chi_error, TRY), lib/trace.h (the trace recorder) and the header-only lib/bf16_sum.h (the
 # host's bf16 sums, for the one across processes, in nn/dist_mpi.c).
 # tests/Makefile.mk builds these sources a second time, with the test
 # hooks, for the tests that inject failures.
@@ -23,6 +23,7 @@ nn_sources = \
 	nn/dp_reduce.c \
 	nn/dp_bn.c \
 	nn/dp_join.c \
+	nn/dp_trace.c \
 	nn/dist.c \
 	nn/dist.h \
 	nn/dist_impl.h \

@@ -137,6 +137,7 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
                           r->bk.grads[b]));
     }
     nn_set_grad_hook(r->model, dp_on_grads, r);
+    dp_trace_hook(dp, r);
     if (dp->threaded && !dp->o.batchnorm_local)
         nn_set_sync(r->model, dp_exchange_sums, r);
     TRY(ch_loss_new(&r->loss, dp->o.loss));
@@ -235,10 +236,14 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     }
     if (st == CH_OK && dp->numel == 0)
         st = chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: the model has no parameters");
+    if (options->bucket_bytes == CH_DP_BUCKET_AUTO)
+        dp_tune_init(dp);
     if (st == CH_OK)
         st = dp_make_buckets(dp, model);
     for (int i = 0; st == CH_OK && i < n; i++)
         st = make_replica(dp, i, model, devices[i]);
+    if (st == CH_OK)
+        st = dp_trace_init(dp);
     if (st == CH_OK)
         st = dp_make_reducer(dp);
     float *weights = NULL;
@@ -265,6 +270,8 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
             st = dp_check_same_start(dp);
         if (st == CH_OK)
             st = dp_try_span(dp);
+        if (st == CH_OK)
+            st = dp_trace_align(dp);
     }
     if (st == CH_OK)
         st = start_threads(dp);
@@ -290,6 +297,7 @@ void ch_dp_free(ch_dp *dp)
         if (dp->r[i].started)
             pthread_join(dp->r[i].thread, NULL);
     ch_reducer_free(dp->red.reducer);
+    dp_trace_free(dp);
     for (int i = 0; dp->r && i < dp->n; i++) {
         replica *r = &dp->r[i];
         if (r->stream)
@@ -431,6 +439,11 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
 {
     const char *fn = batch ? "ch_dp_step" : "ch_dp_flush";
     TRY(check_parted(dp, fn));
+    dp->tb.call_start = ch_clock_seconds();
+    dp->tb.traced_step = dp->tr.step + 1;
+    ch_status tuned = dp_tune_before(dp);
+    if (tuned != CH_OK)
+        return chi_error(tuned, "%s: choosing the bucket size: %s", fn, ch_last_error());
     int k = dp->o.accumulate > 1 ? dp->o.accumulate : 1;
     dp->call.job = JOB_TRAIN;
     dp->call.batch = batch;
@@ -458,16 +471,18 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     for (int i = 0; batch && i < dp->n; i++)
         part += (double)dp->r[i].loss_value * dp->r[i].count / batch->count;
     st = dp_share_outcome(dp, st, fn, part, 0, checked, dp->tr.step + 1);
+    if (st == CH_OK && batch)
+        measure(dp);
+    dp->tb.call_end = ch_clock_seconds();
+    dp_trace_call_end(dp, st, sync, batch ? batch->count : 0);
     if (st != CH_OK) {
         /* What was accumulated is gone with the failed call. */
         dp->tr.micro = 0;
         dp->tr.micro_samples = 0;
         return st;
     }
-    if (batch) {
-        measure(dp);
+    if (batch)
         dp->bn.expected = dp->bn.done;
-    }
     double total = part;
     if (dp->procs.ranks > 1) {
         total = 0;
@@ -670,6 +685,36 @@ double ch_dp_last_overlap(const ch_dp *dp)
         if (dp->r[i].compute_end > last)
             last = dp->r[i].compute_end;
     return last > dp->red.start ? last - dp->red.start : 0.0;
+}
+
+ch_status ch_dp_last_breakdown(const ch_dp *dp, ch_dp_breakdown *out, int n)
+{
+    if (!dp || !out || n != dp->n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_last_breakdown: %s",
+                         !dp    ? "dp is NULL"
+                         : !out ? "out is NULL"
+                                : "n is not the number of replicas");
+    memcpy(out, dp->tb.last, (size_t)n * sizeof *out);
+    return CH_OK;
+}
+
+ch_status ch_dp_slowest_counts(const ch_dp *dp, int64_t *counts, int n, int64_t *calls)
+{
+    if (!dp || n != dp->n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_slowest_counts: %s",
+                         !dp ? "dp is NULL" : "n is not the number of replicas");
+    for (int i = 0; counts && i < n; i++)
+        counts[i] = dp->tb.slowest[i];
+    if (calls)
+        *calls = dp->tb.calls;
+    return CH_OK;
+}
+
+size_t ch_dp_bucket_bytes(const ch_dp *dp, int *tuning)
+{
+    if (tuning)
+        *tuning = dp ? dp->tune.on : 0;
+    return dp ? dp->tune.chosen : 0;
 }
 
 ch_reduce_mode ch_dp_reduce_mode(const ch_dp *dp) { return dp ? dp->o.reduce : CH_REDUCE_HOST; }

@@ -42,6 +42,26 @@ typedef struct report {
     char error[400];
 } report;
 
+/* A point of a replica's stream on the trace (nn/dp_trace.c): the
+ * beginning or end of a phase, or a bucket's gradients being ready. */
+typedef enum dp_phase {
+    PH_UPLOAD,
+    PH_FORWARD,
+    PH_MODULE_F, /* a top-level module's forward (arg: its index) */
+    PH_LOSS,
+    PH_BACKWARD,
+    PH_MODULE_B, /* a top-level module's backward */
+    PH_READY,    /* bucket arg's gradients are ready (a point) */
+    PH_UPDATE
+} dp_phase;
+
+typedef struct dp_mark {
+    ch_event *ev; /* made while a trace ran, so that it can tell its device time */
+    double host;  /* the host's clock when it was recorded */
+    double t;     /* its time, once resolved */
+    int phase, end, arg;
+} dp_mark;
+
 typedef struct bucket {
     int p_lo, p_hi; /* parameters [p_lo, p_hi) */
     int64_t count;  /* their elements */
@@ -83,6 +103,18 @@ typedef struct replica {
         double wait; /* of its compute, seconds spent waiting for the
                                  other replicas' sums */
     } bn;
+    struct {            /* its part of the trace (nn/dp_trace.c) */
+        int on;         /* this call is traced */
+        char label[48]; /* its track: the device, "#k" when replicas share it */
+        dp_mark *marks;
+        int nmarks, cap;     /* cap: marks with an event made */
+        int module;          /* the top-level module in backward, -1 */
+        int dropped;         /* marks that could not be recorded in this call */
+        double bwd_end;      /* device time of the end of backward, 0: none */
+        unsigned char *flow; /* per bucket: its ready point starts a flow */
+    } trace;
+    /* The step's breakdown on the host's clock (ch_dp_last_breakdown). */
+    double t_start, t_update, t_end;
     struct {                /* fp16's check of the reduced gradients */
         int overflow;       /* they were not finite */
         ch_tensor *finite;  /* each bucket's sum, for the check */
@@ -126,6 +158,7 @@ struct ch_dp {
         int64_t generation;    /* bumped for every call the reducer runs */
         int done;              /* with this call */
         double start;          /* when the first bucket's reduction began, 0: none */
+        double end;            /* when the last one's ended, 0: none */
         ch_status st;
         char error[1024];
         nn_comm *comm; /* its collectives across processes */
@@ -183,6 +216,26 @@ struct ch_dp {
         unsigned char *reports;   /* [ranks] reports, then this process's own */
         int span_all;             /* every process's reducer can span processes (NCCL) */
     } procs;
+
+    struct {               /* the trace and the step's breakdown (nn/dp_trace.c) */
+        ch_module **top;   /* [ntop] replica 0's top-level modules */
+        char (*names)[64]; /* [ntop] their names on the trace */
+        int ntop;
+        int64_t traced_step; /* the step the traced call belongs to */
+        double call_start, call_end;
+        ch_dp_breakdown *last; /* [n] the last training call's */
+        int64_t *slowest;      /* [n] training calls each replica was the slowest of */
+        int64_t calls;         /* training calls measured */
+    } tb;
+
+    struct {             /* --bucket-mb auto (nn/dp_trace.c) */
+        int on;          /* still choosing */
+        int cand, ncand; /* the candidate being measured, of ncand */
+        size_t sizes[8];
+        double score[8]; /* the sum of their calls' exposed reduction */
+        int calls;       /* measured calls of this candidate */
+        size_t chosen;   /* bytes per bucket now */
+    } tune;
 
 #ifdef CHI_TEST_HOOKS
     struct {
@@ -262,6 +315,36 @@ int dp_next_call(ch_dp *dp, const int64_t *generation, int64_t *seen);
 ch_status dp_exchange_sums(void *user, ch_tensor *t);
 void dp_flag_exchange(ch_dp *dp);
 ch_status dp_broadcast_buffers(ch_dp *dp);
+
+/* ---- nn/dp_trace.c -------------------------------------------------------------- */
+
+/* At ch_dp_new: the top-level modules and the replicas' tracks. */
+ch_status dp_trace_init(ch_dp *dp);
+void dp_trace_free(ch_dp *dp);
+/* Set up replica r's model: the pass hook of its top-level modules. */
+void dp_trace_hook(ch_dp *dp, replica *r);
+/* A replica's call: whether it is traced (at its start), a mark. */
+void dp_trace_begin(replica *r);
+void dp_mark_here(replica *r, dp_phase phase, int end, int arg);
+/* After forward, loss and backward succeeded: their marks' times. */
+void dp_trace_compute_done(replica *r);
+/* At the end of its call, the stream drained: its slices. */
+void dp_trace_replica_end(replica *r);
+/* The reducer: bucket b was reduced from t0 to t1 (host clock). */
+void dp_trace_bucket(ch_dp *dp, int b, double t0, double t1);
+/* The calling thread, after a training call: the breakdown, the step's
+ * slice; `st` the call's status. */
+void dp_trace_call_end(ch_dp *dp, ch_status st, int sync, int samples);
+/* CH_DP_BUCKET_AUTO, at ch_dp_new: the candidates (the first one's
+ * buckets are made first). */
+void dp_tune_init(ch_dp *dp);
+/* --bucket-mb auto: before a call, maybe a new bucket size. */
+ch_status dp_tune_before(ch_dp *dp);
+/* Across processes, while a trace runs: every rank's trace on rank 0's
+ * clock (a collective of every process, in ch_dp_new). */
+ch_status dp_trace_align(ch_dp *dp);
+/* Rebuild the buckets at `bytes` each (between steps, nothing accumulated). */
+ch_status dp_rebucket(ch_dp *dp, size_t bytes);
 
 /* ---- nn/dp_join.c --------------------------------------------------------------- */
 

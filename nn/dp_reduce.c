@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "dp_impl.h"
+#include "trace.h"
 
 #define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
 
@@ -25,6 +26,7 @@ static ch_status post(replica *r, int b)
     ch_dp *dp = r->dp;
     r->bk.missing[b] = -1;
     TRY(ch_event_record(r->bk.ready[b], r->stream));
+    dp_mark_here(r, PH_READY, 0, b);
     pthread_mutex_lock(&dp->w.lock);
     dp->bk.posted[b]++;
     pthread_cond_broadcast(&dp->red.posted);
@@ -59,7 +61,10 @@ ch_status dp_post_rest(replica *r)
 ch_status dp_make_buckets(ch_dp *dp, const ch_module *model)
 {
     int np = ch_module_param_count(model);
-    size_t limit = dp->o.bucket_bytes ? dp->o.bucket_bytes : DEFAULT_BUCKET_BYTES;
+    size_t limit = dp->o.bucket_bytes == CH_DP_BUCKET_AUTO ? dp->tune.sizes[0]
+                   : dp->o.bucket_bytes                    ? dp->o.bucket_bytes
+                                                           : DEFAULT_BUCKET_BYTES;
+    dp->tune.chosen = limit;
     int64_t *offs = calloc((size_t)np + 1, sizeof *offs);
     dp->bk.of_param = calloc((size_t)(np ? np : 1), sizeof *dp->bk.of_param);
     dp->bk.list = calloc((size_t)(np ? np : 1), sizeof *dp->bk.list);
@@ -108,6 +113,11 @@ int dp_next_call(ch_dp *dp, const int64_t *generation, int64_t *seen)
 static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
 {
     TRY(dp_injected(dp, -1));
+    if (chi_tracing()) {
+        char label[32];
+        snprintf(label, sizeof label, "bucket %d", b);
+        chi_trace_reducer_label(dp->red.reducer, label);
+    }
     for (int i = 0; i < dp->n; i++) {
         TRY(ch_event_wait(dp->r[i].comm, dp->r[i].bk.ready[b]));
         bufs[i] = dp->r[i].bk.grads[b];
@@ -176,10 +186,15 @@ void *dp_reducer_main(void *arg)
             if (failed)
                 break;
             pthread_mutex_unlock(&dp->w.lock);
+            double t0 = ch_clock_seconds();
             if (b == 0)
-                dp->red.start = ch_clock_seconds();
+                dp->red.start = t0;
             ch_clear_error();
             ch_status st = reduce_bucket(dp, b, bufs);
+            double t1 = ch_clock_seconds();
+            dp->red.end = t1;
+            if (st == CH_OK)
+                dp_trace_bucket(dp, b, t0, t1);
             pthread_mutex_lock(&dp->w.lock);
             if (st != CH_OK) {
                 reducer_failed(dp, st);
@@ -219,6 +234,23 @@ ch_status dp_make_reducer(ch_dp *dp)
     for (int b = 0; b < dp->bk.count; b++)
         if (dp->bk.list[b].count > largest)
             largest = dp->bk.list[b].count;
+    /* CH_DP_BUCKET_AUTO: room for the largest candidate's buckets, so that
+     * the reducer stays when they change (dp_rebucket): at most the
+     * candidate's bytes or one parameter, whichever is larger. */
+    if (dp->tune.on) {
+        int64_t most = (int64_t)(dp->tune.sizes[dp->tune.ncand - 1] / sizeof(float));
+        int np = ch_module_param_count(dp->r[0].model);
+        for (int i = 0; i < np; i++) {
+            ch_tensor *v;
+            if (ch_module_param(dp->r[0].model, i, NULL, &v, NULL) == CH_OK &&
+                ch_tensor_numel(v) > most)
+                most = ch_tensor_numel(v);
+        }
+        if (most > dp->numel)
+            most = dp->numel;
+        if (most > largest)
+            largest = most;
+    }
     ch_status st = ch_reducer_new(&dp->red.reducer, comms, dp->n, largest, dp->o.reduce);
     free(comms);
     if (st == CH_OK && dp->procs.ranks > 1)

@@ -78,9 +78,11 @@ static ch_status upload_slice(replica *r, int labels)
      * buffer made for a full one. */
     size_t sample = dp_sample_bytes(r->dp);
     TRY(batch_tensors(r, labels));
+    dp_mark_here(r, PH_UPLOAD, 0, 0);
     TRY(ch_tensor_upload_async(r->x, b->images, (size_t)r->start * sample));
     if (labels)
         TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)r->start * dp_label_bytes(r->dp)));
+    dp_mark_here(r, PH_UPLOAD, 1, 0);
     return CH_OK;
 }
 
@@ -103,13 +105,22 @@ static ch_status compute(replica *r)
      * whatever the split. */
     ch_module_set_rng(r->model, dp->o.seed, ch_optimizer_steps(r->opt),
                       dp->tr.micro_samples + r->start);
+    dp_mark_here(r, PH_FORWARD, 0, 0);
     TRY(ch_module_forward(r->model, &y, r->x));
+    dp_mark_here(r, PH_FORWARD, 1, 0);
+    dp_mark_here(r, PH_LOSS, 0, 0);
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
     /* Each replica's mean loss weighted by its share: the shares' gradients
      * add up to the gradient of the whole batch's mean. */
     TRY(ch_loss_backward(r->loss, &dy, dp->call.loss_scale * (float)r->count / (float)b->count));
+    dp_mark_here(r, PH_LOSS, 1, 0);
+    dp_mark_here(r, PH_BACKWARD, 0, 0);
     TRY(ch_module_backward(r->model, NULL, dy));
-    return ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value);
+    dp_mark_here(r, PH_BACKWARD, 1, 0);
+    /* Waits for backward: the marks so far have their times. */
+    TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
+    dp_trace_compute_done(r);
+    return CH_OK;
 }
 
 /* FNV-1a over the bits of every parameter: replicas that took the same
@@ -232,7 +243,7 @@ static void train(replica *r)
 {
     ch_dp *dp = r->dp;
     int reducing = dp->call.sync && dp->threaded;
-    double t0 = ch_clock_seconds();
+    double t0 = r->t_start;
     if (reducing)
         for (int b = 0; b < dp->bk.count; b++)
             r->bk.missing[b] = dp->bk.list[b].p_hi - dp->bk.list[b].p_lo;
@@ -253,8 +264,11 @@ static void train(replica *r)
             fail(r, dp_post_rest(r));
         dp_wait_reduced(dp);
     }
-    if (dp->call.sync && !atomic_load(&dp->w.failed))
+    r->t_update = dp->call.sync ? ch_clock_seconds() : 0.0;
+    if (dp->call.sync && !atomic_load(&dp->w.failed)) {
+        dp_mark_here(r, PH_UPDATE, 0, 0);
         fail(r, pre_update(r));
+    }
     if (dp->threaded)
         pthread_barrier_wait(&dp->w.barrier);
     if (dp->call.sync && !atomic_load(&dp->w.failed)) {
@@ -264,6 +278,7 @@ static void train(replica *r)
         if (st != CH_OK)
             atomic_store(&dp->w.parted, 1);
         fail(r, st);
+        dp_mark_here(r, PH_UPDATE, 1, 0);
     }
     if (dp->call.sync && !atomic_load(&dp->w.failed) && dp->o.check_every > 0 &&
         (dp->tr.step + 1) % dp->o.check_every == 0)
@@ -327,12 +342,19 @@ static void run_call(replica *r)
     r->error[0] = '\0';
     ch_clear_error();
     double t0 = ch_clock_seconds();
-    if (r->dp->call.job == JOB_TRAIN)
+    r->t_start = t0;
+    int job = r->dp->call.job;
+    if (job == JOB_TRAIN) {
+        dp_trace_begin(r);
         train(r);
-    else
+    } else {
         fail(r, infer(r));
+    }
     fail(r, ch_stream_sync(r->stream));
-    r->seconds = ch_clock_seconds() - t0;
+    r->t_end = ch_clock_seconds();
+    r->seconds = r->t_end - t0;
+    if (job == JOB_TRAIN)
+        dp_trace_replica_end(r);
     if (r->dp->call.job != JOB_TRAIN)
         r->compute_seconds = r->seconds;
 }
@@ -391,6 +413,7 @@ void dp_run_all(ch_dp *dp)
         dp->bn.active += dp->r[i].count > 0;
     }
     dp->red.start = 0.0;
+    dp->red.end = 0.0;
     dp->red.st = CH_OK;
     if (dp->call.job == JOB_TRAIN && dp->call.sync) {
         for (int b = 0; b < dp->bk.count; b++)

@@ -18,6 +18,7 @@
  * (ch_dp, asynchronously), which must have drained those uploads before it
  * releases the batch to be refilled (docs/DESIGN.md, Streams). */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 #include <chorus.h>
 #include "error.h"
 #include "dataset.h"
+#include "trace.h"
 
 typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HANDED } slot_state;
 
@@ -53,6 +55,7 @@ struct ch_loader {
     int64_t next_fill;    /* the next batch a worker claims */
     int64_t next_hand;    /* the next batch ch_loader_next returns */
     int filling;          /* slots being filled now */
+    int workers_named;    /* workers that took their number (their trace tracks) */
 };
 
 static slot *slot_of(const ch_loader *l, int64_t batch)
@@ -146,6 +149,9 @@ static void *worker_main(void *arg)
 {
     ch_loader *l = arg;
     pthread_mutex_lock(&l->lock);
+    int me = l->workers_named++;
+    char track[32];
+    snprintf(track, sizeof track, "loader %d", me);
     for (;;) {
         slot *s = NULL;
         while (!l->quit && !(s = claimable(l)))
@@ -156,7 +162,16 @@ static void *worker_main(void *arg)
         s->state = SLOT_FILLING;
         l->filling++;
         pthread_mutex_unlock(&l->lock);
+        double t0 = chi_trace_now();
         fill(l, s, epoch, number);
+        if (chi_tracing()) {
+            char name[48], args[96];
+            snprintf(name, sizeof name, "batch %lld", (long long)number);
+            snprintf(args, sizeof args, "{\"epoch\":%lld,\"batch\":%lld,\"samples\":%d}",
+                     (long long)epoch, (long long)number, s->batch.count);
+            chi_trace_slice(chi_trace_track(track, 300 + me), name, "loader", t0,
+                            ch_clock_seconds(), args);
+        }
         pthread_mutex_lock(&l->lock);
         s->state = SLOT_READY;
         l->filling--;
@@ -370,7 +385,7 @@ ch_status ch_loader_start(ch_loader *loader, int64_t epoch, int64_t first_batch)
 
 /* Under the lock: the next batch when it is ready, NULL at the end of the
  * epoch, or waits. */
-static ch_status next_locked(ch_loader *l, ch_batch **batch)
+static ch_status next_locked(ch_loader *l, ch_batch **batch, int *waited)
 {
     for (;;) {
         if (!l->started)
@@ -389,6 +404,7 @@ static ch_status next_locked(ch_loader *l, ch_batch **batch)
             *batch = &s->batch;
             return CH_OK;
         }
+        *waited = 1;
         pthread_cond_wait(&l->ready, &l->lock);
     }
 }
@@ -400,9 +416,16 @@ ch_status ch_loader_next(ch_loader *loader, ch_batch **batch)
     *batch = NULL;
     if (!loader)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_loader_next: loader is NULL");
+    double t0 = chi_trace_now();
+    int waited = 0;
     pthread_mutex_lock(&loader->lock);
-    ch_status st = next_locked(loader, batch);
+    ch_status st = next_locked(loader, batch, &waited);
     pthread_mutex_unlock(&loader->lock);
+    /* On the track of the steps: the thread that asks is the one that
+     * trains. */
+    if (waited && chi_tracing())
+        chi_trace_slice(chi_trace_track("steps", 0), "wait for the loader", "wait", t0,
+                        ch_clock_seconds(), NULL);
     return st;
 }
 

@@ -222,7 +222,12 @@ ch_status nn_forward(ch_module *m, const ch_tensor *x)
         return chi_error(CH_ERR_DTYPE, "ch_module_forward: %s takes %s, x is %s", m->ops->kind,
                          ch_dtype_name(m->ops->input), ch_dtype_name(ch_tensor_dtype(x)));
     m->x = x;
-    return m->ops->forward(m, x);
+    if (!m->pass)
+        return m->ops->forward(m, x);
+    m->pass(m->pass_user, m, 0, 0);
+    ch_status st = m->ops->forward(m, x);
+    m->pass(m->pass_user, m, 0, 1);
+    return st;
 }
 
 ch_status nn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
@@ -241,10 +246,14 @@ ch_status nn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     /* Inputs without a gradient (token indices) are never asked for one. */
     if (ch_tensor_dtype(m->x) != CH_F32)
         want_dx = 0;
-    TRY(m->ops->backward(m, dy, want_dx));
-    if (m->hook && m->nparams > 0)
-        TRY(m->hook(m->hook_user, m->pfirst, m->nparams));
-    return CH_OK;
+    if (m->pass)
+        m->pass(m->pass_user, m, 1, 0);
+    ch_status st = m->ops->backward(m, dy, want_dx);
+    if (st == CH_OK && m->hook && m->nparams > 0)
+        st = m->hook(m->hook_user, m->pfirst, m->nparams);
+    if (m->pass)
+        m->pass(m->pass_user, m, 1, 1);
+    return st;
 }
 
 ch_status ch_module_forward(ch_module *m, ch_tensor **y, const ch_tensor *x)

@@ -37,6 +37,12 @@ typedef ch_status (*nn_grad_hook)(void *user, int first, int count);
  * times, in the same order. */
 typedef ch_status (*nn_sync_fn)(void *user, ch_tensor *t);
 
+/* Called as the forward (backward 0) or backward (backward 1) pass of a
+ * module that has one set begins (end 0) and after it ended (end 1, after
+ * the gradient hook): data parallelism marks the top-level modules' passes
+ * on the trace (nn/dp_trace.c). It cannot fail the pass. */
+typedef void (*nn_pass_hook)(void *user, ch_module *m, int backward, int end);
+
 typedef struct nn_ops {
     const char *kind;
     ch_status (*forward)(ch_module *m, const ch_tensor *x);
@@ -107,6 +113,8 @@ struct ch_module {
     void *hook_user;
     nn_sync_fn sync;         /* see nn_set_sync */
     void *sync_user;
+    nn_pass_hook pass; /* see nn_pass_hook; this module's alone */
+    void *pass_user;
 };
 
 /* Set (fn NULL: clear) the gradient hook of the tree `m`. */

@@ -54,6 +54,12 @@ tests_test_clock_LDADD = $(TEST_LIBS)
 
 # The trace recorder (lib/trace.c), its file read back with jansson.
 check_PROGRAMS += tests/test-trace
+# The timeline of data-parallel training, read back with jansson; under
+# mpirun by tests/test-timeline.sh.
+check_PROGRAMS += tests/test-timeline
+tests_test_timeline_SOURCES = tests/test-timeline.c
+tests_test_timeline_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
+tests_test_timeline_LDADD = $(TEST_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 tests_test_trace_SOURCES = tests/test-trace.c
 tests_test_trace_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_test_trace_LDADD = $(TEST_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
@@ -112,9 +118,9 @@ tests_test_dist_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dist_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
 TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
-	tests/test-dist.sh tests/test-platforms.sh
+	tests/test-dist.sh tests/test-platforms.sh tests/test-timeline.sh
 EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
-	tests/test-dist.sh tests/test-platforms.sh tests/lsan-mpi.supp
+	tests/test-dist.sh tests/test-platforms.sh tests/lsan-mpi.supp tests/test-timeline.sh
 AM_TESTS_ENVIRONMENT += CHORUS_TEST_BUILDDIR='$(abs_top_builddir)'; export CHORUS_TEST_BUILDDIR;
 AM_TESTS_ENVIRONMENT += CHORUS_MPIRUN='$(MPIRUN)'; export CHORUS_MPIRUN;
 # Under --enable-sanitizers, what Open MPI keeps until exit is not ours

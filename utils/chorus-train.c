@@ -51,6 +51,13 @@ typedef struct trainer {
     int bad_reduce;          /* ch_dp_new refused --reduce for these devices */
     int64_t step;
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
+    struct {                 /* where the steps' time went, summed (ch_dp_last_breakdown) */
+        ch_dp_breakdown last[64];
+        double compute[64], wait[64], update[64];
+        double step, exposed, stall, last_stall;
+        int64_t calls;
+        int said_bucket; /* --bucket-mb auto's choice was told */
+    } bd;
 } trainer;
 
 /* One batch; *updated tells whether the optimizer stepped (with
@@ -59,7 +66,71 @@ static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out, int 
 {
     ch_status st = ch_dp_step(t->dp, loss_out, b, ch_lr_at(&t->lr, t->step));
     *updated = ch_dp_pending(t->dp) == 0;
+    if (st == CH_OK && ch_dp_last_breakdown(t->dp, t->bd.last, t->ndev) == CH_OK) {
+        for (int i = 0; i < t->ndev; i++) {
+            t->bd.compute[i] += t->bd.last[i].compute;
+            t->bd.wait[i] += t->bd.last[i].wait;
+            t->bd.update[i] += t->bd.last[i].update;
+        }
+        t->bd.step += t->bd.last[0].step;
+        t->bd.exposed += t->bd.last[0].exposed;
+        t->bd.calls++;
+    }
     return st;
+}
+
+/* --bucket-mb auto: once it has chosen, say which. */
+static void tell_bucket(trainer *t)
+{
+    int tuning = 0;
+    size_t bytes = ch_dp_bucket_bytes(t->dp, &tuning);
+    if (t->o->bucket_mb >= 0 || tuning || t->bd.said_bucket)
+        return;
+    t->bd.said_bucket = 1;
+    if (!t->o->quiet)
+        fprintf(stderr, "%schorus-train: --bucket-mb auto chose %zu MiB\n", t->shown ? "\n" : "",
+                bytes >> 20);
+    t->shown = 0;
+}
+
+/* The run's breakdown, on one line: the replica slowest most often, how
+ * much of the step was reduction not hidden by backward, and loader
+ * stalls. `json` as an object instead. */
+static void breakdown_line(const trainer *t, FILE *f, int json)
+{
+    int64_t slow[64] = {0}, calls = 0;
+    (void)ch_dp_slowest_counts(t->dp, slow, t->ndev, &calls);
+    int worst = 0;
+    for (int i = 1; i < t->ndev; i++)
+        if (slow[i] > slow[worst])
+            worst = i;
+    double steps = t->bd.step > 0.0 ? t->bd.step : 1.0;
+    double all = t->bd.step + t->bd.stall > 0.0 ? t->bd.step + t->bd.stall : 1.0;
+    if (!json) {
+        fprintf(f, "breakdown: ");
+        if (t->ndev > 1 || g_ranks > 1)
+            fprintf(f, "%s slowest in %.0f%% of steps; ", t->label[worst],
+                    calls ? 100.0 * (double)slow[worst] / (double)calls : 0.0);
+        fprintf(f, "%.0f%% of the step is reduction not hidden by backward; ",
+                100.0 * t->bd.exposed / steps);
+        for (int i = 0; i < t->ndev; i++)
+            fprintf(f, "%s compute %.0f%% wait %.0f%%; ", t->label[i],
+                    100.0 * t->bd.compute[i] / steps, 100.0 * t->bd.wait[i] / steps);
+        fprintf(f, "loader stalls %.0f%% of the time\n", 100.0 * t->bd.stall / all);
+        return;
+    }
+    fprintf(f,
+            ",\"breakdown\":{\"calls\":%lld,\"step_s\":%.6f,\"exposed_reduction_s\":%.6f,"
+            "\"loader_stall_s\":%.6f,\"bucket_mb\":%zu,\"devices\":[",
+            (long long)calls, t->bd.step, t->bd.exposed, t->bd.stall,
+            ch_dp_bucket_bytes(t->dp, NULL) >> 20);
+    for (int i = 0; i < t->ndev; i++)
+        fprintf(f,
+                "%s{\"id\":\"%s\",\"compute_s\":%.6f,\"wait_s\":%.6f,\"update_s\":%.6f,"
+                "\"slowest_calls\":%lld}",
+                i ? "," : "", t->label[i], t->bd.compute[i], t->bd.wait[i], t->bd.update[i],
+                (long long)slow[i]);
+    fprintf(f, "]}");
 }
 
 /* ---- The progress line's text (utils/progress.c draws it) --------------------------- */
@@ -124,11 +195,16 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
         if (isfinite(t->val_loss))
             fprintf(t->log, "\"val_loss\":%.6f,", t->val_loss);
     }
+    fprintf(t->log, "\"step_s\":%.6f,\"loader_stall_s\":%.6f,\"exposed_reduction_s\":%.6f,",
+            t->bd.last[0].step, t->bd.last_stall, t->bd.last[0].exposed);
     fprintf(t->log, "\"devices\":[");
     for (int i = 0; i < t->ndev; i++) {
+        const ch_dp_breakdown *b = &t->bd.last[i];
         fprintf(t->log, "%s{\"id\":\"%s\",\"samples\":%d,\"share\":%.4f,\"time_s\":%.6f",
                 i ? "," : "", ch_device_id(t->devs[i]), counts[i],
                 total ? (double)counts[i] / total : 0.0, times[i]);
+        fprintf(t->log, ",\"compute_s\":%.6f,\"wait_s\":%.6f,\"update_s\":%.6f,\"slowest\":%s",
+                b->compute, b->wait, b->update, b->slowest ? "true" : "false");
         if (t->sharing[i] > 1)
             fprintf(t->log, ",\"replicas_on_device\":%d", t->sharing[i]);
         fprintf(t->log, "}");
@@ -292,7 +368,10 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
     float loss = 0.0f;
     while (st == CH_OK) {
         ch_batch *b = NULL;
+        double w0 = ch_clock_seconds();
         st = batches_next(t, &b);
+        t->bd.last_stall = ch_clock_seconds() - w0;
+        t->bd.stall += t->bd.last_stall;
         if (st != CH_OK || !b)
             break;
         double s0 = ch_clock_seconds();
@@ -313,6 +392,7 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
             t0 += ch_clock_seconds() - v0; /* not training time */
         }
         log_step(t, epoch, loss, rate);
+        tell_bucket(t);
         double left = (ch_clock_seconds() - t0) / (double)(number + 1 - first) *
                       (double)(nb - number - 1);
         progress(t, epoch, number, nb, loss, rate, left);
@@ -499,7 +579,7 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
                                                   : CH_DP_SPLIT_AUTO;
     d.weights = t->o->nweights ? t->o->weights : NULL;
     d.nweights = t->o->nweights;
-    d.bucket_bytes = (size_t)t->o->bucket_mb << 20;
+    d.bucket_bytes = t->o->bucket_mb < 0 ? CH_DP_BUCKET_AUTO : (size_t)t->o->bucket_mb << 20;
     d.accumulate = (int)t->o->accumulate;
     d.loss = CH_LOSS_CROSS_ENTROPY;
     d.optimizer = *oo;
@@ -722,14 +802,18 @@ static int run(trainer *t)
             snprintf(mpj, sizeof mpj, ",\"precision\":\"%s\"", name);
         }
     }
+    if (!o->quiet && t->bd.calls > 0)
+        breakdown_line(t, stderr, 0);
     if (o->lm) {
         double tps = rate * o->gpt.context;
-        if (o->json)
+        if (o->json) {
             printf("{\"val_loss\":%.4f,\"val_accuracy\":%.4f,\"train_loss\":%.4f,"
                    "\"tokens_per_s\":%.1f,\"epochs\":%lld,\"devices\":\"%s\","
-                   "\"steps\":%lld%s}\n", loss, acc, t->last_loss, tps, (long long)epoch, ids,
-                   (long long)t->step, mpj);
-        else
+                   "\"steps\":%lld%s",
+                   loss, acc, t->last_loss, tps, (long long)epoch, ids, (long long)t->step, mpj);
+            breakdown_line(t, stdout, 1);
+            printf("}\n");
+        } else
             printf("result val_loss=%.4f val_accuracy=%.4f train_loss=%.4f tokens_per_s=%.1f "
                    "steps=%lld devices=%s%s\n", loss, acc, t->last_loss, tps,
                    (long long)t->step, ids, mp);
@@ -738,11 +822,13 @@ static int run(trainer *t)
             return runtime_error("generation failed");
         return 0;
     }
-    if (o->json)
+    if (o->json) {
         printf("{\"test_accuracy\":%.4f,\"test_loss\":%.4f,\"samples_per_s\":%.1f,"
-               "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld%s}\n",
+               "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld%s",
                acc, loss, rate, (long long)epoch, ids, (long long)t->step, mpj);
-    else
+        breakdown_line(t, stdout, 1);
+        printf("}\n");
+    } else
         printf("result test_accuracy=%.4f test_loss=%.4f samples_per_s=%.1f epochs=%lld "
                "devices=%s%s\n",
                acc, loss, rate, (long long)epoch, ids, mp);
@@ -835,6 +921,31 @@ static const char *rank_devices(const char *devices, char *out, size_t cap)
     return out;
 }
 
+/* --trace FILE: started before the dp is made, so that its streams time
+ * their work on the devices. Under mpirun each rank writes its own file,
+ * FILE with ".rankK" before its ".json" (tools/chorus-trace-merge joins
+ * them). 0 or the exit status. */
+static int start_trace(const train_options *o)
+{
+    if (!o->trace)
+        return 0;
+    char path[4096];
+    size_t len = strlen(o->trace);
+    int json = len > 5 && strcmp(o->trace + len - 5, ".json") == 0;
+    if (g_ranks > 1)
+        snprintf(path, sizeof path, "%.*s.rank%d%s", (int)(json ? len - 5 : len), o->trace, g_rank,
+                 json ? ".json" : "");
+    else
+        snprintf(path, sizeof path, "%s", o->trace);
+    /* Under mpirun ch_dp_new adds the rank and the host. */
+    ch_trace_options to = {0, "chorus-train"};
+    if (ch_trace_start(path, &to) != CH_OK) {
+        fprintf(stderr, "chorus-train: --trace: %s\n", ch_last_error());
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 /* Devices, model, data and log; 0 or the exit status. */
 static int prepare(trainer *t)
 {
@@ -869,7 +980,7 @@ static int prepare(trainer *t)
         fprintf(stderr, "chorus-train: --log: cannot write %s: %s\n", o->log, strerror(errno));
         return EXIT_USAGE;
     }
-    return 0;
+    return start_trace(o);
 }
 
 int main(int argc, char **argv)
@@ -908,6 +1019,11 @@ int main(int argc, char **argv)
         rc = prepare(&t);
         if (rc == 0)
             rc = run(&t);
+        if (ch_trace_running() && ch_trace_stop() != CH_OK) {
+            fprintf(stderr, "chorus-train: --trace: %s\n", ch_last_error());
+            if (rc == 0)
+                rc = EXIT_RUNTIME;
+        }
         teardown(&t);
         ch_shutdown();
     }

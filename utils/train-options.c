@@ -41,7 +41,9 @@ void train_usage(FILE *f)
             "  --reduce auto|host|peer  gradient reduction: host (pinned memory, fixed\n"
             "                      order), peer (device to device inside one backend) or\n"
             "                      auto (default: peer inside groups, host across them)\n"
-            "  --bucket-mb N       reduce gradients in buckets of N MiB (default 25)\n"
+            "  --bucket-mb N|auto  reduce gradients in buckets of N MiB (default 25);\n"
+            "                      auto measures 1, 4, 16 and 64 over the first steps\n"
+            "                      and keeps the one whose reduction is least exposed\n"
             "  --accumulate K      one optimizer step every K batches (default 1)\n"
             "  --epochs N          epochs (default 5)\n"
             "  --max-steps N       stop after N optimizer steps in all (default: no limit)\n"
@@ -73,7 +75,10 @@ void train_usage(FILE *f)
             "  --reduce-dtype f32|bf16  the gradients' reduction through the host in bf16\n"
             "                      (half the bytes moved, f32 sums; default f32)\n"
             "  --resume FILE       continue from a checkpoint\n"
-            "  --log FILE          one JSON line per step\n"
+            "  --log FILE          one JSON line per step, with its breakdown\n"
+            "  --trace FILE        write a timeline (Chrome trace-event JSON: Perfetto,\n"
+            "                      chrome://tracing) of every device, bucket and link;\n"
+            "                      under mpirun each rank writes FILE.rankK.json\n"
             "  --json              print the result as one JSON object\n"
             "  --quiet             no progress output\n"
             "  --help, --version\n"
@@ -223,33 +228,71 @@ static int parse_augment(const char *s, train_options *o)
 
 int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
 {
-    static const struct option longs[] = {
-        {"data", required_argument, 0, 'd'},    {"model", required_argument, 0, 'm'},
-        {"devices", required_argument, 0, 'D'}, {"epochs", required_argument, 0, 'e'},
-        {"max-steps", required_argument, 0, 'S'}, {"batch", required_argument, 0, 'b'},
-        {"limit", required_argument, 0, 'N'},   {"schedule", required_argument, 0, 'C'},
-        {"split", required_argument, 0, 'P'},   {"reduce", required_argument, 0, 'R'},
-        {"lr", required_argument, 0, 'l'},      {"optimizer", required_argument, 0, 'o'},
-        {"seed", required_argument, 0, 's'},    {"checkpoint", required_argument, 0, 'c'},
-        {"resume", required_argument, 0, 'r'},  {"log", required_argument, 0, 'L'},
-        {"json", no_argument, 0, 'j'},          {"quiet", no_argument, 0, 'q'},
-        {"bucket-mb", required_argument, 0, 'B'}, {"accumulate", required_argument, 0, 'A'},
-        {"normalize", required_argument, 0, 'Z'}, {"depth", required_argument, 0, 1000},
-        {"batchnorm", required_argument, 0, 1001}, {"layers", required_argument, 0, 1002},
-        {"heads", required_argument, 0, 1003},  {"dim", required_argument, 0, 1004},
-        {"context", required_argument, 0, 1005}, {"vocab", required_argument, 0, 1006},
-        {"dropout", required_argument, 0, 1007}, {"generate", required_argument, 0, 1008},
-        {"temperature", required_argument, 0, 1009}, {"top-k", required_argument, 0, 1010},
-        {"prompt", required_argument, 0, 1011}, {"eval-every", required_argument, 0, 1012},
-        {"augment", required_argument, 0, 1013}, {"weight-decay", required_argument, 0, 1014},
-        {"save-dtype", required_argument, 0, 1015},
-        {"precision", required_argument, 0, 1016},
-        {"reduce-dtype", required_argument, 0, 1017},
-        {"help", no_argument, 0, 'h'},          {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
-    *o = (train_options){NULL, "cnn", "all", NULL, NULL, NULL, NULL, "cosine", "auto", "auto",
-                   "sync", "\n", {0}, 0, {0.0f, 0.0f}, 5, -1, 0, 25, 1, 64, 0, 0, -1, 1,
-                   CH_RESNET_DEPTH, ch_gpt_defaults(), 0, 40, 0, 1.0f, 0, 0, 0, -1.0f, CH_F32, CH_F32, CH_F32};
+    static const struct option longs[] = {{"data", required_argument, 0, 'd'},
+                                          {"model", required_argument, 0, 'm'},
+                                          {"devices", required_argument, 0, 'D'},
+                                          {"epochs", required_argument, 0, 'e'},
+                                          {"max-steps", required_argument, 0, 'S'},
+                                          {"batch", required_argument, 0, 'b'},
+                                          {"limit", required_argument, 0, 'N'},
+                                          {"schedule", required_argument, 0, 'C'},
+                                          {"split", required_argument, 0, 'P'},
+                                          {"reduce", required_argument, 0, 'R'},
+                                          {"lr", required_argument, 0, 'l'},
+                                          {"optimizer", required_argument, 0, 'o'},
+                                          {"seed", required_argument, 0, 's'},
+                                          {"checkpoint", required_argument, 0, 'c'},
+                                          {"resume", required_argument, 0, 'r'},
+                                          {"log", required_argument, 0, 'L'},
+                                          {"json", no_argument, 0, 'j'},
+                                          {"quiet", no_argument, 0, 'q'},
+                                          {"bucket-mb", required_argument, 0, 'B'},
+                                          {"accumulate", required_argument, 0, 'A'},
+                                          {"normalize", required_argument, 0, 'Z'},
+                                          {"depth", required_argument, 0, 1000},
+                                          {"batchnorm", required_argument, 0, 1001},
+                                          {"layers", required_argument, 0, 1002},
+                                          {"heads", required_argument, 0, 1003},
+                                          {"dim", required_argument, 0, 1004},
+                                          {"context", required_argument, 0, 1005},
+                                          {"vocab", required_argument, 0, 1006},
+                                          {"dropout", required_argument, 0, 1007},
+                                          {"generate", required_argument, 0, 1008},
+                                          {"temperature", required_argument, 0, 1009},
+                                          {"top-k", required_argument, 0, 1010},
+                                          {"prompt", required_argument, 0, 1011},
+                                          {"eval-every", required_argument, 0, 1012},
+                                          {"augment", required_argument, 0, 1013},
+                                          {"weight-decay", required_argument, 0, 1014},
+                                          {"save-dtype", required_argument, 0, 1015},
+                                          {"precision", required_argument, 0, 1016},
+                                          {"reduce-dtype", required_argument, 0, 1017},
+                                          {"trace", required_argument, 0, 1018},
+                                          {"help", no_argument, 0, 'h'},
+                                          {"version", no_argument, 0, 'V'},
+                                          {0, 0, 0, 0}};
+    *o = (train_options){.model = "cnn",
+                         .devices = "all",
+                         .schedule = "cosine",
+                         .split = "auto",
+                         .reduce = "auto",
+                         .batchnorm = "sync",
+                         .prompt = "\n",
+                         .epochs = 5,
+                         .max_steps = -1,
+                         .bucket_mb = 25,
+                         .accumulate = 1,
+                         .batch = 64,
+                         .lr = -1.0f,
+                         .seed = 1,
+                         .depth = CH_RESNET_DEPTH,
+                         .gpt = ch_gpt_defaults(),
+                         .top_k = 40,
+                         .temperature = 1.0f,
+                         .weight_decay = -1.0f,
+                         .save_dtype = CH_F32,
+                         .precision = CH_F32,
+                         .reduce_dtype = CH_F32};
     o->gpt.vocab = 0;
     opterr = 0;
     optind = 0; /* glibc: start over, as for a new argv */
@@ -264,6 +307,7 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
         case 'c': o->checkpoint = optarg; break;
         case 'r': o->resume = optarg; break;
         case 'L': o->log = optarg; break;
+        case 1018: o->trace = optarg; break;
         case 'C': o->schedule = optarg; break;
         case 'P': o->split = optarg; break;
         case 'R': o->reduce = optarg; break;
@@ -278,9 +322,13 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
                 return fail_usage(err, "--max-steps wants a whole number >= 1, not \"%s\"", optarg);
             break;
         case 'B':
-            if (!train_parse_int(optarg, 1, &o->bucket_mb) || o->bucket_mb > 1 << 20)
-                return fail_usage(err, "--bucket-mb wants a whole number from 1 to 1048576, not "
-                                  "\"%s\"", optarg);
+            if (strcmp(optarg, "auto") == 0)
+                o->bucket_mb = -1;
+            else if (!train_parse_int(optarg, 1, &o->bucket_mb) || o->bucket_mb > 1 << 20)
+                return fail_usage(err,
+                                  "--bucket-mb wants auto or a whole number from 1 to "
+                                  "1048576, not \"%s\"",
+                                  optarg);
             break;
         case 'A':
             if (!train_parse_int(optarg, 1, &o->accumulate) || o->accumulate > 1 << 20)

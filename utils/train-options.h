@@ -21,10 +21,12 @@
 typedef struct train_options {
     const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log, *schedule;
     const char *split, *reduce, *batchnorm, *prompt;
+    const char *trace;       /* --trace FILE, NULL: none */
     float weights[64];       /* --split W1,W2,...; nweights 0: equal or auto */
     int nweights;
     ch_idx_options norm;     /* --normalize MEAN,STD; std 0: not given */
-    int64_t epochs, max_steps, limit, bucket_mb, accumulate;
+    int64_t epochs, max_steps, limit, accumulate;
+    int64_t bucket_mb; /* -1: auto */
     int batch, json, quiet;
     float lr;
     uint64_t seed;

@@ -21,6 +21,29 @@ typedef enum ch_dp_split {
                                 so that they finish their compute together */
 } ch_dp_split;
 
+/* options->bucket_bytes: try bucket sizes of 1, 4, 16 and 64 MiB (those
+ * that cut the model differently), each for a few training steps, and
+ * keep the one whose reduction is the least exposed after backward (the
+ * slowest process's, across processes), as Horovod's autotune does for its
+ * fusion buffer. The sum of a step's gradients does not depend on the
+ * buckets with host-staged reduction: the trained result is the same. */
+#define CH_DP_BUCKET_AUTO ((size_t)-1)
+
+/* Where a replica's last training step went (ch_dp_last_breakdown), in
+ * seconds on the host's clock. compute + wait + exposed + update is the
+ * replica's part of the step; `step` is the whole call (ch_dp_step), the
+ * rest of it the calling thread's own work (the split, the results shared
+ * across processes). */
+typedef struct ch_dp_breakdown {
+    double step;    /* the training call, as the caller saw it */
+    double compute; /* its upload, forward, loss and backward */
+    double wait;    /* idle: for the slowest replica's backward (across
+                       processes too), and inside BatchNorm's exchanges */
+    double exposed; /* the reduction after the slowest backward ended */
+    double update;  /* the optimizer and the end of the call */
+    int slowest;    /* this replica's backward ended last: the others waited */
+} ch_dp_breakdown;
+
 typedef struct ch_dp_options {
     /* Gradient reduction (chorus/reduce.h): CH_REDUCE_HOST (the default,
      * 0), CH_REDUCE_PEER or CH_REDUCE_AUTO. */
@@ -34,7 +57,8 @@ typedef struct ch_dp_options {
     /* Gradients are reduced in buckets of about this many bytes (0: 25 MiB),
      * in reverse parameter order: a bucket is reduced as soon as backward
      * has produced all of its gradients on every replica, while backward
-     * goes on with the earlier layers. */
+     * goes on with the earlier layers. CH_DP_BUCKET_AUTO: measured over the
+     * first training steps (ch_dp_bucket_bytes). */
     size_t bucket_bytes;
     /* Gradient accumulation: ch_dp_step reduces and updates once every
      * `accumulate` calls (0 or 1: every call); the calls in between only
@@ -169,6 +193,20 @@ CH_API ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n);
  * still in its forward or backward pass: how much of the reduction the
  * buckets hid behind backward (0 when none did, or nothing was reduced). */
 CH_API double ch_dp_last_overlap(const ch_dp *dp);
+
+/* The last training call's breakdown per replica (`n` of them: this
+ * process's). Zeros before the first. */
+CH_API ch_status ch_dp_last_breakdown(const ch_dp *dp, ch_dp_breakdown *out, int n);
+
+/* For each of this process's `n` replicas, how many training calls it was
+ * the slowest of (its backward ended last: across processes, the job's
+ * slowest), and in *calls the training calls measured; either output may
+ * be NULL. */
+CH_API ch_status ch_dp_slowest_counts(const ch_dp *dp, int64_t *counts, int n, int64_t *calls);
+
+/* The bucket size in bytes now, and in *tuning (may be NULL) 1 while
+ * CH_DP_BUCKET_AUTO is still measuring, else 0. 0 for a NULL dp. */
+CH_API size_t ch_dp_bucket_bytes(const ch_dp *dp, int *tuning);
 
 /* What a dp was made with, after the defaults: the reduction, the groups
  * it reduces peer-to-peer in, the buckets, and whether worker `index` was
