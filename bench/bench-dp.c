@@ -154,9 +154,62 @@ static double dp_rate(const char *model, ch_device **devs, int n, const ch_batch
     return rate;
 }
 
+/* The trace's cost (--trace FILE): two dps over the same devices, one made
+ * while a trace ran (its OpenCL queues profile, as chorus-train --trace
+ * makes them) and traced, the other neither; rounds of `steps` steps of
+ * each in turn, the order swapped every round, the trace started before
+ * each traced round (FILE.K.json, K the round) and stopped after it,
+ * outside the timed steps; the medians of the step times. */
+static void trace_overhead(const char *model, ch_device **devs, int n, const ch_batch *b,
+                           int steps, int rounds, dp_config cfg, const char *file,
+                           double *off_rate, double *on_rate)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s.0.json", file);
+    ch_dp *plain = dp_make(model, devs, n, cfg);
+    BENCH_CHECK(ch_trace_start(path, NULL));
+    ch_dp *traced = dp_make(model, devs, n, cfg);
+    for (int s = 0; s < 10; s++)
+        dp_step(traced, b);
+    BENCH_CHECK(ch_trace_stop());
+    for (int s = 0; s < 10; s++)
+        dp_step(plain, b);
+    size_t total = (size_t)steps * (size_t)rounds;
+    double *toff = malloc(sizeof *toff * total), *ton = malloc(sizeof *ton * total);
+    if (!toff || !ton) {
+        fprintf(stderr, "bench-dp: out of memory\n");
+        exit(1);
+    }
+    for (int r = 0; r < rounds; r++) {
+        for (int half = 0; half < 2; half++) {
+            int on = (half + r) % 2;
+            if (on) {
+                snprintf(path, sizeof path, "%s.%d.json", file, r + 1);
+                BENCH_CHECK(ch_trace_start(path, NULL));
+            }
+            for (int s = 0; s < steps; s++) {
+                size_t k = (size_t)r * (size_t)steps + (size_t)s;
+                if (on)
+                    ton[k] = dp_step(traced, b);
+                else
+                    toff[k] = dp_step(plain, b);
+            }
+            if (on)
+                BENCH_CHECK(ch_trace_stop());
+        }
+    }
+    *off_rate = b->count / bench_median(toff, (int)total);
+    *on_rate = b->count / bench_median(ton, (int)total);
+    free(toff);
+    free(ton);
+    ch_dp_free(traced);
+    ch_dp_free(plain);
+}
+
 int main(int argc, char **argv)
 {
     const char *devices = "host", *model = "mlp", *reduce = "host", *split = "equal";
+    const char *trace = NULL;
     int batch = 64, steps = 20, rounds = 5;
     static const struct option longs[] = {{"devices", required_argument, 0, 'd'},
                                           {"model", required_argument, 0, 'm'},
@@ -165,6 +218,7 @@ int main(int argc, char **argv)
                                           {"rounds", required_argument, 0, 'r'},
                                           {"reduce", required_argument, 0, 'R'},
                                           {"split", required_argument, 0, 'S'},
+                                          {"trace", required_argument, 0, 'T'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     int c;
@@ -177,10 +231,13 @@ int main(int argc, char **argv)
         case 'r': rounds = atoi(optarg); break;
         case 'R': reduce = optarg; break;
         case 'S': split = optarg; break;
+        case 'T': trace = optarg; break;
         case 'h':
             printf("usage: bench-dp [--devices LIST (up to 8, default host)] [--model mlp|cnn] "
                    "[--batch N] [--steps N] [--rounds N] [--reduce host|peer|auto] "
-                   "[--split equal|auto]\n");
+                   "[--split equal|auto] [--trace FILE]\n"
+                   "--trace FILE: instead, the trace's cost: the steps over all the devices "
+                   "traced (into FILE.K.json) and not, in turn\n");
             return 0;
         default: fprintf(stderr, "bench-dp: bad option (see --help)\n"); return 2;
         }
@@ -210,6 +267,22 @@ int main(int argc, char **argv)
 
     bench_header("bench-dp");
     printf("%-28s %-5s %6s %12s\n", "devices", "model", "batch", "samples/s");
+    if (trace) {
+        char ids[256] = "";
+        for (int i = 0; i < n; i++) {
+            size_t len = strlen(ids);
+            snprintf(ids + len, sizeof ids - len, "%s%s", i ? "," : "", ch_device_id(devs[i]));
+        }
+        double off = 0, on = 0;
+        trace_overhead(model, devs, n, &b, steps, rounds, cfg, trace, &off, &on);
+        printf("%-28s %-5s %6d %12.1f  not traced\n", ids, model, batch, off);
+        printf("%-28s %-5s %6d %12.1f  traced: %.1f%% %s\n", ids, model, batch, on,
+               100.0 * fabs(off - on) / off, on <= off ? "slower" : "faster");
+        ch_host_buffer_free(images);
+        ch_host_buffer_free(labels);
+        ch_shutdown();
+        return 0;
+    }
     double plain = 0, one = 0;
     one_device(model, devs[0], &b, steps, rounds, &plain, &one);
     printf("%-28s %-5s %6d %12.1f  plain training\n", ch_device_id(devs[0]), model, batch, plain);

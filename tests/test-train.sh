@@ -218,6 +218,28 @@ for d in lines:
 ' "$tmp/auto.jsonl"
     ok $? "with --split auto every step gives every device a share, summing to 1: $(tail -n 1 "$tmp/auto.jsonl" | head -c 300)"
 
+    # The timeline and the breakdown: --trace, --bucket-mb auto, the
+    # breakdown in --json and on the terminal (stderr, not --quiet).
+    # shellcheck disable=SC2086
+    "$train" $(echo "$dp" | sed 's/--quiet//') --epochs 1 --bucket-mb auto --trace "$tmp/t.json" \
+        --json >"$tmp/tr.json" 2>"$tmp/err"
+    status=$?
+    test "$status" -eq 0 && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+b = d["breakdown"]
+assert b["calls"] > 0 and b["step_s"] > 0 and b["bucket_mb"] in (1, 4, 16, 64), b
+assert [x["id"] for x in b["devices"]] == ["host", "opencl:0", "opencl:1"], b
+assert all(x["compute_s"] > 0 for x in b["devices"]), b
+assert sum(x["slowest_calls"] for x in b["devices"]) == b["calls"], b
+t = json.load(open(sys.argv[2]))["traceEvents"]
+names = {e["args"]["name"] for e in t if e["ph"] == "M" and e["name"] == "thread_name"}
+assert {"host", "opencl:0", "opencl:1", "reducer", "steps"} <= names, names
+' "$tmp/tr.json" "$tmp/t.json" &&
+        grep -Eq '^breakdown: [^ ]+ slowest in [0-9]+% of steps; [0-9]+% of the step is reduction not hidden by backward' "$tmp/err" &&
+        grep -q -- '--bucket-mb auto chose [0-9]* MiB' "$tmp/err"
+    ok $? "--trace, --bucket-mb auto and the breakdown (status $status: $(head -c 300 "$tmp/tr.json") $(grep breakdown "$tmp/err" | head -c 300))"
+
     # Resuming data-parallel training over host and OpenCL replicas gives the
     # bits of training straight through: the replicas take the same
     # optimizer step bit for bit on both backends.
@@ -258,7 +280,7 @@ assert d["steps"] == 25 and d["test_accuracy"] >= 0.6, d
         grep -q 'opencl:0' "$tmp/err"
     ok $? "--reduce peer across host and OpenCL: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
 else
-    for what in "learns" "shares" "auto learns" "auto shares" "resume" "accumulate" "all" \
+    for what in "learns" "shares" "auto learns" "auto shares" "trace" "resume" "accumulate" "all" \
         "all without CHORUS_DEVICES" "peer refused"; do
         skip "no opencl:0 and opencl:1 for data parallel training ($what)"
     done
@@ -286,6 +308,14 @@ for bad in "--reduce sideways" "--split 1,x" "--bucket-mb 0" "--accumulate 0" "-
     "--weight-decay -1" "--weight-decay x"; do
     # shellcheck disable=SC2086
     "$train" --data "$data" --devices host $bad >/dev/null 2>"$tmp/err"
+    status=$?
+    opt=${bad%% *}
+    test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- "${opt#--}" "$tmp/err"
+    ok $? "$bad: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
+done
+for bad in "--bucket-mb x" "--bucket-mb autox" "--trace $tmp/nowhere/t.json"; do
+    # shellcheck disable=SC2086
+    "$train" --data "$data" --devices host --limit 100 --epochs 1 $bad >/dev/null 2>"$tmp/err"
     status=$?
     opt=${bad%% *}
     test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- "${opt#--}" "$tmp/err"
