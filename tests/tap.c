@@ -272,3 +272,31 @@ uint32_t tap_half_widen(int mant, uint16_t h)
                       : ldexp((double)((1u << mant) | m), (int)e - bias - mant);
     return sign | tap_bits_of((float)v);
 }
+
+/* The nets trained here have no discrete choice in them: strided
+ * convolutions instead of max-pooling, tanh instead of ReLU. A data-parallel
+ * step over several backends computes each replica's samples with that
+ * backend's rounding, so its parameters differ from one device's in the
+ * last bits; where two inputs of a max-pool window are equal or a ReLU's
+ * input is zero within those bits, the choice can flip and move a whole
+ * gradient element (the cnn's max-pool did so at step 2 with host, opencl
+ * and the automatic split: 1.6e-2 after 20 steps). Equivalence up to float
+ * rounding is only measurable on a smooth function; max-pool and ReLU are
+ * checked against a double reference on every device in test-ops. With
+ * `dropout`, dropout (p 0.3) before the last layer. */
+ch_module *tap_smooth_cnn(int dropout)
+{
+    ch_module *m[9] = {NULL};
+    int k = 0;
+    ch_nn_conv2d(&m[k++], 1, 8, 3, 2, 1);
+    ch_nn_activation(&m[k++], CH_ACT_TANH);
+    ch_nn_conv2d(&m[k++], 8, 16, 3, 2, 1);
+    ch_nn_activation(&m[k++], CH_ACT_TANH);
+    ch_nn_flatten(&m[k++]);
+    ch_nn_linear(&m[k++], 16 * 7 * 7, 64);
+    ch_nn_activation(&m[k++], CH_ACT_TANH);
+    if (dropout)
+        ch_nn_dropout(&m[k++], 0.3f);
+    ch_nn_linear(&m[k++], 64, 10);
+    return tap_sequential(k, m);
+}

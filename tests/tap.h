@@ -75,5 +75,10 @@ ch_dp_options tap_mnist_dp_options(uint64_t seed);
 /* A Sequential of the n children (ownership passes to it); NULL when a
  * child is NULL or an add fails, the message in ch_last_error(). */
 ch_module *tap_sequential(int n, ch_module *const *children);
+/* A small CNN for [1, 28, 28] inputs with nothing discrete in it (strided
+ * convolutions, tanh), so that data-parallel training over several
+ * backends matches one device's to rounding (tests/tap.c says why); with
+ * `dropout`, dropout (p 0.3) before the last layer. */
+ch_module *tap_smooth_cnn(int dropout);
 
 #endif

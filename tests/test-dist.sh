@@ -37,25 +37,7 @@ ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
 LSAN_OPTIONS=${LSAN_OPTIONS:-}
 export ASAN_OPTIONS LSAN_OPTIONS
 run() {
-    np=$1 devices=$2
-    timeout 900 "$mpirun" --allow-run-as-root --oversubscribe -x ASAN_OPTIONS -x LSAN_OPTIONS \
-        -x CHORUS_DIST_TIMEOUT -np "$np" "$prog" "$devices" \
-        >"$tmp/out" 2>"$tmp/err"
-    status=$?
-    planned=$(sed -n 's/^1\.\.\([0-9]*\)$/\1/p' "$tmp/out")
-    while IFS= read -r line; do
-        case $line in
-            "not ok "*) ok 1 "$np ranks ($devices): ${line#not ok * - }" ;;
-            "ok "*"# SKIP"*) skip "$np ranks ($devices): ${line#*# SKIP }" ;;
-            "ok "*) ok 0 "$np ranks ($devices): ${line#ok * - }" ;;
-            "#"*) echo "$line" ;;
-        esac
-    done <"$tmp/out"
-    why=""
-    [ "$status" -eq 0 ] || why="; stderr: $(tail -c 600 "$tmp/err" | tr '\n#' '  ')"
-    ok $status "mpirun -np $np exits 0 (status $status$why)"
-    test "${planned:-0}" -gt 0
-    ok $? "rank 0 of $np wrote a whole TAP stream (plan 1..${planned:-none})"
+    mpirun_tap "$1" "$1 ranks ($2)" "$tmp/out" "$tmp/err" "$prog" "$2"
 }
 
 run 2 "$two"

@@ -76,35 +76,7 @@ static void free_batches(batches *bs)
 
 static ch_dp_options options(void) { return tap_mnist_dp_options(5); }
 
-/* The nets trained here have no discrete choice in them: strided
- * convolutions instead of max-pooling, tanh instead of ReLU. A data-parallel
- * step over several backends computes each replica's samples with that
- * backend's rounding, so its parameters differ from one device's in the
- * last bits; where two inputs of a max-pool window are equal or a ReLU's
- * input is zero within those bits, the choice can flip and move a whole
- * gradient element (the cnn's max-pool did so at step 2 with host, opencl
- * and the automatic split: 1.6e-2 after 20 steps). Equivalence up to float
- * rounding is only measurable on a smooth function; max-pool and ReLU are
- * checked against a double reference on every device in test-ops. With
- * `dropout`, dropout (p 0.3) before the last layer. */
-static ch_module *smooth_net(int dropout)
-{
-    ch_module *m[9] = {NULL};
-    int k = 0;
-    ch_nn_conv2d(&m[k++], 1, 8, 3, 2, 1);
-    ch_nn_activation(&m[k++], CH_ACT_TANH);
-    ch_nn_conv2d(&m[k++], 8, 16, 3, 2, 1);
-    ch_nn_activation(&m[k++], CH_ACT_TANH);
-    ch_nn_flatten(&m[k++]);
-    ch_nn_linear(&m[k++], 16 * 7 * 7, 64);
-    ch_nn_activation(&m[k++], CH_ACT_TANH);
-    if (dropout)
-        ch_nn_dropout(&m[k++], 0.3f);
-    ch_nn_linear(&m[k++], 64, 10);
-    return tap_sequential(k, m);
-}
-
-static ch_module *make_model(int dropout) { return smooth_net(dropout); }
+static ch_module *make_model(int dropout) { return tap_smooth_cnn(dropout); }
 
 typedef struct run {
     int dropout;        /* the dropout net instead of the cnn */

@@ -263,21 +263,6 @@ static void check_device(const trace *tr, int pid, const char *label)
 
 /* ---- The run in one process ------------------------------------------------------ */
 
-static ch_module *small_cnn(void)
-{
-    ch_module *m[8] = {NULL};
-    int k = 0;
-    ch_nn_conv2d(&m[k++], 1, 8, 3, 2, 1);
-    ch_nn_activation(&m[k++], CH_ACT_TANH);
-    ch_nn_conv2d(&m[k++], 8, 16, 3, 2, 1);
-    ch_nn_activation(&m[k++], CH_ACT_TANH);
-    ch_nn_flatten(&m[k++]);
-    ch_nn_linear(&m[k++], 16 * 7 * 7, 64);
-    ch_nn_activation(&m[k++], CH_ACT_TANH);
-    ch_nn_linear(&m[k++], 64, 10);
-    return tap_sequential(k, m);
-}
-
 /* An MLP of 1.3 M parameters (5.3 MB): three candidates for the automatic
  * bucket size. */
 static ch_module *wide_mlp(void)
@@ -355,7 +340,7 @@ static void test_one_process(const char *dir)
     ch_device_by_name(&host, "host");
     char path[512];
     snprintf(path, sizeof path, "%s/trace.json", dir);
-    ch_module *model = small_cnn();
+    ch_module *model = tap_smooth_cnn(0);
     ch_module_init(model, 3);
     ch_dp_options o = tap_mnist_dp_options(5);
     o.bucket_bytes = 16 << 10; /* several buckets */
@@ -589,7 +574,7 @@ static void test_ranks(const char *dir, const char *all_lists, const char *devic
     }
     char path[512];
     snprintf(path, sizeof path, "%s/trace.rank%d.json", dir, rank);
-    ch_module *model = small_cnn();
+    ch_module *model = tap_smooth_cnn(0);
     ch_module_init(model, 3);
     ch_dp_options o = tap_mnist_dp_options(5);
     o.bucket_bytes = 16 << 10;

@@ -27,21 +27,5 @@ export CHORUS_DIST_TIMEOUT
 ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
 LSAN_OPTIONS=${LSAN_OPTIONS:-}
 export ASAN_OPTIONS LSAN_OPTIONS
-timeout 900 "$mpirun" --allow-run-as-root --oversubscribe -x ASAN_OPTIONS -x LSAN_OPTIONS \
-    -x CHORUS_DIST_TIMEOUT -np 2 "$prog" --ranks "$tmp" "$devices" >"$tmp/out" 2>"$tmp/err"
-status=$?
-planned=$(sed -n 's/^1\.\.\([0-9]*\)$/\1/p' "$tmp/out")
-while IFS= read -r line; do
-    case $line in
-        "not ok "*) ok 1 "2 ranks ($devices): ${line#not ok * - }" ;;
-        "ok "*"# SKIP"*) skip "2 ranks ($devices): ${line#*# SKIP }" ;;
-        "ok "*) ok 0 "2 ranks ($devices): ${line#ok * - }" ;;
-        "#"*) echo "$line" ;;
-    esac
-done <"$tmp/out"
-why=""
-[ "$status" -eq 0 ] || why="; stderr: $(tail -c 600 "$tmp/err" | tr '\n#' '  ')"
-ok $status "mpirun -np 2 exits 0 (status $status$why)"
-test "${planned:-0}" -gt 0
-ok $? "rank 0 wrote a whole TAP stream (plan 1..${planned:-none})"
+mpirun_tap 2 "2 ranks ($devices)" "$tmp/out" "$tmp/err" "$prog" --ranks "$tmp" "$devices"
 tap_done
