@@ -435,6 +435,11 @@ out:
     return id;
 }
 
+unsigned chi_trace_generation(void)
+{
+    return atomic_load(&generation);
+}
+
 double chi_trace_now(void)
 {
     return chi_tracing() ? ch_clock_seconds() : 0.0;
