@@ -5,6 +5,7 @@ libchorus_la_SOURCES = \
 	lib/error.c \
 	lib/clock.c \
 	lib/trace.c \
+	lib/trace_clock.c \
 	lib/registry.c \
 	lib/device.c \
 	lib/discover.c \

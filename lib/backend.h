@@ -39,7 +39,7 @@ extern "C" {
 
 /* Changes whenever the table below or an enum a slot takes changes: a
  * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 10
+#define CH_BACKEND_ABI_VERSION 11
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -142,6 +142,14 @@ typedef struct ch_conv_geom {
     /* The stream waits for an event of the same backend (may be another device). */               \
     X(STREAM, REQUIRED, ch_status, event_wait, (void *stream, void *event))                        \
     X(STREAM, REQUIRED, ch_status, event_sync, (void *event))                                      \
+    /* optional: the time at which the stream reached the recorded and                             \
+     * completed event, in seconds on a clock of the backend's own (any                            \
+     * epoch, the same for every event of one device); CH_ERR_UNSUPPORTED                          \
+     * when this event cannot tell (an OpenCL queue made without profiling,                        \
+     * a CUDA event made without timing, an event never recorded). Events                          \
+     * and streams made while a trace runs (chi_tracing()) can tell. Without                       \
+     * the slot, chi_trace_event_seconds says the backend cannot. */                               \
+    X(STREAM, OPTIONAL, ch_status, event_seconds, (void *event, double *seconds))                  \
     /* blocking = 1: return when the transfer has run: the device buffer                           \
      * holds the data for every stream (upload), the host memory holds it                          \
      * (download). Not merely when `host` may be reused, which is all a                            \

@@ -56,6 +56,15 @@ typedef struct chi_transfers {
     atomic_uint_least64_t staged_copies, staged_bytes;
 } chi_transfers;
 
+/* A device's clock against ch_clock_seconds for the running trace
+ * (lib/trace_clock.c): device seconds + offset = ch_clock_seconds, give or
+ * take uncertainty. */
+typedef struct chi_clock {
+    pthread_mutex_t lock; /* held while measuring: other askers wait */
+    unsigned generation;  /* chi_trace_generation it holds; 0: none yet */
+    double offset, uncertainty;
+} chi_clock;
+
 struct ch_device {
     int index;
     char id[32];
@@ -71,6 +80,7 @@ struct ch_device {
     void *staging;              /* pinned host memory for cross-device copies */
     size_t staging_bytes;
     chi_transfers transfers;
+    chi_clock clock;
 };
 
 struct ch_stream {

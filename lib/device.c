@@ -149,6 +149,7 @@ static ch_status open_device(const chi_disc_input *in, const chi_disc_device *dd
     chi_alloc_init(&d->alloc);
     pthread_mutex_init(&d->staging_lock, NULL);
     pthread_mutex_init(&d->streams_lock, NULL);
+    pthread_mutex_init(&d->clock.lock, NULL);
     st = chi_stream_create(&d->default_stream, d, 1);
     if (st != CH_OK) {
         be->iface->device_close(d->dev);
@@ -174,6 +175,7 @@ static void close_device(ch_device *d)
     }
     pthread_mutex_destroy(&d->staging_lock);
     pthread_mutex_destroy(&d->streams_lock);
+    pthread_mutex_destroy(&d->clock.lock);
     pthread_mutex_destroy(&d->alloc.lock);
     d->be->iface->device_close(d->dev);
     free(d);

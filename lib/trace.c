@@ -437,6 +437,11 @@ out:
     return id;
 }
 
+unsigned chi_trace_generation(void)
+{
+    return atomic_load(&generation);
+}
+
 double chi_trace_now(void)
 {
     return chi_tracing() ? ch_clock_seconds() : 0.0;
@@ -528,14 +533,6 @@ void chi_trace_counter(int track, const char *name, double when, const char *ser
     text_json_str(&t, series);
     text_fmt(&t, ":%.17g}}", value);
     end_event(&t, gen);
-}
-
-/* TEMP */
-ch_status chi_trace_event_seconds(ch_event *event, double *t)
-{
-    (void)event;
-    (void)t;
-    return CH_ERR_UNSUPPORTED;
 }
 
 double chi_trace_origin(void)

@@ -8,8 +8,18 @@
 #ifndef CHORUS_LIB_TRACE_H
 #define CHORUS_LIB_TRACE_H
 
+/* The CUDA module's C++ reads the same flag: std::atomic<int> is C11's
+ * atomic_int in layout and in the operations used here (GCC's and
+ * Clang's; C++23 makes <stdatomic.h> say so itself). */
+#ifdef __cplusplus
+#include <atomic>
+using std::atomic_int;
+using std::memory_order_relaxed;
+#else
 #include <stdatomic.h>
+#endif
 
+#include <chorus/device.h>
 #include <chorus/reduce.h>
 #include <chorus/stream.h>
 #include <chorus/trace.h>
@@ -77,8 +87,25 @@ CH_API void chi_trace_align(double origin, double offset, double uncertainty, in
  * ("bucket 3" makes "bucket 3 d2h", ...); "" or NULL: none. */
 CH_API void chi_trace_reducer_label(ch_reducer *r, const char *label);
 
-/* TEMP until device timing lands. */
+/* Device time (lib/trace_clock.c). The time at which the event's stream
+ * reached `event` (recorded, and completed: ch_event_sync it first), on
+ * ch_clock_seconds' clock: the backend's own reading of the event
+ * (event_seconds in lib/backend.h) plus its device's clock offset, which
+ * is measured once per device and trace, on first use. CH_ERR_STATE when
+ * no trace runs; CH_ERR_UNSUPPORTED when the backend or the event cannot
+ * tell: an event recorded while no trace ran, or on an OpenCL stream made
+ * before the trace started (its queue does not profile). */
 CH_API ch_status chi_trace_event_seconds(ch_event *event, double *t);
+/* `dev`'s clock offset (device seconds + offset = ch_clock_seconds) for the
+ * running trace, measured now if it was not yet, and how far it may be off
+ * either way (*uncertainty; 0 on the host, whose clock is this one). The
+ * first measurement of each trace is written to it as a "clock calibrated"
+ * instant on the device's track. Errors as chi_trace_event_seconds. */
+CH_API ch_status chi_trace_clock(ch_device *dev, double *offset, double *uncertainty);
+
+/* Which trace runs: moves on at every ch_trace_start (0 before the first),
+ * so a value kept for a trace is known to be stale in the next. */
+unsigned chi_trace_generation(void);
 
 /* At ch_shutdown: stop a running trace (its status, CH_OK when none ran)
  * and forget the tracks. */

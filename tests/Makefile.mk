@@ -64,6 +64,13 @@ tests_test_trace_SOURCES = tests/test-trace.c
 tests_test_trace_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_test_trace_LDADD = $(TEST_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 
+# Device time in the trace (lib/trace_clock.c, each backend's
+# event_seconds) on every device, the files read back with jansson.
+check_PROGRAMS += tests/test-event-time
+tests_test_event_time_SOURCES = tests/test-event-time.c
+tests_test_event_time_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
+tests_test_event_time_LDADD = $(TEST_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+
 check_PROGRAMS += tests/test-nn
 tests_test_nn_SOURCES = tests/test-nn.c
 tests_test_nn_LDADD = $(TEST_LIBS)

@@ -4,7 +4,8 @@
  * name the core does not know: the registry finds it by scanning the
  * backend path. The reference mlp trains on it to the host's losses, with
  * one line on stderr per op and device and the same pairs listed by
- * ch_fallback_get. */
+ * ch_fallback_get. Its events have no time for a trace (event_seconds is
+ * optional and left NULL). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <math.h>
 
 #include "tap.h"
+#include "../lib/trace.h"
 
 enum {
     BATCH = 16,
@@ -293,6 +295,34 @@ static void check_notes(const char *text)
                   "ch_fallback_get(%d) of %d is refused", n, n);
 }
 
+/* The optional event_seconds left NULL: minimal:0's events have no time
+ * for a trace, and chi_trace_* say so. */
+static void check_untimed(ch_device *minimal)
+{
+    char path[] = "/tmp/test-fallback-trace.XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        tap_skip("mkstemp failed: no trace for minimal:0's events");
+        return;
+    }
+    close(fd);
+    ch_stream *s = NULL;
+    ch_event *e = NULL;
+    double t, offset, uncertainty;
+    ch_device_default_stream(&s, minimal);
+    tap_status_ok(ch_trace_start(path, NULL), "start a trace to %s", path);
+    ch_event_new(&e, minimal);
+    ch_event_record(e, s);
+    ch_event_sync(e);
+    tap_status_is(chi_trace_event_seconds(e, &t), CH_ERR_UNSUPPORTED, "cannot time events",
+                  "minimal:0 (no event_seconds): an event's time is unsupported");
+    tap_status_is(chi_trace_clock(minimal, &offset, &uncertainty), CH_ERR_UNSUPPORTED,
+                  "minimal backend", "minimal:0 (no event_seconds): its clock is unsupported");
+    tap_status_ok(ch_trace_stop(), "stop the trace");
+    ch_event_free(e);
+    unlink(path);
+}
+
 /* Reads the file at `path` (stderr's copy) into a string. */
 static char *slurp(const char *path)
 {
@@ -370,6 +400,7 @@ int main(void)
     }
     if (tap_ok(text != NULL, "stderr's copy read back"))
         check_notes(text);
+    check_untimed(minimal);
 
     /* CHORUS_QUIET_FALLBACK=1: no line, the pair still listed; ch_shutdown
      * forgets the pairs. With host left out of the device list, the op

@@ -62,7 +62,7 @@ backends_cuda_chorus_cuda_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -sha
 backends_cuda_chorus_cuda_la_LIBADD = libchorus.la -lcublas $(cuda_nccl_libs) \
 	-lcudart_static -ldl -lrt -lpthread -lstdc++
 
-$(cuda_module_sources:.cu=.lo): $(cuda_module_headers) lib/backend.h lib/error.h lib/philox.h \
+$(cuda_module_sources:.cu=.lo): $(cuda_module_headers) lib/backend.h lib/error.h lib/trace.h lib/philox.h \
 	lib/optim_consts.h $(kernel_math_headers) \
 	include/chorus.h include/chorus/export.h include/chorus/status.h include/chorus/clock.h \
 	include/chorus/trace.h include/chorus/device.h include/chorus/stream.h \

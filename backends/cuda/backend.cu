@@ -120,6 +120,8 @@ static void chcu_device_close(void *dev)
     chcu_device *d = (chcu_device *)dev;
     if (!d)
         return;
+    chcu_clock_release(d);
+    pthread_mutex_destroy(&d->clock_lock);
     pthread_mutex_destroy(&d->lock);
     free(d);
 }
@@ -131,6 +133,11 @@ static ch_status chcu_device_open(void *ctx, int index, void **dev)
     if (!d)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "cuda device_open: out of host memory");
     if (pthread_mutex_init(&d->lock, NULL) != 0) {
+        free(d);
+        return chi_error(CH_ERR_INTERNAL, "cuda device_open: pthread_mutex_init failed");
+    }
+    if (pthread_mutex_init(&d->clock_lock, NULL) != 0) {
+        pthread_mutex_destroy(&d->lock);
         free(d);
         return chi_error(CH_ERR_INTERNAL, "cuda device_open: pthread_mutex_init failed");
     }
@@ -195,6 +202,7 @@ static const ch_backend_i chcu_table = {
     .event_record = chcu_event_record,
     .event_wait = chcu_event_wait,
     .event_sync = chcu_event_sync,
+    .event_seconds = chcu_event_seconds,
     .upload = chcu_upload,
     .download = chcu_download,
     .copy = chcu_copy,

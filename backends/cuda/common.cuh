@@ -55,6 +55,11 @@ typedef struct chcu_device {
     pthread_mutex_t lock;   /* guards peer[] */
     /* peer[i]: 0 not asked yet, 1 this device reads cuda:i directly, 2 not */
     unsigned char peer[CHCU_MAX_DEVICES];
+    /* The zero of event_seconds' clock (stream.cu): an event with timing,
+     * recorded and waited for when the device's first timed event is made,
+     * kept until the device closes; NULL until then. */
+    pthread_mutex_t clock_lock; /* guards clock_zero */
+    cudaEvent_t clock_zero;
 } chcu_device;
 
 /* A label or index check queued on a stream and not read yet (softmax.cu). */
@@ -97,6 +102,8 @@ typedef struct chcu_stream {
 typedef struct chcu_event {
     chcu_device *dev;
     cudaEvent_t e;
+    int timed;    /* made with timing (while a trace ran) */
+    int recorded; /* recorded at least once */
 } chcu_event;
 
 /* ---- errors ---- */
@@ -114,6 +121,10 @@ ch_status chcu_enter(const chcu_device *dev);
  * them, leave the caller's CUDA code on the device it had chosen. */
 int chcu_current(void);
 void chcu_restore(int index);
+
+/* ---- the clock of event_seconds (stream.cu) ---- */
+/* At device_close: the device's clock_zero event goes (no-op without one). */
+void chcu_clock_release(chcu_device *dev);
 
 /* ---- scratch ---- */
 ch_status chcu_scratch_acquire(chcu_stream *s, size_t bytes, void **ptr);

@@ -1,6 +1,12 @@
-/* Streams and events. */
+/* Streams and events.
+ *
+ * Events only order work, without timing (cheaper), unless they are made
+ * while a trace runs: those are made with timing, and event_seconds is
+ * their time after the device's clock_zero event, which is recorded and
+ * waited for once, when the device's first timed event is made. */
 #include <stdlib.h>
 #include "common.cuh"
+#include "trace.h"
 
 ch_status chcu_stream_new(void *dev, void **stream)
 {
@@ -73,19 +79,60 @@ ch_status chcu_stream_sync(void *stream)
     return chcu_stream_wait(s, "cudaStreamSynchronize");
 }
 
+/* Record dev's clock_zero unless it has one (dev is current). */
+static ch_status clock_zero_ensure(chcu_device *d)
+{
+    pthread_mutex_lock(&d->clock_lock);
+    ch_status st = CH_OK;
+    if (!d->clock_zero) {
+        cudaEvent_t z = NULL;
+        st = chcu_check(cudaEventCreateWithFlags(&z, cudaEventDefault),
+                        "cudaEventCreateWithFlags(clock zero)");
+        if (st == CH_OK)
+            st = chcu_check(cudaEventRecord(z, 0), "cudaEventRecord(clock zero)");
+        if (st == CH_OK)
+            st = chcu_check(cudaEventSynchronize(z), "cudaEventSynchronize(clock zero)");
+        if (st == CH_OK)
+            d->clock_zero = z;
+        else if (z)
+            (void)cudaEventDestroy(z); /* the first error is the one to report */
+    }
+    pthread_mutex_unlock(&d->clock_lock);
+    return st;
+}
+
+void chcu_clock_release(chcu_device *d)
+{
+    if (!d->clock_zero)
+        return;
+    int caller = chcu_current();
+    if (chcu_enter(d) == CH_OK)
+        (void)chcu_check(cudaEventDestroy(d->clock_zero), "cudaEventDestroy(clock zero)");
+    chcu_restore(caller);
+    d->clock_zero = NULL;
+}
+
 ch_status chcu_event_new(void *dev, void **event)
 {
     chcu_device *d = (chcu_device *)dev;
     ch_status st = chcu_enter(d);
     if (st)
         return st;
+    int timed = chi_tracing();
+    if (timed) {
+        st = clock_zero_ensure(d);
+        if (st)
+            return st;
+    }
     chcu_event *e = (chcu_event *)calloc(1, sizeof *e);
     if (!e)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "cuda event_new: out of host memory");
     e->dev = d;
-    /* Events only order work here; timing would make them slower. */
-    st = chcu_check(cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming),
-                    "cudaEventCreateWithFlags");
+    e->timed = timed;
+    /* Events only order work here, unless a trace wants their times:
+     * timing would make them slower. */
+    unsigned flags = timed ? cudaEventDefault : cudaEventDisableTiming;
+    st = chcu_check(cudaEventCreateWithFlags(&e->e, flags), "cudaEventCreateWithFlags");
     if (st) {
         free(e);
         return st;
@@ -111,7 +158,10 @@ ch_status chcu_event_record(void *event, void *stream)
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    return chcu_check(cudaEventRecord(e->e, s->s), "cudaEventRecord");
+    st = chcu_check(cudaEventRecord(e->e, s->s), "cudaEventRecord");
+    if (st == CH_OK)
+        e->recorded = 1;
+    return st;
 }
 
 ch_status chcu_event_wait(void *stream, void *event)
@@ -131,4 +181,29 @@ ch_status chcu_event_sync(void *event)
     if (st)
         return st;
     return chcu_check(cudaEventSynchronize(e->e), "cudaEventSynchronize");
+}
+
+/* cudaEventElapsedTime gives float milliseconds, to about half a
+ * microsecond; its 24-bit mantissa also costs 2^-24 of the time since
+ * clock_zero (60 us after 1000 s). */
+ch_status chcu_event_seconds(void *event, double *seconds)
+{
+    chcu_event *e = (chcu_event *)event;
+    if (!e->timed)
+        return chi_error(CH_ERR_UNSUPPORTED,
+                         "cuda event_seconds: the event was made without timing (while no "
+                         "trace ran)");
+    if (!e->recorded)
+        return chi_error(CH_ERR_UNSUPPORTED, "cuda event_seconds: the event was never recorded");
+    ch_status st = chcu_enter(e->dev);
+    if (st)
+        return st;
+    pthread_mutex_lock(&e->dev->clock_lock);
+    cudaEvent_t zero = e->dev->clock_zero;
+    pthread_mutex_unlock(&e->dev->clock_lock);
+    float ms = 0.0f;
+    st = chcu_check(cudaEventElapsedTime(&ms, zero, e->e), "cudaEventElapsedTime");
+    if (st == CH_OK)
+        *seconds = 1e-3 * (double)ms;
+    return st;
 }

@@ -13,7 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <chorus/clock.h>
+
 #include "host.h"
+#include "trace.h"
 
 typedef struct host_ctx {
     ch_bdev_props props;
@@ -30,6 +33,11 @@ typedef struct host_stream {
 
 typedef struct host_event {
     uint64_t records; /* how often it was recorded: nothing is ever pending */
+    /* ch_clock_seconds at the last record, when a trace ran then (the work
+     * before it has run: it ran at its call); timed 0 otherwise, and then
+     * the clock is not read. */
+    double seconds;
+    int timed;
 } host_event;
 
 /* ---- lifetime -------------------------------------------------------------- */
@@ -232,7 +240,11 @@ static void host_event_free(void *event)
 static ch_status host_event_record(void *event, void *stream)
 {
     (void)stream;
-    ((host_event *)event)->records++;
+    host_event *e = event;
+    e->records++;
+    e->timed = chi_tracing();
+    if (e->timed)
+        e->seconds = ch_clock_seconds();
     return CH_OK;
 }
 
@@ -246,6 +258,16 @@ static ch_status host_event_wait(void *stream, void *event)
 static ch_status host_event_sync(void *event)
 {
     (void)event;
+    return CH_OK;
+}
+
+static ch_status host_event_seconds(void *event, double *seconds)
+{
+    const host_event *e = event;
+    if (!e->timed)
+        return chi_error(CH_ERR_UNSUPPORTED, "host event_seconds: the event was %s",
+                         e->records ? "recorded while no trace ran" : "never recorded");
+    *seconds = e->seconds;
     return CH_OK;
 }
 
@@ -307,6 +329,7 @@ static const ch_backend_i host_iface = {
     .event_record = host_event_record,
     .event_wait = host_event_wait,
     .event_sync = host_event_sync,
+    .event_seconds = host_event_seconds,
     .upload = host_upload,
     .download = host_download,
     .copy = host_copy,

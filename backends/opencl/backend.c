@@ -546,6 +546,7 @@ static const ch_backend_i table = {
     .event_record = chcl_event_record,
     .event_wait = chcl_event_wait,
     .event_sync = chcl_event_sync,
+    .event_seconds = chcl_event_seconds,
 
     .upload = chcl_upload,
     .download = chcl_download,

@@ -165,11 +165,13 @@ typedef struct chcl_stream {
     chcl_device *dev;
     cl_command_queue queue;
     cl_mem flag;                   /* the loss slots' bad-label word, NULL until used */
+    int profiling;                 /* CL_QUEUE_PROFILING_ENABLE: made while a trace ran */
 } chcl_stream;
 
 typedef struct chcl_event {
     chcl_device *dev;
     cl_event ev;                   /* NULL until recorded */
+    int profiling;                 /* ev's queue profiles: event_seconds can read it */
 } chcl_event;
 
 /* ---- error.c ---- */

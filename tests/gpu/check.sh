@@ -20,8 +20,8 @@
 # Makefile.mk lists, the nvcc flags are those of backends/cuda/Makefile.mk.
 #
 # Without a GPU (a rehearsal) it builds everything, runs test-cuda (which
-# must then say why CUDA is unavailable), test-abi, test-models on the host
-# (the carried jansson) and a short training on the host (the carried data
+# must then say why CUDA is unavailable), test-abi, test-models and
+# test-event-time on the host (the carried jansson) and a short training on the host (the carried data
 # and zlib), and reports every GPU step as "skipped: no GPU".
 #
 # OUTDIR receives summary.txt (read it first), probe.log, build.log,
@@ -418,10 +418,14 @@ build_programs() {
     done
     # The ResNet and GPT fixtures (PyTorch's numbers) on every device: the
     # test reads them with jansson itself.
+    # Device time in the trace, on every device (its trace files read back
+    # with jansson too).
     if [ "$NO_JANSSON" = 0 ]; then
         spawn program test-models tests "$JLIB"
+        spawn program test-event-time tests "$JLIB"
     else
         echo "no jansson" >"$B/test-models.why"
+        echo "no jansson" >"$B/test-event-time.why"
     fi
     spawn program chorus-info utils
     if [ "$NO_ZLIB$NO_JANSSON" = 00 ]; then
@@ -577,6 +581,22 @@ run_tests() {
             row test-models-cuda ok 0 "$n fixture checks on cuda:0 (counted in test-models)"
         else
             row test-models-cuda FAILED 0 "no fixture check ran on cuda:0 (tests.log)"
+        fi
+    fi
+    # Events timed on the device and moved onto the host's clock, on every
+    # device (the host without a GPU); on a GPU its cuda:0 checks must be
+    # there (timed events after clock_zero), and the row gives the offset.
+    run test-event-time tap "$OUTDIR/tests.log" 60 test-event-time
+    if [ "$NCUDA" -lt 1 ]; then
+        row event-time-cuda skipped 0 "no GPU"
+    elif built test-event-time; then
+        local d
+        d=$(grep -m 1 '^# cuda:0 (' "$B/test-event-time.out" 2>/dev/null |
+            sed -e 's/^# cuda:0 ([^)]*): //' -e 's/;.*//')
+        if [ -n "$d" ]; then
+            row event-time-cuda ok 0 "cuda:0: $d (counted in test-event-time)"
+        else
+            row event-time-cuda FAILED 0 "no timing check ran on cuda:0 (tests.log)"
         fi
     fi
     gpu test-reduce tap "$OUTDIR/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce
