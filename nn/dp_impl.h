@@ -112,6 +112,8 @@ typedef struct replica {
         int dropped;         /* marks that could not be recorded in this call */
         double bwd_end;      /* device time of the end of backward, 0: none */
         unsigned char *flow; /* per bucket: its ready point starts a flow */
+        ch_module **top;     /* [ntop] its model's top-level modules */
+        int ntop;
     } trace;
     /* The step's breakdown on the host's clock (ch_dp_last_breakdown). */
     double t_start, t_update, t_end;
@@ -322,7 +324,7 @@ ch_status dp_broadcast_buffers(ch_dp *dp);
 ch_status dp_trace_init(ch_dp *dp);
 void dp_trace_free(ch_dp *dp);
 /* Set up replica r's model: the pass hook of its top-level modules. */
-void dp_trace_hook(ch_dp *dp, replica *r);
+ch_status dp_trace_hook(ch_dp *dp, replica *r);
 /* A replica's call: whether it is traced (at its start), a mark. */
 void dp_trace_begin(replica *r);
 void dp_mark_here(replica *r, dp_phase phase, int end, int arg);

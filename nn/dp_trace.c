@@ -36,13 +36,39 @@
 /* ---- Setting up ------------------------------------------------------------ */
 
 /* The modules whose passes show on the trace: the children of the first
- * module from the root down that has other than one child (a GPT's
- * transformer's, a Sequential's own). */
+ * module from the root down that has other than one child, a Sequential
+ * among them giving its own children instead (a Sequential's layers; a
+ * GPT's embeddings, blocks and final norm; a ResNet's stem, blocks and
+ * head). Into `out` (NULL: only counted); how many. */
 static ch_module *top_parent(ch_module *m)
 {
     while (m->nchild == 1)
         m = m->child[0];
     return m;
+}
+
+static int is_sequential(const ch_module *m)
+{
+    return m->nchild > 0 && strcmp(m->ops->kind, "Sequential") == 0;
+}
+
+static int top_modules(ch_module *root, ch_module **out)
+{
+    ch_module *p = top_parent(root);
+    int n = 0;
+    for (int i = 0; i < p->nchild; i++) {
+        ch_module *c = p->child[i];
+        if (is_sequential(c)) {
+            for (int j = 0; j < c->nchild; j++, n++)
+                if (out)
+                    out[n] = c->child[j];
+        } else {
+            if (out)
+                out[n] = c;
+            n++;
+        }
+    }
+    return n;
 }
 
 static void module_path(const ch_module *m, char *out, size_t cap)
@@ -62,21 +88,25 @@ static void module_path(const ch_module *m, char *out, size_t cap)
 
 ch_status dp_trace_init(ch_dp *dp)
 {
-    ch_module *p = top_parent(dp->r[0].model);
-    int n = p->nchild;
+    int n = top_modules(dp->r[0].model, NULL);
     dp->tb.last = calloc((size_t)dp->n, sizeof *dp->tb.last);
     dp->tb.slowest = calloc((size_t)dp->n, sizeof *dp->tb.slowest);
     dp->tb.top = calloc((size_t)(n ? n : 1), sizeof *dp->tb.top);
     dp->tb.names = calloc((size_t)(n ? n : 1), sizeof *dp->tb.names);
     if (!dp->tb.last || !dp->tb.slowest || !dp->tb.top || !dp->tb.names)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
-    dp->tb.ntop = n;
+    dp->tb.ntop = top_modules(dp->r[0].model, dp->tb.top);
     for (int i = 0; i < n; i++) {
-        ch_module *c = p->child[i];
+        ch_module *c = dp->tb.top[i];
         char path[48];
         module_path(c, path, sizeof path);
         dp->tb.top[i] = c;
-        snprintf(dp->tb.names[i], sizeof dp->tb.names[0], "%s %s", path, c->ops->kind);
+        /* "transformer.h.0", "0 (Conv2d)": a Sequential says no more than
+         * its path. */
+        if (strcmp(c->ops->kind, "Sequential") == 0 && path[0])
+            snprintf(dp->tb.names[i], sizeof dp->tb.names[0], "%s", path);
+        else
+            snprintf(dp->tb.names[i], sizeof dp->tb.names[0], "%s (%s)", path, c->ops->kind);
     }
     for (int i = 0; i < dp->n; i++) {
         replica *r = &dp->r[i];
@@ -106,6 +136,7 @@ void dp_trace_free(ch_dp *dp)
             ch_event_free(r->trace.marks[k].ev);
         free(r->trace.marks);
         free(r->trace.flow);
+        free(r->trace.top);
     }
     free(dp->tb.top);
     free(dp->tb.names);
@@ -113,12 +144,12 @@ void dp_trace_free(ch_dp *dp)
     free(dp->tb.slowest);
 }
 
-/* The top-level module `m` of replica r's model: its index, or -1. */
+/* The top-level module `m` of replica r's model: its index, or -1 (the
+ * hook is set on those alone). */
 static int top_index(const replica *r, const ch_module *m)
 {
-    const ch_module *p = top_parent(r->model);
-    for (int i = 0; i < p->nchild; i++)
-        if (p->child[i] == m)
+    for (int i = 0; i < r->trace.ntop; i++)
+        if (r->trace.top[i] == m)
             return i;
     return -1;
 }
@@ -136,14 +167,19 @@ static void on_pass(void *user, ch_module *m, int backward, int end)
     dp_mark_here(r, backward ? PH_MODULE_B : PH_MODULE_F, end, i);
 }
 
-void dp_trace_hook(ch_dp *dp, replica *r)
+ch_status dp_trace_hook(ch_dp *dp, replica *r)
 {
     (void)dp;
-    ch_module *p = top_parent(r->model);
-    for (int i = 0; i < p->nchild; i++) {
-        p->child[i]->pass = on_pass;
-        p->child[i]->pass_user = r;
+    int n = top_modules(r->model, NULL);
+    r->trace.top = calloc((size_t)(n ? n : 1), sizeof *r->trace.top);
+    if (!r->trace.top)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    r->trace.ntop = top_modules(r->model, r->trace.top);
+    for (int i = 0; i < r->trace.ntop; i++) {
+        r->trace.top[i]->pass = on_pass;
+        r->trace.top[i]->pass_user = r;
     }
+    return CH_OK;
 }
 
 /* ---- A replica's marks ------------------------------------------------------ */
@@ -374,7 +410,11 @@ static void breakdown(ch_dp *dp, int sync)
         ch_dp_breakdown *b = &dp->tb.last[i];
         b->step = step;
         b->compute = r->compute_seconds;
-        b->wait = (last - r->compute_end) + r->bn.wait;
+        /* Idle: until its worker began the call (the host's threads
+         * scheduled late), until the last replica's backward ended, and
+         * inside BatchNorm's exchanges. */
+        double late = r->t_start > dp->tb.call_start ? r->t_start - dp->tb.call_start : 0.0;
+        b->wait = late + (last - r->compute_end) + r->bn.wait;
         b->exposed = exposed;
         double from = r->t_update > 0.0 ? r->t_update : r->compute_end;
         b->update = r->t_end > from ? r->t_end - from : 0.0;

@@ -37,11 +37,13 @@ typedef enum ch_dp_split {
 typedef struct ch_dp_breakdown {
     double step;    /* the training call, as the caller saw it */
     double compute; /* its upload, forward, loss and backward */
-    double wait;    /* idle: for the slowest replica's backward (across
-                       processes too), and inside BatchNorm's exchanges */
+    double wait;    /* idle: until its worker thread began the call, until
+                       this process's last backward ended, and inside
+                       BatchNorm's exchanges (waiting for other processes
+                       shows in `exposed`) */
     double exposed; /* the reduction after the slowest backward ended */
     double update;  /* the optimizer and the end of the call */
-    int slowest;    /* this replica's backward ended last: the others waited */
+    int slowest;    /* its compute was the longest of the job's replicas */
 } ch_dp_breakdown;
 
 typedef struct ch_dp_options {
@@ -199,9 +201,8 @@ CH_API double ch_dp_last_overlap(const ch_dp *dp);
 CH_API ch_status ch_dp_last_breakdown(const ch_dp *dp, ch_dp_breakdown *out, int n);
 
 /* For each of this process's `n` replicas, how many training calls it was
- * the slowest of (its backward ended last: across processes, the job's
- * slowest), and in *calls the training calls measured; either output may
- * be NULL. */
+ * the slowest of (its compute the longest of the job's replicas), and in
+ * *calls the training calls measured; either output may be NULL. */
 CH_API ch_status ch_dp_slowest_counts(const ch_dp *dp, int64_t *counts, int n, int64_t *calls);
 
 /* The bucket size in bytes now, and in *tuning (may be NULL) 1 while

@@ -423,9 +423,11 @@ build_programs() {
     if [ "$NO_JANSSON" = 0 ]; then
         spawn program test-models tests "$JLIB"
         spawn program test-event-time tests "$JLIB"
+        spawn program test-timeline tests "$JLIB"
     else
         echo "no jansson" >"$B/test-models.why"
         echo "no jansson" >"$B/test-event-time.why"
+        echo "no jansson" >"$B/test-timeline.why"
     fi
     spawn program chorus-info utils
     if [ "$NO_ZLIB$NO_JANSSON" = 00 ]; then
@@ -601,6 +603,9 @@ run_tests() {
     fi
     gpu test-reduce tap "$OUTDIR/tests.log" 60 CHORUS_TEST_DEVICES=cuda:0,cuda:0,cuda:0 test-reduce
     gpu test-dp tap "$OUTDIR/tests.log" 90 CHORUS_TEST_DEVICES=cuda:0,cuda:0 test-dp
+    # The timeline over host and cuda:0 (and any OpenCL device): the trace
+    # read back, cuda:0's work timed by CUDA events, the breakdown.
+    gpu test-timeline tap "$OUTDIR/tests.log" 120 test-timeline
 }
 
 run_train() {
