@@ -160,9 +160,9 @@ static double dp_rate(const char *model, ch_device **devs, int n, const ch_batch
  * each in turn, the order swapped every round, the trace started before
  * each traced round (FILE.K.json, K the round) and stopped after it,
  * outside the timed steps; the medians of the step times. */
-static void trace_overhead(const char *model, ch_device **devs, int n, const ch_batch *b,
-                           int steps, int rounds, dp_config cfg, const char *file,
-                           double *off_rate, double *on_rate)
+static void trace_overhead(const char *model, ch_device **devs, int n, const ch_batch *b, int steps,
+                           int rounds, dp_config cfg, const char *file, double *off_rate,
+                           double *on_rate)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s.0.json", file);
@@ -211,16 +211,12 @@ int main(int argc, char **argv)
     const char *devices = "host", *model = "mlp", *reduce = "host", *split = "equal";
     const char *trace = NULL;
     int batch = 64, steps = 20, rounds = 5;
-    static const struct option longs[] = {{"devices", required_argument, 0, 'd'},
-                                          {"model", required_argument, 0, 'm'},
-                                          {"batch", required_argument, 0, 'b'},
-                                          {"steps", required_argument, 0, 's'},
-                                          {"rounds", required_argument, 0, 'r'},
-                                          {"reduce", required_argument, 0, 'R'},
-                                          {"split", required_argument, 0, 'S'},
-                                          {"trace", required_argument, 0, 'T'},
-                                          {"help", no_argument, 0, 'h'},
-                                          {0, 0, 0, 0}};
+    static const struct option longs[] = {
+        {"devices", required_argument, 0, 'd'}, {"model", required_argument, 0, 'm'},
+        {"batch", required_argument, 0, 'b'},   {"steps", required_argument, 0, 's'},
+        {"rounds", required_argument, 0, 'r'},  {"reduce", required_argument, 0, 'R'},
+        {"split", required_argument, 0, 'S'},   {"trace", required_argument, 0, 'T'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {

@@ -76,7 +76,10 @@ static void free_batches(batches *bs)
 
 static ch_dp_options options(void) { return tap_mnist_dp_options(5); }
 
-static ch_module *make_model(int dropout) { return tap_smooth_cnn(dropout); }
+static ch_module *make_model(int dropout)
+{
+    return tap_smooth_cnn(dropout);
+}
 
 typedef struct run {
     int dropout;        /* the dropout net instead of the cnn */
