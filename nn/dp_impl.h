@@ -114,6 +114,11 @@ typedef struct replica {
         unsigned char *flow; /* per bucket: its ready point starts a flow */
         ch_module **top;     /* [ntop] its model's top-level modules */
         int ntop;
+        struct {             /* its thread waiting, on the host's clock */
+            const char *what;
+            double t0, t1;
+        } waits[4];
+        int nwaits;
     } trace;
     /* The step's breakdown on the host's clock (ch_dp_last_breakdown). */
     double t_start, t_update, t_end;
@@ -328,6 +333,9 @@ ch_status dp_trace_hook(ch_dp *dp, replica *r);
 /* A replica's call: whether it is traced (at its start), a mark. */
 void dp_trace_begin(replica *r);
 void dp_mark_here(replica *r, dp_phase phase, int end, int arg);
+/* Its worker thread waited for `what` from t0 (chi_trace_now() before,
+ * 0 while no trace ran) to now. */
+void dp_trace_wait(replica *r, const char *what, double t0);
 /* After forward, loss and backward succeeded: their marks' times. */
 void dp_trace_compute_done(replica *r);
 /* At the end of its call, the stream drained: its slices. */

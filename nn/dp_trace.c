@@ -191,6 +191,7 @@ void dp_trace_begin(replica *r)
     r->trace.dropped = 0;
     r->trace.module = -1;
     r->trace.bwd_end = 0.0;
+    r->trace.nwaits = 0;
     if (r->trace.on)
         memset(r->trace.flow, 0, (size_t)(r->dp->bk.count ? r->dp->bk.count : 1));
 }
@@ -229,6 +230,16 @@ void dp_mark_here(replica *r, dp_phase phase, int end, int arg)
     if (phase == PH_READY && arg >= 0 && arg < r->dp->bk.count)
         r->trace.flow[arg] = r->trace.module >= 0;
     r->trace.nmarks++;
+}
+
+void dp_trace_wait(replica *r, const char *what, double t0)
+{
+    if (!r->trace.on || t0 <= 0.0 || r->trace.nwaits == 4)
+        return;
+    r->trace.waits[r->trace.nwaits].what = what;
+    r->trace.waits[r->trace.nwaits].t0 = t0;
+    r->trace.waits[r->trace.nwaits].t1 = ch_clock_seconds();
+    r->trace.nwaits++;
 }
 
 /* Marks [from, nmarks) to times, in order (a mark the device cannot time
@@ -299,7 +310,15 @@ void dp_trace_replica_end(replica *r)
     if (!r->trace.on || r->st != CH_OK)
         return;
     resolve(r, 0);
-    int track = chi_trace_track(r->trace.label, TRACK_REPLICA + dp->procs.first + r->index);
+    int track = chi_trace_track(r->trace.label, TRACK_REPLICA + 2 * (dp->procs.first + r->index));
+    /* Its worker thread's waits, on a track of its own: the host's clock,
+     * beside the device's. */
+    char thread[64];
+    snprintf(thread, sizeof thread, "%s thread", r->trace.label);
+    int ttrack = chi_trace_track(thread, TRACK_REPLICA + 2 * (dp->procs.first + r->index) + 1);
+    for (int k = 0; k < r->trace.nwaits; k++)
+        chi_trace_slice(ttrack, r->trace.waits[k].what, "wait", r->trace.waits[k].t0,
+                        r->trace.waits[k].t1, NULL);
     /* The phases: each begin is matched by the next end of its phase
      * (they nest), a stack of at most a few levels. */
     int open[16], depth = 0;

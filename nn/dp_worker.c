@@ -118,7 +118,9 @@ static ch_status compute(replica *r)
     TRY(ch_module_backward(r->model, NULL, dy));
     dp_mark_here(r, PH_BACKWARD, 1, 0);
     /* Waits for backward: the marks so far have their times. */
+    double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
     TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
+    dp_trace_wait(r, "wait for the device (the loss)", w0);
     dp_trace_compute_done(r);
     return CH_OK;
 }
@@ -262,15 +264,20 @@ static void train(replica *r)
     if (reducing) {
         if (r->st == CH_OK)
             fail(r, dp_post_rest(r));
+        double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
         dp_wait_reduced(dp);
+        dp_trace_wait(r, "wait for the reduction", w0);
     }
     r->t_update = dp->call.sync ? ch_clock_seconds() : 0.0;
     if (dp->call.sync && !atomic_load(&dp->w.failed)) {
         dp_mark_here(r, PH_UPDATE, 0, 0);
         fail(r, pre_update(r));
     }
-    if (dp->threaded)
+    if (dp->threaded) {
+        double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
         pthread_barrier_wait(&dp->w.barrier);
+        dp_trace_wait(r, "wait for the others", w0);
+    }
     if (dp->call.sync && !atomic_load(&dp->w.failed)) {
         /* Past the barrier nothing allocates; a device failing now may
          * leave this replica's parameters apart from the others'. */
@@ -350,7 +357,10 @@ static void run_call(replica *r)
     } else {
         fail(r, infer(r));
     }
+    double w0 = job == JOB_TRAIN && r->trace.on ? ch_clock_seconds() : 0.0;
     fail(r, ch_stream_sync(r->stream));
+    if (job == JOB_TRAIN)
+        dp_trace_wait(r, "wait for the device", w0);
     r->t_end = ch_clock_seconds();
     r->seconds = r->t_end - t0;
     if (job == JOB_TRAIN)

@@ -259,6 +259,14 @@ static void check_device(const trace *tr, int pid, const char *label)
            "%s has its track with forward (%d), backward (%d), per-module backward (%d) and "
            "update (%d) slices",
            label, fwd, bwd, mod, upd);
+    /* Its worker thread's waits for the device, on the host's clock. */
+    char thread[80];
+    snprintf(thread, sizeof thread, "%s thread", label);
+    const track *w = track_named(tr, pid, thread);
+    int waits = 0;
+    for (int k = 0; w && k < w->n; k++)
+        waits += strncmp(w->s[k].name, "wait for the device", 19) == 0;
+    tap_ok(waits >= STEPS, "%s: its thread's waits for the device (%d)", thread, waits);
 }
 
 /* ---- The run in one process ------------------------------------------------------ */
