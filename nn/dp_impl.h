@@ -114,7 +114,7 @@ typedef struct replica {
         unsigned char *flow; /* per bucket: its ready point starts a flow */
         ch_module **top;     /* [ntop] its model's top-level modules */
         int ntop;
-        struct {             /* its thread waiting, on the host's clock */
+        struct { /* its thread waiting, on the host's clock */
             const char *what;
             double t0, t1;
         } waits[4];
