@@ -318,7 +318,18 @@ static void trace_end(ch_reducer *r)
         return;
     char track[96];
     for (int i = 0; i < r->n; i++) {
-        const char *id = ch_device_id(r->streams[i]->dev);
+        /* A device that holds several participants (host,host) gives each
+         * its own tracks, "host#2": their stages overlap in time. */
+        int same = 0, before = 0;
+        for (int j = 0; j < r->n; j++) {
+            same += r->streams[j]->dev == r->streams[i]->dev;
+            before += j < i && r->streams[j]->dev == r->streams[i]->dev;
+        }
+        char id[64];
+        if (same > 1)
+            snprintf(id, sizeof id, "%s#%d", ch_device_id(r->streams[i]->dev), before + 1);
+        else
+            snprintf(id, sizeof id, "%s", ch_device_id(r->streams[i]->dev));
         snprintf(track, sizeof track, "link %s -> host", id);
         trace_stage(r, i, M_D2H0, track, "d2h");
         snprintf(track, sizeof track, "link host -> %s", id);

@@ -435,11 +435,12 @@ static void breakdown(ch_dp *dp, int sync)
         double late = r->t_start > dp->tb.call_start ? r->t_start - dp->tb.call_start : 0.0;
         b->wait = late + (last - r->compute_end) + r->bn.wait;
         b->exposed = exposed;
-        double from = r->t_update > 0.0 ? r->t_update : r->compute_end;
-        b->update = r->t_end > from ? r->t_end - from : 0.0;
-        /* What the reduction's exposure already holds is not the update's. */
-        if (r->t_update > 0.0 && dp->red.end > last && r->t_update > dp->red.end)
-            b->update += r->t_update - dp->red.end;
+        /* From the end of the reduction (of the last backward, when it
+         * was hidden) to the call's return: the optimizer, the checksum,
+         * the last sync, the results shared, the caller woken. The parts
+         * partition the call. */
+        double from = last + exposed;
+        b->update = dp->tb.call_end > from ? dp->tb.call_end - from : 0.0;
         b->slowest = slowest == dp->procs.first + i;
         dp->tb.slowest[i] += b->slowest;
     }

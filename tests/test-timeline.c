@@ -384,6 +384,13 @@ static void test_one_process(const char *dir)
                      bd[i].slowest ? ", the slowest" : "");
             /* The first step compiles the devices' kernels: from the
              * second on. */
+            int negative = bd[i].compute <= 0 || bd[i].wait < 0 || bd[i].exposed < 0 ||
+                           bd[i].update < 0;
+            if (negative && parts_ok) {
+                parts_ok = 0;
+                snprintf(parts_first, sizeof parts_first, "step %d on %s: a part below 0", s,
+                         labels[i]);
+            }
             if (s > 1 && fabs(sum - bd[i].step) > 0.05 * bd[i].step && parts_ok) {
                 parts_ok = 0;
                 snprintf(parts_first, sizeof parts_first, "step %d on %s: %.2f ms of %.2f ms", s,
@@ -398,8 +405,8 @@ static void test_one_process(const char *dir)
         }
     }
     tap_ok(parts_ok,
-           "the breakdown's parts add up to the step within 5%%, on every replica, "
-           "steps 2 to %d%s%s",
+           "the breakdown's parts (compute > 0, the others >= 0) add up to the step within 5%%, "
+           "and the step to the caller's measure, on every replica, steps 2 to %d%s%s",
            STEPS, parts_ok ? "" : ": ", parts_first);
     int64_t slow[MAXDEV] = {0}, calls = 0, sum_slow = 0;
     tap_status_ok(ch_dp_slowest_counts(dp, slow, n, &calls), "ch_dp_slowest_counts");

@@ -84,6 +84,15 @@ def check(data, devices, cols, notes, columns_env=None, width=None, keeps=(), fi
     if status != 0:
         ok(False, "%s: exit status %d: %r" % (where, status, drawn[-300:]))
         return ""
+    # The run's breakdown ends it: one line of its own, printed once (the
+    # terminal wraps it; only the progress line has to fit, being redrawn).
+    cut = drawn.rfind(b"\nbreakdown: ")
+    summary = drawn[cut + 1:].decode("utf-8", "replace") if cut >= 0 else ""
+    ok(summary.endswith("\n") and summary.count("\n") == 1 and "\r" not in summary and
+       "% of the step is reduction not hidden by backward" in summary,
+       "%s: the breakdown ends it on one line: %r" % (where, summary))
+    if cut >= 0:
+        drawn = drawn[:cut + 1]
     top = widest(drawn)
     line = last_update(drawn)
     least = width - 12 if fills else 1

@@ -107,16 +107,25 @@ static void breakdown_line(const trainer *t, FILE *f, int json)
     double steps = t->bd.step > 0.0 ? t->bd.step : 1.0;
     double all = t->bd.step + t->bd.stall > 0.0 ? t->bd.step + t->bd.stall : 1.0;
     if (!json) {
-        fprintf(f, "breakdown: ");
+        /* Its parts, the most telling first, on one line (a terminal
+         * wraps it: it is printed once, not redrawn). */
+        static char part[3 + 64][160];
+        int n = 0;
         if (t->ndev > 1 || g_ranks > 1)
-            fprintf(f, "%s slowest in %.0f%% of steps; ", t->label[worst],
-                    calls ? 100.0 * (double)slow[worst] / (double)calls : 0.0);
-        fprintf(f, "%.0f%% of the step is reduction not hidden by backward; ",
-                100.0 * t->bd.exposed / steps);
-        for (int i = 0; i < t->ndev; i++)
-            fprintf(f, "%s compute %.0f%% wait %.0f%%; ", t->label[i],
-                    100.0 * t->bd.compute[i] / steps, 100.0 * t->bd.wait[i] / steps);
-        fprintf(f, "loader stalls %.0f%% of the time\n", 100.0 * t->bd.stall / all);
+            snprintf(part[n++], sizeof part[0], "%s slowest in %.0f%% of steps", t->label[worst],
+                     calls ? 100.0 * (double)slow[worst] / (double)calls : 0.0);
+        snprintf(part[n++], sizeof part[0],
+                 "%.0f%% of the step is reduction not hidden by backward",
+                 100.0 * t->bd.exposed / steps);
+        snprintf(part[n++], sizeof part[0], "loader stalls %.0f%% of the time",
+                 100.0 * t->bd.stall / all);
+        for (int i = 0; i < t->ndev && n < 3 + 64; i++)
+            snprintf(part[n++], sizeof part[0], "%s compute %.0f%% wait %.0f%%", t->label[i],
+                     100.0 * t->bd.compute[i] / steps, 100.0 * t->bd.wait[i] / steps);
+        fprintf(f, "breakdown: ");
+        for (int k = 0; k < n; k++)
+            fprintf(f, "%s%s", k ? "; " : "", part[k]);
+        fprintf(f, "\n");
         return;
     }
     fprintf(f,

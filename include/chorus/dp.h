@@ -30,10 +30,10 @@ typedef enum ch_dp_split {
 #define CH_DP_BUCKET_AUTO ((size_t)-1)
 
 /* Where a replica's last training step went (ch_dp_last_breakdown), in
- * seconds on the host's clock. compute + wait + exposed + update is the
- * replica's part of the step; `step` is the whole call (ch_dp_step), the
- * rest of it the calling thread's own work (the split, the results shared
- * across processes). */
+ * seconds on the host's clock: compute + wait + exposed + update is the
+ * whole call (`step`, ch_dp_step as the caller saw it), cut at the
+ * replica's own points: when its worker began, when its backward ended,
+ * when the last backward of the process ended, when the reduction did. */
 typedef struct ch_dp_breakdown {
     double step;    /* the training call, as the caller saw it */
     double compute; /* its upload, forward, loss and backward */
@@ -42,7 +42,8 @@ typedef struct ch_dp_breakdown {
                        BatchNorm's exchanges (waiting for other processes
                        shows in `exposed`) */
     double exposed; /* the reduction after the slowest backward ended */
-    double update;  /* the optimizer and the end of the call */
+    double update;  /* from the end of the reduction to the call's return:
+                       the optimizer, the last sync, the results shared */
     int slowest;    /* its compute was the longest of the job's replicas */
 } ch_dp_breakdown;
 
