@@ -384,8 +384,8 @@ static void test_one_process(const char *dir)
                      bd[i].slowest ? ", the slowest" : "");
             /* The first step compiles the devices' kernels: from the
              * second on. */
-            int negative = bd[i].compute <= 0 || bd[i].wait < 0 || bd[i].exposed < 0 ||
-                           bd[i].update < 0;
+            int negative =
+                bd[i].compute <= 0 || bd[i].wait < 0 || bd[i].exposed < 0 || bd[i].update < 0;
             if (negative && parts_ok) {
                 parts_ok = 0;
                 snprintf(parts_first, sizeof parts_first, "step %d on %s: a part below 0", s,
