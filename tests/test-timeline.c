@@ -161,7 +161,8 @@ static void check_nesting(trace *tr)
     char first[256] = "";
     for (int i = 0; i < tr->n; i++) {
         track *t = &tr->t[i];
-        qsort(t->s, (size_t)t->n, sizeof *t->s, by_start);
+        if (t->n > 1)
+            qsort(t->s, (size_t)t->n, sizeof *t->s, by_start);
         const slice *stack[64];
         int depth = 0;
         for (int k = 0; k < t->n; k++) {
