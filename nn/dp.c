@@ -137,7 +137,7 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
                           r->bk.grads[b]));
     }
     nn_set_grad_hook(r->model, dp_on_grads, r);
-    TRY(dp_trace_hook(dp, r));
+    TRY(dp_trace_hook(r));
     if (dp->threaded && !dp->o.batchnorm_local)
         nn_set_sync(r->model, dp_exchange_sums, r);
     TRY(ch_loss_new(&r->loss, dp->o.loss));

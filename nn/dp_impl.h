@@ -329,7 +329,7 @@ ch_status dp_broadcast_buffers(ch_dp *dp);
 ch_status dp_trace_init(ch_dp *dp);
 void dp_trace_free(ch_dp *dp);
 /* Set up replica r's model: the pass hook of its top-level modules. */
-ch_status dp_trace_hook(ch_dp *dp, replica *r);
+ch_status dp_trace_hook(replica *r);
 /* A replica's call: whether it is traced (at its start), a mark. */
 void dp_trace_begin(replica *r);
 void dp_mark_here(replica *r, dp_phase phase, int end, int arg);

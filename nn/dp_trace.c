@@ -167,9 +167,8 @@ static void on_pass(void *user, ch_module *m, int backward, int end)
     dp_mark_here(r, backward ? PH_MODULE_B : PH_MODULE_F, end, i);
 }
 
-ch_status dp_trace_hook(ch_dp *dp, replica *r)
+ch_status dp_trace_hook(replica *r)
 {
-    (void)dp;
     int n = top_modules(r->model, NULL);
     r->trace.top = calloc((size_t)(n ? n : 1), sizeof *r->trace.top);
     if (!r->trace.top)
@@ -322,7 +321,7 @@ void dp_trace_replica_end(replica *r)
     /* The phases: each begin is matched by the next end of its phase
      * (they nest), a stack of at most a few levels. */
     int open[16], depth = 0;
-    double bwd_b = 0.0, upd_b = 0.0, upd_e = 0.0;
+    double upd_b = 0.0, upd_e = 0.0;
     double mod_b[2] = {0.0, 0.0}; /* the open top-level backward's bounds */
     char name[96];
     for (int k = 0; k < r->trace.nmarks; k++) {
@@ -338,8 +337,6 @@ void dp_trace_replica_end(replica *r)
                 open[depth++] = k;
             if (m->phase == PH_MODULE_B)
                 mod_b[0] = m->t;
-            if (m->phase == PH_BACKWARD)
-                bwd_b = m->t;
             if (m->phase == PH_UPDATE)
                 upd_b = m->t;
             continue;
@@ -354,7 +351,6 @@ void dp_trace_replica_end(replica *r)
         if (m->phase == PH_UPDATE)
             upd_e = m->t;
     }
-    (void)bwd_b;
     /* The device's gaps after backward: waiting for the slowest replica,
      * then for the reduction (on the device's time, so that it fits
      * between its slices). */

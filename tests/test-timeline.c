@@ -425,6 +425,14 @@ static void test_one_process(const char *dir)
                   "ch_dp_last_breakdown with out NULL");
     tap_status_is(ch_dp_slowest_counts(dp, slow, n - 1, NULL), CH_ERR_INVALID_ARGUMENT, "n is not",
                   "ch_dp_slowest_counts with another n");
+    tap_status_is(ch_dp_slowest_counts(NULL, slow, n, NULL), CH_ERR_INVALID_ARGUMENT, "dp is NULL",
+                  "ch_dp_slowest_counts(NULL)");
+    int tuning = -1;
+    size_t none = ch_dp_bucket_bytes(NULL, &tuning);
+    tap_ok(none == 0 && tuning == 0, "ch_dp_bucket_bytes(NULL): 0, not tuning (%zu, %d)", none,
+           tuning);
+    tap_ok(ch_dp_bucket_bytes(dp, NULL) == 16u << 10,
+           "ch_dp_bucket_bytes: the 16 KiB asked for (%zu)", ch_dp_bucket_bytes(dp, NULL));
     tap_status_ok(ch_trace_stop(), "ch_trace_stop");
     /* No trace runs: a step writes nothing more. */
     long before = -1, after = -2;
