@@ -127,6 +127,25 @@ typedef struct ch_dp_options {
      * f32 in a fixed order; ch_reducer_set_dtype, ch_dist_sum_bf16) or f32
      * (CH_F32, 0, the default). The master gradients stay f32. */
     ch_dtype reduce_dtype;
+    /* ZeRO stage 1: each replica (of every process) keeps the optimizer's
+     * state of its own part of the parameters only, a contiguous range of
+     * their elements in parameter order, sized in proportion to each
+     * device's memory limit (ch_device_set_memory_limit; equal parts when
+     * a device has none). After the reduction each replica updates its part
+     * and the updated parameters are gathered to every replica. 0 (the
+     * default): every replica keeps the whole state. Checkpoints go
+     * through ch_dp_optimizer_get and ch_dp_optimizer_set. */
+    int shard_optimizer;
+    /* Per-device memory limits in bytes, one per device in `devices`'
+     * order (0: leave that device's limit as it is), set with
+     * ch_device_set_memory_limit by ch_dp_new; NULL: the devices' own. A
+     * device listed twice takes the larger of its two limits. */
+    const uint64_t *memory_limits;
+    int nmemory_limits;
+    /* Recompute activations (ch_module_set_recompute on every replica):
+     * each GPT block and ResNet stage keeps only its input in forward and
+     * runs its forward again in backward. */
+    int recompute;
 } ch_dp_options;
 
 /* Replicas of `model` on each of the n devices (a device may appear more
