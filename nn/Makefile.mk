@@ -24,6 +24,7 @@ nn_sources = \
 	nn/dp_bn.c \
 	nn/dp_join.c \
 	nn/dp_trace.c \
+	nn/dp_shard.c \
 	nn/dist.c \
 	nn/dist.h \
 	nn/dist_impl.h \

@@ -264,6 +264,8 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
             st = chi_error(st, "ch_dp_new: %s", ch_last_error());
     }
     free(weights);
+    if (st == CH_OK)
+        st = dp_shard_init(dp);
     if (st == CH_OK && dp->procs.ranks > 1) {
         st = dp_bcast_state(dp, 1, "ch_dp_new: rank 0's parameters and buffers");
         if (st == CH_OK)
@@ -298,6 +300,7 @@ void ch_dp_free(ch_dp *dp)
             pthread_join(dp->r[i].thread, NULL);
     ch_reducer_free(dp->red.reducer);
     dp_trace_free(dp);
+    dp_shard_free(dp);
     for (int i = 0; dp->r && i < dp->n; i++) {
         replica *r = &dp->r[i];
         if (r->stream)
@@ -732,6 +735,21 @@ int ch_dp_bound(const ch_dp *dp, int index)
 ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index)
 {
     return dp && index >= 0 && index < dp->n ? dp->r[index].opt : NULL;
+}
+
+ch_status ch_dp_shard(const ch_dp *dp, int index, int64_t *first, int64_t *count)
+{
+    if (!dp || index < 0 || index >= dp->n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_shard: %s", !dp ? "dp is NULL"
+                                                                      : "index out of range");
+    int64_t lo = 0, hi = dp->numel;
+    if (dp->sh.on)
+        dp_shard_part(dp, index, &lo, &hi);
+    if (first)
+        *first = lo;
+    if (count)
+        *count = hi - lo;
+    return CH_OK;
 }
 
 ch_module *ch_dp_replica(const ch_dp *dp, int index)

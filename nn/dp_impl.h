@@ -117,7 +117,7 @@ typedef struct replica {
         struct { /* its thread waiting, on the host's clock */
             const char *what;
             double t0, t1;
-        } waits[4];
+        } waits[6];
         int nwaits;
     } trace;
     /* The step's breakdown on the host's clock (ch_dp_last_breakdown). */
@@ -164,6 +164,7 @@ struct ch_dp {
         pthread_cond_t posted; /* a bucket was posted, the reducer is done, or a failure */
         int64_t generation;    /* bumped for every call the reducer runs */
         int done;              /* with this call */
+        int complete;          /* every bucket of this call was reduced */
         double start;          /* when the first bucket's reduction began, 0: none */
         double end;            /* when the last one's ended, 0: none */
         ch_status st;
@@ -243,6 +244,18 @@ struct ch_dp {
         int calls;       /* measured calls of this candidate */
         size_t chosen;   /* bytes per bucket now */
     } tune;
+
+    struct {           /* the sharded optimizer (nn/dp_shard.c) */
+        int on;        /* shard_optimizer, and more than one replica in the job */
+        int64_t *lo;   /* [nall + 1]: job replica k's part is [lo[k], lo[k + 1]) */
+        int64_t *off;  /* [np + 1]: each parameter's first element */
+        int np;
+        float *host;   /* [numel] the host's copy the parts meet in */
+        float *mine;   /* across processes: [most + 1] this process's run */
+        float *all;    /* [ranks * (most + 1)] every process's */
+        int64_t most;  /* the longest process's run of parts */
+        int other_failed; /* the exchange heard of a failure elsewhere */
+    } sh;
 
 #ifdef CHI_TEST_HOOKS
     struct {
@@ -355,6 +368,23 @@ ch_status dp_tune_before(ch_dp *dp);
 ch_status dp_trace_align(ch_dp *dp);
 /* Rebuild the buckets at `bytes` each (between steps, nothing accumulated). */
 ch_status dp_rebucket(ch_dp *dp, size_t bytes);
+
+/* ---- nn/dp_shard.c -------------------------------------------------------------- */
+
+/* At ch_dp_new, after the join: the parts, the replicas' optimizers'
+ * ranges, the host copy. */
+ch_status dp_shard_init(ch_dp *dp);
+void dp_shard_free(ch_dp *dp);
+/* Local replica `index`'s part of the elements. */
+void dp_shard_part(const ch_dp *dp, int index, int64_t *lo, int64_t *hi);
+/* After its update: replica r's part into the host copy. */
+ch_status dp_shard_publish(replica *r);
+/* One worker, between the barriers: across processes, the other
+ * processes' parts into the host copy; *other_failed: another process
+ * could not update. */
+ch_status dp_shard_exchange(ch_dp *dp, int failed, int *other_failed);
+/* The other replicas' parts into r's parameters. */
+ch_status dp_shard_fetch(replica *r);
 
 /* ---- nn/dp_join.c --------------------------------------------------------------- */
 

@@ -169,7 +169,8 @@ void *dp_reducer_main(void *arg)
     ch_tensor **bufs = dp->red.bufs;
     pthread_mutex_lock(&dp->w.lock);
     while (dp_next_call(dp, &dp->red.generation, &seen)) {
-        for (int b = 0; b < dp->bk.count; b++) {
+        int b;
+        for (b = 0; b < dp->bk.count; b++) {
             while (dp->bk.posted[b] < dp->n && !atomic_load(&dp->w.failed))
                 pthread_cond_wait(&dp->red.posted, &dp->w.lock);
             int failed = atomic_load(&dp->w.failed);
@@ -201,6 +202,7 @@ void *dp_reducer_main(void *arg)
                 break;
             }
         }
+        dp->red.complete = b == dp->bk.count && !atomic_load(&dp->w.failed);
         dp->red.done = 1;
         pthread_cond_broadcast(&dp->red.posted);
     }

@@ -241,6 +241,39 @@ void dp_rescale(ch_dp *dp)
     }
 }
 
+/* The sharded optimizer, after the updates: every replica takes the
+ * others' parts (nn/dp_shard.c). Every worker of a call whose reduction
+ * completed comes here, whatever failed since, so that all of them meet
+ * at the barriers; across processes, every process exchanges. */
+static void gather(replica *r)
+{
+    ch_dp *dp = r->dp;
+    double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
+    pthread_barrier_wait(&dp->w.barrier);
+    dp_trace_wait(r, "wait for the others' parts", w0);
+    /* Every update of this process is over: w.failed holds still. */
+    if (r->index == 0) {
+        int failed = atomic_load(&dp->w.failed) != 0, other = 0;
+        ch_status st = r->fp16.overflow ? CH_OK : dp_shard_exchange(dp, failed, &other);
+        if (st == CH_OK && other)
+            st = chi_error(CH_ERR_REMOTE, "another process of the job failed to update its "
+                           "part of the parameters");
+        if (st != CH_OK) {
+            atomic_store(&dp->w.parted, 1);
+            fail(r, st);
+        }
+    }
+    w0 = r->trace.on ? ch_clock_seconds() : 0.0;
+    pthread_barrier_wait(&dp->w.barrier);
+    dp_trace_wait(r, "wait for the others' parts", w0);
+    if (!atomic_load(&dp->w.failed) && !r->fp16.overflow) {
+        ch_status st = dp_shard_fetch(r);
+        if (st != CH_OK)
+            atomic_store(&dp->w.parted, 1);
+        fail(r, st);
+    }
+}
+
 static void train(replica *r)
 {
     ch_dp *dp = r->dp;
@@ -278,15 +311,22 @@ static void train(replica *r)
         pthread_barrier_wait(&dp->w.barrier);
         dp_trace_wait(r, "wait for the others", w0);
     }
+    int updated = 0;
     if (dp->call.sync && !atomic_load(&dp->w.failed)) {
         /* Past the barrier nothing allocates; a device failing now may
          * leave this replica's parameters apart from the others'. */
         ch_status st = update(r);
+        if (st == CH_OK && dp->sh.on && !r->fp16.overflow)
+            st = dp_shard_publish(r);
         if (st != CH_OK)
             atomic_store(&dp->w.parted, 1);
         fail(r, st);
-        dp_mark_here(r, PH_UPDATE, 1, 0);
+        updated = 1;
     }
+    if (dp->call.sync && dp->sh.on && dp->red.complete)
+        gather(r);
+    if (updated)
+        dp_mark_here(r, PH_UPDATE, 1, 0);
     if (dp->call.sync && !atomic_load(&dp->w.failed) && dp->o.check_every > 0 &&
         (dp->tr.step + 1) % dp->o.check_every == 0)
         fail(r, dp_param_checksum(r));
@@ -424,6 +464,7 @@ void dp_run_all(ch_dp *dp)
     }
     dp->red.start = 0.0;
     dp->red.end = 0.0;
+    dp->red.complete = 0;
     dp->red.st = CH_OK;
     if (dp->call.job == JOB_TRAIN && dp->call.sync) {
         for (int b = 0; b < dp->bk.count; b++)

@@ -37,6 +37,16 @@ ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *
     return ch_tensor_reshape(out, (ch_tensor *)t, ndim, shape);
 }
 
+ch_status nn_flat_view(ch_tensor **out, const ch_tensor *t, int64_t first, int64_t count)
+{
+    int64_t all[1] = {ch_tensor_numel(t)};
+    ch_tensor *flat = NULL;
+    TRY(nn_view(&flat, t, 1, all));
+    ch_status st = ch_tensor_view(out, flat, first, count);
+    ch_tensor_free(flat);
+    return st;
+}
+
 void nn_shape(const ch_tensor *t, int64_t *shape)
 {
     for (int i = 0; i < ch_tensor_ndim(t); i++)

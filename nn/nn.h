@@ -184,5 +184,16 @@ ch_optimizer_kind nn_optimizer_kind(const ch_optimizer *opt);
 ch_status nn_optimizer_prepare(ch_optimizer *opt);
 ch_status nn_optimizer_state_slot(ch_optimizer *opt, int index, ch_tensor ***slot,
                                   ch_tensor **param, int writing);
+/* Data parallelism's sharded optimizer (ZeRO stage 1): this optimizer
+ * keeps the state of, and updates, elements [lo, hi) of the parameters'
+ * concatenation in parameter order only; set before its first step. */
+ch_status nn_optimizer_set_range(ch_optimizer *opt, int64_t lo, int64_t hi);
+/* Parameter i's elements this optimizer updates: [*first, *first + *count)
+ * of its flat elements; returns whether the optimizer is ranged (its state
+ * of parameter i then 1-D of *count elements, NULL when 0). */
+int nn_optimizer_part(const ch_optimizer *opt, int i, int64_t *first, int64_t *count);
+int nn_optimizer_ranged(const ch_optimizer *opt);
+/* Elements [first, first + count) of t, flat: a view freed by the caller. */
+ch_status nn_flat_view(ch_tensor **out, const ch_tensor *t, int64_t first, int64_t count);
 
 #endif

@@ -124,6 +124,13 @@ struct ch_optimizer {
     unsigned char *fresh; /* per parameter: its momentum was made for a step not
                            * yet taken (SGD starts it from the gradient) */
     int64_t steps;
+    /* A part of the parameters (nn_optimizer_set_range): the state and the
+     * updates of elements [lo, hi) of their concatenation in parameter
+     * order; each parameter's state is then 1-D, its elements in that
+     * range. ranged 0: all of every parameter, state shaped like it. */
+    int ranged;
+    int64_t lo, hi;
+    int64_t *off; /* [nparams + 1]: each parameter's first element */
 };
 
 ch_optimizer_options ch_optimizer_defaults(ch_optimizer_kind kind, float lr)
@@ -174,11 +181,62 @@ void ch_optimizer_free(ch_optimizer *opt)
     free(opt->m);
     free(opt->v);
     free(opt->fresh);
+    free(opt->off);
     free(opt);
 }
 
-/* A zeroed state tensor beside `p`, moved there if the model moved. */
-static ch_status state_for(ch_tensor **s, const ch_tensor *p, int *fresh)
+ch_status nn_optimizer_set_range(ch_optimizer *opt, int64_t lo, int64_t hi)
+{
+    for (int i = 0; i < opt->nparams; i++)
+        if (opt->m[i] || opt->v[i])
+            return chi_error(CH_ERR_STATE, "the optimizer's part is set before its first step");
+    int64_t *off = calloc((size_t)opt->nparams + 1, sizeof *off);
+    if (!off)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < opt->nparams; i++) {
+        ch_tensor *p = NULL;
+        ch_status st = ch_module_param(opt->model, i, NULL, &p, NULL);
+        if (st != CH_OK) {
+            free(off);
+            return st;
+        }
+        off[i + 1] = off[i] + ch_tensor_numel(p);
+    }
+    if (lo < 0 || hi < lo || hi > off[opt->nparams]) {
+        int64_t all = off[opt->nparams];
+        free(off);
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "the optimizer's part [%lld, %lld) is not "
+                         "inside the %lld parameters", (long long)lo, (long long)hi,
+                         (long long)all);
+    }
+    free(opt->off);
+    opt->off = off;
+    opt->ranged = 1;
+    opt->lo = lo;
+    opt->hi = hi;
+    return CH_OK;
+}
+
+int nn_optimizer_ranged(const ch_optimizer *opt) { return opt && opt->ranged; }
+
+int nn_optimizer_part(const ch_optimizer *opt, int i, int64_t *first, int64_t *count)
+{
+    if (!opt->ranged) {
+        ch_tensor *p = NULL;
+        *first = 0;
+        *count = ch_module_param(opt->model, i, NULL, &p, NULL) == CH_OK ? ch_tensor_numel(p) : 0;
+        return 0;
+    }
+    int64_t a = opt->off[i] > opt->lo ? opt->off[i] : opt->lo;
+    int64_t b = opt->off[i + 1] < opt->hi ? opt->off[i + 1] : opt->hi;
+    *first = a - opt->off[i];
+    *count = b > a ? b - a : 0;
+    return 1;
+}
+
+/* A zeroed state tensor beside `p`, moved there if the model moved: p's
+ * shape, or 1-D of `part` elements for a ranged optimizer (part >= 0). */
+static ch_status state_for(ch_tensor **s, const ch_tensor *p, int64_t part, int *fresh)
 {
     ch_device *dev = ch_tensor_device(p);
     *fresh = 0;
@@ -193,7 +251,9 @@ static ch_status state_for(ch_tensor **s, const ch_tensor *p, int *fresh)
     int64_t shape[CH_MAX_DIMS];
     for (int i = 0; i < ch_tensor_ndim(p); i++)
         shape[i] = ch_tensor_dim(p, i);
-    TRY(ch_tensor_new(s, dev, CH_F32, ch_tensor_ndim(p), shape));
+    if (part >= 0)
+        shape[0] = part;
+    TRY(ch_tensor_new(s, dev, CH_F32, part >= 0 ? 1 : ch_tensor_ndim(p), shape));
     *fresh = 1;
     return ch_fill(*s, 0.0);
 }
@@ -206,12 +266,16 @@ ch_status nn_optimizer_prepare(ch_optimizer *opt)
     for (int i = 0; i < opt->nparams; i++) {
         ch_tensor *p = NULL;
         TRY(ch_module_param(opt->model, i, NULL, &p, NULL));
+        int64_t first, count;
+        int64_t part = nn_optimizer_part(opt, i, &first, &count) ? count : -1;
+        if (part == 0)
+            continue; /* none of it is this optimizer's */
         int fresh = 0;
         if (opt->o.kind != CH_OPT_SGD) {
-            TRY(state_for(&opt->m[i], p, &fresh));
-            TRY(state_for(&opt->v[i], p, &fresh));
+            TRY(state_for(&opt->m[i], p, part, &fresh));
+            TRY(state_for(&opt->v[i], p, part, &fresh));
         } else if (opt->o.momentum != 0.0f) {
-            TRY(state_for(&opt->m[i], p, &fresh));
+            TRY(state_for(&opt->m[i], p, part, &fresh));
             if (fresh)
                 opt->fresh[i] = 1;
         }
@@ -245,10 +309,25 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
     for (int i = 0; i < opt->nparams; i++) {
         ch_tensor *p = NULL, *g = NULL;
         TRY(ch_module_param(opt->model, i, NULL, &p, &g));
-        if (opt->o.kind == CH_OPT_SGD)
-            TRY(sgd_param(opt, i, p, g, lr));
-        else
-            TRY(adam_param(opt, i, p, g, lr));
+        int64_t first, count;
+        int ranged = nn_optimizer_part(opt, i, &first, &count);
+        if (count == 0)
+            continue;
+        /* A ranged optimizer updates its elements only, through views. */
+        ch_tensor *pv = NULL, *gv = NULL;
+        ch_status st = CH_OK;
+        if (ranged) {
+            st = nn_flat_view(&pv, p, first, count);
+            if (st == CH_OK)
+                st = nn_flat_view(&gv, g, first, count);
+        }
+        if (st == CH_OK && opt->o.kind == CH_OPT_SGD)
+            st = sgd_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr);
+        else if (st == CH_OK)
+            st = adam_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr);
+        ch_tensor_free(pv);
+        ch_tensor_free(gv);
+        TRY(st);
     }
     memset(opt->fresh, 0, (size_t)opt->nparams);
     opt->steps++;

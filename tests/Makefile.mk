@@ -80,6 +80,10 @@ tests_test_dp_SOURCES = tests/test-dp.c
 tests_test_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-dp-shard
+tests_test_dp_shard_SOURCES = tests/test-dp-shard.c
+tests_test_dp_shard_LDADD = $(TEST_LIBS)
+
 check_PROGRAMS += tests/test-cast
 tests_test_cast_SOURCES = tests/test-cast.c
 tests_test_cast_LDADD = $(TEST_LIBS)

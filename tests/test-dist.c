@@ -263,6 +263,87 @@ static void test_repeatable(ch_device **devs, int n, const batches *bs)
     ch_module_free(b);
 }
 
+/* The sharded optimizer across the processes: each replica of each rank
+ * keeps its part of AdamW's state; the parameters and the whole state
+ * (ch_dp_optimizer_get, on every rank) are an unsharded run's bits. */
+static ch_status train_state(ch_module *out, ch_optimizer **opt, kind k, ch_device **devs, int n,
+                             ch_dp_options o, const batches *bs, int64_t *part)
+{
+    ch_module *model = make_model(k);
+    ch_module_init(model, 3);
+    if (k == GPT) {
+        o.sample_ndim = 1;
+        o.sample_shape[0] = CONTEXT;
+        o.sample_dtype = CH_I32;
+        o.labels_per_sample = CONTEXT;
+    }
+    ch_dp *dp = NULL;
+    float loss;
+    ch_status st = ch_dp_new(&dp, model, devs, n, &o);
+    for (int s = 0; st == CH_OK && s < STEPS; s++)
+        st = ch_dp_step(dp, &loss, k == GPT ? &bs->t[s] : &bs->b[s], 0.002f);
+    if (st == CH_OK)
+        st = ch_dp_sync_to(dp, out);
+    if (st == CH_OK)
+        st = ch_optimizer_new(opt, out, &o.optimizer);
+    if (st == CH_OK)
+        st = ch_dp_optimizer_get(dp, *opt);
+    *part = 0;
+    for (int i = 0; st == CH_OK && i < n; i++) {
+        int64_t count;
+        st = ch_dp_shard(dp, i, NULL, &count);
+        *part += count;
+    }
+    if (st != CH_OK)
+        tap_diag("rank %d: training failed: %s", ch_dist_rank(world), ch_last_error());
+    ch_dp_free(dp);
+    ch_module_free(model);
+    return st;
+}
+
+static void test_sharded(const char *what, kind k, ch_device **devs, int n, const batches *bs)
+{
+    ch_dp_options o = options();
+    o.dist = world;
+    o.optimizer = ch_optimizer_defaults(CH_OPT_ADAMW, 0.002f);
+    ch_module *a = make_model(k), *b = make_model(k);
+    ch_optimizer *oa = NULL, *ob = NULL;
+    int64_t pa, pb;
+    ch_status sa = train_state(a, &oa, k, devs, n, o, bs, &pa);
+    o.shard_optimizer = 1;
+    ch_status sb = train_state(b, &ob, k, devs, n, o, bs, &pb);
+    int bitwise = 0;
+    if (sa == CH_OK && sb == CH_OK) {
+        (void)max_rel(b, a, &bitwise);
+        for (int i = 0; bitwise && i < ch_optimizer_state_count(oa); i++) {
+            ch_tensor *x, *y;
+            ch_optimizer_state(oa, i, NULL, &x);
+            ch_optimizer_state(ob, i, NULL, &y);
+            size_t bytes = x && y ? ch_tensor_nbytes(x) : 0;
+            float *vx = malloc(bytes + 1), *vy = malloc(bytes + 1);
+            bitwise = x && y && ch_tensor_download(x, vx, bytes) == CH_OK &&
+                      ch_tensor_download(y, vy, bytes) == CH_OK && memcmp(vx, vy, bytes) == 0;
+            free(vx);
+            free(vy);
+        }
+    }
+    tap_ok(everywhere(bitwise), "%s, AdamW sharded over %d ranks: the parameters and the whole "
+           "optimizer state of the unsharded run, bit for bit (rank %d)", what,
+           ch_dist_size(world), ch_dist_rank(world));
+    /* This rank's replicas keep the state of their parts only: together
+     * the job's parts are every element once. */
+    double parts = (double)pb;
+    ch_dist_sum(world, &parts, 1);
+    tap_ok(everywhere(sa == CH_OK && sb == CH_OK && pb < pa && (int64_t)parts == pa / n),
+           "... rank %d's replicas keep %lld of the %lld elements' state; the ranks' parts add "
+           "up to them (%.0f)", ch_dist_rank(world), (long long)pb, (long long)(pa / n), parts);
+    tap_ok(everywhere(same_as_rank0(b)), "... every rank ends with rank 0's bits");
+    ch_optimizer_free(oa);
+    ch_optimizer_free(ob);
+    ch_module_free(a);
+    ch_module_free(b);
+}
+
 /* ---- bf16 across the processes ------------------------------------------ */
 
 /* bf16: 7 mantissa bits (tap_half_narrow). */
@@ -631,6 +712,8 @@ int main(int argc, char **argv)
     o.bucket_bytes = 4096;
     equivalent("BatchNorm net, auto reduction, 4 KiB buckets", BNNET, devs, n, o, &bs);
     test_repeatable(devs, n, &bs);
+    test_sharded("cnn", CNN, devs, n, &bs);
+    test_sharded("tiny GPT", GPT, devs, n, &bs);
     test_sum_bf16();
     test_reduce_bf16(devs, n, &bs);
     test_evaluate(devs, n, &bs);

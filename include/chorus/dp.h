@@ -236,9 +236,29 @@ CH_API ch_reduce_mode ch_dp_reduce_mode(const ch_dp *dp);
 CH_API int ch_dp_bucket_count(const ch_dp *dp);
 CH_API int ch_dp_bound(const ch_dp *dp, int index);
 
-/* The optimizer of replica `index` (for checkpoints: every replica's state
- * is the same). Borrowed: it belongs to dp. */
+/* The optimizer of replica `index` (every replica's state is the same
+ * without options->shard_optimizer; with it, each holds its part only).
+ * Borrowed: it belongs to dp. For checkpoints, ch_dp_optimizer_get and
+ * ch_dp_optimizer_set work either way. */
 CH_API ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index);
+
+/* The job's whole optimizer state into `opt`, an optimizer of the same
+ * kind made (ch_optimizer_new) for a model of the same structure, on any
+ * device (the caller's model, for ch_checkpoint_save): each part from its
+ * replica, and its step count. A state no step has made yet is left out
+ * (opt then has none, as ch_optimizer_state says). Across processes a
+ * collective: every process calls it, and each gets the whole. */
+CH_API ch_status ch_dp_optimizer_get(ch_dp *dp, ch_optimizer *opt);
+/* Every replica's optimizer state from `opt` (whole, as
+ * ch_checkpoint_load fills it): each replica takes its part, or the whole
+ * without sharding, and the step count. A state opt does not have is left
+ * as it is. Not a collective: each process gives its own copy. */
+CH_API ch_status ch_dp_optimizer_set(ch_dp *dp, const ch_optimizer *opt);
+
+/* The elements of the parameters (concatenated in parameter order) whose
+ * optimizer state replica `index` keeps: [*first, *first + *count); all of
+ * them without options->shard_optimizer. Either output may be NULL. */
+CH_API ch_status ch_dp_shard(const ch_dp *dp, int index, int64_t *first, int64_t *count);
 
 /* Copy the parameters and buffers of replica 0 into `model` (same
  * structure). */
