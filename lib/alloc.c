@@ -1,9 +1,12 @@
 /* The per-device caching allocator. Device allocations are slow (and on
  * some drivers synchronising), so freed blocks are kept in size classes and
  * handed out again; the cache is emptied on request and when the device
- * runs out of memory. */
+ * runs out of memory, or would go beyond its limit. It also counts what
+ * the backends allocate for themselves (workspace, staging): the device's
+ * memory in one place, under one lock. */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,12 +67,69 @@ void chi_alloc_release(ch_device *dev)
     pthread_mutex_unlock(&dev->alloc.lock);
 }
 
+/* `bytes` more in use: the peaks follow. */
+static void grow_locked(chi_allocator *a, size_t bytes)
+{
+    ch_memory_stats *m = &a->stats;
+    m->in_use_bytes += bytes;
+    if (m->in_use_bytes > m->peak_bytes)
+        m->peak_bytes = m->in_use_bytes;
+    if (m->in_use_bytes + m->cached_bytes > m->peak_reserved_bytes)
+        m->peak_reserved_bytes = m->in_use_bytes + m->cached_bytes;
+}
+
 static void account(chi_allocator *a, size_t bytes)
 {
     a->stats.allocs++;
-    a->stats.in_use_bytes += bytes;
-    if (a->stats.in_use_bytes > a->stats.peak_bytes)
-        a->stats.peak_bytes = a->stats.in_use_bytes;
+    grow_locked(a, bytes);
+}
+
+/* "512 bytes", "4.0 KiB", "1020.3 MiB", "1.0 GiB". */
+static void format_bytes(char *out, size_t cap, uint64_t bytes)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(out, cap, "%llu bytes", (unsigned long long)bytes);
+        return;
+    }
+    double v = (double)bytes / 1024.0;
+    int u = 0;
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(out, cap, "%.1f %s", v, units[u]);
+}
+
+/* Whether the device can hold `bytes` more within its limit (or has none). */
+static int fits(const ch_memory_stats *m, size_t bytes)
+{
+    uint64_t held = m->in_use_bytes + m->cached_bytes;
+    return !m->limit_bytes || (bytes <= m->limit_bytes && held <= m->limit_bytes - bytes);
+}
+
+/* Whether `bytes` more may be allocated under the device's limit; empties
+ * the cache first when that would make room. CH_OK, or
+ * CH_ERR_DEVICE_OUT_OF_MEMORY with the message naming the device, the
+ * request (`what`, NULL for a tensor's block), the bytes in use and the
+ * limit. */
+static ch_status limit_check_locked(ch_device *dev, size_t bytes, const char *what)
+{
+    ch_memory_stats *m = &dev->alloc.stats;
+    if (fits(m, bytes))
+        return CH_OK;
+    if (m->cached_bytes > 0)
+        flush_locked(dev);
+    if (fits(m, bytes))
+        return CH_OK;
+    char req[32], used[32], limit[32];
+    format_bytes(req, sizeof req, bytes);
+    format_bytes(used, sizeof used, m->in_use_bytes);
+    format_bytes(limit, sizeof limit, m->limit_bytes);
+    return chi_error(CH_ERR_DEVICE_OUT_OF_MEMORY,
+                     "%s: %s requested%s%s with %s of its %s limit in use "
+                     "(ch_device_set_memory_limit)",
+                     dev->id, req, what ? " for " : "", what ? what : "", used, limit);
 }
 
 /* `bytes` must already be rounded with chi_alloc_round. */
@@ -98,8 +158,13 @@ ch_status chi_alloc(ch_device *dev, size_t bytes, void **ptr)
             chi_free(dev, *ptr, bytes);
         return st;
     }
-    ch_status st = CHI_INJECT("device allocation", CH_ERR_DEVICE_OUT_OF_MEMORY,
-                              dev->be->iface->alloc(dev->dev, bytes, ptr));
+    ch_status st = limit_check_locked(dev, bytes, NULL);
+    if (st != CH_OK) {
+        pthread_mutex_unlock(&a->lock);
+        return st;
+    }
+    st = CHI_INJECT("device allocation", CH_ERR_DEVICE_OUT_OF_MEMORY,
+                    dev->be->iface->alloc(dev->dev, bytes, ptr));
     if (st == CH_ERR_DEVICE_OUT_OF_MEMORY && a->stats.cached_bytes > 0) {
         flush_locked(dev);
         st = CHI_INJECT("device allocation", CH_ERR_DEVICE_OUT_OF_MEMORY,
@@ -158,5 +223,77 @@ void chi_free(ch_device *dev, void *ptr, size_t bytes)
         a->free_list[c] = b;
         a->stats.cached_bytes += bytes;
     }
+    pthread_mutex_unlock(&a->lock);
+}
+
+/* ---- What the backends allocate themselves (lib/backend.h) ---------------- */
+
+ch_status chi_workspace_reserve(void *bdev, size_t bytes, const char *what)
+{
+    ch_device *dev = chi_device_of(bdev);
+    if (!dev)
+        return CH_OK;
+    chi_allocator *a = &dev->alloc;
+    pthread_mutex_lock(&a->lock);
+    ch_status st = limit_check_locked(dev, bytes, what);
+    if (st == CH_OK) {
+        a->stats.workspace_bytes += bytes;
+        grow_locked(a, bytes);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return st;
+}
+
+void chi_workspace_release(void *bdev, size_t bytes)
+{
+    ch_device *dev = chi_device_of(bdev);
+    if (!dev)
+        return;
+    chi_allocator *a = &dev->alloc;
+    pthread_mutex_lock(&a->lock);
+    a->stats.workspace_bytes -= bytes;
+    a->stats.in_use_bytes -= bytes;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void chi_alloc_staging(ch_device *dev, size_t bytes, int held)
+{
+    chi_allocator *a = &dev->alloc;
+    pthread_mutex_lock(&a->lock);
+    if (held)
+        a->stats.staging_bytes += bytes;
+    else
+        a->stats.staging_bytes -= bytes;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void chi_staging_add(void *bdev, size_t bytes)
+{
+    ch_device *dev = chi_device_of(bdev);
+    if (dev)
+        chi_alloc_staging(dev, bytes, 1);
+}
+
+void chi_staging_remove(void *bdev, size_t bytes)
+{
+    ch_device *dev = chi_device_of(bdev);
+    if (dev)
+        chi_alloc_staging(dev, bytes, 0);
+}
+
+void chi_alloc_reset_peak(ch_device *dev)
+{
+    chi_allocator *a = &dev->alloc;
+    pthread_mutex_lock(&a->lock);
+    a->stats.peak_bytes = a->stats.in_use_bytes;
+    a->stats.peak_reserved_bytes = a->stats.in_use_bytes + a->stats.cached_bytes;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void chi_alloc_set_limit(ch_device *dev, uint64_t bytes)
+{
+    chi_allocator *a = &dev->alloc;
+    pthread_mutex_lock(&a->lock);
+    a->stats.limit_bytes = bytes;
     pthread_mutex_unlock(&a->lock);
 }

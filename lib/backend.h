@@ -37,9 +37,11 @@
 extern "C" {
 #endif
 
-/* Changes whenever the table below or an enum a slot takes changes: a
- * module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 11
+/* Changes whenever the table below, an enum a slot takes or what a module
+ * must tell the core changes (12: the workspace and staging it allocates
+ * itself, chi_workspace_reserve): a module of another version is refused
+ * at load. */
+#define CH_BACKEND_ABI_VERSION 12
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -428,6 +430,26 @@ static inline ch_status chi_bad_index(const char *fn, int64_t i, int64_t index, 
     return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: idx[%lld] = %lld is out of [0, %lld)", fn,
                      (long long)i, (long long)index, (long long)rows);
 }
+
+/* Memory a backend allocates for one of its devices by itself, outside
+ * the core's allocator (the alloc slot), told to the core so that
+ * ch_device_memory_stats counts it and ch_device_set_memory_limit holds
+ * it. `dev` is the device context device_open returned.
+ *
+ * Workspace (device memory: scratch, check words): reserve before the
+ * driver's allocation, release after its free (or after a failed
+ * allocation) with the same byte count. A reservation that would take
+ * the device beyond its limit empties the allocator's cache, and fails
+ * with CH_ERR_DEVICE_OUT_OF_MEMORY and the limit's message when that is
+ * not enough; `what` names the request in it ("scratch"). Reserved bytes
+ * count as in use. Staging (page-locked host memory kept for the
+ * device's transfers) is only counted, never refused. Exported for the
+ * backend modules; a context the core does not know (a device being
+ * opened) is not counted. */
+CH_API ch_status chi_workspace_reserve(void *dev, size_t bytes, const char *what);
+CH_API void chi_workspace_release(void *dev, size_t bytes);
+CH_API void chi_staging_add(void *dev, size_t bytes);
+CH_API void chi_staging_remove(void *dev, size_t bytes);
 
 /* Whether `value` is one of the `count` values of its enum. */
 static inline int chi_enum_known(int value, int count)

@@ -42,7 +42,8 @@ typedef struct chi_block {
 } chi_block;
 
 /* The per-device caching allocator: freed blocks are kept in size classes
- * (four per power of two from 512 bytes, so a block wastes under 19%) and reused. */
+ * (four per power of two from 512 bytes, so a block wastes under 19%) and reused.
+ * `stats` holds the device's whole account and its limit (limit_bytes). */
 #define CH_ALLOC_CLASSES 128
 typedef struct chi_allocator {
     pthread_mutex_t lock;
@@ -196,6 +197,16 @@ void chi_alloc_init(chi_allocator *a);
 /* The size chi_alloc really allocates for a request of `bytes`. */
 size_t chi_alloc_round(size_t bytes);
 void chi_alloc_release(ch_device *dev);
+/* ch_device_reset_peak and ch_device_set_memory_limit, under the lock. */
+void chi_alloc_reset_peak(ch_device *dev);
+void chi_alloc_set_limit(ch_device *dev, uint64_t bytes);
+/* Host memory held (`held` 1) or given back (0) for dev's transfers:
+ * ch_memory_stats.staging_bytes. */
+void chi_alloc_staging(ch_device *dev, size_t bytes, int held);
+/* The open device whose backend context is `bdev` (lib/device.c), NULL
+ * when there is none: what the backends' chi_workspace_* and chi_staging_*
+ * calls name. */
+ch_device *chi_device_of(const void *bdev);
 
 /* Copy between tensors on different devices. */
 ch_status chi_copy_across(ch_tensor *dst, const ch_tensor *src);

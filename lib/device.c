@@ -150,19 +150,35 @@ static ch_status open_device(const chi_disc_input *in, const chi_disc_device *dd
     pthread_mutex_init(&d->staging_lock, NULL);
     pthread_mutex_init(&d->streams_lock, NULL);
     pthread_mutex_init(&d->clock.lock, NULL);
-    st = chi_stream_create(&d->default_stream, d, 1);
-    if (st != CH_OK) {
-        be->iface->device_close(d->dev);
-        free(d);
-        return st;
-    }
+    /* Listed before its first stream: what the backend allocates from
+     * then on is counted on it (chi_device_of). */
     if (visible)
         devices[ndevices++] = d;
     else
         fallback_host = d;
+    st = chi_stream_create(&d->default_stream, d, 1);
+    if (st != CH_OK) {
+        if (visible)
+            devices[--ndevices] = NULL;
+        else
+            fallback_host = NULL;
+        be->iface->device_close(d->dev);
+        free(d);
+        return st;
+    }
     return CH_OK;
 }
 
+ch_device *chi_device_of(const void *bdev)
+{
+    for (int i = 0; i < ndevices; i++)
+        if (devices[i]->dev == bdev)
+            return devices[i];
+    return fallback_host && fallback_host->dev == bdev ? fallback_host : NULL;
+}
+
+/* While it closes, the device is still listed (its backend gives back
+ * what it counted there); it leaves the list once closed. */
 static void close_device(ch_device *d)
 {
     chi_stream_destroy(d->default_stream);
@@ -280,9 +296,8 @@ static ch_status discover_and_open(void)
 
 static void teardown(void)
 {
-    for (int i = ndevices - 1; i >= 0; i--)
-        close_device(devices[i]);
-    ndevices = 0;
+    for (; ndevices > 0; ndevices--)
+        close_device(devices[ndevices - 1]);
     if (fallback_host)
         close_device(fallback_host);
     fallback_host = NULL;
@@ -549,6 +564,20 @@ ch_status ch_device_memory_stats(const ch_device *dev, ch_memory_stats *stats)
     pthread_mutex_lock(&d->alloc.lock);
     *stats = d->alloc.stats;
     pthread_mutex_unlock(&d->alloc.lock);
+    return CH_OK;
+}
+
+ch_status ch_device_reset_peak(ch_device *dev)
+{
+    CHECK_DEVICE("ch_device_reset_peak", dev);
+    chi_alloc_reset_peak(dev);
+    return CH_OK;
+}
+
+ch_status ch_device_set_memory_limit(ch_device *dev, uint64_t bytes)
+{
+    CHECK_DEVICE("ch_device_set_memory_limit", dev);
+    chi_alloc_set_limit(dev, bytes);
     return CH_OK;
 }
 

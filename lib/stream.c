@@ -249,6 +249,7 @@ ch_status ch_host_buffer_new(ch_host_buffer **out, ch_device *dev, size_t bytes)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_host_buffer_new: cannot allocate %zu bytes",
                          bytes);
     }
+    chi_alloc_staging(dev, bytes, 1);
     *out = b;
     return CH_OK;
 }
@@ -257,6 +258,8 @@ void ch_host_buffer_free(ch_host_buffer *buf)
 {
     if (!buf)
         return;
+    if (chi_initialized())
+        chi_alloc_staging(buf->dev, buf->bytes, 0);
     if (buf->pinned)
         buf->dev->be->iface->host_free(buf->dev->dev, buf->ptr);
     else

@@ -328,6 +328,7 @@ static ch_status staging_buffer(ch_device *dev, void **ptr)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_copy: cannot allocate a staging buffer");
     }
     dev->staging_bytes = STAGING_BYTES;
+    chi_alloc_staging(dev, STAGING_BYTES, 1);
     *ptr = dev->staging;
     return CH_OK;
 }

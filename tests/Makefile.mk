@@ -48,6 +48,12 @@ check_PROGRAMS += tests/test-core
 tests_test_core_SOURCES = tests/test-core.c
 tests_test_core_LDADD = $(TEST_LIBS)
 
+# The memory account and the limit (ch_device_memory_stats,
+# ch_device_set_memory_limit) on every device.
+check_PROGRAMS += tests/test-memory
+tests_test_memory_SOURCES = tests/test-memory.c
+tests_test_memory_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS)
+
 check_PROGRAMS += tests/test-clock
 tests_test_clock_SOURCES = tests/test-clock.c
 tests_test_clock_LDADD = $(TEST_LIBS)

@@ -88,6 +88,10 @@ static void test_before_init(void)
     EXPECT(ch_device_sync(NULL), CH_ERR_STATE, "ch_device_sync", "ch_init", "before ch_init");
     EXPECT(ch_device_memory_stats(NULL, &ms), CH_ERR_STATE, "ch_device_memory_stats", "ch_init",
            "before ch_init");
+    EXPECT(ch_device_reset_peak(NULL), CH_ERR_STATE, "ch_device_reset_peak", "ch_init",
+           "before ch_init");
+    EXPECT(ch_device_set_memory_limit(NULL, 1 << 20), CH_ERR_STATE, "ch_device_set_memory_limit",
+           "ch_init", "before ch_init");
     ch_transfer_stats ts;
     EXPECT(ch_device_transfer_stats(NULL, &ts), CH_ERR_STATE, "ch_device_transfer_stats",
            "ch_init", "before ch_init");
@@ -260,6 +264,10 @@ static void test_device_queries(ch_device *host)
            "dev", "dev NULL");
     EXPECT(ch_device_memory_stats(host, NULL), CH_ERR_INVALID_ARGUMENT,
            "ch_device_memory_stats", "stats", "stats NULL");
+    EXPECT(ch_device_reset_peak(NULL), CH_ERR_INVALID_ARGUMENT, "ch_device_reset_peak", "dev",
+           "dev NULL");
+    EXPECT(ch_device_set_memory_limit(NULL, 1 << 20), CH_ERR_INVALID_ARGUMENT,
+           "ch_device_set_memory_limit", "dev", "dev NULL");
     ch_transfer_stats ts;
     EXPECT(ch_device_transfer_stats(NULL, &ts), CH_ERR_INVALID_ARGUMENT,
            "ch_device_transfer_stats", "dev", "dev NULL");

@@ -69,9 +69,21 @@ void chcu_restore(int index)
         (void)cudaGetLastError();
 }
 
+ch_status chcu_scratch_free(chcu_stream *s)
+{
+    if (!s->scratch)
+        return CH_OK;
+    ch_status st = chcu_check(cudaFree(s->scratch), "cudaFree(scratch)");
+    chi_workspace_release(s->dev, s->scratch_bytes);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+    return st;
+}
+
 /* Entered here, not by the caller: the all-reduce acquires the first
  * stream's scratch while another device of its group is current, and
- * cudaMalloc allocates on the current device. */
+ * cudaMalloc allocates on the current device. The scratch is the device's
+ * workspace (chi_workspace_reserve): counted, and under its memory limit. */
 static ch_status chcu_scratch_grow(chcu_stream *s, size_t bytes)
 {
     ch_status st = chcu_enter(s->dev);
@@ -82,15 +94,17 @@ static ch_status chcu_scratch_grow(chcu_stream *s, size_t bytes)
         st = chcu_check(cudaStreamSynchronize(s->s), "cudaStreamSynchronize(scratch)");
         if (st)
             return st;
-        st = chcu_check(cudaFree(s->scratch), "cudaFree(scratch)");
-        s->scratch = NULL;
-        s->scratch_bytes = 0;
+        st = chcu_scratch_free(s);
         if (st)
             return st;
     }
+    st = chi_workspace_reserve(s->dev, bytes, "cuda scratch");
+    if (st)
+        return st;
     cudaError_t err = cudaMalloc(&s->scratch, bytes);
     if (err != cudaSuccess) {
         s->scratch = NULL;
+        chi_workspace_release(s->dev, bytes);
         return chcu_check(err, "cudaMalloc(scratch)");
     }
     s->scratch_bytes = bytes;

@@ -71,6 +71,8 @@ typedef struct chcu_pending_check {
 
 /* Checks a stream holds before it waits on its own to read them. */
 #define CHCU_CHECKS 32
+/* Their words' bytes, on the device and pinned on the host. */
+#define CHCU_CHECK_BYTES (CHCU_CHECKS * sizeof(unsigned long long))
 
 typedef struct chcu_stream {
     chcu_device *dev;
@@ -126,9 +128,15 @@ void chcu_restore(int index);
 /* At device_close: the device's clock_zero event goes (no-op without one). */
 void chcu_clock_release(chcu_device *dev);
 
-/* ---- scratch ---- */
+/* ---- scratch ----
+ * The stream's scratch and check words are the device's workspace, told
+ * to the core (chi_workspace_reserve): counted in its ch_memory_stats and
+ * held under its memory limit. */
 ch_status chcu_scratch_acquire(chcu_stream *s, size_t bytes, void **ptr);
 void chcu_scratch_release(chcu_stream *s);
+/* Frees the scratch (the stream is going, or it grows), with its device
+ * current; it leaves the workspace even when cudaFree fails. */
+ch_status chcu_scratch_free(chcu_stream *s);
 
 /* ---- launch shapes ---- */
 

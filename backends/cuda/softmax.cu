@@ -16,20 +16,29 @@
 
 /* ---- deferred label and index checks ---- */
 
+/* The words on the device are workspace, their pinned copies staging
+ * (chi_workspace_reserve, chi_staging_add). */
 static ch_status checks_alloc(chcu_stream *s)
 {
-    const size_t bytes = CHCU_CHECKS * sizeof *s->check_dev;
+    const size_t bytes = CHCU_CHECK_BYTES;
     void *dev = NULL, *host = NULL;
-    ch_status st = chcu_check(cudaMalloc(&dev, bytes), "cudaMalloc(checks)");
+    ch_status st = chi_workspace_reserve(s->dev, bytes, "cuda label checks");
     if (st)
         return st;
+    st = chcu_check(cudaMalloc(&dev, bytes), "cudaMalloc(checks)");
+    if (st) {
+        chi_workspace_release(s->dev, bytes);
+        return st;
+    }
     st = chcu_check(cudaHostAlloc(&host, bytes, cudaHostAllocDefault), "cudaHostAlloc(checks)");
     if (st) {
         /* The allocation's error is the one to report. */
         if (cudaFree(dev) != cudaSuccess)
             (void)cudaGetLastError();
+        chi_workspace_release(s->dev, bytes);
         return st;
     }
+    chi_staging_add(s->dev, bytes);
     s->check_dev = (unsigned long long *)dev;
     s->check_host = (unsigned long long *)host;
     return CH_OK;
@@ -111,10 +120,14 @@ ch_status chcu_stream_wait(chcu_stream *s, const char *what)
 
 void chcu_checks_free(chcu_stream *s)
 {
-    if (s->check_dev)
+    if (s->check_dev) {
         (void)chcu_check(cudaFree(s->check_dev), "cudaFree(checks)");
-    if (s->check_host)
+        chi_workspace_release(s->dev, CHCU_CHECK_BYTES);
+    }
+    if (s->check_host) {
         (void)chcu_check(cudaFreeHost(s->check_host), "cudaFreeHost(checks)");
+        chi_staging_remove(s->dev, CHCU_CHECK_BYTES);
+    }
     s->check_dev = s->check_host = NULL;
     s->npending = 0;
 }

@@ -58,10 +58,16 @@ void chcu_stream_free(void *stream)
         if (s->blas)
             (void)chcu_blas_check(cublasDestroy(s->blas), "cublasDestroy");
         (void)chcu_check(cudaStreamDestroy(s->s), "cudaStreamDestroy");
-        if (s->scratch)
-            (void)chcu_check(cudaFree(s->scratch), "cudaFree(scratch)");
+        (void)chcu_scratch_free(s);
         /* Checks not read yet are dropped with the stream. */
         chcu_checks_free(s);
+    }
+    /* Not freed (the device would not be entered): no longer counted. */
+    if (s->scratch)
+        chi_workspace_release(s->dev, s->scratch_bytes);
+    if (s->check_dev) {
+        chi_workspace_release(s->dev, CHCU_CHECK_BYTES);
+        chi_staging_remove(s->dev, CHCU_CHECK_BYTES);
     }
     pthread_mutex_destroy(&s->check_lock);
     pthread_mutex_destroy(&s->blas_lock);

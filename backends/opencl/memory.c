@@ -49,9 +49,25 @@ void chcl_free(void *dev, void *ptr)
     clReleaseMemObject(ptr);
 }
 
-ch_status chcl_scratch_new(chcl_device *d, size_t bytes, cl_mem *out)
+/* Counted as the device's workspace (chi_workspace_reserve): under its
+ * memory limit, in its ch_memory_stats. */
+ch_status chcl_scratch_new(chcl_device *d, const char *op, size_t bytes, cl_mem *out)
 {
-    return buffer_new(d, CL_MEM_READ_WRITE, bytes, "scratch", out);
+    char what[64];
+    snprintf(what, sizeof what, "%s's scratch", op);
+    ch_status st = chi_workspace_reserve(d, bytes, what);
+    if (st != CH_OK)
+        return st;
+    st = buffer_new(d, CL_MEM_READ_WRITE, bytes, "scratch", out);
+    if (st != CH_OK)
+        chi_workspace_release(d, bytes);
+    return st;
+}
+
+void chcl_scratch_free(chcl_device *d, cl_mem mem, size_t bytes)
+{
+    clReleaseMemObject(mem);
+    chi_workspace_release(d, bytes);
 }
 
 /* Pinned memory: a buffer the driver places in host memory, mapped once for

@@ -262,9 +262,12 @@ CH_BACKEND_SLOTS(CHCL_SLOT)
 /* Helpers beside the slots. */
 
 /* memory.c */
-/* A temporary device buffer: the caller releases it once its last command is
- * queued (OpenCL keeps it alive until those commands finish). */
-ch_status chcl_scratch_new(chcl_device *d, size_t bytes, cl_mem *out);
+/* A temporary device buffer for op `op`: the caller frees it with
+ * chcl_scratch_free (the same byte count) once its last command is queued
+ * (OpenCL keeps it alive until those commands finish). It counts as the
+ * device's workspace, under its memory limit. */
+ch_status chcl_scratch_new(chcl_device *d, const char *op, size_t bytes, cl_mem *out);
+void chcl_scratch_free(chcl_device *d, cl_mem mem, size_t bytes);
 
 /* stream.c */
 /* Makes `waiter` wait for everything queued on `producer` so far. */

@@ -38,7 +38,7 @@ void chcl_stream_free(void *stream)
     /* Commands still queued finish first, then the queue goes. */
     clFinish(s->queue);
     if (s->flag)
-        clReleaseMemObject(s->flag);
+        chcl_scratch_free(s->dev, s->flag, sizeof(cl_uint));
     clReleaseCommandQueue(s->queue);
     free(s);
 }

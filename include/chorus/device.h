@@ -150,17 +150,60 @@ CH_API ch_status ch_fallback_get(int index, ch_fallback_info *info);
 
 /* ---- Memory ------------------------------------------------------------ */
 
+/* What a device's memory holds, counted by its caching allocator: every
+ * tensor's block, the blocks kept for reuse, and the scratch a backend
+ * allocates for itself (its workspace). Every figure is in bytes as
+ * allocated (a tensor's size rounded up to its size class). Memory the
+ * device's libraries take for themselves (cuBLAS's workspace, NCCL's
+ * buffers, CLBlast's temporaries) is not seen, nor are the host backend's
+ * temporaries, plain heap memory taken and given back within one op.
+ *
+ * The structure grows at its end only: a field added is added last. */
 typedef struct ch_memory_stats {
-    uint64_t in_use_bytes;    /* held by live tensors */
+    uint64_t in_use_bytes;    /* held by live tensors and the backend's workspace */
     uint64_t cached_bytes;    /* freed by tensors, kept for reuse */
-    uint64_t peak_bytes;      /* highest in_use_bytes so far */
+    uint64_t peak_bytes;      /* highest in_use_bytes since ch_init or the last
+                                 ch_device_reset_peak */
     uint64_t allocs;          /* allocations served */
     uint64_t cache_hits;      /* ... of which from the cache */
     uint64_t device_allocs;   /* calls to the driver's allocator */
     uint64_t cache_flushes;   /* times the cache was emptied (request or pressure) */
+    uint64_t workspace_bytes; /* of in_use_bytes: scratch the backend allocates
+                                 itself, outside the cache (CUDA's per-stream
+                                 scratch and label-check words, OpenCL's scratch
+                                 buffers and per-stream flag word); 0 on the host */
+    uint64_t staging_bytes;   /* host memory held for this device's transfers:
+                                 ch_host_buffer_new's buffers (the reducer's and
+                                 the loader's among them), the staging buffer of
+                                 copies between devices, a backend's pinned words.
+                                 Host memory, not the device's: neither in
+                                 in_use_bytes nor under the limit */
+    uint64_t limit_bytes;     /* ch_device_set_memory_limit's limit, 0: none */
+    uint64_t peak_reserved_bytes; /* highest in_use_bytes + cached_bytes (what the
+                                     device held from its driver) since ch_init or
+                                     the last ch_device_reset_peak */
 } ch_memory_stats;
 
 CH_API ch_status ch_device_memory_stats(const ch_device *dev, ch_memory_stats *stats);
+
+/* Start the peaks again from now: peak_bytes becomes in_use_bytes and
+ * peak_reserved_bytes in_use_bytes + cached_bytes. */
+CH_API ch_status ch_device_reset_peak(ch_device *dev);
+
+/* Hold the device's memory to `bytes` (0: no limit, the default): an
+ * allocation is refused when in_use_bytes + cached_bytes + its size would
+ * go beyond it. The cache is emptied first (as when the driver runs out
+ * of memory); when that is not enough the allocation fails with
+ * CH_ERR_DEVICE_OUT_OF_MEMORY and a message naming the device, the
+ * request, the bytes in use and the limit ("opencl:0: 4.0 MiB requested
+ * with 1020.3 MiB of its 1.0 GiB limit in use
+ * (ch_device_set_memory_limit)"). Workspace a backend allocates counts
+ * too; staging buffers (host memory) do not. Reusing a cached block adds
+ * nothing and is never refused. A limit below what is in use is allowed:
+ * what is held stays, and later allocations fail until enough is freed.
+ * A limit above the device's memory is allowed and changes nothing. A
+ * limit lets a smaller device be emulated on a larger one. */
+CH_API ch_status ch_device_set_memory_limit(ch_device *dev, uint64_t bytes);
 
 /* Copies into a device from another device since ch_init (ch_copy,
  * ch_tensor_to, a Sequential whose layers sit on several devices), by the
