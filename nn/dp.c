@@ -110,9 +110,55 @@ static ch_status check_options(const ch_dp_options *o, int n)
     if (o->reduce_dtype != CH_F32 && o->reduce_dtype != CH_BF16)
         return chi_error(CH_ERR_DTYPE, "ch_dp_new: options->reduce_dtype is %s, expected f32 "
                          "or bf16", ch_dtype_name(o->reduce_dtype));
+    if (o->memory_limits && o->nmemory_limits != n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: %d memory limits for %d devices; "
+                         "give one per device (0: none)", o->nmemory_limits, n);
     if (o->loss_scale_interval < 0)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->loss_scale_interval "
                          "is %d, expected >= 0 (0: 2000)", o->loss_scale_interval);
+    return CH_OK;
+}
+
+/* options->memory_limits onto the devices: a device listed twice takes
+ * the larger of its limits. */
+static ch_status apply_limits(const ch_dp_options *o, ch_device *const *devices, int n)
+{
+    for (int i = 0; o->memory_limits && i < n; i++) {
+        uint64_t most = o->memory_limits[i];
+        for (int j = 0; j < n; j++)
+            if (devices[j] == devices[i] && o->memory_limits[j] > most)
+                most = o->memory_limits[j];
+        if (most > 0)
+            TRY(ch_device_set_memory_limit(devices[i], most));
+    }
+    return CH_OK;
+}
+
+/* Micro-batches by memory: a limited device holds one replica (the peaks
+ * that size them are the device's), and BatchNorm's statistics, exchanged
+ * once a pass, are each replica's own. */
+static ch_status check_limited(ch_dp *dp, const ch_module *model, ch_device *const *devices,
+                               int n)
+{
+    int sync_bn = dp->threaded && !dp->o.batchnorm_local && ch_module_buffer_count(model) > 0;
+    for (int i = 0; i < n; i++) {
+        ch_memory_stats ms;
+        TRY(ch_device_memory_stats(devices[i], &ms));
+        if (ms.limit_bytes == 0)
+            continue;
+        for (int j = 0; j < n; j++)
+            if (j != i && devices[j] == devices[i])
+                return chi_error(CH_ERR_UNSUPPORTED, "ch_dp_new: %s has a memory limit and "
+                                 "holds two replicas; a limited device holds one (its "
+                                 "micro-batches are sized from its peaks)",
+                                 ch_device_id(devices[i]));
+        if (sync_bn)
+            return chi_error(CH_ERR_UNSUPPORTED, "ch_dp_new: %s has a memory limit, so its "
+                             "share may be cut into micro-batches, which BatchNorm's "
+                             "statistics synchronised over the whole batch cannot be; "
+                             "set options->batchnorm_local", ch_device_id(devices[i]));
+        dp->r[i].mb.limit = ms.limit_bytes;
+    }
     return CH_OK;
 }
 
@@ -202,6 +248,7 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
         if (!devices[i])
             return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: devices[%d] is NULL", i);
     TRY(check_options(options, n));
+    TRY(apply_limits(options, devices, n));
     ch_dp *dp = calloc(1, sizeof *dp);
     if (!dp)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
@@ -213,6 +260,7 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     dp->n = n;
     dp->o = *options;
     dp->o.weights = NULL; /* the caller's array may go away: the split has its own */
+    dp->o.memory_limits = NULL; /* applied to the devices */
     dp->procs.dist = options->dist;
     dp->procs.ranks = ch_dist_size(dp->procs.dist);
     dp->procs.rank = ch_dist_rank(dp->procs.dist);
@@ -238,6 +286,8 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
         st = chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: the model has no parameters");
     if (options->bucket_bytes == CH_DP_BUCKET_AUTO)
         dp_tune_init(dp);
+    if (st == CH_OK)
+        st = check_limited(dp, model, devices, n);
     if (st == CH_OK)
         st = dp_make_buckets(dp, model);
     for (int i = 0; st == CH_OK && i < n; i++)
@@ -412,13 +462,14 @@ static ch_status check_batch(const ch_dp *dp, const ch_batch *batch, const char 
  * parameters. */
 static ch_status check_replicas(const ch_dp *dp, const char *fn, int64_t step)
 {
-    for (int i = 1; i < dp->n; i++)
-        if (dp->r[i].checksum != dp->r[0].checksum)
+    int lead = dp_lead(dp);
+    for (int i = 0; i < dp->n; i++)
+        if (!dp->r[i].mb.out && dp->r[i].checksum != dp->r[lead].checksum)
             return chi_error(CH_ERR_INTERNAL, "%s: replica %d on %s holds other parameters "
                              "than replica 0 after step %lld (checksum %016llx, want %016llx)",
                              fn, i, ch_device_id(dp->r[i].dev), (long long)step,
                              (unsigned long long)dp->r[i].checksum,
-                             (unsigned long long)dp->r[0].checksum);
+                             (unsigned long long)dp->r[lead].checksum);
     return CH_OK;
 }
 
@@ -509,6 +560,36 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     return CH_OK;
 }
 
+/* After a failed training call: leave out every replica whose first pass
+ * of one sample did not fit its device's limit (in one process: across
+ * processes the split is every process's, and the call's failure names
+ * the device). Returns whether one was. */
+static int leave_out_small(ch_dp *dp)
+{
+    int any = 0;
+    for (int i = 0; i < dp->n; i++) {
+        replica *r = &dp->r[i];
+        if (!r->mb.too_small)
+            continue;
+        r->mb.too_small = 0;
+        if (dp->procs.ranks > 1 || !nn_split_leave_out(&dp->split, dp->procs.first + i))
+            continue;
+        r->mb.out = 1;
+        if (dp_shard_recut(dp) != CH_OK) {
+            /* Its part cannot move (a state was set already): it stays. */
+            r->mb.out = 0;
+            dp->split.out[dp->procs.first + i] = 0;
+            continue;
+        }
+        dp->mb.out++;
+        snprintf(dp->mb.note, sizeof dp->mb.note, "%s is left out: one sample does not fit in "
+                 "its memory limit of %.1f MiB (ch_device_set_memory_limit)",
+                 ch_device_id(r->dev), (double)r->mb.limit / 1048576.0);
+        any = 1;
+    }
+    return any;
+}
+
 ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr)
 {
     if (!dp || !batch || !loss)
@@ -518,8 +599,38 @@ ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr)
     if (!isfinite(lr) || lr < 0.0f)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_step: lr is %g, expected a finite "
                          "number >= 0", lr);
-    int k = dp->o.accumulate > 1 ? dp->o.accumulate : 1;
-    return train_call(dp, batch, lr, dp->tr.micro + 1 >= k, loss);
+    int k = dp->o.accumulate > 1 ? dp->o.accumulate : 1, first = dp->tr.micro == 0;
+    ch_status st = train_call(dp, batch, lr, dp->tr.micro + 1 >= k, loss);
+    /* A device too small for one sample under its limit is left out, and
+     * the call made again without it (when it began an accumulation:
+     * nothing earlier was lost with the failure). */
+    while (st != CH_OK && leave_out_small(dp) && first)
+        st = train_call(dp, batch, lr, dp->tr.micro + 1 >= k, loss);
+    return st;
+}
+
+ch_status ch_dp_micro_batches(const ch_dp *dp, int *size, int *count, int *left_out, int n)
+{
+    if (!dp)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_micro_batches: dp is NULL");
+    if (n < 0 || n > dp->n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_micro_batches: n is %d, the dp has %d "
+                         "replicas here", n, dp->n);
+    for (int i = 0; i < n; i++) {
+        const replica *r = &dp->r[i];
+        if (size)
+            size[i] = r->mb.limit == 0 ? 0 : r->mb.size;
+        if (count)
+            count[i] = r->mb.count;
+        if (left_out)
+            left_out[i] = dp->split.out[dp->procs.first + i];
+    }
+    return CH_OK;
+}
+
+const char *ch_dp_note(const ch_dp *dp)
+{
+    return dp ? dp->mb.note : "";
 }
 
 int ch_dp_pending(const ch_dp *dp)
@@ -756,8 +867,11 @@ ch_module *ch_dp_replica(const ch_dp *dp, int index)
 {
     if (!dp || index < 0 || index >= dp->n)
         return NULL;
-    /* Whoever looks at a replica sees replica 0's running statistics. */
-    if (index > 0 && dp_broadcast_buffers((ch_dp *)dp) != CH_OK)
+    /* Whoever looks at a replica sees the lead's running statistics, and
+     * a replica left out the lead's parameters. */
+    if (index != dp_lead(dp) && dp_broadcast_buffers((ch_dp *)dp) != CH_OK)
+        return NULL;
+    if (dp->r[index].mb.out && ch_dp_sync_to(dp, dp->r[index].model) != CH_OK)
         return NULL;
     return dp->r[index].model;
 }
@@ -767,7 +881,7 @@ ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model)
     if (!dp || !model)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_sync_to: %s is NULL",
                          !dp ? "dp" : "model");
-    const ch_module *src = dp->r[0].model;
+    const ch_module *src = dp->r[dp_lead(dp)].model;
     int np = ch_module_param_count(src);
     if (ch_module_param_count(model) != np)
         return chi_error(CH_ERR_SHAPE, "ch_dp_sync_to: model has %d parameters, the replicas "

@@ -174,19 +174,19 @@ ch_status dp_broadcast_buffers(ch_dp *dp)
 {
     if (!dp->tr.buffers_stale)
         return CH_OK;
-    int nb = ch_module_buffer_count(dp->r[0].model);
-    for (int i = 1; i < dp->n; i++) {
-        for (int k = 0; k < nb; k++) {
+    int lead = dp_lead(dp), nb = ch_module_buffer_count(dp->r[lead].model);
+    for (int i = 0; i < dp->n; i++) {
+        for (int k = 0; i != lead && k < nb; k++) {
             ch_tensor *src, *dst;
             int64_t *csrc, *cdst;
-            TRY(ch_module_buffer(dp->r[0].model, k, NULL, &src, &csrc));
+            TRY(ch_module_buffer(dp->r[lead].model, k, NULL, &src, &csrc));
             TRY(ch_module_buffer(dp->r[i].model, k, NULL, &dst, &cdst));
             if (src)
                 TRY(ch_copy(dst, src));
             else
                 *cdst = *csrc;
         }
-        if (nb > 0)
+        if (nb > 0 && i != lead)
             TRY(ch_device_sync(dp->r[i].dev));
     }
     dp->tr.buffers_stale = 0;

@@ -122,6 +122,15 @@ typedef struct replica {
     } trace;
     /* The step's breakdown on the host's clock (ch_dp_last_breakdown). */
     double t_start, t_update, t_end;
+    struct {          /* micro-batches sized by its device's memory limit */
+        uint64_t limit; /* the device's limit at ch_dp_new, 0: none (one pass) */
+        int size;     /* samples per micro-batch once measured, 0: not yet */
+        int count;    /* micro-batches in its last training call */
+        int last;     /* samples in its last training call */
+        int too_small; /* its last call could not fit one sample */
+        int out;      /* left out: no samples, no update (ch_dp_micro_batches) */
+        uint64_t per_sample, fixed; /* measured: bytes a sample adds, and a pass's own */
+    } mb;
     struct {                /* fp16's check of the reduced gradients */
         int overflow;       /* they were not finite */
         ch_tensor *finite;  /* each bucket's sum, for the check */
@@ -245,6 +254,11 @@ struct ch_dp {
         size_t chosen;   /* bytes per bucket now */
     } tune;
 
+    struct {           /* micro-batches by memory: replicas left out */
+        int out;       /* how many */
+        char note[256]; /* the last one's message */
+    } mb;
+
     struct {           /* the sharded optimizer (nn/dp_shard.c) */
         int on;        /* shard_optimizer, and more than one replica in the job */
         int64_t *lo;   /* [nall + 1]: job replica k's part is [lo[k], lo[k + 1]) */
@@ -298,6 +312,16 @@ static inline void dp_injected_clear(ch_dp *dp, int step_done)
 #define dp_injected_clear(dp, step_done) ((void)0)
 #define dp_injected_update(dp, replica) CH_OK
 #endif
+
+/* The first replica not left out: the one whose parameters and running
+ * statistics are the others' reference. */
+static inline int dp_lead(const ch_dp *dp)
+{
+    for (int i = 0; i < dp->n; i++)
+        if (!dp->r[i].mb.out)
+            return i;
+    return 0;
+}
 
 /* ---- nn/dp_worker.c ------------------------------------------------------------- */
 
@@ -385,6 +409,9 @@ ch_status dp_shard_publish(replica *r);
 ch_status dp_shard_exchange(ch_dp *dp, int failed, int *other_failed);
 /* The other replicas' parts into r's parameters. */
 ch_status dp_shard_fetch(replica *r);
+/* The parts cut again with the replicas left out given none (before the
+ * optimizers' state exists). */
+ch_status dp_shard_recut(ch_dp *dp);
 
 /* ---- nn/dp_join.c --------------------------------------------------------------- */
 

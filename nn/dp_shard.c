@@ -27,8 +27,8 @@
 /* A device's limit (ch_device_set_memory_limit), 0 when it has none. */
 static uint64_t device_limit(ch_device *dev)
 {
-    (void)dev; /* TODO(limits): ch_device_memory_stats' limit_bytes */
-    return 0;
+    ch_memory_stats ms;
+    return ch_device_memory_stats(dev, &ms) == CH_OK ? ms.limit_bytes : 0;
 }
 
 static uint64_t device_memory(ch_device *dev)
@@ -84,17 +84,40 @@ static void cut_parts(ch_dp *dp, const double *sizes)
     double total = 0.0;
     for (int k = 0; k < nall; k++) {
         double w = !limited ? 1.0 : sizes[2 * k] > 0.0 ? sizes[2 * k] : sizes[2 * k + 1];
-        total += w > 0.0 ? w : 1.0;
+        total += dp->split.out[k] ? 0.0 : w > 0.0 ? w : 1.0;
     }
     double cum = 0.0;
     dp->sh.lo[0] = 0;
     for (int k = 0; k < nall; k++) {
         double w = !limited ? 1.0 : sizes[2 * k] > 0.0 ? sizes[2 * k] : sizes[2 * k + 1];
-        cum += w > 0.0 ? w : 1.0;
+        cum += dp->split.out[k] ? 0.0 : w > 0.0 ? w : 1.0;
         dp->sh.lo[k + 1] = k + 1 == nall ? dp->numel : (int64_t)((double)dp->numel * (cum / total));
         if (dp->sh.lo[k + 1] < dp->sh.lo[k])
             dp->sh.lo[k + 1] = dp->sh.lo[k];
     }
+}
+
+ch_status dp_shard_recut(ch_dp *dp)
+{
+    if (!dp->sh.on) {
+        /* The whole state's holder: the lead (ch_dp_optimizer_get). */
+        int lead = dp->procs.first + dp_lead(dp);
+        for (int k = 0; k <= dp->procs.nall; k++)
+            dp->sh.lo[k] = k <= lead ? 0 : dp->numel;
+        return CH_OK;
+    }
+    double *sizes = calloc((size_t)dp->procs.nall * 2, sizeof *sizes);
+    if (!sizes)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "out of memory");
+    ch_status st = gather_sizes(dp, sizes);
+    if (st == CH_OK)
+        cut_parts(dp, sizes);
+    free(sizes);
+    for (int i = 0; st == CH_OK && i < dp->n; i++) {
+        int job = dp->procs.first + i;
+        st = nn_optimizer_set_range(dp->r[i].opt, dp->sh.lo[job], dp->sh.lo[job + 1]);
+    }
+    return st;
 }
 
 /* A process's run of parts: [lo, hi) of the elements. */
@@ -391,7 +414,8 @@ ch_status ch_dp_optimizer_set(ch_dp *dp, const ch_optimizer *opt)
     /* Every replica's state made first: a failure for want of memory
      * leaves them as they were. */
     for (int r = 0; r < dp->n; r++)
-        TRY(nn_optimizer_prepare(dp->r[r].opt));
+        if (!dp->r[r].mb.out)
+            TRY(nn_optimizer_prepare(dp->r[r].opt));
     for (int i = 0; i < dp->sh.np; i++) {
         for (int j = 0; j < per; j++) {
             ch_tensor **src, *p;
@@ -406,7 +430,7 @@ ch_status ch_dp_optimizer_set(ch_dp *dp, const ch_optimizer *opt)
                     lo = 0;
                     hi = dp->numel;
                 }
-                if (overlap(dp, i, lo, hi, &first) == 0)
+                if (dp->r[r].mb.out || overlap(dp, i, lo, hi, &first) == 0)
                     continue;
                 ch_tensor **slot, *rp;
                 TRY(nn_optimizer_state_slot(dp->r[r].opt, i * per + j, &slot, &rp, 1));

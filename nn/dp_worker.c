@@ -35,23 +35,24 @@ int64_t dp_labels_per_sample(const ch_dp *dp)
     return dp->o.labels_per_sample > 1 ? dp->o.labels_per_sample : 1;
 }
 
-static ch_status batch_tensors(replica *r, int labels)
+/* Input and label tensors of `rows` samples. */
+static ch_status batch_tensors(replica *r, int rows, int labels)
 {
     const ch_dp_options *o = &r->dp->o;
-    if (!r->x || ch_tensor_dim(r->x, 0) != r->count) {
+    if (!r->x || ch_tensor_dim(r->x, 0) != rows) {
         ch_tensor_free(r->x);
         r->x = NULL;
         int64_t xs[CH_MAX_DIMS];
-        xs[0] = r->count;
+        xs[0] = rows;
         for (int i = 0; i < o->sample_ndim; i++)
             xs[i + 1] = o->sample_shape[i];
         TRY(ch_tensor_new(&r->x, r->dev, o->sample_dtype, o->sample_ndim + 1, xs));
     }
     int64_t per = dp_labels_per_sample(r->dp);
-    if (labels && (!r->labels || ch_tensor_dim(r->labels, 0) != r->count)) {
+    if (labels && (!r->labels || ch_tensor_dim(r->labels, 0) != rows)) {
         ch_tensor_free(r->labels);
         r->labels = NULL;
-        int64_t ls[2] = {r->count, per};
+        int64_t ls[2] = {rows, per};
         TRY(ch_tensor_new(&r->labels, r->dev, CH_I32, per > 1 ? 2 : 1, ls));
     }
     return CH_OK;
@@ -71,56 +72,145 @@ size_t dp_label_bytes(const ch_dp *dp)
     return sizeof(int32_t) * (size_t)dp_labels_per_sample(dp);
 }
 
-static ch_status upload_slice(replica *r, int labels)
+/* Samples [first, first + rows) of the batch to the device. */
+static ch_status upload_rows(replica *r, int first, int rows, int labels)
 {
     const ch_batch *b = r->dp->call.batch;
     /* Not the buffer's size over the count: a short last batch comes in a
      * buffer made for a full one. */
     size_t sample = dp_sample_bytes(r->dp);
-    TRY(batch_tensors(r, labels));
+    TRY(batch_tensors(r, rows, labels));
     dp_mark_here(r, PH_UPLOAD, 0, 0);
-    TRY(ch_tensor_upload_async(r->x, b->images, (size_t)r->start * sample));
+    TRY(ch_tensor_upload_async(r->x, b->images, (size_t)first * sample));
     if (labels)
-        TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)r->start * dp_label_bytes(r->dp)));
+        TRY(ch_tensor_upload_async(r->labels, b->labels, (size_t)first * dp_label_bytes(r->dp)));
     dp_mark_here(r, PH_UPLOAD, 1, 0);
     return CH_OK;
 }
 
-/* Forward, loss, backward on this replica's slice; the gradient adds to
- * what earlier micro-batches left. */
-static ch_status compute(replica *r)
+static ch_status upload_slice(replica *r, int labels)
+{
+    return upload_rows(r, r->start, r->count, labels);
+}
+
+/* Forward, loss, backward on samples [first, first + rows) of the
+ * replica's slice; the gradient adds to what is there. *loss gets their
+ * mean loss. */
+static ch_status pass(replica *r, int first, int rows, float *loss)
 {
     ch_dp *dp = r->dp;
     const ch_batch *b = dp->call.batch;
-    for (int b = 0; dp->tr.micro == 0 && b < dp->bk.count; b++)
-        TRY(ch_fill(r->bk.grads[b], 0.0));
-    r->loss_value = 0.0f;
-    if (r->count == 0)
-        return CH_OK;
-    TRY(upload_slice(r, 1));
-    TRY(dp_injected(dp, r->index));
+    TRY(upload_rows(r, r->start + first, rows, 1));
     ch_tensor *y, *lv, *dy;
     /* Dropout draws by the optimizer step (restored with a checkpoint) and
      * the sample's position in the batch (in the whole accumulation),
-     * whatever the split. */
+     * whatever the split and the micro-batches. */
     ch_module_set_rng(r->model, dp->o.seed, ch_optimizer_steps(r->opt),
-                      dp->tr.micro_samples + r->start);
+                      dp->tr.micro_samples + r->start + first);
     dp_mark_here(r, PH_FORWARD, 0, 0);
     TRY(ch_module_forward(r->model, &y, r->x));
     dp_mark_here(r, PH_FORWARD, 1, 0);
     dp_mark_here(r, PH_LOSS, 0, 0);
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
-    /* Each replica's mean loss weighted by its share: the shares' gradients
-     * add up to the gradient of the whole batch's mean. */
-    TRY(ch_loss_backward(r->loss, &dy, dp->call.loss_scale * (float)r->count / (float)b->count));
+    /* Each pass's mean loss weighted by its share of the batch: the
+     * gradients add up to the gradient of the whole batch's mean. */
+    TRY(ch_loss_backward(r->loss, &dy, dp->call.loss_scale * (float)rows / (float)b->count));
     dp_mark_here(r, PH_LOSS, 1, 0);
     dp_mark_here(r, PH_BACKWARD, 0, 0);
     TRY(ch_module_backward(r->model, NULL, dy));
     dp_mark_here(r, PH_BACKWARD, 1, 0);
     /* Waits for backward: the marks so far have their times. */
     double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
-    TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
+    TRY(ch_tensor_download(lv, loss, sizeof *loss));
     dp_trace_wait(r, "wait for the device (the loss)", w0);
+    return CH_OK;
+}
+
+/* Micro-batches sized by memory: after the first passes of 1 and 2
+ * samples under the device's limit, the bytes a sample adds (the peaks'
+ * difference) and those a pass takes whatever its size; the size that
+ * fits what the limit leaves, with the optimizer's state still to come
+ * and a tenth to spare. */
+static void size_passes(replica *r, uint64_t base, uint64_t peak1, uint64_t peak2)
+{
+    uint64_t one = peak1 > base ? peak1 - base : 1;
+    uint64_t per = peak2 > peak1 ? peak2 - peak1 : one;
+    r->mb.per_sample = per;
+    r->mb.fixed = one > per ? one - per : 0;
+    int made = 0;
+    int64_t state = nn_optimizer_state_bytes(r->opt, &made);
+    /* The allocator rounds a block up by a quarter at most. */
+    uint64_t later = made ? 0 : (uint64_t)state + (uint64_t)state / 4;
+    uint64_t used = base + later + r->mb.fixed;
+    double room = r->mb.limit > used ? 0.9 * (double)(r->mb.limit - used) : 0.0;
+    double size = room / (double)per;
+    r->mb.size = size >= 1.0 ? (size > 1e9 ? 1000000000 : (int)size) : 1;
+}
+
+/* A pass of `rows` from `first`, its peak measured when `peak` is not
+ * NULL; the first pass under a limit failing for want of memory marks the
+ * replica too small. */
+static ch_status measured_pass(replica *r, int first, int rows, float *loss, uint64_t *peak)
+{
+    if (peak)
+        (void)ch_device_reset_peak(r->dev);
+    ch_status st = pass(r, first, rows, loss);
+    if (st == CH_ERR_DEVICE_OUT_OF_MEMORY && first == 0 && r->mb.limit > 0 && r->mb.size == 0)
+        r->mb.too_small = 1;
+    if (st == CH_OK && peak) {
+        ch_memory_stats ms;
+        st = ch_stream_sync(r->stream);
+        if (st == CH_OK)
+            st = ch_device_memory_stats(r->dev, &ms);
+        *peak = st == CH_OK ? ms.peak_bytes : 0;
+    }
+    return st;
+}
+
+/* Forward, loss, backward on this replica's slice, in micro-batches that
+ * fit its device's limit; the gradient adds to what earlier calls'
+ * micro-batches left. Only the last pass posts the buckets. */
+static ch_status compute(replica *r)
+{
+    ch_dp *dp = r->dp;
+    for (int b = 0; dp->tr.micro == 0 && b < dp->bk.count; b++)
+        TRY(ch_fill(r->bk.grads[b], 0.0));
+    r->loss_value = 0.0f;
+    r->mb.count = 0;
+    r->mb.last = r->count;
+    if (r->count == 0)
+        return CH_OK;
+    TRY(dp_injected(dp, r->index));
+    int posting = r->bk.posting, probing = r->mb.limit > 0 && r->mb.size == 0;
+    uint64_t base = 0, peak1 = 0, peak2 = 0;
+    if (probing) {
+        ch_memory_stats ms;
+        TRY(ch_stream_sync(r->stream));
+        TRY(ch_device_memory_stats(r->dev, &ms));
+        base = ms.in_use_bytes;
+    }
+    double sum = 0.0;
+    int done = 0;
+    while (done < r->count) {
+        int rest = r->count - done;
+        int rows = r->mb.limit == 0 ? rest : probing ? (done == 0 ? 1 : 2) : r->mb.size;
+        rows = rows < rest ? rows : rest;
+        r->bk.posting = posting && rows == rest;
+        float loss = 0.0f;
+        uint64_t *peak = !probing ? NULL : done == 0 ? &peak1 : &peak2;
+        ch_status st = measured_pass(r, done, rows, &loss, peak);
+        r->bk.posting = posting;
+        TRY(st);
+        sum += (double)loss * rows;
+        done += rows;
+        r->mb.count++;
+        /* Sized after the passes of 1 and 2 (or all there was). */
+        if (probing && (done == 3 || done == r->count)) {
+            size_passes(r, base, peak1, done == 3 ? peak2 : peak1);
+            probing = 0;
+        }
+    }
+    r->loss_value = (float)(sum / r->count);
     dp_trace_compute_done(r);
     return CH_OK;
 }
@@ -266,7 +356,7 @@ static void gather(replica *r)
     w0 = r->trace.on ? ch_clock_seconds() : 0.0;
     pthread_barrier_wait(&dp->w.barrier);
     dp_trace_wait(r, "wait for the others' parts", w0);
-    if (!atomic_load(&dp->w.failed) && !r->fp16.overflow) {
+    if (!atomic_load(&dp->w.failed) && !r->fp16.overflow && !r->mb.out) {
         ch_status st = dp_shard_fetch(r);
         if (st != CH_OK)
             atomic_store(&dp->w.parted, 1);
@@ -302,7 +392,9 @@ static void train(replica *r)
         dp_trace_wait(r, "wait for the reduction", w0);
     }
     r->t_update = dp->call.sync ? ch_clock_seconds() : 0.0;
-    if (dp->call.sync && !atomic_load(&dp->w.failed)) {
+    /* A replica left out takes no part in updates from then on. */
+    int updating = dp->call.sync && !r->mb.out;
+    if (updating && !atomic_load(&dp->w.failed)) {
         dp_mark_here(r, PH_UPDATE, 0, 0);
         fail(r, pre_update(r));
     }
@@ -312,7 +404,7 @@ static void train(replica *r)
         dp_trace_wait(r, "wait for the others", w0);
     }
     int updated = 0;
-    if (dp->call.sync && !atomic_load(&dp->w.failed)) {
+    if (updating && !atomic_load(&dp->w.failed)) {
         /* Past the barrier nothing allocates; a device failing now may
          * leave this replica's parameters apart from the others'. */
         ch_status st = update(r);
@@ -327,7 +419,7 @@ static void train(replica *r)
         gather(r);
     if (updated)
         dp_mark_here(r, PH_UPDATE, 1, 0);
-    if (dp->call.sync && !atomic_load(&dp->w.failed) && dp->o.check_every > 0 &&
+    if (updating && !atomic_load(&dp->w.failed) && dp->o.check_every > 0 &&
         (dp->tr.step + 1) % dp->o.check_every == 0)
         fail(r, dp_param_checksum(r));
 }

@@ -193,6 +193,9 @@ ch_status nn_optimizer_set_range(ch_optimizer *opt, int64_t lo, int64_t hi);
  * of parameter i then 1-D of *count elements, NULL when 0). */
 int nn_optimizer_part(const ch_optimizer *opt, int i, int64_t *first, int64_t *count);
 int nn_optimizer_ranged(const ch_optimizer *opt);
+/* Bytes of the state the optimizer keeps (its part's, when ranged), and
+ * in *made whether it exists yet (it is made at the first step). */
+int64_t nn_optimizer_state_bytes(const ch_optimizer *opt, int *made);
 /* Elements [first, first + count) of t, flat: a view freed by the caller. */
 ch_status nn_flat_view(ch_tensor **out, const ch_tensor *t, int64_t first, int64_t count);
 

@@ -219,6 +219,20 @@ ch_status nn_optimizer_set_range(ch_optimizer *opt, int64_t lo, int64_t hi)
 
 int nn_optimizer_ranged(const ch_optimizer *opt) { return opt && opt->ranged; }
 
+int64_t nn_optimizer_state_bytes(const ch_optimizer *opt, int *made)
+{
+    int per = opt->o.kind != CH_OPT_SGD ? 2 : opt->o.momentum != 0.0f ? 1 : 0;
+    int64_t bytes = 0;
+    *made = 0;
+    for (int i = 0; i < opt->nparams; i++) {
+        int64_t first, count;
+        nn_optimizer_part(opt, i, &first, &count);
+        bytes += (int64_t)per * count * (int64_t)sizeof(float);
+        *made |= opt->m[i] != NULL;
+    }
+    return bytes;
+}
+
 int nn_optimizer_part(const ch_optimizer *opt, int i, int64_t *first, int64_t *count)
 {
     if (!opt->ranged) {

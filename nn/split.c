@@ -34,7 +34,7 @@ ch_status nn_split_init(nn_split *s, int n, ch_dp_split mode, const float *weigh
                          (int)mode);
     if (mode == CH_DP_SPLIT_WEIGHTS && !weights)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "the split: weighted, but weights is NULL");
-    size_t per = 3 * sizeof(double) + 3 * sizeof(int);
+    size_t per = 4 * sizeof(double) + 4 * sizeof(int);
     if ((size_t)n > SIZE_MAX / per)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "the split: %d replicas overflow the address "
                          "space", n);
@@ -47,9 +47,11 @@ ch_status nn_split_init(nn_split *s, int n, ch_dp_split mode, const float *weigh
     s->weight = (double *)mem;
     s->rate = s->weight + un;
     s->seconds = s->rate + un;
-    s->count = (int *)(s->seconds + un);
+    s->w = s->seconds + un;
+    s->count = (int *)(s->w + un);
     s->start = s->count + un;
     s->fresh = s->start + un;
+    s->out = s->fresh + un;
     s->n = n;
     s->mode = mode;
     for (int i = 0; i < n; i++)
@@ -67,9 +69,10 @@ void nn_split_free(nn_split *s)
 
 /* counts in proportion to w; the rounding remainder goes to the largest
  * fractions first (ties to the first replica), so the counts add up to
- * total. Then every replica gets a sample when the total has enough: one
- * from the largest count (the first of them) for each that got none. */
-static void split_by(int n, const double *w, int total, int *counts)
+ * total. Then every replica not left out (out[i] 0; its weight is 0 too)
+ * gets a sample when the total has enough: one from the largest count (the
+ * first of them) for each that got none. */
+static void split_by(int n, const double *w, const int *out, int total, int *counts)
 {
     double wsum = 0;
     for (int i = 0; i < n; i++)
@@ -91,8 +94,11 @@ static void split_by(int n, const double *w, int total, int *counts)
         }
         counts[best]++;
     }
-    for (int i = 0; total >= n && i < n; i++) {
-        if (counts[i] > 0)
+    int in = 0;
+    for (int i = 0; i < n; i++)
+        in += !out[i];
+    for (int i = 0; total >= in && i < n; i++) {
+        if (counts[i] > 0 || out[i])
             continue;
         int big = 0;
         for (int j = 1; j < n; j++)
@@ -105,7 +111,10 @@ static void split_by(int n, const double *w, int total, int *counts)
 
 static int measured(const nn_split *s)
 {
-    return s->mode == CH_DP_SPLIT_AUTO && s->rate[0] > 0.0;
+    int first = 0;
+    while (first < s->n - 1 && s->out[first])
+        first++;
+    return s->mode == CH_DP_SPLIT_AUTO && s->rate[first] > 0.0;
 }
 
 /* Whether the new counts (s->fresh) move so few samples from the current
@@ -128,7 +137,10 @@ void nn_split_batch(nn_split *s, int total)
 {
     if (total < 0)
         total = 0;
-    split_by(s->n, measured(s) ? s->rate : s->weight, total, s->fresh);
+    const double *by = measured(s) ? s->rate : s->weight;
+    for (int i = 0; i < s->n; i++)
+        s->w[i] = s->out[i] ? 0.0 : by[i];
+    split_by(s->n, s->w, s->out, total, s->fresh);
     if (!keep_current(s, total))
         memcpy(s->count, s->fresh, (size_t)s->n * sizeof *s->count);
     int start = 0;
@@ -160,6 +172,18 @@ void nn_split_measure(nn_split *s)
             known++;
         }
     for (int i = 0; known && i < s->n; i++)
-        if (!(s->rate[i] > 0.0))
+        if (!(s->rate[i] > 0.0) && !s->out[i])
             s->rate[i] = sum / known;
+}
+
+int nn_split_leave_out(nn_split *s, int i)
+{
+    int in = 0;
+    for (int k = 0; k < s->n; k++)
+        in += !s->out[k];
+    if (i < 0 || i >= s->n || s->out[i] || in < 2)
+        return 0;
+    s->out[i] = 1;
+    s->rate[i] = 0.0;
+    return 1;
 }

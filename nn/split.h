@@ -24,7 +24,9 @@ typedef struct nn_split {
     /* private */
     double *weight;       /* [n] fixed shares: the weights, or 1 each */
     double *rate;         /* [n] auto: smoothed samples per second, 0 until measured */
+    double *w;            /* [n] scratch: the weights of a split being made */
     int *fresh;           /* [n] scratch: the counts of a split being made */
+    int *out;             /* [n] left out (nn_split_leave_out): no samples */
     int64_t measures;     /* nn_split_measure calls so far */
     void *mem;            /* the one allocation behind every array */
 } nn_split;
@@ -38,6 +40,11 @@ void nn_split_free(nn_split *s);
 
 /* Share out `total` >= 0 samples: s->count and s->start. Never fails. */
 void nn_split_batch(nn_split *s, int total);
+
+/* Replica i gets no samples from the next split on (a device too small
+ * for one); returns 0 (and changes nothing) when it is out already, out
+ * of range or the last replica in. */
+int nn_split_leave_out(nn_split *s, int i);
 
 /* Auto: replica i took s->seconds[i] of compute for its s->count[i]
  * samples of the last split; its rate follows, smoothed over calls. The

@@ -90,6 +90,10 @@ check_PROGRAMS += tests/test-dp-shard
 tests_test_dp_shard_SOURCES = tests/test-dp-shard.c
 tests_test_dp_shard_LDADD = $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-dp-memory
+tests_test_dp_memory_SOURCES = tests/test-dp-memory.c
+tests_test_dp_memory_LDADD = $(TEST_LIBS)
+
 check_PROGRAMS += tests/test-cast
 tests_test_cast_SOURCES = tests/test-cast.c
 tests_test_cast_LDADD = $(TEST_LIBS)

@@ -122,6 +122,30 @@ test $status -eq 0 && awk -v a="${got:-0}" -v b="${want:-1}" \
     'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.002 * b) }'
 ok $? "... and in 3 ranks, to the test loss of 3 ranks straight through ($got against $want)"
 
+# The sharded optimizer (ZeRO stage 1) under mpirun: each rank keeps its
+# part of Adam's state, and the job trains the unsharded job's bits; its
+# checkpoints are whole, the same file, and resume anywhere.
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 2 "$train" $quick --devices host --epochs 2 --shard-optimizer \
+    --checkpoint "$tmp/two-sh.st" >"$tmp/two-sh.out" 2>"$tmp/two-sh.err" &&
+    cmp -s "$tmp/two-sh.st" "$tmp/two.st"
+ok $? "--shard-optimizer: 2 ranks train the bits of 2 ranks unsharded, the checkpoint's optimizer state included (stderr: $(tail -c 300 "$tmp/two-sh.err" | tr '\n#' '  '))"
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 2 "$train" $quick --devices host --epochs 2 --max-steps 57 \
+    --shard-optimizer --checkpoint "$tmp/mid-sh.st" >/dev/null 2>&1 &&
+    cmp -s "$tmp/mid-sh.st" "$tmp/mid.st"
+ok $? "... stopped at step 57, its checkpoint is the unsharded job's, byte for byte"
+# shellcheck disable=SC2086
+"$train" $quick --devices host,host --epochs 2 --resume "$tmp/mid-sh.st" \
+    --checkpoint "$tmp/resumed1-sh.st" >/dev/null 2>&1 &&
+    cmp -s "$tmp/resumed1-sh.st" "$tmp/two.st"
+ok $? "... it resumes in 1 process, unsharded, to the bits of the straight run"
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 3 "$train" $quick --devices host --epochs 2 --resume "$tmp/mid-sh.st" \
+    --shard-optimizer --checkpoint "$tmp/resumed3-sh.st" >/dev/null 2>"$tmp/r3-sh.err" &&
+    cmp -s "$tmp/resumed3-sh.st" "$tmp/resumed3.st"
+ok $? "... and in 3 ranks, sharded, to the bits of the unsharded 3-rank resume (stderr: $(tail -c 300 "$tmp/r3-sh.err" | tr '\n#' '  '))"
+
 # --devices LIST;LIST: each process of the machine its own list, by local
 # rank (rank 1 holds two host replicas here, so three replicas train).
 # shellcheck disable=SC2086

@@ -275,6 +275,50 @@ static void test_resume(ch_device **devs, int n, const char *names, ch_device **
     }
 }
 
+/* Parts in proportion to the devices' memory limits. */
+static void test_limits(ch_device **devs, int n, const char *names, const batches *bs)
+{
+    ch_dp_options o = options(CH_OPT_ADAMW);
+    const uint64_t limits[3] = {(uint64_t)3 << 30, (uint64_t)1 << 30, (uint64_t)2 << 30};
+    o.memory_limits = limits;
+    o.nmemory_limits = 3;
+    o.shard_optimizer = 1;
+    ch_module *m = tap_smooth_cnn(0);
+    ch_module_init(m, 3);
+    ch_dp *dp = NULL;
+    ch_status st = ch_dp_new(&dp, m, devs, n, &o);
+    int64_t first[3] = {0}, count[3] = {0}, numel = ch_module_param_numel(m);
+    for (int i = 0; st == CH_OK && i < n; i++)
+        st = ch_dp_shard(dp, i, &first[i], &count[i]);
+    int distinct = devs[0] != devs[1] && devs[1] != devs[2] && devs[0] != devs[2];
+    /* A device listed three times holds the largest limit, shared out. */
+    double want[3] = {0.5, 1.0 / 6.0, 1.0 / 3.0};
+    int near = 1;
+    for (int i = 0; i < n; i++)
+        near = near && fabs((double)count[i] / (double)numel - (distinct ? want[i] : 1.0 / 3.0)) <
+                           1e-4;
+    tap_ok(st == CH_OK && near && first[1] == count[0] && first[2] == first[1] + count[1],
+           "limits of 3, 1 and 2 GiB over %s: parts of %lld, %lld and %lld of %lld elements", names,
+           (long long)count[0], (long long)count[1], (long long)count[2], (long long)numel);
+    ch_memory_stats ms;
+    ch_device_memory_stats(devs[1], &ms);
+    tap_ok(ms.limit_bytes == (distinct ? limits[1] : limits[0]),
+           "... ch_dp_new set %s's limit (%llu)", ch_device_id(devs[1]),
+           (unsigned long long)ms.limit_bytes);
+    ch_dp_free(dp);
+    for (int i = 0; i < n; i++)
+        ch_device_set_memory_limit(devs[i], 0);
+    /* Still the unsharded run's bits, with uneven parts. */
+    o.memory_limits = limits;
+    same("AdamW, parts by memory limits", devs, n, names, o, bs, 1);
+    for (int i = 0; i < n; i++)
+        ch_device_set_memory_limit(devs[i], 0);
+    o.nmemory_limits = 2;
+    tap_status_is(ch_dp_new(&dp, m, devs, n, &o), CH_ERR_INVALID_ARGUMENT, "memory limits",
+                  "2 memory limits for 3 devices");
+    ch_module_free(m);
+}
+
 static void test_errors(ch_device **devs, int n, const batches *bs)
 {
     ch_dp_options o = options(CH_OPT_ADAMW);
@@ -378,6 +422,7 @@ int main(void)
     } else {
         tap_skip("no OpenCL devices: the memory of each device's replica not measured");
     }
+    test_limits(three, 3, names, &bs);
     ch_device *one[1] = {host};
     ch_device *two[2] = {ocl1 ? ocl1 : host, host};
     char two_names[64];

@@ -51,6 +51,7 @@ typedef struct trainer {
     int bad_reduce;          /* ch_dp_new refused --reduce for these devices */
     int64_t step;
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
+    ch_optimizer_options oo; /* the replicas' optimizer */
     struct {                 /* where the steps' time went, summed (ch_dp_last_breakdown) */
         ch_dp_breakdown last[64];
         double compute[64], wait[64], update[64];
@@ -576,8 +577,25 @@ static ch_status generate(trainer *t)
     return st;
 }
 
-/* Replicas of the (initialised or resumed) model on every device; each
- * replica's optimizer takes the checkpoint's state too. */
+/* The checkpoint: the trained parameters and the job's whole optimizer
+ * state, gathered into the caller's model (a collective across the
+ * ranks: every rank gathers, rank 0 writes). */
+static ch_status save_checkpoint(trainer *t, const ch_train_state *cs)
+{
+    ch_optimizer *whole = NULL;
+    ch_status st = ch_dp_sync_to(t->dp, t->model);
+    if (st == CH_OK)
+        st = ch_optimizer_new(&whole, t->model, &t->oo);
+    if (st == CH_OK)
+        st = ch_dp_optimizer_get(t->dp, whole);
+    if (st == CH_OK && g_rank == 0)
+        st = ch_checkpoint_save_as(t->o->checkpoint, t->model, whole, cs, t->o->save_dtype);
+    ch_optimizer_free(whole);
+    return st;
+}
+
+/* Replicas of the (initialised or resumed) model on every device; the
+ * replicas' optimizers take the checkpoint's state too. */
 static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
 {
     ch_dp_options d = {0};
@@ -608,9 +626,16 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
     ch_status st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
     /* A reduction these devices cannot do is the user's choice to change. */
     t->bad_reduce = st == CH_ERR_UNSUPPORTED;
-    for (int i = 0; st == CH_OK && t->o->resume && i < t->ndev; i++)
-        st = ch_checkpoint_load(t->o->resume, ch_dp_replica(t->dp, i), ch_dp_optimizer(t->dp, i),
-                                NULL);
+    /* The checkpoint's optimizer state, whole, to every replica (its part
+     * of it with --shard-optimizer). */
+    ch_optimizer *whole = NULL;
+    if (st == CH_OK && t->o->resume)
+        st = ch_optimizer_new(&whole, t->model, oo);
+    if (st == CH_OK && t->o->resume)
+        st = ch_checkpoint_load(t->o->resume, t->model, whole, NULL);
+    if (st == CH_OK && t->o->resume)
+        st = ch_dp_optimizer_set(t->dp, whole);
+    ch_optimizer_free(whole);
     /* fp16 goes on with the checkpoint's loss scale (a checkpoint of
      * another precision has none: the first scale then). */
     if (st == CH_OK && t->o->precision == CH_F16 && t->resumed.loss_scale > 0.0f)
@@ -649,6 +674,7 @@ static ch_status setup(trainer *t)
         oo.momentum = 0.9f;
     if (t->o->weight_decay >= 0.0f)
         oo.weight_decay = t->o->weight_decay;
+    t->oo = oo;
     ch_status st = setup_dp(t, &oo);
     ch_loader_options lo = {t->o->batch, 1, t->o->seed, 0, 2, 4, 0, 1, t->dev,
                             t->o->aug, t->o->crop_pad};
@@ -764,9 +790,7 @@ static int run(trainer *t)
             (void)ch_dp_loss_scale(t->dp, &cs.loss_scale, &clean, NULL);
             cs.loss_scale_clean = clean;
         }
-        if (o->checkpoint && g_rank == 0 &&
-            ch_checkpoint_save_as(o->checkpoint, ch_dp_replica(t->dp, 0),
-                                  ch_dp_optimizer(t->dp, 0), &cs, o->save_dtype) != CH_OK)
+        if (o->checkpoint && save_checkpoint(t, &cs) != CH_OK)
             return runtime_error("cannot write the checkpoint");
     }
     if (t->signalled) {

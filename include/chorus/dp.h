@@ -225,6 +225,32 @@ CH_API ch_status ch_dp_last_breakdown(const ch_dp *dp, ch_dp_breakdown *out, int
  * *calls the training calls measured; either output may be NULL. */
 CH_API ch_status ch_dp_slowest_counts(const ch_dp *dp, int64_t *counts, int n, int64_t *calls);
 
+/* Micro-batches sized by memory. A replica whose device has a memory limit
+ * (ch_device_set_memory_limit, options->memory_limits) trains its share of
+ * each batch in micro-batches that fit it: its first training call runs
+ * passes of 1 and 2 samples, measures the device's peak after each (what a
+ * sample adds, what a pass takes), and sizes the rest to what the limit
+ * leaves beside the parameters, the gradients and the optimizer's state
+ * (with a tenth to spare); the passes' gradients add up before the
+ * reduction, each weighted by its samples, so the step's gradient is the
+ * whole batch's mean as without them. A replica whose first pass of one
+ * sample does not fit is left out (it gets no samples from then on; in one
+ * process only: across processes the call fails, naming the device) and
+ * the call runs again without it; ch_dp_note says so. A limited device
+ * holds one replica, and BatchNorm's statistics must be each replica's
+ * own (options->batchnorm_local): ch_dp_new refuses others with
+ * CH_ERR_UNSUPPORTED.
+ *
+ * For each of this process's `n` replicas: the samples per micro-batch
+ * (0 without a limit, or before the first training call), the
+ * micro-batches of its last training call, whether it is left out. Any
+ * array may be NULL. */
+CH_API ch_status ch_dp_micro_batches(const ch_dp *dp, int *size, int *count, int *left_out,
+                                     int n);
+/* The last thing the dp decided on its own that a user should hear of
+ * (a replica left out), "" when none: for logs. NULL dp: "". */
+CH_API const char *ch_dp_note(const ch_dp *dp);
+
 /* The bucket size in bytes now, and in *tuning (may be NULL) 1 while
  * CH_DP_BUCKET_AUTO is still measuring, else 0. 0 for a NULL dp. */
 CH_API size_t ch_dp_bucket_bytes(const ch_dp *dp, int *tuning);
