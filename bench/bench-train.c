@@ -7,7 +7,11 @@
  * one) against the measured rate.
  *
  * The data are random images or tokens in device memory: this measures the
- * training step (forward, loss, backward, optimizer), not the loader. */
+ * training step (forward, loss, backward, optimizer), not the loader.
+ *
+ * --recompute runs each model twice, without and with recomputed
+ * activations (ch_module_set_recompute), their steps interleaved, and adds
+ * the device's peak memory for each. */
 #include "config.h"
 
 #include <chorus.h>
@@ -63,47 +67,127 @@ static void make_batch(ch_tensor **x, ch_tensor **labels, ch_device *dev, const 
     free(lab);
 }
 
-/* Median of `steps` timed training steps of `model` on `dev` after warm-up:
- * samples per second. */
 /* --precision: mixed precision's format for every model (CH_F32: off). */
 static ch_dtype precision = CH_F32;
 
+/* A model on dev with its loss and Adam. */
+typedef struct trainer {
+    ch_module *m;
+    ch_loss *loss;
+    ch_optimizer *opt;
+} trainer;
+
+static void trainer_new(trainer *t, const char *model, const shapes *sh, ch_device *dev,
+                        int recompute)
+{
+    *t = (trainer){NULL, NULL, NULL};
+    make_model(&t->m, model, sh);
+    BENCH_CHECK(ch_module_init(t->m, 1));
+    BENCH_CHECK(ch_module_set_precision(t->m, precision));
+    BENCH_CHECK(ch_module_set_recompute(t->m, recompute));
+    BENCH_CHECK(ch_module_to(t->m, dev));
+    BENCH_CHECK(ch_loss_new(&t->loss, CH_LOSS_CROSS_ENTROPY));
+    ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f);
+    BENCH_CHECK(ch_optimizer_new(&t->opt, t->m, &oo));
+}
+
+static void trainer_free(trainer *t)
+{
+    ch_optimizer_free(t->opt);
+    ch_loss_free(t->loss);
+    ch_module_free(t->m);
+}
+
+/* One training step, the device synchronised after it: its seconds. */
+static double trainer_step(trainer *t, ch_device *dev, const ch_tensor *x, const ch_tensor *labels)
+{
+    ch_tensor *y, *lv, *dy;
+    double t0 = ch_clock_seconds();
+    BENCH_CHECK(ch_module_zero_grad(t->m));
+    BENCH_CHECK(ch_module_forward(t->m, &y, x));
+    BENCH_CHECK(ch_loss_forward(t->loss, &lv, y, labels));
+    BENCH_CHECK(ch_loss_backward(t->loss, &dy, 1.0f));
+    BENCH_CHECK(ch_module_backward(t->m, NULL, dy));
+    BENCH_CHECK(ch_optimizer_step(t->opt, 1e-3f));
+    BENCH_CHECK(ch_device_sync(dev));
+    return ch_clock_seconds() - t0;
+}
+
+/* Median of `steps` timed training steps of `model` on `dev` after warm-up:
+ * samples per second. */
 static double train_rate(const char *model, const shapes *sh, ch_device *dev, int batch,
                          int steps)
 {
-    ch_module *m = NULL;
-    ch_loss *loss = NULL;
-    ch_optimizer *opt = NULL;
-    make_model(&m, model, sh);
-    BENCH_CHECK(ch_module_init(m, 1));
-    BENCH_CHECK(ch_module_set_precision(m, precision));
-    BENCH_CHECK(ch_module_to(m, dev));
-    BENCH_CHECK(ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY));
-    ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f);
-    BENCH_CHECK(ch_optimizer_new(&opt, m, &oo));
-    ch_tensor *x = NULL, *labels = NULL, *y, *lv, *dy;
+    trainer t;
+    trainer_new(&t, model, sh, dev, 0);
+    ch_tensor *x = NULL, *labels = NULL;
     make_batch(&x, &labels, dev, model, batch, sh);
-    double *t = malloc(sizeof *t * (size_t)steps);
-    for (int s = -3; s < steps; s++) {
-        double t0 = ch_clock_seconds();
-        BENCH_CHECK(ch_module_zero_grad(m));
-        BENCH_CHECK(ch_module_forward(m, &y, x));
-        BENCH_CHECK(ch_loss_forward(loss, &lv, y, labels));
-        BENCH_CHECK(ch_loss_backward(loss, &dy, 1.0f));
-        BENCH_CHECK(ch_module_backward(m, NULL, dy));
-        BENCH_CHECK(ch_optimizer_step(opt, 1e-3f));
-        BENCH_CHECK(ch_device_sync(dev));
-        if (s >= 0)
-            t[s] = ch_clock_seconds() - t0;
+    double *times = malloc(sizeof *times * (size_t)steps);
+    if (!times) {
+        fprintf(stderr, "bench-train: out of memory\n");
+        exit(1);
     }
-    double median = bench_median(t, steps);
-    free(t);
+    for (int s = -3; s < steps; s++) {
+        double dt = trainer_step(&t, dev, x, labels);
+        if (s >= 0)
+            times[s] = dt;
+    }
+    double median = bench_median(times, steps);
+    free(times);
     ch_tensor_free(x);
     ch_tensor_free(labels);
-    ch_optimizer_free(opt);
-    ch_loss_free(loss);
-    ch_module_free(m);
+    trainer_free(&t);
     return batch / median;
+}
+
+/* --recompute: index 0 without recomputed activations, 1 with. */
+typedef struct recompute_result {
+    double rate[2];     /* samples per second */
+    double peak_mib[2]; /* the device's peak memory less what was in use before the model */
+    int upper_bound[2]; /* the run did not raise the device's peak: at most that */
+} recompute_result;
+
+/* The model without and with recomputation on dev. Memory first: each
+ * model made and its first step run (which makes every tensor of
+ * training: parameters, gradients, Adam's moments, activations), the
+ * recomputing one first, so that the other's higher peak raises the
+ * device's and measures its own. Then `steps` timed steps of each, the
+ * two alternating (which goes first swapped every step), after three
+ * more warm-up steps each. */
+static void compare_recompute(recompute_result *r, const char *model, const shapes *sh,
+                              ch_device *dev, int batch, int steps)
+{
+    trainer t[2];
+    ch_tensor *x = NULL, *labels = NULL;
+    make_batch(&x, &labels, dev, model, batch, sh);
+    for (int k = 1; k >= 0; k--) {
+        ch_memory_stats before, after;
+        BENCH_CHECK(ch_device_memory_stats(dev, &before));
+        trainer_new(&t[k], model, sh, dev, k);
+        trainer_step(&t[k], dev, x, labels);
+        BENCH_CHECK(ch_device_memory_stats(dev, &after));
+        r->peak_mib[k] = (double)(after.peak_bytes - before.in_use_bytes) / 1048576.0;
+        r->upper_bound[k] = after.peak_bytes <= before.peak_bytes;
+    }
+    double *times = malloc(sizeof *times * 2 * (size_t)steps);
+    if (!times) {
+        fprintf(stderr, "bench-train: out of memory\n");
+        exit(1);
+    }
+    for (int s = -3; s < steps; s++)
+        for (int j = 0; j < 2; j++) {
+            int k = (j + s + 3) % 2;
+            double dt = trainer_step(&t[k], dev, x, labels);
+            if (s >= 0)
+                times[k * steps + s] = dt;
+        }
+    for (int k = 0; k < 2; k++)
+        r->rate[k] = batch / bench_median(times + k * steps, steps);
+    free(times);
+    ch_tensor_free(x);
+    ch_tensor_free(labels);
+    trainer_free(&t[0]);
+    trainer_free(&t[1]);
 }
 
 #ifdef HAVE_REF_GEMM
@@ -277,10 +361,40 @@ static double gemm_seconds(const char *model, const shapes *sh, int batch, int r
 }
 #endif
 
+/* The two rows of --recompute (context: the gpt's tokens per sample, or
+ * 0), and in text the cost in time and the memory saved. */
+static void print_recompute(const recompute_result *r, const char *id, const char *model, int batch,
+                            int64_t context, int json, int first)
+{
+    for (int k = 0; k < 2; k++) {
+        if (json) {
+            printf("%s{\"device\":\"%s\",\"model\":\"%s\",\"batch\":%d,\"recompute\":%d,"
+                   "\"samples_per_s\":%.1f",
+                   first && k == 0 ? "" : ",", id, model, batch, k, r->rate[k]);
+            if (context)
+                printf(",\"tokens_per_s\":%.1f", r->rate[k] * (double)context);
+            printf(",\"peak_mib\":%.2f,\"peak_upper_bound\":%s", r->peak_mib[k],
+                   r->upper_bound[k] ? "true" : "false");
+            if (precision != CH_F32)
+                printf(",\"precision\":\"%s\"", ch_dtype_name(precision));
+            printf("}");
+            continue;
+        }
+        char tokens[32] = "-";
+        if (context)
+            snprintf(tokens, sizeof tokens, "%.1f", r->rate[k] * (double)context);
+        printf("%-10s %-6s %6d %9s %14.1f %14s %s%11.2f\n", id, model, batch, k ? "yes" : "no",
+               r->rate[k], tokens, r->upper_bound[k] ? "<" : " ", r->peak_mib[k]);
+    }
+    if (!json)
+        printf("%-10s %-6s %6d  recompute: step time x%.3f, peak memory x%.3f\n", id, model, batch,
+               r->rate[0] / r->rate[1], r->peak_mib[1] / r->peak_mib[0]);
+}
+
 int main(int argc, char **argv)
 {
     const char *devices = NULL, *only = NULL;
-    int batch = 64, steps = 20, json = 0;
+    int batch = 64, steps = 20, json = 0, recompute = 0;
     shapes sh = {CH_RESNET_DEPTH, ch_gpt_defaults()};
     static const struct option longs[] = {{"devices", required_argument, 0, 'd'},
                                           {"batch", required_argument, 0, 'b'},
@@ -294,6 +408,7 @@ int main(int argc, char **argv)
                                           {"context", required_argument, 0, 'T'},
                                           {"vocab", required_argument, 0, 'V'},
                                           {"precision", required_argument, 0, 'P'},
+                                          {"recompute", no_argument, 0, 'R'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     int c;
@@ -304,6 +419,7 @@ int main(int argc, char **argv)
         case 's': steps = atoi(optarg); break;
         case 'm': only = optarg; break;
         case 'j': json = 1; break;
+        case 'R': recompute = 1; break;
         case 'D': sh.depth = atoi(optarg); break;
         case 'L': sh.gpt.layers = atoi(optarg); break;
         case 'H': sh.gpt.heads = atoi(optarg); break;
@@ -325,9 +441,11 @@ int main(int argc, char **argv)
         case 'h':
             printf("usage: bench-train [--devices LIST] [--model mlp|cnn|resnet|gpt] [--batch N] "
                    "[--steps N] [--depth N] [--layers N] [--heads N] [--dim N] [--context N] "
-                   "[--vocab N] [--precision f32|bf16|fp16] [--json]\n"
+                   "[--vocab N] [--precision f32|bf16|fp16] [--recompute] [--json]\n"
                    "without --model: the mlp and the cnn; --precision: mixed precision "
-                   "(ch_module_set_precision), no loss scaling\n");
+                   "(ch_module_set_precision), no loss scaling; --recompute: each model "
+                   "without and with recomputed activations (ch_module_set_recompute), "
+                   "interleaved, with the peak memory of each\n");
             return 0;
         default: fprintf(stderr, "bench-train: bad option (see --help)\n"); return 2;
         }
@@ -352,6 +470,9 @@ int main(int argc, char **argv)
     const char *models[4] = {"mlp", "cnn", "resnet", "gpt"};
     if (json)
         printf("[");
+    else if (recompute)
+        printf("%-10s %-6s %6s %9s %14s %14s %12s\n", "device", "model", "batch", "recompute",
+               "samples/s", "tokens/s", "peak MiB");
     else
         printf("%-10s %-6s %6s %14s %14s\n", "device", "model", "batch", "samples/s", "tokens/s");
     int first = 1;
@@ -360,6 +481,14 @@ int main(int argc, char **argv)
             if (only ? strcmp(only, models[mi]) != 0 : mi >= 2)
                 continue;
             int gpt = mi == 3;
+            if (recompute) {
+                recompute_result r;
+                compare_recompute(&r, models[mi], &sh, devs[d], batch, steps);
+                print_recompute(&r, ch_device_id(devs[d]), models[mi], batch,
+                                gpt ? sh.gpt.context : 0, json, first);
+                first = 0;
+                continue;
+            }
             double rate = train_rate(models[mi], &sh, devs[d], batch, steps);
             const char *id = ch_device_id(devs[d]);
             double share = -1, bound = -1;

@@ -510,6 +510,8 @@ static ch_status block(ch_module **out, const ch_gpt_config *c)
         st = pre_norm(&r, c->dim, "ln_2", "mlp", ff);
     if (st == CH_OK)
         st = ch_nn_sequential_add_named(*out, "", r);
+    if (st == CH_OK)
+        (*out)->segment = 1; /* what ch_module_set_recompute recomputes */
     return nn_made(out, st);
 }
 

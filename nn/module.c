@@ -221,6 +221,83 @@ static const nn_ops seq_ops;
 
 /* ---- The passes ---------------------------------------------------------------- */
 
+/* The forward and backward state of m (outputs, input gradients, the
+ * intermediate tensors) freed, but for the tmp[] slots in `keep`. */
+static void release_state(ch_module *m, unsigned keep)
+{
+    ch_tensor **ts[] = {&m->y, &m->dx, &m->aux, &m->aux2};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        ch_tensor_free(*ts[i]);
+        *ts[i] = NULL;
+    }
+    for (int i = 0; i < NN_TEMPS; i++) {
+        if (keep & (1u << i))
+            continue;
+        ch_tensor_free(m->tmp[i]);
+        m->tmp[i] = NULL;
+    }
+    for (int i = 0; m->moved && i < m->nchild; i++) {
+        ch_tensor_free(m->moved[i]);
+        m->moved[i] = NULL;
+    }
+    for (int i = 0; m->moved_grad && i <= m->nchild; i++) {
+        ch_tensor_free(m->moved_grad[i]);
+        m->moved_grad[i] = NULL;
+    }
+    m->x = NULL;
+    m->dropped = 0;
+}
+
+static void free_state(ch_module *m)
+{
+    release_state(m, 0);
+}
+
+/* A recomputing segment, its forward (or backward) done: the state of
+ * every module below it goes back to the allocator, where the next
+ * segment finds the blocks. What the segment itself holds stays: its
+ * output (a Sequential's is a view, which keeps its memory), its input
+ * gradient, and the input its caller keeps. */
+static void drop_below(ch_module *m)
+{
+    for (int i = 0; i < m->nchild; i++) {
+        drop_below(m->child[i]);
+        release_state(m->child[i], m->child[i]->keep);
+    }
+}
+
+static void set_replaying(ch_module *m, int on)
+{
+    for (int i = 0; i < m->nchild; i++) {
+        m->child[i]->replaying = on;
+        set_replaying(m->child[i], on);
+    }
+}
+
+/* A dropped segment's forward again, from the input it kept, before its
+ * backward: the same ops on the same values give the same bits, dropout
+ * draws the same masks (its stream depends on the seed, step, layer and
+ * sample alone) and BatchNorm reuses its batch statistics (replaying).
+ * No gradient hook runs in a forward. The output the caller holds stays
+ * the segment's; the copy computed again is let go. */
+static ch_status replay(ch_module *m)
+{
+    ch_tensor *y = m->y;
+    m->y = NULL;
+    set_replaying(m, 1);
+    if (m->pass)
+        m->pass(m->pass_user, m, 0, 0);
+    ch_status st = m->ops->forward(m, m->x);
+    if (m->pass)
+        m->pass(m->pass_user, m, 0, 1);
+    set_replaying(m, 0);
+    ch_tensor_free(m->y);
+    m->y = y;
+    if (st == CH_OK)
+        m->dropped = 0;
+    return st;
+}
+
 ch_status nn_forward(ch_module *m, const ch_tensor *x)
 {
     if (!m->dev)
@@ -232,11 +309,18 @@ ch_status nn_forward(ch_module *m, const ch_tensor *x)
         return chi_error(CH_ERR_DTYPE, "ch_module_forward: %s takes %s, x is %s", m->ops->kind,
                          ch_dtype_name(m->ops->input), ch_dtype_name(ch_tensor_dtype(x)));
     m->x = x;
-    if (!m->pass)
-        return m->ops->forward(m, x);
-    m->pass(m->pass_user, m, 0, 0);
-    ch_status st = m->ops->forward(m, x);
-    m->pass(m->pass_user, m, 0, 1);
+    ch_status st;
+    if (!m->pass) {
+        st = m->ops->forward(m, x);
+    } else {
+        m->pass(m->pass_user, m, 0, 0);
+        st = m->ops->forward(m, x);
+        m->pass(m->pass_user, m, 0, 1);
+    }
+    if (m->recompute) {
+        drop_below(m);
+        m->dropped = st == CH_OK;
+    }
     return st;
 }
 
@@ -258,9 +342,15 @@ ch_status nn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         want_dx = 0;
     if (m->pass)
         m->pass(m->pass_user, m, 1, 0);
-    ch_status st = m->ops->backward(m, dy, want_dx);
+    ch_status st = m->dropped ? replay(m) : CH_OK;
+    if (st == CH_OK)
+        st = m->ops->backward(m, dy, want_dx);
     if (st == CH_OK && m->hook && m->nparams > 0)
         st = m->hook(m->hook_user, m->pfirst, m->nparams);
+    if (m->recompute) { /* its input stays: another backward can run it again */
+        drop_below(m);
+        m->dropped = 1;
+    }
     if (m->pass)
         m->pass(m->pass_user, m, 1, 1);
     return st;
@@ -472,28 +562,6 @@ ch_status ch_nn_residual(ch_module **out, ch_module *main_branch, ch_module *sho
 }
 
 /* ---- The tree's contents ------------------------------------------------------------ */
-
-static void free_state(ch_module *m)
-{
-    ch_tensor **ts[] = {&m->y, &m->dx, &m->aux, &m->aux2};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-        ch_tensor_free(*ts[i]);
-        *ts[i] = NULL;
-    }
-    for (int i = 0; i < NN_TEMPS; i++) {
-        ch_tensor_free(m->tmp[i]);
-        m->tmp[i] = NULL;
-    }
-    for (int i = 0; m->moved && i < m->nchild; i++) {
-        ch_tensor_free(m->moved[i]);
-        m->moved[i] = NULL;
-    }
-    for (int i = 0; m->moved_grad && i <= m->nchild; i++) {
-        ch_tensor_free(m->moved_grad[i]);
-        m->moved_grad[i] = NULL;
-    }
-    m->x = NULL;
-}
 
 void ch_module_free(ch_module *m)
 {
@@ -732,6 +800,7 @@ static ch_status clone_into(ch_module **out, const ch_module *m, ch_device *dev)
     memset(c->tmp, 0, sizeof c->tmp);
     c->hook = NULL;
     c->sync = NULL;
+    c->dropped = c->replaying = 0;
     c->dev = m->nparams || m->nbufs || m->dev ? dev : NULL;
     c->nparams = c->nbufs = 0;
     for (int i = 0; i < m->nparams; i++) {
@@ -801,6 +870,29 @@ ch_status ch_module_set_precision(ch_module *m, ch_dtype dtype)
 ch_dtype ch_module_precision(const ch_module *m)
 {
     return m ? m->precision : CH_F32;
+}
+
+ch_status ch_module_set_recompute(ch_module *m, int on)
+{
+    if (!m)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_module_set_recompute: m is NULL");
+    if (m->segment)
+        m->recompute = on != 0;
+    for (int i = 0; i < m->nchild; i++)
+        TRY(ch_module_set_recompute(m->child[i], on));
+    return CH_OK;
+}
+
+int ch_module_recompute(const ch_module *m)
+{
+    if (!m)
+        return 0;
+    if (m->recompute)
+        return 1;
+    for (int i = 0; i < m->nchild; i++)
+        if (ch_module_recompute(m->child[i]))
+            return 1;
+    return 0;
 }
 
 ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,

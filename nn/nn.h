@@ -94,6 +94,21 @@ struct ch_module {
     nn_init init;
     float init_std;
 
+    /* Recomputed activations (ch_module_set_recompute). A segment (a GPT
+     * block, a ResNet stage) that recomputes frees the forward state of
+     * every module below it once its forward is done (dropped), keeping
+     * its own input and output, and runs its forward again at the start of
+     * its backward, the modules below it replaying: BatchNorm then reuses
+     * the batch statistics of the first forward instead of taking (and
+     * exchanging) them again and moving its running statistics twice. */
+    int segment; /* ch_module_set_recompute applies to it */
+    int recompute;
+    int dropped;   /* the state below it is gone: backward reruns forward */
+    int replaying; /* inside a segment's re-forward */
+    /* The tmp[] slots (a bit each) that a segment's freeing leaves: what
+     * a re-forward reuses (BatchNorm's batch statistics). */
+    unsigned keep;
+
     /* forward state, reused across steps */
     const ch_tensor *x;      /* the input, kept for backward */
     ch_tensor *y;            /* output (owned) */

@@ -62,7 +62,15 @@ static ch_status bn_forward(ch_module *m, const ch_tensor *x)
         return chi_error(CH_ERR_SHAPE, "ch_module_forward: BatchNorm2d(%lld) got %d dimensions "
                          "with %lld channels", (long long)m->in, nd,
                          (long long)(nd >= 2 ? ch_tensor_dim(x, 1) : 0));
-    if (m->training) {
+    if (m->training && m->replaying) {
+        /* A recomputing segment's forward again: the statistics of its
+         * first forward, kept (m->keep), are the ones backward needs;
+         * taking them again would exchange them across the replicas again
+         * and move the running statistics twice. */
+        if (!m->tmp[BN_MEAN] || !m->tmp[BN_RSTD])
+            return chi_error(CH_ERR_STATE,
+                             "ch_module_backward: BatchNorm2d kept no batch statistics to reuse");
+    } else if (m->training) {
         TRY(bn_batch_stats(m, x));
     } else {
         TRY(channels(&m->tmp[BN_MEAN], m, m->in));
@@ -152,6 +160,7 @@ ch_status ch_nn_batchnorm2d(ch_module **out, int64_t channels_, float eps, float
     m->in = m->out = channels_;
     m->eps = eps;
     m->momentum = momentum;
+    m->keep = 1u << BN_MEAN | 1u << BN_RSTD;
     ch_status st = nn_add_param(m, "weight", 1, &m->in);
     if (st == CH_OK)
         st = nn_add_param(m, "bias", 1, &m->in);

@@ -112,6 +112,7 @@ static ch_status stage(ch_module *net, const char *name, int blocks, int64_t *in
 {
     ch_module *layer = NULL, *b = NULL;
     TRY(ch_nn_sequential(&layer));
+    layer->segment = 1; /* what ch_module_set_recompute recomputes */
     ch_status st = CH_OK;
     for (int i = 0; st == CH_OK && i < blocks; i++) {
         st = basic_block(&b, *in, width, i == 0 ? stride : 1);

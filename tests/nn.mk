@@ -29,3 +29,10 @@ check_PROGRAMS += tests/test-models
 tests_test_models_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_test_models_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
 EXTRA_DIST += tests/fixtures/gpt-tiny.safetensors tests/fixtures/resnet-tiny.safetensors
+
+# Recomputed activations: the same bits with and without, on every device,
+# and less memory. The copy of nn/ with its internals reachable, for the
+# gradient hook and BatchNorm's exchange that ch_dp sets.
+check_PROGRAMS += tests/test-recompute
+tests_test_recompute_SOURCES = tests/test-recompute.c
+tests_test_recompute_LDADD = tests/libnn-hooks.la $(TEST_LIBS)

@@ -149,6 +149,24 @@ CH_API void ch_module_train(ch_module *m, int training);
 CH_API ch_status ch_module_set_precision(ch_module *m, ch_dtype dtype);
 CH_API ch_dtype ch_module_precision(const ch_module *m);
 
+/* Recomputed activations (activation checkpointing): with on != 0, every
+ * GPT block (transformer.h.N) and every ResNet stage (layer1, layer2,
+ * layer3) in m, m included, keeps only its input and output in forward:
+ * the activations inside it go back to the device's allocator, where the
+ * next block or stage reuses them. Its backward runs its forward again
+ * from the kept input, then goes back through it, and frees them again.
+ * The re-run draws the same dropout masks (the same Philox stream
+ * offsets), and BatchNorm reuses the batch statistics of the first
+ * forward (no second exchange between data-parallel replicas, running
+ * statistics moved once), so losses, gradients and their order are those
+ * of a run without it, bit for bit where the kernels are deterministic
+ * (every backend here); the cost is a second forward of each block, less
+ * memory the saving. Other modules ignore it; names, parameters and
+ * checkpoints do not change; clones keep it. on 0 turns it off. */
+CH_API ch_status ch_module_set_recompute(ch_module *m, int on);
+/* 1 when m or a module below it recomputes, else 0 (also for NULL). */
+CH_API int ch_module_recompute(const ch_module *m);
+
 /* The random stream of dropout layers: the mask of sample s of the batch
  * is drawn at offset (first_sample + s) * sample_numel of stream
  * (seed, step, layer), so how a batch is split does not change which
