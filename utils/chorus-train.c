@@ -843,7 +843,7 @@ static int run(trainer *t)
     note_sharing(t);
     memory_devices(t);
     if (memory_reset(t) != CH_OK)
-        return runtime_error("cannot read the devices' memory");
+        return runtime_error("cannot reset the devices' peak memory");
     double busy = 0;
     int64_t samples = 0, epoch = state.epoch;
     int stop = 0;
