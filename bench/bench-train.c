@@ -7,11 +7,14 @@
  * one) against the measured rate.
  *
  * The data are random images or tokens in device memory: this measures the
- * training step (forward, loss, backward, optimizer), not the loader.
+ * training step (forward, loss, backward, optimizer), not the loader. Each
+ * row also gives the device's peak memory over the model's run (from
+ * ch_device_reset_peak before the model is made: its parameters, optimizer
+ * state, batch, activations, gradients and the backend's workspace).
  *
  * --recompute runs each model twice, without and with recomputed
- * activations (ch_module_set_recompute), their steps interleaved, and adds
- * the device's peak memory for each. */
+ * activations (ch_module_set_recompute), their steps interleaved, and
+ * gives the device's peak memory for each. */
 #include "config.h"
 
 #include <chorus.h>
@@ -114,10 +117,12 @@ static double trainer_step(trainer *t, ch_device *dev, const ch_tensor *x, const
 }
 
 /* Median of `steps` timed training steps of `model` on `dev` after warm-up:
- * samples per second. */
-static double train_rate(const char *model, const shapes *sh, ch_device *dev, int batch,
-                         int steps)
+ * samples per second; *peak: the device's peak bytes in use meanwhile. */
+static double train_rate(const char *model, const shapes *sh, ch_device *dev, int batch, int steps,
+                         uint64_t *peak)
 {
+    BENCH_CHECK(ch_device_sync(dev));
+    BENCH_CHECK(ch_device_reset_peak(dev));
     trainer t;
     trainer_new(&t, model, sh, dev, 0);
     ch_tensor *x = NULL, *labels = NULL;
@@ -134,6 +139,9 @@ static double train_rate(const char *model, const shapes *sh, ch_device *dev, in
     }
     double median = bench_median(times, steps);
     free(times);
+    ch_memory_stats ms;
+    BENCH_CHECK(ch_device_memory_stats(dev, &ms));
+    *peak = ms.peak_bytes;
     ch_tensor_free(x);
     ch_tensor_free(labels);
     trainer_free(&t);
@@ -474,7 +482,8 @@ int main(int argc, char **argv)
         printf("%-10s %-6s %6s %9s %14s %14s %12s\n", "device", "model", "batch", "recompute",
                "samples/s", "tokens/s", "peak MiB");
     else
-        printf("%-10s %-6s %6s %14s %14s\n", "device", "model", "batch", "samples/s", "tokens/s");
+        printf("%-10s %-6s %6s %14s %14s %10s\n", "device", "model", "batch", "samples/s",
+               "tokens/s", "peak MiB");
     int first = 1;
     for (int d = 0; d < n; d++) {
         for (int mi = 0; mi < 4; mi++) {
@@ -489,7 +498,9 @@ int main(int argc, char **argv)
                 first = 0;
                 continue;
             }
-            double rate = train_rate(models[mi], &sh, devs[d], batch, steps);
+            uint64_t peak = 0;
+            double rate = train_rate(models[mi], &sh, devs[d], batch, steps, &peak);
+            double peak_mib = (double)peak / (1024.0 * 1024.0);
             const char *id = ch_device_id(devs[d]);
             double share = -1, bound = -1;
 #ifdef HAVE_REF_GEMM
@@ -508,13 +519,14 @@ int main(int argc, char **argv)
                     printf(",\"gemm_bound_samples_per_s\":%.1f,\"gemm_share\":%.3f", bound, share);
                 if (precision != CH_F32)
                     printf(",\"precision\":\"%s\"", ch_dtype_name(precision));
-                printf("}");
+                printf(",\"peak_bytes\":%llu}", (unsigned long long)peak);
             } else {
                 if (gpt)
-                    printf("%-10s %-6s %6d %14.1f %14.1f\n", id, models[mi], batch, rate,
-                           rate * (double)sh.gpt.context);
+                    printf("%-10s %-6s %6d %14.1f %14.1f %10.1f\n", id, models[mi], batch, rate,
+                           rate * (double)sh.gpt.context, peak_mib);
                 else
-                    printf("%-10s %-6s %6d %14.1f %14s\n", id, models[mi], batch, rate, "-");
+                    printf("%-10s %-6s %6d %14.1f %14s %10.1f\n", id, models[mi], batch, rate, "-",
+                           peak_mib);
                 if (share >= 0)
                     printf("%-10s %-6s %6d %14.1f  GEMM-bound rate at " REF_GEMM_LIB " speed; "
                            "GEMM share %.3f\n",

@@ -444,8 +444,8 @@ static inline ch_status chi_bad_index(const char *fn, int64_t i, int64_t index, 
  * not enough; `what` names the request in it ("scratch"). Reserved bytes
  * count as in use. Staging (page-locked host memory kept for the
  * device's transfers) is only counted, never refused. Exported for the
- * backend modules; a context the core does not know (a device being
- * opened) is not counted. */
+ * backend modules, which call them once device_open has returned (the
+ * core does not know the context before: nothing would be counted). */
 CH_API ch_status chi_workspace_reserve(void *dev, size_t bytes, const char *what);
 CH_API void chi_workspace_release(void *dev, size_t bytes);
 CH_API void chi_staging_add(void *dev, size_t bytes);

@@ -84,13 +84,16 @@ def check(data, devices, cols, notes, columns_env=None, width=None, keeps=(), fi
     if status != 0:
         ok(False, "%s: exit status %d: %r" % (where, status, drawn[-300:]))
         return ""
-    # The run's breakdown ends it: one line of its own, printed once (the
-    # terminal wraps it; only the progress line has to fit, being redrawn).
+    # The run's breakdown and the devices' memory end it: one line each,
+    # printed once (the terminal wraps them; only the progress line has to
+    # fit, being redrawn).
     cut = drawn.rfind(b"\nbreakdown: ")
     summary = drawn[cut + 1:].decode("utf-8", "replace") if cut >= 0 else ""
-    ok(summary.endswith("\n") and summary.count("\n") == 1 and "\r" not in summary and
-       "% of the step is reduction not hidden by backward" in summary,
-       "%s: the breakdown ends it on one line: %r" % (where, summary))
+    parts = summary.split("\n")
+    ok(summary.endswith("\n") and len(parts) == 3 and "\r" not in summary and
+       "% of the step is reduction not hidden by backward" in parts[0] and
+       parts[1].startswith("memory: host peak "),
+       "%s: the breakdown and the memory end it, a line each: %r" % (where, summary))
     if cut >= 0:
         drawn = drawn[:cut + 1]
     top = widest(drawn)

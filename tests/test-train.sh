@@ -279,9 +279,28 @@ assert d["steps"] == 25 and d["test_accuracy"] >= 0.6, d
     test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--reduce peer' "$tmp/err" &&
         grep -q 'opencl:0' "$tmp/err"
     ok $? "--reduce peer across host and OpenCL: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
+
+    # --device-memory over data parallelism: each device's peak and limit
+    # in --json; a device --devices does not train on is refused.
+    # shellcheck disable=SC2086
+    "$train" $dp --epochs 1 --max-steps 3 --json --device-memory opencl:0=1G,host=6G \
+        >"$tmp/dpm.json" 2>"$tmp/err"
+    status=$?
+    test "$status" -eq 0 && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"]
+assert list(m) == ["host", "opencl:0", "opencl:1"], m
+assert [m[d]["limit_bytes"] for d in m] == [6 << 30, 1 << 30, 0], m
+assert all(0 < m[d]["peak_bytes"] <= m[d]["peak_reserved_bytes"] for d in m), m
+' "$tmp/dpm.json"
+    ok $? "--device-memory opencl:0=1G,host=6G over three devices: each one's peak and limit in --json (got $status: $(head -c 300 "$tmp/dpm.json"))"
+    "$train" --data "$data" --devices host --device-memory opencl:0=1G >/dev/null 2>"$tmp/err"
+    status=$?
+    test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q 'opencl:0' "$tmp/err"
+    ok $? "--device-memory of a device --devices leaves out: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
 else
     for what in "learns" "shares" "auto learns" "auto shares" "trace" "resume" "accumulate" "all" \
-        "all without CHORUS_DEVICES" "peer refused"; do
+        "all without CHORUS_DEVICES" "peer refused" "device-memory" "device-memory not listed"; do
         skip "no opencl:0 and opencl:1 for data parallel training ($what)"
     done
 fi
@@ -453,5 +472,58 @@ ok $? "the checkpoint a signal left resumes ($(tail -1 "$tmp/sig-resumed.out"))"
 status=$?
 test "$status" -eq 2 && grep -q -- '--precision is f32, bf16 or fp16' "$tmp/err"
 ok $? "--precision fp64: exit 2 naming the choices (got $status: $(cat "$tmp/err"))"
+
+# Memory: each device's peak over training in --json and on stderr; a
+# limit below that peak fails training with the allocator's message
+# (exit 1); one above it trains and is reported.
+peak_of() { # FILE DEVICE KEY
+    python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"][sys.argv[2]]
+assert 0 < m["peak_bytes"] <= m["peak_reserved_bytes"], m
+print(m[sys.argv[3]])
+' "$@"
+}
+# shellcheck disable=SC2086
+"$train" $(echo "$quick" | sed 's/--quiet//') --epochs 1 --max-steps 5 --json >"$tmp/mem.json" \
+    2>"$tmp/err"
+status=$?
+peak=$(peak_of "$tmp/mem.json" host peak_bytes)
+test "$status" -eq 0 && test "$(peak_of "$tmp/mem.json" host limit_bytes)" -eq 0 &&
+    grep -Eq '^memory: host peak [0-9.]+ (KiB|MiB|GiB)$' "$tmp/err"
+ok $? "--json gives host's peak over training ($peak bytes) and no limit; stderr says it: $(grep '^memory' "$tmp/err")"
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --max-steps 5 --device-memory "host=$((peak - 1))" >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 1 &&
+    grep -Eq 'training failed: .*host: [0-9.]+ (bytes|KiB|MiB) requested with [0-9.]+ (bytes|KiB|MiB) of its [0-9.]+ MiB limit in use \(ch_device_set_memory_limit\)' "$tmp/err"
+ok $? "--device-memory host=$((peak - 1)), a byte below that peak: training fails naming the device, the request and the limit (got $status: $(tr '\n' ' ' <"$tmp/err"))"
+# shellcheck disable=SC2086
+"$train" $(echo "$quick" | sed 's/--quiet//') --epochs 1 --max-steps 5 --json \
+    --device-memory "host=$((2 * peak))" >"$tmp/mem2.json" 2>"$tmp/err"
+status=$?
+test "$status" -eq 0 && test "$(peak_of "$tmp/mem2.json" host limit_bytes)" -eq $((2 * peak)) &&
+    test "$(peak_of "$tmp/mem2.json" host peak_bytes)" -le $((2 * peak)) &&
+    grep -Eq '^memory: host peak [0-9.]+ MiB of its [0-9.]+ MiB limit$' "$tmp/err"
+ok $? "--device-memory host=$((2 * peak)): it trains and reports the limit (got $status: $(grep '^memory' "$tmp/err") $(head -c 300 "$tmp/mem2.json"))"
+for bad in "host" "host=" "=1G" "host=0" "host=-1G" "host=1X" "host=0x10" "host=1G,host=2G" \
+    "host=1G," "host=99999999T"; do
+    # shellcheck disable=SC2086
+    "$train" $quick --epochs 1 --device-memory "$bad" >/dev/null 2>"$tmp/err"
+    status=$?
+    test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q -- '--device-memory' "$tmp/err"
+    ok $? "--device-memory $bad: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
+done
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --device-memory cuda:99=1G >/dev/null 2>"$tmp/err"
+status=$?
+test "$status" -eq 2 && test "$(wc -l <"$tmp/err")" -eq 1 && grep -q 'device-memory.*cuda:99' "$tmp/err"
+ok $? "--device-memory of an unknown device: exit 2 and one line naming it (got $status: $(cat "$tmp/err"))"
+# --shard-optimizer and --recompute go to ch_dp's options.
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --max-steps 3 --shard-optimizer --recompute >"$tmp/out" 2>"$tmp/err"
+status=$?
+test "$status" -eq 0 && grep -q '^result test_accuracy=' "$tmp/out"
+ok $? "--shard-optimizer --recompute train (got $status: $(head -c 200 "$tmp/err"))"
 
 tap_done

@@ -49,6 +49,14 @@ typedef struct trainer {
     int shown;               /* columns of the progress line on the screen */
     int signalled;           /* SIGINT or SIGTERM stopped training (0: none) */
     int bad_reduce;          /* ch_dp_new refused --reduce for these devices */
+    /* --device-memory's devices this process trains on (NULL: another
+     * process's), in the order of its entries. */
+    ch_device *limited[TRAIN_MAX_LIMITS];
+    /* Each device once, in --devices' order, and its memory over training
+     * (the peaks since training started). */
+    ch_device *mem_devs[64];
+    ch_memory_stats mem[64];
+    int nmem;
     int64_t step;
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
     ch_optimizer_options oo; /* the replicas' optimizer */
@@ -141,6 +149,85 @@ static void breakdown_line(const trainer *t, FILE *f, int json)
                 i ? "," : "", t->label[i], t->bd.compute[i], t->bd.wait[i], t->bd.update[i],
                 (long long)slow[i]);
     fprintf(f, "]}");
+}
+
+/* ---- Memory ------------------------------------------------------------------------- */
+
+/* "512 bytes", "4.0 KiB", "1020.3 MiB", "1.0 GiB". */
+static void format_bytes(char *out, size_t cap, uint64_t bytes)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(out, cap, "%llu bytes", (unsigned long long)bytes);
+        return;
+    }
+    double v = (double)bytes / 1024.0;
+    int u = 0;
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(out, cap, "%.1f %s", v, units[u]);
+}
+
+/* The devices trained on, each once, into t->mem_devs. */
+static void memory_devices(trainer *t)
+{
+    t->nmem = 0;
+    for (int i = 0; i < t->ndev; i++) {
+        int seen = 0;
+        for (int j = 0; j < t->nmem && !seen; j++)
+            seen = t->mem_devs[j] == t->devs[i];
+        if (!seen)
+            t->mem_devs[t->nmem++] = t->devs[i];
+    }
+}
+
+/* Training's peaks start here. */
+static ch_status memory_reset(trainer *t)
+{
+    ch_status st = CH_OK;
+    for (int i = 0; st == CH_OK && i < t->nmem; i++)
+        st = ch_device_reset_peak(t->mem_devs[i]);
+    return st;
+}
+
+static ch_status memory_read(trainer *t)
+{
+    ch_status st = CH_OK;
+    for (int i = 0; st == CH_OK && i < t->nmem; i++)
+        st = ch_device_memory_stats(t->mem_devs[i], &t->mem[i]);
+    return st;
+}
+
+/* Each device's peak over training (and its limit), on one line, or as
+ * the JSON object "memory". */
+static void memory_line(const trainer *t, FILE *f, int json)
+{
+    if (json) {
+        fprintf(f, ",\"memory\":{");
+        for (int i = 0; i < t->nmem; i++)
+            fprintf(f,
+                    "%s\"%s\":{\"peak_bytes\":%llu,\"peak_reserved_bytes\":%llu,"
+                    "\"limit_bytes\":%llu}",
+                    i ? "," : "", ch_device_id(t->mem_devs[i]),
+                    (unsigned long long)t->mem[i].peak_bytes,
+                    (unsigned long long)t->mem[i].peak_reserved_bytes,
+                    (unsigned long long)t->mem[i].limit_bytes);
+        fprintf(f, "}");
+        return;
+    }
+    fprintf(f, "memory:");
+    for (int i = 0; i < t->nmem; i++) {
+        char peak[32], limit[32];
+        format_bytes(peak, sizeof peak, t->mem[i].peak_bytes);
+        fprintf(f, "%s %s peak %s", i ? ";" : "", ch_device_id(t->mem_devs[i]), peak);
+        if (t->mem[i].limit_bytes) {
+            format_bytes(limit, sizeof limit, t->mem[i].limit_bytes);
+            fprintf(f, " of its %s limit", limit);
+        }
+    }
+    fprintf(f, "\n");
 }
 
 /* ---- The progress line's text (utils/progress.c draws it) --------------------------- */
@@ -623,7 +710,15 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
     d.dist = ch_dist_world();
     d.precision = t->o->precision;
     d.reduce_dtype = t->o->reduce_dtype;
-    ch_status st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
+    d.shard_optimizer = t->o->shard_optimizer;
+    d.recompute = t->o->recompute;
+    /* --device-memory: the replicas are made under their devices' limits. */
+    ch_status st = CH_OK;
+    for (int i = 0; st == CH_OK && i < t->o->nlimits; i++)
+        if (t->limited[i])
+            st = ch_device_set_memory_limit(t->limited[i], t->o->limits[i].bytes);
+    if (st == CH_OK)
+        st = ch_dp_new(&t->dp, t->model, t->devs, t->ndev, &d);
     /* A reduction these devices cannot do is the user's choice to change. */
     t->bad_reduce = st == CH_ERR_UNSUPPORTED;
     /* The checkpoint's optimizer state, whole, to every replica (its part
@@ -772,6 +867,9 @@ static int run(trainer *t)
     }
     t->step = state.step;
     note_sharing(t);
+    memory_devices(t);
+    if (memory_reset(t) != CH_OK)
+        return runtime_error("cannot reset the devices' peak memory");
     double busy = 0;
     int64_t samples = 0, epoch = state.epoch;
     int stop = 0;
@@ -801,6 +899,8 @@ static int run(trainer *t)
                     o->checkpoint ? o->checkpoint : "");
         return 128 + t->signalled;
     }
+    if (memory_read(t) != CH_OK)
+        return runtime_error("cannot read the devices' memory");
     double acc = 0, loss = 0;
     if ((o->lm ? validate(t, &loss, &acc) : evaluate(t, &acc, &loss)) != CH_OK)
         return runtime_error("evaluation failed");
@@ -837,6 +937,8 @@ static int run(trainer *t)
     }
     if (!o->quiet && t->bd.calls > 0)
         breakdown_line(t, stderr, 0);
+    if (!o->quiet)
+        memory_line(t, stderr, 0);
     if (o->lm) {
         double tps = rate * o->gpt.context;
         if (o->json) {
@@ -845,6 +947,7 @@ static int run(trainer *t)
                    "\"steps\":%lld%s",
                    loss, acc, t->last_loss, tps, (long long)epoch, ids, (long long)t->step, mpj);
             breakdown_line(t, stdout, 1);
+            memory_line(t, stdout, 1);
             printf("}\n");
         } else
             printf("result val_loss=%.4f val_accuracy=%.4f train_loss=%.4f tokens_per_s=%.1f "
@@ -860,6 +963,7 @@ static int run(trainer *t)
                "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld%s",
                acc, loss, rate, (long long)epoch, ids, (long long)t->step, mpj);
         breakdown_line(t, stdout, 1);
+        memory_line(t, stdout, 1);
         printf("}\n");
     } else
         printf("result test_accuracy=%.4f test_loss=%.4f samples_per_s=%.1f epochs=%lld "
@@ -979,6 +1083,56 @@ static int start_trace(const train_options *o)
     return 0;
 }
 
+/* Whether `d` is in one of the ';'-separated lists of --devices (under
+ * mpirun each process trains one of them). */
+static int in_device_lists(const char *devices, const ch_device *d)
+{
+    char list[1024];
+    ch_device *devs[64];
+    for (const char *p = devices;; p += strcspn(p, ";") + 1) {
+        size_t len = strcspn(p, ";");
+        int n = 0;
+        if (len < sizeof list) {
+            memcpy(list, p, len);
+            list[len] = '\0';
+            if (ch_device_list_parse_replicas(devs, 64, &n, list) != CH_OK)
+                n = 0;
+        }
+        for (int i = 0; i < n; i++)
+            if (devs[i] == d)
+                return 1;
+        if (!p[len])
+            return 0;
+    }
+}
+
+/* --device-memory: each device it names is a device here and one that
+ * --devices trains on; those of this process get their limit in
+ * setup_dp. 0 or the exit status. */
+static int resolve_limits(trainer *t)
+{
+    const train_options *o = t->o;
+    for (int i = 0; i < o->nlimits; i++) {
+        ch_device *d = NULL;
+        if (ch_device_by_name(&d, o->limits[i].device) != CH_OK) {
+            fprintf(stderr, "chorus-train: --device-memory: %s (see --help)\n", ch_last_error());
+            return EXIT_USAGE;
+        }
+        if (!in_device_lists(o->devices, d)) {
+            fprintf(stderr,
+                    "chorus-train: --device-memory names %s, which --devices %s does "
+                    "not train on (see --help)\n",
+                    o->limits[i].device, o->devices);
+            return EXIT_USAGE;
+        }
+        t->limited[i] = NULL;
+        for (int j = 0; j < t->ndev && !t->limited[i]; j++)
+            if (t->devs[j] == d)
+                t->limited[i] = d;
+    }
+    return 0;
+}
+
 /* Devices, model, data and log; 0 or the exit status. */
 static int prepare(trainer *t)
 {
@@ -1001,7 +1155,10 @@ static int prepare(trainer *t)
     }
     t->dev = t->devs[0];
     name_replicas(t);
-    int rc = o->lm ? open_tokens(t) : 0;
+    int rc = resolve_limits(t);
+    if (rc)
+        return rc;
+    rc = o->lm ? open_tokens(t) : 0;
     if (rc)
         return rc;
     if (make_model(t) != CH_OK)

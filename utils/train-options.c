@@ -1,6 +1,7 @@
 /* chorus-train's command line (utils/train-options.h). */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -74,6 +75,14 @@ void train_usage(FILE *f)
             "                      loss dynamically (kept in checkpoints)\n"
             "  --reduce-dtype f32|bf16  the gradients' reduction through the host in bf16\n"
             "                      (half the bytes moved, f32 sums; default f32)\n"
+            "  --device-memory DEV=SIZE,...  hold each named device of --devices to SIZE\n"
+            "                      bytes (K, M, G, T: binary; host=6G,opencl:0=1G): an\n"
+            "                      allocation beyond it fails, as on a smaller device\n"
+            "  --shard-optimizer   each replica keeps the optimizer state of its own part\n"
+            "                      of the parameters (ZeRO stage 1), parts sized by the\n"
+            "                      devices' memory limits\n"
+            "  --recompute         each GPT block and ResNet stage keeps only its input in\n"
+            "                      forward and runs its forward again in backward\n"
             "  --resume FILE       continue from a checkpoint\n"
             "  --log FILE          one JSON line per step, with its breakdown\n"
             "  --trace FILE        write a timeline (Chrome trace-event JSON: Perfetto,\n"
@@ -117,6 +126,74 @@ int train_parse_int(const char *s, int64_t lo, int64_t *out)
         return 0;
     *out = v;
     return 1;
+}
+
+int train_parse_size(const char *s, uint64_t *out)
+{
+    static const char suffixes[] = "KMGT";
+    /* Digits and a point alone: strtod would also take a sign, spaces,
+     * exponents, "inf" and hexadecimal. */
+    size_t number = strspn(s, "0123456789.");
+    if (number == 0 || *s == '.')
+        return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end != s + number)
+        return 0;
+    if (*end) {
+        const char *unit = strchr(suffixes, toupper((unsigned char)*end));
+        if (!unit || end[1])
+            return 0;
+        v = ldexp(v, 10 * (int)(unit - suffixes + 1));
+    }
+    /* 2^64 itself does not fit; a fraction of a byte rounds down. */
+    if (!(v >= 1.0) || v >= 18446744073709551616.0)
+        return 0;
+    *out = (uint64_t)v;
+    return 1;
+}
+
+/* "host=6G,opencl:0=1G" into o->limits, each device once; 0 and a message
+ * in `why` for the first entry that is wrong. */
+static int parse_limits(const char *s, train_options *o, char *why, size_t cap)
+{
+    o->nlimits = 0;
+    while (*s) {
+        size_t n = strcspn(s, ","), name = strcspn(s, "=");
+        char size[64];
+        if (name >= n || name == 0 || name >= TRAIN_DEVICE_NAME || n - name - 1 >= sizeof size) {
+            snprintf(why, cap, "\"%.*s\" is not DEVICE=SIZE", (int)(n < 80 ? n : 80), s);
+            return 0;
+        }
+        memcpy(size, s + name + 1, n - name - 1);
+        size[n - name - 1] = '\0';
+        train_memory_limit l = {{0}, 0};
+        memcpy(l.device, s, name);
+        if (!train_parse_size(size, &l.bytes)) {
+            snprintf(why, cap, "%s=%s: the size is a number of bytes with K, M, G or T, >= 1",
+                     l.device, size);
+            return 0;
+        }
+        for (int i = 0; i < o->nlimits; i++)
+            if (strcmp(o->limits[i].device, l.device) == 0) {
+                snprintf(why, cap, "%s is named twice", l.device);
+                return 0;
+            }
+        if (o->nlimits == TRAIN_MAX_LIMITS) {
+            snprintf(why, cap, "more than %d devices", TRAIN_MAX_LIMITS);
+            return 0;
+        }
+        o->limits[o->nlimits++] = l;
+        s += n;
+        if (*s == ',' && !*++s) {
+            snprintf(why, cap, "a comma ends the list");
+            return 0;
+        }
+    }
+    if (o->nlimits == 0)
+        snprintf(why, cap, "the list is empty");
+    return o->nlimits > 0;
 }
 
 /* A float format's name among the space-separated `accepted` ones ("fp16"
@@ -268,6 +345,9 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
                                           {"precision", required_argument, 0, 1016},
                                           {"reduce-dtype", required_argument, 0, 1017},
                                           {"trace", required_argument, 0, 1018},
+                                          {"device-memory", required_argument, 0, 1019},
+                                          {"shard-optimizer", no_argument, 0, 1020},
+                                          {"recompute", no_argument, 0, 1021},
                                           {"help", no_argument, 0, 'h'},
                                           {"version", no_argument, 0, 'V'},
                                           {0, 0, 0, 0}};
@@ -427,6 +507,17 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
             if (!parse_dtype(optarg, "f32 bf16", &o->reduce_dtype))
                 return fail_usage(err, "--reduce-dtype is f32 or bf16, not \"%s\"", optarg);
             break;
+        case 1019: {
+            char why[160];
+            if (!parse_limits(optarg, o, why, sizeof why))
+                return fail_usage(err,
+                                  "--device-memory wants DEVICE=SIZE,... (host=6G,"
+                                  "opencl:0=1G): %s",
+                                  why);
+            break;
+        }
+        case 1020: o->shard_optimizer = 1; break;
+        case 1021: o->recompute = 1; break;
         case 'h': return TRAIN_OPTIONS_HELP;
         case 'V': return TRAIN_OPTIONS_VERSION;
         default:

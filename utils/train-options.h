@@ -18,6 +18,18 @@
 #define TRAIN_OPTIONS_HELP (-1)
 #define TRAIN_OPTIONS_VERSION (-2)
 
+/* --device-memory's entries at most, and a device name's length. */
+#define TRAIN_MAX_LIMITS 64
+#define TRAIN_DEVICE_NAME 32
+
+/* One entry of --device-memory: a device's name as written (that it is a
+ * device, and one of --devices, is chorus-train's to check after
+ * ch_init) and its limit, > 0. */
+typedef struct train_memory_limit {
+    char device[TRAIN_DEVICE_NAME];
+    uint64_t bytes;
+} train_memory_limit;
+
 typedef struct train_options {
     const char *data, *model, *devices, *optimizer, *checkpoint, *resume, *log, *schedule;
     const char *split, *reduce, *batchnorm, *prompt;
@@ -41,6 +53,10 @@ typedef struct train_options {
     ch_dtype save_dtype;     /* --save-dtype: the checkpoints' tensors */
     ch_dtype precision;      /* --precision: mixed precision's half format, or f32 */
     ch_dtype reduce_dtype;   /* --reduce-dtype: the gradients' host-staged reduction */
+    train_memory_limit limits[TRAIN_MAX_LIMITS]; /* --device-memory, each device once */
+    int nlimits;
+    int shard_optimizer; /* --shard-optimizer (ch_dp_options.shard_optimizer) */
+    int recompute;       /* --recompute (ch_dp_options.recompute) */
 } train_options;
 
 /* The help text. */
@@ -55,5 +71,10 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err);
 
 /* A whole number >= lo: 1 and *out, or 0. */
 int train_parse_int(const char *s, int64_t lo, int64_t *out);
+
+/* A size in bytes: a number (a fraction allowed) with an optional K, M,
+ * G or T suffix (binary: 1K is 1024), at least 1 byte and below 2^64:
+ * 1 and *out, or 0. */
+int train_parse_size(const char *s, uint64_t *out);
 
 #endif

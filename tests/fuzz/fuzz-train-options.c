@@ -8,7 +8,8 @@
  * --help)\n" and nothing else prints; parsing the same line again
  * gives the same result (getopt starts over); parsed options hold what
  * chorus-train relies on (a known model, optimizer, schedule, batchnorm,
- * split and reduction; numbers in their ranges; heads dividing dim). */
+ * split and reduction; numbers in their ranges; heads dividing dim;
+ * --device-memory's devices named once each, with sizes >= 1). */
 #include "config.h"
 
 #include <math.h>
@@ -109,6 +110,20 @@ static void check_options(const train_options *o)
                "precision %d", (int)o->precision);
     FUZZ_CHECK(o->reduce_dtype == CH_F32 || o->reduce_dtype == CH_BF16, "reduce dtype %d",
                (int)o->reduce_dtype);
+    FUZZ_CHECK(o->nlimits >= 0 && o->nlimits <= TRAIN_MAX_LIMITS, "%d limits", o->nlimits);
+    for (int i = 0; i < o->nlimits; i++) {
+        const train_memory_limit *l = &o->limits[i];
+        size_t len = strnlen(l->device, sizeof l->device);
+        FUZZ_CHECK(len > 0 && len < sizeof l->device && !strchr(l->device, '=') &&
+                       !strchr(l->device, ',') && l->bytes >= 1,
+                   "limit %d: \"%.*s\" %llu bytes", i, (int)len, l->device,
+                   (unsigned long long)l->bytes);
+        for (int j = 0; j < i; j++)
+            FUZZ_CHECK(strcmp(o->limits[j].device, l->device) != 0, "%s limited twice", l->device);
+    }
+    FUZZ_CHECK((o->shard_optimizer == 0 || o->shard_optimizer == 1) &&
+                   (o->recompute == 0 || o->recompute == 1),
+               "shard %d, recompute %d", o->shard_optimizer, o->recompute);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

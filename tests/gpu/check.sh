@@ -408,7 +408,7 @@ build_programs() {
     local t defs
     spawn abi_modules
     for t in test-cuda test-abi test-ops test-ops-grad test-ops-attn test-ops-norm test-errors test-reduce \
-        test-dp test-cast test-half; do
+        test-dp test-cast test-half test-memory; do
         defs=()
         if [ "$t" = test-cuda ] && [ -f "$B/mod/chorus-cuda.so" ]; then
             defs=(-DCH_TEST_HAVE_CUDA=1)
@@ -568,7 +568,7 @@ run_tests() {
         CHORUS_TEST_MISSING_SLOT_DIR="$B/missing-slot" CHORUS_TEST_PARTIAL_CONV_DIR="$B/partial-conv" \
         test-abi
     gpu test-ops tap "$OUTDIR/tests.log" 120 test-ops
-    for t in test-ops-grad test-ops-attn test-ops-norm test-errors test-cast test-half; do
+    for t in test-ops-grad test-ops-attn test-ops-norm test-errors test-cast test-half test-memory; do
         gpu "$t" tap "$OUTDIR/tests.log" 90 "$t"
     done
     # On every device, so without a GPU too (the carried jansson at work);
