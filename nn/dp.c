@@ -173,6 +173,8 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
     /* The clone is made on this thread; its ops go to the replica's stream. */
     TRY(ch_module_clone(&r->model, model, dev));
     TRY(ch_module_set_precision(r->model, dp->o.precision));
+    if (dp->o.recompute)
+        TRY(ch_module_set_recompute(r->model, 1));
     r->bk.grads = calloc((size_t)dp->bk.count, sizeof *r->bk.grads);
     if (!r->bk.grads)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");

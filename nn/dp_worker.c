@@ -88,11 +88,6 @@ static ch_status upload_rows(replica *r, int first, int rows, int labels)
     return CH_OK;
 }
 
-static ch_status upload_slice(replica *r, int labels)
-{
-    return upload_rows(r, r->start, r->count, labels);
-}
-
 /* Forward, loss, backward on samples [first, first + rows) of the
  * replica's slice; the gradient adds to what is there. *loss gets their
  * mean loss. */
@@ -131,17 +126,22 @@ static ch_status pass(replica *r, int first, int rows, float *loss)
  * difference) and those a pass takes whatever its size; the size that
  * fits what the limit leaves, with the optimizer's state still to come
  * and a tenth to spare. */
+/* Bytes the optimizer's state will take when it is not made yet (the
+ * allocator rounds a block up by a quarter at most). */
+static uint64_t state_to_come(const replica *r)
+{
+    int made = 0;
+    int64_t state = nn_optimizer_state_bytes(r->opt, &made);
+    return made ? 0 : (uint64_t)state + (uint64_t)state / 4;
+}
+
 static void size_passes(replica *r, uint64_t base, uint64_t peak1, uint64_t peak2)
 {
     uint64_t one = peak1 > base ? peak1 - base : 1;
     uint64_t per = peak2 > peak1 ? peak2 - peak1 : one;
     r->mb.per_sample = per;
     r->mb.fixed = one > per ? one - per : 0;
-    int made = 0;
-    int64_t state = nn_optimizer_state_bytes(r->opt, &made);
-    /* The allocator rounds a block up by a quarter at most. */
-    uint64_t later = made ? 0 : (uint64_t)state + (uint64_t)state / 4;
-    uint64_t used = base + later + r->mb.fixed;
+    uint64_t used = base + state_to_come(r) + r->mb.fixed;
     double room = r->mb.limit > used ? 0.9 * (double)(r->mb.limit - used) : 0.0;
     double size = room / (double)per;
     r->mb.size = size >= 1.0 ? (size > 1e9 ? 1000000000 : (int)size) : 1;
@@ -204,8 +204,11 @@ static ch_status compute(replica *r)
         sum += (double)loss * rows;
         done += rows;
         r->mb.count++;
-        /* Sized after the passes of 1 and 2 (or all there was). */
-        if (probing && (done == 3 || done == r->count)) {
+        /* Sized after the passes of 1 and 2 (or all there was), or after
+         * the first alone when a pass of 2 would not fit by its measure. */
+        uint64_t two = base + 2 * (peak1 > base ? peak1 - base : 0) + state_to_come(r);
+        if (probing && (done == 3 || done == r->count ||
+                        (done == 1 && (double)two > 0.9 * (double)r->mb.limit))) {
             size_passes(r, base, peak1, done == 3 ? peak2 : peak1);
             probing = 0;
         }
@@ -296,7 +299,15 @@ static ch_status pre_update(replica *r)
         if (r->fp16.overflow)
             return CH_OK; /* skipped: parameters and optimizer untouched */
     }
-    return nn_optimizer_prepare(r->opt);
+    ch_status st = nn_optimizer_prepare(r->opt);
+    if (st == CH_ERR_DEVICE_OUT_OF_MEMORY) {
+        int made = 0;
+        double mib = (double)nn_optimizer_state_bytes(r->opt, &made) / 1048576.0;
+        return chi_error(st, "the optimizer's state (%.1f MiB) does not fit: %s%s", mib,
+                         ch_last_error(), r->dp->sh.on ? "" : "; a sharded optimizer "
+                         "(shard_optimizer) keeps a part of it on each replica");
+    }
+    return st;
 }
 
 /* After the barrier: the update itself, the same on every replica. */
@@ -426,48 +437,69 @@ static void train(replica *r)
 
 /* Evaluation mode on this replica's slice: its outputs into the rows of
  * dp->call.out, or its loss and number of correct answers. */
-static ch_status infer(replica *r)
+/* Evaluation mode on rows [first, first + rows) of the replica's slice:
+ * their outputs into dp->call.out, or their mean loss into *loss and their
+ * right answers added to r->correct. */
+static ch_status infer_rows(replica *r, int first, int rows, float *loss)
 {
     ch_dp *dp = r->dp;
     const ch_batch *b = dp->call.batch;
-    r->loss_value = 0.0f;
-    r->correct = 0;
-    if (r->count == 0)
-        return CH_OK;
     int evaluate = dp->call.job == JOB_EVALUATE;
-    TRY(upload_slice(r, evaluate));
-    TRY(dp_injected(dp, r->index));
+    TRY(upload_rows(r, r->start + first, rows, evaluate));
     ch_tensor *y;
     ch_module_train(r->model, 0);
     ch_status st = ch_module_forward(r->model, &y, r->x);
     ch_module_train(r->model, 1);
     TRY(st);
     if (!evaluate) {
-        ch_tensor *rows = NULL;
-        TRY(ch_tensor_view(&rows, dp->call.out, r->start, r->count));
-        st = ch_copy(rows, y);
-        ch_tensor_free(rows);
+        ch_tensor *out = NULL;
+        TRY(ch_tensor_view(&out, dp->call.out, r->start + first, rows));
+        st = ch_copy(out, y);
+        ch_tensor_free(out);
         /* A peer copy runs on the other device's stream, but this one
          * waits for it (lib/tensor.c): run_call drains this one only. */
         return st;
     }
     ch_tensor *lv;
     TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
-    TRY(ch_tensor_download(lv, &r->loss_value, sizeof r->loss_value));
-    int64_t per = dp_labels_per_sample(dp), rows = r->count * per;
-    TRY(nn_ensure(&r->pred, r->dev, CH_I32, 1, &rows));
+    TRY(ch_tensor_download(lv, loss, sizeof *loss));
+    int64_t per = dp_labels_per_sample(dp), n = (int64_t)rows * per;
+    TRY(nn_ensure(&r->pred, r->dev, CH_I32, 1, &n));
     TRY(ch_argmax(r->pred, y, 1));
-    if (rows > r->pred_cap) {
-        int32_t *grown = realloc(r->pred_host, (size_t)rows * sizeof *grown);
+    if (n > r->pred_cap) {
+        int32_t *grown = realloc(r->pred_host, (size_t)n * sizeof *grown);
         if (!grown)
             return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_evaluate: out of memory");
         r->pred_host = grown;
-        r->pred_cap = rows;
+        r->pred_cap = n;
     }
-    TRY(ch_tensor_download(r->pred, r->pred_host, (size_t)rows * sizeof(int32_t)));
-    const int32_t *truth = (const int32_t *)ch_host_buffer_data(b->labels) + r->start * per;
-    for (int64_t i = 0; i < rows; i++)
+    TRY(ch_tensor_download(r->pred, r->pred_host, (size_t)n * sizeof(int32_t)));
+    const int32_t *truth =
+        (const int32_t *)ch_host_buffer_data(b->labels) + (int64_t)(r->start + first) * per;
+    for (int64_t i = 0; i < n; i++)
         r->correct += r->pred_host[i] == truth[i];
+    return CH_OK;
+}
+
+/* Evaluation mode on this replica's slice, under its device's limit in
+ * micro-batches of the size training measured (1 before it has). */
+static ch_status infer(replica *r)
+{
+    r->loss_value = 0.0f;
+    r->correct = 0;
+    if (r->count == 0)
+        return CH_OK;
+    TRY(dp_injected(r->dp, r->index));
+    int size = r->mb.limit == 0 ? r->count : r->mb.size > 0 ? r->mb.size : 1;
+    double sum = 0.0;
+    for (int done = 0; done < r->count;) {
+        int rows = r->count - done < size ? r->count - done : size;
+        float loss = 0.0f;
+        TRY(infer_rows(r, done, rows, &loss));
+        sum += (double)loss * rows;
+        done += rows;
+    }
+    r->loss_value = (float)(sum / r->count);
     return CH_OK;
 }
 

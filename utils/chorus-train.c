@@ -230,6 +230,27 @@ static void memory_line(const trainer *t, FILE *f, int json)
     fprintf(f, "\n");
 }
 
+/* Under memory limits: each limited replica's micro-batches (their size,
+ * and how many the last step took), and a replica left out. */
+static void micro_line(const trainer *t, FILE *f)
+{
+    int size[64] = {0}, count[64] = {0}, out[64] = {0}, any = 0;
+    if (ch_dp_micro_batches(t->dp, size, count, out, t->ndev) != CH_OK)
+        return;
+    for (int i = 0; i < t->ndev; i++) {
+        if (out[i]) {
+            fprintf(f, "%s%s left out", any++ ? "; " : "micro-batches: ", t->label[i]);
+        } else if (size[i] > 0) {
+            fprintf(f, "%s%s %d of up to %d sample%s", any++ ? "; " : "micro-batches: ",
+                    t->label[i], count[i], size[i], size[i] == 1 ? "" : "s");
+        }
+    }
+    if (any)
+        fprintf(f, "\n");
+    if (ch_dp_note(t->dp)[0])
+        fprintf(f, "chorus-train: %s\n", ch_dp_note(t->dp));
+}
+
 /* ---- The progress line's text (utils/progress.c draws it) --------------------------- */
 
 static void device_parts(const trainer *t, char *out, size_t cap)
@@ -275,9 +296,10 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
 {
     if (!t->log)
         return;
-    int counts[64] = {0};
+    int counts[64] = {0}, mb_size[64] = {0}, mb_count[64] = {0}, out[64] = {0};
     double times[64] = {0};
     (void)ch_dp_last_step(t->dp, counts, times, t->ndev); /* fails only for another n */
+    (void)ch_dp_micro_batches(t->dp, mb_size, mb_count, out, t->ndev);
     int total = 0;
     for (int i = 0; i < t->ndev; i++)
         total += counts[i];
@@ -304,6 +326,11 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
                 b->compute, b->wait, b->update, b->slowest ? "true" : "false");
         if (t->sharing[i] > 1)
             fprintf(t->log, ",\"replicas_on_device\":%d", t->sharing[i]);
+        /* Under a memory limit: its micro-batches' size and count. */
+        if (mb_size[i] > 0)
+            fprintf(t->log, ",\"micro_batch\":%d,\"micro_batches\":%d", mb_size[i], mb_count[i]);
+        if (out[i])
+            fprintf(t->log, ",\"left_out\":true");
         fprintf(t->log, "}");
     }
     fprintf(t->log, "]}\n");
@@ -859,8 +886,13 @@ static int run(trainer *t)
     const ch_train_state state = t->resumed;
     if (setup(t) != CH_OK) {
         if (t->bad_reduce) {
-            fprintf(stderr, "chorus-train: --reduce %s: %s (see --help)\n", o->reduce,
-                    ch_last_error());
+            /* The reduction, or devices the memory limits cannot serve. */
+            if (strstr(ch_last_error(), "memory limit"))
+                fprintf(stderr, "chorus-train: --device-memory: %s (see --help)\n",
+                        ch_last_error());
+            else
+                fprintf(stderr, "chorus-train: --reduce %s: %s (see --help)\n", o->reduce,
+                        ch_last_error());
             return EXIT_USAGE;
         }
         return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
@@ -937,8 +969,10 @@ static int run(trainer *t)
     }
     if (!o->quiet && t->bd.calls > 0)
         breakdown_line(t, stderr, 0);
-    if (!o->quiet)
+    if (!o->quiet) {
         memory_line(t, stderr, 0);
+        micro_line(t, stderr);
+    }
     if (o->lm) {
         double tps = rate * o->gpt.context;
         if (o->json) {
