@@ -153,23 +153,6 @@ static void breakdown_line(const trainer *t, FILE *f, int json)
 
 /* ---- Memory ------------------------------------------------------------------------- */
 
-/* "512 bytes", "4.0 KiB", "1020.3 MiB", "1.0 GiB". */
-static void format_bytes(char *out, size_t cap, uint64_t bytes)
-{
-    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    if (bytes < 1024) {
-        snprintf(out, cap, "%llu bytes", (unsigned long long)bytes);
-        return;
-    }
-    double v = (double)bytes / 1024.0;
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(out, cap, "%.1f %s", v, units[u]);
-}
-
 /* The devices trained on, each once, into t->mem_devs. */
 static void memory_devices(trainer *t)
 {
@@ -200,8 +183,8 @@ static ch_status memory_read(trainer *t)
     return st;
 }
 
-/* Each device's peak over training (and its limit), on one line, or as
- * the JSON object "memory". */
+/* Each device's peak over training (and its limit), on one line in MiB,
+ * or as the JSON object "memory" in bytes. */
 static void memory_line(const trainer *t, FILE *f, int json)
 {
     if (json) {
@@ -217,15 +200,13 @@ static void memory_line(const trainer *t, FILE *f, int json)
         fprintf(f, "}");
         return;
     }
+    const double mib = 1024.0 * 1024.0;
     fprintf(f, "memory:");
     for (int i = 0; i < t->nmem; i++) {
-        char peak[32], limit[32];
-        format_bytes(peak, sizeof peak, t->mem[i].peak_bytes);
-        fprintf(f, "%s %s peak %s", i ? ";" : "", ch_device_id(t->mem_devs[i]), peak);
-        if (t->mem[i].limit_bytes) {
-            format_bytes(limit, sizeof limit, t->mem[i].limit_bytes);
-            fprintf(f, " of its %s limit", limit);
-        }
+        fprintf(f, "%s %s peak %.1f MiB", i ? ";" : "", ch_device_id(t->mem_devs[i]),
+                (double)t->mem[i].peak_bytes / mib);
+        if (t->mem[i].limit_bytes)
+            fprintf(f, " of its %.1f MiB limit", (double)t->mem[i].limit_bytes / mib);
     }
     fprintf(f, "\n");
 }
