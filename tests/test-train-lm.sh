@@ -85,6 +85,44 @@ assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
 ' "$tmp/one.json" "$tmp/two.json"
 ok $? "host,host trains as host alone (val_loss $(head -c 24 "$tmp/one.json") vs $(head -c 24 "$tmp/two.json"))"
 
+# A model larger than one device: a GPT whose parameters outweigh its
+# activations, with opencl:1 limited to 24 MiB, which its replica needs
+# about 29 MiB of without the options (the parameters, their gradients and
+# AdamW's two moments: 4 copies) and about 20 with them. Without the
+# options it fails naming the optimizer's state and the limit; with
+# --shard-optimizer and --recompute it trains 6 steps with the losses of
+# the unlimited run (sharding and recomputation keep the bits).
+if "${CHORUS_INFO:-$(dirname "$train")/chorus-info}" 2>/dev/null | grep -q '^  opencl:1 '; then
+    wide="--model gpt --data $tmp/text.txt --layers 2 --heads 2 --dim 256 --context 8 --batch 12"
+    wide="$wide --max-steps 6 --optimizer adamw --split equal --quiet --devices host,opencl:0,opencl:1"
+    # shellcheck disable=SC2086
+    "$train" $wide --log "$tmp/free.log" --json >"$tmp/free.json" 2>"$tmp/free.err"
+    ok $? "a wide gpt over host,opencl:0,opencl:1 without a limit (stderr: $(head -c 200 "$tmp/free.err" | tr '\n#' '  '))"
+    # shellcheck disable=SC2086
+    "$train" $wide --device-memory opencl:1=24M >/dev/null 2>"$tmp/tight.err"
+    status=$?
+    test $status -eq 1 && grep -q "optimizer's state" "$tmp/tight.err" &&
+        grep -q 'opencl:1: .* requested with .* of its 24.0 MiB limit in use' "$tmp/tight.err"
+    ok $? "--device-memory opencl:1=24M without the options: exit $status, naming the state and the limit ($(tail -c 300 "$tmp/tight.err" | tr '\n#' '  '))"
+    # shellcheck disable=SC2086
+    "$train" $wide --device-memory opencl:1=24M --shard-optimizer --recompute --json \
+        --log "$tmp/fit.log" >"$tmp/fit.json" 2>"$tmp/fit.err"
+    status=$?
+    python3 -c '
+import json, sys
+free = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+fit = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(free) == len(fit) == 6 and free == fit, (free, fit)
+mem = json.load(open(sys.argv[3]))["memory"]["opencl:1"]
+assert mem["limit_bytes"] == 24 << 20 and mem["peak_reserved_bytes"] <= 24 << 20, mem
+' "$tmp/free.log" "$tmp/fit.log" "$tmp/fit.json"
+    ok $((status + $?)) "... with --shard-optimizer --recompute it trains under the limit, with the unlimited run's 6 losses (status $status; $(tail -c 200 "$tmp/fit.err" | tr '\n#' '  '))"
+else
+    skip "no opencl:1: a model larger than one device not tried"
+    skip "no opencl:1"
+    skip "no opencl:1"
+fi
+
 # Bad input: one line and exit 2.
 expect_usage() { # what needle args...
     what=$1 needle=$2
