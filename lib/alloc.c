@@ -197,6 +197,17 @@ static void *last_use(ch_device *dev)
     return ev;
 }
 
+void chi_alloc_note_tensor(ch_device *dev, size_t bytes, int freed)
+{
+    chi_allocator *a = &dev->alloc;
+    pthread_mutex_lock(&a->lock);
+    if (freed)
+        a->stats.tensor_bytes -= bytes;
+    else
+        a->stats.tensor_bytes += bytes;
+    pthread_mutex_unlock(&a->lock);
+}
+
 void chi_free(ch_device *dev, void *ptr, size_t bytes)
 {
     chi_allocator *a = &dev->alloc;

@@ -108,6 +108,7 @@ typedef struct chi_buffer {
     ch_device *dev;
     void *ptr;
     size_t bytes;
+    size_t asked;               /* what the tensor asked for, before rounding */
     atomic_int refs;
 } chi_buffer;
 
@@ -193,6 +194,9 @@ ch_status chi_widened(const ch_tensor *x, int fill, ch_tensor **tmp, ch_tensor *
 
 ch_status chi_alloc(ch_device *dev, size_t bytes, void **ptr);
 void chi_free(ch_device *dev, void *ptr, size_t bytes);
+/* A tensor's own bytes (before its size class) come or go:
+ * ch_memory_stats.tensor_bytes. */
+void chi_alloc_note_tensor(ch_device *dev, size_t bytes, int freed);
 void chi_alloc_init(chi_allocator *a);
 /* The size chi_alloc really allocates for a request of `bytes`. */
 size_t chi_alloc_round(size_t bytes);

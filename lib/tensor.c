@@ -112,6 +112,8 @@ ch_status ch_tensor_new(ch_tensor **out, ch_device *dev, ch_dtype dtype, int ndi
         free(t);
         return st;
     }
+    buf->asked = bytes;
+    chi_alloc_note_tensor(dev, bytes, 0);
     atomic_init(&buf->refs, 1);
     t->buf = buf;
     *out = t;
@@ -124,8 +126,10 @@ void ch_tensor_free(ch_tensor *t)
         return;
     chi_buffer *buf = t->buf;
     if (atomic_fetch_sub(&buf->refs, 1) == 1) {
-        if (chi_initialized())
+        if (chi_initialized()) {
+            chi_alloc_note_tensor(buf->dev, buf->asked, 1);
             chi_free(buf->dev, buf->ptr, buf->bytes);
+        }
         free(buf);
     }
     free(t);

@@ -166,9 +166,11 @@ static void same(const char *what, ch_device **devs, int n, const char *names, c
     result_free(&sharded);
 }
 
-/* in_use bytes of each device after the first step, minus before it. */
+/* What each device holds after the first step, minus before it: in_use
+ * (the allocator's blocks) and the tensors' own bytes. */
 static ch_status first_step_growth(ch_device **devs, int n, ch_dp_options o, const batches *bs,
-                                   int64_t *growth, int64_t *first, int64_t *count)
+                                   int64_t *growth, int64_t *tensors, int64_t *first,
+                                   int64_t *count)
 {
     ch_module *m = tap_smooth_cnn(0);
     ch_module_init(m, 3);
@@ -183,6 +185,7 @@ static ch_status first_step_growth(ch_device **devs, int n, ch_dp_options o, con
     for (int i = 0; st == CH_OK && i < n; i++) {
         st = ch_device_memory_stats(devs[i], &after[i]);
         growth[i] = (int64_t)after[i].in_use_bytes - (int64_t)before[i].in_use_bytes;
+        tensors[i] = (int64_t)after[i].tensor_bytes - (int64_t)before[i].tensor_bytes;
         if (st == CH_OK)
             st = ch_dp_shard(dp, i, &first[i], &count[i]);
     }
@@ -194,10 +197,10 @@ static ch_status first_step_growth(ch_device **devs, int n, ch_dp_options o, con
 static void test_memory(ch_device **devs, int n, const char *names, const batches *bs)
 {
     ch_dp_options o = options(CH_OPT_ADAMW);
-    int64_t g_plain[3], g_shard[3], first[3], count[3], f0[3], c0[3];
-    ch_status a = first_step_growth(devs, n, o, bs, g_plain, f0, c0);
+    int64_t g_plain[3], g_shard[3], t_plain[3], t_shard[3], first[3], count[3], f0[3], c0[3];
+    ch_status a = first_step_growth(devs, n, o, bs, g_plain, t_plain, f0, c0);
     o.shard_optimizer = 1;
-    ch_status b = first_step_growth(devs, n, o, bs, g_shard, first, count);
+    ch_status b = first_step_growth(devs, n, o, bs, g_shard, t_shard, first, count);
     if (!tap_ok(a == CH_OK && b == CH_OK, "the first step's memory over %s, sharded and not",
                 names))
         return;
@@ -219,8 +222,15 @@ static void test_memory(ch_device **devs, int n, const char *names, const batche
                "the other elements' state (%lld of %lld elements are its own)",
                i, ch_device_id(devs[i]), (long long)g_shard[i], (long long)g_plain[i],
                100.0 * saved / want, (long long)count[i], (long long)numel);
-        tap_diag("replica %d: its state's estimated share %.1f%%, its part %.1f%%", i,
-                 100.0 * state / (8.0 * (double)numel), 100.0 * (double)count[i] / (double)numel);
+        (void)state;
+        /* The tensors' own bytes, before the size classes: the state made
+         * at the first step is 8 bytes for each element of its part. */
+        double own = (double)t_shard[i] - ((double)t_plain[i] - 8.0 * (double)numel);
+        double share = own / (8.0 * (double)numel), part = (double)count[i] / (double)numel;
+        tap_ok(fabs(share - part) < 0.02 * part,
+               "replica %d on %s: its optimizer state is %.2f%% of the whole (%.0f bytes of "
+               "tensors), its part %.2f%% of the elements", i, ch_device_id(devs[i]),
+               100.0 * share, own, 100.0 * part);
     }
     tap_ok(covered == numel, "the parts cover the %lld elements (%lld)", (long long)numel,
            (long long)covered);

@@ -93,12 +93,24 @@ static void test_accounting(ch_device *dev)
            "-> %llu, cached %llu, in use %llu, peak %llu)",
            id, ull(m3.cache_hits), ull(m4.cache_hits), ull(m3.device_allocs), ull(m4.device_allocs),
            ull(m4.cached_bytes), ull(m4.in_use_bytes), ull(m4.peak_bytes));
+    /* A tensor's own bytes against its block's: 1000 elements ask for
+     * 4000 bytes, in a block of the 4096-byte class. */
+    ch_tensor *odd = tensor_of(dev, 4000);
+    ch_memory_stats m6 = stats_of(dev);
+    tap_ok(m6.tensor_bytes == m4.tensor_bytes + 4000 && m6.in_use_bytes == m4.in_use_bytes + 4096,
+           "%s: a tensor of 4000 bytes: tensor bytes +%llu (want 4000), in use +%llu (its "
+           "4096-byte class)",
+           id, ull(m6.tensor_bytes - m4.tensor_bytes), ull(m6.in_use_bytes - m4.in_use_bytes));
+    ch_tensor_free(odd);
+    tap_ok(stats_of(dev).tensor_bytes == m4.tensor_bytes && m4.tensor_bytes <= m4.in_use_bytes,
+           "%s: freed, the tensor bytes are back (%llu), within what is in use", id,
+           ull(stats_of(dev).tensor_bytes));
     ch_tensor_free(a);
     ch_tensor_free(b);
     ch_memory_stats m5 = stats_of(dev);
-    tap_ok(m5.in_use_bytes == base && m5.cached_bytes == 3 * MIB,
+    tap_ok(m5.in_use_bytes == base && m5.cached_bytes == 3 * MIB + 4096,
            "%s: all freed: in use %llu (want %llu), cached %llu (want %llu)", id,
-           ull(m5.in_use_bytes), ull(base), ull(m5.cached_bytes), ull(3 * MIB));
+           ull(m5.in_use_bytes), ull(base), ull(m5.cached_bytes), ull(3 * MIB + 4096));
     tap_status_ok(ch_device_empty_cache(dev), "%s: empty the cache", id);
 }
 
