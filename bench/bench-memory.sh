@@ -11,6 +11,9 @@
 # with the limit's message, with both it must train PROOF_STEPS (default
 # 20) steps with the unlimited run's losses.
 #
+# The text is LINES_OF_TEXT lines (default 800: its last tenth, the
+# validation that ends each run, is 6 windows of 256 tokens).
+#
 # From the build folder:
 #     CHORUS_BACKEND_PATH=$PWD/backends/opencl/.libs POCL_DEVICES="pthread pthread" \
 #         ../bench/bench-memory.sh
@@ -29,8 +32,8 @@ python3 -c '
 import sys
 words = "the quick brown fox jumps over a lazy dog while seven wise owls sing".split()
 sys.stdout.write("".join(" ".join(words[(i * 5 + k) % len(words)] for k in range(4)) + ".\n"
-                         for i in range(20000)))
-' >"$out/text.txt"
+                         for i in range(int(sys.argv[1]))))
+' "${LINES_OF_TEXT:-800}" >"$out/text.txt"
 
 gpt2="--model gpt --data $out/text.txt --layers 12 --heads 12 --dim 768 --context 256"
 gpt2="$gpt2 --optimizer adamw --lr 3e-4 --schedule constant --batch $batch --split equal"

@@ -108,7 +108,7 @@ typedef struct chi_buffer {
     ch_device *dev;
     void *ptr;
     size_t bytes;
-    size_t asked;               /* what the tensor asked for, before rounding */
+    size_t asked; /* what the tensor asked for, before rounding */
     atomic_int refs;
 } chi_buffer;
 

@@ -309,7 +309,8 @@ ch_status ch_checkpoint_save_as(const char *path, const ch_module *model,
         return chi_error(CH_ERR_DTYPE, "ch_checkpoint_save: dtype %s, expected f32, bf16 or "
                          "f16", ch_dtype_name(dtype));
     if (nn_optimizer_ranged(opt))
-        return chi_error(CH_ERR_STATE, "ch_checkpoint_save: the optimizer holds a part of the "
+        return chi_error(CH_ERR_STATE,
+                         "ch_checkpoint_save: the optimizer holds a part of the "
                          "state (ch_dp_options.shard_optimizer); ch_dp_optimizer_get gives the "
                          "whole");
     entry *e = NULL;
@@ -714,7 +715,8 @@ ch_status ch_checkpoint_load(const char *path, ch_module *model, ch_optimizer *o
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_checkpoint_load: %s is NULL",
                          !path ? "path" : "model");
     if (nn_optimizer_ranged(opt))
-        return chi_error(CH_ERR_STATE, "ch_checkpoint_load: the optimizer holds a part of the "
+        return chi_error(CH_ERR_STATE,
+                         "ch_checkpoint_load: the optimizer holds a part of the "
                          "state (ch_dp_options.shard_optimizer); load into a whole one and give "
                          "it to ch_dp_optimizer_set");
     file f = {.path = path};

@@ -111,8 +111,10 @@ static ch_status check_options(const ch_dp_options *o, int n)
         return chi_error(CH_ERR_DTYPE, "ch_dp_new: options->reduce_dtype is %s, expected f32 "
                          "or bf16", ch_dtype_name(o->reduce_dtype));
     if (o->memory_limits && o->nmemory_limits != n)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: %d memory limits for %d devices; "
-                         "give one per device (0: none)", o->nmemory_limits, n);
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_dp_new: %d memory limits for %d devices; "
+                         "give one per device (0: none)",
+                         o->nmemory_limits, n);
     if (o->loss_scale_interval < 0)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: options->loss_scale_interval "
                          "is %d, expected >= 0 (0: 2000)", o->loss_scale_interval);
@@ -137,8 +139,7 @@ static ch_status apply_limits(const ch_dp_options *o, ch_device *const *devices,
 /* Micro-batches by memory: a limited device holds one replica (the peaks
  * that size them are the device's), and BatchNorm's statistics, exchanged
  * once a pass, are each replica's own. */
-static ch_status check_limited(ch_dp *dp, const ch_module *model, ch_device *const *devices,
-                               int n)
+static ch_status check_limited(ch_dp *dp, const ch_module *model, ch_device *const *devices, int n)
 {
     int sync_bn = dp->threaded && !dp->o.batchnorm_local && ch_module_buffer_count(model) > 0;
     for (int i = 0; i < n; i++) {
@@ -148,15 +149,18 @@ static ch_status check_limited(ch_dp *dp, const ch_module *model, ch_device *con
             continue;
         for (int j = 0; j < n; j++)
             if (j != i && devices[j] == devices[i])
-                return chi_error(CH_ERR_UNSUPPORTED, "ch_dp_new: %s has a memory limit and "
+                return chi_error(CH_ERR_UNSUPPORTED,
+                                 "ch_dp_new: %s has a memory limit and "
                                  "holds two replicas; a limited device holds one (its "
                                  "micro-batches are sized from its peaks)",
                                  ch_device_id(devices[i]));
         if (sync_bn)
-            return chi_error(CH_ERR_UNSUPPORTED, "ch_dp_new: %s has a memory limit, so its "
+            return chi_error(CH_ERR_UNSUPPORTED,
+                             "ch_dp_new: %s has a memory limit, so its "
                              "share may be cut into micro-batches, which BatchNorm's "
                              "statistics synchronised over the whole batch cannot be; "
-                             "set options->batchnorm_local", ch_device_id(devices[i]));
+                             "set options->batchnorm_local",
+                             ch_device_id(devices[i]));
         dp->r[i].mb.limit = ms.limit_bytes;
     }
     return CH_OK;
@@ -467,7 +471,8 @@ static ch_status check_replicas(const ch_dp *dp, const char *fn, int64_t step)
     int lead = dp_lead(dp);
     for (int i = 0; i < dp->n; i++)
         if (!dp->r[i].mb.out && dp->r[i].checksum != dp->r[lead].checksum)
-            return chi_error(CH_ERR_INTERNAL, "%s: replica %d on %s holds other parameters "
+            return chi_error(CH_ERR_INTERNAL,
+                             "%s: replica %d on %s holds other parameters "
                              "than replica 0 after step %lld (checksum %016llx, want %016llx)",
                              fn, i, ch_device_id(dp->r[i].dev), (long long)step,
                              (unsigned long long)dp->r[i].checksum,
@@ -584,7 +589,8 @@ static int leave_out_small(ch_dp *dp)
             continue;
         }
         dp->mb.out++;
-        snprintf(dp->mb.note, sizeof dp->mb.note, "%s is left out: one sample does not fit in "
+        snprintf(dp->mb.note, sizeof dp->mb.note,
+                 "%s is left out: one sample does not fit in "
                  "its memory limit of %.1f MiB (ch_device_set_memory_limit)",
                  ch_device_id(r->dev), (double)r->mb.limit / 1048576.0);
         any = 1;
@@ -616,8 +622,10 @@ ch_status ch_dp_micro_batches(const ch_dp *dp, int *size, int *count, int *left_
     if (!dp)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_micro_batches: dp is NULL");
     if (n < 0 || n > dp->n)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_micro_batches: n is %d, the dp has %d "
-                         "replicas here", n, dp->n);
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_dp_micro_batches: n is %d, the dp has %d "
+                         "replicas here",
+                         n, dp->n);
     for (int i = 0; i < n; i++) {
         const replica *r = &dp->r[i];
         if (size)
@@ -853,8 +861,8 @@ ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index)
 ch_status ch_dp_shard(const ch_dp *dp, int index, int64_t *first, int64_t *count)
 {
     if (!dp || index < 0 || index >= dp->n)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_shard: %s", !dp ? "dp is NULL"
-                                                                      : "index out of range");
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_shard: %s",
+                         !dp ? "dp is NULL" : "index out of range");
     int64_t lo = 0, hi = dp->numel;
     if (dp->sh.on)
         dp_shard_part(dp, index, &lo, &hi);

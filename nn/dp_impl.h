@@ -122,13 +122,13 @@ typedef struct replica {
     } trace;
     /* The step's breakdown on the host's clock (ch_dp_last_breakdown). */
     double t_start, t_update, t_end;
-    struct {          /* micro-batches sized by its device's memory limit */
-        uint64_t limit; /* the device's limit at ch_dp_new, 0: none (one pass) */
-        int size;     /* samples per micro-batch once measured, 0: not yet */
-        int count;    /* micro-batches in its last training call */
-        int last;     /* samples in its last training call */
-        int too_small; /* its last call could not fit one sample */
-        int out;      /* left out: no samples, no update (ch_dp_micro_batches) */
+    struct {                        /* micro-batches sized by its device's memory limit */
+        uint64_t limit;             /* the device's limit at ch_dp_new, 0: none (one pass) */
+        int size;                   /* samples per micro-batch once measured, 0: not yet */
+        int count;                  /* micro-batches in its last training call */
+        int last;                   /* samples in its last training call */
+        int too_small;              /* its last call could not fit one sample */
+        int out;                    /* left out: no samples, no update (ch_dp_micro_batches) */
         uint64_t per_sample, fixed; /* measured: bytes a sample adds, and a pass's own */
     } mb;
     struct {                /* fp16's check of the reduced gradients */
@@ -254,20 +254,20 @@ struct ch_dp {
         size_t chosen;   /* bytes per bucket now */
     } tune;
 
-    struct {           /* micro-batches by memory: replicas left out */
-        int out;       /* how many */
+    struct {            /* micro-batches by memory: replicas left out */
+        int out;        /* how many */
         char note[256]; /* the last one's message */
     } mb;
 
-    struct {           /* the sharded optimizer (nn/dp_shard.c) */
-        int on;        /* shard_optimizer, and more than one replica in the job */
-        int64_t *lo;   /* [nall + 1]: job replica k's part is [lo[k], lo[k + 1]) */
-        int64_t *off;  /* [np + 1]: each parameter's first element */
+    struct {          /* the sharded optimizer (nn/dp_shard.c) */
+        int on;       /* shard_optimizer, and more than one replica in the job */
+        int64_t *lo;  /* [nall + 1]: job replica k's part is [lo[k], lo[k + 1]) */
+        int64_t *off; /* [np + 1]: each parameter's first element */
         int np;
-        float *host;   /* [numel] the host's copy the parts meet in */
-        float *mine;   /* across processes: [most + 1] this process's run */
-        float *all;    /* [ranks * (most + 1)] every process's */
-        int64_t most;  /* the longest process's run of parts */
+        float *host;      /* [numel] the host's copy the parts meet in */
+        float *mine;      /* across processes: [most + 1] this process's run */
+        float *all;       /* [ranks * (most + 1)] every process's */
+        int64_t most;     /* the longest process's run of parts */
         int other_failed; /* the exchange heard of a failure elsewhere */
     } sh;
 

@@ -145,8 +145,10 @@ static ch_status make_buffers(ch_dp *dp)
         dp->sh.all = malloc(((size_t)most + 1) * (size_t)dp->procs.ranks * sizeof *dp->sh.all);
     }
     if (!dp->sh.host || (dp->procs.ranks > 1 && (!dp->sh.mine || !dp->sh.all)))
-        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory for the parameters' "
-                         "host copy (%lld elements)", (long long)dp->numel);
+        return chi_error(CH_ERR_OUT_OF_MEMORY,
+                         "ch_dp_new: out of memory for the parameters' "
+                         "host copy (%lld elements)",
+                         (long long)dp->numel);
     return CH_OK;
 }
 
@@ -226,8 +228,7 @@ static int64_t overlap(const ch_dp *dp, int i, int64_t a, int64_t b, int64_t *fi
 
 /* Elements [a, b) of parameter i's tensor t (whole-shaped, or 1-D of
  * [base, base + its numel) when `base` >= 0) into or out of host[]. */
-static ch_status move(ch_dp *dp, ch_tensor *t, int i, int64_t a, int64_t b, int64_t base,
-                      int down)
+static ch_status move(ch_dp *dp, ch_tensor *t, int i, int64_t a, int64_t b, int64_t base, int down)
 {
     int64_t first, count = overlap(dp, i, a, b, &first);
     if (count == 0)
@@ -282,8 +283,7 @@ static ch_status exchange(ch_dp *dp, nn_comm *comm, int flag, int *any_flag, con
     memcpy(dp->sh.mine, dp->sh.host + lo, (size_t)(hi - lo) * sizeof(float));
     memset(dp->sh.mine + (hi - lo), 0, (size_t)(most - (hi - lo) + 1) * sizeof(float));
     dp->sh.mine[most] = flag ? 1.0f : 0.0f;
-    TRY(nn_comm_allgather(comm, dp->sh.mine, dp->sh.all, ((size_t)most + 1) * sizeof(float),
-                          what));
+    TRY(nn_comm_allgather(comm, dp->sh.mine, dp->sh.all, ((size_t)most + 1) * sizeof(float), what));
     *any_flag = 0;
     for (int k = 0; k < dp->procs.ranks; k++) {
         const float *run = dp->sh.all + (size_t)k * ((size_t)most + 1);
@@ -313,23 +313,28 @@ static ch_status check_like(const ch_dp *dp, const ch_optimizer *opt, const char
     if (!dp || !opt)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !dp ? "dp" : "opt");
     if (nn_optimizer_ranged(opt))
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: opt holds a part of a state itself (a "
-                         "sharded replica's); give a whole one", fn);
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: opt holds a part of a state itself (a "
+                         "sharded replica's); give a whole one",
+                         fn);
     const ch_optimizer *mine = dp->r[0].opt;
     if (nn_optimizer_kind(opt) != nn_optimizer_kind(mine))
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: opt is of another kind (%d) than the "
-                         "dp's (%d)", fn, (int)nn_optimizer_kind(opt), (int)nn_optimizer_kind(mine));
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "%s: opt is of another kind (%d) than the "
+                         "dp's (%d)",
+                         fn, (int)nn_optimizer_kind(opt), (int)nn_optimizer_kind(mine));
     if (ch_optimizer_state_count(opt) != ch_optimizer_state_count(mine))
         return chi_error(CH_ERR_SHAPE, "%s: opt has %d state tensors, the dp's %d", fn,
                          ch_optimizer_state_count(opt), ch_optimizer_state_count(mine));
     for (int i = 0; i < dp->sh.np; i++) {
         ch_tensor **slot, *p;
-        TRY(nn_optimizer_state_slot((ch_optimizer *)opt, i * (ch_optimizer_state_count(opt) /
-                                                              dp->sh.np),
-                                    &slot, &p, 0));
+        TRY(nn_optimizer_state_slot((ch_optimizer *)opt,
+                                    i * (ch_optimizer_state_count(opt) / dp->sh.np), &slot, &p, 0));
         if (ch_tensor_numel(p) != dp->sh.off[i + 1] - dp->sh.off[i])
-            return chi_error(CH_ERR_SHAPE, "%s: opt's parameter %d has %lld elements, the dp's "
-                             "%lld", fn, i, (long long)ch_tensor_numel(p),
+            return chi_error(CH_ERR_SHAPE,
+                             "%s: opt's parameter %d has %lld elements, the dp's "
+                             "%lld",
+                             fn, i, (long long)ch_tensor_numel(p),
                              (long long)(dp->sh.off[i + 1] - dp->sh.off[i]));
     }
     return CH_OK;
@@ -371,15 +376,14 @@ ch_status ch_dp_optimizer_get(ch_dp *dp, ch_optimizer *opt)
         st = publish_state(dp, j, &absent);
         if (dp->procs.ranks > 1) {
             /* Every process takes part, a failure of its own included. */
-            ch_status ex = exchange(dp, dp->procs.ctl, st != CH_OK ? 2 : absent, &any,
-                                    "ch_dp_optimizer_get");
+            ch_status ex =
+                exchange(dp, dp->procs.ctl, st != CH_OK ? 2 : absent, &any, "ch_dp_optimizer_get");
             st = st != CH_OK ? st : ex;
             if (st == CH_OK) {
                 for (int k = 0; k < dp->procs.ranks; k++)
                     if (dp->sh.all[(size_t)k * ((size_t)dp->sh.most + 1) + (size_t)dp->sh.most] >
                         1.5f)
-                        st = chi_error(CH_ERR_REMOTE, "ch_dp_optimizer_get: process %d failed",
-                                       k);
+                        st = chi_error(CH_ERR_REMOTE, "ch_dp_optimizer_get: process %d failed", k);
                 absent |= any;
             }
         }
@@ -398,8 +402,7 @@ ch_status ch_dp_optimizer_get(ch_dp *dp, ch_optimizer *opt)
                 st = ch_tensor_new(slot, ch_tensor_device(p), CH_F32, ch_tensor_ndim(p), shape);
             }
             if (st == CH_OK)
-                st = ch_tensor_upload(*slot, dp->sh.host + dp->sh.off[i],
-                                      ch_tensor_nbytes(*slot));
+                st = ch_tensor_upload(*slot, dp->sh.host + dp->sh.off[i], ch_tensor_nbytes(*slot));
         }
     }
     if (st == CH_OK)

@@ -233,7 +233,8 @@ void dp_mark_here(replica *r, dp_phase phase, int end, int arg)
 
 void dp_trace_wait(replica *r, const char *what, double t0)
 {
-    if (!r->trace.on || t0 <= 0.0 || r->trace.nwaits == (int)(sizeof r->trace.waits / sizeof r->trace.waits[0]))
+    if (!r->trace.on || t0 <= 0.0 ||
+        r->trace.nwaits == (int)(sizeof r->trace.waits / sizeof r->trace.waits[0]))
         return;
     r->trace.waits[r->trace.nwaits].what = what;
     r->trace.waits[r->trace.nwaits].t0 = t0;

@@ -304,8 +304,10 @@ static ch_status pre_update(replica *r)
         int made = 0;
         double mib = (double)nn_optimizer_state_bytes(r->opt, &made) / 1048576.0;
         return chi_error(st, "the optimizer's state (%.1f MiB) does not fit: %s%s", mib,
-                         ch_last_error(), r->dp->sh.on ? "" : "; a sharded optimizer "
-                         "(shard_optimizer) keeps a part of it on each replica");
+                         ch_last_error(),
+                         r->dp->sh.on ? ""
+                                      : "; a sharded optimizer "
+                                        "(shard_optimizer) keeps a part of it on each replica");
     }
     return st;
 }
@@ -358,7 +360,7 @@ static void gather(replica *r)
         ch_status st = r->fp16.overflow ? CH_OK : dp_shard_exchange(dp, failed, &other);
         if (st == CH_OK && other)
             st = chi_error(CH_ERR_REMOTE, "another process of the job failed to update its "
-                           "part of the parameters");
+                                          "part of the parameters");
         if (st != CH_OK) {
             atomic_store(&dp->w.parted, 1);
             fail(r, st);

@@ -205,9 +205,10 @@ ch_status nn_optimizer_set_range(ch_optimizer *opt, int64_t lo, int64_t hi)
     if (lo < 0 || hi < lo || hi > off[opt->nparams]) {
         int64_t all = off[opt->nparams];
         free(off);
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "the optimizer's part [%lld, %lld) is not "
-                         "inside the %lld parameters", (long long)lo, (long long)hi,
-                         (long long)all);
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "the optimizer's part [%lld, %lld) is not "
+                         "inside the %lld parameters",
+                         (long long)lo, (long long)hi, (long long)all);
     }
     free(opt->off);
     opt->off = off;
@@ -217,7 +218,10 @@ ch_status nn_optimizer_set_range(ch_optimizer *opt, int64_t lo, int64_t hi)
     return CH_OK;
 }
 
-int nn_optimizer_ranged(const ch_optimizer *opt) { return opt && opt->ranged; }
+int nn_optimizer_ranged(const ch_optimizer *opt)
+{
+    return opt && opt->ranged;
+}
 
 int64_t nn_optimizer_state_bytes(const ch_optimizer *opt, int *made)
 {

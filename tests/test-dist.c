@@ -327,16 +327,18 @@ static void test_sharded(const char *what, kind k, ch_device **devs, int n, cons
             free(vy);
         }
     }
-    tap_ok(everywhere(bitwise), "%s, AdamW sharded over %d ranks: the parameters and the whole "
-           "optimizer state of the unsharded run, bit for bit (rank %d)", what,
-           ch_dist_size(world), ch_dist_rank(world));
+    tap_ok(everywhere(bitwise),
+           "%s, AdamW sharded over %d ranks: the parameters and the whole "
+           "optimizer state of the unsharded run, bit for bit (rank %d)",
+           what, ch_dist_size(world), ch_dist_rank(world));
     /* This rank's replicas keep the state of their parts only: together
      * the job's parts are every element once. */
     double parts = (double)pb;
     ch_dist_sum(world, &parts, 1);
     tap_ok(everywhere(sa == CH_OK && sb == CH_OK && pb < pa && (int64_t)parts == pa / n),
            "... rank %d's replicas keep %lld of the %lld elements' state; the ranks' parts add "
-           "up to them (%.0f)", ch_dist_rank(world), (long long)pb, (long long)(pa / n), parts);
+           "up to them (%.0f)",
+           ch_dist_rank(world), (long long)pb, (long long)(pa / n), parts);
     tap_ok(everywhere(same_as_rank0(b)), "... every rank ends with rank 0's bits");
     ch_optimizer_free(oa);
     ch_optimizer_free(ob);

@@ -14,7 +14,10 @@
 
 #include "tap.h"
 
-enum { BATCH = 24, STEPS = 10 };
+enum {
+    BATCH = 24,
+    STEPS = 10
+};
 
 static ch_device *host;
 
@@ -104,8 +107,7 @@ static double max_rel(ch_module *a, ch_module *b)
     return worst;
 }
 
-static void test_micro(ch_device **devs, int n, const char *names, int limited,
-                       const batches *bs)
+static void test_micro(ch_device **devs, int n, const char *names, int limited, const batches *bs)
 {
     ch_device *dev = devs[limited];
     /* The unlimited run's peak on the device, and what it holds before
@@ -118,9 +120,8 @@ static void test_micro(ch_device **devs, int n, const char *names, int limited,
     ch_device_reset_peak(dev);
     ch_status st = run(&plain, devs, n, o, bs, NULL, &lp);
     ch_device_memory_stats(dev, &after);
-    uint64_t peak = after.peak_bytes - (before.in_use_bytes < after.peak_bytes
-                                            ? before.in_use_bytes
-                                            : 0);
+    uint64_t peak =
+        after.peak_bytes - (before.in_use_bytes < after.peak_bytes ? before.in_use_bytes : 0);
     /* The limit: what the replica holds besides its activations, and a
      * third of the activations' room: its share of 8 samples no longer
      * fits at once. */
@@ -150,14 +151,16 @@ static void test_micro(ch_device **devs, int n, const char *names, int limited,
            "%s limited to %.2f MiB over %s: its share of 8 goes in %d micro-batches of %d",
            ch_device_id(dev), (double)limit / 1048576.0, names, count[limited], size[limited]);
     tap_ok(st == CH_OK && after.peak_reserved_bytes <= limit,
-           "... its peak (%.2f MiB held) stays under the limit", after.peak_reserved_bytes / 1048576.0);
+           "... its peak (%.2f MiB held) stays under the limit",
+           after.peak_reserved_bytes / 1048576.0);
     int others = 1;
     for (int i = 0; i < n; i++)
         others = others && (i == limited || (size[i] == 0 && count[i] == 1));
     tap_ok(others, "... the unlimited replicas run their share in one pass");
     tap_ok(st == CH_OK && err < 1e-5 && fabsf(lm - lp) < 1e-5f * (1.0f + lp),
            "... 10 steps give the unlimited run's parameters (largest relative difference %.2g) "
-           "and loss (%.6f, %.6f)", err, lm, lp);
+           "and loss (%.6f, %.6f)",
+           err, lm, lp);
     ch_dp_free(dp);
     ch_module_free(micro);
     ch_device_set_memory_limit(dev, 0);

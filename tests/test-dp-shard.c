@@ -16,7 +16,10 @@
 
 #include "tap.h"
 
-enum { BATCH = 24, STEPS = 20 };
+enum {
+    BATCH = 24,
+    STEPS = 20
+};
 
 static ch_device *host, *ocl0, *ocl1;
 
@@ -157,11 +160,13 @@ static void same(const char *what, ch_device **devs, int n, const char *names, c
     if (want_bitwise)
         tap_ok(a == CH_OK && b == CH_OK && bitwise,
                "%s over %s: 20 sharded steps give the unsharded parameters and optimizer state "
-               "bit for bit (loss %.5f, %.5f)", what, names, sharded.loss, plain.loss);
+               "bit for bit (loss %.5f, %.5f)",
+               what, names, sharded.loss, plain.loss);
     else
         tap_ok(a == CH_OK && b == CH_OK && err < 1e-5,
                "%s over %s: 20 sharded steps give the unsharded parameters and state (worst "
-               "relative difference %.2g)", what, names, err);
+               "relative difference %.2g)",
+               what, names, err);
     result_free(&plain);
     result_free(&sharded);
 }
@@ -208,8 +213,10 @@ static void test_memory(ch_device **devs, int n, const char *names, const batche
     for (int i = 0; i < n; i++) {
         tap_ok(f0[i] == 0 && c0[i] == numel, "unsharded, replica %d keeps every element's state",
                i);
-        tap_ok(first[i] == covered && count[i] > 0, "sharded, replica %d's part starts where the "
-               "last ended (%lld + %lld)", i, (long long)first[i], (long long)count[i]);
+        tap_ok(first[i] == covered && count[i] > 0,
+               "sharded, replica %d's part starts where the "
+               "last ended (%lld + %lld)",
+               i, (long long)first[i], (long long)count[i]);
         covered += count[i];
         /* AdamW keeps two moments: 8 bytes an element. What sharding saves
          * on a device is the state of the elements it does not own; the
@@ -229,8 +236,8 @@ static void test_memory(ch_device **devs, int n, const char *names, const batche
         double share = own / (8.0 * (double)numel), part = (double)count[i] / (double)numel;
         tap_ok(fabs(share - part) < 0.02 * part,
                "replica %d on %s: its optimizer state is %.2f%% of the whole (%.0f bytes of "
-               "tensors), its part %.2f%% of the elements", i, ch_device_id(devs[i]),
-               100.0 * share, own, 100.0 * part);
+               "tensors), its part %.2f%% of the elements",
+               i, ch_device_id(devs[i]), 100.0 * share, own, 100.0 * part);
     }
     tap_ok(covered == numel, "the parts cover the %lld elements (%lld)", (long long)numel,
            (long long)covered);
@@ -305,8 +312,8 @@ static void test_limits(ch_device **devs, int n, const char *names, const batche
     double want[3] = {0.5, 1.0 / 6.0, 1.0 / 3.0};
     int near = 1;
     for (int i = 0; i < n; i++)
-        near = near && fabs((double)count[i] / (double)numel - (distinct ? want[i] : 1.0 / 3.0)) <
-                           1e-4;
+        near = near &&
+               fabs((double)count[i] / (double)numel - (distinct ? want[i] : 1.0 / 3.0)) < 1e-4;
     tap_ok(st == CH_OK && near && first[1] == count[0] && first[2] == first[1] + count[1],
            "limits of 3, 1 and 2 GiB over %s: parts of %lld, %lld and %lld of %lld elements", names,
            (long long)count[0], (long long)count[1], (long long)count[2], (long long)numel);

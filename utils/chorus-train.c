@@ -222,8 +222,9 @@ static void micro_line(const trainer *t, FILE *f)
         if (out[i]) {
             fprintf(f, "%s%s left out", any++ ? "; " : "micro-batches: ", t->label[i]);
         } else if (size[i] > 0) {
-            fprintf(f, "%s%s %d of up to %d sample%s", any++ ? "; " : "micro-batches: ",
-                    t->label[i], count[i], size[i], size[i] == 1 ? "" : "s");
+            fprintf(f, "%s%s %d of up to %d sample%s",
+                    any++ ? "; " : "micro-batches: ", t->label[i], count[i], size[i],
+                    size[i] == 1 ? "" : "s");
         }
     }
     if (any)

@@ -182,7 +182,7 @@ typedef struct ch_memory_stats {
     uint64_t peak_reserved_bytes; /* highest in_use_bytes + cached_bytes (what the
                                      device held from its driver) since ch_init or
                                      the last ch_device_reset_peak */
-    uint64_t tensor_bytes;    /* of in_use_bytes: what the live tensors asked for
+    uint64_t tensor_bytes;        /* of in_use_bytes: what the live tensors asked for
                                  (their elements times the element size), before
                                  the allocator rounds each up to its size class */
 } ch_memory_stats;

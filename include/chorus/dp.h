@@ -245,8 +245,7 @@ CH_API ch_status ch_dp_slowest_counts(const ch_dp *dp, int64_t *counts, int n, i
  * (0 without a limit, or before the first training call), the
  * micro-batches of its last training call, whether it is left out. Any
  * array may be NULL. */
-CH_API ch_status ch_dp_micro_batches(const ch_dp *dp, int *size, int *count, int *left_out,
-                                     int n);
+CH_API ch_status ch_dp_micro_batches(const ch_dp *dp, int *size, int *count, int *left_out, int n);
 /* The last thing the dp decided on its own that a user should hear of
  * (a replica left out), "" when none: for logs. NULL dp: "". */
 CH_API const char *ch_dp_note(const ch_dp *dp);
