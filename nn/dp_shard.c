@@ -74,6 +74,14 @@ static ch_status gather_sizes(ch_dp *dp, double *sizes)
     return st;
 }
 
+/* Job replica k's weight: its limit when any device has one (its memory
+ * when it has none), else 1; 0 when it is left out. */
+static double part_weight(const ch_dp *dp, const double *sizes, int limited, int k)
+{
+    double w = !limited ? 1.0 : sizes[2 * k] > 0.0 ? sizes[2 * k] : sizes[2 * k + 1];
+    return dp->split.out[k] ? 0.0 : w > 0.0 ? w : 1.0;
+}
+
 /* The parts: in proportion to the limits when any device has one (a
  * device without one weighs its memory), else equal. */
 static void cut_parts(ch_dp *dp, const double *sizes)
@@ -82,15 +90,12 @@ static void cut_parts(ch_dp *dp, const double *sizes)
     for (int k = 0; k < nall; k++)
         limited |= sizes[2 * k] > 0.0;
     double total = 0.0;
-    for (int k = 0; k < nall; k++) {
-        double w = !limited ? 1.0 : sizes[2 * k] > 0.0 ? sizes[2 * k] : sizes[2 * k + 1];
-        total += dp->split.out[k] ? 0.0 : w > 0.0 ? w : 1.0;
-    }
+    for (int k = 0; k < nall; k++)
+        total += part_weight(dp, sizes, limited, k);
     double cum = 0.0;
     dp->sh.lo[0] = 0;
     for (int k = 0; k < nall; k++) {
-        double w = !limited ? 1.0 : sizes[2 * k] > 0.0 ? sizes[2 * k] : sizes[2 * k + 1];
-        cum += dp->split.out[k] ? 0.0 : w > 0.0 ? w : 1.0;
+        cum += part_weight(dp, sizes, limited, k);
         dp->sh.lo[k + 1] = k + 1 == nall ? dp->numel : (int64_t)((double)dp->numel * (cum / total));
         if (dp->sh.lo[k + 1] < dp->sh.lo[k])
             dp->sh.lo[k + 1] = dp->sh.lo[k];
@@ -100,7 +105,8 @@ static void cut_parts(ch_dp *dp, const double *sizes)
 ch_status dp_shard_recut(ch_dp *dp)
 {
     if (!dp->sh.on) {
-        /* The whole state's holder: the lead (ch_dp_optimizer_get). */
+        /* Without sharding, the lead holds the whole state (the source of
+         * ch_dp_optimizer_get). */
         int lead = dp->procs.first + dp_lead(dp);
         for (int k = 0; k <= dp->procs.nall; k++)
             dp->sh.lo[k] = k <= lead ? 0 : dp->numel;
@@ -173,28 +179,10 @@ ch_status dp_shard_init(ch_dp *dp)
     if (!dp->sh.lo)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
     TRY(param_offsets(dp));
-    /* Without sharding, job replica 0 holds the whole state (the source
-     * of ch_dp_optimizer_get). */
     dp->sh.on = dp->o.shard_optimizer && dp->procs.nall > 1;
-    if (!dp->sh.on) {
-        for (int k = 1; k <= dp->procs.nall; k++)
-            dp->sh.lo[k] = dp->numel;
-        return make_buffers(dp);
-    }
-    double *sizes = calloc((size_t)dp->procs.nall * 2, sizeof *sizes);
-    if (!sizes)
-        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
-    ch_status st = gather_sizes(dp, sizes);
-    if (st == CH_OK)
-        cut_parts(dp, sizes);
-    free(sizes);
-    TRY(st);
-    for (int i = 0; i < dp->n; i++) {
-        int job = dp->procs.first + i;
-        st = nn_optimizer_set_range(dp->r[i].opt, dp->sh.lo[job], dp->sh.lo[job + 1]);
-        if (st != CH_OK)
-            return chi_error(st, "ch_dp_new: %s", ch_last_error());
-    }
+    ch_status st = dp_shard_recut(dp);
+    if (st != CH_OK)
+        return chi_error(st, "ch_dp_new: %s", ch_last_error());
     return make_buffers(dp);
 }
 

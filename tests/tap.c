@@ -198,6 +198,28 @@ ch_module *tap_sequential(int n, ch_module *const *children)
     return seq;
 }
 
+ch_batch tap_mnist_batch(ch_device *host, tap_rng *rng, int count, int64_t index,
+                         ch_host_buffer **images, ch_host_buffer **labels)
+{
+    ch_host_buffer_new(images, host, sizeof(float) * (size_t)count * 784);
+    ch_host_buffer_new(labels, host, sizeof(int32_t) * (size_t)count);
+    float *x = *images ? ch_host_buffer_data(*images) : NULL;
+    int32_t *l = *labels ? ch_host_buffer_data(*labels) : NULL;
+    if (!x || !l) {
+        /* Nothing to test with: TAP's bail-out ends the run. */
+        printf("Bail out! tap_mnist_batch: no pinned buffers: %s\n", ch_last_error());
+        exit(1);
+    }
+    for (int i = 0; i < count * 784; i++)
+        x[i] = tap_rng_uniform(rng, -1, 1);
+    for (int i = 0; i < count; i++) {
+        l[i] = (int32_t)(tap_rng_next(rng) % 10);
+        for (int j = 0; j < 28; j++)
+            x[i * 784 + l[i] * 28 + j] += 1.5f;
+    }
+    return (ch_batch){*images, *labels, NULL, count, 0, index};
+}
+
 ch_dp_options tap_mnist_dp_options(uint64_t seed)
 {
     ch_dp_options o = {0};

@@ -72,6 +72,13 @@ uint32_t tap_half_widen(int mant, uint16_t h);
  * [1, 28, 28], cross-entropy, SGD at 0.05 with momentum 0.9, reduction
  * through the host) with dropout seed `seed`. */
 ch_dp_options tap_mnist_dp_options(uint64_t seed);
+/* A batch of `count` MNIST-shaped samples ([1, 28, 28], uniform in
+ * [-1, 1], row `label` of each brightened by 1.5 so that there is
+ * something to learn) and their labels (10 classes), drawn from rng in
+ * that order, in pinned buffers made on `host` (*images, *labels: the
+ * caller frees them); the batch's index is `index`. */
+ch_batch tap_mnist_batch(ch_device *host, tap_rng *rng, int count, int64_t index,
+                         ch_host_buffer **images, ch_host_buffer **labels);
 /* A Sequential of the n children (ownership passes to it); NULL when a
  * child is NULL or an add fails, the message in ch_last_error(). */
 ch_module *tap_sequential(int n, ch_module *const *children);

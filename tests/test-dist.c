@@ -53,20 +53,10 @@ static void make_batches(batches *bs)
 {
     tap_rng rng = {7};
     for (int s = 0; s < STEPS; s++) {
-        ch_host_buffer_new(&bs->images[s], host, sizeof(float) * BATCH * 784);
-        ch_host_buffer_new(&bs->labels[s], host, sizeof(int32_t) * BATCH);
-        float *x = ch_host_buffer_data(bs->images[s]);
-        int32_t *l = ch_host_buffer_data(bs->labels[s]);
-        for (int i = 0; i < BATCH * 784; i++)
-            x[i] = tap_rng_uniform(&rng, -1, 1);
-        for (int i = 0; i < BATCH; i++) {
-            l[i] = (int32_t)(tap_rng_next(&rng) % 10);
-            for (int j = 0; j < 28; j++)
-                x[i * 784 + l[i] * 28 + j] += 1.5f;
-        }
+        bs->b[s] = tap_mnist_batch(host, &rng, BATCH, s, &bs->images[s], &bs->labels[s]);
         /* The last batch is short, in buffers made for a full one. */
-        bs->b[s] = (ch_batch){bs->images[s], bs->labels[s], NULL,
-                              s == STEPS - 1 ? BATCH - 5 : BATCH, 0, s};
+        if (s == STEPS - 1)
+            bs->b[s].count = BATCH - 5;
         ch_host_buffer_new(&bs->tokens[s], host, sizeof(int32_t) * BATCH * CONTEXT);
         ch_host_buffer_new(&bs->targets[s], host, sizeof(int32_t) * BATCH * CONTEXT);
         int32_t *tok = ch_host_buffer_data(bs->tokens[s]);

@@ -36,19 +36,9 @@ static void make_batches(batches *bs)
 {
     tap_rng rng = {99};
     for (int s = 0; s < STEPS; s++) {
-        ch_host_buffer_new(&bs->images[s], host, sizeof(float) * BATCH * 28 * 28);
-        ch_host_buffer_new(&bs->labels[s], host, sizeof(int32_t) * BATCH);
-        float *x = ch_host_buffer_data(bs->images[s]);
-        int32_t *l = ch_host_buffer_data(bs->labels[s]);
-        for (int i = 0; i < BATCH * 28 * 28; i++)
-            x[i] = tap_rng_uniform(&rng, -1, 1);
-        for (int i = 0; i < BATCH; i++) {
-            l[i] = (int32_t)(tap_rng_next(&rng) % 10);
-            /* A little signal so the loss moves: brighten a class's row. */
-            for (int j = 0; j < 28; j++)
-                x[i * 784 + l[i] * 28 + j] += 1.5f;
-        }
-        bs->b[s] = (ch_batch){bs->images[s], bs->labels[s], NULL, BATCH, 0, s};
+        bs->b[s] = tap_mnist_batch(host, &rng, BATCH, s, &bs->images[s], &bs->labels[s]);
+        const float *x = ch_host_buffer_data(bs->images[s]);
+        const int32_t *l = ch_host_buffer_data(bs->labels[s]);
         for (int h = 0; h < 2; h++) {
             ch_host_buffer_new(&bs->mimages[s][h], host, sizeof(float) * HALF * 784);
             ch_host_buffer_new(&bs->mlabels[s][h], host, sizeof(int32_t) * HALF);

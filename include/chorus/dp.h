@@ -139,7 +139,7 @@ typedef struct ch_dp_options {
     /* Per-device memory limits in bytes, one per device in `devices`'
      * order (0: leave that device's limit as it is), set with
      * ch_device_set_memory_limit by ch_dp_new; NULL: the devices' own. A
-     * device listed twice takes the larger of its two limits. */
+     * device under a limit holds one replica (ch_dp_micro_batches). */
     const uint64_t *memory_limits;
     int nmemory_limits;
     /* Recompute activations (ch_module_set_recompute on every replica):
