@@ -70,6 +70,10 @@ struct ch_reducer {
     const void **hsrc;         /* [n] */
     int *hsrc_bf16;            /* [n] */
     ch_tensor **hviews;        /* [n] a call's views of half */
+    /* ch_reducer_reduce_scatter's call: participant i needs the total of
+     * [win_first[i], + win_count[i]) of the call's elements only (NULL:
+     * all of them). */
+    const int64_t *win_first, *win_count;
     /* The trace (only while one runs): a mark on a participant's stream
      * before and after each of its stages, made at the first traced call. */
     struct {
@@ -768,15 +772,28 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
         st = ch_stream_set_current(r->streams[i]);
         if (st != CH_OK)
             break;
+        /* A reduce-scatter's participant takes its window of the total. */
+        int64_t first = r->win_first ? r->win_first[i] : 0;
+        int64_t n = r->win_count ? r->win_count[i] : count;
+        if (n == 0)
+            continue;
+        ch_tensor *part = r->views[i];
+        if (n != count)
+            st = range_view(&part, r->views[i], first, n);
+        if (st != CH_OK)
+            break;
         trace_mark(r, i, M_H2D0);
         if (r->upload_from[i]) {
-            st = ch_tensor_upload_async(r->views[i], r->upload_from[i], 0);
+            st = ch_tensor_upload_async(part, r->upload_from[i], (size_t)first * sizeof(float));
         } else {
             /* No pinned copy of the total for this backend (not reached
              * with the staging made by ch_reducer_new): a plain upload. */
-            st = ch_tensor_upload(r->views[i], total, (size_t)count * sizeof(float));
+            st = ch_tensor_upload(part, total + first, (size_t)n * sizeof(float));
         }
         trace_mark(r, i, M_H2D1);
+        /* The view goes; the memory it names stays the caller's. */
+        if (part != r->views[i])
+            ch_tensor_free(part);
     }
     return st;
 }
@@ -935,6 +952,27 @@ static ch_status restore_current(ch_reducer *r)
         if (st == CH_OK)
             st = e;
     }
+    return st;
+}
+
+ch_status ch_reducer_reduce_scatter(ch_reducer *r, ch_tensor *const *bufs, int64_t offset,
+                                    int64_t count, const int64_t *first, const int64_t *n)
+{
+    if (!first || !n)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_reduce_scatter: %s is NULL",
+                         !first ? "first" : "n");
+    TRY(check_call(r, bufs, offset, count));
+    for (int i = 0; i < r->n; i++)
+        if (first[i] < 0 || n[i] < 0 || first[i] > count || n[i] > count - first[i])
+            return chi_error(CH_ERR_INVALID_ARGUMENT,
+                             "ch_reducer_reduce_scatter: participant %d's window [%lld, + %lld) "
+                             "is not inside the call's %lld elements",
+                             i, (long long)first[i], (long long)n[i], (long long)count);
+    r->win_first = first;
+    r->win_count = n;
+    ch_status st = ch_reducer_allreduce(r, bufs, offset, count);
+    r->win_first = NULL;
+    r->win_count = NULL;
     return st;
 }
 

@@ -269,6 +269,7 @@ struct ch_dp {
         float *all;       /* [ranks * (most + 1)] every process's */
         int64_t most;     /* the longest process's run of parts */
         int other_failed; /* the exchange heard of a failure elsewhere */
+        int64_t *wfirst, *wcount; /* [n] a bucket's windows: each replica's part in it */
     } sh;
 
 #ifdef CHI_TEST_HOOKS
@@ -409,6 +410,10 @@ ch_status dp_shard_publish(replica *r);
 ch_status dp_shard_exchange(ch_dp *dp, int failed, int *other_failed);
 /* The other replicas' parts into r's parameters. */
 ch_status dp_shard_fetch(replica *r);
+/* Bucket b's windows (sh.wfirst, sh.wcount): each local replica's part of
+ * its elements; 0 when the reduction gives every replica the whole sum
+ * (no sharding, or fp16, whose check of the sums reads all of them). */
+int dp_shard_windows(ch_dp *dp, int b);
 /* The parts cut again with the replicas left out given none (before the
  * optimizers' state exists). */
 ch_status dp_shard_recut(ch_dp *dp);

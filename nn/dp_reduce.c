@@ -122,6 +122,10 @@ static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
         TRY(ch_event_wait(dp->r[i].comm, dp->r[i].bk.ready[b]));
         bufs[i] = dp->r[i].bk.grads[b];
     }
+    /* The sharded optimizer's owners need their parts of the sum only. */
+    if (dp_shard_windows(dp, b))
+        return ch_reducer_reduce_scatter(dp->red.reducer, bufs, 0, dp->bk.list[b].count,
+                                         dp->sh.wfirst, dp->sh.wcount);
     return ch_reducer_allreduce(dp->red.reducer, bufs, 0, dp->bk.list[b].count);
 }
 

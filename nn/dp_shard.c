@@ -145,6 +145,10 @@ static ch_status make_buffers(ch_dp *dp)
         most = hi - lo > most ? hi - lo : most;
     }
     dp->sh.most = most;
+    dp->sh.wfirst = calloc((size_t)dp->n, sizeof *dp->sh.wfirst);
+    dp->sh.wcount = calloc((size_t)dp->n, sizeof *dp->sh.wcount);
+    if (!dp->sh.wfirst || !dp->sh.wcount)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
     dp->sh.host = malloc((size_t)dp->numel * sizeof *dp->sh.host);
     if (dp->sh.host && dp->procs.ranks > 1) {
         dp->sh.mine = malloc(((size_t)most + 1) * sizeof *dp->sh.mine);
@@ -193,6 +197,25 @@ void dp_shard_free(ch_dp *dp)
     free(dp->sh.host);
     free(dp->sh.mine);
     free(dp->sh.all);
+    free(dp->sh.wfirst);
+    free(dp->sh.wcount);
+}
+
+int dp_shard_windows(ch_dp *dp, int b)
+{
+    if (!dp->sh.on || dp->o.precision == CH_F16)
+        return 0;
+    const bucket *bk = &dp->bk.list[b];
+    int64_t at = dp->sh.off[bk->p_lo], end = at + bk->count;
+    for (int i = 0; i < dp->n; i++) {
+        int64_t lo, hi;
+        dp_shard_part(dp, i, &lo, &hi);
+        lo = lo > at ? lo : at;
+        hi = hi < end ? hi : end;
+        dp->sh.wfirst[i] = hi > lo ? lo - at : 0;
+        dp->sh.wcount[i] = hi > lo ? hi - lo : 0;
+    }
+    return 1;
 }
 
 void dp_shard_part(const ch_dp *dp, int index, int64_t *lo, int64_t *hi)

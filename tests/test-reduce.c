@@ -1171,6 +1171,85 @@ out:
         ch_stream_free(s[i]);
 }
 
+/* ch_reducer_reduce_scatter through the host in f32: each device
+ * participant ends with the sum in its window and its own values
+ * elsewhere (only its window was uploaded); a host participant with at
+ * least its window; the sums are the all-reduce's bits. Windows outside
+ * the call are refused. */
+static void scatter_case(const char *const *names, int n, ch_reduce_mode mode)
+{
+    plist p;
+    if (!plist_of(&p, names, n, "reduce-scatter"))
+        return;
+    enum { TOTAL = 3000, OFF = 100, COUNT = 2500 };
+    tap_rng rng = {41};
+    float *in[MAXP] = {NULL}, *got = malloc(sizeof(float) * TOTAL);
+    ch_tensor *t[MAXP] = {NULL}, *u[MAXP] = {NULL};
+    ch_reducer *r = NULL;
+    ch_status st = random_buffers(&p, n, TOTAL, &rng, in, t);
+    for (int i = 0; st == CH_OK && i < n; i++) {
+        int64_t total = TOTAL;
+        st = ch_tensor_new(&u[i], p.dev[i], CH_F32, 1, &total);
+        if (st == CH_OK)
+            st = ch_tensor_upload(u[i], in[i], sizeof(float) * TOTAL);
+    }
+    if (st == CH_OK)
+        st = ch_reducer_new(&r, p.stream, n, COUNT, mode);
+    /* Windows one after another, the last one empty. */
+    int64_t first[MAXP], count[MAXP];
+    for (int i = 0; i < n; i++) {
+        first[i] = i == n - 1 ? COUNT : (int64_t)COUNT * i / (n - 1);
+        count[i] = i == n - 1 ? 0 : (int64_t)COUNT * (i + 1) / (n - 1) - first[i];
+    }
+    if (st == CH_OK)
+        st = ch_reducer_allreduce(r, u, OFF, COUNT);
+    if (st == CH_OK)
+        st = ch_reducer_reduce_scatter(r, t, OFF, COUNT, first, count);
+    int good = st == CH_OK;
+    float *sum = malloc(sizeof(float) * TOTAL);
+    for (int i = 0; good && i < n; i++) {
+        good = ch_tensor_download(u[i], sum, sizeof(float) * TOTAL) == CH_OK &&
+               ch_tensor_download(t[i], got, sizeof(float) * TOTAL) == CH_OK;
+        int host = strcmp(ch_device_id(p.dev[i]), "host") == 0;
+        for (int64_t k = 0; good && k < TOTAL; k++) {
+            int in_call = k >= OFF && k < OFF + COUNT;
+            int mine = k >= OFF + first[i] && k < OFF + first[i] + count[i];
+            float want = mine ? sum[k] : !in_call ? in[i][k] : host ? got[k] : in[i][k];
+            if (!mine && in_call && host && got[k] != sum[k] && got[k] != in[i][k])
+                good = 0;
+            if (memcmp(&got[k], &want, sizeof want) != 0)
+                good = 0;
+        }
+    }
+    tap_ok(good, "reduce-scatter over %s (%s): each device's window holds the all-reduce's sum, "
+           "its other elements its own values", p.label, ch_reduce_mode_name(mode));
+    int64_t bad_first[MAXP], bad_count[MAXP];
+    memcpy(bad_first, first, sizeof bad_first);
+    memcpy(bad_count, count, sizeof bad_count);
+    bad_count[0] = COUNT + 1;
+    if (r)
+        tap_status_is(ch_reducer_reduce_scatter(r, t, OFF, COUNT, bad_first, bad_count),
+                      CH_ERR_INVALID_ARGUMENT, "window", "a window past the call's elements");
+    if (r)
+        tap_status_is(ch_reducer_reduce_scatter(r, t, OFF, COUNT, NULL, count),
+                      CH_ERR_INVALID_ARGUMENT, "first", "reduce-scatter without windows");
+    ch_reducer_free(r);
+    free_buffers(n, in, t);
+    for (int i = 0; i < n; i++)
+        ch_tensor_free(u[i]);
+    free(got);
+    free(sum);
+    plist_free(&p);
+}
+
+static void test_scatter(void)
+{
+    const char *three[3] = {"host", "ocl:0", "ocl:1"};
+    scatter_case(three, 3, CH_REDUCE_HOST);
+    const char *cross[3] = {"cross:0", "cross:1", "host"};
+    scatter_case(cross, 3, CH_REDUCE_AUTO);
+}
+
 int main(void)
 {
     /* Before ch_init there are no devices to reduce on. */
@@ -1197,6 +1276,7 @@ int main(void)
     test_single();
     test_stage();
     test_bf16();
+    test_scatter();
     test_span();
     test_auto_groups();
     test_many_host();

@@ -58,6 +58,17 @@ CH_API void ch_reducer_free(ch_reducer *r);
 CH_API ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t offset,
                                       int64_t count);
 
+/* The same where participant i needs only elements [offset + first[i],
+ * offset + first[i] + n[i]) of the sum (a reduce-scatter: the sharded
+ * optimizer's owners). Each participant gets at least its window; where
+ * the total moves through the host in f32 (host reduction, between
+ * groups, with a stage) a device participant gets only that, less to
+ * upload, and elsewhere its buffer is left as it was. Other paths (peer
+ * reduction in one group, bf16, NCCL) still give every participant the
+ * whole sum. CH_ERR_INVALID_ARGUMENT for a window outside [0, count). */
+CH_API ch_status ch_reducer_reduce_scatter(ch_reducer *r, ch_tensor *const *bufs, int64_t offset,
+                                           int64_t count, const int64_t *first, const int64_t *n);
+
 /* A stage the total of every call passes through on the host before it
  * goes back to the participants: data parallelism across processes
  * (chorus/dp.h with a ch_dist) sums the processes' totals there. `fn` gets
