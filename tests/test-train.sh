@@ -492,12 +492,29 @@ peak=$(peak_of "$tmp/mem.json" host peak_bytes)
 test "$status" -eq 0 && test "$(peak_of "$tmp/mem.json" host limit_bytes)" -eq 0 &&
     grep -Eq '^memory: host peak [0-9.]+ MiB$' "$tmp/err"
 ok $? "--json gives host's peak over training ($peak bytes) and no limit; stderr says it: $(grep '^memory' "$tmp/err")"
+# A byte below that peak: the host's share goes in micro-batches sized to
+# fit (measured in the first step), under the limit, and the log says so.
 # shellcheck disable=SC2086
-"$train" $quick --epochs 1 --max-steps 5 --device-memory "host=$((peak - 1))" >/dev/null 2>"$tmp/err"
+"$train" $quick --epochs 1 --max-steps 5 --device-memory "host=$((peak - 1))" --json \
+    --log "$tmp/memlim.log" >"$tmp/memlim.json" 2>"$tmp/err"
+status=$?
+test "$status" -eq 0 && python3 -c '
+import json, sys
+limit = int(sys.argv[3])
+m = json.load(open(sys.argv[1]))["memory"]["host"]
+assert m["limit_bytes"] == limit and m["peak_reserved_bytes"] <= limit, m
+last = [json.loads(l) for l in open(sys.argv[2])][-1]["devices"][0]
+assert 1 <= last["micro_batch"] < 50 and last["micro_batches"] >= 2, last
+' "$tmp/memlim.json" "$tmp/memlim.log" $((peak - 1))
+ok $? "--device-memory host=$((peak - 1)), a byte below that peak: it trains in micro-batches under the limit (got $status: $(tail -1 "$tmp/memlim.log" | head -c 400) $(tr '\n' ' ' <"$tmp/err"))"
+# Less than the model itself needs: training fails naming the device, the
+# request and the limit.
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --max-steps 5 --device-memory "host=1M" >/dev/null 2>"$tmp/err"
 status=$?
 test "$status" -eq 1 &&
-    grep -Eq 'training failed: .*host: [0-9.]+ (bytes|KiB|MiB) requested with [0-9.]+ (bytes|KiB|MiB) of its [0-9.]+ MiB limit in use \(ch_device_set_memory_limit\)' "$tmp/err"
-ok $? "--device-memory host=$((peak - 1)), a byte below that peak: training fails naming the device, the request and the limit (got $status: $(tr '\n' ' ' <"$tmp/err"))"
+    grep -Eq '(training failed|cannot set up training): .*host: [0-9.]+ (bytes|KiB|MiB) requested with [0-9.]+ (bytes|KiB|MiB) of its [0-9.]+ MiB limit in use \(ch_device_set_memory_limit\)' "$tmp/err"
+ok $? "--device-memory host=1M, less than the model needs: training fails naming the device, the request and the limit (got $status: $(tr '\n' ' ' <"$tmp/err"))"
 # shellcheck disable=SC2086
 "$train" $(echo "$quick" | sed 's/--quiet//') --epochs 1 --max-steps 5 --json \
     --device-memory "host=$((2 * peak))" >"$tmp/mem2.json" 2>"$tmp/err"
