@@ -77,8 +77,10 @@ static void check_options(const train_options *o)
     FUZZ_CHECK(o->epochs >= 1 && (o->max_steps == -1 || o->max_steps >= 1) && o->limit >= 0,
                "epochs %lld, max steps %lld, limit %lld", (long long)o->epochs,
                (long long)o->max_steps, (long long)o->limit);
-    FUZZ_CHECK(o->bucket_mb >= 1 && o->bucket_mb <= 1 << 20 && o->accumulate >= 1 &&
-                   o->accumulate <= 1 << 20 && o->batch >= 1 && o->batch <= 1 << 20,
+    /* --bucket-mb auto is -1. */
+    FUZZ_CHECK((o->bucket_mb == -1 || (o->bucket_mb >= 1 && o->bucket_mb <= 1 << 20)) &&
+                   o->accumulate >= 1 && o->accumulate <= 1 << 20 && o->batch >= 1 &&
+                   o->batch <= 1 << 20,
                "bucket %lld, accumulate %lld, batch %d", (long long)o->bucket_mb,
                (long long)o->accumulate, o->batch);
     FUZZ_CHECK(o->lr > 0.0f && isfinite(o->lr), "lr %g", o->lr);

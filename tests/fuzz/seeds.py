@@ -115,6 +115,7 @@ for name, args in [
         ("memory", ["--devices", "host,opencl:0", "--device-memory", "host=6G,opencl:0=1.5g",
                     "--shard-optimizer", "--recompute"]),
         ("bad-memory", ["--device-memory", "host=1G,host=2K"]),
+        ("bucket-auto", ["--bucket-mb", "auto", "--trace", "t.json"]),
         ("help", ["--help", "--bogus"]),
         ("version", ["--version"]),
         ("bad-heads", ["--model", "gpt", "--data", "t", "--heads", "3", "--dim", "16"]),
