@@ -268,7 +268,6 @@ struct ch_dp {
         float *mine;      /* across processes: [most + 1] this process's run */
         float *all;       /* [ranks * (most + 1)] every process's */
         int64_t most;     /* the longest process's run of parts */
-        int other_failed; /* the exchange heard of a failure elsewhere */
         int64_t *wfirst, *wcount; /* [n] a bucket's windows: each replica's part in it */
     } sh;
 

@@ -212,13 +212,11 @@ static void test_memory(ch_device **devs, int n, const char *names, const batche
          * allocator rounds each tensor up to its size class (at most 25%,
          * 11% on average): the bounds allow for that. */
         double saved = (double)(g_plain[i] - g_shard[i]), want = 8.0 * (double)(numel - count[i]);
-        double state = (double)g_shard[i] - (double)(g_plain[i] - 8.0 * (double)numel);
         tap_ok(saved > 0.9 * want && saved < 1.3 * want,
                "replica %d on %s: its first step takes %lld bytes sharded, %lld not: %.0f%% of "
                "the other elements' state (%lld of %lld elements are its own)",
                i, ch_device_id(devs[i]), (long long)g_shard[i], (long long)g_plain[i],
                100.0 * saved / want, (long long)count[i], (long long)numel);
-        (void)state;
         /* The tensors' own bytes, before the size classes: the state made
          * at the first step is 8 bytes for each element of its part. */
         double own = (double)t_shard[i] - ((double)t_plain[i] - 8.0 * (double)numel);
