@@ -166,6 +166,14 @@ ch_status nn_comm_sum_f64(nn_comm *c, double *values, int64_t n, const char *wha
     return dist_sum_on(c->d, c->comm, values, n, 1, what);
 }
 
+ch_status nn_comm_reduce_scatter_f32(nn_comm *c, float *values, const int64_t *first,
+                                     const int64_t *count, const char *what)
+{
+    if (nn_comm_size(c) == 1)
+        return CH_OK;
+    return dist_reduce_scatter_on(c->d, c->comm, &c->scratch, values, first, count, what);
+}
+
 ch_status nn_comm_bcast(nn_comm *c, void *data, size_t bytes, int root, const char *what)
 {
     if (nn_comm_size(c) == 1 || bytes == 0)

@@ -30,6 +30,14 @@ ch_status nn_comm_sum_f32(nn_comm *c, float *values, int64_t n, const char *what
 ch_status nn_comm_sum_f64(nn_comm *c, double *values, int64_t n, const char *what);
 /* In place, bf16 values: as ch_dist_sum_bf16. */
 ch_status nn_comm_sum_bf16(nn_comm *c, uint16_t *values, int64_t n, const char *what);
+/* In place: each process k's window of `values`, [first[k], + count[k])
+ * (every process passes the same first[] and count[], one entry per
+ * process), gets the sum over the processes of that window, taken in
+ * rank order (values of rank 0 + rank 1 + ...); the rest of `values` is
+ * left as it was. Each process sends the others' windows and receives
+ * its own: a reduce-scatter. */
+ch_status nn_comm_reduce_scatter_f32(nn_comm *c, float *values, const int64_t *first,
+                                     const int64_t *count, const char *what);
 /* `bytes` at `data` on `root` to every process. */
 ch_status nn_comm_bcast(nn_comm *c, void *data, size_t bytes, int root, const char *what);
 /* Each process's `bytes` at `mine` into all[rank * bytes]. */

@@ -66,6 +66,10 @@ ch_status dist_sum_on(const ch_dist *d, dist_comm_t comm, void *values, int64_t 
  * scratch the call may grow and keeps. */
 ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s, uint16_t *values,
                            int64_t n, const char *what);
+/* nn_comm_reduce_scatter_f32's exchange and rank-ordered sum, `s` as
+ * above. */
+ch_status dist_reduce_scatter_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s, float *values,
+                                 const int64_t *first, const int64_t *count, const char *what);
 ch_status dist_gather_on(const ch_dist *d, dist_comm_t comm, const void *mine, void *all,
                          size_t bytes, const char *what);
 

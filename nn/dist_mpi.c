@@ -405,6 +405,21 @@ ch_status dist_sum_on(const ch_dist *d, dist_comm_t comm, void *values, int64_t 
     return CH_OK;
 }
 
+/* Grows `s` to `need` bytes (its contents go). */
+static ch_status scratch_at_least(dist_scratch *s, size_t need, const char *what)
+{
+    if (s->bytes >= need)
+        return CH_OK;
+    void *mem = malloc(need);
+    if (!mem)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu bytes of scratch",
+                         what, need);
+    free(s->mem);
+    s->mem = mem;
+    s->bytes = need;
+    return CH_OK;
+}
+
 /* This rank's share of a bf16 sum (dist_sum_bf16_on), in f32 in rank order and
  * rounded once, built for AVX2 too. */
 CHI_CLONES static void sum_blocks(int64_t len, int p, const void *const *src, const int *is_bf16,
@@ -433,17 +448,7 @@ ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s, 
     size_t up = (size_t)p;
     size_t block_bytes = ((size_t)(most / p) + 1) * sizeof(uint16_t);
     size_t need = up * block_bytes + 5 * up * sizeof(int) + up * sizeof(void *) + 64;
-    if (s->bytes < need) {
-        void *mem = malloc(need);
-        if (!mem)
-            return chi_error(CH_ERR_OUT_OF_MEMORY,
-                             "%s: out of host memory for %zu bytes of "
-                             "bf16 blocks",
-                             what, need);
-        free(s->mem);
-        s->mem = mem;
-        s->bytes = need;
-    }
+    TRY(scratch_at_least(s, need, what));
     /* The tables first (aligned), then the received blocks. */
     const void **src = s->mem;
     int *counts = (int *)(src + up), *displs = counts + up, *rcounts = displs + up;
@@ -483,6 +488,68 @@ ch_status dist_sum_bf16_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s, 
             return mpi_error(e, "MPI_Iallgatherv", what);
         TRY(finish(d, &req, "MPI_Iallgatherv", what));
     }
+    return CH_OK;
+}
+
+/* out[i] = blocks[0][i] + blocks[1][i] + ... + blocks[p - 1][i], added
+ * left to right (rank order): elementwise, so the same bits at any
+ * vector width, thread count or chunk size. Built for AVX2 too. */
+CHI_CLONES static void sum_in_rank_order(int64_t len, int p, const float *const *blocks, float *out)
+{
+    const int64_t chunk = 16384;
+    CHI_OMP(omp parallel for schedule(static) if (parallel: len > 8 * chunk))
+    for (int64_t lo = 0; lo < len; lo += chunk) {
+        int64_t m = len - lo < chunk ? len - lo : chunk;
+        float *o = out + lo;
+        memcpy(o, blocks[0] + lo, (size_t)m * sizeof(float));
+        for (int k = 1; k < p; k++) {
+            const float *b = blocks[k] + lo;
+            CHI_OMP(omp simd)
+            for (int64_t i = 0; i < m; i++)
+                o[i] += b[i];
+        }
+    }
+}
+
+/* The reduce-scatter (nn_comm_reduce_scatter_f32): MPI_Ialltoallv sends
+ * window k of this rank's values to rank k and brings every rank's copy
+ * of this rank's window into p blocks, which sum_in_rank_order adds into
+ * the window. Each rank sends the others'
+ * windows and receives p - 1 copies of its own. */
+ch_status dist_reduce_scatter_on(const ch_dist *d, dist_comm_t comm, dist_scratch *s, float *values,
+                                 const int64_t *first, const int64_t *count, const char *what)
+{
+    int p = d->size, rank = d->rank;
+    for (int k = 0; k < p; k++)
+        if (first[k] < 0 || count[k] < 0 || first[k] > INT_MAX || count[k] > INT_MAX / p)
+            return chi_error(CH_ERR_INVALID_ARGUMENT,
+                             "%s: process %d's window [%lld, + %lld) is past what one MPI call "
+                             "can exchange",
+                             what, k, (long long)first[k], (long long)count[k]);
+    size_t up = (size_t)p, mine = (size_t)count[rank];
+    /* The tables first (aligned), then the received blocks. */
+    size_t need = up * sizeof(float *) + 4 * up * sizeof(int) + up * mine * sizeof(float) + 64;
+    TRY(scratch_at_least(s, need, what));
+    const float **src = s->mem;
+    int *counts = (int *)(src + up), *displs = counts + up, *rcounts = displs + up;
+    int *rdispls = rcounts + up;
+    float *blocks = (float *)(((uintptr_t)(rdispls + up) + 63) & ~(uintptr_t)63);
+    for (int k = 0; k < p; k++) {
+        counts[k] = (int)count[k];
+        displs[k] = (int)first[k];
+        rcounts[k] = (int)mine;
+        rdispls[k] = k * (int)mine;
+        src[k] = blocks + (size_t)k * mine;
+    }
+    MPI_Request req;
+    pthread_mutex_lock(&mpi_lock);
+    int e = MPI_Ialltoallv(values, counts, displs, MPI_FLOAT, blocks, rcounts, rdispls, MPI_FLOAT,
+                           comm, &req);
+    pthread_mutex_unlock(&mpi_lock);
+    if (e != MPI_SUCCESS)
+        return mpi_error(e, "MPI_Ialltoallv", what);
+    TRY(finish(d, &req, "MPI_Ialltoallv", what));
+    sum_in_rank_order((int64_t)mine, p, src, values + first[rank]);
     return CH_OK;
 }
 

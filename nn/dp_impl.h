@@ -179,6 +179,8 @@ struct ch_dp {
         ch_status st;
         char error[1024];
         nn_comm *comm; /* its collectives across processes */
+        int bucket;    /* the bucket being reduced */
+        int scatter;   /* reduce-scattered: its stage sums the process's window only */
     } red;
 
     struct {                      /* BatchNorm's statistics exchange (nn/dp_bn.c) */
@@ -269,6 +271,7 @@ struct ch_dp {
         float *all;       /* [ranks * (most + 1)] every process's */
         int64_t most;     /* the longest process's run of parts */
         int64_t *wfirst, *wcount; /* [n] a bucket's windows: each replica's part in it */
+        int64_t *rfirst, *rcount; /* [ranks] its windows across processes: each run in it */
     } sh;
 
 #ifdef CHI_TEST_HOOKS
@@ -413,6 +416,9 @@ ch_status dp_shard_fetch(replica *r);
  * its elements; 0 when the reduction gives every replica the whole sum
  * (no sharding, or fp16, whose check of the sums reads all of them). */
 int dp_shard_windows(ch_dp *dp, int b);
+/* Bucket b's windows across processes (sh.rfirst, sh.rcount): each
+ * process's run of parts in it, from the bucket's first element. */
+void dp_shard_rank_windows(ch_dp *dp, int b);
 /* The parts cut again with the replicas left out given none (before the
  * optimizers' state exists). */
 ch_status dp_shard_recut(ch_dp *dp);

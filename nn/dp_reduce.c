@@ -122,19 +122,33 @@ static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
         TRY(ch_event_wait(dp->r[i].comm, dp->r[i].bk.ready[b]));
         bufs[i] = dp->r[i].bk.grads[b];
     }
-    /* The sharded optimizer's owners need their parts of the sum only. */
-    if (dp_shard_windows(dp, b))
-        return ch_reducer_reduce_scatter(dp->red.reducer, bufs, 0, dp->bk.list[b].count,
-                                         dp->sh.wfirst, dp->sh.wcount);
+    /* The sharded optimizer's owners need their parts of the sum only:
+     * in the process (the reducer's windows) and across processes (the
+     * stage's). */
+    dp->red.bucket = b;
+    if (dp_shard_windows(dp, b)) {
+        dp->red.scatter = dp->procs.ranks > 1;
+        ch_status st = ch_reducer_reduce_scatter(dp->red.reducer, bufs, 0, dp->bk.list[b].count,
+                                                 dp->sh.wfirst, dp->sh.wcount);
+        dp->red.scatter = 0;
+        return st;
+    }
     return ch_reducer_allreduce(dp->red.reducer, bufs, 0, dp->bk.list[b].count);
 }
 
 /* The reducer's stage across processes: the process's total of a bucket
- * becomes the job's (chorus/reduce.h). */
+ * becomes the job's (chorus/reduce.h); under the sharded optimizer, in
+ * this process's window of the bucket only (its replicas' parts), the
+ * rest staying the process's total, which no replica reads. */
 static ch_status sum_across(void *user, float *total, int64_t count)
 {
     ch_dp *dp = user;
-    return nn_comm_sum_f32(dp->red.comm, total, count, "reducing gradients across processes");
+    const char *what = "reducing gradients across processes";
+    if (dp->red.scatter) {
+        dp_shard_rank_windows(dp, dp->red.bucket);
+        return nn_comm_reduce_scatter_f32(dp->red.comm, total, dp->sh.rfirst, dp->sh.rcount, what);
+    }
+    return nn_comm_sum_f32(dp->red.comm, total, count, what);
 }
 
 /* The same in bf16 (reduce_dtype bf16): half the bytes cross. */

@@ -153,8 +153,11 @@ static ch_status make_buffers(ch_dp *dp)
     if (dp->sh.host && dp->procs.ranks > 1) {
         dp->sh.mine = malloc(((size_t)most + 1) * sizeof *dp->sh.mine);
         dp->sh.all = malloc(((size_t)most + 1) * (size_t)dp->procs.ranks * sizeof *dp->sh.all);
+        dp->sh.rfirst = calloc((size_t)dp->procs.ranks, sizeof *dp->sh.rfirst);
+        dp->sh.rcount = calloc((size_t)dp->procs.ranks, sizeof *dp->sh.rcount);
     }
-    if (!dp->sh.host || (dp->procs.ranks > 1 && (!dp->sh.mine || !dp->sh.all)))
+    if (!dp->sh.host ||
+        (dp->procs.ranks > 1 && (!dp->sh.mine || !dp->sh.all || !dp->sh.rfirst || !dp->sh.rcount)))
         return chi_error(CH_ERR_OUT_OF_MEMORY,
                          "ch_dp_new: out of memory for the parameters' "
                          "host copy (%lld elements)",
@@ -199,23 +202,40 @@ void dp_shard_free(ch_dp *dp)
     free(dp->sh.all);
     free(dp->sh.wfirst);
     free(dp->sh.wcount);
+    free(dp->sh.rfirst);
+    free(dp->sh.rcount);
+}
+
+/* The elements [lo, hi) as a window of bucket b's: from its first element. */
+static void window(const ch_dp *dp, int b, int64_t lo, int64_t hi, int64_t *first, int64_t *count)
+{
+    const bucket *bk = &dp->bk.list[b];
+    int64_t at = dp->sh.off[bk->p_lo], end = at + bk->count;
+    lo = lo > at ? lo : at;
+    hi = hi < end ? hi : end;
+    *first = hi > lo ? lo - at : 0;
+    *count = hi > lo ? hi - lo : 0;
 }
 
 int dp_shard_windows(ch_dp *dp, int b)
 {
     if (!dp->sh.on || dp->o.precision == CH_F16)
         return 0;
-    const bucket *bk = &dp->bk.list[b];
-    int64_t at = dp->sh.off[bk->p_lo], end = at + bk->count;
     for (int i = 0; i < dp->n; i++) {
         int64_t lo, hi;
         dp_shard_part(dp, i, &lo, &hi);
-        lo = lo > at ? lo : at;
-        hi = hi < end ? hi : end;
-        dp->sh.wfirst[i] = hi > lo ? lo - at : 0;
-        dp->sh.wcount[i] = hi > lo ? hi - lo : 0;
+        window(dp, b, lo, hi, &dp->sh.wfirst[i], &dp->sh.wcount[i]);
     }
     return 1;
+}
+
+void dp_shard_rank_windows(ch_dp *dp, int b)
+{
+    for (int k = 0; k < dp->procs.ranks; k++) {
+        int64_t lo, hi;
+        rank_run(dp, k, &lo, &hi);
+        window(dp, b, lo, hi, &dp->sh.rfirst[k], &dp->sh.rcount[k]);
+    }
 }
 
 void dp_shard_part(const ch_dp *dp, int index, int64_t *lo, int64_t *hi)

@@ -21,7 +21,8 @@
 #include <unistd.h>
 
 #include "tap.h"
-#include "../nn/nn.h" /* chi_dp_fail_next, the fault-injection hook */
+#include "../nn/dist.h" /* nn_comm_reduce_scatter_f32, the sharded optimizer's */
+#include "../nn/nn.h"   /* chi_dp_fail_next, the fault-injection hook */
 #ifdef CHORUS_FAULT_INJECTION
 #define CHI_FAULT_IMPL /* chi_fault_arm without the macros over this file's calls */
 #include "fault.h"
@@ -159,6 +160,26 @@ static float train(ch_module *out, kind k, ch_device **devs, int n, ch_dp_option
     return loss;
 }
 
+/* max|a - b| / max|b| of two tensors of one shape (infinite when either
+ * cannot be read); *bitwise stays 1 only while every element is equal. */
+static double tensor_rel(ch_tensor *ta, ch_tensor *tb, int *bitwise)
+{
+    size_t n = (size_t)ch_tensor_numel(ta);
+    float *va = malloc(n * sizeof *va + 1), *vb = malloc(n * sizeof *vb + 1);
+    int got = va && vb && ch_tensor_download(ta, va, n * sizeof *va) == CH_OK &&
+              ch_tensor_download(tb, vb, n * sizeof *vb) == CH_OK;
+    double scale = 1e-30, diff = got ? 0 : INFINITY;
+    for (size_t k = 0; got && k < n; k++) {
+        scale = fmax(scale, fabs(vb[k]));
+        diff = fmax(diff, fabs(va[k] - vb[k]));
+        *bitwise = *bitwise && va[k] == vb[k];
+    }
+    *bitwise = *bitwise && got;
+    free(va);
+    free(vb);
+    return diff / scale;
+}
+
 /* Over every parameter and tensor buffer, the largest max|a - b| / max|b|;
  * *bitwise: every element equal. */
 static double max_rel(ch_module *a, ch_module *b, int *bitwise)
@@ -175,21 +196,8 @@ static double max_rel(ch_module *a, ch_module *b, int *bitwise)
             ch_module_buffer(a, i - np, NULL, &ta, NULL);
             ch_module_buffer(b, i - np, NULL, &tb, NULL);
         }
-        if (!ta || !tb)
-            continue;
-        size_t n = (size_t)ch_tensor_numel(ta);
-        float *va = malloc(n * sizeof *va), *vb = malloc(n * sizeof *vb);
-        ch_tensor_download(ta, va, n * sizeof *va);
-        ch_tensor_download(tb, vb, n * sizeof *vb);
-        double scale = 1e-30, diff = 0;
-        for (size_t k = 0; k < n; k++) {
-            scale = fmax(scale, fabs(vb[k]));
-            diff = fmax(diff, fabs(va[k] - vb[k]));
-            *bitwise = *bitwise && va[k] == vb[k];
-        }
-        worst = fmax(worst, diff / scale);
-        free(va);
-        free(vb);
+        if (ta && tb)
+            worst = fmax(worst, tensor_rel(ta, tb, bitwise));
     }
     return worst;
 }
@@ -291,6 +299,25 @@ static ch_status train_state(ch_module *out, ch_optimizer **opt, kind k, ch_devi
     return st;
 }
 
+/* Over every state tensor of two optimizers, the largest max|a - b| /
+ * max|b|; *bitwise: every element equal (and both have every tensor). */
+static double state_rel(ch_optimizer *a, ch_optimizer *b, int *bitwise)
+{
+    double worst = 0;
+    *bitwise = ch_optimizer_state_count(a) == ch_optimizer_state_count(b);
+    for (int i = 0; *bitwise && i < ch_optimizer_state_count(a); i++) {
+        ch_tensor *x = NULL, *y = NULL;
+        ch_optimizer_state(a, i, NULL, &x);
+        ch_optimizer_state(b, i, NULL, &y);
+        if (!x || !y) {
+            *bitwise = 0;
+            return INFINITY;
+        }
+        worst = fmax(worst, tensor_rel(x, y, bitwise));
+    }
+    return worst;
+}
+
 static void test_sharded(const char *what, kind k, ch_device **devs, int n, const batches *bs)
 {
     ch_dp_options o = options();
@@ -302,25 +329,30 @@ static void test_sharded(const char *what, kind k, ch_device **devs, int n, cons
     ch_status sa = train_state(a, &oa, k, devs, n, o, bs, &pa);
     o.shard_optimizer = 1;
     ch_status sb = train_state(b, &ob, k, devs, n, o, bs, &pb);
-    int bitwise = 0;
+    int bitwise = 0, state_bitwise = 0;
+    double err = INFINITY, state_err = INFINITY;
     if (sa == CH_OK && sb == CH_OK) {
-        (void)max_rel(b, a, &bitwise);
-        for (int i = 0; bitwise && i < ch_optimizer_state_count(oa); i++) {
-            ch_tensor *x, *y;
-            ch_optimizer_state(oa, i, NULL, &x);
-            ch_optimizer_state(ob, i, NULL, &y);
-            size_t bytes = x && y ? ch_tensor_nbytes(x) : 0;
-            float *vx = malloc(bytes + 1), *vy = malloc(bytes + 1);
-            bitwise = x && y && ch_tensor_download(x, vx, bytes) == CH_OK &&
-                      ch_tensor_download(y, vy, bytes) == CH_OK && memcmp(vx, vy, bytes) == 0;
-            free(vx);
-            free(vy);
-        }
+        err = max_rel(b, a, &bitwise);
+        state_err = state_rel(ob, oa, &state_bitwise);
     }
-    tap_ok(everywhere(bitwise),
-           "%s, AdamW sharded over %d ranks: the parameters and the whole "
-           "optimizer state of the unsharded run, bit for bit (rank %d)",
-           what, ch_dist_size(world), ch_dist_rank(world));
+    /* The sharded run's gradients cross the processes in a reduce-scatter
+     * that adds the ranks' totals in rank order; the unsharded run's in
+     * MPI's all-reduce, in MPI's order. Two ranks' sums are the same
+     * bits either way (a + b = b + a). Three ranks' may differ in the
+     * last bit: the state (the gradients' averages) stays within
+     * test-dp's 1e-5, but AdamW divides by the root of v, and where a
+     * gradient is the small sum of terms that nearly cancel, its last
+     * bit moves the update by more: the parameters within 1e-3. */
+    if (ch_dist_size(world) == 2)
+        tap_ok(everywhere(bitwise && state_bitwise),
+               "%s, AdamW sharded over 2 ranks: the parameters and the whole optimizer state of "
+               "the unsharded run, bit for bit (rank %d)",
+               what, ch_dist_rank(world));
+    else
+        tap_ok(everywhere(err < 1e-3 && state_err < 1e-5),
+               "%s, AdamW sharded over %d ranks: the optimizer state and the parameters of the "
+               "unsharded run (rank %d: max rel err %.2e, want < 1e-5, and %.2e, want < 1e-3)",
+               what, ch_dist_size(world), ch_dist_rank(world), state_err, err);
     /* This rank's replicas keep the state of their parts only: together
      * the job's parts are every element once. */
     double parts = (double)pb;
@@ -334,6 +366,82 @@ static void test_sharded(const char *what, kind k, ch_device **devs, int n, cons
     ch_optimizer_free(ob);
     ch_module_free(a);
     ch_module_free(b);
+}
+
+/* Rank r's k-th value for the reduce-scatter: every rank can make every
+ * rank's; mixed signs and sizes, so that the order of the sum shows. */
+static float scatter_value(int r, int64_t k)
+{
+    uint32_t h = (uint32_t)(k * 2654435761u) ^ (uint32_t)(r * 40503u + 17u);
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    float f = ldexpf((float)(h & 0xffffu) / 65536.0f + 0.5f, (int)(h >> 16) % 24 - 12);
+    return h & 0x80000000u ? -f : f;
+}
+
+/* nn_comm_reduce_scatter_f32, the sharded optimizer's gradients across
+ * the processes: windows cut unevenly (one empty over 3 ranks), sizes on
+ * both sides of the call's parallel threshold; each rank's window is the
+ * rank-ordered f32 sum of every rank's values there, bit for bit, and the
+ * rest is untouched. Then a window no MPI call can take: refused. */
+static void test_reduce_scatter(void)
+{
+    int p = ch_dist_size(world), me = ch_dist_rank(world);
+    nn_comm *c = NULL;
+    ch_status st = nn_comm_new(&c, world);
+    static const int64_t sizes[] = {7, 1000, 300001};
+    int64_t first[8], count[8];
+    int good = st == CH_OK && p <= 8;
+    for (size_t t = 0; good && t < sizeof sizes / sizeof sizes[0]; t++) {
+        int64_t n = sizes[t], at = 0, weights = 0;
+        for (int k = 0; k < p; k++)
+            weights += k == 1 && p > 2 ? 0 : k + 2;
+        for (int k = 0; k < p; k++) {
+            int64_t w = k == 1 && p > 2 ? 0 : k + 2;
+            first[k] = at;
+            count[k] = k == p - 1 ? n - at : n * w / weights;
+            at += count[k];
+        }
+        float *v = malloc((size_t)n * sizeof *v);
+        if (!v) {
+            good = 0;
+            break;
+        }
+        for (int64_t k = 0; k < n; k++)
+            v[k] = scatter_value(me, k);
+        st = nn_comm_reduce_scatter_f32(c, v, first, count, "test_reduce_scatter");
+        int64_t bad = st == CH_OK ? 0 : n;
+        for (int64_t k = 0; st == CH_OK && k < n; k++) {
+            float want = scatter_value(me, k);
+            if (k >= first[me] && k < first[me] + count[me]) {
+                want = scatter_value(0, k);
+                for (int r = 1; r < p; r++)
+                    want += scatter_value(r, k);
+            }
+            bad += memcmp(&want, &v[k], sizeof want) != 0;
+        }
+        if (bad)
+            tap_diag("rank %d: %lld of %lld elements wrong (%s)", me, (long long)bad, (long long)n,
+                     st == CH_OK ? "" : ch_last_error());
+        good = bad == 0;
+        free(v);
+    }
+    tap_ok(everywhere(good),
+           "nn_comm_reduce_scatter_f32 over %d ranks, uneven windows of 7, 1000 and 300001 "
+           "elements: each rank's window holds the rank-ordered sum bit for bit, the rest its own "
+           "values (rank %d)",
+           p, me);
+    float one = 1.0f;
+    first[0] = 0;
+    for (int k = 0; k < p; k++)
+        count[k] = k == 0 ? (int64_t)1 << 40 : 0;
+    ch_status big =
+        c ? nn_comm_reduce_scatter_f32(c, &one, first, count, "test_reduce_scatter") : CH_ERR_STATE;
+    tap_ok(everywhere(big == CH_ERR_INVALID_ARGUMENT && strstr(ch_last_error(), "window")),
+           "... a window of 2^40 elements: CH_ERR_INVALID_ARGUMENT before any exchange (%s)",
+           ch_last_error());
+    nn_comm_free(c);
 }
 
 /* ---- bf16 across the processes ------------------------------------------ */
@@ -706,6 +814,7 @@ int main(int argc, char **argv)
     test_repeatable(devs, n, &bs);
     test_sharded("cnn", CNN, devs, n, &bs);
     test_sharded("tiny GPT", GPT, devs, n, &bs);
+    test_reduce_scatter();
     test_sum_bf16();
     test_reduce_bf16(devs, n, &bs);
     test_evaluate(devs, n, &bs);

