@@ -182,6 +182,10 @@ static ch_status make_replica(ch_dp *dp, int i, const ch_module *model, ch_devic
     r->bk.grads = calloc((size_t)dp->bk.count, sizeof *r->bk.grads);
     if (!r->bk.grads)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
+    /* The clone's gradients go before the buckets come (every call zeroes
+     * the buckets first): the device holds the parameters and one copy
+     * of the gradients, not two. */
+    nn_drop_grads(r->model);
     for (int b = 0; b < dp->bk.count; b++) {
         int64_t shape[1] = {dp->bk.list[b].count};
         TRY(ch_tensor_new(&r->bk.grads[b], dev, CH_F32, 1, shape));
@@ -567,11 +571,20 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
     return CH_OK;
 }
 
-/* After a failed training call: leave out every replica whose first pass
- * of one sample did not fit its device's limit (in one process: across
- * processes the split is every process's, and the call's failure names
- * the device). Returns whether one was. */
-static int leave_out_small(ch_dp *dp)
+/* Replica r (local) is left out: the note says so. */
+static void note_left_out(ch_dp *dp, const replica *r)
+{
+    dp->mb.out++;
+    snprintf(dp->mb.note, sizeof dp->mb.note,
+             "%s is left out: one sample does not fit in "
+             "its memory limit of %.1f MiB (ch_device_set_memory_limit)",
+             ch_device_id(r->dev), (double)r->mb.limit / 1048576.0);
+}
+
+/* After a failed training call in one process: leave out every replica
+ * whose first pass of one sample did not fit its device's limit. Returns
+ * whether one was. */
+static int leave_out_here(ch_dp *dp)
 {
     int any = 0;
     for (int i = 0; i < dp->n; i++) {
@@ -579,7 +592,7 @@ static int leave_out_small(ch_dp *dp)
         if (!r->mb.too_small)
             continue;
         r->mb.too_small = 0;
-        if (dp->procs.ranks > 1 || !nn_split_leave_out(&dp->split, dp->procs.first + i))
+        if (!nn_split_leave_out(&dp->split, dp->procs.first + i))
             continue;
         r->mb.out = 1;
         if (dp_shard_recut(dp) != CH_OK) {
@@ -588,14 +601,70 @@ static int leave_out_small(ch_dp *dp)
             dp->split.out[dp->procs.first + i] = 0;
             continue;
         }
-        dp->mb.out++;
-        snprintf(dp->mb.note, sizeof dp->mb.note,
-                 "%s is left out: one sample does not fit in "
-                 "its memory limit of %.1f MiB (ch_device_set_memory_limit)",
-                 ch_device_id(r->dev), (double)r->mb.limit / 1048576.0);
+        note_left_out(dp, r);
         any = 1;
     }
     return any;
+}
+
+/* The same across processes, after a call that failed on every process
+ * because some replica of the job could not fit one sample
+ * (dp->red.small, the same everywhere): every process learns which (a
+ * collective), and leaves out the same replicas of the job's split, each
+ * only while its process keeps another replica (a process with none
+ * would have nothing to train or update) and while no optimizer of the
+ * job has its state yet (a sharded part cannot move after that). When
+ * one is, the parts are cut again (a collective). */
+static int leave_out_across(ch_dp *dp)
+{
+    int nmax = dp->procs.nmax, ranks = dp->procs.ranks;
+    int *mine = calloc((size_t)nmax + 1, sizeof *mine);
+    int *all = calloc(((size_t)nmax + 1) * (size_t)ranks, sizeof *all);
+    ch_status st = mine && all ? CH_OK : chi_error(CH_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; mine && i < dp->n; i++) {
+        int made = 0;
+        (void)nn_optimizer_state_bytes(dp->r[i].opt, &made);
+        mine[i] = dp->r[i].mb.too_small;
+        mine[nmax] |= made && dp->sh.on;
+        dp->r[i].mb.too_small = 0;
+    }
+    /* Every process takes part, one that could not allocate too. */
+    if (st == CH_OK)
+        st = nn_comm_allgather(dp->procs.ctl, mine, all, ((size_t)nmax + 1) * sizeof *mine,
+                               "leaving out a device too small for one sample");
+    int any = 0, fixed = 0;
+    for (int k = 0; st == CH_OK && k < ranks; k++)
+        fixed |= all[(size_t)k * ((size_t)nmax + 1) + (size_t)nmax];
+    for (int k = 0; st == CH_OK && !fixed && k < ranks; k++) {
+        int first = dp->procs.rank_first[k], n = dp->procs.rank_n[k], in = 0;
+        for (int i = 0; i < n; i++)
+            in += !dp->split.out[first + i];
+        for (int i = 0; i < n; i++) {
+            if (!all[(size_t)k * ((size_t)nmax + 1) + (size_t)i] || in < 2 ||
+                !nn_split_leave_out(&dp->split, first + i))
+                continue;
+            in--;
+            any = 1;
+            if (k == dp->procs.rank) {
+                dp->r[i].mb.out = 1;
+                note_left_out(dp, &dp->r[i]);
+            }
+        }
+    }
+    free(mine);
+    free(all);
+    /* Every process cuts the parts again (the sharded cut is a collective). */
+    return any && dp_shard_recut(dp) == CH_OK;
+}
+
+/* After a failed training call: leave out every replica of the job whose
+ * first pass of one sample did not fit its device's limit. Returns
+ * whether one was. */
+static int leave_out_small(ch_dp *dp)
+{
+    if (dp->procs.ranks < 2)
+        return leave_out_here(dp);
+    return dp->red.small ? leave_out_across(dp) : 0;
 }
 
 ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr)

@@ -180,6 +180,8 @@ struct ch_dp {
         char error[1024];
         nn_comm *comm; /* its collectives across processes */
         int bucket;    /* the bucket being reduced */
+        int small;     /* across processes: in this call a replica of the job could not
+                        * fit one sample (the same on every process) */
         int scatter;   /* reduce-scattered: its stage sums the process's window only */
     } red;
 

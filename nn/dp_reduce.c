@@ -161,12 +161,17 @@ static ch_status sum_across_bf16(void *user, uint16_t *total, int64_t count)
 /* Across processes, before each bucket: whether every process is still
  * in the step. A process that failed says so once, at the bucket it was
  * to reduce next, and every process stops there: no process is left
- * waiting for a bucket that will never come. */
+ * waiting for a bucket that will never come. It says too whether a
+ * replica of its failed for want of memory for one sample (dp->red.small,
+ * then the same on every process: ch_dp_step leaves such replicas out). */
 static ch_status all_in(ch_dp *dp, int failed)
 {
-    double flag = failed ? 1.0 : 0.0;
-    TRY(nn_comm_sum_f64(dp->red.comm, &flag, 1, "reducing gradients across processes"));
-    if (flag > 0.0 && !failed)
+    double flag[2] = {failed ? 1.0 : 0.0, 0.0};
+    for (int i = 0; failed && i < dp->n; i++)
+        flag[1] += dp->r[i].mb.too_small;
+    TRY(nn_comm_sum_f64(dp->red.comm, flag, 2, "reducing gradients across processes"));
+    dp->red.small = flag[1] > 0.0;
+    if (flag[0] > 0.0 && !failed)
         return chi_error(CH_ERR_REMOTE, "another process of the job failed in this step");
     return CH_OK;
 }
@@ -188,6 +193,7 @@ void *dp_reducer_main(void *arg)
     pthread_mutex_lock(&dp->w.lock);
     while (dp_next_call(dp, &dp->red.generation, &seen)) {
         int b;
+        dp->red.small = 0;
         for (b = 0; b < dp->bk.count; b++) {
             while (dp->bk.posted[b] < dp->n && !atomic_load(&dp->w.failed))
                 pthread_cond_wait(&dp->red.posted, &dp->w.lock);

@@ -942,16 +942,19 @@ void nn_set_sync(ch_module *m, nn_sync_fn fn, void *user)
 }
 
 /* The gradient of parameter p becomes a view of buf at *off. */
+/* Parameter p's gradient becomes a view of buf from *off: its old
+ * gradient's values copied in, or zeros where it has none (nn_drop_grads). */
 static ch_status grad_into(nn_param *p, ch_tensor *buf, int64_t *off)
 {
-    int64_t shape[CH_MAX_DIMS], n = ch_tensor_numel(p->grad);
-    nn_shape(p->grad, shape);
+    const ch_tensor *like = p->grad ? p->grad : p->value;
+    int64_t shape[CH_MAX_DIMS], n = ch_tensor_numel(like);
+    nn_shape(like, shape);
     ch_tensor *rows = NULL, *view = NULL;
     TRY(ch_tensor_view(&rows, buf, *off, n));
-    ch_status st = ch_tensor_reshape(&view, rows, ch_tensor_ndim(p->grad), shape);
+    ch_status st = ch_tensor_reshape(&view, rows, ch_tensor_ndim(like), shape);
     ch_tensor_free(rows);
     if (st == CH_OK)
-        st = ch_copy(view, p->grad);
+        st = p->grad ? ch_copy(view, p->grad) : ch_fill(view, 0.0);
     if (st != CH_OK) {
         ch_tensor_free(view);
         return st;
@@ -970,7 +973,7 @@ ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf)
         if (!p)
             return chi_error(CH_ERR_INVALID_ARGUMENT, "nn_grads_into: parameter %d out of "
                              "range (%d parameters)", i, count_params(m));
-        need += ch_tensor_numel(p->grad);
+        need += ch_tensor_numel(p->value);
     }
     if (ch_tensor_ndim(buf) != 1 || ch_tensor_numel(buf) != need)
         return chi_error(CH_ERR_SHAPE, "nn_grads_into: buf has %lld elements in %d dims, the "
@@ -979,6 +982,16 @@ ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf)
     for (int i = first; i < first + count; i++)
         TRY(grad_into(param_at(m, i), buf, &off));
     return CH_OK;
+}
+
+void nn_drop_grads(ch_module *m)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        ch_tensor_free(m->params[i].grad);
+        m->params[i].grad = NULL;
+    }
+    for (int i = 0; i < m->nchild; i++)
+        nn_drop_grads(m->child[i]);
 }
 
 ch_status ch_module_zero_grad(ch_module *m)

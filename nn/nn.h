@@ -164,6 +164,10 @@ void nn_shape(const ch_tensor *t, int64_t *shape);
  * elements), one after the other: those gradients are then one buffer
  * that can be reduced as a whole. Their values are copied in. */
 ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf);
+/* Frees every parameter's gradient of the tree, before nn_grads_into
+ * gives each one in a buffer (zeros): a module without gradients must
+ * get them that way before anything reads them. */
+void nn_drop_grads(ch_module *m);
 
 /* (Re)allocate *t unless it already has this device, dtype and shape. */
 ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,

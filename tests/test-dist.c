@@ -368,6 +368,139 @@ static void test_sharded(const char *what, kind k, ch_device **devs, int n, cons
     ch_module_free(b);
 }
 
+/* STEPS steps of the cnn from `devs` with `limits` (NULL: none); the
+ * parameters end in `out`, the dp in *keep. */
+static ch_status train_limited(ch_module *out, ch_device **devs, int n, uint64_t *limits, int shard,
+                               const batches *bs, ch_dp **keep)
+{
+    ch_dp_options o = options();
+    o.dist = world;
+    o.shard_optimizer = shard;
+    o.memory_limits = limits;
+    o.nmemory_limits = limits ? n : 0;
+    ch_module *model = make_model(CNN);
+    ch_module_init(model, 3);
+    float loss;
+    *keep = NULL;
+    ch_status st = ch_dp_new(keep, model, devs, n, &o);
+    for (int s = 0; st == CH_OK && s < STEPS; s++)
+        st = ch_dp_step(*keep, &loss, &bs->b[s], 0.05f);
+    if (st == CH_OK)
+        st = ch_dp_sync_to(*keep, out);
+    ch_module_free(model);
+    return st;
+}
+
+/* The limit under which device `dev` cannot hold a pass of one sample of
+ * the cnn: what it holds now, and two and a half times its parameters (a
+ * replica's parameters and gradients, and the size classes' rounding). */
+static uint64_t too_small_limit(ch_device *dev)
+{
+    ch_module *probe = make_model(CNN);
+    uint64_t params = (uint64_t)ch_module_param_numel(probe) * 4;
+    ch_module_free(probe);
+    ch_memory_stats ms = {0};
+    ch_device_memory_stats(dev, &ms);
+    return ms.in_use_bytes + 2 * params + params / 2;
+}
+
+/* A device too small for one sample of the job's batch, across processes.
+ * On a rank that holds another device too (the last one, over 3 ranks):
+ * every rank leaves that replica out of the job's split, the rank notes
+ * it, and the job trains as it does without that device. As a rank's only
+ * device: no process is left without a replica, so every rank's step
+ * fails, that rank's naming the device and its limit. */
+static void test_left_out(ch_device **devs, int n, const batches *bs)
+{
+    int rank = ch_dist_rank(world), size = ch_dist_size(world);
+    int limited = -1;
+    if (rank == size - 1 && n >= 2 && devs[n - 1] != host) {
+        limited = n - 1;
+        for (int i = 0; i < n - 1; i++)
+            limited = devs[i] == devs[n - 1] ? -1 : limited;
+    }
+    double can = limited >= 0;
+    ch_dist_sum(world, &can, 1);
+    if (can == 0.0) {
+        tap_skip("no rank holds a device beside another one to limit (rank %d)", rank);
+    } else {
+        ch_module *b = make_model(CNN);
+        ch_dp *plain = NULL;
+        ch_status sb = train_limited(b, devs, limited >= 0 ? n - 1 : n, NULL, 0, bs, &plain);
+        ch_dp_free(plain);
+        for (int shard = 0; shard < 2; shard++) {
+            uint64_t limits[8] = {0};
+            if (limited >= 0)
+                limits[limited] = too_small_limit(devs[limited]);
+            ch_module *a = make_model(CNN);
+            ch_dp *dp = NULL;
+            ch_status sa = train_limited(a, devs, n, limits, shard, bs, &dp);
+            int size_of[8] = {0}, count[8] = {0}, out[8] = {0};
+            if (sa == CH_OK)
+                sa = ch_dp_micro_batches(dp, size_of, count, out, n);
+            const char *note = dp ? ch_dp_note(dp) : "";
+            int noted = 1;
+            for (int i = 0; i < n; i++)
+                noted = noted && out[i] == (i == limited);
+            if (limited >= 0)
+                noted =
+                    noted && strstr(note, "left out") && strstr(note, ch_device_id(devs[limited]));
+            tap_ok(everywhere(sa == CH_OK && noted),
+                   "a limit too small for one sample on %s of the last rank%s: every rank trains "
+                   "%d steps, that replica left out (rank %d: %s)",
+                   limited >= 0 ? ch_device_id(devs[limited]) : "a device",
+                   shard ? ", sharded optimizer" : "", STEPS, rank,
+                   sa != CH_OK ? ch_last_error() : note);
+            ch_dp_free(dp);
+            if (limited >= 0)
+                ch_device_set_memory_limit(devs[limited], 0);
+            int bitwise = 0;
+            double err = sa == CH_OK && sb == CH_OK ? max_rel(a, b, &bitwise) : INFINITY;
+            tap_ok(everywhere(err < 1e-5),
+                   "... as the job without that device trains (rank %d: max rel err %.2e, want < "
+                   "1e-5%s)",
+                   rank, err, bitwise ? "; bit for bit" : "");
+            ch_module_free(a);
+        }
+        ch_module_free(b);
+    }
+
+    /* A rank's only device, too small: the lowest rank with one device
+     * that is not the host's. */
+    double alone[16] = {0};
+    if (size <= 16 && n == 1 && devs[0] != host)
+        alone[rank] = 1.0;
+    ch_dist_sum(world, alone, size <= 16 ? size : 16);
+    int victim = -1;
+    for (int k = size <= 16 ? size - 1 : -1; k >= 0; k--)
+        victim = alone[k] > 0.0 ? k : victim;
+    if (victim < 0) {
+        tap_skip("no rank has a single device other than the host (rank %d)", rank);
+        return;
+    }
+    uint64_t limits[8] = {0};
+    if (rank == victim)
+        limits[0] = too_small_limit(devs[0]);
+    ch_module *c = make_model(CNN);
+    ch_dp *dp = NULL;
+    ch_status st = train_limited(c, devs, n, limits, 0, bs, &dp);
+    const char *msg = ch_last_error();
+    char failed[32];
+    snprintf(failed, sizeof failed, "rank %d failed", victim);
+    int named = st != CH_OK && strstr(msg, "limit") &&
+                (rank == victim ? st == CH_ERR_DEVICE_OUT_OF_MEMORY &&
+                                      strstr(msg, ch_device_id(devs[0])) != NULL
+                                : strstr(msg, failed) != NULL);
+    tap_ok(everywhere(named),
+           "a limit too small for one sample on rank %d's only device: every rank's step fails "
+           "with that rank's message, naming the device and its limit (rank %d: %s)",
+           victim, rank, msg);
+    ch_dp_free(dp);
+    if (rank == victim)
+        ch_device_set_memory_limit(devs[0], 0);
+    ch_module_free(c);
+}
+
 /* Rank r's k-th value for the reduce-scatter: every rank can make every
  * rank's; mixed signs and sizes, so that the order of the sum shows. */
 static float scatter_value(int r, int64_t k)
@@ -815,6 +948,7 @@ int main(int argc, char **argv)
     test_sharded("cnn", CNN, devs, n, &bs);
     test_sharded("tiny GPT", GPT, devs, n, &bs);
     test_reduce_scatter();
+    test_left_out(devs, n, &bs);
     test_sum_bf16();
     test_reduce_bf16(devs, n, &bs);
     test_evaluate(devs, n, &bs);
