@@ -574,7 +574,6 @@ static ch_status train_call(ch_dp *dp, const ch_batch *batch, float lr, int sync
 /* Replica r (local) is left out: the note says so. */
 static void note_left_out(ch_dp *dp, const replica *r)
 {
-    dp->mb.out++;
     snprintf(dp->mb.note, sizeof dp->mb.note,
              "%s is left out: one sample does not fit in "
              "its memory limit of %.1f MiB (ch_device_set_memory_limit)",
@@ -612,11 +611,14 @@ static int leave_out_here(ch_dp *dp)
  * (dp->red.small, the same everywhere): every process learns which (a
  * collective), and leaves out the same replicas of the job's split, each
  * only while its process keeps another replica (a process with none
- * would have nothing to train or update) and while no optimizer of the
- * job has its state yet (a sharded part cannot move after that). When
- * one is, the parts are cut again (a collective). */
+ * would have nothing to train or update: the call's message then says
+ * so) and while no optimizer of the job has its state yet (a sharded part
+ * cannot move after that). When one is, the parts are cut again (a
+ * collective). */
 static int leave_out_across(ch_dp *dp)
 {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ch_last_error());
     int nmax = dp->procs.nmax, ranks = dp->procs.ranks;
     int *mine = calloc((size_t)nmax + 1, sizeof *mine);
     int *all = calloc(((size_t)nmax + 1) * (size_t)ranks, sizeof *all);
@@ -640,8 +642,13 @@ static int leave_out_across(ch_dp *dp)
         for (int i = 0; i < n; i++)
             in += !dp->split.out[first + i];
         for (int i = 0; i < n; i++) {
-            if (!all[(size_t)k * ((size_t)nmax + 1) + (size_t)i] || in < 2 ||
-                !nn_split_leave_out(&dp->split, first + i))
+            if (!all[(size_t)k * ((size_t)nmax + 1) + (size_t)i])
+                continue;
+            if (in < 2 && k == dp->procs.rank)
+                (void)chi_error(CH_ERR_DEVICE_OUT_OF_MEMORY,
+                                "%s; %s is not left out: it is its process's only replica", msg,
+                                ch_device_id(dp->r[i].dev));
+            if (in < 2 || !nn_split_leave_out(&dp->split, first + i))
                 continue;
             in--;
             any = 1;

@@ -259,7 +259,6 @@ struct ch_dp {
     } tune;
 
     struct {            /* micro-batches by memory: replicas left out */
-        int out;        /* how many */
         char note[256]; /* the last one's message */
     } mb;
 

@@ -489,11 +489,13 @@ static void test_left_out(ch_device **devs, int n, const batches *bs)
     snprintf(failed, sizeof failed, "rank %d failed", victim);
     int named = st != CH_OK && strstr(msg, "limit") &&
                 (rank == victim ? st == CH_ERR_DEVICE_OUT_OF_MEMORY &&
-                                      strstr(msg, ch_device_id(devs[0])) != NULL
+                                      strstr(msg, ch_device_id(devs[0])) &&
+                                      strstr(msg, "only replica") != NULL
                                 : strstr(msg, failed) != NULL);
     tap_ok(everywhere(named),
            "a limit too small for one sample on rank %d's only device: every rank's step fails "
-           "with that rank's message, naming the device and its limit (rank %d: %s)",
+           "with that rank's message, naming the device and its limit, and why it stays (rank "
+           "%d: %s)",
            victim, rank, msg);
     ch_dp_free(dp);
     if (rank == victim)

@@ -953,6 +953,12 @@ int main(void)
     o = options();
     o.accumulate = 2;
     test_fault(single, three, 3, names, o, "accumulating", &bs);
+    /* The sharded optimizer: a failure before the update leaves every
+     * part where it was, and the gather after a good step still meets. */
+    o = options();
+    o.shard_optimizer = 1;
+    o.bucket_bytes = 16 << 10;
+    test_fault(single, three, 3, names, o, "sharded optimizer, small buckets", &bs);
 
     /* Small buckets: the first ones are reduced while backward still runs
      * on the earlier layers of some replica. */
