@@ -15,6 +15,11 @@
 # The text is LINES_OF_TEXT lines (default 800: its last tenth, the
 # validation that ends each run, is 6 windows of 256 tokens).
 #
+# LAUNCH (default none) goes before each chorus-train, as in
+# LAUNCH="mpirun -np 2" DEVICES=host SKIP_PROOF=1: every process trains
+# DEVICES, the sharded optimizer's parts are every process's replicas',
+# and the peaks are rank 0's.
+#
 # From the build folder:
 #     CHORUS_BACKEND_PATH=$PWD/backends/opencl/.libs POCL_DEVICES="pthread pthread" \
 #         ../bench/bench-memory.sh
@@ -22,6 +27,7 @@
 # step) and the proof's lines; OUT (a folder) keeps the JSON and logs.
 set -u
 train=${CHORUS_TRAIN:-./utils/chorus-train}
+launch=${LAUNCH:-}
 devices=${DEVICES:-host,opencl:0,opencl:1}
 batch=${BATCH:-3} steps=${STEPS:-3} rounds=${ROUNDS:-1} skip_proof=${SKIP_PROOF:-0}
 limited=${LIMITED:-opencl:1} proof_steps=${PROOF_STEPS:-20}
@@ -44,8 +50,8 @@ gpt2="$gpt2 --devices $devices --quiet --eval-every 1000000"
 one() {
     name=$1
     shift
-    # shellcheck disable=SC2086 # the options are words
-    if ! "$train" $gpt2 --json "$@" >"$out/$name.json" 2>"$out/$name.err"; then
+    # shellcheck disable=SC2086 # the options and the launcher are words
+    if ! $launch "$train" $gpt2 --json "$@" >"$out/$name.json" 2>"$out/$name.err"; then
         echo "bench-memory.sh: $name failed:" >&2
         tail -5 "$out/$name.err" >&2
         return 1
