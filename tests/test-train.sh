@@ -108,6 +108,45 @@ ok $? "stop at step 57, then resume"
 cmp -s "$tmp/straight.st" "$tmp/mid-resumed.st"
 ok $? "resuming mid-epoch gives a checkpoint identical to training straight through"
 
+# --checkpoint-every: a run killed (SIGKILL) mid-epoch leaves the last
+# periodic checkpoint, whole (written atomically), at a multiple of 7 steps
+# that is no epoch's end (40 steps an epoch); resumed, it trains the
+# straight run's bits. The cnn's steps are slow enough to kill it soon
+# after the first one appears.
+every="--data $data --devices host --model cnn --limit 2000 --batch 50 --quiet --epochs 3"
+# shellcheck disable=SC2086
+"$train" $every --checkpoint "$tmp/every-straight.st" >/dev/null 2>&1
+# shellcheck disable=SC2086
+"$train" $every --checkpoint-every 7 --checkpoint "$tmp/every.st" >/dev/null 2>&1 &
+pid=$!
+i=0
+while [ ! -f "$tmp/every.st" ] && kill -0 "$pid" 2>/dev/null && [ $i -lt 6000 ]; do
+    sleep 0.05
+    i=$((i + 1))
+done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+step=$(python3 -c '
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    print(json.loads(f.read(n))["__metadata__"]["step"])
+' "$tmp/every.st" 2>/dev/null)
+case $step in
+'' | *[!0-9]*) false ;;
+*) [ $((step % 7)) -eq 0 ] && [ $((step % 40)) -ne 0 ] ;;
+esac
+ok $? "--checkpoint-every 7, killed mid-run: its checkpoint is whole, at step ${step:-none} (a multiple of 7, mid-epoch)"
+# shellcheck disable=SC2086
+"$train" $every --checkpoint-every 7 --resume "$tmp/every.st" --checkpoint "$tmp/every-resumed.st" \
+    >/dev/null 2>&1 &&
+    cmp -s "$tmp/every-straight.st" "$tmp/every-resumed.st"
+ok $? "... resumed from it, the run ends with the straight run's checkpoint, byte for byte"
+# shellcheck disable=SC2086
+"$train" $quick --checkpoint-every 7 >/dev/null 2>"$tmp/every.err"
+[ $? -eq 2 ] && grep -q -- "--checkpoint-every needs --checkpoint" "$tmp/every.err"
+ok $? "--checkpoint-every without --checkpoint: exit 2, saying so"
+
 # --weight-decay: AdamW's default is 0.01, so giving it changes nothing and
 # giving 0 changes the weights.
 # shellcheck disable=SC2086

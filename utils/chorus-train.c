@@ -464,6 +464,23 @@ static int stop_signal(void)
     return v[0] > 0 ? SIGINT : v[1] > 0 ? SIGTERM : 0;
 }
 
+static ch_status save_checkpoint(trainer *t, const ch_train_state *cs);
+
+/* The checkpoint of training that goes on at batch `next` of `epoch`
+ * (after t->step steps). Under mpirun a collective: every process calls
+ * it at the same step. */
+static ch_status save_at(trainer *t, int64_t epoch, int64_t next)
+{
+    const train_options *o = t->o;
+    ch_train_state cs = {epoch, next, t->step, o->seed, t->norm.mean, t->norm.std, 0.0f, 0};
+    if (o->precision == CH_F16) {
+        int clean = 0;
+        (void)ch_dp_loss_scale(t->dp, &cs.loss_scale, &clean, NULL);
+        cs.loss_scale_clean = clean;
+    }
+    return save_checkpoint(t, &cs);
+}
+
 static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop,
                              double *busy, int64_t *samples, int64_t *next)
 {
@@ -510,6 +527,12 @@ static ch_status train_epoch(trainer *t, int64_t epoch, int64_t first, int *stop
         if (st == CH_OK && ch_dp_pending(t->dp) == 0 && (t->signalled = stop_signal())) {
             *stop = 1;
             break;
+        }
+        /* --checkpoint-every: mid-epoch, training going on at the next
+         * batch (the end of the run and of the epoch write their own). */
+        if (st == CH_OK && updated && t->o->checkpoint_every > 0 &&
+            t->step % t->o->checkpoint_every == 0 && *next < nb) {
+            st = save_at(t, epoch, *next);
         }
     }
     /* The end of the epoch: what is accumulated makes one last step. */
@@ -895,14 +918,7 @@ static int run(trainer *t)
             fprintf(stderr, "\n");
         t->shown = 0;
         /* A checkpoint that stops mid-epoch records where to go on from. */
-        ch_train_state cs = {stop ? epoch : epoch + 1, stop ? next : 0, t->step, o->seed,
-                             t->norm.mean, t->norm.std, 0.0f, 0};
-        if (o->precision == CH_F16) {
-            int clean = 0;
-            (void)ch_dp_loss_scale(t->dp, &cs.loss_scale, &clean, NULL);
-            cs.loss_scale_clean = clean;
-        }
-        if (o->checkpoint && save_checkpoint(t, &cs) != CH_OK)
+        if (o->checkpoint && save_at(t, stop ? epoch : epoch + 1, stop ? next : 0) != CH_OK)
             return runtime_error("cannot write the checkpoint");
     }
     if (t->signalled) {

@@ -66,6 +66,8 @@ void train_usage(FILE *f)
             "                      epochs), step (x0.1 every 2 epochs) or constant\n"
             "  --seed N            seed of the initialisation and the shuffle (default 1)\n"
             "  --checkpoint FILE   save a checkpoint (safetensors) after every epoch\n"
+            "  --checkpoint-every N  with --checkpoint: save it after every N optimizer\n"
+            "                      steps too (mid-epoch; --resume goes on from there)\n"
             "  --save-dtype f32|bf16|f16  the checkpoint's tensors (default f32; bf16\n"
             "                      or f16: half the size, a resumed run goes on from the\n"
             "                      values rounded to it)\n"
@@ -348,6 +350,7 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
                                           {"device-memory", required_argument, 0, 1019},
                                           {"shard-optimizer", no_argument, 0, 1020},
                                           {"recompute", no_argument, 0, 1021},
+                                          {"checkpoint-every", required_argument, 0, 1022},
                                           {"help", no_argument, 0, 'h'},
                                           {"version", no_argument, 0, 'V'},
                                           {0, 0, 0, 0}};
@@ -518,6 +521,11 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
         }
         case 1020: o->shard_optimizer = 1; break;
         case 1021: o->recompute = 1; break;
+        case 1022:
+            if (!train_parse_int(optarg, 1, &o->checkpoint_every))
+                return fail_usage(err, "--checkpoint-every wants a whole number >= 1, not \"%s\"",
+                                  optarg);
+            break;
         case 'h': return TRAIN_OPTIONS_HELP;
         case 'V': return TRAIN_OPTIONS_VERSION;
         default:
@@ -533,6 +541,8 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
     if (o->lm && !o->data)
         return fail_usage(err, "--model gpt needs --data: a text file, a folder of texts, or a "
                           "folder of llm.c token shards");
+    if (o->checkpoint_every > 0 && !o->checkpoint)
+        return fail_usage(err, "--checkpoint-every needs --checkpoint FILE to write to");
     if (!o->data)
         o->data = DEFAULT_DATA;
     if (o->gpt.dim % o->gpt.heads != 0)

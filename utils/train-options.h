@@ -57,6 +57,7 @@ typedef struct train_options {
     int nlimits;
     int shard_optimizer; /* --shard-optimizer (ch_dp_options.shard_optimizer) */
     int recompute;       /* --recompute (ch_dp_options.recompute) */
+    int64_t checkpoint_every; /* --checkpoint-every N: also after every N steps; 0: not */
 } train_options;
 
 /* The help text. */

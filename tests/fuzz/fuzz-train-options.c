@@ -77,6 +77,9 @@ static void check_options(const train_options *o)
     FUZZ_CHECK(o->epochs >= 1 && (o->max_steps == -1 || o->max_steps >= 1) && o->limit >= 0,
                "epochs %lld, max steps %lld, limit %lld", (long long)o->epochs,
                (long long)o->max_steps, (long long)o->limit);
+    FUZZ_CHECK(o->checkpoint_every == 0 || (o->checkpoint_every >= 1 && o->checkpoint),
+               "checkpoint every %lld steps, checkpoint %s", (long long)o->checkpoint_every,
+               o->checkpoint ? o->checkpoint : "(none)");
     /* --bucket-mb auto is -1. */
     FUZZ_CHECK((o->bucket_mb == -1 || (o->bucket_mb >= 1 && o->bucket_mb <= 1 << 20)) &&
                    o->accumulate >= 1 && o->accumulate <= 1 << 20 && o->batch >= 1 &&
