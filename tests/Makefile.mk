@@ -139,10 +139,11 @@ tests_test_dist_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dist_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
 TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
-	tests/test-dist.sh tests/test-platforms.sh tests/test-timeline.sh tests/test-tools.sh
+	tests/test-dist.sh tests/test-platforms.sh tests/test-timeline.sh tests/test-tools.sh \
+	tests/test-elastic.sh
 EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
 	tests/test-dist.sh tests/test-platforms.sh tests/lsan-mpi.supp tests/test-timeline.sh \
-	tests/test-tools.sh
+	tests/test-tools.sh tests/test-elastic.sh
 AM_TESTS_ENVIRONMENT += CHORUS_TEST_BUILDDIR='$(abs_top_builddir)'; export CHORUS_TEST_BUILDDIR;
 AM_TESTS_ENVIRONMENT += CHORUS_MPIRUN='$(MPIRUN)'; export CHORUS_MPIRUN;
 # Under --enable-sanitizers, what Open MPI keeps until exit is not ours

@@ -216,6 +216,37 @@ kill -9 "$(cat "$tmp/pid.1" 2>/dev/null)" 2>/dev/null
 test $status -ne 0 && test $took -lt 120 && grep -q 'rank 0 of 2 waited 5 s.*rank 1 did not answer' "$tmp/stop.err"
 ok $? "rank 1 stopped: rank 0's watchdog ends the job after ${took}s ($(grep -m1 'waited' "$tmp/stop.err"))"
 
+# chorus-elastic, the supervised launch: 3 ranks, rank 2 killed
+# mid-epoch after the first periodic checkpoint; the job restarts on 2
+# ranks from the last checkpoint (the same global batch) and finishes, to
+# the test accuracy of the uninterrupted 3-rank run within 0.005.
+elastic="$(dirname "$0")/../utils/chorus-elastic"
+el="--data $data --model cnn --limit 6000 --batch 50 --epochs 2 --split equal --devices host --quiet"
+# shellcheck disable=SC2086
+timeout 600 $mpi -np 3 "$train" $el >"$tmp/el-straight.out" 2>/dev/null
+rm -f "$tmp"/pid.* "$tmp/el.st"
+start=$(date +%s)
+# shellcheck disable=SC2086
+RANK_DIR=$tmp CHORUS_LAUNCHER="$mpi -x RANK_DIR -np {n}" timeout 900 "$elastic" -n 3 \
+    --restarts 2 -- "$tmp/rank.sh" "$train" $el --checkpoint-every 10 --checkpoint "$tmp/el.st" \
+    >"$tmp/el.out" 2>"$tmp/el.err" &
+job=$!
+i=0
+while { [ ! -s "$tmp/pid.2" ] || [ ! -f "$tmp/el.st" ]; } && kill -0 $job 2>/dev/null &&
+    [ $i -lt 3000 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+kill -9 "$(cat "$tmp/pid.2" 2>/dev/null)" 2>/dev/null
+wait $job
+status=$?
+took=$(($(date +%s) - start))
+got=$(sed -n 's/^result test_accuracy=\([0-9.]*\) .*ranks=2$/\1/p' "$tmp/el.out")
+want=$(sed -n 's/^result test_accuracy=\([0-9.]*\) .*ranks=3$/\1/p' "$tmp/el-straight.out")
+test $status -eq 0 && grep -q 'restart 1 of 2 on 2 processes, resuming from' "$tmp/el.err" &&
+    awk -v a="${got:-0}" -v b="${want:-1}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.005) }'
+ok $? "chorus-elastic: rank 2 of 3 killed mid-epoch, the job restarts on 2 ranks from its last checkpoint and finishes in ${took}s (status $status, test accuracy ${got:-none} against ${want:-none} uninterrupted; $(grep -m1 'restart 1' "$tmp/el.err" | cut -c1-160))"
+
 # A rank that cannot read its data ends the job, and says why.
 cat >"$tmp/bad.sh" <<'SH'
 #!/bin/sh

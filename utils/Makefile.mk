@@ -9,3 +9,7 @@ bin_PROGRAMS += utils/chorus-train
 utils_chorus_train_SOURCES = utils/chorus-train.c utils/train-options.c utils/train-options.h \
 	utils/progress.c utils/progress.h
 utils_chorus_train_LDADD = libchorus.la $(PTHREAD_LIBS) -lm
+
+# The supervised launch: a job restarted from its checkpoint on fewer
+# processes when one fails (a shell script).
+dist_bin_SCRIPTS = utils/chorus-elastic
