@@ -220,6 +220,33 @@ ch_batch tap_mnist_batch(ch_device *host, tap_rng *rng, int count, int64_t index
     return (ch_batch){*images, *labels, NULL, count, 0, index};
 }
 
+void tap_mnist_batches_make(tap_mnist_batches *bs, ch_device *host, uint64_t seed, int n, int count)
+{
+    tap_rng rng = {seed};
+    bs->n = n;
+    bs->images = calloc((size_t)n, sizeof *bs->images);
+    bs->labels = calloc((size_t)n, sizeof *bs->labels);
+    bs->b = calloc((size_t)n, sizeof *bs->b);
+    if (!bs->images || !bs->labels || !bs->b) {
+        printf("Bail out! tap_mnist_batches_make: out of memory\n");
+        exit(1);
+    }
+    for (int s = 0; s < n; s++)
+        bs->b[s] = tap_mnist_batch(host, &rng, count, s, &bs->images[s], &bs->labels[s]);
+}
+
+void tap_mnist_batches_free(tap_mnist_batches *bs)
+{
+    for (int s = 0; s < bs->n; s++) {
+        ch_host_buffer_free(bs->images[s]);
+        ch_host_buffer_free(bs->labels[s]);
+    }
+    free(bs->images);
+    free(bs->labels);
+    free(bs->b);
+    *bs = (tap_mnist_batches){0};
+}
+
 ch_dp_options tap_mnist_dp_options(uint64_t seed)
 {
     ch_dp_options o = {0};

@@ -79,6 +79,17 @@ ch_dp_options tap_mnist_dp_options(uint64_t seed);
  * caller frees them); the batch's index is `index`. */
 ch_batch tap_mnist_batch(ch_device *host, tap_rng *rng, int count, int64_t index,
                          ch_host_buffer **images, ch_host_buffer **labels);
+/* n such batches of `count` samples, drawn in turn from an rng seeded
+ * with `seed`, indexed 0 to n - 1 (b[s]); tap_mnist_batches_free frees
+ * them. */
+typedef struct tap_mnist_batches {
+    int n;
+    ch_host_buffer **images, **labels;
+    ch_batch *b;
+} tap_mnist_batches;
+void tap_mnist_batches_make(tap_mnist_batches *bs, ch_device *host, uint64_t seed, int n,
+                            int count);
+void tap_mnist_batches_free(tap_mnist_batches *bs);
 /* A Sequential of the n children (ownership passes to it); NULL when a
  * child is NULL or an add fails, the message in ch_last_error(). */
 ch_module *tap_sequential(int n, ch_module *const *children);

@@ -21,26 +21,7 @@ enum {
 
 static ch_device *host;
 
-typedef struct batches {
-    ch_host_buffer *images[STEPS], *labels[STEPS];
-    ch_batch b[STEPS];
-} batches;
-
-static void make_batches(batches *bs)
-{
-    tap_rng rng = {5};
-    for (int s = 0; s < STEPS; s++) {
-        bs->b[s] = tap_mnist_batch(host, &rng, BATCH, s, &bs->images[s], &bs->labels[s]);
-    }
-}
-
-static void free_batches(batches *bs)
-{
-    for (int s = 0; s < STEPS; s++) {
-        ch_host_buffer_free(bs->images[s]);
-        ch_host_buffer_free(bs->labels[s]);
-    }
-}
+typedef tap_mnist_batches batches;
 
 static ch_dp_options options(void)
 {
@@ -235,7 +216,7 @@ int main(void)
     if (!tap_cross_pair(&ocl0, &ocl1) && !tap_peer_pair(&ocl0, &ocl1))
         ocl0 = ocl1 = NULL;
     batches bs;
-    make_batches(&bs);
+    tap_mnist_batches_make(&bs, host, 5, STEPS, BATCH);
     if (ocl0) {
         ch_device *three[3] = {host, ocl0, ocl1};
         char names[96];
@@ -252,7 +233,7 @@ int main(void)
         tap_skip("no OpenCL devices: micro-batches beside other devices not tried");
         test_refused(&host, 1);
     }
-    free_batches(&bs);
+    tap_mnist_batches_free(&bs);
     ch_shutdown();
     return tap_done();
 }

@@ -23,26 +23,7 @@ enum {
 
 static ch_device *host, *ocl0, *ocl1;
 
-typedef struct batches {
-    ch_host_buffer *images[STEPS], *labels[STEPS];
-    ch_batch b[STEPS];
-} batches;
-
-static void make_batches(batches *bs)
-{
-    tap_rng rng = {7};
-    for (int s = 0; s < STEPS; s++) {
-        bs->b[s] = tap_mnist_batch(host, &rng, BATCH, s, &bs->images[s], &bs->labels[s]);
-    }
-}
-
-static void free_batches(batches *bs)
-{
-    for (int s = 0; s < STEPS; s++) {
-        ch_host_buffer_free(bs->images[s]);
-        ch_host_buffer_free(bs->labels[s]);
-    }
-}
+typedef tap_mnist_batches batches;
 
 static ch_dp_options options(ch_optimizer_kind kind)
 {
@@ -393,7 +374,7 @@ int main(void)
     ocl0 = cross0 ? cross0 : peer0;
     ocl1 = cross0 ? cross1 : peer1;
     batches bs;
-    make_batches(&bs);
+    tap_mnist_batches_make(&bs, host, 7, STEPS, BATCH);
 
     ch_device *three[3] = {host, host, host};
     char names[96] = "host,host,host";
@@ -445,7 +426,7 @@ int main(void)
     test_resume(three, 3, names, two, 2, two_names, 1, &bs);
     test_resume(three, 3, names, two, 2, two_names, 0, &bs);
     test_errors(three, 3, &bs);
-    free_batches(&bs);
+    tap_mnist_batches_free(&bs);
     ch_shutdown();
     return tap_done();
 }
