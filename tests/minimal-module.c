@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "loop-gemm.h"
 
 typedef struct minimal_stream {
     int unused; /* work runs when it is queued: nothing to remember */
@@ -137,24 +138,13 @@ static ch_status minimal_copy(void *stream, ch_bmem dst, ch_bmem src, size_t byt
     return CH_OK;
 }
 
-/* Row-major C = alpha op(A) op(B) + beta C, each product summed in float
- * from k = 0 up; beta 0 does not read C. */
 static ch_status minimal_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
                               int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
                               int64_t ldb, float beta, ch_bmem c, int64_t ldc)
 {
     (void)stream;
-    const float *A = (const float *)at(a), *B = (const float *)at(b);
-    float *C = (float *)at(c);
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            float acc = 0.0f;
-            for (int64_t p = 0; p < k; p++)
-                acc += (trans_a ? A[p * lda + i] : A[i * lda + p]) *
-                       (trans_b ? B[j * ldb + p] : B[p * ldb + j]);
-            float *cij = &C[i * ldc + j];
-            *cij = beta == 0.0f ? alpha * acc : alpha * acc + beta * *cij;
-        }
+    loop_gemm(trans_a, trans_b, m, n, k, alpha, (const float *)at(a), lda, (const float *)at(b),
+              ldb, beta, (float *)at(c), ldc);
     return CH_OK;
 }
 

@@ -58,7 +58,7 @@ AM_TESTS_ENVIRONMENT += \
 # registry's scan of the backend path: test-fallback trains the mlp on it,
 # every other op on the host backend, against the host alone.
 check_LTLIBRARIES += tests/minimal/chorus-minimal.la
-tests_minimal_chorus_minimal_la_SOURCES = tests/minimal-module.c
+tests_minimal_chorus_minimal_la_SOURCES = tests/minimal-module.c tests/loop-gemm.h
 tests_minimal_chorus_minimal_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
 	-rpath $(abs_builddir)/tests/minimal
 tests_minimal_chorus_minimal_la_LIBADD = libchorus.la
@@ -68,3 +68,16 @@ tests_test_fallback_LDADD = $(TEST_LIBS)
 AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_MINIMAL_DIR='$(abs_top_builddir)/tests/minimal/.libs'; \
 	export CHORUS_TEST_MINIMAL_DIR;
+# A module whose devices fail or hang on command (tests/flaky-module.c):
+# the tests of a device lost in the middle of training.
+check_LTLIBRARIES += tests/flaky/chorus-flaky.la
+tests_flaky_chorus_flaky_la_SOURCES = tests/flaky-module.c tests/loop-gemm.h
+tests_flaky_chorus_flaky_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
+	-rpath $(abs_builddir)/tests/flaky
+tests_flaky_chorus_flaky_la_LIBADD = libchorus.la
+check_PROGRAMS += tests/test-flaky
+tests_test_flaky_SOURCES = tests/test-flaky.c
+tests_test_flaky_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS)
+AM_TESTS_ENVIRONMENT += \
+	CHORUS_TEST_FLAKY_DIR='$(abs_top_builddir)/tests/flaky/.libs'; \
+	export CHORUS_TEST_FLAKY_DIR;

@@ -247,6 +247,29 @@ void tap_mnist_batches_free(tap_mnist_batches *bs)
     *bs = (tap_mnist_batches){0};
 }
 
+double tap_params_max_rel(ch_module *a, ch_module *b)
+{
+    double worst = 0.0;
+    for (int i = 0; i < ch_module_param_count(a); i++) {
+        ch_tensor *x = NULL, *y = NULL;
+        ch_module_param(a, i, NULL, &x, NULL);
+        ch_module_param(b, i, NULL, &y, NULL);
+        size_t n = x ? (size_t)ch_tensor_numel(x) : 0;
+        float *u = malloc(n * sizeof *u + 1), *v = malloc(n * sizeof *v + 1);
+        int got = x && y && u && v && ch_tensor_download(x, u, n * sizeof *u) == CH_OK &&
+                  ch_tensor_download(y, v, n * sizeof *v) == CH_OK;
+        double scale = 1e-30, diff = got ? 0.0 : INFINITY;
+        for (size_t k = 0; got && k < n; k++) {
+            scale = fmax(scale, fabs(v[k]));
+            diff = fmax(diff, fabs((double)u[k] - v[k]));
+        }
+        worst = fmax(worst, diff / scale);
+        free(u);
+        free(v);
+    }
+    return worst;
+}
+
 ch_dp_options tap_mnist_dp_options(uint64_t seed)
 {
     ch_dp_options o = {0};

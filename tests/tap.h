@@ -90,6 +90,9 @@ typedef struct tap_mnist_batches {
 void tap_mnist_batches_make(tap_mnist_batches *bs, ch_device *host, uint64_t seed, int n,
                             int count);
 void tap_mnist_batches_free(tap_mnist_batches *bs);
+/* Over the parameters of a and b (same shapes), the largest
+ * max|a - b| / max|b|; infinite when one cannot be read. */
+double tap_params_max_rel(ch_module *a, ch_module *b);
 /* A Sequential of the n children (ownership passes to it); NULL when a
  * child is NULL or an add fails, the message in ch_last_error(). */
 ch_module *tap_sequential(int n, ch_module *const *children);

@@ -54,29 +54,6 @@ static ch_status run(ch_module **out, ch_device **devs, int n, ch_dp_options o, 
     return st;
 }
 
-static double max_rel(ch_module *a, ch_module *b)
-{
-    double worst = 0.0;
-    for (int i = 0; i < ch_module_param_count(a); i++) {
-        ch_tensor *ta, *tb;
-        ch_module_param(a, i, NULL, &ta, NULL);
-        ch_module_param(b, i, NULL, &tb, NULL);
-        size_t n = (size_t)ch_tensor_numel(ta);
-        float *x = malloc(n * 4), *y = malloc(n * 4);
-        ch_tensor_download(ta, x, n * 4);
-        ch_tensor_download(tb, y, n * 4);
-        double scale = 1e-30, diff = 0.0;
-        for (size_t k = 0; k < n; k++) {
-            scale = fmax(scale, fabs(y[k]));
-            diff = fmax(diff, fabs((double)x[k] - y[k]));
-        }
-        worst = fmax(worst, diff / scale);
-        free(x);
-        free(y);
-    }
-    return worst;
-}
-
 static void test_micro(ch_device **devs, int n, const char *names, int limited, const batches *bs)
 {
     ch_device *dev = devs[limited];
@@ -116,7 +93,7 @@ static void test_micro(ch_device **devs, int n, const char *names, int limited, 
     if (st == CH_OK)
         st = ch_dp_micro_batches(dp, size, count, out, n);
     ch_device_memory_stats(dev, &after);
-    double err = st == CH_OK ? max_rel(micro, plain) : INFINITY;
+    double err = st == CH_OK ? tap_params_max_rel(micro, plain) : INFINITY;
     tap_ok(st == CH_OK && size[limited] >= 1 && count[limited] > 1 && out[limited] == 0,
            "%s limited to %.2f MiB over %s: its share of 8 goes in %d micro-batches of %d",
            ch_device_id(dev), (double)limit / 1048576.0, names, count[limited], size[limited]);
@@ -159,7 +136,7 @@ static void test_micro(ch_device **devs, int n, const char *names, int limited, 
     ch_module *without = NULL;
     float lw = NAN;
     ch_status sw = m > 0 ? run(&without, rest, m, options(), bs, NULL, &lw) : CH_ERR_STATE;
-    err = st == CH_OK && sw == CH_OK ? max_rel(micro, without) : INFINITY;
+    err = st == CH_OK && sw == CH_OK ? tap_params_max_rel(micro, without) : INFINITY;
     tap_ok(err < 1e-5, "... and trains as the run without it (largest relative difference %.2g)",
            err);
     ch_module_free(without);
