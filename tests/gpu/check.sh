@@ -621,6 +621,11 @@ run_train() {
         --limit 1000 "${args[@]}"
     gpu train-cuda plain "$OUTDIR/train.log" 150 chorus-train --devices cuda:0 --model cnn \
         "${args[@]}"
+    # The sharded optimizer and a memory limit on the GPU beside the host:
+    # cuda:0 held to 256 MiB keeps its part of Adam's state and trains its
+    # share in micro-batches that fit (the peak and the parts in the JSON).
+    gpu train-cuda-shard plain "$OUTDIR/train.log" 150 chorus-train --devices host,cuda:0 \
+        --model cnn --limit 6000 --shard-optimizer --device-memory cuda:0=256M "${args[@]}"
     DETAIL_FN=""
 }
 
