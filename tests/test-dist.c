@@ -303,9 +303,12 @@ static ch_status train_state(ch_module *out, ch_optimizer **opt, kind k, ch_devi
  * max|b|; *bitwise: every element equal (and both have every tensor). */
 static double state_rel(ch_optimizer *a, ch_optimizer *b, int *bitwise)
 {
-    double worst = 0;
     *bitwise = ch_optimizer_state_count(a) == ch_optimizer_state_count(b);
-    for (int i = 0; *bitwise && i < ch_optimizer_state_count(a); i++) {
+    if (!*bitwise)
+        return INFINITY;
+    /* Every tensor, past the first that differs: the measure covers all. */
+    double worst = 0;
+    for (int i = 0; i < ch_optimizer_state_count(a); i++) {
         ch_tensor *x = NULL, *y = NULL;
         ch_optimizer_state(a, i, NULL, &x);
         ch_optimizer_state(b, i, NULL, &y);
