@@ -665,7 +665,8 @@ run_benches() {
         --reduce peer && bench_block bench-dp "bench-dp --devices cuda:0,cuda:0 --model cnn"
 }
 
-# compute-sanitizer's memcheck over test-ops on cuda:0 alone: optional,
+# compute-sanitizer's memcheck over test-ops on cuda:0 (and the host, which
+# its comparisons of the random streams and shared formulas need): optional,
 # last, with whatever time is left (up to three minutes). Cut short by
 # that limit it is "partial", which fails nothing: it reports what it
 # checked; an error it found before the cut still fails the run.
@@ -680,7 +681,7 @@ run_sanitizer() {
     local lim t0 rc errs
     lim=$(limit 180)
     t0=$(date +%s)
-    CHORUS_DEVICES=cuda:0 timeout -k 5 "$lim" "$SANITIZER" --tool memcheck --error-exitcode 97 \
+    CHORUS_DEVICES=host,cuda:0 timeout -k 5 "$lim" "$SANITIZER" --tool memcheck --error-exitcode 97 \
         --print-limit 20 "$B/test-ops" >"$OUTDIR/sanitizer.log" 2>&1
     rc=$?
     errs=$(grep -m 1 -E 'ERROR SUMMARY: [0-9]+' "$OUTDIR/sanitizer.log" || true)
