@@ -66,13 +66,15 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # ch_reducer_set_dtype, ch_reducer_set_stage_bf16 and ch_dist_sum_bf16;
 # 5: ch_device_info.platform; 8: ch_memory_stats' fields after
 # cache_flushes, which ch_device_memory_stats writes whole, with
-# ch_device_reset_peak and ch_device_set_memory_limit).
+# ch_device_reset_peak and ch_device_set_memory_limit; 9: ch_dp_options'
+# shard_optimizer, memory_limits, recompute, elastic and elastic_timeout,
+# with ch_dp_changes, ch_dp_rejoin, ch_dp_replica_count and ch_dp_device).
 # revision goes up when the interfaces stay and what they do grows (4:1:0:
 # ch_conv2d and its backward take half inputs, refused before). Functions
 # added, none changed: current and age go up together and the soname stays
 # (6:0:1: ch_fallback_count and ch_fallback_get; 7:0:2: ch_trace_start,
 # ch_trace_stop and ch_trace_running).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 8:0:0 $(OPENMP_CFLAGS)
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 9:0:0 $(OPENMP_CFLAGS)
 
 # Installed as PREFIX/include/chorus.h and PREFIX/include/chorus/*.h, where
 # pkg-config's -I${includedir} finds them (tests/installcheck.sh checks).

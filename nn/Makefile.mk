@@ -25,6 +25,7 @@ nn_sources = \
 	nn/dp_join.c \
 	nn/dp_trace.c \
 	nn/dp_shard.c \
+	nn/dp_elastic.c \
 	nn/dist.c \
 	nn/dist.h \
 	nn/dist_impl.h \

@@ -46,18 +46,21 @@
 #ifdef CHI_TEST_HOOKS
 void chi_dp_fail_next(ch_dp *dp, int replica)
 {
+    dp = dp_live(dp);
     if (dp)
         dp->inject.replica = replica;
 }
 
 void chi_dp_fail_update_next(ch_dp *dp, int replica)
 {
+    dp = dp_live(dp);
     if (dp)
         dp->inject.update = replica;
 }
 
 void chi_dp_fail_reduce_next(ch_dp *dp)
 {
+    dp = dp_live(dp);
     if (dp)
         dp->inject.reduce = 1;
 }
@@ -231,20 +234,19 @@ static ch_status start_threads(ch_dp *dp)
     return CH_OK;
 }
 
-static ch_status init_sync(ch_dp *dp, int n)
+static ch_status init_sync(ch_dp *dp)
 {
     if (pthread_mutex_init(&dp->w.lock, NULL) != 0)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: pthread_mutex_init failed");
     if (pthread_cond_init(&dp->w.go, NULL) != 0 || pthread_cond_init(&dp->w.done, NULL) != 0 ||
         pthread_cond_init(&dp->red.posted, NULL) != 0 ||
-        pthread_cond_init(&dp->bn.exchanged, NULL) != 0 ||
-        pthread_barrier_init(&dp->w.barrier, NULL, (unsigned)n) != 0)
+        pthread_cond_init(&dp->bn.exchanged, NULL) != 0 || pthread_cond_init(&dp->w.bar, NULL) != 0)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: cannot make the workers' "
                          "condition variables and barrier");
     return CH_OK;
 }
 
-ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devices, int n,
+ch_status dp_create(ch_dp **out, const ch_module *model, ch_device *const *devices, int n,
                     const ch_dp_options *options)
 {
     if (!out || !model || !devices || !options)
@@ -262,7 +264,7 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     ch_dp *dp = calloc(1, sizeof *dp);
     if (!dp)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_dp_new: out of memory");
-    ch_status st = init_sync(dp, n);
+    ch_status st = init_sync(dp);
     if (st != CH_OK) {
         free(dp);
         return st;
@@ -274,6 +276,8 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     dp->procs.dist = options->dist;
     dp->procs.ranks = ch_dist_size(dp->procs.dist);
     dp->procs.rank = ch_dist_rank(dp->procs.dist);
+    /* Elastic: threads for two replicas or more, so that the calling
+     * thread can give up on one that stops answering. */
     dp->threaded = n > 1 || dp->procs.ranks > 1;
     dp->bn.expected = -1;
     dp->procs.nall = n;
@@ -338,14 +342,73 @@ ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devic
     if (st == CH_OK)
         st = start_threads(dp);
     if (st != CH_OK) {
-        ch_dp_free(dp);
+        dp_destroy(dp);
         return st;
     }
     *out = dp;
     return CH_OK;
 }
 
+/* What elastic data parallelism cannot work with (nn/dp_elastic.c). */
+static ch_status check_elastic(const ch_dp_options *o)
+{
+    if (!o->elastic)
+        return CH_OK;
+    if (ch_dist_size(o->dist) > 1)
+        return chi_error(CH_ERR_UNSUPPORTED,
+                         "ch_dp_new: options->elastic works inside one process; across "
+                         "processes a lost process is restarted from a checkpoint "
+                         "(chorus-elastic, docs/DATA_PARALLEL.md)");
+    if (o->shard_optimizer)
+        return chi_error(CH_ERR_UNSUPPORTED,
+                         "ch_dp_new: options->elastic needs every replica to hold the whole "
+                         "optimizer state (a lost replica's part of a sharded state is lost "
+                         "with it); leave shard_optimizer off");
+    if (o->accumulate > 1)
+        return chi_error(CH_ERR_UNSUPPORTED,
+                         "ch_dp_new: options->elastic with accumulate %d: a lost device would "
+                         "lose the micro-batches accumulated before it; use accumulate 1",
+                         o->accumulate);
+    if (!(o->elastic_timeout >= 0.0) || !isfinite(o->elastic_timeout))
+        return chi_error(CH_ERR_INVALID_ARGUMENT,
+                         "ch_dp_new: options->elastic_timeout is %g, expected a finite "
+                         "number of seconds >= 0 (0: 60)",
+                         o->elastic_timeout);
+    return CH_OK;
+}
+
+ch_status ch_dp_new(ch_dp **out, const ch_module *model, ch_device *const *devices, int n,
+                    const ch_dp_options *options)
+{
+    if (!out || !model || !devices || !options)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_new: %s is NULL",
+                         !out       ? "out"
+                         : !model   ? "model"
+                         : !devices ? "devices"
+                                    : "options");
+    *out = NULL;
+    TRY(check_elastic(options));
+    ch_dp *dp = NULL;
+    TRY(dp_create(&dp, model, devices, n, options));
+    if (!options->elastic) {
+        *out = dp;
+        return CH_OK;
+    }
+    ch_status st = dp_elastic_wrap(out, dp, devices, n, options);
+    if (st != CH_OK)
+        dp_destroy(dp);
+    return st;
+}
+
 void ch_dp_free(ch_dp *dp)
+{
+    if (dp && dp->el.on)
+        dp_elastic_free(dp);
+    else
+        dp_destroy(dp);
+}
+
+void dp_destroy(ch_dp *dp)
 {
     if (!dp)
         return;
@@ -386,7 +449,7 @@ void ch_dp_free(ch_dp *dp)
         ch_stream_free(r->comm);
         ch_stream_free(r->stream);
     }
-    pthread_barrier_destroy(&dp->w.barrier);
+    pthread_cond_destroy(&dp->w.bar);
     pthread_cond_destroy(&dp->w.go);
     pthread_cond_destroy(&dp->w.done);
     pthread_cond_destroy(&dp->red.posted);
@@ -680,6 +743,13 @@ ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_step: %s is NULL",
                          !dp ? "dp" : !batch ? "batch" : "loss");
     TRY(check_batch(dp, batch, "ch_dp_step", 1));
+    if (dp->el.on)
+        return dp_elastic_train(dp, loss, batch, lr);
+    return dp_step_now(dp, loss, batch, lr);
+}
+
+ch_status dp_step_now(ch_dp *dp, float *loss, const ch_batch *batch, float lr)
+{
     if (!isfinite(lr) || lr < 0.0f)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_step: lr is %g, expected a finite "
                          "number >= 0", lr);
@@ -695,6 +765,7 @@ ch_status ch_dp_step(ch_dp *dp, float *loss, const ch_batch *batch, float lr)
 
 ch_status ch_dp_micro_batches(const ch_dp *dp, int *size, int *count, int *left_out, int n)
 {
+    dp = dp_live(dp);
     if (!dp)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_micro_batches: dp is NULL");
     if (n < 0 || n > dp->n)
@@ -716,16 +787,21 @@ ch_status ch_dp_micro_batches(const ch_dp *dp, int *size, int *count, int *left_
 
 const char *ch_dp_note(const ch_dp *dp)
 {
+    if (dp && dp->el.on && dp->el.note[0])
+        return dp->el.note;
+    dp = dp_live(dp);
     return dp ? dp->mb.note : "";
 }
 
 int ch_dp_pending(const ch_dp *dp)
 {
+    dp = dp_live(dp);
     return dp ? dp->tr.micro : 0;
 }
 
 ch_status ch_dp_loss_scale(const ch_dp *dp, float *scale, int *clean_steps, int64_t *skipped)
 {
+    dp = dp_live(dp);
     if (!dp)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_loss_scale: dp is NULL");
     if (scale)
@@ -739,6 +815,7 @@ ch_status ch_dp_loss_scale(const ch_dp *dp, float *scale, int *clean_steps, int6
 
 ch_status ch_dp_set_loss_scale(ch_dp *dp, float scale, int clean_steps)
 {
+    dp = dp_live(dp);
     if (!dp)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_set_loss_scale: dp is NULL");
     if (dp->o.precision != CH_F16)
@@ -760,7 +837,8 @@ ch_status ch_dp_flush(ch_dp *dp, float lr)
     if (!isfinite(lr) || lr < 0.0f)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_flush: lr is %g, expected a finite "
                          "number >= 0", lr);
-    if (dp->tr.micro == 0)
+    /* Elastic: accumulate is 1, nothing is ever pending. */
+    if (dp->el.on || dp->tr.micro == 0)
         return CH_OK;
     return train_call(dp, NULL, lr, 1, NULL);
 }
@@ -823,6 +901,13 @@ ch_status ch_dp_predict(ch_dp *dp, ch_tensor *out, const ch_batch *batch)
                          "sample), it is %s with %lld", batch->count,
                          ch_dtype_name(ch_tensor_dtype(out)),
                          (long long)(ch_tensor_ndim(out) ? ch_tensor_dim(out, 0) : 0));
+    if (dp->el.on)
+        return dp_elastic_infer(dp, out, NULL, NULL, batch);
+    return dp_predict_now(dp, out, batch);
+}
+
+ch_status dp_predict_now(ch_dp *dp, ch_tensor *out, const ch_batch *batch)
+{
     if (dp->tr.micro > 0)
         return chi_error(CH_ERR_STATE,
                          "ch_dp_predict: %d micro-batches are accumulated; "
@@ -837,6 +922,13 @@ ch_status ch_dp_evaluate(ch_dp *dp, float *loss, int64_t *correct, const ch_batc
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_evaluate: %s is NULL",
                          !dp ? "dp" : "batch");
     TRY(check_batch(dp, batch, "ch_dp_evaluate", 1));
+    if (dp->el.on)
+        return dp_elastic_infer(dp, NULL, loss, correct, batch);
+    return dp_evaluate_now(dp, loss, correct, batch);
+}
+
+ch_status dp_evaluate_now(ch_dp *dp, float *loss, int64_t *correct, const ch_batch *batch)
+{
     if (dp->tr.micro > 0)
         return chi_error(CH_ERR_STATE,
                          "ch_dp_evaluate: %d micro-batches are accumulated; "
@@ -854,6 +946,7 @@ ch_status ch_dp_evaluate(ch_dp *dp, float *loss, int64_t *correct, const ch_batc
 
 ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n)
 {
+    dp = dp_live(dp);
     if (!dp || n != dp->n)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_last_step: %s",
                          !dp ? "dp is NULL" : "n is not the number of replicas");
@@ -868,6 +961,7 @@ ch_status ch_dp_last_step(const ch_dp *dp, int *counts, double *seconds, int n)
 
 ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n)
 {
+    dp = dp_live(dp);
     if (!dp || n != dp->n)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_last_compute: %s",
                          !dp ? "dp is NULL" : "n is not the number of replicas");
@@ -878,6 +972,7 @@ ch_status ch_dp_last_compute(const ch_dp *dp, double *seconds, int n)
 
 double ch_dp_last_overlap(const ch_dp *dp)
 {
+    dp = dp_live(dp);
     if (!dp || !(dp->red.start > 0.0))
         return 0.0;
     double last = 0.0;
@@ -889,6 +984,7 @@ double ch_dp_last_overlap(const ch_dp *dp)
 
 ch_status ch_dp_last_breakdown(const ch_dp *dp, ch_dp_breakdown *out, int n)
 {
+    dp = dp_live(dp);
     if (!dp || !out || n != dp->n)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_last_breakdown: %s",
                          !dp    ? "dp is NULL"
@@ -900,6 +996,7 @@ ch_status ch_dp_last_breakdown(const ch_dp *dp, ch_dp_breakdown *out, int n)
 
 ch_status ch_dp_slowest_counts(const ch_dp *dp, int64_t *counts, int n, int64_t *calls)
 {
+    dp = dp_live(dp);
     if (!dp || n != dp->n)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_slowest_counts: %s",
                          !dp ? "dp is NULL" : "n is not the number of replicas");
@@ -912,30 +1009,39 @@ ch_status ch_dp_slowest_counts(const ch_dp *dp, int64_t *counts, int n, int64_t 
 
 size_t ch_dp_bucket_bytes(const ch_dp *dp, int *tuning)
 {
+    dp = dp_live(dp);
     if (tuning)
         *tuning = dp ? dp->tune.on : 0;
     return dp ? dp->tune.chosen : 0;
 }
 
-ch_reduce_mode ch_dp_reduce_mode(const ch_dp *dp) { return dp ? dp->o.reduce : CH_REDUCE_HOST; }
+ch_reduce_mode ch_dp_reduce_mode(const ch_dp *dp)
+{
+    dp = dp_live(dp);
+    return dp ? dp->o.reduce : CH_REDUCE_HOST;
+}
 
 int ch_dp_bucket_count(const ch_dp *dp)
 {
+    dp = dp_live(dp);
     return dp ? dp->bk.count : 0;
 }
 
 int ch_dp_bound(const ch_dp *dp, int index)
 {
+    dp = dp_live(dp);
     return dp && index >= 0 && index < dp->n ? dp->r[index].bound : 0;
 }
 
 ch_optimizer *ch_dp_optimizer(const ch_dp *dp, int index)
 {
+    dp = dp_live(dp);
     return dp && index >= 0 && index < dp->n ? dp->r[index].opt : NULL;
 }
 
 ch_status ch_dp_shard(const ch_dp *dp, int index, int64_t *first, int64_t *count)
 {
+    dp = dp_live(dp);
     if (!dp || index < 0 || index >= dp->n)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_shard: %s",
                          !dp ? "dp is NULL" : "index out of range");
@@ -951,6 +1057,7 @@ ch_status ch_dp_shard(const ch_dp *dp, int index, int64_t *first, int64_t *count
 
 ch_module *ch_dp_replica(const ch_dp *dp, int index)
 {
+    dp = dp_live(dp);
     if (!dp || index < 0 || index >= dp->n)
         return NULL;
     /* Whoever looks at a replica sees the lead's running statistics, and
@@ -964,6 +1071,7 @@ ch_module *ch_dp_replica(const ch_dp *dp, int index)
 
 ch_status ch_dp_sync_to(const ch_dp *dp, ch_module *model)
 {
+    dp = dp_live(dp);
     if (!dp || !model)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_dp_sync_to: %s is NULL",
                          !dp ? "dp" : "model");

@@ -89,6 +89,10 @@ typedef struct replica {
     uint64_t checksum;
     ch_status st;
     char error[1024];
+    int updated; /* its update of this call ran (elastic: the step held on it) */
+    int hung;    /* elastic: it did not answer within the timeout */
+    int busy;    /* its worker is in a call */
+    int exited;  /* its worker thread returned */
 
     struct {               /* its gradients in buckets (nn/dp_reduce.c) */
         ch_tensor **grads; /* per bucket: its gradients; the parameters' are views */
@@ -149,7 +153,13 @@ struct ch_dp {
     struct { /* the threads and what they meet on */
         pthread_mutex_t lock;
         pthread_cond_t go, done;
-        pthread_barrier_t barrier;
+        /* The workers' barrier (dp_barrier_wait), on `lock`: a call given
+         * up for a replica that stopped answering breaks it for good. */
+        pthread_cond_t bar;
+        int bar_count;
+        int64_t bar_gen;
+        int broken;
+        int bar_failed;     /* the call had failed when the barrier last opened */
         int64_t generation; /* bumped for every call the workers run */
         int finished;       /* workers done with the call (ready, before the first) */
         int quit;
@@ -183,6 +193,7 @@ struct ch_dp {
         int small;     /* across processes: in this call a replica of the job could not
                         * fit one sample (the same on every process) */
         int scatter;   /* reduce-scattered: its stage sums the process's window only */
+        int exited;    /* the thread returned */
     } red;
 
     struct {                      /* BatchNorm's statistics exchange (nn/dp_bn.c) */
@@ -275,6 +286,26 @@ struct ch_dp {
         int64_t *rfirst, *rcount; /* [ranks] its windows across processes: each run in it */
     } sh;
 
+    /* Elastic data parallelism (nn/dp_elastic.c). With options.elastic the
+     * caller's handle holds no replicas: `live` is the object that does,
+     * made again over the devices left when one is lost (the handle keeps
+     * the history); every call goes to it (dp_live). */
+    struct {
+        ch_dp *live;         /* the handle: the replicas' object now (NULL: made again at
+                                 the next call, after a failure to make it) */
+        ch_dp *handle;       /* the replicas' object: the caller's handle */
+        int on;              /* the handle of an elastic dp */
+        int nall;            /* the devices it was made with */
+        ch_device **devs;    /* [nall] */
+        float *weights;      /* [nall] CH_DP_SPLIT_WEIGHTS, else NULL */
+        unsigned char *gone; /* [nall] lost and not rejoined */
+        ch_dp_change *log;   /* what was lost and rejoined */
+        int nlog, caplog;
+        struct el_state *pending; /* the state a new object starts from */
+        char note[512];
+        int abandoned; /* an object given up with a hung thread: it frees itself */
+    } el;
+
 #ifdef CHI_TEST_HOOKS
     struct {
         int replica; /* this replica fails its next call */
@@ -326,6 +357,59 @@ static inline int dp_lead(const ch_dp *dp)
             return i;
     return 0;
 }
+
+/* The object holding the replicas behind a caller's handle. */
+static inline ch_dp *dp_live(const ch_dp *dp)
+{
+    return dp && dp->el.on ? dp->el.live : (ch_dp *)dp;
+}
+
+/* Where a test makes a device fail (chi_dp_lose). */
+enum {
+    DP_AT_FORWARD,
+    DP_AT_BACKWARD,
+    DP_AT_REDUCE,
+    DP_AT_UPDATE
+};
+#ifdef CHI_TEST_HOOKS
+/* CH_ERR_DRIVER (or a hang until chi_dp_found) when a test lost `dev` at
+ * point `at` of training step `step`. */
+ch_status dp_lose_here(ch_device *dev, int at, int64_t step);
+/* The test lost `dev` for good: every probe of it fails. */
+int dp_lost_by_test(ch_device *dev);
+#else
+#define dp_lose_here(dev, at, step) CH_OK
+#define dp_lost_by_test(dev) 0
+#endif
+
+/* ---- nn/dp_elastic.c ------------------------------------------------------------ */
+
+/* The workers' barrier; returns at once once broken. */
+void dp_barrier_wait(ch_dp *dp);
+/* The calling thread, elastic: wait for the workers of a call, and give
+ * it up when one stops answering for options.elastic_timeout. */
+void dp_wait_call(ch_dp *dp);
+/* ch_dp_new's elastic handle around the object `live`. */
+ch_status dp_elastic_wrap(ch_dp **out, ch_dp *live, ch_device *const *devices, int n,
+                          const ch_dp_options *o);
+/* A training call on an elastic handle (batch NULL: flush). */
+ch_status dp_elastic_train(ch_dp *h, float *loss, const ch_batch *batch, float lr);
+/* An evaluation call (predict or evaluate) on an elastic handle. */
+ch_status dp_elastic_infer(ch_dp *h, ch_tensor *out, float *loss, int64_t *correct,
+                           const ch_batch *batch);
+void dp_elastic_free(ch_dp *h);
+/* ch_dp_free's work on an object of replicas, its memory too. */
+void dp_destroy(ch_dp *dp);
+
+/* ch_dp_new's work, options checked (nn/dp.c). */
+ch_status dp_create(ch_dp **out, const ch_module *model, ch_device *const *devices, int n,
+                    const ch_dp_options *options);
+/* The calls on an object of replicas (nn/dp.c). */
+ch_status dp_step_now(ch_dp *dp, float *loss, const ch_batch *batch, float lr);
+ch_status dp_predict_now(ch_dp *dp, ch_tensor *out, const ch_batch *batch);
+ch_status dp_evaluate_now(ch_dp *dp, float *loss, int64_t *correct, const ch_batch *batch);
+/* A thread of an object that was given up returns: the last one frees it. */
+void dp_thread_exit(ch_dp *dp, int *exited);
 
 /* ---- nn/dp_worker.c ------------------------------------------------------------- */
 

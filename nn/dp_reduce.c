@@ -119,6 +119,7 @@ static ch_status reduce_bucket(ch_dp *dp, int b, ch_tensor **bufs)
         chi_trace_reducer_label(dp->red.reducer, label);
     }
     for (int i = 0; i < dp->n; i++) {
+        TRY(dp_lose_here(dp->r[i].dev, DP_AT_REDUCE, dp->tr.step + 1));
         TRY(ch_event_wait(dp->r[i].comm, dp->r[i].bk.ready[b]));
         bufs[i] = dp->r[i].bk.grads[b];
     }
@@ -231,13 +232,14 @@ void *dp_reducer_main(void *arg)
         pthread_cond_broadcast(&dp->red.posted);
     }
     pthread_mutex_unlock(&dp->w.lock);
+    dp_thread_exit(dp, &dp->red.exited);
     return NULL;
 }
 
 void dp_wait_reduced(ch_dp *dp)
 {
     pthread_mutex_lock(&dp->w.lock);
-    while (!dp->red.done)
+    while (!dp->red.done && !dp->w.broken)
         pthread_cond_wait(&dp->red.posted, &dp->w.lock);
     pthread_mutex_unlock(&dp->w.lock);
 }

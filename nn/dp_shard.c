@@ -399,6 +399,7 @@ static ch_status publish_state(ch_dp *dp, int j, int *absent)
 
 ch_status ch_dp_optimizer_get(ch_dp *dp, ch_optimizer *opt)
 {
+    dp = dp_live(dp);
     TRY(check_like(dp, opt, "ch_dp_optimizer_get"));
     int ns = ch_optimizer_state_count(opt), per = ns / dp->sh.np;
     ch_status st = CH_OK;
@@ -443,6 +444,7 @@ ch_status ch_dp_optimizer_get(ch_dp *dp, ch_optimizer *opt)
 
 ch_status ch_dp_optimizer_set(ch_dp *dp, const ch_optimizer *opt)
 {
+    dp = dp_live(dp);
     TRY(check_like(dp, opt, "ch_dp_optimizer_set"));
     int ns = ch_optimizer_state_count(opt), per = ns / dp->sh.np;
     /* Every replica's state made first: a failure for want of memory

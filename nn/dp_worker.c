@@ -103,6 +103,7 @@ static ch_status pass(replica *r, int first, int rows, float *loss)
     ch_module_set_rng(r->model, dp->o.seed, ch_optimizer_steps(r->opt),
                       dp->tr.micro_samples + r->start + first);
     dp_mark_here(r, PH_FORWARD, 0, 0);
+    TRY(dp_lose_here(r->dev, DP_AT_FORWARD, dp->tr.step + 1));
     TRY(ch_module_forward(r->model, &y, r->x));
     dp_mark_here(r, PH_FORWARD, 1, 0);
     dp_mark_here(r, PH_LOSS, 0, 0);
@@ -112,6 +113,7 @@ static ch_status pass(replica *r, int first, int rows, float *loss)
     TRY(ch_loss_backward(r->loss, &dy, dp->call.loss_scale * (float)rows / (float)b->count));
     dp_mark_here(r, PH_LOSS, 1, 0);
     dp_mark_here(r, PH_BACKWARD, 0, 0);
+    TRY(dp_lose_here(r->dev, DP_AT_BACKWARD, dp->tr.step + 1));
     TRY(ch_module_backward(r->model, NULL, dy));
     dp_mark_here(r, PH_BACKWARD, 1, 0);
     /* Waits for backward: the marks so far have their times. */
@@ -318,6 +320,7 @@ static ch_status update(replica *r)
     if (r->fp16.overflow)
         return CH_OK;
     TRY(dp_injected_update(r->dp, r->index));
+    TRY(dp_lose_here(r->dev, DP_AT_UPDATE, r->dp->tr.step + 1));
     return ch_optimizer_step(r->opt, r->dp->call.lr);
 }
 
@@ -352,7 +355,7 @@ static void gather(replica *r)
 {
     ch_dp *dp = r->dp;
     double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
-    pthread_barrier_wait(&dp->w.barrier);
+    dp_barrier_wait(dp);
     dp_trace_wait(r, "wait for the others' parts", w0);
     /* Every update of this process is over: w.failed holds still. */
     if (r->index == 0) {
@@ -367,7 +370,7 @@ static void gather(replica *r)
         }
     }
     w0 = r->trace.on ? ch_clock_seconds() : 0.0;
-    pthread_barrier_wait(&dp->w.barrier);
+    dp_barrier_wait(dp);
     dp_trace_wait(r, "wait for the others' parts", w0);
     if (!atomic_load(&dp->w.failed) && !r->fp16.overflow && !r->mb.out) {
         ch_status st = dp_shard_fetch(r);
@@ -411,13 +414,18 @@ static void train(replica *r)
         dp_mark_here(r, PH_UPDATE, 0, 0);
         fail(r, pre_update(r));
     }
+    /* Whether the update goes ahead: decided when the last replica came
+     * to the barrier (a replica failing inside its update must not stop
+     * the others': the update is all or nothing over the replicas left). */
+    int go = !atomic_load(&dp->w.failed);
     if (dp->threaded) {
         double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
-        pthread_barrier_wait(&dp->w.barrier);
+        dp_barrier_wait(dp);
+        go = !dp->w.bar_failed;
         dp_trace_wait(r, "wait for the others", w0);
     }
     int updated = 0;
-    if (updating && !atomic_load(&dp->w.failed)) {
+    if (updating && go) {
         /* Past the barrier nothing allocates; a device failing now may
          * leave this replica's parameters apart from the others'. */
         ch_status st = update(r);
@@ -427,6 +435,7 @@ static void train(replica *r)
             atomic_store(&dp->w.parted, 1);
         fail(r, st);
         updated = 1;
+        r->updated = st == CH_OK;
     }
     if (dp->call.sync && dp->sh.on && dp->red.complete)
         gather(r);
@@ -513,6 +522,7 @@ static void run_call(replica *r)
 {
     r->st = CH_OK;
     r->error[0] = '\0';
+    r->updated = 0;
     ch_clear_error();
     double t0 = ch_clock_seconds();
     r->t_start = t0;
@@ -553,10 +563,12 @@ void *dp_worker(void *arg)
         pthread_mutex_unlock(&dp->w.lock);
         run_call(r);
         pthread_mutex_lock(&dp->w.lock);
+        r->busy = 0;
         if (++dp->w.finished == dp->n)
             pthread_cond_signal(&dp->w.done);
     }
     pthread_mutex_unlock(&dp->w.lock);
+    dp_thread_exit(dp, &r->exited);
     return NULL;
 }
 
@@ -597,9 +609,13 @@ void dp_run_all(ch_dp *dp)
             dp->bk.posted[b] = 0;
         dp->red.generation++;
     }
+    for (int i = 0; i < dp->n; i++)
+        dp->r[i].busy = 1;
     dp->w.generation++;
     pthread_cond_broadcast(&dp->w.go);
-    while (dp->w.finished < dp->n)
+    if (dp->el.handle)
+        dp_wait_call(dp);
+    while (dp->w.finished < dp->n && !dp->w.broken)
         pthread_cond_wait(&dp->w.done, &dp->w.lock);
     pthread_mutex_unlock(&dp->w.lock);
 }

@@ -191,6 +191,17 @@ void chi_dp_fail_reduce_next(struct ch_dp *dp);
 /* Replica `replica` fails its next update (past the barrier, after the
  * others may have updated): the dp must refuse every later call. */
 void chi_dp_fail_update_next(struct ch_dp *dp, int replica);
+/* Elastic data parallelism's tests: `dev` is lost at point `at` (0:
+ * forward, 1: backward, 2: the reduction, 3: the optimizer's update) of
+ * training step `step` (1: the first) of any dp: that point fails with
+ * CH_ERR_DRIVER there (or, with `hang`, blocks until chi_dp_found), and
+ * every probe of the device fails until chi_dp_found(dev) says it
+ * answers again. */
+void chi_dp_lose(ch_device *dev, int at, int64_t step, int hang);
+void chi_dp_found(ch_device *dev);
+/* Objects of replicas given up with a thread that did not answer, still
+ * waiting for it (each frees itself when its last thread returns). */
+int chi_dp_abandoned(void);
 #endif
 
 /* The slot of optimizer state `index` (see ch_optimizer_state) and the

@@ -86,6 +86,11 @@ tests_test_dp_SOURCES = tests/test-dp.c
 tests_test_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-elastic
+tests_test_elastic_SOURCES = tests/test-elastic.c
+tests_test_elastic_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
+tests_test_elastic_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
+
 check_PROGRAMS += tests/test-dp-shard
 tests_test_dp_shard_SOURCES = tests/test-dp-shard.c
 tests_test_dp_shard_LDADD = $(TEST_LIBS)

@@ -146,7 +146,38 @@ typedef struct ch_dp_options {
      * each GPT block and ResNet stage keeps only its input in forward and
      * runs its forward again in backward. */
     int recompute;
+    /* Elastic data parallelism inside this process: when a replica's
+     * device fails during a call (its backend reports CH_ERR_DRIVER or
+     * CH_ERR_UNAVAILABLE, and the device then fails a small probe), or
+     * stops answering (the call has run elastic_timeout seconds and the
+     * device does not answer a probe within a second), the call's partial
+     * work is dropped, the replica removed, and the call made again over
+     * the devices left, from the parameters, buffers and optimizer state
+     * of the first replica left: the step is that of a run over those
+     * devices alone from this step on (the automatic split measures
+     * again). A failure inside the optimizer update, after every replica
+     * left has updated, keeps the update and is not made again. A lost
+     * device rejoins through ch_dp_rejoin. ch_dp_changes says what was
+     * lost and when. One process only (across processes, chorus-elastic
+     * restarts a job from its checkpoint), without shard_optimizer and
+     * with accumulate 1: ch_dp_new refuses the others with
+     * CH_ERR_UNSUPPORTED. A replica that stopped answering leaves its
+     * thread and its device's memory behind until the device answers. */
+    int elastic;
+    double elastic_timeout; /* seconds (0: 60) */
 } ch_dp_options;
+
+/* What an elastic dp lost or took back (ch_dp_changes). */
+typedef struct ch_dp_change {
+    int64_t step;    /* the training step it happened in (1: the first) */
+    int rejoined;    /* 0: the device was lost; 1: it rejoined */
+    int replicas;    /* the replicas after it */
+    double seconds;  /* what it cost: from the failure seen (the timeout's
+                         start for a device that stopped answering) until the
+                         replicas were made again; for a rejoin, the rejoin */
+    char device[64]; /* ch_device_id */
+    char cause[512]; /* a loss: the failure, as the call would have returned it */
+} ch_dp_change;
 
 /* Replicas of `model` on each of the n devices (a device may appear more
  * than once), with the parameters of `model` copied to all of them, one
@@ -284,6 +315,23 @@ CH_API ch_status ch_dp_optimizer_set(ch_dp *dp, const ch_optimizer *opt);
  * optimizer state replica `index` keeps: [*first, *first + *count); all of
  * them without options->shard_optimizer. Either output may be NULL. */
 CH_API ch_status ch_dp_shard(const ch_dp *dp, int index, int64_t *first, int64_t *count);
+
+/* Elastic data parallelism (options->elastic). The replicas now: their
+ * count (0 for a NULL dp) and the device of replica `index` (NULL out of
+ * range); the indices of the other queries follow this order, which is
+ * that of ch_dp_new's devices without the lost ones. */
+CH_API int ch_dp_replica_count(const ch_dp *dp);
+CH_API ch_device *ch_dp_device(const ch_dp *dp, int index);
+/* The changes so far, oldest first: up to `cap` into out (may be NULL
+ * with cap 0); returns how many there were (0 without options->elastic). */
+CH_API int ch_dp_changes(const ch_dp *dp, ch_dp_change *out, int cap);
+/* Between steps (at an epoch boundary): probe every lost device, and make
+ * the replicas again over ch_dp_new's devices with those that answer,
+ * each receiving the parameters, buffers and optimizer state of the
+ * replicas that trained on. *rejoined (may be NULL) gets how many did. A
+ * failure leaves the dp as it was (CH_ERR_STATE without
+ * options->elastic). */
+CH_API ch_status ch_dp_rejoin(ch_dp *dp, int *rejoined);
 
 /* Copy the parameters and buffers of replica 0 into `model` (same
  * structure). */
