@@ -77,7 +77,8 @@ tests_flaky_chorus_flaky_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shar
 tests_flaky_chorus_flaky_la_LIBADD = libchorus.la
 check_PROGRAMS += tests/test-flaky
 tests_test_flaky_SOURCES = tests/test-flaky.c
-tests_test_flaky_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS)
+tests_test_flaky_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
+tests_test_flaky_LDADD = tests/libnn-hooks.la $(TEST_LIBS) $(PTHREAD_LIBS)
 AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_FLAKY_DIR='$(abs_top_builddir)/tests/flaky/.libs'; \
 	export CHORUS_TEST_FLAKY_DIR;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../nn/nn.h" /* chi_dp_abandoned */
 #include "tap.h"
 
 enum {
@@ -66,6 +67,61 @@ static void *alloc_on(void *arg)
     ch_tensor_free(t);
     h->done = 1;
     return NULL;
+}
+
+/* Elastic data parallelism over the same devices: flaky:1 lost halfway
+ * through a step costs that step, not the run; reset, it rejoins; armed
+ * to hang, it is dropped after the timeout, and its silent thread frees
+ * what it held once the device lets it go. */
+static void test_elastic(ch_device **three, const tap_mnist_batches *bs)
+{
+    ch_module *m = tap_smooth_cnn(0);
+    ch_module_init(m, 3);
+    ch_dp_options o = options();
+    o.elastic = 1;
+    o.elastic_timeout = 0.5;
+    ch_dp *dp = NULL;
+    float loss;
+    ch_status st = ch_dp_new(&dp, m, three, 3, &o);
+    long per_step = calls(1);
+    if (st == CH_OK)
+        st = ch_dp_step(dp, &loss, &bs->b[0], 0.05f);
+    per_step = calls(1) - per_step;
+    arm(1, per_step / 2 > 0 ? per_step / 2 : 1, 0);
+    for (int s = 1; st == CH_OK && s < STEPS; s++)
+        st = ch_dp_step(dp, &loss, &bs->b[s], 0.05f);
+    ch_dp_change ch[4];
+    int nch = dp ? ch_dp_changes(dp, ch, 4) : 0;
+    tap_status_ok(st, "elastic: flaky:1 lost halfway through step 2, all %d steps succeed", STEPS);
+    tap_ok(nch == 1 && ch[0].step == 2 && strcmp(ch[0].device, "flaky:1") == 0 &&
+               strstr(ch[0].cause, "flaky:1: the device was lost") && ch_dp_replica_count(dp) == 2,
+           "... flaky:1 is removed in step 2, its backend's message kept (\"%s\")",
+           nch ? ch[0].cause : "");
+    reset(1);
+    int back = 0;
+    st = ch_dp_rejoin(dp, &back);
+    if (st == CH_OK)
+        st = ch_dp_step(dp, &loss, &bs->b[0], 0.05f);
+    tap_ok(st == CH_OK && back == 1 && ch_dp_replica_count(dp) == 3,
+           "... reset, it rejoins, and a step runs over the three (%s)",
+           st == CH_OK ? "ok" : ch_last_error());
+    arm(1, per_step / 2 > 0 ? per_step / 2 : 1, 1);
+    double t0 = ch_clock_seconds();
+    if (st == CH_OK)
+        st = ch_dp_step(dp, &loss, &bs->b[1], 0.05f);
+    double secs = ch_clock_seconds() - t0;
+    nch = dp ? ch_dp_changes(dp, ch, 4) : 0;
+    tap_ok(st == CH_OK && nch == 3 && strstr(ch[2].cause, "no answer within 0.5 s") &&
+               ch_dp_replica_count(dp) == 2 && secs < 10.0,
+           "... armed to hang, it is dropped after the 0.5 s timeout and the step made again "
+           "(%.2f s; \"%s\")",
+           secs, nch == 3 ? ch[2].cause : ch_last_error());
+    ch_dp_free(dp);
+    reset(1);
+    for (int i = 0; i < 500 && chi_dp_abandoned() > 0; i++)
+        usleep(10 * 1000);
+    tap_ok(chi_dp_abandoned() == 0, "... reset, its thread returns and frees what it held");
+    ch_module_free(m);
 }
 
 int main(void)
@@ -161,6 +217,8 @@ int main(void)
            "armed to hang, a call on flaky:0 blocks (still waiting after 0.3 s) until the device "
            "is reset (then status %d)",
            (int)h.st);
+
+    test_elastic(three, &bs);
 
     ch_module_free(a);
     ch_module_free(b);
