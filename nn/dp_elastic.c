@@ -198,14 +198,24 @@ static void *probe_main(void *arg)
     return NULL;
 }
 
-/* Probe devs[0, n) at once; ok[i]: it answered within `limit` seconds
- * without an error. A probe that does not answer is left running (it
- * frees itself when its device lets it go). */
-static void probe_all(ch_device *const *devs, int n, double limit, int *ok)
+/* Whether a probe's status says the device is gone (not merely short of
+ * memory, which says it answered). */
+static int gone_status(ch_status st)
+{
+    return st == CH_ERR_DRIVER || st == CH_ERR_UNAVAILABLE;
+}
+
+/* Probe devs[0, n) at once; ok[i]: it answered within `limit` seconds,
+ * without a driver or unavailable error (a probe that could not be made,
+ * for want of memory or a thread, says nothing against its device). A
+ * probe that does not answer is left running (it frees itself when its
+ * device lets it go). */
+static void probe_once(ch_device *const *devs, int n, double limit, int *ok, int *silent)
 {
     probe **ps = calloc((size_t)n, sizeof *ps);
     for (int i = 0; i < n; i++) {
-        ok[i] = 0;
+        ok[i] = 1;
+        silent[i] = 0;
         probe *p = ps ? calloc(1, sizeof *p) : NULL;
         if (!p)
             continue; /* no memory: counted as not answering */
@@ -233,12 +243,41 @@ static void probe_all(ch_device *const *devs, int n, double limit, int *ok)
     for (int i = 0; ps && i < n; i++) {
         if (!ps[i])
             continue;
-        ok[i] = ps[i]->done && ps[i]->st == CH_OK;
+        ok[i] = ps[i]->done && !gone_status(ps[i]->st);
+        silent[i] = !ps[i]->done;
         if (--ps[i]->refs == 0)
             free(ps[i]);
     }
     pthread_mutex_unlock(&probe_lock);
     free(ps);
+}
+
+/* probe_once, and a device that answered with an error probed once more:
+ * lost only when it fails twice (one failing call of a device that works,
+ * such as a stream it could not make once, does not remove it). */
+static void probe_all(ch_device *const *devs, int n, double limit, int *ok)
+{
+    int *silent = calloc((size_t)n * 3, sizeof *silent);
+    ch_device **again = calloc((size_t)n, sizeof *again);
+    if (!silent || !again) {
+        for (int i = 0; i < n; i++)
+            ok[i] = 1; /* no memory to tell: keep them */
+        free(silent);
+        free(again);
+        return;
+    }
+    int *ok2 = silent + n, *silent2 = silent + 2 * n, m = 0;
+    probe_once(devs, n, limit, ok, silent);
+    for (int i = 0; i < n; i++)
+        if (!ok[i] && !silent[i])
+            again[m++] = devs[i];
+    if (m > 0)
+        probe_once(again, m, limit, ok2, silent2);
+    for (int i = 0, k = 0; i < n; i++)
+        if (!ok[i] && !silent[i])
+            ok[i] = ok2[k++];
+    free(silent);
+    free(again);
 }
 
 /* ---- The calling thread waiting for a call --------------------------------------- */

@@ -86,10 +86,10 @@ tests_test_dp_SOURCES = tests/test-dp.c
 tests_test_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
-check_PROGRAMS += tests/test-elastic
-tests_test_elastic_SOURCES = tests/test-elastic.c
-tests_test_elastic_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
-tests_test_elastic_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
+check_PROGRAMS += tests/test-dp-elastic
+tests_test_dp_elastic_SOURCES = tests/test-dp-elastic.c
+tests_test_dp_elastic_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
+tests_test_dp_elastic_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
 check_PROGRAMS += tests/test-dp-shard
 tests_test_dp_shard_SOURCES = tests/test-dp-shard.c
@@ -126,7 +126,8 @@ tests_test_kernel_index_LDADD = $(TEST_LIBS)
 if FAULT_INJECTION
 check_PROGRAMS += tests/test-fault
 tests_test_fault_SOURCES = tests/test-fault.c
-tests_test_fault_LDADD = $(TEST_LIBS)
+tests_test_fault_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
+tests_test_fault_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 endif
 EXTRA_DIST += tests/test-fault.c
 
@@ -143,12 +144,12 @@ tests_test_dist_SOURCES = tests/test-dist.c
 tests_test_dist_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
 tests_test_dist_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
 
-TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
-	tests/test-dist.sh tests/test-platforms.sh tests/test-timeline.sh tests/test-tools.sh \
-	tests/test-elastic.sh
-EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-train-lm.sh tests/test-exports.sh \
-	tests/test-dist.sh tests/test-platforms.sh tests/lsan-mpi.supp tests/test-timeline.sh \
+TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-elastic.sh tests/test-train-lm.sh \
+	tests/test-exports.sh tests/test-dist.sh tests/test-platforms.sh tests/test-timeline.sh \
 	tests/test-tools.sh tests/test-elastic.sh
+EXTRA_DIST += tests/tap.sh tests/test-train.sh tests/test-train-elastic.sh tests/test-train-lm.sh \
+	tests/test-exports.sh tests/test-dist.sh tests/test-platforms.sh tests/lsan-mpi.supp \
+	tests/test-timeline.sh tests/test-tools.sh tests/test-elastic.sh
 AM_TESTS_ENVIRONMENT += CHORUS_TEST_BUILDDIR='$(abs_top_builddir)'; export CHORUS_TEST_BUILDDIR;
 AM_TESTS_ENVIRONMENT += CHORUS_MPIRUN='$(MPIRUN)'; export CHORUS_MPIRUN;
 # Under --enable-sanitizers, what Open MPI keeps until exit is not ours

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../nn/nn.h" /* chi_dp_lose */
 #include "tap.h"
 #include "error.h" /* chi_error */
 /* The counters alone, not the macros that count the library's calls. */
@@ -425,6 +426,102 @@ static void dp_teardown(void *ctx)
     c->model = NULL;
 }
 
+/* ---- Elastic data parallelism: a device lost, then rejoining ------------------- */
+
+/* An elastic dp over the three after one step, opencl:1 (devs[2]) to be
+ * lost in backward of the next (removal), or already lost in the first
+ * and answering again (rejoin). */
+static void elastic_setup(dp_ctx *c, int rejoin)
+{
+    /* A linear model: the walks cover the removal and the rejoin, whose
+     * points grow with the layers; the cnn's step is walked above. */
+    for (int i = 0; i < 3; i++)
+        ch_device_empty_cache(c->devs[i]);
+    c->dp = NULL;
+    ch_module *parts[2] = {NULL, NULL};
+    ch_nn_flatten(&parts[0]);
+    ch_nn_linear(&parts[1], 784, 10);
+    c->model = tap_sequential(2, parts);
+    if (!c->model || ch_module_init(c->model, 3) != CH_OK) {
+        printf("Bail out! a linear model: %s\n", ch_last_error());
+        exit(1);
+    }
+    ch_dp_options o = tap_mnist_dp_options(5);
+    o.elastic = 1;
+    o.elastic_timeout = 5.0;
+    float loss = NAN;
+    if (rejoin)
+        chi_dp_lose(c->devs[2], 0, 1, 0);
+    if (ch_dp_new(&c->dp, c->model, c->devs, 3, &o) != CH_OK ||
+        ch_dp_step(c->dp, &loss, &c->batch, 0.05f) != CH_OK) {
+        printf("Bail out! an elastic dp: %s\n", ch_last_error());
+        exit(1);
+    }
+    if (rejoin)
+        chi_dp_found(c->devs[2]);
+    else
+        chi_dp_lose(c->devs[2], 1, 2, 0);
+}
+
+static void remove_setup(void *ctx)
+{
+    elastic_setup(ctx, 0);
+}
+
+static void rejoin_setup(void *ctx)
+{
+    elastic_setup(ctx, 1);
+}
+
+static ch_status remove_run(void *ctx)
+{
+    dp_ctx *c = ctx;
+    float loss = NAN;
+    return ch_dp_step(c->dp, &loss, &c->batch, 0.05f);
+}
+
+static ch_status rejoin_run(void *ctx)
+{
+    dp_ctx *c = ctx;
+    int back = 0;
+    return ch_dp_rejoin(c->dp, &back);
+}
+
+/* Usable: the next step succeeds over the replicas there are (two, or
+ * three after a rejoin that succeeded), which hold the same parameters. */
+static int elastic_after(void *ctx, ch_status st, char *why, size_t cap)
+{
+    dp_ctx *c = ctx;
+    (void)st;
+    float loss = NAN;
+    if (ch_dp_step(c->dp, &loss, &c->batch, 0.05f) != CH_OK) {
+        snprintf(why, cap, "the next step: %s", ch_last_error());
+        return 1;
+    }
+    int n = ch_dp_replica_count(c->dp);
+    int64_t n0 = 0, k = 0;
+    float *p0 = replica_params(c->dp, 0, &n0);
+    int bad = !p0 || n < 2;
+    if (n < 2)
+        snprintf(why, cap, "%d replicas left", n);
+    for (int i = 1; !bad && i < n; i++) {
+        float *p = replica_params(c->dp, i, &k);
+        bad = !p || k != n0 || memcmp(p, p0, (size_t)k * sizeof *p) != 0;
+        if (bad)
+            snprintf(why, cap, "replica %d's parameters differ from replica 0's", i);
+        free(p);
+    }
+    free(p0);
+    return bad;
+}
+
+static void elastic_teardown(void *ctx)
+{
+    dp_ctx *c = ctx;
+    dp_teardown(c);
+    chi_dp_found(c->devs[2]);
+}
+
 /* ---- Checkpoints ------------------------------------------------------------- */
 
 typedef struct ckpt_ctx {
@@ -659,11 +756,18 @@ int main(void)
         walk(&(walk_ops){"a data-parallel step over host,opencl:0,opencl:1", dp_setup, dp_run,
                          dp_after, dp_teardown},
              &d, CHI_FAULT_ALLOC, 0);
+        walk(&(walk_ops){"elastic: a step losing opencl:1 (its removal)", remove_setup, remove_run,
+                         elastic_after, elastic_teardown},
+             &d, CHI_FAULT_ALLOC, 0);
+        walk(&(walk_ops){"elastic: ch_dp_rejoin taking opencl:1 back", rejoin_setup, rejoin_run,
+                         elastic_after, elastic_teardown},
+             &d, CHI_FAULT_ALLOC, 0);
         ch_host_buffer_free(d.img);
         ch_host_buffer_free(d.lab);
     } else {
-        tap_skip("no opencl:0 and opencl:1 for the data-parallel walk (POCL_DEVICES=\"pthread "
-                 "pthread\" gives them)");
+        for (int i = 0; i < 3; i++)
+            tap_skip("no opencl:0 and opencl:1 for the data-parallel walks (POCL_DEVICES=\"pthread "
+                     "pthread\" gives them)");
     }
 
     ckpt_ctx c = {0};

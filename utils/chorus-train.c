@@ -60,8 +60,19 @@ typedef struct trainer {
     int64_t step;
     ch_lr_schedule lr;       /* by optimizer step, over all the epochs */
     ch_optimizer_options oo; /* the replicas' optimizer */
+    /* --elastic: the changes ch_dp_changes has that were told, the
+     * devices each left (gone[i]: t->devs[i] is lost), where the dp's
+     * steps start (a resumed run's dp counts from 1 again), and the
+     * changes' JSON records for --json's result. */
+    struct {
+        int told;
+        unsigned char gone[64];
+        int64_t base;
+        char *json;
+        size_t len, cap;
+    } el;
     struct {                 /* where the steps' time went, summed (ch_dp_last_breakdown) */
-        ch_dp_breakdown last[64];
+        ch_dp_breakdown last[64]; /* by replica now (replicas_now) */
         double compute[64], wait[64], update[64];
         double step, exposed, stall, last_stall;
         int64_t calls;
@@ -69,17 +80,154 @@ typedef struct trainer {
     } bd;
 } trainer;
 
+/* The replicas now: their count (below t->ndev once --elastic lost a
+ * device) and in map[i] the index in t->devs (and t->label, t->sharing)
+ * of replica i, the index the per-replica ch_dp_* queries use. The dp
+ * keeps --devices' order without the lost devices. */
+static int replicas_now(const trainer *t, int *map)
+{
+    int n = ch_dp_replica_count(t->dp);
+    if (n > t->ndev)
+        n = t->ndev;
+    for (int i = 0, j = 0; i < n; i++, j++) {
+        const ch_device *d = ch_dp_device(t->dp, i);
+        int k = j;
+        while (k < t->ndev && t->devs[k] != d)
+            k++;
+        j = k < t->ndev ? k : i; /* not found: cannot be, keep the order */
+        map[i] = j;
+    }
+    return n;
+}
+
+/* s as a JSON string (quoted, escaped) to f. */
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* --elastic: what the dp lost or took back since the last call, told on
+ * stderr, as an event line in --log and kept for --json's result.
+ * `when`: "training" (in the step after t->step), "evaluation" (after
+ * t->step) or "rejoin" (before the step after t->step). */
+static void tell_changes(trainer *t, const char *when)
+{
+    int total = ch_dp_changes(t->dp, NULL, 0);
+    if (total <= t->el.told)
+        return;
+    ch_dp_change *all = malloc((size_t)total * sizeof *all);
+    if (!all)
+        return;
+    total = ch_dp_changes(t->dp, all, total);
+    for (; t->el.told < total; t->el.told++) {
+        const ch_dp_change *e = &all[t->el.told];
+        for (int i = 0; i < t->ndev; i++)
+            if (strcmp(ch_device_id(t->devs[i]), e->device) == 0)
+                t->el.gone[i] = !e->rejoined;
+        /* The replicas after it: --devices without the devices gone. */
+        char left[1024] = "", devices[2048] = "";
+        for (int i = 0, any = 0; i < t->ndev; i++) {
+            if (t->el.gone[i])
+                continue;
+            size_t len = strlen(left), dlen = strlen(devices);
+            snprintf(left + len, sizeof left - len, "%s%s", any ? ", " : "", t->label[i]);
+            snprintf(devices + dlen, sizeof devices - dlen, "%s\"%s\"", any ? "," : "",
+                     t->label[i]);
+            any = 1;
+        }
+        /* The step it happened in (a rejoin: the step it comes before); an
+         * evaluation's: the step it came after. */
+        int eval = strcmp(when, "evaluation") == 0;
+        int64_t step = eval ? t->step : t->el.base + e->step;
+        char at[64];
+        if (e->rejoined)
+            snprintf(at, sizeof at, "before step %lld", (long long)step);
+        else if (eval)
+            snprintf(at, sizeof at, "evaluation after step %lld", (long long)step);
+        else
+            snprintf(at, sizeof at, "step %lld", (long long)step);
+        if (t->shown)
+            fprintf(stderr, "\n");
+        t->shown = 0;
+        if (e->rejoined)
+            fprintf(stderr,
+                    "chorus-train: %s: %s rejoined; training on %d replica%s: %s (%.2f s)\n", at,
+                    e->device, e->replicas, e->replicas == 1 ? "" : "s", left, e->seconds);
+        else
+            fprintf(stderr, "chorus-train: %s: %s lost (%s); %s%d replica%s%s: %s (%.2f s)\n", at,
+                    e->device, e->cause, eval ? "" : "training on ", e->replicas,
+                    e->replicas == 1 ? "" : "s", eval ? " left" : "", left, e->seconds);
+        /* The record: an event line of --log now, in --json's result at
+         * the end. */
+        char *rec = NULL;
+        size_t rlen = 0;
+        FILE *rf = open_memstream(&rec, &rlen);
+        if (!rf)
+            continue;
+        fprintf(rf, "{\"event\":\"%s\",\"step\":%lld,\"when\":\"%s\",\"device\":",
+                e->rejoined ? "device_rejoined" : "device_lost", (long long)step, when);
+        json_string(rf, e->device);
+        if (!e->rejoined) {
+            fprintf(rf, ",\"cause\":");
+            json_string(rf, e->cause);
+        }
+        fprintf(rf, ",\"replicas\":%d,\"devices\":[%s],\"seconds\":%.6f}", e->replicas, devices,
+                e->seconds);
+        if (fclose(rf) != 0 || !rec) {
+            free(rec);
+            continue;
+        }
+        if (t->log) {
+            fprintf(t->log, "%s\n", rec);
+            fflush(t->log);
+        }
+        size_t need = t->el.len + rlen + 2;
+        if (need > t->el.cap) {
+            size_t cap = need > 2 * t->el.cap ? need : 2 * t->el.cap;
+            char *g = realloc(t->el.json, cap);
+            if (g) {
+                t->el.json = g;
+                t->el.cap = cap;
+            }
+        }
+        if (need <= t->el.cap) {
+            snprintf(t->el.json + t->el.len, t->el.cap - t->el.len, "%s%s", t->el.len ? "," : "",
+                     rec);
+            t->el.len += strlen(t->el.json + t->el.len);
+        }
+        free(rec);
+    }
+    free(all);
+}
+
 /* One batch; *updated tells whether the optimizer stepped (with
  * --accumulate K, once every K batches). */
 static ch_status train_step(trainer *t, const ch_batch *b, float *loss_out, int *updated)
 {
     ch_status st = ch_dp_step(t->dp, loss_out, b, ch_lr_at(&t->lr, t->step));
     *updated = ch_dp_pending(t->dp) == 0;
-    if (st == CH_OK && ch_dp_last_breakdown(t->dp, t->bd.last, t->ndev) == CH_OK) {
-        for (int i = 0; i < t->ndev; i++) {
-            t->bd.compute[i] += t->bd.last[i].compute;
-            t->bd.wait[i] += t->bd.last[i].wait;
-            t->bd.update[i] += t->bd.last[i].update;
+    if (t->o->elastic)
+        tell_changes(t, "training");
+    int map[64], n = replicas_now(t, map);
+    /* A step whose update held on the replicas left when --elastic lost a
+     * device is kept, not made again: its times went with the replicas
+     * made again after it (zeros), and are not counted. */
+    if (st == CH_OK && ch_dp_last_breakdown(t->dp, t->bd.last, n) == CH_OK &&
+        t->bd.last[0].step > 0.0) {
+        for (int i = 0; i < n; i++) {
+            t->bd.compute[map[i]] += t->bd.last[i].compute;
+            t->bd.wait[map[i]] += t->bd.last[i].wait;
+            t->bd.update[map[i]] += t->bd.last[i].update;
         }
         t->bd.step += t->bd.last[0].step;
         t->bd.exposed += t->bd.last[0].exposed;
@@ -107,11 +255,18 @@ static void tell_bucket(trainer *t)
  * stalls. `json` as an object instead. */
 static void breakdown_line(const trainer *t, FILE *f, int json)
 {
-    int64_t slow[64] = {0}, calls = 0;
-    (void)ch_dp_slowest_counts(t->dp, slow, t->ndev, &calls);
-    int worst = 0;
-    for (int i = 1; i < t->ndev; i++)
-        if (slow[i] > slow[worst])
+    /* Counted by the replicas now (since the last one --elastic lost),
+     * kept by --devices' index; a lost device keeps its times. */
+    int64_t now[64] = {0}, slow[64] = {0}, calls = 0;
+    int map[64], n = replicas_now(t, map), here[64] = {0};
+    (void)ch_dp_slowest_counts(t->dp, now, n, &calls);
+    for (int i = 0; i < n; i++) {
+        slow[map[i]] = now[i];
+        here[map[i]] = 1;
+    }
+    int worst = n > 0 ? map[0] : 0;
+    for (int i = 0; i < t->ndev; i++)
+        if (here[i] && slow[i] > slow[worst])
             worst = i;
     double steps = t->bd.step > 0.0 ? t->bd.step : 1.0;
     double all = t->bd.step + t->bd.stall > 0.0 ? t->bd.step + t->bd.stall : 1.0;
@@ -119,20 +274,21 @@ static void breakdown_line(const trainer *t, FILE *f, int json)
         /* Its parts, the most telling first, on one line (a terminal
          * wraps it: it is printed once, not redrawn). */
         static char part[3 + 64][160];
-        int n = 0;
-        if (t->ndev > 1 || g_ranks > 1)
-            snprintf(part[n++], sizeof part[0], "%s slowest in %.0f%% of steps", t->label[worst],
+        int np = 0;
+        if (n > 1 || g_ranks > 1)
+            snprintf(part[np++], sizeof part[0], "%s slowest in %.0f%% of steps", t->label[worst],
                      calls ? 100.0 * (double)slow[worst] / (double)calls : 0.0);
-        snprintf(part[n++], sizeof part[0],
+        snprintf(part[np++], sizeof part[0],
                  "%.0f%% of the step is reduction not hidden by backward",
                  100.0 * t->bd.exposed / steps);
-        snprintf(part[n++], sizeof part[0], "loader stalls %.0f%% of the time",
+        snprintf(part[np++], sizeof part[0], "loader stalls %.0f%% of the time",
                  100.0 * t->bd.stall / all);
-        for (int i = 0; i < t->ndev && n < 3 + 64; i++)
-            snprintf(part[n++], sizeof part[0], "%s compute %.0f%% wait %.0f%%", t->label[i],
-                     100.0 * t->bd.compute[i] / steps, 100.0 * t->bd.wait[i] / steps);
+        for (int i = 0; i < t->ndev && np < 3 + 64; i++)
+            snprintf(part[np++], sizeof part[0], "%s compute %.0f%% wait %.0f%%%s", t->label[i],
+                     100.0 * t->bd.compute[i] / steps, 100.0 * t->bd.wait[i] / steps,
+                     here[i] ? "" : " (lost)");
         fprintf(f, "breakdown: ");
-        for (int k = 0; k < n; k++)
+        for (int k = 0; k < np; k++)
             fprintf(f, "%s%s", k ? "; " : "", part[k]);
         fprintf(f, "\n");
         return;
@@ -145,9 +301,9 @@ static void breakdown_line(const trainer *t, FILE *f, int json)
     for (int i = 0; i < t->ndev; i++)
         fprintf(f,
                 "%s{\"id\":\"%s\",\"compute_s\":%.6f,\"wait_s\":%.6f,\"update_s\":%.6f,"
-                "\"slowest_calls\":%lld}",
+                "\"slowest_calls\":%lld%s}",
                 i ? "," : "", t->label[i], t->bd.compute[i], t->bd.wait[i], t->bd.update[i],
-                (long long)slow[i]);
+                (long long)slow[i], here[i] ? "" : ",\"lost\":true");
     fprintf(f, "]}");
 }
 
@@ -216,20 +372,23 @@ static void memory_line(const trainer *t, FILE *f, int json)
 static void micro_line(const trainer *t, FILE *f)
 {
     int size[64] = {0}, count[64] = {0}, out[64] = {0}, any = 0;
-    if (ch_dp_micro_batches(t->dp, size, count, out, t->ndev) != CH_OK)
+    int map[64], n = replicas_now(t, map);
+    if (ch_dp_micro_batches(t->dp, size, count, out, n) != CH_OK)
         return;
-    for (int i = 0; i < t->ndev; i++) {
+    for (int i = 0; i < n; i++) {
         if (out[i]) {
-            fprintf(f, "%s%s left out", any++ ? "; " : "micro-batches: ", t->label[i]);
+            fprintf(f, "%s%s left out", any++ ? "; " : "micro-batches: ", t->label[map[i]]);
         } else if (size[i] > 0) {
             fprintf(f, "%s%s %d of up to %d sample%s",
-                    any++ ? "; " : "micro-batches: ", t->label[i], count[i], size[i],
+                    any++ ? "; " : "micro-batches: ", t->label[map[i]], count[i], size[i],
                     size[i] == 1 ? "" : "s");
         }
     }
     if (any)
         fprintf(f, "\n");
-    if (ch_dp_note(t->dp)[0])
+    /* After --elastic's changes the note is the last of them, told as it
+     * came (tell_changes). */
+    if (ch_dp_note(t->dp)[0] && t->el.told == 0)
         fprintf(f, "chorus-train: %s\n", ch_dp_note(t->dp));
 }
 
@@ -237,14 +396,19 @@ static void micro_line(const trainer *t, FILE *f)
 
 static void device_parts(const trainer *t, char *out, size_t cap)
 {
-    int counts[64];
+    int counts[64], map[64], n = replicas_now(t, map);
     double times[64];
     size_t len = 0;
     out[0] = '\0';
-    if (t->ndev < 2 || ch_dp_last_step(t->dp, counts, times, t->ndev) != CH_OK)
+    /* --elastic lost a device: how many replicas train now. */
+    if (n < t->ndev) {
+        snprintf(out, cap, " | %d/%d replicas", n, t->ndev);
+        len = strlen(out);
+    }
+    if (n < 2 || ch_dp_last_step(t->dp, counts, times, n) != CH_OK)
         return;
-    for (int i = 0; i < t->ndev && len < cap; i++) {
-        snprintf(out + len, cap - len, " | %s %d %.0fms", t->label[i], counts[i],
+    for (int i = 0; i < n && len < cap; i++) {
+        snprintf(out + len, cap - len, " | %s %d %.0fms", t->label[map[i]], counts[i],
                  1e3 * times[i]);
         len += strlen(out + len);
     }
@@ -280,10 +444,12 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
         return;
     int counts[64] = {0}, mb_size[64] = {0}, mb_count[64] = {0}, out[64] = {0};
     double times[64] = {0};
-    (void)ch_dp_last_step(t->dp, counts, times, t->ndev); /* fails only for another n */
-    (void)ch_dp_micro_batches(t->dp, mb_size, mb_count, out, t->ndev);
+    /* The replicas now: fewer than --devices once --elastic lost one. */
+    int map[64], n = replicas_now(t, map);
+    (void)ch_dp_last_step(t->dp, counts, times, n); /* fails only for another n */
+    (void)ch_dp_micro_batches(t->dp, mb_size, mb_count, out, n);
     int total = 0;
-    for (int i = 0; i < t->ndev; i++)
+    for (int i = 0; i < n; i++)
         total += counts[i];
     /* JSON has no NaN or infinity: a diverged loss is null. */
     char lossv[32] = "null";
@@ -298,16 +464,19 @@ static void log_step(const trainer *t, int64_t epoch, float loss, double rate)
     }
     fprintf(t->log, "\"step_s\":%.6f,\"loader_stall_s\":%.6f,\"exposed_reduction_s\":%.6f,",
             t->bd.last[0].step, t->bd.last_stall, t->bd.last[0].exposed);
+    if (t->o->elastic)
+        fprintf(t->log, "\"replicas\":%d,", n);
     fprintf(t->log, "\"devices\":[");
-    for (int i = 0; i < t->ndev; i++) {
+    for (int i = 0; i < n; i++) {
         const ch_dp_breakdown *b = &t->bd.last[i];
+        int d = map[i];
         fprintf(t->log, "%s{\"id\":\"%s\",\"samples\":%d,\"share\":%.4f,\"time_s\":%.6f",
-                i ? "," : "", ch_device_id(t->devs[i]), counts[i],
+                i ? "," : "", ch_device_id(t->devs[d]), counts[i],
                 total ? (double)counts[i] / total : 0.0, times[i]);
         fprintf(t->log, ",\"compute_s\":%.6f,\"wait_s\":%.6f,\"update_s\":%.6f,\"slowest\":%s",
                 b->compute, b->wait, b->update, b->slowest ? "true" : "false");
-        if (t->sharing[i] > 1)
-            fprintf(t->log, ",\"replicas_on_device\":%d", t->sharing[i]);
+        if (t->sharing[d] > 1)
+            fprintf(t->log, ",\"replicas_on_device\":%d", t->sharing[d]);
         /* Under a memory limit: its micro-batches' size and count. */
         if (mb_size[i] > 0)
             fprintf(t->log, ",\"micro_batch\":%d,\"micro_batches\":%d", mb_size[i], mb_count[i]);
@@ -390,6 +559,8 @@ static ch_status validate(trainer *t, double *loss, double *accuracy)
         st = fill_windows(t, t->tok_val, 0, w, count, 1);
         if (st == CH_OK)
             st = ch_dp_evaluate(t->dp, &l, &r, &t->lm_batch);
+        if (t->o->elastic)
+            tell_changes(t, "evaluation");
         sum += (double)l * count;
         right += r;
     }
@@ -575,6 +746,8 @@ static ch_status evaluate(trainer *t, double *accuracy, double *loss)
         float l = 0;
         int64_t right = 0;
         st = ch_dp_evaluate(t->dp, &l, &right, b);
+        if (t->o->elastic)
+            tell_changes(t, "evaluation");
         correct += right;
         loss_sum += (double)l * b->count;
         total += b->count;
@@ -744,6 +917,8 @@ static ch_status setup_dp(trainer *t, const ch_optimizer_options *oo)
     d.reduce_dtype = t->o->reduce_dtype;
     d.shard_optimizer = t->o->shard_optimizer;
     d.recompute = t->o->recompute;
+    d.elastic = t->o->elastic;
+    d.elastic_timeout = t->o->elastic_timeout; /* 0: the library's 60 s */
     /* --device-memory: the replicas are made under their devices' limits. */
     ch_status st = CH_OK;
     for (int i = 0; st == CH_OK && i < t->o->nlimits; i++)
@@ -873,6 +1048,7 @@ static void teardown(trainer *t)
     ch_dataset_free(t->test);
     if (t->log)
         fclose(t->log);
+    free(t->el.json);
 }
 
 static int runtime_error(const char *what)
@@ -891,8 +1067,11 @@ static int run(trainer *t)
     const ch_train_state state = t->resumed;
     if (setup(t) != CH_OK) {
         if (t->bad_reduce) {
-            /* The reduction, or devices the memory limits cannot serve. */
-            if (strstr(ch_last_error(), "memory limit"))
+            /* The reduction, or devices the memory limits cannot serve
+             * (what --elastic cannot work with is refused before). */
+            if (o->elastic && strstr(ch_last_error(), "elastic"))
+                fprintf(stderr, "chorus-train: --elastic: %s (see --help)\n", ch_last_error());
+            else if (strstr(ch_last_error(), "memory limit"))
                 fprintf(stderr, "chorus-train: --device-memory: %s (see --help)\n",
                         ch_last_error());
             else
@@ -903,6 +1082,7 @@ static int run(trainer *t)
         return runtime_error(o->resume ? "cannot resume" : "cannot set up training");
     }
     t->step = state.step;
+    t->el.base = state.step; /* the dp counts its steps from 1 */
     note_sharing(t);
     memory_devices(t);
     if (memory_reset(t) != CH_OK)
@@ -912,6 +1092,17 @@ static int run(trainer *t)
     int stop = 0;
     for (; epoch < o->epochs && !stop; epoch++) {
         int64_t first = epoch == state.epoch ? state.batch : 0, next = first;
+        /* --elastic: at an epoch boundary, the lost devices that answer
+         * again rejoin (a failure leaves the replicas as they were). */
+        if (o->elastic && epoch > state.epoch && ch_dp_replica_count(t->dp) < t->ndev) {
+            int back = 0;
+            if (ch_dp_rejoin(t->dp, &back) != CH_OK)
+                fprintf(stderr,
+                        "chorus-train: before step %lld: the lost devices cannot "
+                        "rejoin: %s\n",
+                        (long long)t->step + 1, ch_last_error());
+            tell_changes(t, "rejoin");
+        }
         if (train_epoch(t, epoch, first, &stop, &busy, &samples, &next) != CH_OK)
             return runtime_error("training failed");
         if (t->tty && !o->quiet)
@@ -947,6 +1138,23 @@ static int run(trainer *t)
         size_t len = strlen(ids);
         snprintf(ids + len, sizeof ids - len, " ranks=%d", g_ranks);
     }
+    /* --elastic: the replicas at the end when devices were lost (the
+     * result line), and every change (--json). */
+    char el[64] = "", *elj = NULL;
+    size_t eljn = 0;
+    if (o->elastic) {
+        int n = ch_dp_replica_count(t->dp);
+        if (t->el.told > 0)
+            snprintf(el, sizeof el, " replicas=%d", n);
+        FILE *jf = open_memstream(&elj, &eljn);
+        if (jf) {
+            fprintf(jf, ",\"replicas\":%d,\"changes\":[%s]", n, t->el.json ? t->el.json : "");
+            if (fclose(jf) != 0) {
+                free(elj);
+                elj = NULL;
+            }
+        }
+    }
     /* Mixed precision's words, after the others: the format and, for
      * fp16, the loss scale reached and the steps it skipped. */
     char mp[160] = "", mpj[160] = "";
@@ -976,31 +1184,34 @@ static int run(trainer *t)
         if (o->json) {
             printf("{\"val_loss\":%.4f,\"val_accuracy\":%.4f,\"train_loss\":%.4f,"
                    "\"tokens_per_s\":%.1f,\"epochs\":%lld,\"devices\":\"%s\","
-                   "\"steps\":%lld%s",
-                   loss, acc, t->last_loss, tps, (long long)epoch, ids, (long long)t->step, mpj);
+                   "\"steps\":%lld%s%s",
+                   loss, acc, t->last_loss, tps, (long long)epoch, ids, (long long)t->step, mpj,
+                   elj ? elj : "");
             breakdown_line(t, stdout, 1);
             memory_line(t, stdout, 1);
             printf("}\n");
         } else
             printf("result val_loss=%.4f val_accuracy=%.4f train_loss=%.4f tokens_per_s=%.1f "
-                   "steps=%lld devices=%s%s\n", loss, acc, t->last_loss, tps,
-                   (long long)t->step, ids, mp);
+                   "steps=%lld devices=%s%s%s\n",
+                   loss, acc, t->last_loss, tps, (long long)t->step, ids, el, mp);
         fflush(stdout);
+        free(elj);
         if (o->generate > 0 && generate(t) != CH_OK)
             return runtime_error("generation failed");
         return 0;
     }
     if (o->json) {
         printf("{\"test_accuracy\":%.4f,\"test_loss\":%.4f,\"samples_per_s\":%.1f,"
-               "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld%s",
-               acc, loss, rate, (long long)epoch, ids, (long long)t->step, mpj);
+               "\"epochs\":%lld,\"devices\":\"%s\",\"steps\":%lld%s%s",
+               acc, loss, rate, (long long)epoch, ids, (long long)t->step, mpj, elj ? elj : "");
         breakdown_line(t, stdout, 1);
         memory_line(t, stdout, 1);
         printf("}\n");
     } else
         printf("result test_accuracy=%.4f test_loss=%.4f samples_per_s=%.1f epochs=%lld "
-               "devices=%s%s\n",
-               acc, loss, rate, (long long)epoch, ids, mp);
+               "devices=%s%s%s\n",
+               acc, loss, rate, (long long)epoch, ids, el, mp);
+    free(elj);
     return 0;
 }
 
@@ -1227,6 +1438,16 @@ int main(int argc, char **argv)
     if (rc == TRAIN_OPTIONS_VERSION) {
         printf("chorus-train %s\n", ch_version());
         return 0;
+    }
+    /* ch_dp_new's reason (include/chorus/dp.h), said before any work. */
+    if (rc == 0 && o.elastic && g_ranks > 1) {
+        if (g_rank == 0)
+            fprintf(stderr,
+                    "chorus-train: --elastic works inside one process, not across the "
+                    "%d processes of this MPI job: there chorus-elastic restarts a lost "
+                    "process's job from its checkpoint (see --help)\n",
+                    g_ranks);
+        rc = EXIT_USAGE;
     }
     if (rc == 0 && g_rank != 0) {
         o.quiet = 1;

@@ -85,6 +85,14 @@ void train_usage(FILE *f)
             "                      devices' memory limits\n"
             "  --recompute         each GPT block and ResNet stage keeps only its input in\n"
             "                      forward and runs its forward again in backward\n"
+            "  --elastic           a device that fails (or stops answering) while training\n"
+            "                      is dropped and the step made again over the others;\n"
+            "                      lost devices that answer again rejoin at the next\n"
+            "                      epoch. One process, without --shard-optimizer and\n"
+            "                      with --accumulate 1\n"
+            "  --elastic-timeout SECONDS  with --elastic: a call that runs this long on\n"
+            "                      a device that then does not answer loses it (default\n"
+            "                      60)\n"
             "  --resume FILE       continue from a checkpoint\n"
             "  --log FILE          one JSON line per step, with its breakdown\n"
             "  --trace FILE        write a timeline (Chrome trace-event JSON: Perfetto,\n"
@@ -351,6 +359,8 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
                                           {"shard-optimizer", no_argument, 0, 1020},
                                           {"recompute", no_argument, 0, 1021},
                                           {"checkpoint-every", required_argument, 0, 1022},
+                                          {"elastic", no_argument, 0, 1023},
+                                          {"elastic-timeout", required_argument, 0, 1024},
                                           {"help", no_argument, 0, 'h'},
                                           {"version", no_argument, 0, 'V'},
                                           {0, 0, 0, 0}};
@@ -526,6 +536,19 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
                 return fail_usage(err, "--checkpoint-every wants a whole number >= 1, not \"%s\"",
                                   optarg);
             break;
+        case 1023: o->elastic = 1; break;
+        case 1024: {
+            char *end;
+            errno = 0;
+            o->elastic_timeout = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(o->elastic_timeout > 0.0) ||
+                !isfinite(o->elastic_timeout))
+                return fail_usage(err,
+                                  "--elastic-timeout wants a number of seconds > 0, not "
+                                  "\"%s\"",
+                                  optarg);
+            break;
+        }
         case 'h': return TRAIN_OPTIONS_HELP;
         case 'V': return TRAIN_OPTIONS_VERSION;
         default:
@@ -543,6 +566,19 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
                           "folder of llm.c token shards");
     if (o->checkpoint_every > 0 && !o->checkpoint)
         return fail_usage(err, "--checkpoint-every needs --checkpoint FILE to write to");
+    if (o->elastic_timeout > 0.0 && !o->elastic)
+        return fail_usage(err, "--elastic-timeout needs --elastic");
+    /* ch_dp_new's reasons (include/chorus/dp.h); more than one process is
+     * chorus-train's to refuse (main), once it knows. */
+    if (o->elastic && o->shard_optimizer)
+        return fail_usage(err, "--elastic needs every replica to hold the whole optimizer "
+                               "state (a lost replica's part of a sharded state is lost with "
+                               "it): leave out --shard-optimizer");
+    if (o->elastic && o->accumulate > 1)
+        return fail_usage(err,
+                          "--elastic with --accumulate %lld: a lost device would lose "
+                          "the batches accumulated before it; use --accumulate 1",
+                          (long long)o->accumulate);
     if (!o->data)
         o->data = DEFAULT_DATA;
     if (o->gpt.dim % o->gpt.heads != 0)

@@ -9,7 +9,8 @@
  * gives the same result (getopt starts over); parsed options hold what
  * chorus-train relies on (a known model, optimizer, schedule, batchnorm,
  * split and reduction; numbers in their ranges; heads dividing dim;
- * --device-memory's devices named once each, with sizes >= 1). */
+ * --device-memory's devices named once each, with sizes >= 1; --elastic
+ * and its timeout only where ch_dp_new takes them). */
 #include "config.h"
 
 #include <math.h>
@@ -129,6 +130,14 @@ static void check_options(const train_options *o)
     FUZZ_CHECK((o->shard_optimizer == 0 || o->shard_optimizer == 1) &&
                    (o->recompute == 0 || o->recompute == 1),
                "shard %d, recompute %d", o->shard_optimizer, o->recompute);
+    /* --elastic-timeout only with --elastic, which ch_dp_new refuses with
+     * --shard-optimizer and --accumulate > 1. */
+    FUZZ_CHECK((o->elastic == 0 || o->elastic == 1) &&
+                   (o->elastic_timeout == 0.0 ||
+                    (o->elastic && o->elastic_timeout > 0.0 && isfinite(o->elastic_timeout))) &&
+                   (!o->elastic || (!o->shard_optimizer && o->accumulate == 1)),
+               "elastic %d, timeout %g, shard %d, accumulate %lld", o->elastic, o->elastic_timeout,
+               o->shard_optimizer, (long long)o->accumulate);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
