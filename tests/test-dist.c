@@ -161,45 +161,67 @@ static float train(ch_module *out, kind k, ch_device **devs, int n, ch_dp_option
 }
 
 /* max|a - b| / max|b| of two tensors of one shape (infinite when either
- * cannot be read); *bitwise stays 1 only while every element is equal. */
-static double tensor_rel(ch_tensor *ta, ch_tensor *tb, int *bitwise)
+ * cannot be read); *bitwise stays 1 only while every element is equal;
+ * *norm (when not NULL): the norm-wise ||a - b|| / ||b||. */
+static double tensor_rel(ch_tensor *ta, ch_tensor *tb, int *bitwise, double *norm)
 {
     size_t n = (size_t)ch_tensor_numel(ta);
     float *va = malloc(n * sizeof *va + 1), *vb = malloc(n * sizeof *vb + 1);
     int got = va && vb && ch_tensor_download(ta, va, n * sizeof *va) == CH_OK &&
               ch_tensor_download(tb, vb, n * sizeof *vb) == CH_OK;
-    double scale = 1e-30, diff = got ? 0 : INFINITY;
+    double scale = 1e-30, diff = got ? 0 : INFINITY, dd = 0, bb = 1e-60;
     for (size_t k = 0; got && k < n; k++) {
+        double d = (double)va[k] - (double)vb[k];
         scale = fmax(scale, fabs(vb[k]));
-        diff = fmax(diff, fabs(va[k] - vb[k]));
+        diff = fmax(diff, fabs(d));
+        dd += d * d;
+        bb += (double)vb[k] * vb[k];
         *bitwise = *bitwise && va[k] == vb[k];
     }
     *bitwise = *bitwise && got;
+    if (norm)
+        *norm = got ? sqrt(dd / bb) : INFINITY;
     free(va);
     free(vb);
     return diff / scale;
 }
 
 /* Over every parameter and tensor buffer, the largest max|a - b| / max|b|;
- * *bitwise: every element equal. */
-static double max_rel(ch_module *a, ch_module *b, int *bitwise)
+ * *bitwise: every element equal; *norm (when not NULL): the largest
+ * norm-wise ||a - b|| / ||b||. With `diag`, each tensor's two are
+ * diagnostics. */
+static double max_rel_of(ch_module *a, ch_module *b, int *bitwise, double *norm, int diag)
 {
-    double worst = 0;
+    double worst = 0, worst_norm = 0;
     *bitwise = 1;
     int np = ch_module_param_count(a), nb = ch_module_buffer_count(a);
     for (int i = 0; i < np + nb; i++) {
         ch_tensor *ta = NULL, *tb = NULL;
+        const char *name = NULL;
         if (i < np) {
-            ch_module_param(a, i, NULL, &ta, NULL);
+            ch_module_param(a, i, &name, &ta, NULL);
             ch_module_param(b, i, NULL, &tb, NULL);
         } else {
-            ch_module_buffer(a, i - np, NULL, &ta, NULL);
+            ch_module_buffer(a, i - np, &name, &ta, NULL);
             ch_module_buffer(b, i - np, NULL, &tb, NULL);
         }
-        if (ta && tb)
-            worst = fmax(worst, tensor_rel(ta, tb, bitwise));
+        if (!ta || !tb)
+            continue;
+        double nrm, rel = tensor_rel(ta, tb, bitwise, &nrm);
+        worst = fmax(worst, rel);
+        worst_norm = fmax(worst_norm, nrm);
+        if (diag)
+            tap_diag("rank %d: %s: max rel err %.2e, norm-wise %.2e", ch_dist_rank(world),
+                     name ? name : "?", rel, nrm);
     }
+    if (norm)
+        *norm = worst_norm;
     return worst;
+}
+
+static double max_rel(ch_module *a, ch_module *b, int *bitwise)
+{
+    return max_rel_of(a, b, bitwise, NULL, 0);
 }
 
 /* Rank 0's parameters, broadcast: every rank compares its own with them. */
@@ -235,11 +257,20 @@ static void equivalent(const char *what, kind k, ch_device **devs, int n, ch_dp_
     o.dist = world;
     float l = train(got, k, devs, n, o, bs);
     int bitwise;
-    double err = max_rel(got, ref, &bitwise);
-    int ok = isfinite(l) && isfinite(lref) && err < 1e-5 && fabsf(l - lref) < 1e-5f * (1 + lref);
-    tap_ok(everywhere(ok), "%s over %d ranks: parameters and buffers after %d steps match one "
-           "process on the host (rank %d: max rel err %.2e, want < 1e-5; loss %.6f vs %.6f)",
-           what, ch_dist_size(world), STEPS, ch_dist_rank(world), err, l, lref);
+    double norm, err = max_rel_of(got, ref, &bitwise, &norm, 0);
+    /* Norm-wise: the sums of another split round otherwise, and where that
+     * moves a max-pool's choice between two near-equal inputs (or a ReLU's
+     * near 0), a few weights move by 1e-4 of the largest (the cnn on an
+     * AMD EPYC, with an automatic split: 1.2e-4 max-wise, 8e-6 norm-wise).
+     * One sample fewer in each batch moves them by 2e-3 to 1e-1 norm-wise. */
+    int ok = isfinite(l) && isfinite(lref) && norm < 1e-4 && fabsf(l - lref) < 1e-5f * (1 + lref);
+    tap_ok(everywhere(ok),
+           "%s over %d ranks: parameters and buffers after %d steps match one "
+           "process on the host (rank %d: norm-wise rel err %.2e, want < 1e-4; max rel err "
+           "%.2e; loss %.6f vs %.6f)",
+           what, ch_dist_size(world), STEPS, ch_dist_rank(world), norm, err, l, lref);
+    if (!ok)
+        (void)max_rel_of(got, ref, &bitwise, &norm, 1);
     tap_ok(everywhere(same_as_rank0(got)), "... every rank ends with rank 0's bits");
     ch_module_free(ref);
     ch_module_free(got);
@@ -316,7 +347,7 @@ static double state_rel(ch_optimizer *a, ch_optimizer *b, int *bitwise)
             *bitwise = 0;
             return INFINITY;
         }
-        worst = fmax(worst, tensor_rel(x, y, bitwise));
+        worst = fmax(worst, tensor_rel(x, y, bitwise, NULL));
     }
     return worst;
 }

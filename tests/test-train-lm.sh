@@ -91,7 +91,10 @@ ok $? "host,host trains as host alone (val_loss $(head -c 24 "$tmp/one.json") vs
 # AdamW's two moments: 4 copies) and about 20 with them. Without the
 # options it fails naming the optimizer's state and the limit; with
 # --shard-optimizer and --recompute it trains 6 steps with the losses of
-# the unlimited run (sharding and recomputation keep the bits).
+# the unlimited run. Sharding and recomputation keep the bits; the limit
+# cuts opencl:1's share into micro-batches, whose gradients are summed in
+# another order, so the losses agree to float rounding (1e-5), not bit for
+# bit.
 if "${CHORUS_INFO:-$(dirname "$train")/chorus-info}" 2>/dev/null | grep -q '^  opencl:1 '; then
     wide="--model gpt --data $tmp/text.txt --layers 2 --heads 2 --dim 256 --context 8 --batch 12"
     wide="$wide --max-steps 6 --optimizer adamw --split equal --quiet --devices host,opencl:0,opencl:1"
@@ -112,11 +115,12 @@ if "${CHORUS_INFO:-$(dirname "$train")/chorus-info}" 2>/dev/null | grep -q '^  o
 import json, sys
 free = [json.loads(l)["loss"] for l in open(sys.argv[1])]
 fit = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(free) == len(fit) == 6 and free == fit, (free, fit)
+assert len(free) == len(fit) == 6, (free, fit)
+assert all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(free, fit)), (free, fit)
 mem = json.load(open(sys.argv[3]))["memory"]["opencl:1"]
 assert mem["limit_bytes"] == 24 << 20 and mem["peak_reserved_bytes"] <= 24 << 20, mem
 ' "$tmp/free.log" "$tmp/fit.log" "$tmp/fit.json"
-    ok $((status + $?)) "... with --shard-optimizer --recompute it trains under the limit, with the unlimited run's 6 losses (status $status; $(tail -c 200 "$tmp/fit.err" | tr '\n#' '  '))"
+    ok $((status + $?)) "... with --shard-optimizer --recompute it trains under the limit, with the unlimited run's 6 losses to 1e-5 (status $status; $(tail -c 200 "$tmp/fit.err" | tr '\n#' '  '))"
 else
     skip "no opencl:1: a model larger than one device not tried"
     skip "no opencl:1"
