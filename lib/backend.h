@@ -39,9 +39,9 @@ extern "C" {
 
 /* Changes whenever the table below, an enum a slot takes or what a module
  * must tell the core changes (12: the workspace and staging it allocates
- * itself, chi_workspace_reserve): a module of another version is refused
- * at load. */
-#define CH_BACKEND_ABI_VERSION 12
+ * itself, chi_workspace_reserve; 13: the attention slots): a module of
+ * another version is refused at load. */
+#define CH_BACKEND_ABI_VERSION 13
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -246,6 +246,13 @@ typedef struct ch_conv_geom {
         int64_t rows_per_matrix, ch_bmem y, ch_bmem x))                                            \
     X(OP, OP, ch_status, softmax_backward, (void *stream, int64_t rows, int64_t s, ch_bmem dx,     \
         ch_bmem dy, ch_bmem y))                                                                    \
+    /* q, k, v, o [b, t, hd], lse [b, t]: causal attention (ch_attention)                          \
+     * and its backward (dq, dk, dv written), f32 */                                               \
+    X(OP, OP, ch_status, attention, (void *stream, int64_t b, int64_t t, int64_t hd, float scale,  \
+        ch_bmem o, ch_bmem lse, ch_bmem q, ch_bmem k, ch_bmem v))                                  \
+    X(OP, OP, ch_status, attention_backward, (void *stream, int64_t b, int64_t t, int64_t hd,      \
+        float scale, ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem dout, ch_bmem q, ch_bmem k,       \
+        ch_bmem v, ch_bmem o, ch_bmem lse))                                                        \
     /* idx i32 [n]; the first index outside [0, v) is reported with                                \
      * chi_bad_index (like chi_bad_label, and as late), its row of y set to 0 */                   \
     X(OP, OP, ch_status, embedding, (void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,     \

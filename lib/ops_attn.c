@@ -197,6 +197,82 @@ ch_status ch_softmax_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tenso
                                     chi_mem(y));
 }
 
+/* ---- Fused causal attention ----------------------------------------------------- */
+
+/* q [B, T, hd] (each of names[] the same shape) and lse [B, T]. */
+static ch_status check_attention(const char *fn, const ch_tensor *lse, const ch_tensor *const *t,
+                                 const char *const *names, int n)
+{
+    TRY(check_3d(fn, names[0], t[0]));
+    for (int i = 1; i < n; i++)
+        TRY(same_shape(fn, names[i], t[i], names[0], t[0]));
+    if (lse->ndim != 2 || lse->shape[0] != t[0]->shape[0] || lse->shape[1] != t[0]->shape[1])
+        return chi_error(CH_ERR_SHAPE,
+                         "%s: lse has %d dimensions (%lld, ...), expected [%lld, "
+                         "%lld] ([B, T] of q)",
+                         fn, lse->ndim, (long long)lse->shape[0], (long long)t[0]->shape[0],
+                         (long long)t[0]->shape[1]);
+    return CH_OK;
+}
+
+ch_status ch_attention(ch_tensor *o, ch_tensor *lse, const ch_tensor *q, const ch_tensor *k,
+                       const ch_tensor *v, float scale)
+{
+    static const char fn[] = "ch_attention";
+    arg a[] = {{"o", o, CH_F32, 0},
+               {"lse", lse, CH_F32, 0},
+               {"q", q, CH_F32, 0},
+               {"k", k, CH_F32, 0},
+               {"v", v, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    const ch_tensor *t[] = {q, k, v, o};
+    static const char *const names[] = {"q", "k", "v", "o"};
+    TRY(check_attention(fn, lse, t, names, 4));
+    TRY(check_finite(fn, "scale", scale));
+    for (int i = 0; i < 3; i++) {
+        TRY(no_alias(fn, "o", o, names[i], t[i]));
+        TRY(no_alias(fn, "lse", lse, names[i], t[i]));
+    }
+    TRY(no_alias(fn, "o", o, "lse", lse));
+    SLOT_OR_HOST(fn, o, attention,
+                 ch_attention(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4], scale),
+                 FB_OUT(o), FB_OUT(lse), FB_IN(q), FB_IN(k), FB_IN(v));
+    return BE(o)->attention(STREAM(o), q->shape[0], q->shape[1], q->shape[2], scale, chi_mem(o),
+                            chi_mem(lse), chi_mem(q), chi_mem(k), chi_mem(v));
+}
+
+ch_status ch_attention_backward(ch_tensor *dq, ch_tensor *dk, ch_tensor *dv, const ch_tensor *dout,
+                                const ch_tensor *q, const ch_tensor *k, const ch_tensor *v,
+                                const ch_tensor *o, const ch_tensor *lse, float scale)
+{
+    static const char fn[] = "ch_attention_backward";
+    arg a[] = {{"dq", dq, CH_F32, 0},     {"dk", dk, CH_F32, 0}, {"dv", dv, CH_F32, 0},
+               {"dout", dout, CH_F32, 0}, {"q", q, CH_F32, 0},   {"k", k, CH_F32, 0},
+               {"v", v, CH_F32, 0},       {"o", o, CH_F32, 0},   {"lse", lse, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    const ch_tensor *t[] = {q, k, v, o, dout, dq, dk, dv};
+    static const char *const names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+    TRY(check_attention(fn, lse, t, names, 8));
+    TRY(check_finite(fn, "scale", scale));
+    /* The outputs apart from each other and from every input. */
+    const ch_tensor *all[] = {q, k, v, o, dout, lse};
+    static const char *const in_names[] = {"q", "k", "v", "o", "dout", "lse"};
+    for (int i = 5; i < 8; i++) {
+        for (int j = 0; j < 6; j++)
+            TRY(no_alias(fn, names[i], t[i], in_names[j], all[j]));
+        for (int j = i + 1; j < 8; j++)
+            TRY(no_alias(fn, names[i], t[i], names[j], t[j]));
+    }
+    SLOT_OR_HOST(fn, dq, attention_backward,
+                 ch_attention_backward(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4],
+                                       on_host[5], on_host[6], on_host[7], on_host[8], scale),
+                 FB_OUT(dq), FB_OUT(dk), FB_OUT(dv), FB_IN(dout), FB_IN(q), FB_IN(k), FB_IN(v),
+                 FB_IN(o), FB_IN(lse));
+    return BE(dq)->attention_backward(STREAM(dq), q->shape[0], q->shape[1], q->shape[2], scale,
+                                      chi_mem(dq), chi_mem(dk), chi_mem(dv), chi_mem(dout),
+                                      chi_mem(q), chi_mem(k), chi_mem(v), chi_mem(o), chi_mem(lse));
+}
+
 /* ---- Embedding ----------------------------------------------------------------- */
 
 /* table (or dtable) [V, D]; the rows of y (or dy) one per index. */

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nn.h"
@@ -150,7 +151,8 @@ enum {
     AT_QKVH,  /* AT_QKV */
     AT_AH,    /* the probabilities A (after dropout) */
     AT_DOH,   /* AT_DO */
-    AT_DAH    /* dS, softmax's input gradient */
+    AT_DAH,   /* dS, softmax's input gradient */
+    AT_LSE    /* [B*H, T]: fused attention's row log-sum-exps (ch_attention) */
 };
 
 typedef struct attn_dims {
@@ -215,14 +217,50 @@ static ch_status attn_dims_of(const ch_module *m, const ch_tensor *x, attn_dims 
 
 static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)a->hd)); }
 
+/* Whether attention runs fused (ch_attention: no [T, T] probabilities
+ * stored): on the host backend, which has the kernel (elsewhere the
+ * composed ops are the device's own), in f32, without attention dropout,
+ * unless CHORUS_FUSED_ATTENTION=0. Forward and backward agree: nothing it
+ * reads changes between them. */
+static int attn_fused(const ch_module *m)
+{
+    if (m->precision != CH_F32 || dropping(m))
+        return 0;
+    const char *env = getenv("CHORUS_FUSED_ATTENTION");
+    if (env && strcmp(env, "0") == 0)
+        return 0;
+    ch_device_info info;
+    return ch_device_get_info(m->dev, &info) == CH_OK && strcmp(info.backend, "host") == 0;
+}
+
+static ch_status attn_join(ch_module *m, const attn_dims *a)
+{
+    int64_t oy[3] = {a->b, a->t, a->d}, bthd[4] = {a->b, a->t, a->h, a->hd},
+            bhtd[4] = {a->b, a->h, a->t, a->hd};
+    static const int join[4] = {0, 2, 1, 3};
+    TRY(ensure(m, AT_OY, 3, oy));
+    return permute_as(m->tmp[AT_OY], 4, bthd, m->tmp[AT_O], 4, bhtd, join);
+}
+
 /* Attention core forward: AT_QKV holds q, k, v; leaves AT_OY. In mixed
  * precision both products take half inputs (q, k, v and A rounded) and sum
  * in f32; the scores, softmax and A stay f32. */
 static ch_status attn_core(ch_module *m, const attn_dims *a)
 {
     int64_t bh = a->b * a->h, att[3] = {bh, a->t, a->t}, o[3] = {bh, a->t, a->hd};
-    TRY(ensure(m, AT_P, 3, att));
     TRY(ensure(m, AT_O, 3, o));
+    if (attn_fused(m)) {
+        int64_t rows[2] = {bh, a->t};
+        TRY(ensure(m, AT_LSE, 2, rows));
+        ch_tensor *qkv[3] = {NULL, NULL, NULL};
+        ch_status st = parts(qkv, m->tmp[AT_QKV], a);
+        if (st == CH_OK)
+            st = ch_attention(m->tmp[AT_O], m->tmp[AT_LSE], qkv[0], qkv[1], qkv[2], attn_scale(a));
+        free_parts(qkv);
+        TRY(st);
+        return attn_join(m, a);
+    }
+    TRY(ensure(m, AT_P, 3, att));
     const ch_tensor *rounded;
     TRY(nn_half(&m->tmp[AT_QKVH], m, m->tmp[AT_QKV], &rounded));
     ch_tensor *qkv[3] = {NULL, NULL, NULL};
@@ -246,11 +284,7 @@ static ch_status attn_core(ch_module *m, const attn_dims *a)
         st = ch_gemm_batched(m->tmp[AT_O], 0, 0, 1.0f, prob, qkv[2], 0.0f);
     free_parts(qkv);
     TRY(st);
-    int64_t oy[3] = {a->b, a->t, a->d}, bthd[4] = {a->b, a->t, a->h, a->hd},
-            bhtd[4] = {a->b, a->h, a->t, a->hd};
-    static const int join[4] = {0, 2, 1, 3};
-    TRY(ensure(m, AT_OY, 3, oy));
-    return permute_as(m->tmp[AT_OY], 4, bthd, m->tmp[AT_O], 4, bhtd, join);
+    return attn_join(m, a);
 }
 
 static ch_status attn_forward(ch_module *m, const ch_tensor *x)
@@ -281,9 +315,21 @@ static ch_status attn_core_backward(ch_module *m, const ch_tensor *doy, const at
     static const int split_heads[4] = {0, 2, 1, 3};
     int half = m->precision != CH_F32;
     TRY(ensure(m, AT_DO, 3, o));
-    TRY(ensure(m, AT_DA, 3, att));
     TRY(ensure(m, AT_DQKV, 5, qkv5));
     TRY(permute_as(m->tmp[AT_DO], 4, bhtd, doy, 4, bthd, split_heads));
+    if (attn_fused(m)) {
+        ch_tensor *qkv[3] = {NULL, NULL, NULL}, *d[3] = {NULL, NULL, NULL};
+        ch_status st = parts(qkv, m->tmp[AT_QKV], a);
+        if (st == CH_OK)
+            st = parts(d, m->tmp[AT_DQKV], a);
+        if (st == CH_OK)
+            st = ch_attention_backward(d[0], d[1], d[2], m->tmp[AT_DO], qkv[0], qkv[1], qkv[2],
+                                       m->tmp[AT_O], m->tmp[AT_LSE], attn_scale(a));
+        free_parts(qkv);
+        free_parts(d);
+        return st;
+    }
+    TRY(ensure(m, AT_DA, 3, att));
     const ch_tensor *prob = half ? m->tmp[AT_AH] : dropping(m) ? m->tmp[AT_A] : m->tmp[AT_P];
     const ch_tensor *dout, *ds;
     TRY(nn_half(&m->tmp[AT_DOH], m, m->tmp[AT_DO], &dout));

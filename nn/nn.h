@@ -61,7 +61,7 @@ typedef enum nn_init {
     NN_INIT_NORMAL       /* weights normal(0, init_std), biases 0 (GPT-2) */
 } nn_init;
 
-#define NN_TEMPS 16
+#define NN_TEMPS 17
 
 struct ch_module {
     const nn_ops *ops;

@@ -435,6 +435,133 @@ static void grad_softmax(ch_device *dev, int ndim, const int64_t *shape, int cau
     tc_end_err(&c, ref_err_scaled(got, want, n, 1e-6), TOL_FD);
 }
 
+/* ---- Fused causal attention -------------------------------------------------- */
+
+/* The reference in double for b matrices [t, hd]: o, lse and, for
+ * backward, dq, dk, dv from dout; mag (may be NULL) each o's error scale,
+ * sum_j p_j |v_j| (1 + |s_j - max|) (an f32 rounding of an exponent moves
+ * p_j that much relative to it). */
+typedef struct attn_ref {
+    double *o, *mag, *lse, *dq, *dk, *dv;
+} attn_ref;
+
+static void ref_attention(const attn_ref *r, const float *q, const float *k, const float *v,
+                          const float *dout, int64_t b, int64_t t, int64_t hd, double scale,
+                          double *p, double *dp)
+{
+    for (int64_t m = 0; m < b; m++) {
+        const float *qm = q + m * t * hd, *km = k + m * t * hd, *vm = v + m * t * hd;
+        for (int64_t i = 0; i < t; i++) {
+            double max = -INFINITY, sum = 0.0;
+            for (int64_t j = 0; j <= i; j++) {
+                double sc = 0.0;
+                for (int64_t d = 0; d < hd; d++)
+                    sc += (double)qm[i * hd + d] * km[j * hd + d];
+                p[i * t + j] = sc * scale;
+                max = fmax(max, p[i * t + j]);
+            }
+            for (int64_t j = 0; j <= i; j++)
+                sum += exp(p[i * t + j] - max);
+            r->lse[m * t + i] = max + log(sum);
+            for (int64_t d = 0; d < hd; d++) {
+                double acc = 0.0, mag = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double pj = exp(p[i * t + j] - max) / sum;
+                    acc += pj * vm[j * hd + d];
+                    mag += pj * fabs(vm[j * hd + d]) * (1.0 + fabs(p[i * t + j] - max));
+                }
+                r->o[(m * t + i) * hd + d] = acc;
+                if (r->mag)
+                    r->mag[(m * t + i) * hd + d] = mag;
+            }
+            for (int64_t j = 0; j <= i; j++)
+                p[i * t + j] = exp(p[i * t + j] - max) / sum;
+        }
+        if (!dout)
+            continue;
+        const float *g = dout + m * t * hd;
+        double *dq = r->dq + m * t * hd, *dk = r->dk + m * t * hd, *dv = r->dv + m * t * hd;
+        memset(dq, 0, (size_t)(t * hd) * sizeof *dq);
+        memset(dk, 0, (size_t)(t * hd) * sizeof *dk);
+        memset(dv, 0, (size_t)(t * hd) * sizeof *dv);
+        for (int64_t i = 0; i < t; i++) {
+            double dsum = 0.0;
+            for (int64_t j = 0; j <= i; j++) {
+                double x = 0.0;
+                for (int64_t d = 0; d < hd; d++) {
+                    x += (double)g[i * hd + d] * vm[j * hd + d];
+                    dv[j * hd + d] += p[i * t + j] * g[i * hd + d];
+                }
+                dp[j] = x;
+                dsum += p[i * t + j] * x;
+            }
+            for (int64_t j = 0; j <= i; j++) {
+                double ds = p[i * t + j] * (dp[j] - dsum) * scale;
+                for (int64_t d = 0; d < hd; d++) {
+                    dq[i * hd + d] += ds * km[j * hd + d];
+                    dk[j * hd + d] += ds * qm[i * hd + d];
+                }
+            }
+        }
+    }
+}
+
+/* ch_attention and ch_attention_backward over b matrices [t, hd] against
+ * the reference: o element by element (TOL_SUM of its error scale), lse
+ * within TOL_SUM of max(1, |lse|), each gradient within TOL_SUM of its
+ * largest entry (the backward takes the device's own o and lse). */
+static void test_attention(ch_device *dev, int64_t b, int64_t t, int64_t hd, float lo, float hi)
+{
+    tcase c;
+    tc_begin(&c, dev,
+             "attention and its backward, %" PRId64 " matrices [%" PRId64 ", %" PRId64
+             "], q, k, v in [%g, %g)",
+             b, t, hd, lo, hi);
+    int64_t n = b * t * hd;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    float *q = tc_random(&c, n, lo, hi), *k = tc_random(&c, n, lo, hi);
+    float *v = tc_random(&c, n, -1, 1), *dout = tc_random(&c, n, -1, 1);
+    ch_tensor *tq = tc_tensor(&c, CH_F32, SHAPE(b, t, hd), q);
+    ch_tensor *tk = tc_tensor(&c, CH_F32, SHAPE(b, t, hd), k);
+    ch_tensor *tv = tc_tensor(&c, CH_F32, SHAPE(b, t, hd), v);
+    ch_tensor *tg = tc_tensor(&c, CH_F32, SHAPE(b, t, hd), dout);
+    ch_tensor *to = tc_tensor(&c, CH_F32, SHAPE(b, t, hd), tc_random(&c, n, 5, 9));
+    ch_tensor *tl = tc_tensor(&c, CH_F32, SHAPE(b, t), tc_random(&c, b * t, 5, 9));
+    ch_tensor *td[3];
+    for (int i = 0; i < 3; i++)
+        td[i] = tc_tensor(&c, CH_F32, SHAPE(b, t, hd), tc_random(&c, n, 5, 9));
+    TC(&c, ch_attention(to, tl, tq, tk, tv, scale));
+    TC(&c, ch_attention_backward(td[0], td[1], td[2], tg, tq, tk, tv, to, tl, scale));
+    attn_ref r = {tc_doubles(&c, n), tc_doubles(&c, n), tc_doubles(&c, b * t),
+                  tc_doubles(&c, n), tc_doubles(&c, n), tc_doubles(&c, n)};
+    ref_attention(&r, q, k, v, dout, b, t, hd, scale, tc_doubles(&c, t * t), tc_doubles(&c, t));
+    double err[3] = {ref_err(tc_fetch(&c, to, n), r.o, r.mag, n), 0.0, 0.0};
+    const float *lse = tc_fetch(&c, tl, b * t);
+    for (int64_t i = 0; i < b * t; i++)
+        err[1] = fmax(err[1], fabs(lse[i] - r.lse[i]) / fmax(1.0, fabs(r.lse[i])));
+    double *want[3] = {r.dq, r.dk, r.dv};
+    for (int i = 0; i < 3; i++)
+        err[2] =
+            fmax(err[2], ref_err_scaled(tc_widen(&c, tc_fetch(&c, td[i], n), n), want[i], n, 1e-6));
+    tap_diag("%s: o %.2e, lse %.2e, dq dk dv %.2e", ch_device_id(dev), err[0], err[1], err[2]);
+    tc_end_err(&c, fmax(err[0], fmax(err[1], err[2])), TOL_SUM);
+}
+
+/* Shapes across the 64 by 64 tiles (130 and 129 rows: a tile of one or
+ * two), and large scores (q, k in [-4, 4), scores up to 16 hd^0.5), where
+ * the running maximum moves by tens from tile to tile and the sum must
+ * follow it. */
+static void test_attentions(ch_device *dev)
+{
+    test_attention(dev, 1, 1, 1, -1, 1);
+    test_attention(dev, 2, 5, 3, -1, 1);
+    test_attention(dev, 3, 64, 16, -1, 1);
+    test_attention(dev, 2, 130, 8, -2, 2);
+    test_attention(dev, 1, 129, 64, -4, 4);
+    if (!tc_small())
+        test_attention(dev, 4, 256, 64, -1, 1);
+}
+
 /* ---- Embedding ------------------------------------------------------------------ */
 
 static int32_t *random_indices(tcase *c, int64_t n, int64_t v)
@@ -867,6 +994,62 @@ static void bad_softmax_backward(const bad_args *a)
     tap_status_ok(ch_softmax_backward(a->b3, a->b3, a->b3t), "ch_softmax_backward: dx = dy");
 }
 
+static void bad_attention(ch_device *dev, const bad_args *a)
+{
+    ch_tensor *t[4] = {NULL};
+    int64_t shape[3] = {2, 3, 4};
+    ch_status st = CH_OK;
+    for (int i = 0; i < 4 && st == CH_OK; i++) {
+        st = ch_tensor_new(&t[i], dev, CH_F32, 3, shape);
+        if (st == CH_OK)
+            st = ch_fill(t[i], 0.5);
+    }
+    if (tap_status_ok(st, "tensors for ch_attention's argument checks")) {
+        ch_tensor *q = a->b3, *o = t[0], *dq = t[1], *dk = t[2], *dv = t[3];
+        REFUSED(ch_attention(NULL, a->y2, q, q, q, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention: o is NULL", "ch_attention: o NULL");
+        REFUSED(ch_attention(o, NULL, q, q, q, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention: lse is NULL", "ch_attention: lse NULL");
+        REFUSED(ch_attention(o, a->y2, q, NULL, q, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention: k is NULL", "ch_attention: k NULL");
+        REFUSED(ch_attention(o, a->y2, a->i3, q, q, 1), CH_ERR_DTYPE, "ch_attention: q is i32",
+                "ch_attention: i32 q");
+        REFUSED(ch_attention(o, a->y2, a->m2, a->m2, a->m2, 1), CH_ERR_SHAPE, "q has 2 dimensions",
+                "ch_attention: 2-D q");
+        REFUSED(ch_attention(o, a->y2, q, a->c3, q, 1), CH_ERR_SHAPE,
+                "ch_attention: k and q have different shapes",
+                "ch_attention: k [3,3,4], q [2,3,4]");
+        REFUSED(ch_attention(a->b3t, a->y2, q, q, q, 1), CH_ERR_SHAPE,
+                "ch_attention: o and q have different shapes", "ch_attention: o [2,4,3]");
+        REFUSED(ch_attention(o, a->m2, q, q, q, 1), CH_ERR_SHAPE, "expected [2, 3] ([B, T] of q)",
+                "ch_attention: lse [3,4] for q [2,3,4]");
+        REFUSED(ch_attention(o, a->y2, q, q, q, NAN), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention: scale is nan", "ch_attention: scale NaN");
+        REFUSED(ch_attention(q, a->y2, q, dq, dq, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention: o overlaps q", "ch_attention: o is q");
+        tap_status_ok(ch_attention(o, a->y2, q, q, q, 0.5f), "ch_attention: q = k = v allowed");
+        REFUSED(ch_attention_backward(NULL, dk, dv, q, q, q, q, o, a->y2, 1),
+                CH_ERR_INVALID_ARGUMENT, "ch_attention_backward: dq is NULL",
+                "ch_attention_backward: dq NULL");
+        REFUSED(ch_attention_backward(dq, dk, dv, q, q, q, q, o, NULL, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention_backward: lse is NULL", "ch_attention_backward: lse NULL");
+        REFUSED(ch_attention_backward(dq, dk, dv, a->c3, q, q, q, o, a->y2, 1), CH_ERR_SHAPE,
+                "ch_attention_backward: dout and q have different shapes",
+                "ch_attention_backward: dout [3,3,4]");
+        REFUSED(ch_attention_backward(dq, dq, dv, q, q, q, q, o, a->y2, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention_backward: dq overlaps dk", "ch_attention_backward: dq is dk");
+        REFUSED(ch_attention_backward(dq, dk, o, q, q, q, q, o, a->y2, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention_backward: dv overlaps o", "ch_attention_backward: dv is o");
+        REFUSED(ch_attention_backward(dq, dk, dv, q, q, q, q, o, a->y2, INFINITY),
+                CH_ERR_INVALID_ARGUMENT, "ch_attention_backward: scale is inf",
+                "ch_attention_backward: scale infinite");
+        tap_status_ok(ch_attention_backward(dq, dk, dv, q, q, q, q, o, a->y2, 0.5f),
+                      "ch_attention_backward: dout = q = k = v allowed");
+    }
+    for (int i = 0; i < 4; i++)
+        ch_tensor_free(t[i]);
+}
+
 static void bad_embedding(const bad_args *a)
 {
     REFUSED(ch_embedding(NULL, a->m2, a->idx), CH_ERR_INVALID_ARGUMENT,
@@ -976,6 +1159,8 @@ static void bad_devices(const bad_args *h, const bad_args *o, ch_device *other)
     REFUSED(ch_avgpool_global_backward(o->x4d, h->y2), CH_ERR_DEVICE_MISMATCH,
             "ch_avgpool_global_backward: dy is on host",
             "ch_avgpool_global_backward: dx on the other device");
+    REFUSED(ch_attention(h->b33, h->y2, h->b33, o->b33, h->b33, 1), CH_ERR_DEVICE_MISMATCH,
+            "ch_attention: k is on", "ch_attention: k on the other device");
 }
 
 static void test_bad_arguments(ch_device *host)
@@ -989,6 +1174,7 @@ static void test_bad_arguments(ch_device *host)
     bad_softmax(&h);
     bad_softmax_1d(host);
     bad_softmax_backward(&h);
+    bad_attention(host, &h);
     bad_embedding(&h);
     bad_avgpool(&h);
     bad_avgpool_alias(host);
@@ -1039,6 +1225,7 @@ static void test_device(ch_device *dev)
     grad_softmax(dev, SHAPE(2, 4, 4), 1);
     grad_softmax(dev, SHAPE(1, 3, 5), 1);
     grad_softmax(dev, SHAPE(2, 7), 0);
+    test_attentions(dev);
     test_embeddings(dev);
     test_avgpools(dev);
     tap_diag("%s: %.1f s", ch_device_id(dev), ch_clock_seconds() - t0);

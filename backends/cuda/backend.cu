@@ -232,6 +232,10 @@ static const ch_backend_i chcu_table = {
     .permute = chcu_permute,
     .softmax = chcu_softmax,
     .softmax_backward = chcu_softmax_backward,
+    /* No fused attention kernel: the host runs it (the GPT keeps the
+     * batched GEMMs and softmax on CUDA). */
+    .attention = nullptr,
+    .attention_backward = nullptr,
     .embedding = chcu_embedding,
     .embedding_backward = chcu_embedding_backward,
     .layernorm = chcu_layernorm,

@@ -315,6 +315,233 @@ ch_status chi_host_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bm
     return CH_OK;
 }
 
+/* ---- fused causal attention ----------------------------------------------------
+ * FlashAttention's scheme on the CPU: a tile of FA_Q queries against tiles
+ * of FA_K keys, the scores of a tile in cache (a GEMM each way with the
+ * library's single-threaded sgemm), a running maximum and sum per row
+ * (online softmax), the tiles above the diagonal never computed. Each [B]
+ * matrix is one thread's, in a fixed order: the same bits for any thread
+ * count. Backward rebuilds each tile's probabilities from lse. */
+
+enum {
+    FA_Q = 64,
+    FA_K = 64
+};
+
+/* The valid keys of row i in the tile of keys from j0 (count nk). */
+static int64_t fa_width(int64_t i, int64_t j0, int64_t nk)
+{
+    int64_t w = i - j0 + 1;
+    return w < 0 ? 0 : w > nk ? nk : w;
+}
+
+/* One thread's tiles: s (scores, then probabilities) and dp [FA_Q * FA_K],
+ * acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o)). */
+typedef struct fa_tiles {
+    float *s, *dp, *acc, *m, *l, *d;
+} fa_tiles;
+
+static ch_status fa_tiles_new(fa_tiles *t, int64_t hd, int64_t tt)
+{
+    size_t n = (size_t)(2 * FA_Q * FA_K + FA_Q * hd + 2 * FA_Q + tt);
+    float *mem = malloc(n * sizeof *mem);
+    if (!mem)
+        return chi_error(CH_ERR_OUT_OF_MEMORY,
+                         "ch_attention: out of memory for a thread's "
+                         "tiles (%zu bytes)",
+                         n * sizeof *mem);
+    t->s = mem;
+    t->dp = t->s + FA_Q * FA_K;
+    t->acc = t->dp + FA_Q * FA_K;
+    t->m = t->acc + FA_Q * hd;
+    t->l = t->m + FA_Q;
+    t->d = t->l + FA_Q;
+    return CH_OK;
+}
+
+/* Row r of a tile: scores s[0..w) become exp(s - new max); m, l and the
+ * row of acc move to the new maximum. */
+static void fa_row_update(float *s, int64_t w, int64_t nk, float *m, float *l, float *acc,
+                          int64_t hd)
+{
+    float mx = w > 0 ? row_max(s, w) : -INFINITY;
+    float m_new = mx > *m ? mx : *m;
+    float corr = *m == -INFINITY ? 0.0f : exp_nonpositive((v4f){0} + (*m - m_new))[0];
+    v4f sum = {0};
+    for (int64_t j = 0; j < w; j += 4) {
+        v4f e = exp_nonpositive(load4(s + j, w - j, -INFINITY) - m_new);
+        store4(s + j, e, w - j);
+        sum += e;
+    }
+    for (int64_t j = w; j < nk; j++)
+        s[j] = 0.0f;
+    *l = *l * corr + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
+    *m = m_new;
+    if (corr != 1.0f)
+        for (int64_t d = 0; d < hd; d++)
+            acc[d] *= corr;
+}
+
+/* One call's arguments: b matrices [t, hd]; the backward's dq, dk, dv
+ * and dout (NULL in forward). */
+typedef struct fa_job {
+    int64_t t, hd;
+    float scale;
+    float *o, *lse, *dq, *dk, *dv;
+    const float *q, *k, *v, *dout;
+} fa_job;
+
+typedef ch_status (*fa_fn)(fa_tiles *t, const fa_job *j, int64_t i);
+
+/* one(i) for every matrix i < b, shared out among the threads, each with
+ * its tiles; the first failure's message is kept. */
+static ch_status fa_each(const fa_job *job, int64_t b, fa_fn one)
+{
+    ch_status st = CH_OK;
+    char why[512] = "";
+    CHI_OMP(omp parallel)
+    {
+        fa_tiles t = {0};
+        ch_status mine = fa_tiles_new(&t, job->hd, job->t);
+        CHI_OMP(omp for schedule(dynamic, 1))
+        for (int64_t i = 0; i < b; i++)
+            if (mine == CH_OK)
+                mine = one(&t, job, i);
+        free(t.s);
+        if (mine != CH_OK) {
+            CHI_OMP(omp critical)
+            {
+                if (st == CH_OK) {
+                    st = mine;
+                    snprintf(why, sizeof why, "%s", ch_last_error());
+                }
+            }
+        }
+    }
+    return st == CH_OK ? CH_OK : chi_error(st, "%s", why);
+}
+
+static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, int64_t i)
+{
+    int64_t tt = j->t, hd = j->hd, at = i * tt * hd;
+    const float *q = j->q + at, *k = j->k + at, *v = j->v + at;
+    float *o = j->o + at, *lse = j->lse + i * tt;
+    for (int64_t i0 = 0; i0 < tt; i0 += FA_Q) {
+        int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
+        for (int64_t r = 0; r < mq; r++) {
+            t->m[r] = -INFINITY;
+            t->l[r] = 0.0f;
+        }
+        memset(t->acc, 0, (size_t)(mq * hd) * sizeof *t->acc);
+        /* Keys up to the tile's last query. */
+        for (int64_t j0 = 0; j0 < i0 + mq; j0 += FA_K) {
+            int64_t nk = i0 + mq - j0 < FA_K ? i0 + mq - j0 : FA_K;
+            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, j->scale, q + i0 * hd, hd, k + j0 * hd, hd,
+                                     0.0f, t->s, FA_K));
+            for (int64_t r = 0; r < mq; r++)
+                fa_row_update(t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r], &t->l[r],
+                              t->acc + r * hd, hd);
+            TRY(chi_host_gemm_serial(0, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * hd, hd, 1.0f,
+                                     t->acc, hd));
+        }
+        for (int64_t r = 0; r < mq; r++) {
+            float inv = 1.0f / t->l[r];
+            for (int64_t d = 0; d < hd; d++)
+                o[(i0 + r) * hd + d] = t->acc[r * hd + d] * inv;
+            lse[i0 + r] = t->m[r] + logf(t->l[r]);
+        }
+    }
+    return CH_OK;
+}
+
+ch_status chi_host_attention(void *stream, int64_t b, int64_t t, int64_t hd, float scale, ch_bmem o,
+                             ch_bmem lse, ch_bmem q, ch_bmem k, ch_bmem v)
+{
+    (void)stream;
+    fa_job job = {.t = t,
+                  .hd = hd,
+                  .scale = scale,
+                  .o = chi_host_f32(o),
+                  .lse = chi_host_f32(lse),
+                  .q = chi_host_f32(q),
+                  .k = chi_host_f32(k),
+                  .v = chi_host_f32(v)};
+    return fa_each(&job, b, fa_forward_one);
+}
+
+/* Backward of one matrix: D = rowsum(dout * o); for each tile of keys and
+ * each tile of queries at or below it, P = exp(scale q k^T - lse) (0 above
+ * the diagonal), dv += P^T dout, dP = dout v^T, dS = P (dP - D), dq +=
+ * scale dS k, dk += scale dS^T q. */
+static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, int64_t i)
+{
+    int64_t tt = j->t, hd = j->hd, at = i * tt * hd;
+    const float *q = j->q + at, *k = j->k + at, *v = j->v + at, *dout = j->dout + at;
+    const float *o = j->o + at, *lse = j->lse + i * tt;
+    float *dq = j->dq + at, *dk = j->dk + at, *dv = j->dv + at;
+    memset(dq, 0, (size_t)(tt * hd) * sizeof *dq);
+    memset(dk, 0, (size_t)(tt * hd) * sizeof *dk);
+    memset(dv, 0, (size_t)(tt * hd) * sizeof *dv);
+    for (int64_t r = 0; r < tt; r++) {
+        const float *g = dout + r * hd, *y = o + r * hd;
+        float sum = 0.0f;
+        for (int64_t c = 0; c < hd; c++)
+            sum += g[c] * y[c];
+        t->d[r] = sum;
+    }
+    for (int64_t j0 = 0; j0 < tt; j0 += FA_K) {
+        int64_t nk = tt - j0 < FA_K ? tt - j0 : FA_K;
+        for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
+            int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
+            const float *d = t->d + i0;
+            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, j->scale, q + i0 * hd, hd, k + j0 * hd, hd,
+                                     0.0f, t->s, FA_K));
+            for (int64_t r = 0; r < mq; r++) {
+                float *p = t->s + r * FA_K, l = lse[i0 + r];
+                int64_t w = fa_width(i0 + r, j0, nk);
+                for (int64_t c = 0; c < w; c += 4)
+                    store4(p + c, exp_nonpositive(load4(p + c, w - c, -INFINITY) - l), w - c);
+                for (int64_t c = w; c < nk; c++)
+                    p[c] = 0.0f;
+            }
+            TRY(chi_host_gemm_serial(1, 0, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * hd, hd, 1.0f,
+                                     dv + j0 * hd, hd));
+            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, 1.0f, dout + i0 * hd, hd, v + j0 * hd, hd,
+                                     0.0f, t->dp, FA_K));
+            for (int64_t r = 0; r < mq; r++) {
+                float *p = t->s + r * FA_K, *dp = t->dp + r * FA_K;
+                for (int64_t c = 0; c < nk; c++)
+                    p[c] = p[c] * (dp[c] - d[r]);
+            }
+            TRY(chi_host_gemm_serial(0, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * hd, hd, 1.0f,
+                                     dq + i0 * hd, hd));
+            TRY(chi_host_gemm_serial(1, 0, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * hd, hd, 1.0f,
+                                     dk + j0 * hd, hd));
+        }
+    }
+    return CH_OK;
+}
+
+ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t t, int64_t hd, float scale,
+                                      ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem dout, ch_bmem q,
+                                      ch_bmem k, ch_bmem v, ch_bmem o, ch_bmem lse)
+{
+    (void)stream;
+    fa_job job = {.t = t,
+                  .hd = hd,
+                  .scale = scale,
+                  .o = chi_host_f32(o),
+                  .lse = chi_host_f32(lse),
+                  .dq = chi_host_f32(dq),
+                  .dk = chi_host_f32(dk),
+                  .dv = chi_host_f32(dv),
+                  .q = chi_host_f32(q),
+                  .k = chi_host_f32(k),
+                  .v = chi_host_f32(v),
+                  .dout = chi_host_f32(dout)};
+    return fa_each(&job, b, fa_backward_one);
+}
+
 /* ---- embedding ------------------------------------------------------------------- */
 
 ch_status chi_host_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,

@@ -5,6 +5,7 @@
                            [--threads 2] [--json] [--depth 20]
                            [--layers 4 --heads 4 --dim 128 --context 64 --vocab 256]
     python3 bench_train.py --compare _build/bench/bench-train [--rounds 7] ...
+                           [--precision f32|bf16] [--attention math|sdpa]
 
 The step is bench-train's: the preset models of ch_nn_preset, cross-entropy,
 Adam (lr 1e-3), data already in memory, zero_grad + forward + loss +
@@ -15,13 +16,21 @@ labels i % 10; the gpt (dropout 0) takes --batch windows of --context
 random tokens and random targets, and reports tokens/s too
 (batch * context / median). Without --model: mlp and cnn.
 
+--precision bf16: mixed precision, ours `bench-train --precision bf16`,
+PyTorch's forward and loss under torch.autocast("cpu", torch.bfloat16).
+--attention (the gpt, PyTorch's side): math writes attention out op by
+op as Chorus's fixtures do (models.py), sdpa calls PyTorch's fused
+scaled_dot_product_attention (is_causal), as nanoGPT does.
+
 --compare runs our bench-train (on the host) and this script in turn, each
 in a fresh process with the same thread count, --rounds times (PyTorch
 first in every other round), and prints
 for each model the median of the per-round medians, their spread and the
-speed ratio ours / PyTorch's. Interleaving matters on a shared machine:
-absolute rates drift by 2x within minutes, the ratio within a round much
-less.
+speed ratio ours / PyTorch's, and each side's peak resident memory (the
+child process's ru_maxrss from wait4: the whole process, libraries
+included, measured the same way on both sides). Interleaving matters on a
+shared machine: absolute rates drift by 2x within minutes, the ratio
+within a round much less.
 """
 import argparse
 import json
@@ -41,12 +50,20 @@ def model_config(kind, args):
     return {}
 
 
+def torch_config(kind, args):
+    """model_config and what only PyTorch's side takes."""
+    config = model_config(kind, args)
+    if kind == "gpt":
+        config["sdpa"] = args.attention == "sdpa"
+    return config
+
+
 def model_data(kind, batch, args):
     """The model, its inputs and its targets, flattened as the loss takes them."""
     import torch
     torch.manual_seed(1)
     from models import preset
-    model = preset(kind, **model_config(kind, args))
+    model = preset(kind, **torch_config(kind, args))
     if kind == "gpt":
         x = torch.randint(0, args.vocab, (batch, args.context))
         labels = torch.randint(0, args.vocab, (batch * args.context,))
@@ -61,10 +78,12 @@ def train_rate(kind, batch, steps, args):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     times = []
+    half = args.precision == "bf16"
     for s in range(-3, steps):
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = loss_fn(flat(model(x)), labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+            loss = loss_fn(flat(model(x)), labels)
         loss.backward()
         opt.step()
         if s >= 0:
@@ -78,6 +97,9 @@ def measure_row(kind, args):
            "samples_per_s": round(train_rate(kind, args.batch, args.steps, args), 1)}
     if kind == "gpt":
         row["tokens_per_s"] = round(row["samples_per_s"] * args.context, 1)
+        row["attention"] = args.attention
+    if args.precision != "f32":
+        row["precision"] = args.precision
     row.update(threads=torch.get_num_threads(), torch=torch.__version__)
     return row
 
@@ -103,8 +125,16 @@ def measure(args):
 
 
 def run_json(cmd, env):
-    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """The rows a run prints (its last line) and its peak resident memory
+    in MiB (wait4's ru_maxrss, in KiB on Linux)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    out = proc.stdout.read()
+    proc.stdout.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"bench_train: {' '.join(cmd)} exited with {proc.returncode}")
+    return json.loads(out.strip().splitlines()[-1]), usage.ru_maxrss / 1024.0
 
 
 def model_options(kind, args):
@@ -115,21 +145,25 @@ def model_options(kind, args):
 
 def compare(args):
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    common = ["--batch", str(args.batch), "--steps", str(args.steps)]
+    common = ["--batch", str(args.batch), "--steps", str(args.steps),
+              "--precision", args.precision]
     ours_cmd = [args.compare, "--devices", "host", "--json"] + common
     theirs_cmd = [sys.executable, os.path.abspath(__file__), "--json",
-                  "--threads", str(args.threads)] + common
+                  "--threads", str(args.threads), "--attention", args.attention] + common
     if len(args.models) == 1:
         extra = ["--model", args.models[0]] + model_options(args.models[0], args)
         ours_cmd += extra
         theirs_cmd += extra
     rate = {(side, m): [] for side in ("ours", "torch") for m in args.models}
+    rss = {"ours": [], "torch": []}
     share = {m: [] for m in args.models}
     for r in range(args.rounds):
         # ABBA: every other round PyTorch goes first, so that a drift of
         # the machine during a round favours neither side.
         for side in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
-            for row in run_json(ours_cmd if side == "ours" else theirs_cmd, env):
+            rows, peak = run_json(ours_cmd if side == "ours" else theirs_cmd, env)
+            rss[side].append(peak)
+            for row in rows:
                 if row["model"] not in args.models:
                     continue
                 rate[(side, row["model"])].append(rate_of(row))
@@ -140,10 +174,15 @@ def compare(args):
                 sys.exit(f"bench_train: {side} gave no rate for {', '.join(missing)}")
         line = ", ".join(f"{m} {rate[('ours', m)][-1]:.0f} / {rate[('torch', m)][-1]:.0f}"
                          for m in args.models)
-        print(f"round {r + 1}/{args.rounds}: ours / PyTorch {unit(args.models)}: {line}",
-              flush=True)
-    print(f"\n{args.threads} threads, batch {args.batch}, median of {args.steps} steps per "
-          f"run, {args.rounds} rounds (median [min, max] over rounds)")
+        print(f"round {r + 1}/{args.rounds}: ours / PyTorch {unit(args.models)}: {line}; "
+              f"peak RSS {rss['ours'][-1]:.0f} / {rss['torch'][-1]:.0f} MiB", flush=True)
+    attention = f", PyTorch's attention {args.attention}" if "gpt" in args.models else ""
+    print(f"\n{args.threads} threads, batch {args.batch}, {args.precision}{attention}, median "
+          f"of {args.steps} steps per run, {args.rounds} rounds (median [min, max] over rounds)")
+    print(f"peak RSS of a run (MiB): ours {statistics.median(rss['ours']):.0f} "
+          f"[{min(rss['ours']):.0f}, {max(rss['ours']):.0f}], PyTorch "
+          f"{statistics.median(rss['torch']):.0f} [{min(rss['torch']):.0f}, "
+          f"{max(rss['torch']):.0f}]")
     print(f"{'model':<6} {'ours':>24} {'PyTorch':>24} {'ours/PyTorch':>24} {'GEMM share':>20}")
     for m in args.models:
         ours, torch_ = rate[("ours", m)], rate[("torch", m)]
@@ -173,6 +212,11 @@ def main():
                    help="our bench-train program: run it and PyTorch in turn")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--depth", type=int, default=20, help="resnet: 6n+2 layers")
+    p.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                   help="bf16: autocast (PyTorch), --precision bf16 (ours)")
+    p.add_argument("--attention", choices=["math", "sdpa"], default="math",
+                   help="the gpt's attention on PyTorch's side: op by op, or "
+                   "scaled_dot_product_attention")
     for name, default in (("layers", 4), ("heads", 4), ("dim", 128), ("context", 64),
                           ("vocab", 256)):
         p.add_argument("--" + name, type=int, default=default, help="gpt")

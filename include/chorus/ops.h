@@ -237,6 +237,25 @@ CH_API ch_status ch_softmax(ch_tensor *y, const ch_tensor *x, int causal);
  * allowed. */
 CH_API ch_status ch_softmax_backward(ch_tensor *dx, const ch_tensor *dy, const ch_tensor *y);
 
+/* Causal attention in one pass (FlashAttention's scheme): o =
+ * softmax(scale q k^T, causal) v for q, k, v and o [B, T, hd] (B: batch
+ * times heads), row i seeing keys j <= i. The probabilities are never
+ * stored: lse [B, T] receives each row's log-sum-exp of its scaled
+ * scores, from which ch_attention_backward rebuilds them. f32 only; o and
+ * lse may not overlap the inputs. The host runs it tiled (64 queries by
+ * 64 keys, the masked tiles skipped, each [B] matrix on one thread: the
+ * same bits for any thread count); the OpenCL and CUDA backends have no
+ * kernel for it and run it on the host (ch_fallback_get), so on them the
+ * GPT keeps ch_gemm_batched and ch_softmax. */
+CH_API ch_status ch_attention(ch_tensor *o, ch_tensor *lse, const ch_tensor *q, const ch_tensor *k,
+                              const ch_tensor *v, float scale);
+/* Its gradients: dq, dk and dv (written, not added to) from dout, the
+ * forward's inputs, its o and lse, and the same scale. */
+CH_API ch_status ch_attention_backward(ch_tensor *dq, ch_tensor *dk, ch_tensor *dv,
+                                       const ch_tensor *dout, const ch_tensor *q,
+                                       const ch_tensor *k, const ch_tensor *v, const ch_tensor *o,
+                                       const ch_tensor *lse, float scale);
+
 /* ---- Embedding ------------------------------------------------------------ */
 
 /* y[i, :] = table[idx[i], :]: table [V, D] f32, idx i32 of N elements (any
