@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include "refgemm.h"
 
 /* The models' shapes: the resnet's depth, the gpt's configuration. */
@@ -501,6 +502,12 @@ int main(int argc, char **argv)
             uint64_t peak = 0;
             double rate = train_rate(models[mi], &sh, devs[d], batch, steps, &peak);
             double peak_mib = (double)peak / (1024.0 * 1024.0);
+            /* The process's peak resident memory so far (Linux: KiB), read
+             * before the GEMM share's own operands are made: what the
+             * training took, libraries included, as bench_train.py reads
+             * PyTorch's. */
+            struct rusage ru;
+            double rss_mib = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : -1;
             const char *id = ch_device_id(devs[d]);
             double share = -1, bound = -1;
 #ifdef HAVE_REF_GEMM
@@ -519,7 +526,10 @@ int main(int argc, char **argv)
                     printf(",\"gemm_bound_samples_per_s\":%.1f,\"gemm_share\":%.3f", bound, share);
                 if (precision != CH_F32)
                     printf(",\"precision\":\"%s\"", ch_dtype_name(precision));
-                printf(",\"peak_bytes\":%llu}", (unsigned long long)peak);
+                printf(",\"peak_bytes\":%llu", (unsigned long long)peak);
+                if (rss_mib >= 0)
+                    printf(",\"max_rss_mib\":%.1f", rss_mib);
+                printf("}");
             } else {
                 if (gpt)
                     printf("%-10s %-6s %6d %14.1f %14.1f %10.1f\n", id, models[mi], batch, rate,

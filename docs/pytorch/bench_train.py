@@ -27,14 +27,16 @@ in a fresh process with the same thread count, --rounds times (PyTorch
 first in every other round), and prints
 for each model the median of the per-round medians, their spread and the
 speed ratio ours / PyTorch's, and each side's peak resident memory (the
-child process's ru_maxrss from wait4: the whole process, libraries
-included, measured the same way on both sides). Interleaving matters on a
+process's ru_maxrss read by itself after its training, before bench-train
+times the GEMMs alone: the whole process, libraries included, measured
+the same way on both sides). Interleaving matters on a
 shared machine: absolute rates drift by 2x within minutes, the ratio
 within a round much less.
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -100,6 +102,9 @@ def measure_row(kind, args):
         row["attention"] = args.attention
     if args.precision != "f32":
         row["precision"] = args.precision
+    # The process's peak resident memory after the training (Linux: KiB),
+    # as bench-train reads its own.
+    row["max_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
     row.update(threads=torch.get_num_threads(), torch=torch.__version__)
     return row
 
@@ -162,7 +167,11 @@ def compare(args):
         # the machine during a round favours neither side.
         for side in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
             rows, peak = run_json(ours_cmd if side == "ours" else theirs_cmd, env)
-            rss[side].append(peak)
+            # The peak each side read after its training (before bench-train
+            # times the GEMMs alone on operands of their own), else the
+            # whole run's.
+            rss[side].append(max((row.get("max_rss_mib", 0) for row in rows), default=0)
+                             or peak)
             for row in rows:
                 if row["model"] not in args.models:
                     continue
