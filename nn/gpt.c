@@ -220,8 +220,8 @@ static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)
 /* Whether attention runs fused (ch_attention: no [T, T] probabilities
  * stored): on the host backend, which has the kernel (elsewhere the
  * composed ops are the device's own), in f32, without attention dropout,
- * unless CHORUS_FUSED_ATTENTION=0. Forward and backward agree: nothing it
- * reads changes between them. */
+ * unless CHORUS_FUSED_ATTENTION=0. Forward decides (m->fused); backward
+ * follows it. */
 static int attn_fused(const ch_module *m)
 {
     if (m->precision != CH_F32 || dropping(m))
@@ -249,7 +249,8 @@ static ch_status attn_core(ch_module *m, const attn_dims *a)
 {
     int64_t bh = a->b * a->h, att[3] = {bh, a->t, a->t}, o[3] = {bh, a->t, a->hd};
     TRY(ensure(m, AT_O, 3, o));
-    if (attn_fused(m)) {
+    m->fused = attn_fused(m);
+    if (m->fused) {
         int64_t rows[2] = {bh, a->t};
         TRY(ensure(m, AT_LSE, 2, rows));
         ch_tensor *qkv[3] = {NULL, NULL, NULL};
@@ -317,7 +318,7 @@ static ch_status attn_core_backward(ch_module *m, const ch_tensor *doy, const at
     TRY(ensure(m, AT_DO, 3, o));
     TRY(ensure(m, AT_DQKV, 5, qkv5));
     TRY(permute_as(m->tmp[AT_DO], 4, bhtd, doy, 4, bthd, split_heads));
-    if (attn_fused(m)) {
+    if (m->fused) {
         ch_tensor *qkv[3] = {NULL, NULL, NULL}, *d[3] = {NULL, NULL, NULL};
         ch_status st = parts(qkv, m->tmp[AT_QKV], a);
         if (st == CH_OK)

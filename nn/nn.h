@@ -90,6 +90,7 @@ struct ch_module {
     float p;                 /* dropout (attention: both of its dropouts) */
     float eps, momentum;     /* norms */
     int heads;               /* attention */
+    int fused;               /* attention: its last forward ran ch_attention */
     int64_t positions;       /* GPT embedding: the context length */
     nn_init init;
     float init_std;

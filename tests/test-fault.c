@@ -236,6 +236,73 @@ static void model_teardown(void *ctx)
     c->m = NULL;
 }
 
+/* ---- Fused attention on the host ------------------------------------------------- */
+
+/* ch_attention and its backward over 3 matrices [70, 8] (two tiles of
+ * queries): its tiles are the one allocation of its own. */
+enum {
+    ATT_B = 3,
+    ATT_T = 70,
+    ATT_HD = 8
+};
+
+typedef struct attn_ctx {
+    ch_tensor *t[9]; /* q, k, v, dout, o, lse, dq, dk, dv */
+} attn_ctx;
+
+static void attn_setup(void *ctx)
+{
+    attn_ctx *c = ctx;
+    int64_t shape[3] = {ATT_B, ATT_T, ATT_HD};
+    for (int i = 0; i < 9; i++) {
+        c->t[i] = NULL;
+        if (ch_tensor_new(&c->t[i], host, CH_F32, i == 5 ? 2 : 3, shape) == CH_OK && i < 4)
+            ch_rand_normal(c->t[i], 11, (uint64_t)i * 4096, 0.0f, 1.0f);
+    }
+}
+
+static ch_status attn_run(void *ctx)
+{
+    attn_ctx *c = ctx;
+    ch_tensor **t = c->t;
+    float scale = 0.35f;
+    ch_status st = ch_attention(t[4], t[5], t[0], t[1], t[2], scale);
+    if (st == CH_OK)
+        st = ch_attention_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[2], t[4], t[5], scale);
+    return st;
+}
+
+/* Usable: the same calls succeed afterwards, with finite results. */
+static int attn_after(void *ctx, ch_status st, char *why, size_t cap)
+{
+    (void)st;
+    attn_ctx *c = ctx;
+    if (attn_run(ctx) != CH_OK) {
+        snprintf(why, cap, "ch_attention afterwards: %s", ch_last_error());
+        return 1;
+    }
+    static float dq[ATT_B * ATT_T * ATT_HD];
+    if (ch_tensor_download(c->t[6], dq, sizeof dq) != CH_OK) {
+        snprintf(why, cap, "dq: %s", ch_last_error());
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof dq / sizeof dq[0]; i++)
+        if (!isfinite(dq[i])) {
+            snprintf(why, cap, "dq[%zu] is %g", i, dq[i]);
+            return 1;
+        }
+    return 0;
+}
+
+static void attn_teardown(void *ctx)
+{
+    attn_ctx *c = ctx;
+    for (int i = 0; i < 9; i++) {
+        ch_tensor_free(c->t[i]);
+        c->t[i] = NULL;
+    }
+}
+
 /* ---- One training step on one device ---------------------------------------- */
 
 static float images[BATCH * 784];
@@ -745,6 +812,11 @@ int main(void)
         walk(&(walk_ops){name[2], step_setup, step_run, step_after, step_teardown}, &h,
              CHI_FAULT_ALLOC, 0);
     }
+
+    attn_ctx a;
+    walk(&(walk_ops){"ch_attention and its backward on host", attn_setup, attn_run, attn_after,
+                     attn_teardown},
+         &a, CHI_FAULT_ALLOC, 0);
 
     if (ocl0 && ocl1) {
         dp_ctx d = {.devs = {host, ocl0, ocl1}};

@@ -130,16 +130,8 @@ def measure(args):
 
 
 def run_json(cmd, env):
-    """The rows a run prints (its last line) and its peak resident memory
-    in MiB (wait4's ru_maxrss, in KiB on Linux)."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    out = proc.stdout.read()
-    proc.stdout.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        sys.exit(f"bench_train: {' '.join(cmd)} exited with {proc.returncode}")
-    return json.loads(out.strip().splitlines()[-1]), usage.ru_maxrss / 1024.0
+    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def model_options(kind, args):
@@ -166,12 +158,10 @@ def compare(args):
         # ABBA: every other round PyTorch goes first, so that a drift of
         # the machine during a round favours neither side.
         for side in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
-            rows, peak = run_json(ours_cmd if side == "ours" else theirs_cmd, env)
+            rows = run_json(ours_cmd if side == "ours" else theirs_cmd, env)
             # The peak each side read after its training (before bench-train
-            # times the GEMMs alone on operands of their own), else the
-            # whole run's.
-            rss[side].append(max((row.get("max_rss_mib", 0) for row in rows), default=0)
-                             or peak)
+            # times the GEMMs alone on operands of their own).
+            rss[side].append(max((row.get("max_rss_mib", 0) for row in rows), default=0))
             for row in rows:
                 if row["model"] not in args.models:
                     continue
