@@ -39,9 +39,10 @@ extern "C" {
 
 /* Changes whenever the table below, an enum a slot takes or what a module
  * must tell the core changes (12: the workspace and staging it allocates
- * itself, chi_workspace_reserve; 13: the attention slots): a module of
+ * itself, chi_workspace_reserve; 13: the attention slots; 14: their
+ * layout arguments, ch_attention_packed): a module of
  * another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 13
+#define CH_BACKEND_ABI_VERSION 14
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -246,13 +247,17 @@ typedef struct ch_conv_geom {
         int64_t rows_per_matrix, ch_bmem y, ch_bmem x))                                            \
     X(OP, OP, ch_status, softmax_backward, (void *stream, int64_t rows, int64_t s, ch_bmem dx,     \
         ch_bmem dy, ch_bmem y))                                                                    \
-    /* q, k, v, o [b, t, hd], lse [b, t]: causal attention (ch_attention)                          \
-     * and its backward (dq, dk, dv written), f32 */                                               \
-    X(OP, OP, ch_status, attention, (void *stream, int64_t b, int64_t t, int64_t hd, float scale,  \
-        ch_bmem o, ch_bmem lse, ch_bmem q, ch_bmem k, ch_bmem v))                                  \
-    X(OP, OP, ch_status, attention_backward, (void *stream, int64_t b, int64_t t, int64_t hd,      \
-        float scale, ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem dout, ch_bmem q, ch_bmem k,       \
-        ch_bmem v, ch_bmem o, ch_bmem lse))                                                        \
+    /* causal attention (ch_attention, ch_attention_packed) over b * heads                        \
+     * matrices [t, hd], f32: matrix (n, h) starts at row n * t, column                          \
+     * h * hd of q, k, v (and dq, dk, dv), whose rows are ld floats apart,                       \
+     * and of o (and dout), rows ldo apart; lse [b * heads, t]. Its                               \
+     * backward writes dq, dk and dv (the rows' other columns untouched) */                       \
+    X(OP, OP, ch_status, attention, (void *stream, int64_t b, int64_t heads, int64_t t,            \
+        int64_t hd, float scale, ch_bmem o, int64_t ldo, ch_bmem lse, ch_bmem q, ch_bmem k,        \
+        ch_bmem v, int64_t ld))                                                                    \
+    X(OP, OP, ch_status, attention_backward, (void *stream, int64_t b, int64_t heads, int64_t t,   \
+        int64_t hd, float scale, ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem q, ch_bmem k,         \
+        ch_bmem v, int64_t ld, ch_bmem dout, ch_bmem o, int64_t ldo, ch_bmem lse))                 \
     /* idx i32 [n]; the first index outside [0, v) is reported with                                \
      * chi_bad_index (like chi_bad_label, and as late), its row of y set to 0 */                   \
     X(OP, OP, ch_status, embedding, (void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,     \

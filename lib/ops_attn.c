@@ -237,8 +237,9 @@ ch_status ch_attention(ch_tensor *o, ch_tensor *lse, const ch_tensor *q, const c
     SLOT_OR_HOST(fn, o, attention,
                  ch_attention(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4], scale),
                  FB_OUT(o), FB_OUT(lse), FB_IN(q), FB_IN(k), FB_IN(v));
-    return BE(o)->attention(STREAM(o), q->shape[0], q->shape[1], q->shape[2], scale, chi_mem(o),
-                            chi_mem(lse), chi_mem(q), chi_mem(k), chi_mem(v));
+    int64_t hd = q->shape[2];
+    return BE(o)->attention(STREAM(o), q->shape[0], 1, q->shape[1], hd, scale, chi_mem(o), hd,
+                            chi_mem(lse), chi_mem(q), chi_mem(k), chi_mem(v), hd);
 }
 
 ch_status ch_attention_backward(ch_tensor *dq, ch_tensor *dk, ch_tensor *dv, const ch_tensor *dout,
@@ -268,9 +269,103 @@ ch_status ch_attention_backward(ch_tensor *dq, ch_tensor *dk, ch_tensor *dv, con
                                        on_host[5], on_host[6], on_host[7], on_host[8], scale),
                  FB_OUT(dq), FB_OUT(dk), FB_OUT(dv), FB_IN(dout), FB_IN(q), FB_IN(k), FB_IN(v),
                  FB_IN(o), FB_IN(lse));
-    return BE(dq)->attention_backward(STREAM(dq), q->shape[0], q->shape[1], q->shape[2], scale,
-                                      chi_mem(dq), chi_mem(dk), chi_mem(dv), chi_mem(dout),
-                                      chi_mem(q), chi_mem(k), chi_mem(v), chi_mem(o), chi_mem(lse));
+    int64_t hd = q->shape[2];
+    return BE(dq)->attention_backward(STREAM(dq), q->shape[0], 1, q->shape[1], hd, scale,
+                                      chi_mem(dq), chi_mem(dk), chi_mem(dv), chi_mem(q), chi_mem(k),
+                                      chi_mem(v), hd, chi_mem(dout), chi_mem(o), hd, chi_mem(lse));
+}
+
+/* qkv [B, T, 3 D] (D = heads * hd) and each of names[] [B, T, D], lse
+ * [B, heads, T]; *hd set. */
+static ch_status check_packed(const char *fn, const ch_tensor *qkv, const ch_tensor *lse,
+                              const ch_tensor *const *t, const char *const *names, int n, int heads,
+                              int64_t *hd)
+{
+    TRY(check_3d(fn, "qkv", qkv));
+    int64_t b = qkv->shape[0], tt = qkv->shape[1], d = qkv->shape[2] / 3;
+    if (heads < 1 || qkv->shape[2] % 3 != 0 || d % heads != 0)
+        return chi_error(heads < 1 ? CH_ERR_INVALID_ARGUMENT : CH_ERR_SHAPE,
+                         "%s: qkv's last dimension %lld and %d heads: expected heads >= 1 and "
+                         "3 * heads * hd",
+                         fn, (long long)qkv->shape[2], heads);
+    for (int i = 0; i < n; i++)
+        if (t[i]->ndim != 3 || t[i]->shape[0] != b || t[i]->shape[1] != tt || t[i]->shape[2] != d)
+            return chi_error(CH_ERR_SHAPE,
+                             "%s: %s has %d dimensions (%lld, ...), expected "
+                             "[%lld, %lld, %lld] ([B, T, D] of qkv [B, T, 3 D])",
+                             fn, names[i], t[i]->ndim, (long long)t[i]->shape[0], (long long)b,
+                             (long long)tt, (long long)d);
+    if (lse->ndim != 3 || lse->shape[0] != b || lse->shape[1] != heads || lse->shape[2] != tt)
+        return chi_error(CH_ERR_SHAPE,
+                         "%s: lse has %d dimensions (%lld, ...), expected [%lld, "
+                         "%d, %lld] ([B, heads, T])",
+                         fn, lse->ndim, (long long)lse->shape[0], (long long)b, heads,
+                         (long long)tt);
+    *hd = d / heads;
+    return CH_OK;
+}
+
+/* Part i (0 q, 1 k, 2 v) of a packed [B, T, 3 D] tensor: its start. */
+static ch_bmem packed_part(const ch_tensor *qkv, int i)
+{
+    ch_bmem m = chi_mem(qkv);
+    m.off += (size_t)(i * (qkv->shape[2] / 3)) * sizeof(float);
+    return m;
+}
+
+ch_status ch_attention_packed(ch_tensor *o, ch_tensor *lse, const ch_tensor *qkv, int heads,
+                              float scale)
+{
+    static const char fn[] = "ch_attention_packed";
+    arg a[] = {{"o", o, CH_F32, 0}, {"lse", lse, CH_F32, 0}, {"qkv", qkv, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    int64_t hd;
+    const ch_tensor *t[] = {o};
+    static const char *const names[] = {"o"};
+    TRY(check_packed(fn, qkv, lse, t, names, 1, heads, &hd));
+    TRY(check_finite(fn, "scale", scale));
+    TRY(no_alias(fn, "o", o, "qkv", qkv));
+    TRY(no_alias(fn, "lse", lse, "qkv", qkv));
+    TRY(no_alias(fn, "o", o, "lse", lse));
+    SLOT_OR_HOST(fn, o, attention,
+                 ch_attention_packed(on_host[0], on_host[1], on_host[2], heads, scale), FB_OUT(o),
+                 FB_OUT(lse), FB_IN(qkv));
+    int64_t d = o->shape[2];
+    return BE(o)->attention(STREAM(o), qkv->shape[0], heads, qkv->shape[1], hd, scale, chi_mem(o),
+                            d, chi_mem(lse), packed_part(qkv, 0), packed_part(qkv, 1),
+                            packed_part(qkv, 2), 3 * d);
+}
+
+ch_status ch_attention_packed_backward(ch_tensor *dqkv, const ch_tensor *dout, const ch_tensor *qkv,
+                                       const ch_tensor *o, const ch_tensor *lse, int heads,
+                                       float scale)
+{
+    static const char fn[] = "ch_attention_packed_backward";
+    arg a[] = {{"dqkv", dqkv, CH_F32, 0},
+               {"dout", dout, CH_F32, 0},
+               {"qkv", qkv, CH_F32, 0},
+               {"o", o, CH_F32, 0},
+               {"lse", lse, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    int64_t hd;
+    const ch_tensor *t[] = {o, dout};
+    static const char *const names[] = {"o", "dout"};
+    TRY(check_packed(fn, qkv, lse, t, names, 2, heads, &hd));
+    TRY(same_shape(fn, "dqkv", dqkv, "qkv", qkv));
+    TRY(check_finite(fn, "scale", scale));
+    const ch_tensor *in[] = {qkv, o, dout, lse};
+    static const char *const in_names[] = {"qkv", "o", "dout", "lse"};
+    for (int i = 0; i < 4; i++)
+        TRY(no_alias(fn, "dqkv", dqkv, in_names[i], in[i]));
+    SLOT_OR_HOST(fn, dqkv, attention_backward,
+                 ch_attention_packed_backward(on_host[0], on_host[1], on_host[2], on_host[3],
+                                              on_host[4], heads, scale),
+                 FB_OUT(dqkv), FB_IN(dout), FB_IN(qkv), FB_IN(o), FB_IN(lse));
+    int64_t d = o->shape[2];
+    return BE(dqkv)->attention_backward(
+        STREAM(dqkv), qkv->shape[0], heads, qkv->shape[1], hd, scale, packed_part(dqkv, 0),
+        packed_part(dqkv, 1), packed_part(dqkv, 2), packed_part(qkv, 0), packed_part(qkv, 1),
+        packed_part(qkv, 2), 3 * d, chi_mem(dout), chi_mem(o), d, chi_mem(lse));
 }
 
 /* ---- Embedding ----------------------------------------------------------------- */

@@ -152,7 +152,7 @@ enum {
     AT_AH,    /* the probabilities A (after dropout) */
     AT_DOH,   /* AT_DO */
     AT_DAH,   /* dS, softmax's input gradient */
-    AT_LSE    /* [B*H, T]: fused attention's row log-sum-exps (ch_attention) */
+    AT_LSE    /* [B, H, T]: fused attention's row log-sum-exps (ch_attention_packed) */
 };
 
 typedef struct attn_dims {
@@ -217,8 +217,9 @@ static ch_status attn_dims_of(const ch_module *m, const ch_tensor *x, attn_dims 
 
 static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)a->hd)); }
 
-/* Whether attention runs fused (ch_attention: no [T, T] probabilities
- * stored): on the host backend, which has the kernel (elsewhere the
+/* Whether attention runs fused (ch_attention_packed: no [T, T]
+ * probabilities stored, q, k and v read in c_attn's output): on the host
+ * backend, which has the kernel (elsewhere the
  * composed ops are the device's own), in f32, without attention dropout,
  * unless CHORUS_FUSED_ATTENTION=0. Forward decides (m->fused); backward
  * follows it. */
@@ -242,25 +243,13 @@ static ch_status attn_join(ch_module *m, const attn_dims *a)
     return permute_as(m->tmp[AT_OY], 4, bthd, m->tmp[AT_O], 4, bhtd, join);
 }
 
-/* Attention core forward: AT_QKV holds q, k, v; leaves AT_OY. In mixed
- * precision both products take half inputs (q, k, v and A rounded) and sum
- * in f32; the scores, softmax and A stay f32. */
+/* Attention core forward, composed: AT_QKV holds q, k, v; leaves AT_OY. In
+ * mixed precision both products take half inputs (q, k, v and A rounded)
+ * and sum in f32; the scores, softmax and A stay f32. */
 static ch_status attn_core(ch_module *m, const attn_dims *a)
 {
     int64_t bh = a->b * a->h, att[3] = {bh, a->t, a->t}, o[3] = {bh, a->t, a->hd};
     TRY(ensure(m, AT_O, 3, o));
-    m->fused = attn_fused(m);
-    if (m->fused) {
-        int64_t rows[2] = {bh, a->t};
-        TRY(ensure(m, AT_LSE, 2, rows));
-        ch_tensor *qkv[3] = {NULL, NULL, NULL};
-        ch_status st = parts(qkv, m->tmp[AT_QKV], a);
-        if (st == CH_OK)
-            st = ch_attention(m->tmp[AT_O], m->tmp[AT_LSE], qkv[0], qkv[1], qkv[2], attn_scale(a));
-        free_parts(qkv);
-        TRY(st);
-        return attn_join(m, a);
-    }
     TRY(ensure(m, AT_P, 3, att));
     const ch_tensor *rounded;
     TRY(nn_half(&m->tmp[AT_QKVH], m, m->tmp[AT_QKV], &rounded));
@@ -294,11 +283,22 @@ static ch_status attn_forward(ch_module *m, const ch_tensor *x)
     TRY(attn_dims_of(m, x, &a));
     ch_module *c_attn = m->child[0], *c_proj = m->child[1];
     TRY(nn_forward(c_attn, x));
-    int64_t qkv5[5] = {3, a.b, a.h, a.t, a.hd}, bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
-    static const int split[5] = {2, 0, 3, 1, 4};
-    TRY(ensure(m, AT_QKV, 5, qkv5));
-    TRY(permute_as(m->tmp[AT_QKV], 5, qkv5, c_attn->y, 5, bt3hd, split));
-    TRY(attn_core(m, &a));
+    m->fused = attn_fused(m);
+    if (m->fused) {
+        /* q, k and v read where c_attn wrote them, o written where c_proj
+         * reads it */
+        int64_t oy[3] = {a.b, a.t, a.d}, rows[3] = {a.b, a.h, a.t};
+        TRY(ensure(m, AT_OY, 3, oy));
+        TRY(ensure(m, AT_LSE, 3, rows));
+        TRY(ch_attention_packed(m->tmp[AT_OY], m->tmp[AT_LSE], c_attn->y, (int)a.h,
+                                attn_scale(&a)));
+    } else {
+        int64_t qkv5[5] = {3, a.b, a.h, a.t, a.hd}, bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
+        static const int split[5] = {2, 0, 3, 1, 4};
+        TRY(ensure(m, AT_QKV, 5, qkv5));
+        TRY(permute_as(m->tmp[AT_QKV], 5, qkv5, c_attn->y, 5, bt3hd, split));
+        TRY(attn_core(m, &a));
+    }
     TRY(nn_forward(c_proj, m->tmp[AT_OY]));
     if (dropping(m))
         TRY(dropout_in_place(m, c_proj->y, &m->tmp[AT_RMASK], a.b, SALT_RESID));
@@ -318,18 +318,6 @@ static ch_status attn_core_backward(ch_module *m, const ch_tensor *doy, const at
     TRY(ensure(m, AT_DO, 3, o));
     TRY(ensure(m, AT_DQKV, 5, qkv5));
     TRY(permute_as(m->tmp[AT_DO], 4, bhtd, doy, 4, bthd, split_heads));
-    if (m->fused) {
-        ch_tensor *qkv[3] = {NULL, NULL, NULL}, *d[3] = {NULL, NULL, NULL};
-        ch_status st = parts(qkv, m->tmp[AT_QKV], a);
-        if (st == CH_OK)
-            st = parts(d, m->tmp[AT_DQKV], a);
-        if (st == CH_OK)
-            st = ch_attention_backward(d[0], d[1], d[2], m->tmp[AT_DO], qkv[0], qkv[1], qkv[2],
-                                       m->tmp[AT_O], m->tmp[AT_LSE], attn_scale(a));
-        free_parts(qkv);
-        free_parts(d);
-        return st;
-    }
     TRY(ensure(m, AT_DA, 3, att));
     const ch_tensor *prob = half ? m->tmp[AT_AH] : dropping(m) ? m->tmp[AT_A] : m->tmp[AT_P];
     const ch_tensor *dout, *ds;
@@ -369,12 +357,17 @@ static ch_status attn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         dy = m->tmp[AT_DPROJ];
     }
     TRY(nn_backward(c_proj, dy, 1));
-    TRY(attn_core_backward(m, c_proj->dx, &a));
-    int64_t bt3d[3] = {a.b, a.t, 3 * a.d}, qkv5[5] = {3, a.b, a.h, a.t, a.hd},
-            bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
-    static const int join[5] = {1, 3, 0, 2, 4};
+    int64_t bt3d[3] = {a.b, a.t, 3 * a.d};
     TRY(ensure(m, AT_DX5, 3, bt3d));
-    TRY(permute_as(m->tmp[AT_DX5], 5, bt3hd, m->tmp[AT_DQKV], 5, qkv5, join));
+    if (m->fused) {
+        TRY(ch_attention_packed_backward(m->tmp[AT_DX5], c_proj->dx, c_attn->y, m->tmp[AT_OY],
+                                         m->tmp[AT_LSE], (int)a.h, attn_scale(&a)));
+    } else {
+        int64_t qkv5[5] = {3, a.b, a.h, a.t, a.hd}, bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
+        static const int join[5] = {1, 3, 0, 2, 4};
+        TRY(attn_core_backward(m, c_proj->dx, &a));
+        TRY(permute_as(m->tmp[AT_DX5], 5, bt3hd, m->tmp[AT_DQKV], 5, qkv5, join));
+    }
     TRY(nn_backward(c_attn, m->tmp[AT_DX5], want_dx));
     return want_dx ? nn_view_of(&m->dx, c_attn->dx) : CH_OK;
 }

@@ -239,7 +239,8 @@ static void model_teardown(void *ctx)
 /* ---- Fused attention on the host ------------------------------------------------- */
 
 /* ch_attention and its backward over 3 matrices [70, 8] (two tiles of
- * queries): its tiles are the one allocation of its own. */
+ * queries), then ch_attention_packed and its backward on part of the same
+ * memory: their tiles are the one allocation of their own. */
 enum {
     ATT_B = 3,
     ATT_T = 70,
@@ -269,6 +270,34 @@ static ch_status attn_run(void *ctx)
     ch_status st = ch_attention(t[4], t[5], t[0], t[1], t[2], scale);
     if (st == CH_OK)
         st = ch_attention_backward(t[6], t[7], t[8], t[3], t[0], t[1], t[2], t[4], t[5], scale);
+    /* The packed layout on the same memory seen as [1, 70, 24] (q, k
+     * and v of one head of 8 side by side) and o [1, 70, 8]. */
+    ch_tensor *qkv = NULL, *o = NULL, *lse = NULL, *dqkv = NULL, *g = NULL;
+    int64_t s3[3] = {1, ATT_T, 3 * ATT_HD}, sl[3] = {1, 1, ATT_T};
+    if (st == CH_OK)
+        st = ch_tensor_reshape(&qkv, t[0], 3, s3);
+    if (st == CH_OK)
+        st = ch_tensor_reshape(&dqkv, t[6], 3, s3);
+    if (st == CH_OK)
+        st = ch_tensor_view(&o, t[4], 0, 1);
+    if (st == CH_OK)
+        st = ch_tensor_view(&g, t[3], 0, 1);
+    if (st == CH_OK) {
+        ch_tensor *row = NULL;
+        st = ch_tensor_view(&row, t[5], 0, 1);
+        if (st == CH_OK)
+            st = ch_tensor_reshape(&lse, row, 3, sl);
+        ch_tensor_free(row);
+    }
+    if (st == CH_OK)
+        st = ch_attention_packed(o, lse, qkv, 1, scale);
+    if (st == CH_OK)
+        st = ch_attention_packed_backward(dqkv, g, qkv, o, lse, 1, scale);
+    ch_tensor_free(qkv);
+    ch_tensor_free(o);
+    ch_tensor_free(lse);
+    ch_tensor_free(dqkv);
+    ch_tensor_free(g);
     return st;
 }
 
@@ -814,8 +843,8 @@ int main(void)
     }
 
     attn_ctx a;
-    walk(&(walk_ops){"ch_attention and its backward on host", attn_setup, attn_run, attn_after,
-                     attn_teardown},
+    walk(&(walk_ops){"ch_attention, ch_attention_packed and their backwards on host", attn_setup,
+                     attn_run, attn_after, attn_teardown},
          &a, CHI_FAULT_ALLOC, 0);
 
     if (ocl0 && ocl1) {

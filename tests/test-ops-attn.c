@@ -548,6 +548,100 @@ static void test_attention(ch_device *dev, int64_t b, int64_t t, int64_t hd, flo
     tc_end_err(&c, fmax(err[0], fmax(err[1], err[2])), TOL_SUM);
 }
 
+/* x [b * heads, t, hd] (matrix (n, h) = n * heads + h) into part `part`
+ * of a packed [b, t, parts * heads * hd] (parts 3: qkv, 1: o or dout), or
+ * back (unpack). */
+static void pack_heads(float *packed, float *sep, int64_t b, int64_t heads, int64_t t, int64_t hd,
+                       int parts, int part, int unpack)
+{
+    int64_t d = heads * hd;
+    for (int64_t n = 0; n < b; n++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t r = 0; r < t; r++)
+                for (int64_t e = 0; e < hd; e++) {
+                    float *pk = packed + (n * t + r) * parts * d + part * d + h * hd + e;
+                    float *sp = sep + ((n * heads + h) * t + r) * hd + e;
+                    if (unpack)
+                        *sp = *pk;
+                    else
+                        *pk = *sp;
+                }
+}
+
+/* ch_attention_packed and its backward on qkv [b, t, 3 heads hd] against
+ * the reference on the heads taken apart, held as test_attention holds
+ * ch_attention (every element of dqkv written: it starts at 5 to 9); on
+ * the host also against ch_attention on the separate heads, bit for bit. */
+static void test_attention_packed(ch_device *dev, int64_t b, int64_t heads, int64_t t, int64_t hd,
+                                  float lo, float hi)
+{
+    tcase c;
+    tc_begin(&c, dev,
+             "attention_packed and its backward, qkv [%" PRId64 ", %" PRId64 ", 3 x %" PRId64
+             " x %" PRId64 "], q, k in [%g, %g)",
+             b, t, heads, hd, lo, hi);
+    int64_t bh = b * heads, n = bh * t * hd, d = heads * hd;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    float *sep[3] = {tc_random(&c, n, lo, hi), tc_random(&c, n, lo, hi), tc_random(&c, n, -1, 1)};
+    float *dout = tc_random(&c, n, -1, 1), *qkv = tc_random(&c, 3 * n, 0, 1),
+          *dpacked = tc_random(&c, n, 0, 1);
+    for (int i = 0; i < 3; i++)
+        pack_heads(qkv, sep[i], b, heads, t, hd, 3, i, 0);
+    pack_heads(dpacked, dout, b, heads, t, hd, 1, 0, 0);
+    ch_tensor *tqkv = tc_tensor(&c, CH_F32, SHAPE(b, t, 3 * d), qkv);
+    ch_tensor *tg = tc_tensor(&c, CH_F32, SHAPE(b, t, d), dpacked);
+    ch_tensor *to = tc_tensor(&c, CH_F32, SHAPE(b, t, d), tc_random(&c, n, 5, 9));
+    ch_tensor *tl = tc_tensor(&c, CH_F32, SHAPE(b, heads, t), tc_random(&c, bh * t, 5, 9));
+    ch_tensor *td = tc_tensor(&c, CH_F32, SHAPE(b, t, 3 * d), tc_random(&c, 3 * n, 5, 9));
+    TC(&c, ch_attention_packed(to, tl, tqkv, (int)heads, scale));
+    TC(&c, ch_attention_packed_backward(td, tg, tqkv, to, tl, (int)heads, scale));
+    attn_ref r = {tc_doubles(&c, n), tc_doubles(&c, n), tc_doubles(&c, bh * t),
+                  tc_doubles(&c, n), tc_doubles(&c, n), tc_doubles(&c, n)};
+    ref_attention(&r, sep[0], sep[1], sep[2], dout, bh, t, hd, scale, tc_doubles(&c, t * t),
+                  tc_doubles(&c, t));
+    float *o = tc_random(&c, n, 0, 1), *dsep[3];
+    pack_heads(tc_fetch(&c, to, n), o, b, heads, t, hd, 1, 0, 1);
+    const float *lse = tc_fetch(&c, tl, bh * t), *dqkv = tc_fetch(&c, td, 3 * n);
+    double err[3] = {ref_err(o, r.o, r.mag, n), 0.0, 0.0};
+    for (int64_t i = 0; i < bh * t; i++)
+        err[1] = fmax(err[1], fabs(lse[i] - r.lse[i]) / fmax(1.0, fabs(r.lse[i])));
+    double *want[3] = {r.dq, r.dk, r.dv};
+    for (int i = 0; i < 3; i++) {
+        dsep[i] = tc_random(&c, n, 0, 1);
+        pack_heads((float *)dqkv, dsep[i], b, heads, t, hd, 3, i, 1);
+        err[2] = fmax(err[2], ref_err_scaled(tc_widen(&c, dsep[i], n), want[i], n, 1e-6));
+    }
+    tap_diag("%s: o %.2e, lse %.2e, dqkv %.2e", ch_device_id(dev), err[0], err[1], err[2]);
+    if (strcmp(ch_device_id(dev), "host") == 0) {
+        /* The same kernel on the heads apart: the same bits. */
+        ch_tensor *ts[3], *tso = tc_tensor(&c, CH_F32, SHAPE(bh, t, hd), NULL),
+                          *tsl = tc_tensor(&c, CH_F32, SHAPE(bh, t), NULL), *tsd[3];
+        for (int i = 0; i < 3; i++) {
+            ts[i] = tc_tensor(&c, CH_F32, SHAPE(bh, t, hd), sep[i]);
+            tsd[i] = tc_tensor(&c, CH_F32, SHAPE(bh, t, hd), NULL);
+        }
+        ch_tensor *tsg = tc_tensor(&c, CH_F32, SHAPE(bh, t, hd), dout);
+        TC(&c, ch_attention(tso, tsl, ts[0], ts[1], ts[2], scale));
+        TC(&c, ch_attention_backward(tsd[0], tsd[1], tsd[2], tsg, ts[0], ts[1], ts[2], tso, tsl,
+                                     scale));
+        int64_t differ = 0;
+        const float *so = tc_fetch(&c, tso, n), *sl = tc_fetch(&c, tsl, bh * t);
+        for (int64_t i = 0; i < n; i++)
+            differ += memcmp(&so[i], &o[i], sizeof *o) != 0;
+        for (int64_t i = 0; i < bh * t; i++)
+            differ += memcmp(&sl[i], &lse[i], sizeof *lse) != 0;
+        for (int j = 0; j < 3; j++) {
+            const float *sd = tc_fetch(&c, tsd[j], n);
+            for (int64_t i = 0; i < n; i++)
+                differ += memcmp(&sd[i], &dsep[j][i], sizeof *sd) != 0;
+        }
+        tap_diag("host: %" PRId64 " values differ from ch_attention's on the heads apart", differ);
+        if (differ)
+            err[0] = INFINITY;
+    }
+    tc_end_err(&c, fmax(err[0], fmax(err[1], err[2])), TOL_SUM);
+}
+
 /* Whether ch_fallback_get lists `op` run on the host for dev. */
 static int fell_back(const ch_device *dev, const char *op)
 {
@@ -573,12 +667,16 @@ static void test_attentions(ch_device *dev)
     test_attention(dev, 1, 129, 64, -4, 4);
     if (!tc_small())
         test_attention(dev, 4, 256, 64, -1, 1);
+    test_attention_packed(dev, 1, 1, 1, 1, -1, 1);
+    test_attention_packed(dev, 2, 3, 5, 4, -1, 1);
+    test_attention_packed(dev, 2, 4, 70, 16, -2, 2);
+    test_attention_packed(dev, 1, 2, 129, 64, -4, 4);
     /* The host backend alone has the kernel; the others run it through
      * the host fallback, which says so through ch_fallback_get (main
      * quiets its note on stderr). */
     int host = strcmp(ch_device_id(dev), "host") == 0;
     tap_ok(fell_back(dev, "attention") == !host && fell_back(dev, "attention_backward") == !host,
-           "%s: ch_attention and its backward ran %s", ch_device_id(dev),
+           "%s: ch_attention, ch_attention_packed and their backwards ran %s", ch_device_id(dev),
            host ? "on the host backend's kernel (no fallback listed)"
                 : "through the host fallback (ch_fallback_get lists both)");
 }
@@ -1067,6 +1165,56 @@ static void bad_attention(ch_device *dev, const bad_args *a)
         tap_status_ok(ch_attention_backward(dq, dk, dv, q, q, q, q, o, a->y2, 0.5f),
                       "ch_attention_backward: dout = q = k = v allowed");
     }
+    /* The packed layout: qkv [2, 3, 12] is 2 heads of 2, o [2, 3, 4]. */
+    ch_tensor *p[3] = {NULL};
+    int64_t shapes[3][3] = {{2, 3, 12}, {2, 2, 3}, {2, 3, 12}};
+    for (int i = 0; i < 3 && st == CH_OK; i++) {
+        st = ch_tensor_new(&p[i], dev, CH_F32, 3, shapes[i]);
+        if (st == CH_OK)
+            st = ch_fill(p[i], 0.25);
+    }
+    if (tap_status_ok(st, "tensors for ch_attention_packed's argument checks")) {
+        ch_tensor *qkv = p[0], *lse = p[1], *dqkv = p[2], *o = t[0], *g = t[1];
+        REFUSED(ch_attention_packed(NULL, lse, qkv, 2, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention_packed: o is NULL", "ch_attention_packed: o NULL");
+        REFUSED(ch_attention_packed(o, lse, a->i3, 2, 1), CH_ERR_DTYPE,
+                "ch_attention_packed: qkv is i32", "ch_attention_packed: i32 qkv");
+        REFUSED(ch_attention_packed(o, lse, qkv, 0, 1), CH_ERR_INVALID_ARGUMENT,
+                "expected heads >= 1", "ch_attention_packed: 0 heads");
+        REFUSED(ch_attention_packed(o, lse, qkv, 3, 1), CH_ERR_SHAPE,
+                "expected heads >= 1 and 3 "
+                "* heads * hd",
+                "ch_attention_packed: 3 heads for qkv of 12");
+        REFUSED(ch_attention_packed(o, lse, a->b3, 1, 1), CH_ERR_SHAPE,
+                "ch_attention_packed: qkv's last dimension 4", "ch_attention_packed: qkv [2,3,4]");
+        REFUSED(ch_attention_packed(qkv, lse, dqkv, 2, 1), CH_ERR_SHAPE,
+                "ch_attention_packed: o has 3 dimensions (2, ...), expected [2, 3, 4]",
+                "ch_attention_packed: o [2,3,12]");
+        REFUSED(ch_attention_packed(o, a->y2, qkv, 2, 1), CH_ERR_SHAPE,
+                "ch_attention_packed: lse has 2 dimensions", "ch_attention_packed: lse [2,3]");
+        REFUSED(ch_attention_packed(o, lse, qkv, 2, NAN), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention_packed: scale is nan", "ch_attention_packed: scale NaN");
+        tap_status_ok(ch_attention_packed(o, lse, qkv, 2, 0.5f), "ch_attention_packed: valid");
+        REFUSED(ch_attention_packed_backward(NULL, g, qkv, o, lse, 2, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention_packed_backward: dqkv is NULL",
+                "ch_attention_packed_backward: dqkv NULL");
+        REFUSED(ch_attention_packed_backward(dqkv, g, qkv, o, lse, 3, 1), CH_ERR_SHAPE,
+                "expected heads >= 1 and 3 * heads * hd",
+                "ch_attention_packed_backward: 3 heads for qkv of 12");
+        REFUSED(ch_attention_packed_backward(dqkv, qkv, qkv, o, lse, 2, 1), CH_ERR_SHAPE,
+                "ch_attention_packed_backward: dout has 3 dimensions",
+                "ch_attention_packed_backward: dout [2,3,12]");
+        REFUSED(ch_attention_packed_backward(o, g, qkv, o, lse, 2, 1), CH_ERR_SHAPE,
+                "ch_attention_packed_backward: dqkv and qkv have different shapes",
+                "ch_attention_packed_backward: dqkv [2,3,4]");
+        REFUSED(ch_attention_packed_backward(qkv, g, qkv, o, lse, 2, 1), CH_ERR_INVALID_ARGUMENT,
+                "ch_attention_packed_backward: dqkv overlaps qkv",
+                "ch_attention_packed_backward: dqkv is qkv");
+        tap_status_ok(ch_attention_packed_backward(dqkv, g, qkv, o, lse, 2, 0.5f),
+                      "ch_attention_packed_backward: valid");
+    }
+    for (int i = 0; i < 3; i++)
+        ch_tensor_free(p[i]);
     for (int i = 0; i < 4; i++)
         ch_tensor_free(t[i]);
 }

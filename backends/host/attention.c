@@ -382,14 +382,22 @@ static void fa_row_update(float *s, int64_t w, int64_t nk, float *m, float *l, f
             acc[d] *= corr;
 }
 
-/* One call's arguments: b matrices [t, hd]; the backward's dq, dk, dv
- * and dout (NULL in forward). */
+/* One call's arguments: b * heads matrices [t, hd], matrix i = (n, h) at
+ * row n * t of its sample and column h * hd: q, k, v (and dq, dk, dv)
+ * rows ld floats apart, o (and dout) rows ldo apart, lse [b * heads, t];
+ * the backward's dq, dk, dv and dout are NULL in forward. */
 typedef struct fa_job {
-    int64_t t, hd;
+    int64_t t, hd, heads, ld, ldo;
     float scale;
     float *o, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dout;
 } fa_job;
+
+/* Matrix i's first element in a tensor of rows `ld` floats apart. */
+static int64_t fa_at(const fa_job *j, int64_t i, int64_t ld)
+{
+    return i / j->heads * j->t * ld + i % j->heads * j->hd;
+}
 
 typedef ch_status (*fa_fn)(fa_tiles *t, const fa_job *j, int64_t i);
 
@@ -423,9 +431,9 @@ static ch_status fa_each(const fa_job *job, int64_t b, fa_fn one)
 
 static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, int64_t i)
 {
-    int64_t tt = j->t, hd = j->hd, at = i * tt * hd;
+    int64_t tt = j->t, hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld);
     const float *q = j->q + at, *k = j->k + at, *v = j->v + at;
-    float *o = j->o + at, *lse = j->lse + i * tt;
+    float *o = j->o + fa_at(j, i, ldo), *lse = j->lse + i * tt;
     for (int64_t i0 = 0; i0 < tt; i0 += FA_Q) {
         int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
         for (int64_t r = 0; r < mq; r++) {
@@ -436,37 +444,41 @@ static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, int64_t i)
         /* Keys up to the tile's last query. */
         for (int64_t j0 = 0; j0 < i0 + mq; j0 += FA_K) {
             int64_t nk = i0 + mq - j0 < FA_K ? i0 + mq - j0 : FA_K;
-            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, j->scale, q + i0 * hd, hd, k + j0 * hd, hd,
+            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, j->scale, q + i0 * ld, ld, k + j0 * ld, ld,
                                      0.0f, t->s, FA_K));
             for (int64_t r = 0; r < mq; r++)
                 fa_row_update(t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r], &t->l[r],
                               t->acc + r * hd, hd);
-            TRY(chi_host_gemm_serial(0, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * hd, hd, 1.0f,
+            TRY(chi_host_gemm_serial(0, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * ld, ld, 1.0f,
                                      t->acc, hd));
         }
         for (int64_t r = 0; r < mq; r++) {
             float inv = 1.0f / t->l[r];
             for (int64_t d = 0; d < hd; d++)
-                o[(i0 + r) * hd + d] = t->acc[r * hd + d] * inv;
+                o[(i0 + r) * ldo + d] = t->acc[r * hd + d] * inv;
             lse[i0 + r] = t->m[r] + logf(t->l[r]);
         }
     }
     return CH_OK;
 }
 
-ch_status chi_host_attention(void *stream, int64_t b, int64_t t, int64_t hd, float scale, ch_bmem o,
-                             ch_bmem lse, ch_bmem q, ch_bmem k, ch_bmem v)
+ch_status chi_host_attention(void *stream, int64_t b, int64_t heads, int64_t t, int64_t hd,
+                             float scale, ch_bmem o, int64_t ldo, ch_bmem lse, ch_bmem q, ch_bmem k,
+                             ch_bmem v, int64_t ld)
 {
     (void)stream;
     fa_job job = {.t = t,
                   .hd = hd,
+                  .heads = heads,
+                  .ld = ld,
+                  .ldo = ldo,
                   .scale = scale,
                   .o = chi_host_f32(o),
                   .lse = chi_host_f32(lse),
                   .q = chi_host_f32(q),
                   .k = chi_host_f32(k),
                   .v = chi_host_f32(v)};
-    return fa_each(&job, b, fa_forward_one);
+    return fa_each(&job, b * heads, fa_forward_one);
 }
 
 /* Backward of one matrix: D = rowsum(dout * o); for each tile of keys and
@@ -475,15 +487,16 @@ ch_status chi_host_attention(void *stream, int64_t b, int64_t t, int64_t hd, flo
  * scale dS k, dk += scale dS^T q. */
 static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, int64_t i)
 {
-    int64_t tt = j->t, hd = j->hd, at = i * tt * hd;
-    const float *q = j->q + at, *k = j->k + at, *v = j->v + at, *dout = j->dout + at;
-    const float *o = j->o + at, *lse = j->lse + i * tt;
+    int64_t tt = j->t, hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld),
+            ato = fa_at(j, i, ldo);
+    const float *q = j->q + at, *k = j->k + at, *v = j->v + at, *dout = j->dout + ato;
+    const float *o = j->o + ato, *lse = j->lse + i * tt;
     float *dq = j->dq + at, *dk = j->dk + at, *dv = j->dv + at;
-    memset(dq, 0, (size_t)(tt * hd) * sizeof *dq);
-    memset(dk, 0, (size_t)(tt * hd) * sizeof *dk);
-    memset(dv, 0, (size_t)(tt * hd) * sizeof *dv);
     for (int64_t r = 0; r < tt; r++) {
-        const float *g = dout + r * hd, *y = o + r * hd;
+        memset(dq + r * ld, 0, (size_t)hd * sizeof *dq);
+        memset(dk + r * ld, 0, (size_t)hd * sizeof *dk);
+        memset(dv + r * ld, 0, (size_t)hd * sizeof *dv);
+        const float *g = dout + r * ldo, *y = o + r * ldo;
         float sum = 0.0f;
         for (int64_t c = 0; c < hd; c++)
             sum += g[c] * y[c];
@@ -494,7 +507,7 @@ static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, int64_t i)
         for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
             int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
             const float *d = t->d + i0;
-            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, j->scale, q + i0 * hd, hd, k + j0 * hd, hd,
+            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, j->scale, q + i0 * ld, ld, k + j0 * ld, ld,
                                      0.0f, t->s, FA_K));
             for (int64_t r = 0; r < mq; r++) {
                 float *p = t->s + r * FA_K, l = lse[i0 + r];
@@ -504,31 +517,35 @@ static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, int64_t i)
                 for (int64_t c = w; c < nk; c++)
                     p[c] = 0.0f;
             }
-            TRY(chi_host_gemm_serial(1, 0, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * hd, hd, 1.0f,
-                                     dv + j0 * hd, hd));
-            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, 1.0f, dout + i0 * hd, hd, v + j0 * hd, hd,
+            TRY(chi_host_gemm_serial(1, 0, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, 1.0f,
+                                     dv + j0 * ld, ld));
+            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, 1.0f, dout + i0 * ldo, ldo, v + j0 * ld, ld,
                                      0.0f, t->dp, FA_K));
             for (int64_t r = 0; r < mq; r++) {
                 float *p = t->s + r * FA_K, *dp = t->dp + r * FA_K;
                 for (int64_t c = 0; c < nk; c++)
                     p[c] = p[c] * (dp[c] - d[r]);
             }
-            TRY(chi_host_gemm_serial(0, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * hd, hd, 1.0f,
-                                     dq + i0 * hd, hd));
-            TRY(chi_host_gemm_serial(1, 0, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * hd, hd, 1.0f,
-                                     dk + j0 * hd, hd));
+            TRY(chi_host_gemm_serial(0, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * ld, ld, 1.0f,
+                                     dq + i0 * ld, ld));
+            TRY(chi_host_gemm_serial(1, 0, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * ld, ld, 1.0f,
+                                     dk + j0 * ld, ld));
         }
     }
     return CH_OK;
 }
 
-ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t t, int64_t hd, float scale,
-                                      ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem dout, ch_bmem q,
-                                      ch_bmem k, ch_bmem v, ch_bmem o, ch_bmem lse)
+ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t heads, int64_t t, int64_t hd,
+                                      float scale, ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem q,
+                                      ch_bmem k, ch_bmem v, int64_t ld, ch_bmem dout, ch_bmem o,
+                                      int64_t ldo, ch_bmem lse)
 {
     (void)stream;
     fa_job job = {.t = t,
                   .hd = hd,
+                  .heads = heads,
+                  .ld = ld,
+                  .ldo = ldo,
                   .scale = scale,
                   .o = chi_host_f32(o),
                   .lse = chi_host_f32(lse),
@@ -539,7 +556,7 @@ ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t t, int64_
                   .k = chi_host_f32(k),
                   .v = chi_host_f32(v),
                   .dout = chi_host_f32(dout)};
-    return fa_each(&job, b, fa_backward_one);
+    return fa_each(&job, b * heads, fa_backward_one);
 }
 
 /* ---- embedding ------------------------------------------------------------------- */

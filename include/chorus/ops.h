@@ -256,6 +256,18 @@ CH_API ch_status ch_attention_backward(ch_tensor *dq, ch_tensor *dk, ch_tensor *
                                        const ch_tensor *k, const ch_tensor *v, const ch_tensor *o,
                                        const ch_tensor *lse, float scale);
 
+/* The same on the layout one projection to q, k and v writes, heads apart
+ * without a permute: qkv [B, T, 3 D] holds each token's q, then k, then
+ * v, each `heads` heads of hd = D / heads side by side; o [B, T, D] gets
+ * the heads side by side (what the output projection reads) and lse [B,
+ * heads, T]. The results are ch_attention's on the heads taken apart, bit
+ * for bit on the host. The backward writes all of dqkv [B, T, 3 D]. */
+CH_API ch_status ch_attention_packed(ch_tensor *o, ch_tensor *lse, const ch_tensor *qkv, int heads,
+                                     float scale);
+CH_API ch_status ch_attention_packed_backward(ch_tensor *dqkv, const ch_tensor *dout,
+                                              const ch_tensor *qkv, const ch_tensor *o,
+                                              const ch_tensor *lse, int heads, float scale);
+
 /* ---- Embedding ------------------------------------------------------------ */
 
 /* y[i, :] = table[idx[i], :]: table [V, D] f32, idx i32 of N elements (any
