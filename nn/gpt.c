@@ -367,9 +367,20 @@ static ch_status attn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         static const int join[5] = {1, 3, 0, 2, 4};
         TRY(attn_core_backward(m, c_proj->dx, &a));
         TRY(permute_as(m->tmp[AT_DX5], 5, bt3hd, m->tmp[AT_DQKV], 5, qkv5, join));
+        static const int spent[] = {AT_DO, AT_DA, AT_DQKV, AT_DOH, AT_DAH};
+        for (size_t i = 0; i < sizeof spent / sizeof spent[0]; i++)
+            nn_release(&m->tmp[spent[i]]);
     }
+    /* The gradients of the pass, read: back to the allocator. */
+    nn_release(&c_proj->dx);
+    nn_release(&m->tmp[AT_DPROJ]);
     TRY(nn_backward(c_attn, m->tmp[AT_DX5], want_dx));
-    return want_dx ? nn_view_of(&m->dx, c_attn->dx) : CH_OK;
+    nn_release(&m->tmp[AT_DX5]);
+    if (!want_dx)
+        return CH_OK;
+    TRY(nn_view_of(&m->dx, c_attn->dx));
+    nn_release(&c_attn->dx);
+    return CH_OK;
 }
 
 /* ---- The GPT: logits = transformer(idx) @ wte^T --------------------------------- */
@@ -427,7 +438,10 @@ static ch_status gpt_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     ch_tensor_free(h);
     ch_tensor_free(dh);
     TRY(st);
-    return nn_backward(tr, m->tmp[0], 0);
+    nn_release(&m->tmp[3]);
+    TRY(nn_backward(tr, m->tmp[0], 0));
+    nn_release(&m->tmp[0]);
+    return CH_OK;
 }
 
 static const nn_ops embedding_ops = {"Embedding", embedding_forward, embedding_backward, CH_I32,

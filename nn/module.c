@@ -31,6 +31,12 @@ ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
     return ch_tensor_new(t, dev, dtype, ndim, shape);
 }
 
+void nn_release(ch_tensor **t)
+{
+    ch_tensor_free(*t);
+    *t = NULL;
+}
+
 ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape)
 {
     /* A reshape only reads the layout; the const is dropped for the API. */
@@ -439,16 +445,21 @@ static ch_status seq_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         TRY(on_device(&m->moved_grad[i], g, ch_tensor_device(c->y), &g));
         int need = want_dx || i > first;
         TRY(nn_backward(c, g, need));
+        if (i + 1 < m->nchild) /* the next child's input gradient is read */
+            nn_release(&m->child[i + 1]->dx);
         if (!need)
             return CH_OK;
         g = c->dx;
     }
-    /* dx on the input's device, as the caller expects. */
+    /* dx on the input's device, as the caller expects: a view, which
+     * keeps the first child's gradient when it is that. */
     if (m->nchild == 0 || !want_dx)
         return CH_OK;
     const ch_tensor *out = NULL;
     TRY(on_device(&m->moved_grad[m->nchild], g, ch_tensor_device(m->x), &out));
-    return nn_view_of(&m->dx, out);
+    TRY(nn_view_of(&m->dx, out));
+    nn_release(&m->child[0]->dx);
+    return CH_OK;
 }
 
 /* ---- Residual ----------------------------------------------------------------------
@@ -486,7 +497,10 @@ static ch_status residual_backward(ch_module *m, const ch_tensor *dy, int want_d
     int64_t shape[CH_MAX_DIMS];
     nn_shape(m->x, shape);
     TRY(nn_ensure(&m->dx, ch_tensor_device(m->x), CH_F32, ch_tensor_ndim(m->x), shape));
-    return ch_add(m->dx, m->child[0]->dx, m->nchild > 1 ? m->child[1]->dx : dy);
+    TRY(ch_add(m->dx, m->child[0]->dx, m->nchild > 1 ? m->child[1]->dx : dy));
+    for (int i = 0; i < m->nchild; i++)
+        nn_release(&m->child[i]->dx);
+    return CH_OK;
 }
 
 static const nn_ops seq_ops = {"Sequential", seq_forward, seq_backward, CH_F32, 1, NULL};

@@ -170,6 +170,12 @@ ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf);
  * get them that way before anything reads them. */
 void nn_drop_grads(ch_module *m);
 
+/* *t freed and NULL: a backward's buffer whose reader has run (a child's
+ * input gradient once the module before it went back through it). The
+ * block goes back to the device's caching allocator, where the next
+ * gradient of the pass finds it: the pass holds the gradients in flight,
+ * not one per module. A view of it (a container's dx) keeps the memory. */
+void nn_release(ch_tensor **t);
 /* (Re)allocate *t unless it already has this device, dtype and shape. */
 ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
                     const int64_t *shape);

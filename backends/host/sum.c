@@ -18,10 +18,11 @@
 #define LANES 8        /* independent accumulators inside a chunk */
 #define COL_BLOCK 64   /* outputs one task sums side by side (strided sums) */
 #define ROW_RUN 16     /* rows summed in float before a double add (bias_grad) */
-/* A Linear's bias gradient (bias_grad): up to ROW_BLOCK columns, a task
- * sums them down all rows; wider, a task sums PART_ROWS whole rows. 64
+/* A Linear's bias gradient (bias_grad): a task sums PART_ROWS whole rows,
+ * or, with that many rows or fewer, ROW_BLOCK columns down them. 64
  * columns (256 bytes) of rows 12 KiB apart (GPT-2's MLP) cost a TLB miss
- * per 256 bytes: 20 times slower than reading the rows along. */
+ * per 256 bytes: 20 times slower than reading the rows along; and 128
+ * columns (the small GPT's width) were one task for one thread. */
 #define ROW_BLOCK 256
 #define PART_ROWS 64
 
@@ -191,18 +192,18 @@ static ch_status bias_grad_by_rows(int64_t outer, int64_t c, float *pdb, const f
 }
 
 /* db[c] = beta db[c] + sum of dy[o, c, i]; beta == 0 does not read db.
- * A [outer, c] dy (Linear) wider than ROW_BLOCK goes by parts of rows
- * (bias_grad_by_rows); otherwise each task owns ROW_BLOCK channels and
- * walks dy in memory order, or one channel when each is a run of `inner`
- * elements (a convolution's 32 or 64 channels would otherwise be a single
- * task). */
+ * A [outer, c] dy (Linear) of more than PART_ROWS rows goes by parts of
+ * rows (bias_grad_by_rows); a shorter one by tasks of ROW_BLOCK channels
+ * walking dy in memory order; otherwise one channel a task, each a run of
+ * `inner` elements (a convolution's 32 or 64 channels would otherwise be
+ * a single task). */
 ch_status chi_host_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
                              ch_bmem db, ch_bmem dy, float beta)
 {
     (void)stream;
     float *pdb = chi_host_f32(db);
     const float *pdy = chi_host_f32(dy);
-    if (inner == 1 && c > ROW_BLOCK && outer > PART_ROWS)
+    if (inner == 1 && outer > PART_ROWS)
         return bias_grad_by_rows(outer, c, pdb, pdy, beta);
     int64_t block = inner == 1 ? ROW_BLOCK : 1, blocks = (c + block - 1) / block;
     CHI_OMP(omp parallel for if (outer * c * inner > CHI_HOST_PAR_MIN))
