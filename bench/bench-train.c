@@ -4,7 +4,9 @@
  * allow at the host GEMM library's speed (the same shapes as the host runs
  * them, timed with oneDNN's or OpenBLAS's sgemm in the same run: the convolutions one sample at a time
  * and attention's small matrices shared out among the threads, each GEMM on
- * one) against the measured rate.
+ * one) against the measured rate. With --precision the same GEMMs with
+ * half inputs and f32 outputs (oneDNN's matmul, as the host's gemm_half
+ * runs them), for the mlp and the gpt.
  *
  * The data are random images or tokens in device memory: this measures the
  * training step (forward, loss, backward, optimizer), not the loader. Each
@@ -370,6 +372,71 @@ static double gemm_seconds(const char *model, const shapes *sh, int batch, int r
 }
 #endif
 
+#ifdef HAVE_REF_GEMM_HALF
+/* The same for mixed precision: the step's GEMMs with inputs in the half
+ * format `dt` and f32 outputs, as the host's gemm_half runs them (oneDNN's
+ * matmul; the attention's products one batched call each). -1 when oneDNN
+ * does not take one of them. */
+static double gemm_half_seconds(const char *model, const shapes *sh, int batch, int reps,
+                                ch_dtype dt)
+{
+    static gemm_shape g[MAX_GEMMS];
+    static ref_matmul mm[MAX_GEMMS];
+    static void *buf[MAX_GEMMS][3];
+    int n = strcmp(model, "gpt") == 0 ? gpt_gemms(g, &sh->gpt, batch) : step_gemms(g, model, batch);
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    if (dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&st, eng, dnnl_stream_default_flags) != dnnl_success) {
+        fprintf(stderr, "bench-train: oneDNN's engine or stream could not be made\n");
+        exit(1);
+    }
+    int made = 0, ok = 1;
+    for (; made < n && ok; made++) {
+        size_t count = g[made].count > 1 ? (size_t)g[made].count : 1;
+        size_t sizes[3] = {count * g[made].m * g[made].k, count * g[made].k * g[made].n,
+                           count * g[made].m * g[made].n};
+        for (int j = 0; j < 3; j++) {
+            buf[made][j] = malloc((j < 2 ? sizeof(uint16_t) : sizeof(float)) * sizes[j]);
+            if (!buf[made][j]) {
+                fprintf(stderr, "bench-train: out of memory\n");
+                exit(1);
+            }
+            /* Small finite values in both bf16 and f16 (0x3800: 2^-15 and 0.5). */
+            for (size_t e = 0; e < sizes[j]; e++)
+                if (j < 2)
+                    ((uint16_t *)buf[made][j])[e] = (uint16_t)(0x3800 + e % 256);
+                else
+                    ((float *)buf[made][j])[e] = 0.0f;
+        }
+        ok = ref_matmul_make(&mm[made], eng, dt == CH_F16, g[made].ta, g[made].tb, (int)count,
+                             g[made].m, g[made].n, g[made].k, g[made].accumulate, buf[made][0],
+                             buf[made][1], buf[made][2]);
+    }
+    double median = -1;
+    if (ok) {
+        double *t = malloc(sizeof *t * (size_t)reps);
+        for (int r = -3; r < reps; r++) {
+            double t0 = ch_clock_seconds();
+            for (int i = 0; i < n; i++)
+                ref_matmul_run(&mm[i], st);
+            if (r >= 0)
+                t[r] = ch_clock_seconds() - t0;
+        }
+        median = bench_median(t, reps);
+        free(t);
+    }
+    for (int i = 0; i < made; i++) {
+        ref_matmul_free(&mm[i]);
+        for (int j = 0; j < 3; j++)
+            free(buf[i][j]);
+    }
+    dnnl_stream_destroy(st);
+    dnnl_engine_destroy(eng);
+    return median;
+}
+#endif
+
 /* The two rows of --recompute (context: the gpt's tokens per sample, or
  * 0), and in text the cost in time and the memory saved. */
 static void print_recompute(const recompute_result *r, const char *id, const char *model, int batch,
@@ -511,10 +578,21 @@ int main(int argc, char **argv)
             const char *id = ch_device_id(devs[d]);
             double share = -1, bound = -1;
 #ifdef HAVE_REF_GEMM
-            /* The share is of f32 GEMMs: not measured in mixed precision. */
             if (strcmp(id, "host") == 0 && mi != 2 && precision == CH_F32) {
                 bound = batch / gemm_seconds(models[mi], &sh, batch, steps);
                 share = rate / bound;
+            }
+#endif
+#ifdef HAVE_REF_GEMM_HALF
+            /* In mixed precision the same GEMMs in the half format, for the
+             * models whose layers are Linear (the cnn's convolutions run as
+             * oneDNN's convolutions, not GEMMs). */
+            if (strcmp(id, "host") == 0 && (mi == 0 || gpt) && precision != CH_F32) {
+                double secs = gemm_half_seconds(models[mi], &sh, batch, steps, precision);
+                if (secs > 0) {
+                    bound = batch / secs;
+                    share = rate / bound;
+                }
             }
 #endif
             if (json) {
@@ -538,9 +616,13 @@ int main(int argc, char **argv)
                     printf("%-10s %-6s %6d %14.1f %14s %10.1f\n", id, models[mi], batch, rate, "-",
                            peak_mib);
                 if (share >= 0)
-                    printf("%-10s %-6s %6d %14.1f  GEMM-bound rate at " REF_GEMM_LIB " speed; "
+                    printf("%-10s %-6s %6d %14.1f  GEMM-bound rate at " REF_GEMM_LIB " speed%s; "
                            "GEMM share %.3f\n",
-                           id, models[mi], batch, bound, share);
+                           id, models[mi], batch, bound,
+                           precision == CH_BF16  ? " in bf16"
+                           : precision == CH_F16 ? " in f16"
+                                                 : "",
+                           share);
             }
             first = 0;
         }

@@ -219,13 +219,16 @@ static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)
 
 /* Whether attention runs fused (ch_attention_packed: no [T, T]
  * probabilities stored, q, k and v read in c_attn's output): on the host
- * backend, which has the kernel (elsewhere the
- * composed ops are the device's own), in f32, without attention dropout,
- * unless CHORUS_FUSED_ATTENTION=0. Forward decides (m->fused); backward
- * follows it. */
+ * backend, which has the kernel (elsewhere the composed ops are the
+ * device's own), without attention dropout, unless
+ * CHORUS_FUSED_ATTENTION=0. In mixed precision too: the kernel sums in
+ * f32 on c_attn's f32 output (autocast's rounding of q, k, v and the
+ * probabilities is the composed path's; this one rounds only the
+ * Linears' inputs), in a fraction of the composed path's memory. Forward
+ * decides (m->fused); backward follows it. */
 static int attn_fused(const ch_module *m)
 {
-    if (m->precision != CH_F32 || dropping(m))
+    if (dropping(m))
         return 0;
     const char *env = getenv("CHORUS_FUSED_ATTENTION");
     if (env && strcmp(env, "0") == 0)

@@ -77,6 +77,17 @@ typedef struct mm_entry {
     struct mm_entry *next;
 } mm_entry;
 
+/* A stream and a matmul scratchpad for one call at a time: a call takes
+ * one from the pool and gives it back, so the pool holds as many as calls
+ * ran at once (one per thread running them) and a step's thousands of
+ * calls make none. Freed when the backend shuts down. */
+typedef struct dn_ctx {
+    dnnl_stream_t stream;
+    void *scratch;
+    size_t scratch_bytes;
+    struct dn_ctx *next;
+} dn_ctx;
+
 static struct {
     pthread_mutex_t lock;
     dnnl_engine_t engine;
@@ -85,7 +96,8 @@ static struct {
     int count;
     mm_entry *matmuls;
     int nmatmuls;
-} dn = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, NULL, 0, NULL, 0};
+    dn_ctx *ctxs; /* the pool's idle ones */
+} dn = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, NULL, 0, NULL, 0, NULL};
 
 static size_t align_up(size_t x)
 {
@@ -126,6 +138,13 @@ void chi_host_dnnl_shutdown(void)
         free(e);
     }
     dn.nmatmuls = 0;
+    while (dn.ctxs) {
+        dn_ctx *c = dn.ctxs;
+        dn.ctxs = c->next;
+        dnnl_stream_destroy(c->stream);
+        free(c->scratch);
+        free(c);
+    }
     if (dn.engine)
         dnnl_engine_destroy(dn.engine);
     dn.engine = NULL;
@@ -313,6 +332,54 @@ static dnnl_engine_t engine_locked(void)
     return dn.engine;
 }
 
+static ch_status dn_fail(dnnl_status_t s, const char *slot, const char *what);
+
+/* A stream (with at least `scratch` bytes of scratchpad) for one call:
+ * the pool's, or a new one. The engine exists: the call's lookup made it. */
+static ch_status ctx_take(dn_ctx **out, size_t scratch, const char *slot)
+{
+    pthread_mutex_lock(&dn.lock);
+    dn_ctx *c = dn.ctxs;
+    if (c)
+        dn.ctxs = c->next;
+    pthread_mutex_unlock(&dn.lock);
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c)))
+            return chi_error(CH_ERR_OUT_OF_MEMORY, "host %s: out of host memory", slot);
+        dnnl_status_t s = dnnl_stream_create(&c->stream, dn.engine, dnnl_stream_default_flags);
+        if (s != dnnl_success) {
+            free(c);
+            return dn_fail(s, slot, "dnnl_stream_create");
+        }
+    }
+    if (scratch > c->scratch_bytes) {
+        void *p = NULL;
+        if (posix_memalign(&p, ALIGN, scratch) != 0) {
+            *out = c;
+            return chi_error(CH_ERR_OUT_OF_MEMORY,
+                             "host %s: %zu bytes for oneDNN's scratchpad "
+                             "could not be allocated",
+                             slot, scratch);
+        }
+        free(c->scratch);
+        c->scratch = p;
+        c->scratch_bytes = scratch;
+    }
+    *out = c;
+    return CH_OK;
+}
+
+/* Back to the pool (c may be NULL). */
+static void ctx_give(dn_ctx *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&dn.lock);
+    c->next = dn.ctxs;
+    dn.ctxs = c;
+    pthread_mutex_unlock(&dn.lock);
+}
+
 static int geom_equal(const ch_conv_geom *a, const ch_conv_geom *b)
 {
     return a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w && a->oh == b->oh &&
@@ -425,29 +492,24 @@ static ch_status run_entry(const dn_entry *e, void *const ptr[2][3], char *ws, s
         return chi_error(CH_ERR_INVALID_ARGUMENT,
                          "host %s: %zu bytes of workspace, less than the %zu it needs", slot,
                          ws_bytes, e->bytes);
-    dnnl_stream_t st = NULL;
+    dn_ctx *c = NULL;
     dnnl_memory_t scratch = NULL;
-    dnnl_status_t s = dnnl_stream_create(&st, dn.engine, dnnl_stream_default_flags);
-    if (s != dnnl_success)
-        return dn_fail(s, slot, "dnnl_stream_create");
+    ch_status r = ctx_take(&c, 0, slot);
     size_t sbytes = e->bytes - e->scratch_off;
-    if (sbytes) {
+    if (r == CH_OK && sbytes) {
         dnnl_memory_desc_t md;
         dnnl_dims_t d = {(dnnl_dim_t)sbytes};
-        s = dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_a);
+        dnnl_status_t s = dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_a);
         if (s == dnnl_success)
             s = dnnl_memory_create(&scratch, &md, dn.engine, ws + e->scratch_off);
-        if (s != dnnl_success) {
-            dnnl_stream_destroy(st);
-            return dn_fail(s, slot, "the scratchpad's dnnl_memory_create");
-        }
+        if (s != dnnl_success)
+            r = dn_fail(s, slot, "the scratchpad's dnnl_memory_create");
     }
-    ch_status r = CH_OK;
     for (int i = 0; i < e->nops && r == CH_OK; i++)
-        r = run_op(&e->ops[i], st, ptr[i], ws, scratch, slot);
+        r = run_op(&e->ops[i], c->stream, ptr[i], ws, scratch, slot);
     if (scratch)
         dnnl_memory_destroy(scratch);
-    dnnl_stream_destroy(st);
+    ctx_give(c);
     return r;
 }
 
@@ -675,38 +737,37 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
     if (!e)
         return chi_error(CH_ERR_UNSUPPORTED, "host gemm_half (oneDNN matmul): %s",
                          k > 0 ? why : "k is 0");
-    void *scratch = NULL;
-    if (e->scratch && !(scratch = malloc(e->scratch)))
-        return chi_error(CH_ERR_OUT_OF_MEMORY, "host gemm_half: malloc(%zu) for oneDNN's "
-                         "scratchpad failed", e->scratch);
+    dn_ctx *ctx = NULL;
+    ch_status r = ctx_take(&ctx, e->scratch, "gemm_half");
+    if (r != CH_OK) {
+        ctx_give(ctx);
+        return r;
+    }
     void *ptr[3] = {(char *)a.ptr + a.off, (char *)b.ptr + b.off, (char *)c.ptr + c.off};
     dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
-    dnnl_stream_t st = NULL;
-    dnnl_status_t s = dnnl_stream_create(&st, dn.engine, dnnl_stream_default_flags);
+    dnnl_status_t s = dnnl_success;
     for (int i = 0; i < 3 && s == dnnl_success; i++)
         s = dnnl_memory_create(&mem[i], &e->md[i], dn.engine, ptr[i]);
-    if (s == dnnl_success && scratch) {
+    if (s == dnnl_success && e->scratch) {
         dnnl_memory_desc_t md;
         dnnl_dims_t d = {(dnnl_dim_t)e->scratch};
         s = dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_a);
         if (s == dnnl_success)
-            s = dnnl_memory_create(&mem[3], &md, dn.engine, scratch);
+            s = dnnl_memory_create(&mem[3], &md, dn.engine, ctx->scratch);
     }
     if (s == dnnl_success) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
                                    {DNNL_ARG_WEIGHTS, mem[1]},
                                    {DNNL_ARG_DST, mem[2]},
                                    {DNNL_ARG_SCRATCHPAD, mem[3]}};
-        s = dnnl_primitive_execute(e->prim, st, scratch ? 4 : 3, args);
+        s = dnnl_primitive_execute(e->prim, ctx->stream, e->scratch ? 4 : 3, args);
     }
     if (s == dnnl_success)
-        s = dnnl_stream_wait(st);
+        s = dnnl_stream_wait(ctx->stream);
     for (int i = 0; i < 4; i++)
         if (mem[i])
             dnnl_memory_destroy(mem[i]);
-    if (st)
-        dnnl_stream_destroy(st);
-    free(scratch);
+    ctx_give(ctx);
     return s == dnnl_success ? CH_OK : dn_fail(s, "gemm_half", "the matmul");
 }
 
