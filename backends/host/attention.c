@@ -246,10 +246,14 @@ static float row_max(const float *x, int64_t w)
 
 /* y[0..w) = exp(x - max) / sum, y[w..s) = 0. x may be y: each element is
  * read before it is written. The sum is in double, by blocks of four
- * added alternately into two accumulators: a fixed order. */
-static void softmax_row(float *y, const float *x, int64_t s, int64_t w)
+ * added alternately into two accumulators: a fixed order. Returns the
+ * sum; *max_out (when not NULL) gets the row's max (the softmax loss's
+ * log-sum-exp, softmax.c). */
+double chi_host_softmax_row(float *y, const float *x, int64_t s, int64_t w, float *max_out)
 {
     float max = row_max(x, w);
+    if (max_out)
+        *max_out = max;
     v4d even = {0}, odd = {0};
     for (int64_t j = 0; j < w; j += 8) {
         v4f e = exp_nonpositive(load4(x + j, w - j, -INFINITY) - max);
@@ -262,11 +266,13 @@ static void softmax_row(float *y, const float *x, int64_t s, int64_t w)
         }
     }
     even += odd;
-    float inv = (float)(1.0 / sum4d(&even));
+    double sum = sum4d(&even);
+    float inv = (float)(1.0 / sum);
     for (int64_t j = 0; j < w; j += 4)
         store4(y + j, load4(y + j, w - j, 0.0f) * inv, w - j);
     for (int64_t j = w; j < s; j++)
         y[j] = 0.0f;
+    return sum;
 }
 
 ch_status chi_host_softmax(void *stream, int64_t rows, int64_t s, int causal,
@@ -277,11 +283,12 @@ ch_status chi_host_softmax(void *stream, int64_t rows, int64_t s, int causal,
     const float *px = chi_host_f32(x);
     CHI_OMP(omp parallel for schedule(static) if (rows * s > CHI_HOST_PAR_MIN / 16))
     for (int64_t r = 0; r < rows; r++)
-        softmax_row(py + r * s, px + r * s, s, row_width(r, s, causal, rows_per_matrix));
+        chi_host_softmax_row(py + r * s, px + r * s, s, row_width(r, s, causal, rows_per_matrix),
+                             NULL);
     return CH_OK;
 }
 
-/* <g, p> over a row, in double in softmax_row's order. */
+/* <g, p> over a row, in double in chi_host_softmax_row's order. */
 static double row_dot(const float *g, const float *p, int64_t s)
 {
     v4d even = {0}, odd = {0};

@@ -67,6 +67,12 @@ static inline int32_t *chi_host_i32(ch_bmem m)
 #define CHI_HOST_SLOT(group, kind, ret, name, params) CHI_HOST_##group(ret, name, params)
 CH_BACKEND_SLOTS(CHI_HOST_SLOT)
 
+/* attention.c: one softmax row, y[0..w) = exp(x - max) / sum and
+ * y[w..s) = 0, with the vectorised exp; returns the sum (in double) and
+ * the max in *max_out (when not NULL). ch_softmax's rows and the softmax
+ * loss's (softmax.c). */
+double chi_host_softmax_row(float *y, const float *x, int64_t s, int64_t w, float *max_out);
+
 /* dnnl.c (builds with oneDNN): the convolution through oneDNN's
  * primitives, its inputs in dt (CH_F32, CH_BF16 or CH_F16), its outputs
  * f32. The workspace query answers 0 for a shape oneDNN does not take;

@@ -1,6 +1,7 @@
 /* The host's fused softmax-cross-entropy, forward and backward: each row
- * by one thread, in double, so the result is the same bits whatever the
- * thread count. */
+ * by one thread (the exponentials vectorised in float, as ch_softmax's,
+ * their sum and the loss in double), so the result is the same bits
+ * whatever the thread count. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -22,27 +23,13 @@ static ch_status check_labels(const char *fn, const int32_t *labels, int64_t n,
     return CH_OK;
 }
 
-/* Rows up to this many classes keep their exponentials (on the stack). */
-#define SOFTMAX_ROW_KEEP 1024
-
-/* One row: probs = softmax(logits) after subtracting the row's max (so exp
- * never overflows); returns -log probs[label]. */
+/* One row: probs = softmax(logits) (chi_host_softmax_row: the max taken
+ * off, the vectorised exp, the sum in double); returns -log probs[label]
+ * = log(sum) - (logits[label] - max). */
 static double softmax_row(float *probs, const float *logits, int64_t c, int32_t label)
 {
-    float max = logits[0];
-    for (int64_t j = 1; j < c; j++)
-        if (logits[j] > max)
-            max = logits[j];
-    double sum = 0.0, e[SOFTMAX_ROW_KEEP];
-    int keep = c <= SOFTMAX_ROW_KEEP; /* each exp computed once, kept for the division */
-    for (int64_t j = 0; j < c; j++) {
-        double ej = exp((double)logits[j] - max);
-        if (keep)
-            e[j] = ej;
-        sum += ej;
-    }
-    for (int64_t j = 0; j < c; j++)
-        probs[j] = (float)((keep ? e[j] : exp((double)logits[j] - max)) / sum);
+    float max;
+    double sum = chi_host_softmax_row(probs, logits, c, c, &max);
     return log(sum) - ((double)logits[label] - max);
 }
 
