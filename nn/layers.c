@@ -88,6 +88,7 @@ static ch_status linear_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     ch_tensor_free(dy2);
     ch_tensor_free(dyh2);
     ch_tensor_free(dx2);
+    nn_release(&m->tmp[2]); /* dy rounded: read */
     return st;
 }
 
@@ -140,9 +141,11 @@ static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     int half = m->precision != CH_F32;
     const ch_tensor *dyh;
     TRY(nn_half(&m->tmp[2], m, dy, &dyh));
-    return ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dyh,
-                              half ? m->tmp[0] : m->x, half ? m->tmp[1] : m->params[0].value,
-                              &win, 1.0f);
+    ch_status st =
+        ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dyh, half ? m->tmp[0] : m->x,
+                           half ? m->tmp[1] : m->params[0].value, &win, 1.0f);
+    nn_release(&m->tmp[2]); /* dy rounded: read */
+    return st;
 }
 
 /* ---- Activations ------------------------------------------------------------ */
