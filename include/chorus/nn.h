@@ -177,7 +177,10 @@ CH_API void ch_module_set_rng(ch_module *m, uint64_t seed, int64_t step, int64_t
  * x is kept for backward: it must not change before backward. */
 CH_API ch_status ch_module_forward(ch_module *m, ch_tensor **y, const ch_tensor *x);
 /* Given dL/dy, add dL/dparams to the parameters' gradients and set *dx to
- * dL/dx (owned by the module; NULL may be passed when not needed). */
+ * dL/dx (owned by the module; NULL may be passed when not needed). *dx
+ * stays valid until the module's next backward; a module inside a
+ * container lets its dx go once the container has read it (the pass
+ * keeps only the gradients in flight). */
 CH_API ch_status ch_module_backward(ch_module *m, ch_tensor **dx, const ch_tensor *dy);
 CH_API ch_status ch_module_zero_grad(ch_module *m);
 
