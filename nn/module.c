@@ -21,20 +21,18 @@ static int same_shape(const ch_tensor *t, ch_device *dev, ch_dtype dtype, int nd
     return 1;
 }
 
-ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
-                    const int64_t *shape)
-{
-    if (same_shape(*t, dev, dtype, ndim, shape))
-        return CH_OK;
-    ch_tensor_free(*t);
-    *t = NULL;
-    return ch_tensor_new(t, dev, dtype, ndim, shape);
-}
-
 void nn_release(ch_tensor **t)
 {
     ch_tensor_free(*t);
     *t = NULL;
+}
+
+ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim, const int64_t *shape)
+{
+    if (same_shape(*t, dev, dtype, ndim, shape))
+        return CH_OK;
+    nn_release(t);
+    return ch_tensor_new(t, dev, dtype, ndim, shape);
 }
 
 ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape)
@@ -232,24 +230,15 @@ static const nn_ops seq_ops;
 static void release_state(ch_module *m, unsigned keep)
 {
     ch_tensor **ts[] = {&m->y, &m->dx, &m->aux, &m->aux2};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-        ch_tensor_free(*ts[i]);
-        *ts[i] = NULL;
-    }
-    for (int i = 0; i < NN_TEMPS; i++) {
-        if (keep & (1u << i))
-            continue;
-        ch_tensor_free(m->tmp[i]);
-        m->tmp[i] = NULL;
-    }
-    for (int i = 0; m->moved && i < m->nchild; i++) {
-        ch_tensor_free(m->moved[i]);
-        m->moved[i] = NULL;
-    }
-    for (int i = 0; m->moved_grad && i <= m->nchild; i++) {
-        ch_tensor_free(m->moved_grad[i]);
-        m->moved_grad[i] = NULL;
-    }
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        nn_release(ts[i]);
+    for (int i = 0; i < NN_TEMPS; i++)
+        if (!(keep & (1u << i)))
+            nn_release(&m->tmp[i]);
+    for (int i = 0; m->moved && i < m->nchild; i++)
+        nn_release(&m->moved[i]);
+    for (int i = 0; m->moved_grad && i <= m->nchild; i++)
+        nn_release(&m->moved_grad[i]);
     m->x = NULL;
     m->dropped = 0;
 }
@@ -414,8 +403,7 @@ ch_status nn_view_of(ch_tensor **slot, const ch_tensor *t)
 {
     int64_t shape[CH_MAX_DIMS];
     nn_shape(t, shape);
-    ch_tensor_free(*slot);
-    *slot = NULL;
+    nn_release(slot);
     return nn_view(slot, t, ch_tensor_ndim(t), shape);
 }
 

@@ -332,7 +332,11 @@ static dnnl_engine_t engine_locked(void)
     return dn.engine;
 }
 
-static ch_status dn_fail(dnnl_status_t s, const char *slot, const char *what);
+static ch_status dn_fail(dnnl_status_t s, const char *slot, const char *what)
+{
+    return chi_error(s == dnnl_out_of_memory ? CH_ERR_OUT_OF_MEMORY : CH_ERR_INTERNAL,
+                     "host %s (oneDNN): %s failed with oneDNN status %d", slot, what, (int)s);
+}
 
 /* A stream (with at least `scratch` bytes of scratchpad) for one call:
  * the pool's, or a new one. The engine exists: the call's lookup made it. */
@@ -420,12 +424,6 @@ static const dn_entry *lookup(const ch_conv_geom *g, int64_t o, int dt, int back
 out:
     pthread_mutex_unlock(&dn.lock);
     return found;
-}
-
-static ch_status dn_fail(dnnl_status_t s, const char *slot, const char *what)
-{
-    return chi_error(s == dnnl_out_of_memory ? CH_ERR_OUT_OF_MEMORY : CH_ERR_INTERNAL,
-                     "host %s (oneDNN): %s failed with oneDNN status %d", slot, what, (int)s);
 }
 
 static dnnl_status_t exec2(dnnl_primitive_t p, dnnl_stream_t st, int a0, dnnl_memory_t m0,
