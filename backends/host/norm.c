@@ -36,8 +36,8 @@ static double lanes_total(double *l)
 
 /* s1 = the sum of a - ca and s2 = the sum of (a - ca)(b - cb) over n
  * elements. */
-CHI_CLONES static void sums_around(const float *a, double ca, const float *b, double cb, int64_t n,
-                        double *s1, double *s2)
+CHI_CLONES_WIDE static void sums_around(const float *a, double ca, const float *b, double cb,
+                                        int64_t n, double *s1, double *s2)
 {
     double l1[LANES] = {0}, l2[LANES] = {0};
     int64_t i = 0;
@@ -58,8 +58,9 @@ CHI_CLONES static void sums_around(const float *a, double ca, const float *b, do
 
 /* ---- LayerNorm ------------------------------------------------------------ */
 
-static void layernorm_row(float *y, float *mean, float *rstd, const float *x,
-                          const float *gamma, const float *beta, int64_t d, float eps)
+CHI_CLONES_WIDE static void layernorm_row(float *y, float *mean, float *rstd, const float *x,
+                                          const float *gamma, const float *beta, int64_t d,
+                                          float eps)
 {
     double s, v, unused;
     sums_around(x, 0.0, x, 0.0, d, &s, &unused);
@@ -86,46 +87,44 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
     return CH_OK;
 }
 
-/* s1 = the sum of g = dy gamma and s2 = the sum of g xhat over a row. */
-CHI_CLONES static void backward_sums(const float *dy, const float *gamma, const float *x, double m,
-                                     double r, int64_t d, double *s1, double *s2)
+/* One row of the backward: its dy * xhat and dy added to the chunk's
+ * partial sums pg and pb, and (when dx is wanted) in the same pass
+ * s1 = the sum of g = dy gamma and s2 = the sum of g xhat over the row,
+ * then the row's dx. */
+CHI_CLONES_WIDE static void layernorm_backward_row(float *restrict dx, double *restrict pg,
+                                                   double *restrict pb, const float *restrict dy,
+                                                   const float *restrict x, float mean, float rstd,
+                                                   const float *restrict gamma, int64_t d)
 {
+    double m = mean, r = rstd;
+    if (!dx) {
+        CHI_OMP(omp simd)
+        for (int64_t j = 0; j < d; j++) {
+            pg[j] += dy[j] * chk_norm_xhat(x[j], m, r);
+            pb[j] += dy[j];
+        }
+        return;
+    }
     double l1[LANES] = {0}, l2[LANES] = {0};
     int64_t j = 0;
     for (; j + LANES <= d; j += LANES)
         for (int k = 0; k < LANES; k++) {
-            double g = chk_ln_g(dy[j + k], gamma[j + k]);
+            double xh = chk_norm_xhat(x[j + k], m, r), g = chk_ln_g(dy[j + k], gamma[j + k]);
+            pg[j + k] += dy[j + k] * xh;
+            pb[j + k] += dy[j + k];
             l1[k] += g;
-            l2[k] += g * chk_norm_xhat(x[j + k], m, r);
+            l2[k] += g * xh;
         }
     for (int k = 0; j < d; j++, k++) {
-        double g = chk_ln_g(dy[j], gamma[j]);
-        l1[k] += g;
-        l2[k] += g * chk_norm_xhat(x[j], m, r);
-    }
-    *s1 = lanes_total(l1);
-    *s2 = lanes_total(l2);
-}
-
-/* One row of the backward: its dx (when wanted), and its dy * xhat and dy
- * added to the chunk's partial sums pg and pb. */
-static void layernorm_backward_row(float *dx, double *pg, double *pb, const float *dy,
-                                   const float *x, float mean, float rstd, const float *gamma,
-                                   int64_t d)
-{
-    double m = mean, r = rstd;
-    CHI_OMP(omp simd)
-    for (int64_t j = 0; j < d; j++) {
-        pg[j] += dy[j] * chk_norm_xhat(x[j], m, r);
+        double xh = chk_norm_xhat(x[j], m, r), g = chk_ln_g(dy[j], gamma[j]);
+        pg[j] += dy[j] * xh;
         pb[j] += dy[j];
+        l1[k] += g;
+        l2[k] += g * xh;
     }
-    if (!dx)
-        return;
-    double s1, s2;
-    backward_sums(dy, gamma, x, m, r, d, &s1, &s2);
-    double k1 = s1 / (double)d, k2 = s2 / (double)d;
+    double k1 = lanes_total(l1) / (double)d, k2 = lanes_total(l2) / (double)d;
     CHI_OMP(omp simd)
-    for (int64_t j = 0; j < d; j++)
+    for (j = 0; j < d; j++)
         dx[j] = chk_ln_dx(dy[j], gamma[j], x[j], m, r, k1, k2);
 }
 
