@@ -1,7 +1,9 @@
 /* The host's blocked C GEMM (the fallback when OpenBLAS is absent) against
  * a double-precision loop: every transpose combination, alpha and beta
  * variants, odd shapes and shapes that cross each blocking boundary
- * (KC = 512 deep, MCHUNK = 2304 rows, NC = 4080 columns). */
+ * (KC = 512 deep, MCHUNK = 2304 rows, NC = 4080 columns). Then the fused
+ * attention's tile products (chi_host_tile_mm) in each instruction set
+ * this CPU runs, against the same loop and against each other. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +108,80 @@ static void alpha_zero(void)
            "want 0.5 1 1.5 2", c[0], c[1], c[2], c[3]);
 }
 
+/* The tile product of case t (tb 0: B is read along its rows; ta by the
+ * strides of A) in instruction set `isa`, into c (filled from c0 first);
+ * 1 when it ran. */
+static int tile_case(int isa, const gemm_case *t, const float *a, int64_t lda, const float *b,
+                     int64_t ldb, const float *c0, float *c, int64_t ldc)
+{
+    memcpy(c, c0, sizeof *c * (size_t)(t->m * ldc));
+    return chi_host_tile_mm(isa, t->m, t->n, t->k, t->alpha, a, t->ta ? 1 : lda, t->ta ? lda : 1, b,
+                            ldb, t->beta, c, ldc);
+}
+
+static void tile_cases(tap_rng *rng)
+{
+    static const char *name[] = {[CHI_TILE_AVX512] = "AVX-512", [CHI_TILE_AVX2] = "AVX2"};
+    static const int isas[] = {CHI_TILE_AVX512, CHI_TILE_AVX2};
+    /* Rows around the blocks of 4, columns around the vectors (8, 16) and
+     * the 64 columns of a block, the fused attention's 64 x 64 x 64. */
+    static const shape shapes[] = {{1, 1, 1},    {3, 5, 7},    {4, 16, 32},
+                                   {5, 17, 33},  {64, 64, 32}, {64, 32, 64},
+                                   {61, 63, 64}, {9, 130, 3},  {7, 8, 0}};
+    static const float ab[][2] = {{1.0f, 0.0f}, {0.125f, 1.0f}, {-1.5f, 0.5f}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ta = 0; ta < 2; ta++) {
+            size_t v = (s + (size_t)ta) % 3;
+            gemm_case t = {ta,          0,      shapes[s].m, shapes[s].n,
+                           shapes[s].k, (int)v, ab[v][0],    ab[v][1]};
+            int64_t ar = ta ? t.k : t.m, lda = (ta ? t.m : t.k) + t.pad, ldb = t.n + t.pad,
+                    ldc = t.n + t.pad;
+            size_t na = (size_t)(ar * lda) + 1, nb = (size_t)(t.k * ldb) + 1,
+                   nc = (size_t)(t.m * ldc);
+            float *a = malloc(sizeof *a * na), *b = malloc(sizeof *b * nb),
+                  *c0 = malloc(sizeof *c0 * nc),
+                  *c[2] = {malloc(sizeof(float) * nc), malloc(sizeof(float) * nc)};
+            if (!a || !b || !c0 || !c[0] || !c[1]) {
+                tap_ok(0, "malloc for a %dx%dx%d tile case", t.m, t.n, t.k);
+                free(a), free(b), free(c0), free(c[0]), free(c[1]);
+                continue;
+            }
+            fill(a, na, rng);
+            fill(b, nb, rng);
+            fill(c0, nc, rng);
+            if (t.beta == 0.0f)
+                for (size_t i = 0; i < nc; i++)
+                    c0[i] = NAN;
+            int ran[2] = {0, 0};
+            for (int i = 0; i < 2; i++) {
+                if (chi_host_tile_isa(isas[i]) == CHI_TILE_NONE) {
+                    tap_skip("tile product %dx%dx%d in %s: this CPU does not run it", t.m, t.n, t.k,
+                             name[isas[i]]);
+                    continue;
+                }
+                ran[i] = tile_case(isas[i], &t, a, lda, b, ldb, c0, c[i], ldc);
+                char where[160] = "";
+                double err =
+                    ran[i] ? worst_error(&t, a, lda, b, ldb, c0, c[i], ldc, where, sizeof where)
+                           : INFINITY;
+                tap_ok(err <= 1e-5,
+                       "tile product in %s, %s, m=%d n=%d k=%d ld+%d alpha=%g "
+                       "beta=%g: relative error %.3g (want <= 1e-5) %s",
+                       name[isas[i]], ta ? "A transposed" : "A as stored", t.m, t.n, t.k, t.pad,
+                       (double)t.alpha, (double)t.beta, err, where);
+            }
+            if (ran[0] && ran[1])
+                tap_ok(memcmp(c[0], c[1], sizeof(float) * nc) == 0,
+                       "tile product %dx%dx%d: AVX-512 and AVX2 give the same bits", t.m, t.n, t.k);
+            free(a), free(b), free(c0), free(c[0]), free(c[1]);
+        }
+    int none = chi_host_tile_mm(CHI_TILE_NONE, 1, 1, 1, 1.0f, NULL, 1, 1, NULL, 1, 0.0f, NULL, 1);
+    tap_ok(none == 0, "chi_host_tile_mm(CHI_TILE_NONE) declines (returned %d)", none);
+    int any = chi_host_tile_isa(CHI_TILE_AUTO);
+    tap_ok(any == CHI_TILE_NONE || chi_host_tile_isa(any) == any,
+           "chi_host_tile_isa(AUTO) names one this CPU runs (%d)", any);
+}
+
 int main(void)
 {
     static const shape shapes[] = {
@@ -122,5 +198,6 @@ int main(void)
                 run_case(&t, &rng);
             }
     alpha_zero();
+    tile_cases(&rng);
     return tap_done();
 }

@@ -13,5 +13,6 @@ libchorus_la_SOURCES += \
 	backends/host/dnnl.c \
 	backends/host/optim.c \
 	backends/host/attention.c \
+	backends/host/tile_mm.c \
 	backends/host/norm.c \
 	backends/host/allreduce.c

@@ -154,50 +154,49 @@ static int64_t row_width(int64_t r, int64_t s, int causal, int64_t rows_per_matr
 typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
 typedef double v4d __attribute__((vector_size(32)));
+/* Eight, for the fused attention's tiles (its functions are built for
+ * AVX-512 and AVX2 too, CHI_CLONES_WIDE: 256-bit vectors, whose compares
+ * give lane masks in both; GCC turns a 512-bit compare into a mask vector
+ * lane by lane without AVX-512DQ). */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 
-static inline v4i bits_of(v4f x)
-{
-    v4i b;
-    memcpy(&b, &x, sizeof b);
-    return b;
-}
+/* exp(x) for x <= 0, a vector VF of floats at a time (VI: as many i32)
+ * and without a call (a call to expf per element costs several times the
+ * rest of the softmax). x = n ln 2 + r with |r| <= ln 2 / 2 (n rounded by
+ * adding and subtracting 1.5 * 2^23; ln 2 split so that n ln2_hi is
+ * exact), e^r by its Taylor series to r^7 (the next term is below 6e-9
+ * relative), times 2^n through the exponent bits. Checked against exp in
+ * double for every float in [-87.34, 0]: within 1.22 ulp. Below -87.34
+ * the result would not be a normal float and is 0 (-inf included); NaN
+ * stays NaN. Each lane's operations are the same whatever the width, so
+ * four and sixteen lanes give the same bits. */
+/* clang-format off */
+#define DEFINE_EXP_NONPOSITIVE(NAME, VF, VI)                                                  \
+    CHI_INLINE VF NAME(VF x)                                                                  \
+    {                                                                                         \
+        const float log2e = 1.44269504088896341f, round = 12582912.0f;                        \
+        const float ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187e-06f;            \
+        VI in_range = x >= -88.0f, nan = x != x, tiny = x < -87.33654f;                       \
+        /* Out of range (and NaN) inputs go through as -88: n stays an int. */                \
+        VF xc = (VF)(((VI)x & in_range) | ((VI)((VF){0} - 88.0f) & ~in_range));              \
+        VF n = (xc * log2e + round) - round;                                                  \
+        VF r = (xc - n * ln2_hi) - n * ln2_lo;                                                \
+        VF p = (VF){0} + 1.0f / 5040;                                                         \
+        p = p * r + 1.0f / 720;                                                               \
+        p = p * r + 1.0f / 120;                                                               \
+        p = p * r + 1.0f / 24;                                                                \
+        p = p * r + 1.0f / 6;                                                                 \
+        p = p * r + 0.5f;                                                                     \
+        p = p * r + 1.0f;                                                                     \
+        p = p * r + 1.0f;                                                                     \
+        VI scale = (__builtin_convertvector(n, VI) + 127) * (1 << 23);                        \
+        VF e = p * (VF)scale;                                                                 \
+        return (VF)(((VI)e & ~tiny & ~nan) | ((VI)x & nan));                                  \
+    }
+/* clang-format on */
 
-static inline v4f float_of(v4i b)
-{
-    v4f x;
-    memcpy(&x, &b, sizeof x);
-    return x;
-}
-
-/* exp(x) for x <= 0, four at a time and without a call (a call to expf per
- * element costs several times the rest of the softmax). x = n ln 2 + r
- * with |r| <= ln 2 / 2 (n rounded by adding and subtracting 1.5 * 2^23;
- * ln 2 split so that n ln2_hi is exact), e^r by its Taylor series to r^7
- * (the next term is below 6e-9 relative), times 2^n through the exponent
- * bits. Checked against exp in double for every float in [-87.34, 0]:
- * within 1.22 ulp. Below -87.34 the result would not be a normal float
- * and is 0 (-inf included); NaN stays NaN. */
-static inline v4f exp_nonpositive(v4f x)
-{
-    const float log2e = 1.44269504088896341f, round = 12582912.0f;
-    const float ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187e-06f;
-    v4i in_range = x >= -88.0f, nan = x != x, tiny = x < -87.33654f;
-    /* Out of range (and NaN) inputs go through as -88: n stays an int. */
-    v4f xc = float_of((bits_of(x) & in_range) | (bits_of((v4f){0} - 88.0f) & ~in_range));
-    v4f n = (xc * log2e + round) - round;
-    v4f r = (xc - n * ln2_hi) - n * ln2_lo;
-    v4f p = (v4f){0} + 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    v4i scale = (__builtin_convertvector(n, v4i) + 127) * (1 << 23);
-    v4f e = p * float_of(scale);
-    return float_of((bits_of(e) & ~tiny & ~nan) | (bits_of(x) & nan));
-}
+DEFINE_EXP_NONPOSITIVE(exp_nonpositive, v4f, v4i)
 
 /* Four floats from x[0..count); past count (the tail of a row), `fill`. */
 static inline v4f load4(const float *x, int64_t count, float fill)
@@ -231,7 +230,7 @@ static inline double sum4d(const v4d *v)
 static inline v4f max4(v4f a, v4f b)
 {
     v4i take_b = b > a;
-    return float_of((bits_of(b) & take_b) | (bits_of(a) & ~take_b));
+    return (v4f)(((v4i)b & take_b) | ((v4i)a & ~take_b));
 }
 
 static float row_max(const float *x, int64_t w)
@@ -343,15 +342,16 @@ static int64_t fa_width(int64_t i, int64_t j0, int64_t nk)
 }
 
 /* One thread's tiles: s (scores, then probabilities) and dp [FA_Q * FA_K],
- * acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o)). */
+ * acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o)),
+ * bt [hd * FA_K] (a product's B transposed, fa_mm). */
 typedef struct fa_tiles {
-    float *s, *dp, *acc, *m, *l, *d;
+    float *s, *dp, *acc, *m, *l, *d, *bt;
 } fa_tiles;
 
 static ch_status fa_tiles_new(fa_tiles *t, int64_t hd, int64_t tt)
 {
-    size_t n = (size_t)(2 * FA_Q * FA_K + FA_Q * hd + 2 * FA_Q + tt);
-    float *mem = malloc(n * sizeof *mem);
+    size_t n = (size_t)(2 * FA_Q * FA_K + FA_Q * hd + 2 * FA_Q + tt + hd * FA_K);
+    float *mem = calloc(n, sizeof *mem); /* zeroed: fa_load reads past a row's end */
     if (!mem)
         return chi_error(CH_ERR_OUT_OF_MEMORY,
                          "ch_attention: out of memory for a thread's "
@@ -363,28 +363,75 @@ static ch_status fa_tiles_new(fa_tiles *t, int64_t hd, int64_t tt)
     t->m = t->acc + FA_Q * hd;
     t->l = t->m + FA_Q;
     t->d = t->l + FA_Q;
+    t->bt = t->d + tt;
     return CH_OK;
 }
 
-/* Row r of a tile: scores s[0..w) become exp(s - new max); m, l and the
- * row of acc move to the new maximum. */
-static void fa_row_update(float *s, int64_t w, int64_t nk, float *m, float *l, float *acc,
-                          int64_t hd)
+/* Always inlined, into builds with AVX at least where it matters: GCC's
+ * note that a 32-byte vector is returned differently without AVX does not
+ * apply to a function that is never called (the note comes at the end of
+ * the file, so it is off for all of it). */
+#pragma GCC diagnostic ignored "-Wpsabi"
+DEFINE_EXP_NONPOSITIVE(exp8_nonpositive, v8f, v8i)
+
+/* Lanes j + l < w of the 8 floats at x + j, `fill` in the others (which
+ * are read, but not used: a tile row has FA_K floats, a multiple of 8). */
+CHI_INLINE v8f fa_load(const float *x, int64_t j, int64_t w, float fill)
 {
-    float mx = w > 0 ? row_max(s, w) : -INFINITY;
-    float m_new = mx > *m ? mx : *m;
-    float corr = *m == -INFINITY ? 0.0f : exp_nonpositive((v4f){0} + (*m - m_new))[0];
-    v4f sum = {0};
-    for (int64_t j = 0; j < w; j += 4) {
-        v4f e = exp_nonpositive(load4(s + j, w - j, -INFINITY) - m_new);
-        store4(s + j, e, w - j);
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    v8f v;
+    memcpy(&v, x + j, sizeof v);
+    v8i keep = lane < (int32_t)(w - j);
+    return (v8f)(((v8i)v & keep) | ((v8i)((v8f){0} + fill) & ~keep));
+}
+
+/* The largest of x[0..w) (NaN left out, as max4 leaves it out). */
+CHI_INLINE float fa_row_max(const float *x, int64_t w)
+{
+    v8f m = (v8f){0} - INFINITY;
+    for (int64_t j = 0; j < w; j += 8) {
+        v8f b = fa_load(x, j, w, -INFINITY);
+        v8i take_b = b > m;
+        m = (v8f)(((v8i)b & take_b) | ((v8i)m & ~take_b));
+    }
+    float mx = m[0];
+    for (int l = 1; l < 8; l++)
+        mx = m[l] > mx ? m[l] : mx;
+    return mx;
+}
+
+/* x[0..nk) of a tile row: exp(x - sub) for the first w, then 0. Returns
+ * the sum of the exponentials, in eight lanes added pairwise. */
+CHI_INLINE float fa_row_exp(float *x, int64_t w, int64_t nk, float sub)
+{
+    v8f sum = {0};
+    int64_t j = 0;
+    for (; j < w; j += 8) {
+        /* the lanes past w: exp(-inf) = 0 */
+        v8f e = exp8_nonpositive(fa_load(x, j, w, -INFINITY) - sub);
+        memcpy(x + j, &e, sizeof e);
         sum += e;
     }
-    for (int64_t j = w; j < nk; j++)
-        s[j] = 0.0f;
-    *l = *l * corr + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
+    for (; j < nk; j++)
+        x[j] = 0.0f;
+    for (int h = 4; h > 0; h /= 2)
+        for (int l = 0; l < h; l++)
+            sum[l] += sum[l + h];
+    return sum[0];
+}
+
+/* Row r of a tile: scores s[0..w) become exp(s - new max), s[w..nk) 0;
+ * m, l and the row of acc move to the new maximum. */
+CHI_INLINE void fa_row_update(float *s, int64_t w, int64_t nk, float *m, float *l, float *acc,
+                              int64_t hd)
+{
+    float mx = fa_row_max(s, w);
+    float m_new = mx > *m ? mx : *m;
+    float corr = *m == -INFINITY ? 0.0f : exp_nonpositive((v4f){0} + (*m - m_new))[0];
+    *l = *l * corr + fa_row_exp(s, w, nk, m_new);
     *m = m_new;
     if (corr != 1.0f)
+        CHI_OMP(omp simd)
         for (int64_t d = 0; d < hd; d++)
             acc[d] *= corr;
 }
@@ -395,6 +442,7 @@ static void fa_row_update(float *s, int64_t w, int64_t nk, float *m, float *l, f
  * the backward's dq, dk, dv and dout are NULL in forward. */
 typedef struct fa_job {
     int64_t t, hd, heads, ld, ldo;
+    int isa; /* the tile products' (chi_host_tile_isa) */
     float scale;
     float *o, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dout;
@@ -404,6 +452,28 @@ typedef struct fa_job {
 static int64_t fa_at(const fa_job *j, int64_t i, int64_t ld)
 {
     return i / j->heads * j->t * ld + i % j->heads * j->hd;
+}
+
+/* One tile product, chi_host_gemm_serial's arguments: in registers
+ * (tile_mm.c) where the CPU runs that, a transposed B (at most [FA_K,
+ * hd]) copied into the thread's bt first; chi_host_gemm_serial's
+ * otherwise. */
+static ch_status fa_mm(const fa_tiles *t, const fa_job *j, int trans_a, int trans_b, int64_t m,
+                       int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (j->isa == CHI_TILE_NONE)
+        return chi_host_gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (trans_b) {
+        for (int64_t col = 0; col < n; col++)
+            for (int64_t p = 0; p < k; p++)
+                t->bt[p * n + col] = b[col * ldb + p];
+        b = t->bt;
+        ldb = n;
+    }
+    chi_host_tile_mm(j->isa, m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, b, ldb, beta,
+                     c, ldc);
+    return CH_OK;
 }
 
 typedef ch_status (*fa_fn)(fa_tiles *t, const fa_job *j, int64_t i);
@@ -436,7 +506,7 @@ static ch_status fa_each(const fa_job *job, int64_t b, fa_fn one)
     return st == CH_OK ? CH_OK : chi_error(st, "%s", why);
 }
 
-static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, int64_t i)
+CHI_CLONES_WIDE static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, int64_t i)
 {
     int64_t tt = j->t, hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld);
     const float *q = j->q + at, *k = j->k + at, *v = j->v + at;
@@ -451,18 +521,19 @@ static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, int64_t i)
         /* Keys up to the tile's last query. */
         for (int64_t j0 = 0; j0 < i0 + mq; j0 += FA_K) {
             int64_t nk = i0 + mq - j0 < FA_K ? i0 + mq - j0 : FA_K;
-            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, j->scale, q + i0 * ld, ld, k + j0 * ld, ld,
-                                     0.0f, t->s, FA_K));
+            TRY(fa_mm(t, j, 0, 1, mq, nk, hd, j->scale, q + i0 * ld, ld, k + j0 * ld, ld, 0.0f,
+                      t->s, FA_K));
             for (int64_t r = 0; r < mq; r++)
                 fa_row_update(t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r], &t->l[r],
                               t->acc + r * hd, hd);
-            TRY(chi_host_gemm_serial(0, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * ld, ld, 1.0f,
-                                     t->acc, hd));
+            TRY(fa_mm(t, j, 0, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * ld, ld, 1.0f, t->acc, hd));
         }
         for (int64_t r = 0; r < mq; r++) {
-            float inv = 1.0f / t->l[r];
+            float inv = 1.0f / t->l[r], *out = o + (i0 + r) * ldo;
+            const float *in = t->acc + r * hd;
+            CHI_OMP(omp simd)
             for (int64_t d = 0; d < hd; d++)
-                o[(i0 + r) * ldo + d] = t->acc[r * hd + d] * inv;
+                out[d] = in[d] * inv;
             lse[i0 + r] = t->m[r] + logf(t->l[r]);
         }
     }
@@ -480,6 +551,7 @@ ch_status chi_host_attention(void *stream, int64_t b, int64_t heads, int64_t t, 
                   .ld = ld,
                   .ldo = ldo,
                   .scale = scale,
+                  .isa = chi_host_tile_isa(CHI_TILE_AUTO),
                   .o = chi_host_f32(o),
                   .lse = chi_host_f32(lse),
                   .q = chi_host_f32(q),
@@ -492,7 +564,7 @@ ch_status chi_host_attention(void *stream, int64_t b, int64_t heads, int64_t t, 
  * each tile of queries at or below it, P = exp(scale q k^T - lse) (0 above
  * the diagonal), dv += P^T dout, dP = dout v^T, dS = P (dP - D), dq +=
  * scale dS k, dk += scale dS^T q. */
-static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, int64_t i)
+CHI_CLONES_WIDE static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, int64_t i)
 {
     int64_t tt = j->t, hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld),
             ato = fa_at(j, i, ldo);
@@ -514,29 +586,25 @@ static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, int64_t i)
         for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
             int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
             const float *d = t->d + i0;
-            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, j->scale, q + i0 * ld, ld, k + j0 * ld, ld,
-                                     0.0f, t->s, FA_K));
+            TRY(fa_mm(t, j, 0, 1, mq, nk, hd, j->scale, q + i0 * ld, ld, k + j0 * ld, ld, 0.0f,
+                      t->s, FA_K));
+            for (int64_t r = 0; r < mq; r++)
+                fa_row_exp(t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
+            TRY(fa_mm(t, j, 1, 0, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, 1.0f,
+                      dv + j0 * ld, ld));
+            TRY(fa_mm(t, j, 0, 1, mq, nk, hd, 1.0f, dout + i0 * ldo, ldo, v + j0 * ld, ld, 0.0f,
+                      t->dp, FA_K));
             for (int64_t r = 0; r < mq; r++) {
-                float *p = t->s + r * FA_K, l = lse[i0 + r];
-                int64_t w = fa_width(i0 + r, j0, nk);
-                for (int64_t c = 0; c < w; c += 4)
-                    store4(p + c, exp_nonpositive(load4(p + c, w - c, -INFINITY) - l), w - c);
-                for (int64_t c = w; c < nk; c++)
-                    p[c] = 0.0f;
-            }
-            TRY(chi_host_gemm_serial(1, 0, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, 1.0f,
-                                     dv + j0 * ld, ld));
-            TRY(chi_host_gemm_serial(0, 1, mq, nk, hd, 1.0f, dout + i0 * ldo, ldo, v + j0 * ld, ld,
-                                     0.0f, t->dp, FA_K));
-            for (int64_t r = 0; r < mq; r++) {
-                float *p = t->s + r * FA_K, *dp = t->dp + r * FA_K;
+                float *p = t->s + r * FA_K, dr = d[r];
+                const float *dp = t->dp + r * FA_K;
+                CHI_OMP(omp simd)
                 for (int64_t c = 0; c < nk; c++)
-                    p[c] = p[c] * (dp[c] - d[r]);
+                    p[c] = p[c] * (dp[c] - dr);
             }
-            TRY(chi_host_gemm_serial(0, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * ld, ld, 1.0f,
-                                     dq + i0 * ld, ld));
-            TRY(chi_host_gemm_serial(1, 0, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * ld, ld, 1.0f,
-                                     dk + j0 * ld, ld));
+            TRY(fa_mm(t, j, 0, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * ld, ld, 1.0f,
+                      dq + i0 * ld, ld));
+            TRY(fa_mm(t, j, 1, 0, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * ld, ld, 1.0f,
+                      dk + j0 * ld, ld));
         }
     }
     return CH_OK;
@@ -554,6 +622,7 @@ ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t heads, in
                   .ld = ld,
                   .ldo = ldo,
                   .scale = scale,
+                  .isa = chi_host_tile_isa(CHI_TILE_AUTO),
                   .o = chi_host_f32(o),
                   .lse = chi_host_f32(lse),
                   .dq = chi_host_f32(dq),

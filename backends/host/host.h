@@ -29,6 +29,25 @@ ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, i
                                float alpha, const float *a, int64_t lda, const float *b,
                                int64_t ldb, float beta, float *c, int64_t ldc);
 
+/* The fused attention's small products (tile_mm.c) on the calling thread:
+ * c[m, n] = alpha sum over p < k of a(i, p) b[p, j] + beta c[i, j], with
+ * a(i, p) = a[i * ars + p * acs] (a transposed A is a choice of strides),
+ * B's rows ldb apart and C's ldc apart; beta == 0 does not read C. isa:
+ * one of CHI_TILE_*; chi_host_tile_isa says which this CPU runs (AUTO:
+ * the widest; NONE where it runs neither). chi_host_tile_mm returns 0,
+ * doing nothing, for CHI_TILE_NONE: the caller multiplies otherwise. The
+ * two builds give the same bits. */
+enum {
+    CHI_TILE_NONE,
+    CHI_TILE_AUTO,
+    CHI_TILE_AVX2,
+    CHI_TILE_AVX512
+};
+int chi_host_tile_isa(int isa);
+int chi_host_tile_mm(int isa, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                     int64_t ars, int64_t acs, const float *b, int64_t ldb, float beta, float *c,
+                     int64_t ldc);
+
 /* Below this many elements an op runs on one thread: starting the team
  * (and waking threads that went to sleep) costs more than it saves for a
  * memory-bound pass over fewer elements than this. */
