@@ -323,8 +323,10 @@ ch_status chi_host_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bm
 
 /* ---- fused causal attention ----------------------------------------------------
  * FlashAttention's scheme on the CPU: a tile of FA_Q queries against tiles
- * of FA_K keys, the scores of a tile in cache (a GEMM each way with the
- * library's single-threaded sgemm), a running maximum and sum per row
+ * of FA_K keys, the scores of a tile in cache (a product each way in
+ * registers, tile_mm.c, where the CPU has AVX2 and FMA or AVX-512, and
+ * with the library's single-threaded sgemm elsewhere), a running maximum
+ * and sum per row
  * (online softmax), the tiles above the diagonal never computed. Each [B]
  * matrix is one thread's, in a fixed order: the same bits for any thread
  * count. Backward rebuilds each tile's probabilities from lse. */

@@ -32,151 +32,104 @@
 /* Rows of C per block. */
 #define TM_ROWS 4
 
-/* One block of AVX-512: `rows` rows of C by nv vectors of 16 columns, the
- * last vector's columns those in `last`. */
-__attribute__((target("avx512f"), always_inline)) static inline void tm512_block(
-    int rows, int nv, __mmask16 last, int64_t k, float alpha, const float *a, int64_t ars,
-    int64_t acs, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
-{
-    __m512 acc[TM_ROWS][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < rows; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-            acc[r][v] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < k; p++) {
-        __m512 bv[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-            bv[v] =
-                _mm512_maskz_loadu_ps(v == nv - 1 ? last : (__mmask16)0xffff, b + p * ldb + 16 * v);
-#pragma GCC unroll 4
-        for (int r = 0; r < rows; r++) {
-            __m512 av = _mm512_set1_ps(a[r * ars + p * acs]);
-#pragma GCC unroll 4
-            for (int v = 0; v < nv; v++)
-                acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
-        }
+/* The kernel, once for each instruction set: NAME(m, n, k, ...) walks C
+ * by blocks of TM_ROWS rows (then single rows) and up to NV vectors of W
+ * columns; NAME_block does one block of `rows` rows by nv vectors, the
+ * last vector's columns those its mask `last` keeps. VT is the vector
+ * type and MT the mask's; ZERO, SET1, LOAD (masked, 0 elsewhere), FMA, MUL,
+ * ADD and STORE (masked) the operations; MASK(w) the mask of the first w
+ * columns. The blocks' shapes are constants in each call, so that the
+ * accumulators stay in registers. */
+/* clang-format off */
+#define DEFINE_TILE_KERNEL(NAME, TARGET, VT, MT, W, NV, ZERO, SET1, LOAD, FMA, MUL, ADD, STORE, MASK) \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_block(             \
+        int rows, int nv, MT last, int64_t k, float alpha, const float *a, int64_t ars,            \
+        int64_t acs, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)               \
+    {                                                                                              \
+        const MT all = MASK(W);                                                                    \
+        VT acc[TM_ROWS][NV];                                                                       \
+        _Pragma("GCC unroll 4") for (int r = 0; r < rows; r++)                                     \
+            _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++)                                   \
+                acc[r][v] = ZERO();                                                                \
+        for (int64_t p = 0; p < k; p++) {                                                          \
+            VT bv[NV];                                                                             \
+            _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++)                                   \
+                bv[v] = LOAD(b + p * ldb + W * v, v == nv - 1 ? last : all);                       \
+            _Pragma("GCC unroll 4") for (int r = 0; r < rows; r++) {                               \
+                VT av = SET1(a[r * ars + p * acs]);                                                \
+                _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++)                               \
+                    acc[r][v] = FMA(av, bv[v], acc[r][v]);                                         \
+            }                                                                                      \
+        }                                                                                          \
+        VT va = SET1(alpha), vb = SET1(beta);                                                      \
+        _Pragma("GCC unroll 4") for (int r = 0; r < rows; r++)                                     \
+            _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) {                                 \
+                MT mk = v == nv - 1 ? last : all;                                                  \
+                float *cp = c + r * ldc + W * v;                                                   \
+                VT out = MUL(acc[r][v], va);                                                       \
+                if (beta != 0.0f)                                                                  \
+                    out = ADD(out, MUL(vb, LOAD(cp, mk)));                                         \
+                STORE(cp, mk, out);                                                                \
+            }                                                                                      \
+    }                                                                                              \
+                                                                                                   \
+    __attribute__((target(TARGET))) static void NAME(int64_t m, int64_t n, int64_t k, float alpha, \
+                                                     const float *a, int64_t ars, int64_t acs,     \
+                                                     const float *b, int64_t ldb, float beta,      \
+                                                     float *c, int64_t ldc)                        \
+    {                                                                                              \
+        for (int64_t j0 = 0; j0 < n; j0 += W * NV) {                                               \
+            int64_t w = n - j0 < W * NV ? n - j0 : W * NV;                                         \
+            int nv = (int)((w + W - 1) / W);                                                       \
+            MT last = MASK((int)(w - W * (nv - 1)));                                               \
+            for (int64_t i = 0; i < m;) {                                                          \
+                int rows = m - i >= TM_ROWS ? TM_ROWS : 1;                                         \
+                const float *ai = a + i * ars;                                                     \
+                float *cij = c + i * ldc + j0;                                                     \
+                if (rows == TM_ROWS)                                                               \
+                    switch (nv) {                                                                  \
+                    case 1: NAME##_block(TM_ROWS, 1, last, k, alpha, ai, ars, acs, b + j0, ldb,    \
+                                         beta, cij, ldc); break;                                   \
+                    case 2: NAME##_block(TM_ROWS, 2, last, k, alpha, ai, ars, acs, b + j0, ldb,    \
+                                         beta, cij, ldc); break;                                   \
+                    case 3: NAME##_block(TM_ROWS, NV > 2 ? 3 : 2, last, k, alpha, ai, ars, acs,    \
+                                         b + j0, ldb, beta, cij, ldc); break;                      \
+                    default: NAME##_block(TM_ROWS, NV, last, k, alpha, ai, ars, acs, b + j0, ldb,  \
+                                          beta, cij, ldc); break;                                  \
+                    }                                                                              \
+                else                                                                               \
+                    switch (nv) {                                                                  \
+                    case 1: NAME##_block(1, 1, last, k, alpha, ai, ars, acs, b + j0, ldb, beta,    \
+                                         cij, ldc); break;                                         \
+                    case 2: NAME##_block(1, 2, last, k, alpha, ai, ars, acs, b + j0, ldb, beta,    \
+                                         cij, ldc); break;                                         \
+                    case 3: NAME##_block(1, NV > 2 ? 3 : 2, last, k, alpha, ai, ars, acs, b + j0,  \
+                                         ldb, beta, cij, ldc); break;                              \
+                    default: NAME##_block(1, NV, last, k, alpha, ai, ars, acs, b + j0, ldb, beta,  \
+                                          cij, ldc); break;                                        \
+                    }                                                                              \
+                i += rows;                                                                         \
+            }                                                                                      \
+        }                                                                                          \
     }
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 4
-    for (int r = 0; r < rows; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) {
-            __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
-            float *cp = c + r * ldc + 16 * v;
-            __m512 out = _mm512_mul_ps(acc[r][v], va);
-            if (beta != 0.0f)
-                out = _mm512_add_ps(out, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m, cp)));
-            _mm512_mask_storeu_ps(cp, m, out);
-        }
-}
+/* clang-format on */
 
-/* The block's shapes as constants, so that the accumulators stay in
- * registers. */
-#define TM512_CASES(rows)                                                                          \
-    switch (nv) {                                                                                  \
-    case 1: tm512_block(rows, 1, last, k, alpha, ai, ars, acs, bj, ldb, beta, cij, ldc); break;    \
-    case 2: tm512_block(rows, 2, last, k, alpha, ai, ars, acs, bj, ldb, beta, cij, ldc); break;    \
-    case 3: tm512_block(rows, 3, last, k, alpha, ai, ars, acs, bj, ldb, beta, cij, ldc); break;    \
-    default: tm512_block(rows, 4, last, k, alpha, ai, ars, acs, bj, ldb, beta, cij, ldc); break;   \
-    }
+/* AVX-512: 16 columns a vector, four vectors (64 columns) by four rows:
+ * sixteen accumulators of the 32 registers. */
+#define M512_MASK(w) ((__mmask16)((1u << (w)) - 1u))
+#define M512_LOAD(p, mk) _mm512_maskz_loadu_ps(mk, p)
+DEFINE_TILE_KERNEL(tm512, "avx512f", __m512, __mmask16, 16, 4, _mm512_setzero_ps, _mm512_set1_ps,
+                   M512_LOAD, _mm512_fmadd_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_mask_storeu_ps,
+                   M512_MASK)
 
-__attribute__((target("avx512f"))) static void tm512(int64_t m, int64_t n, int64_t k, float alpha,
-                                                     const float *a, int64_t ars, int64_t acs,
-                                                     const float *b, int64_t ldb, float beta,
-                                                     float *c, int64_t ldc)
-{
-    for (int64_t j0 = 0; j0 < n; j0 += 64) {
-        int64_t w = n - j0 < 64 ? n - j0 : 64;
-        int nv = (int)((w + 15) / 16);
-        __mmask16 last = (__mmask16)((1u << (w - 16 * (nv - 1))) - 1u);
-        const float *bj = b + j0;
-        int64_t i = 0;
-        for (; i + TM_ROWS <= m; i += TM_ROWS) {
-            const float *ai = a + i * ars;
-            float *cij = c + i * ldc + j0;
-            TM512_CASES(TM_ROWS)
-        }
-        for (; i < m; i++) {
-            const float *ai = a + i * ars;
-            float *cij = c + i * ldc + j0;
-            TM512_CASES(1)
-        }
-    }
-}
-
-/* The same in AVX2 with FMA: `rows` rows by nv vectors of 8 columns (up
- * to 16), the last vector's columns those `last` has set. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void tm256_block(
-    int rows, int nv, __m256i last, int64_t k, float alpha, const float *a, int64_t ars,
-    int64_t acs, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
-{
-    __m256i all = _mm256_set1_epi32(-1);
-    __m256 acc[TM_ROWS][2];
-#pragma GCC unroll 4
-    for (int r = 0; r < rows; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-            acc[r][v] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < k; p++) {
-        __m256 bv[2];
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-            bv[v] = _mm256_maskload_ps(b + p * ldb + 8 * v, v == nv - 1 ? last : all);
-#pragma GCC unroll 4
-        for (int r = 0; r < rows; r++) {
-            __m256 av = _mm256_set1_ps(a[r * ars + p * acs]);
-#pragma GCC unroll 4
-            for (int v = 0; v < nv; v++)
-                acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
-        }
-    }
-    __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-#pragma GCC unroll 4
-    for (int r = 0; r < rows; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) {
-            __m256i m = v == nv - 1 ? last : all;
-            float *cp = c + r * ldc + 8 * v;
-            __m256 out = _mm256_mul_ps(acc[r][v], va);
-            if (beta != 0.0f)
-                out = _mm256_add_ps(out, _mm256_mul_ps(vb, _mm256_maskload_ps(cp, m)));
-            _mm256_maskstore_ps(cp, m, out);
-        }
-}
-
-__attribute__((target("avx2,fma"))) static void tm256(int64_t m, int64_t n, int64_t k, float alpha,
-                                                      const float *a, int64_t ars, int64_t acs,
-                                                      const float *b, int64_t ldb, float beta,
-                                                      float *c, int64_t ldc)
-{
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-        int64_t w = n - j0 < 16 ? n - j0 : 16;
-        int nv = (int)((w + 7) / 8);
-        int tail = (int)(w - 8 * (nv - 1));
-        __m256i last =
-            _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        const float *bj = b + j0;
-        int64_t i = 0;
-        for (; i + TM_ROWS <= m; i += TM_ROWS) {
-            const float *ai = a + i * ars;
-            float *cij = c + i * ldc + j0;
-            if (nv == 1)
-                tm256_block(TM_ROWS, 1, last, k, alpha, ai, ars, acs, bj, ldb, beta, cij, ldc);
-            else
-                tm256_block(TM_ROWS, 2, last, k, alpha, ai, ars, acs, bj, ldb, beta, cij, ldc);
-        }
-        for (; i < m; i++) {
-            const float *ai = a + i * ars;
-            float *cij = c + i * ldc + j0;
-            if (nv == 1)
-                tm256_block(1, 1, last, k, alpha, ai, ars, acs, bj, ldb, beta, cij, ldc);
-            else
-                tm256_block(1, 2, last, k, alpha, ai, ars, acs, bj, ldb, beta, cij, ldc);
-        }
-    }
-}
+/* AVX2 with FMA: 8 columns a vector, two vectors by four rows: eight
+ * accumulators of the 16 registers. A mask is a lane's -1 or 0. */
+#define M256_MASK(w)                                                                               \
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(w), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define M256_LOAD(p, mk) _mm256_maskload_ps(p, mk)
+DEFINE_TILE_KERNEL(tm256, "avx2,fma", __m256, __m256i, 8, 2, _mm256_setzero_ps, _mm256_set1_ps,
+                   M256_LOAD, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_maskstore_ps,
+                   M256_MASK)
 #endif
 
 int chi_host_tile_isa(int isa)
