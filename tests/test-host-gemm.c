@@ -175,6 +175,40 @@ static void tile_cases(tap_rng *rng)
                        "tile product %dx%dx%d: AVX-512 and AVX2 give the same bits", t.m, t.n, t.k);
             free(a), free(b), free(c0), free(c[0]), free(c[1]);
         }
+    /* The transposes the products read B from, at the edges of the 8 x 8
+     * blocks and inside them, against the plain loop's bits. */
+    static const int sides[][2] = {{1, 1}, {8, 8}, {64, 32}, {13, 21}, {7, 9}, {0, 5}};
+    for (size_t s = 0; s < sizeof sides / sizeof sides[0]; s++)
+        for (int i = 0; i < 3; i++) {
+            static const int all[] = {CHI_TILE_AVX512, CHI_TILE_AVX2, CHI_TILE_NONE};
+            static const char *label[] = {"AVX-512", "AVX2", "plain"};
+            int rows = sides[s][0], cols = sides[s][1], lds = cols + 3, ldd = rows + 2;
+            if (all[i] != CHI_TILE_NONE && chi_host_tile_isa(all[i]) == CHI_TILE_NONE) {
+                tap_skip("transpose %dx%d in %s: this CPU does not run it", rows, cols, label[i]);
+                continue;
+            }
+            float *src = malloc(sizeof *src * (size_t)(rows * lds + 1)),
+                  *dst = malloc(sizeof *dst * (size_t)(cols * ldd + 1));
+            if (!src || !dst) {
+                tap_ok(0, "malloc for a %dx%d transpose", rows, cols);
+                free(src), free(dst);
+                continue;
+            }
+            fill(src, (size_t)(rows * lds + 1), rng);
+            for (int e = 0; e < cols * ldd + 1; e++)
+                dst[e] = -7.0f;
+            chi_host_tile_transpose(all[i], rows, cols, src, lds, dst, ldd);
+            int bad = 0;
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < cols; c++)
+                    bad += dst[c * ldd + r] != src[r * lds + c];
+            for (int c = 0; c < cols; c++)
+                for (int r = rows; r < ldd; r++)
+                    bad += c * ldd + r < cols * ldd && dst[c * ldd + r] != -7.0f;
+            tap_ok(bad == 0, "transpose %dx%d (strides %d, %d) in %s: %d elements wrong", rows,
+                   cols, lds, ldd, label[i], bad);
+            free(src), free(dst);
+        }
     int none = chi_host_tile_mm(CHI_TILE_NONE, 1, 1, 1, 1.0f, NULL, 1, 1, NULL, 1, 0.0f, NULL, 1);
     tap_ok(none == 0, "chi_host_tile_mm(CHI_TILE_NONE) declines (returned %d)", none);
     int any = chi_host_tile_isa(CHI_TILE_AUTO);

@@ -345,14 +345,15 @@ static int64_t fa_width(int64_t i, int64_t j0, int64_t nk)
 
 /* One thread's tiles: s (scores, then probabilities) and dp [FA_Q * FA_K],
  * acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o)),
- * bt [hd * FA_K] (a product's B transposed, fa_mm). */
+ * kt and vt [hd * t] (the matrix's k and v transposed, for the tile
+ * products, fa_mm_bt). */
 typedef struct fa_tiles {
-    float *s, *dp, *acc, *m, *l, *d, *bt;
+    float *s, *dp, *acc, *m, *l, *d, *kt, *vt;
 } fa_tiles;
 
 static ch_status fa_tiles_new(fa_tiles *t, int64_t hd, int64_t tt)
 {
-    size_t n = (size_t)(2 * FA_Q * FA_K + FA_Q * hd + 2 * FA_Q + tt + hd * FA_K);
+    size_t n = (size_t)(2 * FA_Q * FA_K + FA_Q * hd + 2 * FA_Q + tt + 2 * hd * tt);
     float *mem = calloc(n, sizeof *mem); /* zeroed: fa_load reads past a row's end */
     if (!mem)
         return chi_error(CH_ERR_OUT_OF_MEMORY,
@@ -365,7 +366,8 @@ static ch_status fa_tiles_new(fa_tiles *t, int64_t hd, int64_t tt)
     t->m = t->acc + FA_Q * hd;
     t->l = t->m + FA_Q;
     t->d = t->l + FA_Q;
-    t->bt = t->d + tt;
+    t->kt = t->d + tt;
+    t->vt = t->kt + hd * tt;
     return CH_OK;
 }
 
@@ -456,26 +458,37 @@ static int64_t fa_at(const fa_job *j, int64_t i, int64_t ld)
     return i / j->heads * j->t * ld + i % j->heads * j->hd;
 }
 
-/* One tile product, chi_host_gemm_serial's arguments: in registers
- * (tile_mm.c) where the CPU runs that, a transposed B (at most [FA_K,
- * hd]) copied into the thread's bt first; chi_host_gemm_serial's
+/* One tile product, chi_host_gemm_serial's arguments without trans_b: in
+ * registers (tile_mm.c) where the CPU runs that, chi_host_gemm_serial's
  * otherwise. */
-static ch_status fa_mm(const fa_tiles *t, const fa_job *j, int trans_a, int trans_b, int64_t m,
-                       int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+static ch_status fa_mm(const fa_job *j, int trans_a, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
 {
-    if (j->isa == CHI_TILE_NONE)
-        return chi_host_gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (trans_b) {
-        for (int64_t col = 0; col < n; col++)
-            for (int64_t p = 0; p < k; p++)
-                t->bt[p * n + col] = b[col * ldb + p];
-        b = t->bt;
-        ldb = n;
-    }
-    chi_host_tile_mm(j->isa, m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, b, ldb, beta,
-                     c, ldc);
-    return CH_OK;
+    if (chi_host_tile_mm(j->isa, m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, b, ldb,
+                         beta, c, ldc))
+        return CH_OK;
+    return chi_host_gemm_serial(trans_a, 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* c = alpha a b^T + beta c, a [m, k] and b [n, k]: from bt, b transposed
+ * ([k, n] of rows ldbt apart, fa_transpose), in registers; from b itself
+ * where the CPU runs neither tile build. */
+static ch_status fa_mm_bt(const fa_job *j, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, const float *bt, int64_t ldbt,
+                          const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (chi_host_tile_mm(j->isa, m, n, k, alpha, a, lda, 1, bt, ldbt, beta, c, ldc))
+        return CH_OK;
+    return chi_host_gemm_serial(0, 1, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* x [t, hd] (rows ld apart) transposed into xt [hd, t], where the tile
+ * products will read it. */
+static void fa_transpose(const fa_job *j, const float *x, float *xt)
+{
+    if (j->isa != CHI_TILE_NONE)
+        chi_host_tile_transpose(j->isa, j->t, j->hd, x, j->ld, xt, j->t);
 }
 
 typedef ch_status (*fa_fn)(fa_tiles *t, const fa_job *j, int64_t i);
@@ -513,6 +526,7 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, in
     int64_t tt = j->t, hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld);
     const float *q = j->q + at, *k = j->k + at, *v = j->v + at;
     float *o = j->o + fa_at(j, i, ldo), *lse = j->lse + i * tt;
+    fa_transpose(j, k, t->kt);
     for (int64_t i0 = 0; i0 < tt; i0 += FA_Q) {
         int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
         for (int64_t r = 0; r < mq; r++) {
@@ -523,12 +537,12 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, in
         /* Keys up to the tile's last query. */
         for (int64_t j0 = 0; j0 < i0 + mq; j0 += FA_K) {
             int64_t nk = i0 + mq - j0 < FA_K ? i0 + mq - j0 : FA_K;
-            TRY(fa_mm(t, j, 0, 1, mq, nk, hd, j->scale, q + i0 * ld, ld, k + j0 * ld, ld, 0.0f,
-                      t->s, FA_K));
+            TRY(fa_mm_bt(j, mq, nk, hd, j->scale, q + i0 * ld, ld, t->kt + j0, tt, k + j0 * ld, ld,
+                         0.0f, t->s, FA_K));
             for (int64_t r = 0; r < mq; r++)
                 fa_row_update(t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r], &t->l[r],
                               t->acc + r * hd, hd);
-            TRY(fa_mm(t, j, 0, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * ld, ld, 1.0f, t->acc, hd));
+            TRY(fa_mm(j, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * ld, ld, 1.0f, t->acc, hd));
         }
         for (int64_t r = 0; r < mq; r++) {
             float inv = 1.0f / t->l[r], *out = o + (i0 + r) * ldo;
@@ -573,6 +587,8 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, i
     const float *q = j->q + at, *k = j->k + at, *v = j->v + at, *dout = j->dout + ato;
     const float *o = j->o + ato, *lse = j->lse + i * tt;
     float *dq = j->dq + at, *dk = j->dk + at, *dv = j->dv + at;
+    fa_transpose(j, k, t->kt);
+    fa_transpose(j, v, t->vt);
     for (int64_t r = 0; r < tt; r++) {
         memset(dq + r * ld, 0, (size_t)hd * sizeof *dq);
         memset(dk + r * ld, 0, (size_t)hd * sizeof *dk);
@@ -588,14 +604,14 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, i
         for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
             int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
             const float *d = t->d + i0;
-            TRY(fa_mm(t, j, 0, 1, mq, nk, hd, j->scale, q + i0 * ld, ld, k + j0 * ld, ld, 0.0f,
-                      t->s, FA_K));
+            TRY(fa_mm_bt(j, mq, nk, hd, j->scale, q + i0 * ld, ld, t->kt + j0, tt, k + j0 * ld, ld,
+                         0.0f, t->s, FA_K));
             for (int64_t r = 0; r < mq; r++)
                 fa_row_exp(t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
-            TRY(fa_mm(t, j, 1, 0, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, 1.0f,
-                      dv + j0 * ld, ld));
-            TRY(fa_mm(t, j, 0, 1, mq, nk, hd, 1.0f, dout + i0 * ldo, ldo, v + j0 * ld, ld, 0.0f,
-                      t->dp, FA_K));
+            TRY(fa_mm(j, 1, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, 1.0f, dv + j0 * ld,
+                      ld));
+            TRY(fa_mm_bt(j, mq, nk, hd, 1.0f, dout + i0 * ldo, ldo, t->vt + j0, tt, v + j0 * ld, ld,
+                         0.0f, t->dp, FA_K));
             for (int64_t r = 0; r < mq; r++) {
                 float *p = t->s + r * FA_K, dr = d[r];
                 const float *dp = t->dp + r * FA_K;
@@ -603,10 +619,10 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, i
                 for (int64_t c = 0; c < nk; c++)
                     p[c] = p[c] * (dp[c] - dr);
             }
-            TRY(fa_mm(t, j, 0, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * ld, ld, 1.0f,
-                      dq + i0 * ld, ld));
-            TRY(fa_mm(t, j, 1, 0, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * ld, ld, 1.0f,
-                      dk + j0 * ld, ld));
+            TRY(fa_mm(j, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * ld, ld, 1.0f, dq + i0 * ld,
+                      ld));
+            TRY(fa_mm(j, 1, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * ld, ld, 1.0f, dk + j0 * ld,
+                      ld));
         }
     }
     return CH_OK;

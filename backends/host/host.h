@@ -47,6 +47,11 @@ int chi_host_tile_isa(int isa);
 int chi_host_tile_mm(int isa, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t ars, int64_t acs, const float *b, int64_t ldb, float beta, float *c,
                      int64_t ldc);
+/* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: a product's
+ * B transposed for chi_host_tile_mm (AVX registers for CHI_TILE_AVX2 and
+ * AVX512, element by element otherwise). */
+void chi_host_tile_transpose(int isa, int64_t rows, int64_t cols, const float *src, int64_t lds,
+                             float *dst, int64_t ldd);
 
 /* Below this many elements an op runs on one thread: starting the team
  * (and waking threads that went to sleep) costs more than it saves for a

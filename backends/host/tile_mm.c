@@ -132,6 +132,58 @@ DEFINE_TILE_KERNEL(tm256, "avx2,fma", __m256, __m256i, 8, 2, _mm256_setzero_ps, 
                    M256_MASK)
 #endif
 
+#ifdef HAVE_TILE_KERNELS
+/* dst[c, r] = src[r, c] by blocks of 8 x 8 in AVX registers (unpack the
+ * row pairs, shuffle the quads, swap the 128-bit halves), the edges one
+ * element at a time. */
+__attribute__((target("avx"))) static void transpose_avx(int64_t rows, int64_t cols,
+                                                         const float *src, int64_t lds, float *dst,
+                                                         int64_t ldd)
+{
+    int64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
+    for (int64_t r = 0; r < r8; r += 8)
+        for (int64_t c = 0; c < c8; c += 8) {
+            __m256 x[8], u[8], q[8];
+            for (int i = 0; i < 8; i++)
+                x[i] = _mm256_loadu_ps(src + (r + i) * lds + c);
+            for (int i = 0; i < 8; i += 2) {
+                u[i] = _mm256_unpacklo_ps(x[i], x[i + 1]);
+                u[i + 1] = _mm256_unpackhi_ps(x[i], x[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                q[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44);
+                q[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xee);
+                q[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44);
+                q[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xee);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(dst + (c + i) * ldd + r,
+                                 _mm256_permute2f128_ps(q[i], q[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (c + i + 4) * ldd + r,
+                                 _mm256_permute2f128_ps(q[i], q[i + 4], 0x31));
+            }
+        }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = r < r8 ? c8 : 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c];
+}
+#endif
+
+void chi_host_tile_transpose(int isa, int64_t rows, int64_t cols, const float *src, int64_t lds,
+                             float *dst, int64_t ldd)
+{
+#ifdef HAVE_TILE_KERNELS
+    if (isa == CHI_TILE_AVX512 || isa == CHI_TILE_AVX2) {
+        transpose_avx(rows, cols, src, lds, dst, ldd);
+        return;
+    }
+#endif
+    (void)isa;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c];
+}
+
 int chi_host_tile_isa(int isa)
 {
 #ifdef HAVE_TILE_KERNELS
