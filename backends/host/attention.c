@@ -424,15 +424,96 @@ CHI_INLINE float fa_row_exp(float *x, int64_t w, int64_t nk, float sub)
     return sum[0];
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* fa_row_max and fa_row_exp sixteen lanes at a time where the tile
+ * products run in AVX-512, in intrinsics (GCC's generic 512-bit compares
+ * become lane-by-lane code without AVX-512DQ): per lane the same
+ * operations as DEFINE_EXP_NONPOSITIVE's (no FMA), the sum in sixteen
+ * lanes. */
+#define FA_LANES512(count) ((count) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (count)) - 1u))
+
+__attribute__((target("avx512f"))) static inline __m512 exp16_nonpositive(__m512 x)
+{
+    __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-88.0f), _CMP_GE_OQ);
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512 xc = _mm512_mask_mov_ps(_mm512_set1_ps(-88.0f), in_range, x);
+    __m512 round = _mm512_set1_ps(12582912.0f);
+    __m512 n = _mm512_sub_ps(
+        _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), round), round);
+    __m512 r =
+        _mm512_sub_ps(_mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f))),
+                      _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187e-06f)));
+    static const float coef[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    for (int c = 0; c < 7; c++)
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(coef[c]));
+    __m512i scale =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 e = _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(p, _mm512_castsi512_ps(scale)));
+    return _mm512_mask_mov_ps(e, nan, x);
+}
+
+__attribute__((target("avx512f"))) static float fa_row_max512(const float *x, int64_t w)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < w; j += 16) {
+        __m512 b = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), FA_LANES512(w - j), x + j);
+        m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(b, m, _CMP_GT_OQ), b);
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+__attribute__((target("avx512f"))) static float fa_row_exp512(float *x, int64_t w, int64_t nk,
+                                                              float sub)
+{
+    __m512 sum = _mm512_setzero_ps(), vs = _mm512_set1_ps(sub);
+    int64_t j = 0;
+    for (; j < w; j += 16) {
+        __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), FA_LANES512(w - j), x + j);
+        __m512 e = exp16_nonpositive(_mm512_sub_ps(v, vs));
+        _mm512_storeu_ps(x + j, e); /* within the row's FA_K floats; past w, 0 */
+        sum = _mm512_add_ps(sum, e);
+    }
+    for (; j < nk; j++)
+        x[j] = 0.0f;
+    return _mm512_reduce_add_ps(sum);
+}
+#define FA_HAVE_512 1
+#endif
+
+/* The row passes for the tile products' instruction set `isa`. */
+CHI_INLINE float fa_max(int isa, const float *x, int64_t w)
+{
+#ifdef FA_HAVE_512
+    if (isa == CHI_TILE_AVX512)
+        return fa_row_max512(x, w);
+#endif
+    (void)isa;
+    return fa_row_max(x, w);
+}
+
+CHI_INLINE float fa_exp(int isa, float *x, int64_t w, int64_t nk, float sub)
+{
+#ifdef FA_HAVE_512
+    if (isa == CHI_TILE_AVX512)
+        return fa_row_exp512(x, w, nk, sub);
+#endif
+    (void)isa;
+    return fa_row_exp(x, w, nk, sub);
+}
+
 /* Row r of a tile: scores s[0..w) become exp(s - new max), s[w..nk) 0;
  * m, l and the row of acc move to the new maximum. */
-CHI_INLINE void fa_row_update(float *s, int64_t w, int64_t nk, float *m, float *l, float *acc,
-                              int64_t hd)
+CHI_INLINE void fa_row_update(int isa, float *s, int64_t w, int64_t nk, float *m, float *l,
+                              float *acc, int64_t hd)
 {
-    float mx = fa_row_max(s, w);
+    float mx = fa_max(isa, s, w);
     float m_new = mx > *m ? mx : *m;
     float corr = *m == -INFINITY ? 0.0f : exp_nonpositive((v4f){0} + (*m - m_new))[0];
-    *l = *l * corr + fa_row_exp(s, w, nk, m_new);
+    *l = *l * corr + fa_exp(isa, s, w, nk, m_new);
     *m = m_new;
     if (corr != 1.0f)
         CHI_OMP(omp simd)
@@ -540,8 +621,8 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, in
             TRY(fa_mm_bt(j, mq, nk, hd, j->scale, q + i0 * ld, ld, t->kt + j0, tt, k + j0 * ld, ld,
                          0.0f, t->s, FA_K));
             for (int64_t r = 0; r < mq; r++)
-                fa_row_update(t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r], &t->l[r],
-                              t->acc + r * hd, hd);
+                fa_row_update(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r],
+                              &t->l[r], t->acc + r * hd, hd);
             TRY(fa_mm(j, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * ld, ld, 1.0f, t->acc, hd));
         }
         for (int64_t r = 0; r < mq; r++) {
@@ -607,7 +688,7 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, i
             TRY(fa_mm_bt(j, mq, nk, hd, j->scale, q + i0 * ld, ld, t->kt + j0, tt, k + j0 * ld, ld,
                          0.0f, t->s, FA_K));
             for (int64_t r = 0; r < mq; r++)
-                fa_row_exp(t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
+                fa_exp(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
             TRY(fa_mm(j, 1, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, 1.0f, dv + j0 * ld,
                       ld));
             TRY(fa_mm_bt(j, mq, nk, hd, 1.0f, dout + i0 * ldo, ldo, t->vt + j0, tt, v + j0 * ld, ld,
