@@ -28,12 +28,14 @@ TEST_LIBS = tests/libtestutil.la libchorus.la -lm
 # libraries of their own, never installed:
 # - the core's internals they drive directly: discovery on made-up machines
 #   the blocked C GEMM (the fallback a build with OpenBLAS never runs), the
-#   fused attention's tile products in each instruction set and the host
-#   convolution with its oneDNN path;
+#   fused attention in each instruction set (CHI_TEST_HOOKS: the hooks
+#   that choose it) with its tile products, and the host convolution with
+#   its oneDNN path;
 noinst_LTLIBRARIES += tests/libchorus-internal.la
 tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c \
-	backends/host/tile_mm.c backends/host/conv.c backends/host/dnnl.c
-tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS)
+	backends/host/tile_mm.c backends/host/conv.c backends/host/dnnl.c \
+	backends/host/attention.c backends/host/scratch.c
+tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS) -DCHI_TEST_HOOKS
 tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(ONEDNN_LIBS) $(BLAS_LIBS)
 INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)
 # - nn/ with the hooks that inject failures (CHI_TEST_HOOKS), linked ahead

@@ -13,3 +13,10 @@ check_PROGRAMS += tests/test-host-conv
 tests_test_host_conv_SOURCES = tests/test-host-conv.c
 tests_test_host_conv_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
 tests_test_host_conv_LDADD = $(INTERNAL_LIBS)
+
+# The fused attention in each instruction set the CPU runs (the hooks of
+# the internal copy choose it), its row passes bit for bit across them.
+check_PROGRAMS += tests/test-host-attn
+tests_test_host_attn_SOURCES = tests/test-host-attn.c
+tests_test_host_attn_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host -DCHI_TEST_HOOKS
+tests_test_host_attn_LDADD = $(INTERNAL_LIBS)

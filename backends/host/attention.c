@@ -351,15 +351,16 @@ typedef struct fa_tiles {
     float *s, *dp, *acc, *m, *l, *d, *kt, *vt;
 } fa_tiles;
 
-static ch_status fa_tiles_new(fa_tiles *t, int64_t hd, int64_t tt)
+/* A thread's tiles in floats, rounded up to 64 bytes. */
+static size_t fa_tiles_floats(int64_t hd, int64_t tt)
 {
     size_t n = (size_t)(2 * FA_Q * FA_K + FA_Q * hd + 2 * FA_Q + tt + 2 * hd * tt);
-    float *mem = calloc(n, sizeof *mem); /* zeroed: fa_load reads past a row's end */
-    if (!mem)
-        return chi_error(CH_ERR_OUT_OF_MEMORY,
-                         "ch_attention: out of memory for a thread's "
-                         "tiles (%zu bytes)",
-                         n * sizeof *mem);
+    return (n + 15) / 16 * 16;
+}
+
+/* The tiles in `mem`, fa_tiles_floats(hd, tt) of them. */
+static void fa_tiles_at(fa_tiles *t, float *mem, int64_t hd, int64_t tt)
+{
     t->s = mem;
     t->dp = t->s + FA_Q * FA_K;
     t->acc = t->dp + FA_Q * FA_K;
@@ -368,7 +369,6 @@ static ch_status fa_tiles_new(fa_tiles *t, int64_t hd, int64_t tt)
     t->d = t->l + FA_Q;
     t->kt = t->d + tt;
     t->vt = t->kt + hd * tt;
-    return CH_OK;
 }
 
 /* Always inlined, into builds with AVX at least where it matters: GCC's
@@ -521,6 +521,19 @@ CHI_INLINE void fa_row_update(int isa, float *s, int64_t w, int64_t nk, float *m
             acc[d] *= corr;
 }
 
+#ifdef CHI_TEST_HOOKS
+CHI_CLONES_WIDE float chi_host_attention_row_max(int isa, const float *x, int64_t w)
+{
+    return fa_max(isa, x, w);
+}
+
+CHI_CLONES_WIDE float chi_host_attention_row_exp(int isa, float *x, int64_t w, int64_t nk,
+                                                 float sub)
+{
+    return fa_exp(isa, x, w, nk, sub);
+}
+#endif
+
 /* One call's arguments: b * heads matrices [t, hd], matrix i = (n, h) at
  * row n * t of its sample and column h * hd: q, k, v (and dq, dk, dv)
  * rows ld floats apart, o (and dout) rows ldo apart, lse [b * heads, t];
@@ -575,20 +588,31 @@ static void fa_transpose(const fa_job *j, const float *x, float *xt)
 typedef ch_status (*fa_fn)(fa_tiles *t, const fa_job *j, int64_t i);
 
 /* one(i) for every matrix i < b, shared out among the threads, each with
- * its tiles; the first failure's message is kept. */
-static ch_status fa_each(const fa_job *job, int64_t b, fa_fn one)
+ * its tiles (in the stream's scratch: chi_host_scratch_take, so no call
+ * allocates once the stream has the size; what a tile row holds past its
+ * valid keys is read by fa_load and never used, so whatever an op before
+ * left there does no harm); the first failure's message is kept. */
+static ch_status fa_each(void *stream, const fa_job *job, int64_t b, fa_fn one)
 {
+    size_t per = fa_tiles_floats(job->hd, job->t), threads = (size_t)chi_omp_max_threads();
+    if (per > SIZE_MAX / sizeof(float) / threads)
+        return chi_error(CH_ERR_OUT_OF_MEMORY,
+                         "ch_attention: the threads' tiles for t=%lld, head size %lld "
+                         "exceed the address space",
+                         (long long)job->t, (long long)job->hd);
+    chi_host_scratch sc;
+    TRY(chi_host_scratch_take(stream, per * threads * sizeof(float), &sc));
     ch_status st = CH_OK;
     char why[512] = "";
     CHI_OMP(omp parallel)
     {
-        fa_tiles t = {0};
-        ch_status mine = fa_tiles_new(&t, job->hd, job->t);
+        fa_tiles t;
+        fa_tiles_at(&t, (float *)sc.mem + per * (size_t)chi_omp_thread(), job->hd, job->t);
+        ch_status mine = CH_OK;
         CHI_OMP(omp for schedule(dynamic, 1))
         for (int64_t i = 0; i < b; i++)
             if (mine == CH_OK)
                 mine = one(&t, job, i);
-        free(t.s);
         if (mine != CH_OK) {
             CHI_OMP(omp critical)
             {
@@ -599,6 +623,7 @@ static ch_status fa_each(const fa_job *job, int64_t b, fa_fn one)
             }
         }
     }
+    chi_host_scratch_give(&sc);
     return st == CH_OK ? CH_OK : chi_error(st, "%s", why);
 }
 
@@ -641,7 +666,6 @@ ch_status chi_host_attention(void *stream, int64_t b, int64_t heads, int64_t t, 
                              float scale, ch_bmem o, int64_t ldo, ch_bmem lse, ch_bmem q, ch_bmem k,
                              ch_bmem v, int64_t ld)
 {
-    (void)stream;
     fa_job job = {.t = t,
                   .hd = hd,
                   .heads = heads,
@@ -654,7 +678,7 @@ ch_status chi_host_attention(void *stream, int64_t b, int64_t heads, int64_t t, 
                   .q = chi_host_f32(q),
                   .k = chi_host_f32(k),
                   .v = chi_host_f32(v)};
-    return fa_each(&job, b * heads, fa_forward_one);
+    return fa_each(stream, &job, b * heads, fa_forward_one);
 }
 
 /* Backward of one matrix: D = rowsum(dout * o); for each tile of keys and
@@ -714,7 +738,6 @@ ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t heads, in
                                       ch_bmem k, ch_bmem v, int64_t ld, ch_bmem dout, ch_bmem o,
                                       int64_t ldo, ch_bmem lse)
 {
-    (void)stream;
     fa_job job = {.t = t,
                   .hd = hd,
                   .heads = heads,
@@ -731,7 +754,7 @@ ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t heads, in
                   .k = chi_host_f32(k),
                   .v = chi_host_f32(v),
                   .dout = chi_host_f32(dout)};
-    return fa_each(&job, b * heads, fa_backward_one);
+    return fa_each(stream, &job, b * heads, fa_backward_one);
 }
 
 /* ---- embedding ------------------------------------------------------------------- */

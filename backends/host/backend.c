@@ -27,9 +27,8 @@ typedef struct host_dev {
     uint64_t max_alloc_bytes;
 } host_dev;
 
-typedef struct host_stream {
-    host_dev *dev;
-} host_stream;
+/* A stream: chi_host_stream (host.h), its device the host_dev. */
+typedef chi_host_stream host_stream;
 
 typedef struct host_event {
     uint64_t records; /* how often it was recorded: nothing is ever pending */
@@ -212,7 +211,10 @@ static ch_status host_stream_new(void *dev, void **stream)
 
 static void host_stream_free(void *stream)
 {
-    free(stream);
+    host_stream *s = stream;
+    if (s)
+        free(s->scratch);
+    free(s);
 }
 
 static ch_status host_stream_sync(void *stream)

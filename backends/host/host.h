@@ -5,6 +5,8 @@
 #ifndef CHORUS_HOST_H
 #define CHORUS_HOST_H
 
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "backend.h"
 #include "bf16_sum.h" /* CHI_CLONES */
@@ -52,6 +54,37 @@ int chi_host_tile_mm(int isa, int64_t m, int64_t n, int64_t k, float alpha, cons
  * AVX512, element by element otherwise). */
 void chi_host_tile_transpose(int isa, int64_t rows, int64_t cols, const float *src, int64_t lds,
                              float *dst, int64_t ldd);
+#ifdef CHI_TEST_HOOKS
+/* Tests only (the copy in tests/libchorus-internal): chi_host_tile_isa(AUTO)
+ * answers chi_host_tile_isa(isa) from now on (AUTO again: the widest), so
+ * that the fused attention runs in each instruction set the CPU has; and
+ * the attention's row passes for `isa` on one tile row x[0..nk): the
+ * largest of x[0..w), and exp(x - sub) for the first w then 0 (returning
+ * the sum), in the same builds as the attention's. */
+void chi_host_tile_prefer(int isa);
+float chi_host_attention_row_max(int isa, const float *x, int64_t w);
+float chi_host_attention_row_exp(int isa, float *x, int64_t w, int64_t nk, float sub);
+#endif
+
+/* backend.c: an op's scratch memory, where an allocation per call would
+ * cost time on the hot path. take: out->mem = at least `bytes`, 64-byte
+ * aligned, from memory the stream keeps between calls (grown when asked
+ * for more, freed with the stream; zeroed when allocated, then holding
+ * what the op before left there); from an allocation of its own, zeroed,
+ * where the stream's is in use by an op another thread runs on it, or
+ * stream is NULL. give: hands it back (frees the allocation). */
+typedef struct chi_host_stream {
+    void *dev;     /* backend.c's host_dev */
+    void *scratch; /* chi_host_scratch_take's */
+    size_t scratch_bytes;
+    atomic_int scratch_busy;
+} chi_host_stream;
+typedef struct chi_host_scratch {
+    void *mem;
+    void *stream; /* the stream whose memory it is; NULL: allocated */
+} chi_host_scratch;
+ch_status chi_host_scratch_take(void *stream, size_t bytes, chi_host_scratch *out);
+void chi_host_scratch_give(chi_host_scratch *sc);
 
 /* Below this many elements an op runs on one thread: starting the team
  * (and waking threads that went to sleep) costs more than it saves for a

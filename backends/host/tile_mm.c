@@ -184,8 +184,21 @@ void chi_host_tile_transpose(int isa, int64_t rows, int64_t cols, const float *s
             dst[c * ldd + r] = src[r * lds + c];
 }
 
+#ifdef CHI_TEST_HOOKS
+static int tile_preferred = CHI_TILE_AUTO;
+
+void chi_host_tile_prefer(int isa)
+{
+    tile_preferred = isa;
+}
+#endif
+
 int chi_host_tile_isa(int isa)
 {
+#ifdef CHI_TEST_HOOKS
+    if (isa == CHI_TILE_AUTO && tile_preferred != CHI_TILE_AUTO)
+        isa = tile_preferred;
+#endif
 #ifdef HAVE_TILE_KERNELS
     __builtin_cpu_init();
     int has512 = __builtin_cpu_supports("avx512f");

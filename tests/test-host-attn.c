@@ -1,0 +1,388 @@
+/* The host's fused attention in each instruction set this CPU runs
+ * (chi_host_tile_prefer picks it; CHI_TEST_HOOKS): its row passes, whose
+ * exponential is written once in generic vectors (eight lanes) and once in
+ * AVX-512 intrinsics (sixteen), against exp in double and bit for bit
+ * against each other over floats across [-88, 0]; the row maxima; then
+ * forward and backward against a double-precision loop, with the threads'
+ * tiles in a stream's scratch memory (grown, reused, and allocated apart
+ * while the stream's is in use) and without a stream. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tap.h"
+#include "host.h"
+#include "kernels/prelude.h" /* chk_bits_f32, chk_f32_bits */
+
+static const int isas[] = {CHI_TILE_AVX512, CHI_TILE_AVX2, CHI_TILE_NONE};
+static const char *isa_name[] = {"AVX-512", "AVX2", "plain"};
+enum {
+    NISA = 3,
+    ROW = 64
+};
+
+/* Where the exponential is exact to a float: |got - exp(x)| in units of
+ * the last place of exp(x) rounded to float. */
+static double ulps(float got, double want)
+{
+    float w = (float)want;
+    double ulp = (double)nextafterf(w, INFINITY) - (double)w;
+    return fabs((double)got - want) / ulp;
+}
+
+/* The sampled inputs: every 97th float from -0 down to -88, then the
+ * edges (the last normal result, -88, 0, -inf, NaN, far below). */
+static size_t exp_inputs(float **out)
+{
+    const uint32_t lo = 0x80000000u, hi = chk_f32_bits(-88.0f), step = 97;
+    static const float edges[] = {0.0f,    -0.0f,   -87.33654f,   -87.3365f,   -87.33655f,
+                                  -87.34f, -88.0f,  -88.00001f,   -1e30f,      -INFINITY,
+                                  NAN,     -1e-40f, -0.34657359f, -0.69314718f};
+    size_t n = (hi - lo) / step + 1 + sizeof edges / sizeof edges[0];
+    n = (n + ROW - 1) / ROW * ROW;
+    float *x = malloc(n * sizeof *x);
+    if (!x)
+        return 0;
+    size_t i = 0;
+    for (uint32_t u = lo; u <= hi && u >= lo; u += step)
+        x[i++] = chk_bits_f32(u);
+    for (size_t e = 0; e < sizeof edges / sizeof edges[0]; e++)
+        x[i++] = edges[e];
+    while (i < n)
+        x[i++] = -1.0f;
+    *out = x;
+    return n;
+}
+
+static void test_exp(void)
+{
+    float *x = NULL, *y[NISA] = {NULL};
+    size_t n = exp_inputs(&x);
+    if (!n) {
+        tap_ok(0, "malloc for the exponential's inputs");
+        return;
+    }
+    for (int s = 0; s < NISA; s++) {
+        if (isas[s] != CHI_TILE_NONE && chi_host_tile_isa(isas[s]) == CHI_TILE_NONE) {
+            tap_skip("row exponential in %s: this CPU does not run it", isa_name[s]);
+            continue;
+        }
+        y[s] = malloc(n * sizeof *y[s]);
+        if (!y[s]) {
+            tap_ok(0, "malloc for the exponential's results");
+            continue;
+        }
+        memcpy(y[s], x, n * sizeof *x);
+        double worst = 0.0, worst_sum = 0.0;
+        size_t bad_special = 0;
+        char where[160] = "";
+        for (size_t r = 0; r < n; r += ROW) {
+            float sum = chi_host_attention_row_exp(isas[s], y[s] + r, ROW, ROW, 0.0f);
+            double want_sum = 0.0;
+            for (size_t i = r; i < r + ROW; i++) {
+                want_sum += y[s][i];
+                if (isnan(x[i])) {
+                    bad_special += !isnan(y[s][i]);
+                    continue;
+                }
+                if (x[i] < -87.33654f) {
+                    bad_special += y[s][i] != 0.0f;
+                    continue;
+                }
+                double u = ulps(y[s][i], exp((double)x[i]));
+                if (!(u <= worst)) {
+                    worst = u;
+                    snprintf(where, sizeof where, "at x = %.9g: got %.9g, want %.9g", (double)x[i],
+                             (double)y[s][i], exp((double)x[i]));
+                }
+            }
+            double e = isnan(want_sum) ? 0.0 : fabs(sum - want_sum) / (want_sum + FLT_MIN);
+            worst_sum = e > worst_sum ? e : worst_sum;
+        }
+        tap_ok(worst <= 1.5,
+               "row exponential in %s, %zu floats in [-87.34, 0]: %.3f ulp "
+               "(want <= 1.5) %s",
+               isa_name[s], n, worst, where);
+        tap_ok(bad_special == 0,
+               "row exponential in %s: below -87.33654 (and -inf) 0, NaN stays NaN (%zu wrong)",
+               isa_name[s], bad_special);
+        tap_ok(worst_sum <= 1e-6,
+               "row exponential in %s: the rows' sums within %.2g (want <= 1e-6)", isa_name[s],
+               worst_sum);
+    }
+    for (int s = 1; s < NISA; s++)
+        if (y[0] && y[s]) {
+            size_t differ = 0, first = n;
+            for (size_t i = 0; i < n; i++)
+                if (chk_f32_bits(y[0][i]) != chk_f32_bits(y[s][i]) &&
+                    !(isnan(y[0][i]) && isnan(y[s][i]))) {
+                    differ++;
+                    first = first < n ? first : i;
+                }
+            char where[64] = "";
+            if (differ)
+                snprintf(where, sizeof where, ", the first at x = %.9g", (double)x[first]);
+            tap_ok(differ == 0,
+                   "row exponential: AVX-512 and %s give the same bits on all %zu inputs "
+                   "(%zu differ%s)",
+                   isa_name[s], n, differ, where);
+        }
+    for (int s = 0; s < NISA; s++)
+        free(y[s]);
+    free(x);
+}
+
+/* Rows cut short: exp(x - sub) of the first w, 0 after (the floats past w
+ * hold 100, whose exponential would show), and the rows' maxima with NaN
+ * and -inf among the values, in each instruction set. */
+static void test_row_edges(tap_rng *rng)
+{
+    static const int widths[] = {1, 7, 8, 9, 15, 16, 17, 33, 63, 64};
+    for (int s = 0; s < NISA; s++) {
+        if (isas[s] != CHI_TILE_NONE && chi_host_tile_isa(isas[s]) == CHI_TILE_NONE) {
+            tap_skip("row passes cut short in %s: this CPU does not run them", isa_name[s]);
+            continue;
+        }
+        int bad_exp = 0, bad_max = 0;
+        char where[160] = "";
+        for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+            for (int rep = 0; rep < 20; rep++) {
+                int w = widths[wi];
+                float x[ROW], y[ROW];
+                float sub = rep % 2 ? 0.75f : 0.0f;
+                for (int i = 0; i < ROW; i++)
+                    x[i] = i < w ? tap_rng_uniform(rng, -30.0f, sub) : 100.0f;
+                if (rep % 3 == 1)
+                    x[rep % w] = -INFINITY;
+                if (rep % 4 == 2)
+                    x[(rep * 7) % w] = NAN;
+                memcpy(y, x, sizeof y);
+                float sum = chi_host_attention_row_exp(isas[s], y, w, ROW, sub);
+                double want_sum = 0.0, mx = -INFINITY;
+                for (int i = 0; i < ROW; i++) {
+                    double want = i < w ? exp((double)(x[i] - sub)) : 0.0; /* x - sub in float */
+                    if (i < w) {
+                        want_sum += want;
+                        mx = x[i] > mx ? x[i] : mx; /* NaN compares false: left out */
+                    }
+                    int ok = isnan(x[i]) && i < w ? isnan(y[i])
+                             : want == 0.0        ? y[i] == 0.0f
+                                                  : ulps(y[i], want) <= 1.5;
+                    if (!ok && !bad_exp++)
+                        snprintf(where, sizeof where, "w=%d, element %d: got %.9g, want %.9g", w, i,
+                                 (double)y[i], want);
+                }
+                if (!isnan(want_sum) && !(fabs(sum - want_sum) <= 1e-6 * want_sum) && !bad_exp++)
+                    snprintf(where, sizeof where, "w=%d: sum %.9g, want %.9g", w, (double)sum,
+                             want_sum);
+                float got_max = chi_host_attention_row_max(isas[s], x, w);
+                bad_max += (double)got_max != mx;
+            }
+        tap_ok(bad_exp == 0, "row exponential cut short in %s (%d wrong) %s", isa_name[s], bad_exp,
+               where);
+        tap_ok(bad_max == 0, "row maxima in %s, NaN left out (%d wrong)", isa_name[s], bad_max);
+    }
+}
+
+typedef struct attn_shape {
+    int b, heads, t, hd;
+} attn_shape;
+
+/* Matrix m's element (i, d) in a tensor of rows ld floats apart. */
+static size_t at(const attn_shape *a, int m, int i, int d, int ld)
+{
+    return (size_t)(m / a->heads) * a->t * ld + (size_t)i * ld + (size_t)(m % a->heads) * a->hd + d;
+}
+
+/* The double loop: o and lse, then from dout, dq, dk and dv; q, k and v
+ * packed in rows of ld (k at column heads * hd, v at 2 heads * hd). */
+static void reference(const attn_shape *a, const float *qkv, int ld, const float *dout, int ldo,
+                      double *o, double *lse, double *dqkv)
+{
+    int t = a->t, hd = a->hd, off = a->heads * a->hd;
+    double scale = 1.0 / sqrt(hd);
+    double *p = malloc(sizeof *p * (size_t)t * t);
+    if (!p)
+        return;
+    for (int m = 0; m < a->b * a->heads; m++) {
+        const float *q = qkv, *k = qkv + off, *v = qkv + 2 * off;
+        for (int i = 0; i < t; i++) {
+            double mx = -INFINITY, l = 0.0;
+            for (int j = 0; j <= i; j++) {
+                double s = 0.0;
+                for (int d = 0; d < hd; d++)
+                    s += (double)q[at(a, m, i, d, ld)] * k[at(a, m, j, d, ld)];
+                p[(size_t)i * t + j] = s * scale;
+                mx = p[(size_t)i * t + j] > mx ? p[(size_t)i * t + j] : mx;
+            }
+            for (int j = 0; j <= i; j++)
+                l += exp(p[(size_t)i * t + j] - mx);
+            for (int j = 0; j <= i; j++)
+                p[(size_t)i * t + j] = exp(p[(size_t)i * t + j] - mx) / l;
+            lse[(size_t)m * t + i] = mx + log(l);
+            for (int d = 0; d < hd; d++) {
+                double sum = 0.0;
+                for (int j = 0; j <= i; j++)
+                    sum += p[(size_t)i * t + j] * v[at(a, m, j, d, ld)];
+                o[at(a, m, i, d, ldo)] = sum;
+            }
+        }
+        for (int i = 0; i < t; i++) {
+            double dsum = 0.0, dp[t];
+            for (int j = 0; j <= i; j++) {
+                dp[j] = 0.0;
+                for (int d = 0; d < hd; d++)
+                    dp[j] += (double)dout[at(a, m, i, d, ldo)] * v[at(a, m, j, d, ld)];
+                dsum += p[(size_t)i * t + j] * dp[j];
+            }
+            for (int j = 0; j <= i; j++) {
+                double pij = p[(size_t)i * t + j], ds = pij * (dp[j] - dsum) * scale;
+                for (int d = 0; d < hd; d++) {
+                    dqkv[at(a, m, i, d, ld)] += ds * k[at(a, m, j, d, ld)];
+                    dqkv[at(a, m, j, d, ld) + off] += ds * q[at(a, m, i, d, ld)];
+                    dqkv[at(a, m, j, d, ld) + 2 * off] += pij * dout[at(a, m, i, d, ldo)];
+                }
+            }
+        }
+    }
+    free(p);
+}
+
+/* The largest |got - want| over the entries `used` marks, relative to the
+ * largest |want| there; entries not used must still hold `sentinel`. */
+static double rel_error(const float *got, const double *want, const unsigned char *used, size_t n,
+                        float sentinel, size_t *touched)
+{
+    double top = 0.0, err = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (used[i])
+            top = fabs(want[i]) > top ? fabs(want[i]) : top;
+    *touched = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!used[i]) {
+            *touched += chk_f32_bits(got[i]) != chk_f32_bits(sentinel);
+            continue;
+        }
+        double e = fabs(got[i] - want[i]) / (top + 1e-30);
+        err = e > err || isnan(e) ? e : err;
+    }
+    return err;
+}
+
+static ch_bmem mem_of(void *p)
+{
+    return (ch_bmem){.ptr = p, .off = 0};
+}
+
+static void test_attention(const attn_shape *a, int s, void *stream, tap_rng *rng)
+{
+    int off = a->heads * a->hd, ld = 3 * off + 5, ldo = off + 3;
+    size_t nqkv = (size_t)a->b * a->t * ld, no = (size_t)a->b * a->t * ldo,
+           nl = (size_t)a->b * a->heads * a->t;
+    float *qkv = malloc(nqkv * sizeof *qkv), *dqkv = malloc(nqkv * sizeof *dqkv),
+          *o = malloc(no * sizeof *o), *dout = malloc(no * sizeof *dout),
+          *lse = malloc(nl * sizeof *lse);
+    double *ro = calloc(no, sizeof *ro), *rlse = calloc(nl, sizeof *rlse),
+           *rd = calloc(nqkv, sizeof *rd);
+    unsigned char *used_qkv = calloc(nqkv, 1), *used_o = calloc(no, 1), *used_l = malloc(nl);
+    if (!qkv || !dqkv || !o || !dout || !lse || !ro || !rlse || !rd || !used_qkv || !used_o ||
+        !used_l) {
+        tap_ok(0, "malloc for attention at t=%d", a->t);
+        goto out;
+    }
+    for (size_t i = 0; i < nqkv; i++) {
+        qkv[i] = tap_rng_uniform(rng, -2.0f, 2.0f);
+        dqkv[i] = -3.0f;
+    }
+    for (size_t i = 0; i < no; i++) {
+        dout[i] = tap_rng_uniform(rng, -1.0f, 1.0f);
+        o[i] = -3.0f;
+    }
+    memset(used_l, 1, nl);
+    for (int m = 0; m < a->b * a->heads; m++)
+        for (int i = 0; i < a->t; i++)
+            for (int d = 0; d < a->hd; d++) {
+                used_o[at(a, m, i, d, ldo)] = 1;
+                for (int c = 0; c < 3; c++)
+                    used_qkv[at(a, m, i, d, ld) + (size_t)c * off] = 1;
+            }
+    reference(a, qkv, ld, dout, ldo, ro, rlse, rd);
+    chi_host_tile_prefer(isas[s]);
+    float scale = 1.0f / sqrtf((float)a->hd);
+    ch_status st =
+        chi_host_attention(stream, a->b, a->heads, a->t, a->hd, scale, mem_of(o), ldo, mem_of(lse),
+                           mem_of(qkv), mem_of(qkv + off), mem_of(qkv + 2 * off), ld);
+    ch_status st2 =
+        st != CH_OK
+            ? st
+            : chi_host_attention_backward(stream, a->b, a->heads, a->t, a->hd, scale, mem_of(dqkv),
+                                          mem_of(dqkv + off), mem_of(dqkv + 2 * off), mem_of(qkv),
+                                          mem_of(qkv + off), mem_of(qkv + 2 * off), ld,
+                                          mem_of(dout), mem_of(o), ldo, mem_of(lse));
+    chi_host_tile_prefer(CHI_TILE_AUTO);
+    const char *via = !stream                                                   ? "no stream"
+                      : atomic_load(&((chi_host_stream *)stream)->scratch_busy) ? "stream busy"
+                                                                                : "stream scratch";
+    if (st != CH_OK || st2 != CH_OK) {
+        tap_ok(0, "attention in %s (%s), b=%d heads=%d t=%d hd=%d: %s", isa_name[s], via, a->b,
+               a->heads, a->t, a->hd, ch_last_error());
+        goto out;
+    }
+    size_t touched_o, touched_l, touched_d;
+    double eo = rel_error(o, ro, used_o, no, -3.0f, &touched_o);
+    double el = rel_error(lse, rlse, used_l, nl, 0.0f, &touched_l);
+    double ed = rel_error(dqkv, rd, used_qkv, nqkv, -3.0f, &touched_d);
+    tap_ok(eo <= 2e-6 && el <= 2e-6 && touched_o == 0,
+           "attention forward in %s (%s), b=%d heads=%d t=%d hd=%d: o within %.2g, lse within "
+           "%.2g (want <= 2e-6), %zu padding floats written",
+           isa_name[s], via, a->b, a->heads, a->t, a->hd, eo, el, touched_o);
+    tap_ok(ed <= 5e-6 && touched_d == 0,
+           "attention backward in %s (%s), b=%d heads=%d t=%d hd=%d: dq, dk, dv within %.2g "
+           "(want <= 5e-6), %zu padding floats written",
+           isa_name[s], via, a->b, a->heads, a->t, a->hd, ed, touched_d);
+out:
+    free(qkv), free(dqkv), free(o), free(dout), free(lse), free(ro), free(rlse), free(rd);
+    free(used_qkv), free(used_o), free(used_l);
+}
+
+static void test_attentions(tap_rng *rng)
+{
+    static const attn_shape shapes[] = {
+        {2, 3, 100, 24}, {1, 2, 64, 32}, {1, 1, 1, 8}, {1, 2, 130, 64}, {3, 1, 17, 5},
+    };
+    chi_host_stream stream = {0};
+    for (int s = 0; s < NISA; s++) {
+        if (isas[s] != CHI_TILE_NONE && chi_host_tile_isa(isas[s]) == CHI_TILE_NONE) {
+            tap_skip("attention in %s: this CPU does not run it", isa_name[s]);
+            continue;
+        }
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            test_attention(&shapes[i], s, &stream, rng);
+        test_attention(&shapes[0], s, NULL, rng);
+    }
+    /* The stream's memory grew to the largest shape's and was kept. */
+    size_t kept = stream.scratch_bytes;
+    void *mem = stream.scratch;
+    test_attention(&shapes[1], 2, &stream, rng);
+    tap_ok(stream.scratch == mem && stream.scratch_bytes == kept && kept > 0,
+           "the stream keeps its scratch between calls (%zu bytes)", kept);
+    /* In use (another thread's op on the stream): the op allocates apart. */
+    atomic_store(&stream.scratch_busy, 1);
+    test_attention(&shapes[0], 2, &stream, rng);
+    tap_ok(stream.scratch == mem && atomic_load(&stream.scratch_busy) == 1,
+           "while the stream's scratch is in use the op leaves it alone");
+    atomic_store(&stream.scratch_busy, 0);
+    free(stream.scratch);
+}
+
+int main(void)
+{
+    tap_rng rng = {20261206};
+    test_exp();
+    test_row_edges(&rng);
+    test_attentions(&rng);
+    return tap_done();
+}
