@@ -44,6 +44,7 @@ static ch_status embedding_forward(ch_module *m, const ch_tensor *idx) { return 
 static ch_status embedding_backward(ch_module *m, const ch_tensor *dy, int want_dx)
 {
     (void)want_dx; /* indices have no gradient */
+    TRY(nn_grad_settle(&m->params[0])); /* added to row by row */
     return ch_embedding_backward(m->params[0].grad, dy, m->x);
 }
 
@@ -116,6 +117,10 @@ static ch_status gpt_embed_backward(ch_module *m, const ch_tensor *dy, int want_
         TRY(ch_mul(m->tmp[0], dy, m->aux));
         dy = m->tmp[0];
     }
+    /* Both are added to in part: wpe's first T rows, wte's rows by index
+     * (after the output layer's share of it, which wrote it whole). */
+    TRY(nn_grad_settle(&m->params[0]));
+    TRY(nn_grad_settle(&m->params[1]));
     ch_tensor *pos = NULL, *dy2 = NULL;
     ch_status st = first_rows(&pos, m->params[1].grad, ch_tensor_dim(m->x, 1));
     if (st == CH_OK)
@@ -435,7 +440,7 @@ static ch_status gpt_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     if (st == CH_OK)
         st = token_rows(&dh, m->tmp[0]);
     if (st == CH_OK) /* the output's share of the tied gradient */
-        st = ch_gemm(w->grad, 1, 0, 1.0f, dyh, h, 1.0f);
+        st = ch_gemm(w->grad, 1, 0, 1.0f, dyh, h, nn_grad_beta(w));
     if (st == CH_OK)
         st = ch_gemm(dh, 0, 0, 1.0f, dyh, half ? m->tmp[2] : w->value, 0.0f);
     ch_tensor_free(h);

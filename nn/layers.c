@@ -72,9 +72,9 @@ static ch_status linear_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     if (st == CH_OK)
         st = rows_view(&dyh2, dyh, m->out);
     if (st == CH_OK)
-        st = ch_gemm(m->params[0].grad, 1, 0, 1.0f, dyh2, x2, 1.0f);
+        st = ch_gemm(m->params[0].grad, 1, 0, 1.0f, dyh2, x2, nn_grad_beta(&m->params[0]));
     if (st == CH_OK && m->nparams > 1)
-        st = ch_bias_grad(m->params[1].grad, dy2, 1, 1.0f);
+        st = ch_bias_grad(m->params[1].grad, dy2, 1, nn_grad_beta(&m->params[1]));
     if (st == CH_OK && want_dx) {
         int64_t shape[CH_MAX_DIMS];
         nn_shape(m->x, shape);
@@ -131,7 +131,7 @@ static ch_status conv_forward(ch_module *m, const ch_tensor *x)
 static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
 {
     if (m->nparams > 1)
-        TRY(ch_bias_grad(m->params[1].grad, dy, 1, 1.0f));
+        TRY(ch_bias_grad(m->params[1].grad, dy, 1, nn_grad_beta(&m->params[1])));
     if (want_dx) {
         int64_t x_shape[4];
         nn_shape(m->x, x_shape);
@@ -141,9 +141,9 @@ static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     int half = m->precision != CH_F32;
     const ch_tensor *dyh;
     TRY(nn_half(&m->tmp[2], m, dy, &dyh));
-    ch_status st =
-        ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dyh, half ? m->tmp[0] : m->x,
-                           half ? m->tmp[1] : m->params[0].value, &win, 1.0f);
+    ch_status st = ch_conv2d_backward(
+        want_dx ? m->dx : NULL, m->params[0].grad, dyh, half ? m->tmp[0] : m->x,
+        half ? m->tmp[1] : m->params[0].value, &win, nn_grad_beta(&m->params[0]));
     nn_release(&m->tmp[2]); /* dy rounded: read */
     return st;
 }

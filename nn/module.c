@@ -639,8 +639,27 @@ ch_status ch_module_param(const ch_module *m, int index, const char **name, ch_t
         *name = p->name;
     if (value)
         *value = p->value;
-    if (grad)
+    if (grad) {
+        TRY(nn_grad_settle(p)); /* what the caller reads or adds to is zeros */
         *grad = p->grad;
+    }
+    return CH_OK;
+}
+
+float nn_grad_beta(nn_param *p)
+{
+    if (!p->zero)
+        return 1.0f;
+    p->zero = 0;
+    return 0.0f;
+}
+
+ch_status nn_grad_settle(nn_param *p)
+{
+    if (p->zero) {
+        TRY(ch_fill(p->grad, 0.0));
+        p->zero = 0;
+    }
     return CH_OK;
 }
 
@@ -807,6 +826,7 @@ static ch_status clone_into(ch_module **out, const ch_module *m, ch_device *dev)
     c->nparams = c->nbufs = 0;
     for (int i = 0; i < m->nparams; i++) {
         c->params[i].value = c->params[i].grad = NULL;
+        c->params[i].flat = 0; /* its own gradient, not a view (zero: as m's) */
         c->nparams++;
         TRY(ch_tensor_to(&c->params[i].value, m->params[i].value, dev));
         TRY(ch_tensor_to(&c->params[i].grad, m->params[i].grad, dev));
@@ -956,13 +976,15 @@ static ch_status grad_into(nn_param *p, ch_tensor *buf, int64_t *off)
     ch_status st = ch_tensor_reshape(&view, rows, ch_tensor_ndim(like), shape);
     ch_tensor_free(rows);
     if (st == CH_OK)
-        st = p->grad ? ch_copy(view, p->grad) : ch_fill(view, 0.0);
+        st = p->grad && !p->zero ? ch_copy(view, p->grad) : ch_fill(view, 0.0);
     if (st != CH_OK) {
         ch_tensor_free(view);
         return st;
     }
     ch_tensor_free(p->grad);
     p->grad = view;
+    p->zero = 0;
+    p->flat = 1;
     *off += n;
     return CH_OK;
 }
@@ -991,6 +1013,7 @@ void nn_drop_grads(ch_module *m)
     for (int i = 0; i < m->nparams; i++) {
         ch_tensor_free(m->params[i].grad);
         m->params[i].grad = NULL;
+        m->params[i].zero = 0;
     }
     for (int i = 0; i < m->nchild; i++)
         nn_drop_grads(m->child[i]);
@@ -1000,8 +1023,13 @@ ch_status ch_module_zero_grad(ch_module *m)
 {
     if (!m)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_module_zero_grad: m is NULL");
-    for (int i = 0; i < m->nparams; i++)
-        TRY(ch_fill(m->params[i].grad, 0.0));
+    for (int i = 0; i < m->nparams; i++) {
+        nn_param *p = &m->params[i];
+        if (p->flat) /* a bucket's: reduced as a whole, written now */
+            TRY(ch_fill(p->grad, 0.0));
+        else
+            p->zero = 1;
+    }
     for (int i = 0; i < m->nchild; i++)
         TRY(ch_module_zero_grad(m->child[i]));
     return CH_OK;

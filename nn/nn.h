@@ -15,6 +15,14 @@ typedef struct nn_param {
     const char *local;   /* the part the module gives: "weight", "wte.weight" */
     ch_tensor *value;
     ch_tensor *grad;
+    /* 1: the gradient is zero without its zeros written (ch_module_zero_grad
+     * left them to the first write, as PyTorch's zero_grad leaves None):
+     * a backward that writes the whole gradient passes nn_grad_beta's 0,
+     * one that adds to it calls nn_grad_settle first, and ch_module_param
+     * settles it before handing it out. Never for a gradient that is a
+     * view of a shared buffer (flat): zero_grad writes those at once. */
+    int zero;
+    int flat; /* the gradient is a view of a bucket's buffer (nn_grads_into) */
 } nn_param;
 
 /* A buffer: state that is saved but not trained (BatchNorm's running
@@ -165,6 +173,13 @@ void nn_shape(const ch_tensor *t, int64_t *shape);
  * elements), one after the other: those gradients are then one buffer
  * that can be reduced as a whole. Their values are copied in. */
 ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf);
+/* The beta of a backward's op that writes parameter p's whole gradient:
+ * 0 where ch_module_zero_grad left it unwritten (which the write ends), 1
+ * where the op adds to what is there. */
+float nn_grad_beta(nn_param *p);
+/* p's gradient's zeros written where ch_module_zero_grad left them
+ * unwritten: before an op adds to part of it. */
+ch_status nn_grad_settle(nn_param *p);
 /* Frees every parameter's gradient of the tree, before nn_grads_into
  * gives each one in a buffer (zeros): a module without gradients must
  * get them that way before anything reads them. */

@@ -105,6 +105,8 @@ static ch_status bn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         nn_shape(m->x, shape);
         TRY(nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(m->x), shape));
     }
+    TRY(nn_grad_settle(&m->params[0])); /* accumulated into */
+    TRY(nn_grad_settle(&m->params[1]));
     return ch_batchnorm_backward(want_dx ? m->dx : NULL, m->params[0].grad, m->params[1].grad,
                                  dy, m->x, t[BN_MEAN], t[BN_RSTD], m->params[0].value, t[BN_G],
                                  total);
@@ -132,6 +134,8 @@ static ch_status ln_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         nn_shape(m->x, shape);
         TRY(nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(m->x), shape));
     }
+    TRY(nn_grad_settle(&m->params[0])); /* accumulated into */
+    TRY(nn_grad_settle(&m->params[1]));
     return ch_layernorm_backward(want_dx ? m->dx : NULL, m->params[0].grad, m->params[1].grad,
                                  dy, m->x, m->tmp[0], m->tmp[1], m->params[0].value);
 }

@@ -189,6 +189,110 @@ static void test_gradients(ch_device *dev)
     ch_module_free(m);
 }
 
+/* Every parameter's gradient (grad 1) or value, downloaded end to end
+ * into g (n floats at most): how many, -1 on a failure. */
+static int64_t all_params(ch_module *m, int grad, float *g, int64_t n)
+{
+    int64_t at = 0;
+    for (int i = 0; i < ch_module_param_count(m); i++) {
+        ch_tensor *t = NULL;
+        if (ch_module_param(m, i, NULL, grad ? NULL : &t, grad ? &t : NULL) != CH_OK ||
+            at + ch_tensor_numel(t) > n)
+            return -1;
+        ch_tensor_download(t, g + at, ch_tensor_nbytes(t));
+        at += ch_tensor_numel(t);
+    }
+    return at;
+}
+
+/* ch_module_zero_grad's gradients read as zeros; the first backward after
+ * it writes them (whatever was there, NaN included: the Linears' GEMMs
+ * and bias sums overwrite, LayerNorm's sums add to zeros written first),
+ * the next adds to them; an optimizer step with no backward between sees
+ * zeros. */
+static void test_zero_grad(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    ch_module *c[4] = {NULL};
+    ch_nn_linear(&c[0], 5, 6);
+    ch_nn_layernorm(&c[1], 6, 1e-5f);
+    ch_nn_activation(&c[2], CH_ACT_TANH);
+    ch_nn_linear(&c[3], 6, 3);
+    ch_module *m = tap_sequential(4, c);
+    int64_t xs[2] = {4, 5}, ys[2] = {4, 3};
+    float xv[20], dyv[12], g1[128], g2[128], gz[128];
+    random_fill(xv, 20, -1, 1);
+    random_fill(dyv, 12, -1, 1);
+    ch_tensor *x = NULL, *dy = NULL, *y = NULL, *dx = NULL;
+    ch_status st = m ? ch_module_init(m, 7) : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = ch_module_to(m, dev);
+    if (st == CH_OK) {
+        x = tensor_from(dev, 2, xs, xv);
+        dy = tensor_from(dev, 2, ys, dyv);
+        st = x && dy ? CH_OK : CH_ERR_OUT_OF_MEMORY;
+    }
+    /* NaN in every gradient, then zero_grad and one backward: g1. */
+    for (int i = 0; st == CH_OK && i < ch_module_param_count(m); i++) {
+        ch_tensor *g = NULL;
+        st = ch_module_param(m, i, NULL, NULL, &g);
+        if (st == CH_OK)
+            st = ch_fill(g, NAN);
+    }
+    if (st == CH_OK)
+        st = ch_module_zero_grad(m);
+    if (st == CH_OK)
+        st = ch_module_forward(m, &y, x);
+    if (st == CH_OK)
+        st = ch_module_backward(m, &dx, dy);
+    int64_t n = st == CH_OK ? all_params(m, 1, g1, 128) : -1;
+    int finite = n > 0;
+    for (int64_t i = 0; i < n; i++)
+        finite &= isfinite(g1[i]) != 0;
+    tap_ok(finite, "zero_grad on %s: the backward after it overwrites NaN gradients (%lld floats)",
+           id, (long long)n);
+    /* Twice without zero_grad between: 2 g1. */
+    if (st == CH_OK)
+        st = ch_module_zero_grad(m);
+    for (int k = 0; st == CH_OK && k < 2; k++) {
+        st = ch_module_forward(m, &y, x);
+        if (st == CH_OK)
+            st = ch_module_backward(m, &dx, dy);
+    }
+    double worst = n > 0 && st == CH_OK && all_params(m, 1, g2, 128) == n ? 0.0 : INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs(g2[i] - 2.0 * g1[i]) / fmax(fabs(2.0 * g1[i]), 1e-3));
+    tap_ok(worst <= 1e-6,
+           "zero_grad on %s: two backwards after it add up to twice one "
+           "(worst relative error %.2g)",
+           id, worst);
+    /* zero_grad alone: zeros to a reader; SGD then leaves the weights. */
+    float before[128], after[128];
+    if (st == CH_OK)
+        st = ch_module_zero_grad(m);
+    int zeros = st == CH_OK && all_params(m, 1, gz, 128) == n;
+    for (int64_t i = 0; zeros && i < n; i++)
+        zeros = gz[i] == 0.0f;
+    tap_ok(zeros, "zero_grad on %s: the gradients read as zeros", id);
+    ch_optimizer *opt = NULL;
+    ch_optimizer_options o = ch_optimizer_defaults(CH_OPT_SGD, 0.5f);
+    if (st == CH_OK)
+        st = ch_module_zero_grad(m);
+    int64_t np = st == CH_OK ? all_params(m, 0, before, 128) : -1;
+    if (st == CH_OK)
+        st = ch_optimizer_new(&opt, m, &o);
+    if (st == CH_OK)
+        st = ch_optimizer_step(opt, 0.5f);
+    int64_t na = st == CH_OK ? all_params(m, 0, after, 128) : -1;
+    tap_ok(st == CH_OK && np == na && np > 0 && memcmp(before, after, sizeof(float) * np) == 0,
+           "zero_grad on %s: an SGD step with no backward since leaves the weights (%s)", id,
+           st == CH_OK ? "ok" : ch_last_error());
+    ch_optimizer_free(opt);
+    ch_tensor_free(x);
+    ch_tensor_free(dy);
+    ch_module_free(m);
+}
+
 static void test_dropout(ch_device *dev)
 {
     const char *id = ch_device_id(dev);
@@ -855,6 +959,7 @@ int main(void)
     test_errors();
     for (int i = 0; i < n; i++) {
         test_gradients(devs[i]);
+        test_zero_grad(devs[i]);
         test_dropout(devs[i]);
         test_mse_and_clip(devs[i]);
         test_training(devs[i], CH_OPT_SGD);

@@ -182,6 +182,14 @@ CH_API ch_status ch_module_forward(ch_module *m, ch_tensor **y, const ch_tensor 
  * container lets its dx go once the container has read it (the pass
  * keeps only the gradients in flight). */
 CH_API ch_status ch_module_backward(ch_module *m, ch_tensor **dx, const ch_tensor *dy);
+/* Every parameter's gradient becomes zero; backward adds to gradients, so
+ * call it before each step's first backward. The zeros are not written
+ * at once (PyTorch's zero_grad leaves None in their place): the next
+ * backward's ops write the gradients whole (a Linear's GEMM with beta 0)
+ * or write the zeros first where they add to part of one (an embedding's
+ * rows), and ch_module_param writes them before it hands a gradient out,
+ * so every reader sees zeros. Gradients that data parallelism keeps in
+ * its buckets are zeroed at once. */
 CH_API ch_status ch_module_zero_grad(ch_module *m);
 
 /* Parameters in state_dict order, with their gradients: *name, *value and
