@@ -72,8 +72,14 @@ typedef struct mm_entry {
     int ok;
     dnnl_primitive_t prim;
     dnnl_memory_desc_t md[3]; /* a, b, c */
-    size_t scratch;
-    char why[160]; /* when not ok: what oneDNN refused */
+    /* A single product's B in the layout the matmul chose (b_want, b_bytes
+     * of it at the start of the scratch memory), reordered from md[1]
+     * before each call; NULL: the matmul reads B as stored. */
+    dnnl_primitive_t reorder_b;
+    dnnl_memory_desc_t b_want;
+    size_t b_bytes;
+    size_t scratch; /* in all: B reordered, then the scratchpad */
+    char why[160];  /* when not ok: what oneDNN refused */
     struct mm_entry *next;
 } mm_entry;
 
@@ -135,6 +141,8 @@ void chi_host_dnnl_shutdown(void)
         dn.matmuls = e->next;
         if (e->prim)
             dnnl_primitive_destroy(e->prim);
+        if (e->reorder_b)
+            dnnl_primitive_destroy(e->reorder_b);
         free(e);
     }
     dn.nmatmuls = 0;
@@ -651,22 +659,62 @@ static void mm_build(mm_entry *e)
         if (s == dnnl_success)
             s = dnnl_primitive_attr_set_post_ops(attr, po);
     }
+    /* Where B is stored transposed (x W^T, a Linear's forward), k is at
+     * most 768 and n an odd multiple of 256, the matmul chooses B's layout
+     * ("any") and B is reordered into it each call: oneDNN 2.6's AMX
+     * matmul read such a B as stored at 0.9 to 1.1 TFLOP/s in calls one
+     * after another ([1024, 768] by [768, 256], [768, 768] and [768,
+     * 2304]; [512, 768]; 1.5 within GPT-2 small's bf16 step) and ran the
+     * same products from its own layout at 1.8 to 2.3 (Sapphire Rapids, 2
+     * cores), while for the other shapes measured (k 1024 to 4096, n a
+     * multiple of 512, n 640 or 1280) the reorder cost more than it saved
+     * (7 to 30%). A rule of the shape, not a timing: the same layout, and
+     * the same bits, on every run. */
+    dnnl_memory_desc_t b_any;
+    dnnl_dims_t dkn = {e->k, e->n};
+    int any = nd == 2 && e->tb && e->k <= 768 && e->n % 512 == 256 && s == dnnl_success &&
+              dnnl_memory_desc_init_by_tag(&b_any, 2, dkn, in, dnnl_format_tag_any) == dnnl_success;
     if (s == dnnl_success) {
         what = "dnnl_matmul_desc_init";
-        s = dnnl_matmul_desc_init(&d, &e->md[0], &e->md[1], NULL, &e->md[2]);
+        s = dnnl_matmul_desc_init(&d, &e->md[0], any ? &b_any : &e->md[1], NULL, &e->md[2]);
     }
     if (s == dnnl_success) {
         what = "dnnl_primitive_desc_create (matmul)";
         s = dnnl_primitive_desc_create(&pd, &d, attr, dn.engine, NULL);
     }
+    size_t reorder_scratch = 0;
+    if (s == dnnl_success && any) {
+        const dnnl_memory_desc_t *want = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        what = "the reorder of B (matmul)";
+        s = want ? dnnl_success : dnnl_runtime_error;
+        if (s == dnnl_success && !dnnl_memory_desc_equal(want, &e->md[1])) {
+            dnnl_primitive_desc_t rpd = NULL;
+            e->b_want = *want;
+            e->b_bytes = dnnl_memory_desc_get_size(want);
+            s = dnnl_reorder_primitive_desc_create(&rpd, &e->md[1], dn.engine, want, dn.engine,
+                                                   attr);
+            if (s == dnnl_success) {
+                reorder_scratch = scratch_of(rpd);
+                s = dnnl_primitive_create(&e->reorder_b, rpd);
+                dnnl_primitive_desc_destroy(rpd);
+            }
+            if (s != dnnl_success)
+                e->reorder_b = NULL;
+        }
+    }
     if (s == dnnl_success) {
-        e->scratch = scratch_of(pd);
+        size_t mm_scratch = scratch_of(pd);
+        e->scratch = (e->reorder_b ? align_up(e->b_bytes) : 0) +
+                     (mm_scratch > reorder_scratch ? mm_scratch : reorder_scratch);
         what = "dnnl_primitive_create (matmul)";
         s = dnnl_primitive_create(&e->prim, pd);
     }
     e->ok = s == dnnl_success;
     if (!e->ok) {
         e->prim = NULL;
+        if (e->reorder_b)
+            dnnl_primitive_destroy(e->reorder_b);
+        e->reorder_b = NULL;
         snprintf(e->why, sizeof e->why, "%s: oneDNN status %d", what, (int)s);
     }
     if (pd)
@@ -727,9 +775,31 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
     (void)stream;
     if (m == 0 || n == 0 || count == 0)
         return CH_OK;
-    mm_entry key = {ab, cd, trans_a != 0, trans_b != 0, count, m, n, k, lda, ldb, ldc,
-                    count > 1 ? stride_a : 0, count > 1 ? stride_b : 0,
-                    count > 1 ? stride_c : 0, alpha, beta, 0, NULL, {{0}}, 0, "", NULL};
+    mm_entry key = {ab,
+                    cd,
+                    trans_a != 0,
+                    trans_b != 0,
+                    count,
+                    m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldc,
+                    count > 1 ? stride_a : 0,
+                    count > 1 ? stride_b : 0,
+                    count > 1 ? stride_c : 0,
+                    alpha,
+                    beta,
+                    0,
+                    NULL,
+                    {{0}},
+                    NULL,
+                    {0},
+                    0,
+                    0,
+                    "",
+                    NULL};
     const char *why;
     const mm_entry *e = k > 0 ? mm_lookup(&key, &why) : NULL;
     if (!e)
@@ -742,27 +812,36 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
         return r;
     }
     void *ptr[3] = {(char *)a.ptr + a.off, (char *)b.ptr + b.off, (char *)c.ptr + c.off};
-    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    /* mem: a, b, c, the scratchpad, b reordered */
+    dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
+    size_t pad_off = e->reorder_b ? align_up(e->b_bytes) : 0;
     dnnl_status_t s = dnnl_success;
     for (int i = 0; i < 3 && s == dnnl_success; i++)
         s = dnnl_memory_create(&mem[i], &e->md[i], dn.engine, ptr[i]);
-    if (s == dnnl_success && e->scratch) {
+    if (s == dnnl_success && e->scratch > pad_off) {
         dnnl_memory_desc_t md;
-        dnnl_dims_t d = {(dnnl_dim_t)e->scratch};
+        dnnl_dims_t d = {(dnnl_dim_t)(e->scratch - pad_off)};
         s = dnnl_memory_desc_init_by_tag(&md, 1, d, dnnl_u8, dnnl_a);
         if (s == dnnl_success)
-            s = dnnl_memory_create(&mem[3], &md, dn.engine, ctx->scratch);
+            s = dnnl_memory_create(&mem[3], &md, dn.engine, (char *)ctx->scratch + pad_off);
+    }
+    if (s == dnnl_success && e->reorder_b) {
+        s = dnnl_memory_create(&mem[4], &e->b_want, dn.engine, ctx->scratch);
+        dnnl_exec_arg_t rargs[3] = {
+            {DNNL_ARG_FROM, mem[1]}, {DNNL_ARG_TO, mem[4]}, {DNNL_ARG_SCRATCHPAD, mem[3]}};
+        if (s == dnnl_success)
+            s = dnnl_primitive_execute(e->reorder_b, ctx->stream, mem[3] ? 3 : 2, rargs);
     }
     if (s == dnnl_success) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
-                                   {DNNL_ARG_WEIGHTS, mem[1]},
+                                   {DNNL_ARG_WEIGHTS, e->reorder_b ? mem[4] : mem[1]},
                                    {DNNL_ARG_DST, mem[2]},
                                    {DNNL_ARG_SCRATCHPAD, mem[3]}};
-        s = dnnl_primitive_execute(e->prim, ctx->stream, e->scratch ? 4 : 3, args);
+        s = dnnl_primitive_execute(e->prim, ctx->stream, mem[3] ? 4 : 3, args);
     }
     if (s == dnnl_success)
         s = dnnl_stream_wait(ctx->stream);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (mem[i])
             dnnl_memory_destroy(mem[i]);
     ctx_give(ctx);
