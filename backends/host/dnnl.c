@@ -826,6 +826,10 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
             s = dnnl_memory_create(&mem[3], &md, dn.engine, (char *)ctx->scratch + pad_off);
     }
     if (s == dnnl_success && e->reorder_b) {
+        /* The layout may pad k and n; the reorder leaves the padding as it
+         * finds it, the matmul reads it as zeros, and the memory held
+         * another call's B before. */
+        memset(ctx->scratch, 0, e->b_bytes);
         s = dnnl_memory_create(&mem[4], &e->b_want, dn.engine, ctx->scratch);
         dnnl_exec_arg_t rargs[3] = {
             {DNNL_ARG_FROM, mem[1]}, {DNNL_ARG_TO, mem[4]}, {DNNL_ARG_SCRATCHPAD, mem[3]}};
