@@ -78,6 +78,7 @@ typedef struct mm_entry {
     dnnl_primitive_t reorder_b;
     dnnl_memory_desc_t b_want;
     size_t b_bytes;
+    int b_padded;   /* b_want pads k or n: the padding must read as zeros */
     size_t scratch; /* in all: B reordered, then the scratchpad */
     char why[160];  /* when not ok: what oneDNN refused */
     struct mm_entry *next;
@@ -691,6 +692,7 @@ static void mm_build(mm_entry *e)
             dnnl_primitive_desc_t rpd = NULL;
             e->b_want = *want;
             e->b_bytes = dnnl_memory_desc_get_size(want);
+            e->b_padded = e->b_bytes > (size_t)(e->k * e->n) * 2; /* bf16, f16 */
             s = dnnl_reorder_primitive_desc_create(&rpd, &e->md[1], dn.engine, want, dn.engine,
                                                    attr);
             if (s == dnnl_success) {
@@ -775,31 +777,22 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
     (void)stream;
     if (m == 0 || n == 0 || count == 0)
         return CH_OK;
-    mm_entry key = {ab,
-                    cd,
-                    trans_a != 0,
-                    trans_b != 0,
-                    count,
-                    m,
-                    n,
-                    k,
-                    lda,
-                    ldb,
-                    ldc,
-                    count > 1 ? stride_a : 0,
-                    count > 1 ? stride_b : 0,
-                    count > 1 ? stride_c : 0,
-                    alpha,
-                    beta,
-                    0,
-                    NULL,
-                    {{0}},
-                    NULL,
-                    {0},
-                    0,
-                    0,
-                    "",
-                    NULL};
+    mm_entry key = {.ab = ab,
+                    .cd = cd,
+                    .ta = trans_a != 0,
+                    .tb = trans_b != 0,
+                    .count = count,
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .lda = lda,
+                    .ldb = ldb,
+                    .ldc = ldc,
+                    .sa = count > 1 ? stride_a : 0,
+                    .sb = count > 1 ? stride_b : 0,
+                    .sc = count > 1 ? stride_c : 0,
+                    .alpha = alpha,
+                    .beta = beta};
     const char *why;
     const mm_entry *e = k > 0 ? mm_lookup(&key, &why) : NULL;
     if (!e)
@@ -826,10 +819,11 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
             s = dnnl_memory_create(&mem[3], &md, dn.engine, (char *)ctx->scratch + pad_off);
     }
     if (s == dnnl_success && e->reorder_b) {
-        /* The layout may pad k and n; the reorder leaves the padding as it
+        /* A layout that pads k or n: the reorder leaves the padding as it
          * finds it, the matmul reads it as zeros, and the memory held
          * another call's B before. */
-        memset(ctx->scratch, 0, e->b_bytes);
+        if (e->b_padded)
+            memset(ctx->scratch, 0, e->b_bytes);
         s = dnnl_memory_create(&mem[4], &e->b_want, dn.engine, ctx->scratch);
         dnnl_exec_arg_t rargs[3] = {
             {DNNL_ARG_FROM, mem[1]}, {DNNL_ARG_TO, mem[4]}, {DNNL_ARG_SCRATCHPAD, mem[3]}};
