@@ -74,8 +74,9 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # added, none changed: current and age go up together and the soname stays
 # (6:0:1: ch_fallback_count and ch_fallback_get; 7:0:2: ch_trace_start,
 # ch_trace_stop and ch_trace_running; 10:0:1: ch_attention and
-# ch_attention_backward; 11:0:2: ch_attention_packed and its backward).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 11:0:2 $(OPENMP_CFLAGS)
+# ch_attention_backward; 11:0:2: ch_attention_packed and its backward;
+# 12:0:3: ch_attention_packed_mixed and its backward).
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 12:0:3 $(OPENMP_CFLAGS)
 
 # Installed as PREFIX/include/chorus.h and PREFIX/include/chorus/*.h, where
 # pkg-config's -I${includedir} finds them (tests/installcheck.sh checks).

@@ -40,9 +40,10 @@ extern "C" {
 /* Changes whenever the table below, an enum a slot takes or what a module
  * must tell the core changes (12: the workspace and staging it allocates
  * itself, chi_workspace_reserve; 13: the attention slots; 14: their
- * layout arguments, ch_attention_packed): a module of
+ * layout arguments, ch_attention_packed; 15: their products' format,
+ * ch_attention_packed_mixed): a module of
  * another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 14
+#define CH_BACKEND_ABI_VERSION 15
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -251,13 +252,15 @@ typedef struct ch_conv_geom {
      * matrices [t, hd], f32: matrix (n, h) starts at row n * t, column                          \
      * h * hd of q, k, v (and dq, dk, dv), whose rows are ld floats apart,                       \
      * and of o (and dout), rows ldo apart; lse [b * heads, t]. Its                               \
-     * backward writes dq, dk and dv (the rows' other columns untouched) */                       \
+     * backward writes dq, dk and dv (the rows' other columns untouched);                         \
+     * half: CH_F32, or the format the tile products may round their                              \
+     * inputs to (ch_attention_packed_mixed) */                                                    \
     X(OP, OP, ch_status, attention, (void *stream, int64_t b, int64_t heads, int64_t t,            \
-        int64_t hd, float scale, ch_bmem o, int64_t ldo, ch_bmem lse, ch_bmem q, ch_bmem k,        \
-        ch_bmem v, int64_t ld))                                                                    \
+        int64_t hd, float scale, ch_dtype half, ch_bmem o, int64_t ldo, ch_bmem lse, ch_bmem q,    \
+        ch_bmem k, ch_bmem v, int64_t ld))                                                         \
     X(OP, OP, ch_status, attention_backward, (void *stream, int64_t b, int64_t heads, int64_t t,   \
-        int64_t hd, float scale, ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem q, ch_bmem k,         \
-        ch_bmem v, int64_t ld, ch_bmem dout, ch_bmem o, int64_t ldo, ch_bmem lse))                 \
+        int64_t hd, float scale, ch_dtype half, ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem q,     \
+        ch_bmem k, ch_bmem v, int64_t ld, ch_bmem dout, ch_bmem o, int64_t ldo, ch_bmem lse))      \
     /* idx i32 [n]; the first index outside [0, v) is reported with                                \
      * chi_bad_index (like chi_bad_label, and as late), its row of y set to 0 */                   \
     X(OP, OP, ch_status, embedding, (void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,     \

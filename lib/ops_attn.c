@@ -238,8 +238,8 @@ ch_status ch_attention(ch_tensor *o, ch_tensor *lse, const ch_tensor *q, const c
                  ch_attention(on_host[0], on_host[1], on_host[2], on_host[3], on_host[4], scale),
                  FB_OUT(o), FB_OUT(lse), FB_IN(q), FB_IN(k), FB_IN(v));
     int64_t hd = q->shape[2];
-    return BE(o)->attention(STREAM(o), q->shape[0], 1, q->shape[1], hd, scale, chi_mem(o), hd,
-                            chi_mem(lse), chi_mem(q), chi_mem(k), chi_mem(v), hd);
+    return BE(o)->attention(STREAM(o), q->shape[0], 1, q->shape[1], hd, scale, CH_F32, chi_mem(o),
+                            hd, chi_mem(lse), chi_mem(q), chi_mem(k), chi_mem(v), hd);
 }
 
 ch_status ch_attention_backward(ch_tensor *dq, ch_tensor *dk, ch_tensor *dv, const ch_tensor *dout,
@@ -270,7 +270,7 @@ ch_status ch_attention_backward(ch_tensor *dq, ch_tensor *dk, ch_tensor *dv, con
                  FB_OUT(dq), FB_OUT(dk), FB_OUT(dv), FB_IN(dout), FB_IN(q), FB_IN(k), FB_IN(v),
                  FB_IN(o), FB_IN(lse));
     int64_t hd = q->shape[2];
-    return BE(dq)->attention_backward(STREAM(dq), q->shape[0], 1, q->shape[1], hd, scale,
+    return BE(dq)->attention_backward(STREAM(dq), q->shape[0], 1, q->shape[1], hd, scale, CH_F32,
                                       chi_mem(dq), chi_mem(dk), chi_mem(dv), chi_mem(q), chi_mem(k),
                                       chi_mem(v), hd, chi_mem(dout), chi_mem(o), hd, chi_mem(lse));
 }
@@ -313,12 +313,21 @@ static ch_bmem packed_part(const ch_tensor *qkv, int i)
     return m;
 }
 
-ch_status ch_attention_packed(ch_tensor *o, ch_tensor *lse, const ch_tensor *qkv, int heads,
-                              float scale)
+/* The products' format of ch_attention_packed_mixed: f32, bf16 or f16. */
+static ch_status check_products(const char *fn, ch_dtype half)
 {
-    static const char fn[] = "ch_attention_packed";
+    if (half != CH_F32 && half != CH_BF16 && half != CH_F16)
+        return chi_error(CH_ERR_DTYPE, "%s: the products' format is %s, expected f32, bf16 or f16",
+                         fn, ch_dtype_name(half));
+    return CH_OK;
+}
+
+static ch_status packed_forward(const char *fn, ch_tensor *o, ch_tensor *lse, const ch_tensor *qkv,
+                                int heads, float scale, ch_dtype half)
+{
     arg a[] = {{"o", o, CH_F32, 0}, {"lse", lse, CH_F32, 0}, {"qkv", qkv, CH_F32, 0}};
     TRY(check_args(fn, a, NARGS(a)));
+    TRY(check_products(fn, half));
     int64_t hd;
     const ch_tensor *t[] = {o};
     static const char *const names[] = {"o"};
@@ -328,25 +337,37 @@ ch_status ch_attention_packed(ch_tensor *o, ch_tensor *lse, const ch_tensor *qkv
     TRY(no_alias(fn, "lse", lse, "qkv", qkv));
     TRY(no_alias(fn, "o", o, "lse", lse));
     SLOT_OR_HOST(fn, o, attention,
-                 ch_attention_packed(on_host[0], on_host[1], on_host[2], heads, scale), FB_OUT(o),
-                 FB_OUT(lse), FB_IN(qkv));
+                 ch_attention_packed_mixed(on_host[0], on_host[1], on_host[2], heads, scale, half),
+                 FB_OUT(o), FB_OUT(lse), FB_IN(qkv));
     int64_t d = o->shape[2];
-    return BE(o)->attention(STREAM(o), qkv->shape[0], heads, qkv->shape[1], hd, scale, chi_mem(o),
-                            d, chi_mem(lse), packed_part(qkv, 0), packed_part(qkv, 1),
+    return BE(o)->attention(STREAM(o), qkv->shape[0], heads, qkv->shape[1], hd, scale, half,
+                            chi_mem(o), d, chi_mem(lse), packed_part(qkv, 0), packed_part(qkv, 1),
                             packed_part(qkv, 2), 3 * d);
 }
 
-ch_status ch_attention_packed_backward(ch_tensor *dqkv, const ch_tensor *dout, const ch_tensor *qkv,
-                                       const ch_tensor *o, const ch_tensor *lse, int heads,
-                                       float scale)
+ch_status ch_attention_packed_mixed(ch_tensor *o, ch_tensor *lse, const ch_tensor *qkv, int heads,
+                                    float scale, ch_dtype half)
 {
-    static const char fn[] = "ch_attention_packed_backward";
+    return packed_forward("ch_attention_packed_mixed", o, lse, qkv, heads, scale, half);
+}
+
+ch_status ch_attention_packed(ch_tensor *o, ch_tensor *lse, const ch_tensor *qkv, int heads,
+                              float scale)
+{
+    return packed_forward("ch_attention_packed", o, lse, qkv, heads, scale, CH_F32);
+}
+
+static ch_status packed_backward(const char *fn, ch_tensor *dqkv, const ch_tensor *dout,
+                                 const ch_tensor *qkv, const ch_tensor *o, const ch_tensor *lse,
+                                 int heads, float scale, ch_dtype half)
+{
     arg a[] = {{"dqkv", dqkv, CH_F32, 0},
                {"dout", dout, CH_F32, 0},
                {"qkv", qkv, CH_F32, 0},
                {"o", o, CH_F32, 0},
                {"lse", lse, CH_F32, 0}};
     TRY(check_args(fn, a, NARGS(a)));
+    TRY(check_products(fn, half));
     int64_t hd;
     const ch_tensor *t[] = {o, dout};
     static const char *const names[] = {"o", "dout"};
@@ -358,14 +379,31 @@ ch_status ch_attention_packed_backward(ch_tensor *dqkv, const ch_tensor *dout, c
     for (int i = 0; i < 4; i++)
         TRY(no_alias(fn, "dqkv", dqkv, in_names[i], in[i]));
     SLOT_OR_HOST(fn, dqkv, attention_backward,
-                 ch_attention_packed_backward(on_host[0], on_host[1], on_host[2], on_host[3],
-                                              on_host[4], heads, scale),
+                 ch_attention_packed_mixed_backward(on_host[0], on_host[1], on_host[2], on_host[3],
+                                                    on_host[4], heads, scale, half),
                  FB_OUT(dqkv), FB_IN(dout), FB_IN(qkv), FB_IN(o), FB_IN(lse));
     int64_t d = o->shape[2];
     return BE(dqkv)->attention_backward(
-        STREAM(dqkv), qkv->shape[0], heads, qkv->shape[1], hd, scale, packed_part(dqkv, 0),
+        STREAM(dqkv), qkv->shape[0], heads, qkv->shape[1], hd, scale, half, packed_part(dqkv, 0),
         packed_part(dqkv, 1), packed_part(dqkv, 2), packed_part(qkv, 0), packed_part(qkv, 1),
         packed_part(qkv, 2), 3 * d, chi_mem(dout), chi_mem(o), d, chi_mem(lse));
+}
+
+ch_status ch_attention_packed_mixed_backward(ch_tensor *dqkv, const ch_tensor *dout,
+                                             const ch_tensor *qkv, const ch_tensor *o,
+                                             const ch_tensor *lse, int heads, float scale,
+                                             ch_dtype half)
+{
+    return packed_backward("ch_attention_packed_mixed_backward", dqkv, dout, qkv, o, lse, heads,
+                           scale, half);
+}
+
+ch_status ch_attention_packed_backward(ch_tensor *dqkv, const ch_tensor *dout, const ch_tensor *qkv,
+                                       const ch_tensor *o, const ch_tensor *lse, int heads,
+                                       float scale)
+{
+    return packed_backward("ch_attention_packed_backward", dqkv, dout, qkv, o, lse, heads, scale,
+                           CH_F32);
 }
 
 /* ---- Embedding ----------------------------------------------------------------- */

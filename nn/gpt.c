@@ -226,10 +226,11 @@ static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)
  * probabilities stored, q, k and v read in c_attn's output): on the host
  * backend, which has the kernel (elsewhere the composed ops are the
  * device's own), without attention dropout, unless
- * CHORUS_FUSED_ATTENTION=0. In mixed precision too: the kernel sums in
- * f32 on c_attn's f32 output (autocast's rounding of q, k, v and the
- * probabilities is the composed path's; this one rounds only the
- * Linears' inputs), in a fraction of the composed path's memory. Forward
+ * CHORUS_FUSED_ATTENTION=0. In mixed precision too, in a fraction of the
+ * composed path's memory: with bf16 on a CPU with AMX its tile products
+ * round q, k, v and the probabilities as autocast does
+ * (ch_attention_packed_mixed); elsewhere it sums in f32 on c_attn's f32
+ * output (autocast's rounding is then the composed path's alone). Forward
  * decides (m->fused); backward follows it. */
 static int attn_fused(const ch_module *m)
 {
@@ -298,8 +299,8 @@ static ch_status attn_forward(ch_module *m, const ch_tensor *x)
         int64_t oy[3] = {a.b, a.t, a.d}, rows[3] = {a.b, a.h, a.t};
         TRY(ensure(m, AT_OY, 3, oy));
         TRY(ensure(m, AT_LSE, 3, rows));
-        TRY(ch_attention_packed(m->tmp[AT_OY], m->tmp[AT_LSE], c_attn->y, (int)a.h,
-                                attn_scale(&a)));
+        TRY(ch_attention_packed_mixed(m->tmp[AT_OY], m->tmp[AT_LSE], c_attn->y, (int)a.h,
+                                      attn_scale(&a), m->precision));
     } else {
         int64_t qkv5[5] = {3, a.b, a.h, a.t, a.hd}, bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
         static const int split[5] = {2, 0, 3, 1, 4};
@@ -368,8 +369,9 @@ static ch_status attn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     int64_t bt3d[3] = {a.b, a.t, 3 * a.d};
     TRY(ensure(m, AT_DX5, 3, bt3d));
     if (m->fused) {
-        TRY(ch_attention_packed_backward(m->tmp[AT_DX5], c_proj->dx, c_attn->y, m->tmp[AT_OY],
-                                         m->tmp[AT_LSE], (int)a.h, attn_scale(&a)));
+        TRY(ch_attention_packed_mixed_backward(m->tmp[AT_DX5], c_proj->dx, c_attn->y, m->tmp[AT_OY],
+                                               m->tmp[AT_LSE], (int)a.h, attn_scale(&a),
+                                               m->precision));
     } else {
         int64_t qkv5[5] = {3, a.b, a.h, a.t, a.hd}, bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
         static const int join[5] = {1, 3, 0, 2, 4};

@@ -34,7 +34,8 @@ TEST_LIBS = tests/libtestutil.la libchorus.la -lm
 noinst_LTLIBRARIES += tests/libchorus-internal.la
 tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c \
 	backends/host/tile_mm.c backends/host/conv.c backends/host/dnnl.c \
-	backends/host/attention.c backends/host/scratch.c
+	backends/host/attention.c backends/host/scratch.c \
+	backends/host/tile_amx.c
 tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS) -DCHI_TEST_HOOKS
 tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(ONEDNN_LIBS) $(BLAS_LIBS)
 INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)

@@ -628,8 +628,9 @@ static ch_status attention_run(ch_device *dev, ch_dtype precision, const float *
 /* The attention module in bf16 against f32 and the two references: the
  * composed path (CHORUS_FUSED_ATTENTION=0 on the host, every other
  * backend) rounds the batched products' inputs as autocast does; the
- * host's fused kernel sums in f32 on c_attn's output, so only the
- * Linears' inputs are rounded. */
+ * host's fused kernel sums in f32 on c_attn's output at this head size of
+ * 4 (its bf16 products want a multiple of 32 and AMX: test-host-attn and
+ * test-ops-attn), so only the Linears' inputs are rounded. */
 static void attention_case(ch_device *dev, const float *x, const float *dy, int fused,
                            const char *how)
 {

@@ -571,15 +571,20 @@ static void pack_heads(float *packed, float *sep, int64_t b, int64_t heads, int6
 /* ch_attention_packed and its backward on qkv [b, t, 3 heads hd] against
  * the reference on the heads taken apart, held as test_attention holds
  * ch_attention (every element of dqkv written: it starts at 5 to 9); on
- * the host also against ch_attention on the separate heads, bit for bit. */
+ * the host also against ch_attention on the separate heads, bit for bit.
+ * With half CH_BF16, ch_attention_packed_mixed and its backward: within
+ * TOL_BF16 of the same reference, and said whether they rounded (a CPU
+ * without AMX, or a head size not a multiple of 32: the f32 results,
+ * bit for bit). */
+#define TOL_BF16 1e-2 /* 8 bits: the products' inputs to 2^-9; seen 3e-3 to 5e-3 */
 static void test_attention_packed(ch_device *dev, int64_t b, int64_t heads, int64_t t, int64_t hd,
-                                  float lo, float hi)
+                                  float lo, float hi, ch_dtype half)
 {
     tcase c;
     tc_begin(&c, dev,
-             "attention_packed and its backward, qkv [%" PRId64 ", %" PRId64 ", 3 x %" PRId64
+             "attention_packed%s and its backward, qkv [%" PRId64 ", %" PRId64 ", 3 x %" PRId64
              " x %" PRId64 "], q, k in [%g, %g)",
-             b, t, heads, hd, lo, hi);
+             half == CH_BF16 ? "_mixed (bf16)" : "", b, t, heads, hd, lo, hi);
     int64_t bh = b * heads, n = bh * t * hd, d = heads * hd;
     float scale = (float)(1.0 / sqrt((double)hd));
     float *sep[3] = {tc_random(&c, n, lo, hi), tc_random(&c, n, lo, hi), tc_random(&c, n, -1, 1)};
@@ -593,8 +598,13 @@ static void test_attention_packed(ch_device *dev, int64_t b, int64_t heads, int6
     ch_tensor *to = tc_tensor(&c, CH_F32, SHAPE(b, t, d), tc_random(&c, n, 5, 9));
     ch_tensor *tl = tc_tensor(&c, CH_F32, SHAPE(b, heads, t), tc_random(&c, bh * t, 5, 9));
     ch_tensor *td = tc_tensor(&c, CH_F32, SHAPE(b, t, 3 * d), tc_random(&c, 3 * n, 5, 9));
-    TC(&c, ch_attention_packed(to, tl, tqkv, (int)heads, scale));
-    TC(&c, ch_attention_packed_backward(td, tg, tqkv, to, tl, (int)heads, scale));
+    if (half == CH_F32) {
+        TC(&c, ch_attention_packed(to, tl, tqkv, (int)heads, scale));
+        TC(&c, ch_attention_packed_backward(td, tg, tqkv, to, tl, (int)heads, scale));
+    } else {
+        TC(&c, ch_attention_packed_mixed(to, tl, tqkv, (int)heads, scale, half));
+        TC(&c, ch_attention_packed_mixed_backward(td, tg, tqkv, to, tl, (int)heads, scale, half));
+    }
     attn_ref r = {tc_doubles(&c, n), tc_doubles(&c, n), tc_doubles(&c, bh * t),
                   tc_doubles(&c, n), tc_doubles(&c, n), tc_doubles(&c, n)};
     ref_attention(&r, sep[0], sep[1], sep[2], dout, bh, t, hd, scale, tc_doubles(&c, t * t),
@@ -612,6 +622,20 @@ static void test_attention_packed(ch_device *dev, int64_t b, int64_t heads, int6
         err[2] = fmax(err[2], ref_err_scaled(tc_widen(&c, dsep[i], n), want[i], n, 1e-6));
     }
     tap_diag("%s: o %.2e, lse %.2e, dqkv %.2e", ch_device_id(dev), err[0], err[1], err[2]);
+    if (half != CH_F32) {
+        /* the f32 kernel on the same inputs: the same bits, or rounded */
+        ch_tensor *fo = tc_tensor(&c, CH_F32, SHAPE(b, t, d), NULL),
+                  *fl = tc_tensor(&c, CH_F32, SHAPE(b, heads, t), NULL);
+        TC(&c, ch_attention_packed(fo, fl, tqkv, (int)heads, scale));
+        const float *f = tc_fetch(&c, fo, n), *got = tc_fetch(&c, to, n);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; i++)
+            differ += memcmp(&f[i], &got[i], sizeof *f) != 0;
+        tap_diag("%s: %s (%" PRId64 " of %" PRId64 " outputs differ from the f32 kernel's)",
+                 ch_device_id(dev), differ ? "products in bf16" : "products in f32", differ, n);
+        tc_end_err(&c, fmax(err[0], fmax(err[1], err[2])), TOL_BF16);
+        return;
+    }
     if (strcmp(ch_device_id(dev), "host") == 0) {
         /* The same kernel on the heads apart: the same bits. */
         ch_tensor *ts[3], *tso = tc_tensor(&c, CH_F32, SHAPE(bh, t, hd), NULL),
@@ -667,10 +691,13 @@ static void test_attentions(ch_device *dev)
     test_attention(dev, 1, 129, 64, -4, 4);
     if (!tc_small())
         test_attention(dev, 4, 256, 64, -1, 1);
-    test_attention_packed(dev, 1, 1, 1, 1, -1, 1);
-    test_attention_packed(dev, 2, 3, 5, 4, -1, 1);
-    test_attention_packed(dev, 2, 4, 70, 16, -2, 2);
-    test_attention_packed(dev, 1, 2, 129, 64, -4, 4);
+    test_attention_packed(dev, 1, 1, 1, 1, -1, 1, CH_F32);
+    test_attention_packed(dev, 2, 3, 5, 4, -1, 1, CH_F32);
+    test_attention_packed(dev, 2, 4, 70, 16, -2, 2, CH_F32);
+    test_attention_packed(dev, 1, 2, 129, 64, -4, 4, CH_F32);
+    test_attention_packed(dev, 2, 2, 100, 32, -1, 1, CH_BF16);
+    test_attention_packed(dev, 1, 2, 129, 64, -2, 2, CH_BF16);
+    test_attention_packed(dev, 1, 2, 70, 16, -1, 1, CH_BF16);
     /* The host backend alone has the kernel; the others run it through
      * the host fallback, which says so through ch_fallback_get (main
      * quiets its note on stderr). */
@@ -1212,6 +1239,23 @@ static void bad_attention(ch_device *dev, const bad_args *a)
                 "ch_attention_packed_backward: dqkv is qkv");
         tap_status_ok(ch_attention_packed_backward(dqkv, g, qkv, o, lse, 2, 0.5f),
                       "ch_attention_packed_backward: valid");
+        REFUSED(ch_attention_packed_mixed(o, lse, qkv, 2, 1, CH_I32), CH_ERR_DTYPE,
+                "ch_attention_packed_mixed: the products' format is i32, expected f32, bf16 or "
+                "f16",
+                "ch_attention_packed_mixed: i32 products");
+        REFUSED(ch_attention_packed_mixed(o, lse, qkv, 3, 1, CH_BF16), CH_ERR_SHAPE,
+                "expected heads >= 1 and 3 * heads * hd",
+                "ch_attention_packed_mixed: 3 heads for qkv of 12");
+        tap_status_ok(ch_attention_packed_mixed(o, lse, qkv, 2, 0.5f, CH_F16),
+                      "ch_attention_packed_mixed: f16 products (f32 on every backend)");
+        REFUSED(ch_attention_packed_mixed_backward(dqkv, g, qkv, o, lse, 2, 1, (ch_dtype)99),
+                CH_ERR_DTYPE, "ch_attention_packed_mixed_backward: the products' format is unknown",
+                "ch_attention_packed_mixed_backward: dtype 99");
+        REFUSED(ch_attention_packed_mixed_backward(qkv, g, qkv, o, lse, 2, 1, CH_BF16),
+                CH_ERR_INVALID_ARGUMENT, "ch_attention_packed_mixed_backward: dqkv overlaps qkv",
+                "ch_attention_packed_mixed_backward: dqkv is qkv");
+        tap_status_ok(ch_attention_packed_mixed_backward(dqkv, g, qkv, o, lse, 2, 0.5f, CH_BF16),
+                      "ch_attention_packed_mixed_backward: valid");
     }
     for (int i = 0; i < 3; i++)
         ch_tensor_free(p[i]);

@@ -14,6 +14,7 @@ libchorus_la_SOURCES += \
 	backends/host/optim.c \
 	backends/host/attention.c \
 	backends/host/tile_mm.c \
+	backends/host/tile_amx.c \
 	backends/host/scratch.c \
 	backends/host/norm.c \
 	backends/host/allreduce.c

@@ -541,6 +541,7 @@ CHI_CLONES_WIDE float chi_host_attention_row_exp(int isa, float *x, int64_t w, i
 typedef struct fa_job {
     int64_t t, hd, heads, ld, ldo;
     int isa; /* the tile products' (chi_host_tile_isa) */
+    int amx; /* in bf16 on AMX (fa_amx_*) */
     float scale;
     float *o, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dout;
@@ -585,7 +586,224 @@ static void fa_transpose(const fa_job *j, const float *x, float *xt)
         chi_host_tile_transpose(j->isa, j->t, j->hd, x, j->ld, xt, j->t);
 }
 
-typedef ch_status (*fa_fn)(fa_tiles *t, const fa_job *j, int64_t i);
+/* A tile of queries begins: m = -inf, l = 0 for its mq rows, acc[0..n) 0. */
+CHI_INLINE void fa_start(float *m, float *l, float *acc, int64_t mq, int64_t n)
+{
+    for (int64_t r = 0; r < mq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(acc, 0, (size_t)n * sizeof *acc);
+}
+
+/* A tile of queries done: out rows (ldo apart) = acc / l, lse = m + log l. */
+CHI_INLINE void fa_finish(float *o, int64_t ldo, float *lse, const float *acc, const float *m,
+                          const float *l, int64_t mq, int64_t hd)
+{
+    for (int64_t r = 0; r < mq; r++) {
+        float inv = 1.0f / l[r], *out = o + r * ldo;
+        const float *in = acc + r * hd;
+        CHI_OMP(omp simd)
+        for (int64_t d = 0; d < hd; d++)
+            out[d] = in[d] * inv;
+        lse[r] = m[r] + logf(l[r]);
+    }
+}
+
+/* d[r] = rowsum(dout * o) for r < tt (rows ldo apart): the backward's D. */
+CHI_INLINE void fa_rowdots(float *d, const float *dout, const float *o, int64_t tt, int64_t hd,
+                           int64_t ldo)
+{
+    for (int64_t r = 0; r < tt; r++) {
+        const float *g = dout + r * ldo, *y = o + r * ldo;
+        float sum = 0.0f;
+        for (int64_t c = 0; c < hd; c++)
+            sum += g[c] * y[c];
+        d[r] = sum;
+    }
+}
+
+/* ---- in bf16 on AMX ----------------------------------------------------------------
+ * Mixed precision with CH_BF16 where the CPU has AMX (chi_host_amx_bf16)
+ * and the head size is a multiple of 32: the tile products take bf16
+ * inputs and sum in f32, as autocast's attention does. Each matrix's q,
+ * k, v (and dout) are rounded once into the layouts the products read
+ * (tile_amx.c), the length padded with zeros to a multiple of FA_K; the
+ * probabilities (and dS) are rounded per tile after the f32 row passes,
+ * which also keep the running sums l from the unrounded probabilities.
+ * Backward accumulates dq, and dk and dv transposed, in f32 and writes
+ * them at the end. The scale multiplies the f32 scores (and dS before it
+ * is rounded). */
+
+static int64_t fa_pad(int64_t t)
+{
+    return (t + FA_K - 1) / FA_K * FA_K;
+}
+
+/* The loops around the products in AVX-512, which a CPU with AMX has. */
+#ifdef FA_HAVE_512
+#define FA_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#else
+#define FA_AMX_TARGET
+#endif
+
+/* One thread's AMX tiles: f32 s, dp [FA_Q * FA_K], acc [FA_Q * hd], m, l
+ * [FA_Q], d [tp], dq [tp * hd], dkt and dvt [hd * tp]; bf16 qa, doa
+ * (rows), kb, vtb (k and v transposed, in pairs), vb, kvb (pairs), qta,
+ * dota (transposed) [tp * hd] each, pa, pb [FA_Q * FA_K], and the
+ * packers' tmp [2 tp * hd]. */
+typedef struct fa_amx_tiles {
+    float *s, *dp, *acc, *m, *l, *d, *dq, *dkt, *dvt;
+    uint16_t *qa, *doa, *kb, *vtb, *vb, *kvb, *qta, *dota, *pa, *pb, *tmp;
+} fa_amx_tiles;
+
+/* n floats, rounded up to 64 bytes. */
+static size_t fa_round16(size_t n)
+{
+    return (n + 15) / 16 * 16;
+}
+
+static size_t fa_amx_floats(int64_t hd, int64_t tt)
+{
+    size_t tp = (size_t)fa_pad(tt), h = (size_t)hd, tile = FA_Q * FA_K;
+    return 2 * fa_round16(tile) + fa_round16(FA_Q * h) + 2 * fa_round16(FA_Q) + fa_round16(tp) +
+           3 * fa_round16(tp * h) + 8 * fa_round16(tp * h / 2) + 2 * fa_round16(tile / 2) +
+           fa_round16(tp * h);
+}
+
+static void fa_amx_at(fa_amx_tiles *t, float *mem, int64_t hd, int64_t tt)
+{
+    size_t tp = (size_t)fa_pad(tt), h = (size_t)hd, tile = FA_Q * FA_K;
+    float *at = mem;
+#define FA_TAKE(field, floats, type)                                                               \
+    do {                                                                                           \
+        t->field = (type *)at;                                                                     \
+        at += fa_round16(floats);                                                                  \
+    } while (0)
+    FA_TAKE(s, tile, float);
+    FA_TAKE(dp, tile, float);
+    FA_TAKE(acc, FA_Q * h, float);
+    FA_TAKE(m, FA_Q, float);
+    FA_TAKE(l, FA_Q, float);
+    FA_TAKE(d, tp, float);
+    FA_TAKE(dq, tp * h, float);
+    FA_TAKE(dkt, tp * h, float);
+    FA_TAKE(dvt, tp * h, float);
+    FA_TAKE(qa, tp * h / 2, uint16_t);
+    FA_TAKE(doa, tp * h / 2, uint16_t);
+    FA_TAKE(kb, tp * h / 2, uint16_t);
+    FA_TAKE(vtb, tp * h / 2, uint16_t);
+    FA_TAKE(vb, tp * h / 2, uint16_t);
+    FA_TAKE(kvb, tp * h / 2, uint16_t);
+    FA_TAKE(qta, tp * h / 2, uint16_t);
+    FA_TAKE(dota, tp * h / 2, uint16_t);
+    FA_TAKE(pa, tile / 2, uint16_t);
+    FA_TAKE(pb, tile / 2, uint16_t);
+    FA_TAKE(tmp, tp * h, uint16_t);
+#undef FA_TAKE
+}
+
+/* s[r][0..nk) *= scale for r < mq. */
+FA_AMX_TARGET static void fa_scale_tile(float *s, int64_t mq, int64_t nk, float scale)
+{
+    for (int64_t r = 0; r < mq; r++) {
+        float *row = s + r * FA_K;
+        CHI_OMP(omp simd)
+        for (int64_t c = 0; c < nk; c++)
+            row[c] *= scale;
+    }
+}
+
+FA_AMX_TARGET static ch_status fa_amx_forward_one(float *mem, const fa_job *j, int64_t i)
+{
+    fa_amx_tiles tiles, *t = &tiles;
+    int64_t tt = j->t, tp = fa_pad(tt), hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld);
+    fa_amx_at(t, mem, hd, tt);
+    const float *q = j->q + at, *k = j->k + at, *v = j->v + at;
+    float *o = j->o + fa_at(j, i, ldo), *lse = j->lse + i * tt;
+    chi_host_bf16_rows(tt, hd, q, ld, t->qa, hd, tp, hd);
+    chi_host_bf16_pairs_t(tt, hd, k, ld, t->kb, 2 * tp, tp, hd, t->tmp);
+    chi_host_bf16_pairs(tt, hd, v, ld, t->vb, 2 * hd, tp, hd);
+    for (int64_t i0 = 0; i0 < tt; i0 += FA_Q) {
+        int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
+        fa_start(t->m, t->l, t->acc, mq, FA_Q * hd); /* all of acc: AMX adds to its rows */
+        for (int64_t j0 = 0; j0 < i0 + mq; j0 += FA_K) {
+            int64_t nk = i0 + mq - j0 < FA_K ? i0 + mq - j0 : FA_K;
+            chi_host_amx_mm(FA_Q, FA_K, hd, t->qa + i0 * hd, hd, t->kb + 2 * j0, 2 * tp, t->s, FA_K,
+                            0);
+            fa_scale_tile(t->s, mq, nk, j->scale);
+            for (int64_t r = 0; r < mq; r++)
+                fa_row_update(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r],
+                              &t->l[r], t->acc + r * hd, hd);
+            chi_host_bf16_rows(mq, nk, t->s, FA_K, t->pa, FA_K, FA_Q, FA_K);
+            chi_host_amx_mm(FA_Q, hd, FA_K, t->pa, FA_K, t->vb + j0 * hd, 2 * hd, t->acc, hd, 1);
+        }
+        fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, t->m, t->l, mq, hd);
+    }
+    return CH_OK;
+}
+
+FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, int64_t i)
+{
+    fa_amx_tiles tiles, *t = &tiles;
+    int64_t tt = j->t, tp = fa_pad(tt), hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld),
+            ato = fa_at(j, i, ldo);
+    fa_amx_at(t, mem, hd, tt);
+    const float *q = j->q + at, *k = j->k + at, *v = j->v + at, *dout = j->dout + ato;
+    const float *o = j->o + ato, *lse = j->lse + i * tt;
+    float *dq = j->dq + at, *dk = j->dk + at, *dv = j->dv + at;
+    chi_host_bf16_rows(tt, hd, q, ld, t->qa, hd, tp, hd);
+    chi_host_bf16_pairs_t(tt, hd, k, ld, t->kb, 2 * tp, tp, hd, t->tmp);
+    chi_host_bf16_rows(tt, hd, dout, ldo, t->doa, hd, tp, hd);
+    chi_host_bf16_pairs_t(tt, hd, v, ld, t->vtb, 2 * tp, tp, hd, t->tmp);
+    chi_host_bf16_trans(tt, hd, dout, ldo, t->dota, tp, tp, hd, t->tmp);
+    chi_host_bf16_pairs(tt, hd, k, ld, t->kvb, 2 * hd, tp, hd);
+    chi_host_bf16_trans(tt, hd, q, ld, t->qta, tp, tp, hd, t->tmp);
+    memset(t->dq, 0, (size_t)(tp * hd) * sizeof *t->dq);
+    memset(t->dkt, 0, (size_t)(tp * hd) * sizeof *t->dkt);
+    memset(t->dvt, 0, (size_t)(tp * hd) * sizeof *t->dvt);
+    fa_rowdots(t->d, dout, o, tt, hd, ldo);
+    for (int64_t j0 = 0; j0 < tt; j0 += FA_K) {
+        int64_t nk = tt - j0 < FA_K ? tt - j0 : FA_K;
+        for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
+            int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
+            const float *d = t->d + i0;
+            chi_host_amx_mm(FA_Q, FA_K, hd, t->qa + i0 * hd, hd, t->kb + 2 * j0, 2 * tp, t->s, FA_K,
+                            0);
+            fa_scale_tile(t->s, mq, nk, j->scale);
+            for (int64_t r = 0; r < mq; r++)
+                fa_exp(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
+            /* dv^T += dout^T P */
+            chi_host_bf16_pairs(mq, nk, t->s, FA_K, t->pb, 2 * FA_K, FA_Q, FA_K);
+            chi_host_amx_mm(hd, FA_K, FA_Q, t->dota + i0, tp, t->pb, 2 * FA_K, t->dvt + j0, tp, 1);
+            /* dP = dout v^T, dS = scale P (dP - D) */
+            chi_host_amx_mm(FA_Q, FA_K, hd, t->doa + i0 * hd, hd, t->vtb + 2 * j0, 2 * tp, t->dp,
+                            FA_K, 0);
+            for (int64_t r = 0; r < mq; r++) {
+                float *p = t->s + r * FA_K, dr = d[r];
+                const float *dp = t->dp + r * FA_K;
+                CHI_OMP(omp simd)
+                for (int64_t c = 0; c < nk; c++)
+                    p[c] = j->scale * (p[c] * (dp[c] - dr));
+            }
+            /* dq += dS k, dk^T += q^T dS */
+            chi_host_bf16_rows(mq, nk, t->s, FA_K, t->pa, FA_K, FA_Q, FA_K);
+            chi_host_bf16_pairs(mq, nk, t->s, FA_K, t->pb, 2 * FA_K, FA_Q, FA_K);
+            chi_host_amx_mm(FA_Q, hd, FA_K, t->pa, FA_K, t->kvb + j0 * hd, 2 * hd, t->dq + i0 * hd,
+                            hd, 1);
+            chi_host_amx_mm(hd, FA_K, FA_Q, t->qta + i0, tp, t->pb, 2 * FA_K, t->dkt + j0, tp, 1);
+        }
+    }
+    for (int64_t r = 0; r < tt; r++)
+        memcpy(dq + r * ld, t->dq + r * hd, (size_t)hd * sizeof *dq);
+    chi_host_tile_transpose(CHI_TILE_AVX512, hd, tt, t->dkt, tp, dk, ld);
+    chi_host_tile_transpose(CHI_TILE_AVX512, hd, tt, t->dvt, tp, dv, ld);
+    return CH_OK;
+}
+
+/* One matrix's work, its thread's tiles laid out in mem (fa_tiles_floats
+ * of them, or fa_amx_floats with j->amx). */
+typedef ch_status (*fa_fn)(float *mem, const fa_job *j, int64_t i);
 
 /* one(i) for every matrix i < b, shared out among the threads, each with
  * its tiles (in the stream's scratch: chi_host_scratch_take, so no call
@@ -594,7 +812,8 @@ typedef ch_status (*fa_fn)(fa_tiles *t, const fa_job *j, int64_t i);
  * left there does no harm); the first failure's message is kept. */
 static ch_status fa_each(void *stream, const fa_job *job, int64_t b, fa_fn one)
 {
-    size_t per = fa_tiles_floats(job->hd, job->t), threads = (size_t)chi_omp_max_threads();
+    size_t per = job->amx ? fa_amx_floats(job->hd, job->t) : fa_tiles_floats(job->hd, job->t),
+           threads = (size_t)chi_omp_max_threads();
     if (per > SIZE_MAX / sizeof(float) / threads)
         return chi_error(CH_ERR_OUT_OF_MEMORY,
                          "ch_attention: the threads' tiles for t=%lld, head size %lld "
@@ -606,13 +825,16 @@ static ch_status fa_each(void *stream, const fa_job *job, int64_t b, fa_fn one)
     char why[512] = "";
     CHI_OMP(omp parallel)
     {
-        fa_tiles t;
-        fa_tiles_at(&t, (float *)sc.mem + per * (size_t)chi_omp_thread(), job->hd, job->t);
+        float *mem = (float *)sc.mem + per * (size_t)chi_omp_thread();
         ch_status mine = CH_OK;
+        if (job->amx)
+            chi_host_amx_start();
         CHI_OMP(omp for schedule(dynamic, 1))
         for (int64_t i = 0; i < b; i++)
             if (mine == CH_OK)
-                mine = one(&t, job, i);
+                mine = one(mem, job, i);
+        if (job->amx)
+            chi_host_amx_stop();
         if (mine != CH_OK) {
             CHI_OMP(omp critical)
             {
@@ -627,19 +849,17 @@ static ch_status fa_each(void *stream, const fa_job *job, int64_t b, fa_fn one)
     return st == CH_OK ? CH_OK : chi_error(st, "%s", why);
 }
 
-CHI_CLONES_WIDE static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, int64_t i)
+CHI_CLONES_WIDE static ch_status fa_forward_one(float *mem, const fa_job *j, int64_t i)
 {
+    fa_tiles tiles, *t = &tiles;
+    fa_tiles_at(t, mem, j->hd, j->t);
     int64_t tt = j->t, hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld);
     const float *q = j->q + at, *k = j->k + at, *v = j->v + at;
     float *o = j->o + fa_at(j, i, ldo), *lse = j->lse + i * tt;
     fa_transpose(j, k, t->kt);
     for (int64_t i0 = 0; i0 < tt; i0 += FA_Q) {
         int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
-        for (int64_t r = 0; r < mq; r++) {
-            t->m[r] = -INFINITY;
-            t->l[r] = 0.0f;
-        }
-        memset(t->acc, 0, (size_t)(mq * hd) * sizeof *t->acc);
+        fa_start(t->m, t->l, t->acc, mq, mq * hd);
         /* Keys up to the tile's last query. */
         for (int64_t j0 = 0; j0 < i0 + mq; j0 += FA_K) {
             int64_t nk = i0 + mq - j0 < FA_K ? i0 + mq - j0 : FA_K;
@@ -650,21 +870,21 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(fa_tiles *t, const fa_job *j, in
                               &t->l[r], t->acc + r * hd, hd);
             TRY(fa_mm(j, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * ld, ld, 1.0f, t->acc, hd));
         }
-        for (int64_t r = 0; r < mq; r++) {
-            float inv = 1.0f / t->l[r], *out = o + (i0 + r) * ldo;
-            const float *in = t->acc + r * hd;
-            CHI_OMP(omp simd)
-            for (int64_t d = 0; d < hd; d++)
-                out[d] = in[d] * inv;
-            lse[i0 + r] = t->m[r] + logf(t->l[r]);
-        }
+        fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, t->m, t->l, mq, hd);
     }
     return CH_OK;
 }
 
+/* In bf16 on AMX: asked for, the head size a multiple of the products'
+ * depth, and the CPU runs it. */
+static int fa_use_amx(ch_dtype half, int64_t hd)
+{
+    return half == CH_BF16 && hd % 32 == 0 && chi_host_amx_bf16();
+}
+
 ch_status chi_host_attention(void *stream, int64_t b, int64_t heads, int64_t t, int64_t hd,
-                             float scale, ch_bmem o, int64_t ldo, ch_bmem lse, ch_bmem q, ch_bmem k,
-                             ch_bmem v, int64_t ld)
+                             float scale, ch_dtype half, ch_bmem o, int64_t ldo, ch_bmem lse,
+                             ch_bmem q, ch_bmem k, ch_bmem v, int64_t ld)
 {
     fa_job job = {.t = t,
                   .hd = hd,
@@ -677,16 +897,19 @@ ch_status chi_host_attention(void *stream, int64_t b, int64_t heads, int64_t t, 
                   .lse = chi_host_f32(lse),
                   .q = chi_host_f32(q),
                   .k = chi_host_f32(k),
-                  .v = chi_host_f32(v)};
-    return fa_each(stream, &job, b * heads, fa_forward_one);
+                  .v = chi_host_f32(v),
+                  .amx = fa_use_amx(half, hd)};
+    return fa_each(stream, &job, b * heads, job.amx ? fa_amx_forward_one : fa_forward_one);
 }
 
 /* Backward of one matrix: D = rowsum(dout * o); for each tile of keys and
  * each tile of queries at or below it, P = exp(scale q k^T - lse) (0 above
  * the diagonal), dv += P^T dout, dP = dout v^T, dS = P (dP - D), dq +=
  * scale dS k, dk += scale dS^T q. */
-CHI_CLONES_WIDE static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, int64_t i)
+CHI_CLONES_WIDE static ch_status fa_backward_one(float *mem, const fa_job *j, int64_t i)
 {
+    fa_tiles tiles, *t = &tiles;
+    fa_tiles_at(t, mem, j->hd, j->t);
     int64_t tt = j->t, hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld),
             ato = fa_at(j, i, ldo);
     const float *q = j->q + at, *k = j->k + at, *v = j->v + at, *dout = j->dout + ato;
@@ -698,12 +921,8 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, i
         memset(dq + r * ld, 0, (size_t)hd * sizeof *dq);
         memset(dk + r * ld, 0, (size_t)hd * sizeof *dk);
         memset(dv + r * ld, 0, (size_t)hd * sizeof *dv);
-        const float *g = dout + r * ldo, *y = o + r * ldo;
-        float sum = 0.0f;
-        for (int64_t c = 0; c < hd; c++)
-            sum += g[c] * y[c];
-        t->d[r] = sum;
     }
+    fa_rowdots(t->d, dout, o, tt, hd, ldo);
     for (int64_t j0 = 0; j0 < tt; j0 += FA_K) {
         int64_t nk = tt - j0 < FA_K ? tt - j0 : FA_K;
         for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
@@ -734,9 +953,9 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(fa_tiles *t, const fa_job *j, i
 }
 
 ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t heads, int64_t t, int64_t hd,
-                                      float scale, ch_bmem dq, ch_bmem dk, ch_bmem dv, ch_bmem q,
-                                      ch_bmem k, ch_bmem v, int64_t ld, ch_bmem dout, ch_bmem o,
-                                      int64_t ldo, ch_bmem lse)
+                                      float scale, ch_dtype half, ch_bmem dq, ch_bmem dk,
+                                      ch_bmem dv, ch_bmem q, ch_bmem k, ch_bmem v, int64_t ld,
+                                      ch_bmem dout, ch_bmem o, int64_t ldo, ch_bmem lse)
 {
     fa_job job = {.t = t,
                   .hd = hd,
@@ -753,8 +972,9 @@ ch_status chi_host_attention_backward(void *stream, int64_t b, int64_t heads, in
                   .q = chi_host_f32(q),
                   .k = chi_host_f32(k),
                   .v = chi_host_f32(v),
-                  .dout = chi_host_f32(dout)};
-    return fa_each(stream, &job, b * heads, fa_backward_one);
+                  .dout = chi_host_f32(dout),
+                  .amx = fa_use_amx(half, hd)};
+    return fa_each(stream, &job, b * heads, job.amx ? fa_amx_backward_one : fa_backward_one);
 }
 
 /* ---- embedding ------------------------------------------------------------------- */

@@ -54,6 +54,35 @@ int chi_host_tile_mm(int isa, int64_t m, int64_t n, int64_t k, float alpha, cons
  * AVX512, element by element otherwise). */
 void chi_host_tile_transpose(int isa, int64_t rows, int64_t cols, const float *src, int64_t lds,
                              float *dst, int64_t ldd);
+/* The fused attention's tile products in bf16 on AMX (tile_amx.c).
+ * chi_host_amx_bf16: whether this CPU and kernel run them (asked once).
+ * A thread brackets its products with start (the tile configuration)
+ * and stop. mm: c[m, n] = a b (+ c where add), m, n and k multiples of
+ * 32, a bf16 [m, k] rows lda apart, b [k, n] bf16 in pairs of rows (pair
+ * row p, ldb elements apart, holds b[2p][j], b[2p + 1][j] at 2j, 2j + 1),
+ * c f32 rows ldc apart. The packers round x [rows, cols] (rows ldx
+ * apart) to bf16, zeros out to rows_pad x cols_pad (even): rows into
+ * y[r * ldy + c]; pairs into b's layout; pairs_t into b's layout of x
+ * transposed; trans into y[c * ldy + r] (rows_pad a multiple of 32).
+ * pairs_t uses tmp [rows_pad * cols_pad], trans twice that. */
+int chi_host_amx_bf16(void);
+void chi_host_amx_start(void);
+void chi_host_amx_stop(void);
+void chi_host_amx_mm(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda,
+                     const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int add);
+void chi_host_bf16_rows(int64_t rows, int64_t cols, const float *x, int64_t ldx, uint16_t *y,
+                        int64_t ldy, int64_t rows_pad, int64_t cols_pad);
+void chi_host_bf16_pairs(int64_t rows, int64_t cols, const float *x, int64_t ldx, uint16_t *y,
+                         int64_t ldy, int64_t rows_pad, int64_t cols_pad);
+void chi_host_bf16_pairs_t(int64_t rows, int64_t cols, const float *x, int64_t ldx, uint16_t *y,
+                           int64_t ldy, int64_t rows_pad, int64_t cols_pad, uint16_t *tmp);
+void chi_host_bf16_trans(int64_t rows, int64_t cols, const float *x, int64_t ldx, uint16_t *y,
+                         int64_t ldy, int64_t rows_pad, int64_t cols_pad, uint16_t *tmp);
+#ifdef CHI_TEST_HOOKS
+/* Tests only: chi_host_amx_bf16 answers 0 while on is 0. */
+void chi_host_amx_prefer(int on);
+#endif
+
 #ifdef CHI_TEST_HOOKS
 /* Tests only (the copy in tests/libchorus-internal): chi_host_tile_isa(AUTO)
  * answers chi_host_tile_isa(isa) from now on (AUTO again: the widest), so

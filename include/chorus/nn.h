@@ -145,7 +145,10 @@ CH_API void ch_module_train(ch_module *m, int training);
  * state stay f32 (master weights), and so do the activations between
  * layers, normalisations, attention's scores and softmax, and the loss.
  * CH_F32 (the default) turns it off. Applies to m and every module below it (clones
- * keep it). CH_ERR_DTYPE for another dtype. */
+ * keep it). CH_ERR_DTYPE for another dtype. (The host's fused attention,
+ * the GPT's there, rounds the batched products' inputs with CH_BF16 on a
+ * CPU with AMX and a head size that is a multiple of 32, and sums them
+ * unrounded in f32 otherwise: ch_attention_packed_mixed.) */
 CH_API ch_status ch_module_set_precision(ch_module *m, ch_dtype dtype);
 CH_API ch_dtype ch_module_precision(const ch_module *m);
 

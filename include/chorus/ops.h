@@ -267,6 +267,20 @@ CH_API ch_status ch_attention_packed(ch_tensor *o, ch_tensor *lse, const ch_tens
 CH_API ch_status ch_attention_packed_backward(ch_tensor *dqkv, const ch_tensor *dout,
                                               const ch_tensor *qkv, const ch_tensor *o,
                                               const ch_tensor *lse, int heads, float scale);
+/* The same in mixed precision: with half CH_BF16, on a host whose CPU
+ * has AMX (Sapphire Rapids and later) and a head size that is a multiple
+ * of 32, the tile products take q, k, v (and dout), the probabilities
+ * and dS rounded to bf16 and sum in f32 (autocast's rounding; the
+ * softmax's statistics, o, lse and the gradients stay f32). Elsewhere,
+ * with CH_F16, and with CH_F32, exactly ch_attention_packed's results.
+ * The backward takes the forward's half. Another dtype is CH_ERR_DTYPE.
+ * (ch_module_set_precision's GPT passes its precision.) */
+CH_API ch_status ch_attention_packed_mixed(ch_tensor *o, ch_tensor *lse, const ch_tensor *qkv,
+                                           int heads, float scale, ch_dtype half);
+CH_API ch_status ch_attention_packed_mixed_backward(ch_tensor *dqkv, const ch_tensor *dout,
+                                                    const ch_tensor *qkv, const ch_tensor *o,
+                                                    const ch_tensor *lse, int heads, float scale,
+                                                    ch_dtype half);
 
 /* ---- Embedding ------------------------------------------------------------ */
 

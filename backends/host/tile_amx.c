@@ -1,0 +1,276 @@
+/* The fused attention's tile products in bf16 on AMX (attention.c, in
+ * mixed precision with CH_BF16).
+ *
+ * Sapphire Rapids and later run a 16 x 16 x 32 bf16 product, summed in
+ * f32, per tile instruction: a 64 x 64 x 64 tile product at about 0.8
+ * TFLOP/s on one core against 0.15 in f32 FMA (tile_mm.c). The operands
+ * are bf16: A row by row (its depth along a row), B in pairs of rows
+ * ("VNNI": pair row p holds B[2p][j], B[2p + 1][j] side by side for each
+ * column j), C f32. The packers here round f32 to bf16 (to nearest, ties
+ * to even, as chi_bf16_from_f32) into those layouts, zeros around.
+ *
+ * Linux hands the tile registers to a process that asks for them
+ * (arch_prctl ARCH_REQ_XCOMP_PERM); chi_host_amx_bf16 asks once and says
+ * whether the products can run here. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "host.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && __GNUC__ >= 11
+#define HAVE_AMX_KERNELS 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#ifdef HAVE_AMX_KERNELS
+#define AMX_TARGET "avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16"
+
+/* -1 not asked yet, 0 no, 1 yes */
+static atomic_int amx_state = -1;
+#ifdef CHI_TEST_HOOKS
+static atomic_int amx_refused;
+void chi_host_amx_prefer(int on)
+{
+    atomic_store(&amx_refused, !on);
+}
+#endif
+
+static int amx_ask(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return 0;
+    int tiles = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+    if (!tiles || !bf16 || !__builtin_cpu_supports("avx512f") ||
+        !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
+        !__builtin_cpu_supports("avx512bf16"))
+        return 0;
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: refused by kernels
+     * before 5.16 and where the tile state is off; then no products here */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+int chi_host_amx_bf16(void)
+{
+#ifdef CHI_TEST_HOOKS
+    if (atomic_load(&amx_refused))
+        return 0;
+#endif
+    int s = atomic_load(&amx_state);
+    if (s < 0) {
+        s = amx_ask();
+        atomic_store(&amx_state, s);
+    }
+    return s;
+}
+
+/* Palette 1, the eight tiles 16 rows of 64 bytes. */
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+__attribute__((target(AMX_TARGET))) void chi_host_amx_start(void)
+{
+    amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.rows[i] = 16;
+        cfg.colsb[i] = 64;
+    }
+    /* not _tile_loadconfig: GCC 12's tells the compiler that it reads 8
+     * bytes of the configuration, which then drops the stores to the rest */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+__attribute__((target(AMX_TARGET))) void chi_host_amx_stop(void)
+{
+    _tile_release();
+}
+
+/* C in blocks of 32 x 32 (tiles 0-3), A's two row tiles 4-5, B's two
+ * column tiles 6-7, over the depth 32 at a time. */
+__attribute__((target(AMX_TARGET))) void chi_host_amx_mm(int64_t m, int64_t n, int64_t k,
+                                                         const uint16_t *a, int64_t lda,
+                                                         const uint16_t *b, int64_t ldb, float *c,
+                                                         int64_t ldc, int add)
+{
+    const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4;
+    for (int64_t i = 0; i < m; i += 32)
+        for (int64_t j = 0; j < n; j += 32) {
+            float *c00 = c + i * ldc + j, *c10 = c00 + 16 * ldc;
+            if (add) {
+                _tile_loadd(0, c00, sc);
+                _tile_loadd(1, c00 + 16, sc);
+                _tile_loadd(2, c10, sc);
+                _tile_loadd(3, c10 + 16, sc);
+            } else {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            }
+            for (int64_t p = 0; p < k; p += 32) {
+                _tile_loadd(4, a + i * lda + p, sa);
+                _tile_loadd(5, a + (i + 16) * lda + p, sa);
+                _tile_loadd(6, b + p / 2 * ldb + 2 * j, sb);
+                _tile_loadd(7, b + p / 2 * ldb + 2 * (j + 16), sb);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, c00, sc);
+            _tile_stored(1, c00 + 16, sc);
+            _tile_stored(2, c10, sc);
+            _tile_stored(3, c10 + 16, sc);
+        }
+}
+
+#define AMX_LANES(count) ((count) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (count)) - 1u))
+
+/* 16 floats (the first `w` of x, 0 after) rounded to bf16. */
+__attribute__((target(AMX_TARGET), always_inline)) static inline __m256i amx_round16(const float *x,
+                                                                                     int64_t w)
+{
+    __m512 v = _mm512_maskz_loadu_ps(AMX_LANES(w), x);
+    return (__m256i)_mm512_cvtneps_pbh(v);
+}
+
+__attribute__((target(AMX_TARGET))) void chi_host_bf16_rows(int64_t rows, int64_t cols,
+                                                            const float *x, int64_t ldx,
+                                                            uint16_t *y, int64_t ldy,
+                                                            int64_t rows_pad, int64_t cols_pad)
+{
+    for (int64_t r = 0; r < rows_pad; r++) {
+        uint16_t *out = y + r * ldy;
+        if (r >= rows) {
+            memset(out, 0, (size_t)cols_pad * sizeof *out);
+            continue;
+        }
+        for (int64_t c = 0; c < cols_pad; c += 16) {
+            int64_t w = c < cols ? cols - c : 0;
+            __m256i h = w ? amx_round16(x + r * ldx + c, w) : _mm256_setzero_si256();
+            int64_t keep = cols_pad - c < 16 ? cols_pad - c : 16;
+            _mm256_mask_storeu_epi16(out + c, AMX_LANES(keep), h);
+        }
+    }
+}
+
+__attribute__((target(AMX_TARGET))) void chi_host_bf16_pairs(int64_t rows, int64_t cols,
+                                                             const float *x, int64_t ldx,
+                                                             uint16_t *y, int64_t ldy,
+                                                             int64_t rows_pad, int64_t cols_pad)
+{
+    /* word 2j of the result from the first row's j, 2j + 1 from the second's */
+    static const uint16_t mix[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_loadu_si512(mix);
+    for (int64_t r = 0; r < rows_pad; r += 2) {
+        uint16_t *out = y + r / 2 * ldy;
+        for (int64_t c = 0; c < cols_pad; c += 16) {
+            int64_t w = c < cols ? cols - c : 0;
+            __m256i lo = r < rows && w ? amx_round16(x + r * ldx + c, w) : _mm256_setzero_si256();
+            __m256i hi =
+                r + 1 < rows && w ? amx_round16(x + (r + 1) * ldx + c, w) : _mm256_setzero_si256();
+            __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            __m512i pairs = _mm512_permutexvar_epi16(idx, both);
+            int64_t keep = cols_pad - c < 16 ? cols_pad - c : 16;
+            _mm512_mask_storeu_epi32(out + 2 * c, AMX_LANES(keep), pairs);
+        }
+    }
+}
+
+/* Rounded row by row into tmp [rows_pad, cols_pad], then its 32-bit
+ * words (element pairs) transposed as floats would be (tile_mm.c's
+ * shuffles move bits, whatever they hold). */
+__attribute__((target(AMX_TARGET))) void chi_host_bf16_pairs_t(int64_t rows, int64_t cols,
+                                                               const float *x, int64_t ldx,
+                                                               uint16_t *y, int64_t ldy,
+                                                               int64_t rows_pad, int64_t cols_pad,
+                                                               uint16_t *tmp)
+{
+    chi_host_bf16_rows(rows, cols, x, ldx, tmp, cols_pad, rows_pad, cols_pad);
+    chi_host_tile_transpose(CHI_TILE_AVX512, rows_pad, cols_pad / 2, (const float *)tmp,
+                            cols_pad / 2, (float *)y, ldy / 2);
+}
+
+/* pairs_t into tmp, whose pair row p then splits into rows 2p (the low
+ * halves) and 2p + 1 (the high); rows_pad a multiple of 32. */
+__attribute__((target(AMX_TARGET))) void chi_host_bf16_trans(int64_t rows, int64_t cols,
+                                                             const float *x, int64_t ldx,
+                                                             uint16_t *y, int64_t ldy,
+                                                             int64_t rows_pad, int64_t cols_pad,
+                                                             uint16_t *tmp)
+{
+    uint16_t *pairs = tmp + rows_pad * cols_pad;
+    chi_host_bf16_pairs_t(rows, cols, x, ldx, pairs, 2 * rows_pad, rows_pad, cols_pad, tmp);
+    uint16_t even[32], odd[32];
+    for (int i = 0; i < 32; i++) {
+        even[i] = (uint16_t)(2 * i);
+        odd[i] = (uint16_t)(2 * i + 1);
+    }
+    const __m512i ie = _mm512_loadu_si512(even), io = _mm512_loadu_si512(odd);
+    for (int64_t p = 0; p < cols_pad / 2; p++) {
+        const uint16_t *w = pairs + p * 2 * rows_pad;
+        for (int64_t r = 0; r < rows_pad; r += 32) {
+            __m512i a = _mm512_loadu_si512(w + 2 * r), b = _mm512_loadu_si512(w + 2 * r + 32);
+            _mm512_storeu_si512(y + 2 * p * ldy + r, _mm512_permutex2var_epi16(a, ie, b));
+            _mm512_storeu_si512(y + (2 * p + 1) * ldy + r, _mm512_permutex2var_epi16(a, io, b));
+        }
+    }
+}
+
+#else /* no AMX build */
+
+int chi_host_amx_bf16(void)
+{
+    return 0;
+}
+#ifdef CHI_TEST_HOOKS
+void chi_host_amx_prefer(int on)
+{
+    (void)on;
+}
+#endif
+void chi_host_amx_start(void)
+{
+}
+void chi_host_amx_stop(void)
+{
+}
+void chi_host_amx_mm(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda,
+                     const uint16_t *b, int64_t ldb, float *c, int64_t ldc, int add)
+{
+    (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)ldc,
+        (void)add;
+}
+#define AMX_NO_PACK(name)                                                                          \
+    void name(int64_t rows, int64_t cols, const float *x, int64_t ldx, uint16_t *y, int64_t ldy,   \
+              int64_t rows_pad, int64_t cols_pad)                                                  \
+    {                                                                                              \
+        (void)rows, (void)cols, (void)x, (void)ldx, (void)y, (void)ldy, (void)rows_pad,            \
+            (void)cols_pad;                                                                        \
+    }
+AMX_NO_PACK(chi_host_bf16_rows)
+AMX_NO_PACK(chi_host_bf16_pairs)
+#define AMX_NO_PACK_T(name)                                                                        \
+    void name(int64_t rows, int64_t cols, const float *x, int64_t ldx, uint16_t *y, int64_t ldy,   \
+              int64_t rows_pad, int64_t cols_pad, uint16_t *tmp)                                   \
+    {                                                                                              \
+        (void)rows, (void)cols, (void)x, (void)ldx, (void)y, (void)ldy, (void)rows_pad,            \
+            (void)cols_pad, (void)tmp;                                                             \
+    }
+AMX_NO_PACK_T(chi_host_bf16_pairs_t)
+AMX_NO_PACK_T(chi_host_bf16_trans)
+#endif
