@@ -41,7 +41,7 @@ extern "C" {
  * must tell the core changes (12: the workspace and staging it allocates
  * itself, chi_workspace_reserve; 13: the attention slots; 14: their
  * layout arguments, ch_attention_packed; 15: their products' format,
- * ch_attention_packed_mixed): a module of
+ * ch_attention_packed_mixed, and gemm_half's bias, ch_gemm_bias): a module of
  * another version is refused at load. */
 #define CH_BACKEND_ABI_VERSION 15
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
@@ -322,11 +322,14 @@ typedef struct ch_conv_geom {
      * cores where there are some). A combination the backend does not run                         \
      * returns CH_ERR_UNSUPPORTED: the core then widens A and B to f32 (the                        \
      * conversion slots above) and runs gemm or gemm_batched, so every backend                     \
-     * multiplies half tensors, this slot only faster. */                                          \
+     * multiplies half tensors, this slot only faster. bias (ptr NULL: none;                      \
+     * count 1, beta 0, C f32): f32 [n] added to every row of C                                    \
+     * (ch_gemm_bias); CH_ERR_UNSUPPORTED where the backend does not fuse it                       \
+     * and the core adds it apart. */                                                              \
     X(OP, OPTIONAL, ch_status, gemm_half, (void *stream, int ab, int cd, int trans_a, int trans_b, \
         int64_t count, int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,       \
         int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b, float beta, ch_bmem c,         \
-        int64_t ldc, int64_t stride_c))                                                            \
+        int64_t ldc, int64_t stride_c, ch_bmem bias))                                              \
     /* optional: the three convolution slots above with their inputs in `dt`                       \
      * (CH_BF16 or CH_F16): forward x and w; backward dy, x and w. The outputs                     \
      * (y; dx, dw) stay f32 and the products are summed in f32. When the                           \

@@ -121,11 +121,11 @@ ch_status chi_gemm_half(const char *fn, ch_tensor *c, int trans_a, int trans_b, 
     const ch_backend_i *be = BE(c);
     int last = a->ndim - 1;
     if (be->gemm_half) {
-        ch_status st = be->gemm_half(
-            STREAM(c), a->dtype, c->dtype, trans_a != 0, trans_b != 0, count ? count : 1, m, n,
-            k, alpha, chi_mem(a), a->shape[last], count ? a->shape[1] * a->shape[2] : 0,
-            chi_mem(b), b->shape[last], count ? b->shape[1] * b->shape[2] : 0, beta, chi_mem(c),
-            n, count ? m * n : 0);
+        ch_status st = be->gemm_half(STREAM(c), a->dtype, c->dtype, trans_a != 0, trans_b != 0,
+                                     count ? count : 1, m, n, k, alpha, chi_mem(a), a->shape[last],
+                                     count ? a->shape[1] * a->shape[2] : 0, chi_mem(b),
+                                     b->shape[last], count ? b->shape[1] * b->shape[2] : 0, beta,
+                                     chi_mem(c), n, count ? m * n : 0, (ch_bmem){0});
         if (st != CH_ERR_UNSUPPORTED)
             return st;
     }
@@ -149,10 +149,11 @@ ch_status chi_gemm_half(const char *fn, ch_tensor *c, int trans_a, int trans_b, 
     return CH_OK;
 }
 
-ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_tensor *a,
-                  const ch_tensor *b, float beta)
+/* ch_gemm's checks; *m, *n, *k set. */
+static ch_status gemm_check(const char *fn, ch_tensor *c, int trans_a, int trans_b, float alpha,
+                            const ch_tensor *a, const ch_tensor *b, int64_t *m, int64_t *n,
+                            int64_t *k)
 {
-    static const char fn[] = "ch_gemm";
     arg args[] = {{"c", c, ANY, 0}, {"a", a, ANY, 0}, {"b", b, ANY, 0}};
     TRY(check_args(fn, args, NARGS(args)));
     TRY(chi_gemm_dtypes(fn, c, a, b));
@@ -161,23 +162,65 @@ ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_
                          a->ndim != 2 ? "a" : b->ndim != 2 ? "b" : "c",
                          a->ndim != 2 ? a->ndim : b->ndim != 2 ? b->ndim : c->ndim);
     TRY(check_finite(fn, "alpha", alpha));
-    TRY(check_finite(fn, "beta", beta));
-    int64_t m = trans_a ? a->shape[1] : a->shape[0], k = trans_a ? a->shape[0] : a->shape[1];
-    int64_t kb = trans_b ? b->shape[1] : b->shape[0], n = trans_b ? b->shape[0] : b->shape[1];
-    if (k != kb)
+    *m = trans_a ? a->shape[1] : a->shape[0];
+    *k = trans_a ? a->shape[0] : a->shape[1];
+    int64_t kb = trans_b ? b->shape[1] : b->shape[0];
+    *n = trans_b ? b->shape[0] : b->shape[1];
+    if (*k != kb)
         return chi_error(CH_ERR_SHAPE, "%s: op(a) has %lld columns but op(b) has %lld rows", fn,
-                         (long long)k, (long long)kb);
-    if (c->shape[0] != m || c->shape[1] != n)
+                         (long long)*k, (long long)kb);
+    if (c->shape[0] != *m || c->shape[1] != *n)
         return chi_error(CH_ERR_SHAPE, "%s: c is [%lld, %lld], expected [%lld, %lld]", fn,
-                         (long long)c->shape[0], (long long)c->shape[1], (long long)m,
-                         (long long)n);
+                         (long long)c->shape[0], (long long)c->shape[1], (long long)*m,
+                         (long long)*n);
     TRY(no_alias(fn, "c", c, "a", a));
-    TRY(no_alias(fn, "c", c, "b", b));
+    return no_alias(fn, "c", c, "b", b);
+}
+
+/* The product once checked: the half path or the f32 slot. */
+static ch_status gemm_run(const char *fn, ch_tensor *c, int trans_a, int trans_b, float alpha,
+                          const ch_tensor *a, const ch_tensor *b, float beta, int64_t m, int64_t n,
+                          int64_t k)
+{
     if (a->dtype != CH_F32 || c->dtype != CH_F32)
         return chi_gemm_half(fn, c, trans_a, trans_b, alpha, a, b, beta, 0, m, n, k);
     /* gemm is a required slot: the registry refused a backend without it. */
     return BE(c)->gemm(STREAM(c), trans_a != 0, trans_b != 0, m, n, k, alpha, chi_mem(a),
                        a->shape[1], chi_mem(b), b->shape[1], beta, chi_mem(c), n);
+}
+
+ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_tensor *a,
+                  const ch_tensor *b, float beta)
+{
+    static const char fn[] = "ch_gemm";
+    int64_t m, n, k;
+    TRY(gemm_check(fn, c, trans_a, trans_b, alpha, a, b, &m, &n, &k));
+    TRY(check_finite(fn, "beta", beta));
+    return gemm_run(fn, c, trans_a, trans_b, alpha, a, b, beta, m, n, k);
+}
+
+ch_status ch_gemm_bias(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_tensor *a,
+                       const ch_tensor *b, const ch_tensor *bias)
+{
+    static const char fn[] = "ch_gemm_bias";
+    int64_t m, n, k;
+    TRY(gemm_check(fn, c, trans_a, trans_b, alpha, a, b, &m, &n, &k));
+    arg args[] = {{"c", c, CH_F32, 0}, {"bias", bias, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    if (bias->ndim != 1 || bias->shape[0] != n)
+        return chi_error(CH_ERR_SHAPE, "%s: bias has %d dimensions (%lld, ...), expected [%lld]",
+                         fn, bias->ndim, (long long)bias->shape[0], (long long)n);
+    TRY(no_alias(fn, "c", c, "bias", bias));
+    const ch_backend_i *be = BE(c);
+    if (a->dtype != CH_F32 && c->dtype == CH_F32 && be->gemm_half) {
+        ch_status st = be->gemm_half(STREAM(c), a->dtype, c->dtype, trans_a != 0, trans_b != 0, 1,
+                                     m, n, k, alpha, chi_mem(a), a->shape[1], 0, chi_mem(b),
+                                     b->shape[1], 0, 0.0f, chi_mem(c), n, 0, chi_mem(bias));
+        if (st != CH_ERR_UNSUPPORTED)
+            return st;
+    }
+    TRY(gemm_run(fn, c, trans_a, trans_b, alpha, a, b, 0.0f, m, n, k));
+    return ch_bias_add(c, c, bias, 1);
 }
 
 /* ---- Elementwise ------------------------------------------------------------ */

@@ -50,9 +50,8 @@ static ch_status linear_forward(ch_module *m, const ch_tensor *x)
     if (st == CH_OK)
         st = rows_view(&y2, m->y, m->out);
     if (st == CH_OK)
-        st = ch_gemm(y2, 0, 1, 1.0f, x2, wh, 0.0f);
-    if (st == CH_OK && m->nparams > 1)
-        st = ch_bias_add(y2, y2, m->params[1].value, 1);
+        st = m->nparams > 1 ? ch_gemm_bias(y2, 0, 1, 1.0f, x2, wh, m->params[1].value)
+                            : ch_gemm(y2, 0, 1, 1.0f, x2, wh, 0.0f);
     ch_tensor_free(x2);
     ch_tensor_free(y2);
     return st;

@@ -584,6 +584,35 @@ static void test_gemm_args(const op_args *a)
            "ch_gemm", "beta", "beta infinite");
     EXPECT(ch_gemm(a->f4, 0, 0, 1.0f, a->f4, a->g4, 0.0f), CH_ERR_INVALID_ARGUMENT, "ch_gemm",
            "c", "c is a");
+    EXPECT(ch_gemm_bias(NULL, 0, 0, 1.0f, a->f4, a->g4, a->v4), CH_ERR_INVALID_ARGUMENT,
+           "ch_gemm_bias", "c", "ch_gemm_bias: c NULL");
+    EXPECT(ch_gemm_bias(a->f4, 0, 0, 1.0f, a->g4, a->h4, NULL), CH_ERR_INVALID_ARGUMENT,
+           "ch_gemm_bias", "bias", "ch_gemm_bias: bias NULL");
+    EXPECT(ch_gemm_bias(a->f4, 0, 0, 1.0f, a->g4, a->h4, a->l4), CH_ERR_DTYPE, "ch_gemm_bias",
+           "bias", "ch_gemm_bias: i32 bias");
+    EXPECT(ch_gemm_bias(a->f4, 0, 0, 1.0f, a->g4, a->h4, a->f1), CH_ERR_SHAPE, "ch_gemm_bias",
+           "bias has 1 dimensions (1, ...), expected [4]", "ch_gemm_bias: bias [1] for 4 columns");
+    EXPECT(ch_gemm_bias(a->f4, 0, 0, 1.0f, a->g4, a->h4, a->g4), CH_ERR_SHAPE, "ch_gemm_bias",
+           "bias has 2 dimensions", "ch_gemm_bias: 2-D bias");
+    EXPECT(ch_gemm_bias(a->f34, 0, 0, 1.0f, a->f4, a->g4, a->v4), CH_ERR_SHAPE, "ch_gemm_bias", "c",
+           "ch_gemm_bias: c [3,4] for [4,4] @ [4,4]");
+    EXPECT(ch_gemm_bias(a->f4, 0, 0, INFINITY, a->g4, a->h4, a->v4), CH_ERR_INVALID_ARGUMENT,
+           "ch_gemm_bias", "alpha", "ch_gemm_bias: alpha infinite");
+    EXPECT(ch_gemm_bias(a->row0, 0, 0, 1.0f, a->f34, a->g4, a->row1), CH_ERR_SHAPE, "ch_gemm_bias",
+           "bias", "ch_gemm_bias: a view of 2-D rows as the bias");
+    EXPECT(ch_gemm_bias(a->f4, 0, 0, 1.0f, a->g4, a->h4, a->row0), CH_ERR_SHAPE, "ch_gemm_bias",
+           "bias", "ch_gemm_bias: bias [3, 4]");
+    /* a bias in c's memory: the first 4 of f4's 16 floats */
+    int64_t all = 16;
+    ch_tensor *flat = NULL, *head = NULL;
+    ch_status st = ch_tensor_reshape(&flat, a->f4, 1, &all);
+    if (st == CH_OK)
+        st = ch_tensor_view(&head, flat, 0, 4);
+    if (tap_status_ok(st, "a 1-D view of f4's first row"))
+        EXPECT(ch_gemm_bias(a->f4, 0, 0, 1.0f, a->g4, a->h4, head), CH_ERR_INVALID_ARGUMENT,
+               "ch_gemm_bias", "overlaps", "ch_gemm_bias: bias in c's memory");
+    ch_tensor_free(head);
+    ch_tensor_free(flat);
 }
 
 static void test_elementwise_args(const op_args *a)

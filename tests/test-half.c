@@ -125,9 +125,11 @@ static ch_status values_of(const ch_tensor *c, float *out)
 }
 
 /* One product on dev: `count` matrices (0: ch_gemm, 2-D), op(a) [m, k],
- * op(b) [k, n], c of `cd`, beta. */
+ * op(b) [k, n], c of `cd`, beta. With bias (count 0, c f32, beta 0):
+ * ch_gemm_bias with a random f32 bias [n], also against ch_gemm then
+ * ch_bias_add, bit for bit. */
 static void gemm_case(ch_device *dev, const fmt *F, ch_dtype cd, int count, int ta, int tb,
-                      int64_t m, int64_t n, int64_t k, float beta, tap_rng *rng)
+                      int64_t m, int64_t n, int64_t k, float beta, int bias, tap_rng *rng)
 {
     const char *id = ch_device_id(dev);
     int64_t batch = count ? count : 1;
@@ -135,9 +137,13 @@ static void gemm_case(ch_device *dev, const fmt *F, ch_dtype cd, int count, int 
     uint16_t *abits = malloc(2 * na), *bbits = malloc(2 * nb), *cbits = malloc(2 * nc);
     float *av = malloc(4 * na), *bv = malloc(4 * nb), *c0 = malloc(4 * nc),
           *got = malloc(4 * nc);
-    ch_tensor *a = NULL, *b = NULL, *c = NULL;
-    ch_status st = abits && bbits && cbits && av && bv && c0 && got ? CH_OK
-                                                                    : CH_ERR_OUT_OF_MEMORY;
+    float *bias_v = malloc(4 * n), *plain = malloc(4 * nc);
+    ch_tensor *a = NULL, *b = NULL, *c = NULL, *tbias = NULL;
+    ch_status st = abits && bbits && cbits && av && bv && c0 && got && bias_v && plain
+                       ? CH_OK
+                       : CH_ERR_OUT_OF_MEMORY;
+    for (int64_t j = 0; st == CH_OK && j < n; j++)
+        bias_v[j] = bias ? tap_rng_uniform(rng, -1.0f, 1.0f) : 0.0f;
     if (st == CH_OK)
         st = make_half(F, na, rng, abits, av);
     if (st == CH_OK)
@@ -153,17 +159,32 @@ static void gemm_case(ch_device *dev, const fmt *F, ch_dtype cd, int count, int 
         st = tensor_of(&b, dev, F->dtype, nd, sb + off, bbits, NULL);
     if (st == CH_OK)
         st = tensor_of(&c, dev, cd, nd, sc + off, cbits, c0);
-    if (st == CH_OK)
+    if (st == CH_OK && bias)
+        st = tensor_of(&tbias, dev, CH_F32, 1, &n, NULL, bias_v);
+    int64_t differ = 0;
+    if (st == CH_OK && bias) {
+        /* ch_gemm then ch_bias_add first, into the same c */
+        st = ch_gemm(c, ta, tb, 1.0f, a, b, 0.0f);
+        if (st == CH_OK)
+            st = ch_bias_add(c, c, tbias, 1);
+        if (st == CH_OK)
+            st = values_of(c, plain);
+        if (st == CH_OK)
+            st = ch_gemm_bias(c, ta, tb, 1.0f, a, b, tbias);
+    } else if (st == CH_OK) {
         st = count ? ch_gemm_batched(c, ta, tb, 1.0f, a, b, beta)
                    : ch_gemm(c, ta, tb, 1.0f, a, b, beta);
+    }
     if (st == CH_OK)
         st = values_of(c, got);
+    for (int64_t i = 0; st == CH_OK && bias && i < nc; i++)
+        differ += memcmp(&got[i], &plain[i], sizeof *got) != 0;
     double u = cd == CH_F32 ? 0.0 : ldexp(1.0, -(F->mant + 1)), worst = 0.0;
     int64_t bad = 0;
     for (int64_t q = 0; st == CH_OK && q < batch; q++)
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
-                double sum = beta * (double)c0[(q * m + i) * n + j];
+                double sum = beta * (double)c0[(q * m + i) * n + j] + bias_v[j];
                 double mag = fabs(sum);
                 for (int64_t p = 0; p < k; p++) {
                     double x = av[q * m * k + (ta ? p * m + i : i * k + p)];
@@ -178,17 +199,22 @@ static void gemm_case(ch_device *dev, const fmt *F, ch_dtype cd, int count, int 
                 if (!(err / (mag + 1e-30) <= worst))
                     worst = err / (mag + 1e-30);
             }
-    const char *op = count ? "ch_gemm_batched" : "ch_gemm";
+    const char *op = count ? "ch_gemm_batched" : bias ? "ch_gemm_bias" : "ch_gemm";
     if (tap_status_ok(st, "%s: %s %s x %s -> %s%s%s, %lld x %lld x %lld (x%d), beta %g", id, op,
                       F->name, F->name, ch_dtype_name(cd), ta ? " a^T" : "", tb ? " b^T" : "",
                       (long long)m, (long long)n, (long long)k, (int)batch, beta))
         tap_ok(bad == 0, "%s: ... every element within u |want| + 2e-5 sum|terms| (u = %g; %lld "
                "outside; the largest error is %.2g of sum|terms|)",
                id, u, (long long)bad, worst);
+    if (st == CH_OK && bias)
+        tap_ok(differ == 0, "%s: ... the same bits as ch_gemm then ch_bias_add (%lld differ)", id,
+               (long long)differ);
+    ch_tensor_free(tbias);
     ch_tensor_free(a);
     ch_tensor_free(b);
     ch_tensor_free(c);
     free(abits), free(bbits), free(cbits), free(av), free(bv), free(c0), free(got);
+    free(bias_v), free(plain);
 }
 
 static void conv_case(ch_device *dev, const fmt *F, int64_t n, int64_t c, int64_t h, int64_t w,
@@ -208,16 +234,20 @@ static void test_device(ch_device *dev, tap_rng *rng)
         conv_case(dev, F, 2, c2, hw, hw, 2 * c2, &one, rng);
         conv_case(dev, F, 2, 3, 7, 8, 4, &odd, rng);
         for (int t = 0; t < 4; t++)
-            gemm_case(dev, F, CH_F32, 0, t >> 1, t & 1, 37, 29, 41, t == 3 ? 0.5f : 0.0f, rng);
-        gemm_case(dev, F, F->dtype, 0, 0, 1, 33, 40, 64, 0.0f, rng);
-        gemm_case(dev, F, F->dtype, 0, 1, 0, 20, 17, 50, 0.5f, rng);
-        gemm_case(dev, F, CH_F32, 3, 0, 1, 17, 19, 23, 0.0f, rng);
-        gemm_case(dev, F, CH_F32, 4, 1, 0, 16, 16, 32, 0.5f, rng);
-        gemm_case(dev, F, F->dtype, 2, 0, 0, 9, 31, 12, 0.0f, rng);
+            gemm_case(dev, F, CH_F32, 0, t >> 1, t & 1, 37, 29, 41, t == 3 ? 0.5f : 0.0f, 0, rng);
+        gemm_case(dev, F, F->dtype, 0, 0, 1, 33, 40, 64, 0.0f, 0, rng);
+        gemm_case(dev, F, F->dtype, 0, 1, 0, 20, 17, 50, 0.5f, 0, rng);
+        gemm_case(dev, F, CH_F32, 3, 0, 1, 17, 19, 23, 0.0f, 0, rng);
+        gemm_case(dev, F, CH_F32, 4, 1, 0, 16, 16, 32, 0.5f, 0, rng);
+        gemm_case(dev, F, F->dtype, 2, 0, 0, 9, 31, 12, 0.0f, 0, rng);
         /* B transposed with n an odd multiple of 256 and k at most 768:
          * the host reorders B into oneDNN's own layout (dnnl.c). */
-        gemm_case(dev, F, CH_F32, 0, 0, 1, 19, 256, 72, 0.5f, rng);
-        gemm_case(dev, F, F->dtype, 0, 1, 1, 24, 768, 40, 0.0f, rng);
+        gemm_case(dev, F, CH_F32, 0, 0, 1, 19, 256, 72, 0.5f, 0, rng);
+        gemm_case(dev, F, F->dtype, 0, 1, 1, 24, 768, 40, 0.0f, 0, rng);
+        /* with a bias: a Linear's forward (x W^T) and the other layouts */
+        gemm_case(dev, F, CH_F32, 0, 0, 1, 64, 256, 48, 0.0f, 1, rng);
+        gemm_case(dev, F, CH_F32, 0, 0, 1, 24, 768, 40, 0.0f, 1, rng);
+        gemm_case(dev, F, CH_F32, 0, 1, 0, 37, 29, 41, 0.0f, 1, rng);
     }
 }
 

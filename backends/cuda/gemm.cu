@@ -110,10 +110,12 @@ ch_status chcu_gemm_batched(void *stream, int trans_a, int trans_b, int64_t coun
 ch_status chcu_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b, int64_t count,
                          int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
                          int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b, float beta,
-                         ch_bmem c, int64_t ldc, int64_t stride_c)
+                         ch_bmem c, int64_t ldc, int64_t stride_c, ch_bmem bias)
 {
     if ((ab != CH_BF16 && ab != CH_F16) || (cd != CH_F32 && cd != ab))
         return chi_error(CH_ERR_UNSUPPORTED, "cuda gemm_half: inputs %d, output %d", ab, cd);
+    if (bias.ptr) /* the core adds it with bias_add */
+        return chi_error(CH_ERR_UNSUPPORTED, "cuda gemm_half: no fused bias");
     if (!chcu_fits_int(count) || !chcu_fits_int(m) || !chcu_fits_int(n) || !chcu_fits_int(k) ||
         !chcu_fits_int(lda) || !chcu_fits_int(ldb) || !chcu_fits_int(ldc))
         return chi_error(CH_ERR_LIMIT,

@@ -482,6 +482,19 @@ __attribute__((target("avx512f"))) static float fa_row_exp512(float *x, int64_t 
     return _mm512_reduce_add_ps(sum);
 }
 #define FA_HAVE_512 1
+
+__attribute__((target("avx512f"))) static void fa_rowdots512(float *d, const float *dout,
+                                                             const float *o, int64_t tt, int64_t hd,
+                                                             int64_t ldo)
+{
+    for (int64_t r = 0; r < tt; r++) {
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < hd; c += 16)
+            sum = _mm512_fmadd_ps(_mm512_loadu_ps(dout + r * ldo + c),
+                                  _mm512_loadu_ps(o + r * ldo + c), sum);
+        d[r] = _mm512_reduce_add_ps(sum);
+    }
+}
 #endif
 
 /* The row passes for the tile products' instruction set `isa`. */
@@ -610,10 +623,19 @@ CHI_INLINE void fa_finish(float *o, int64_t ldo, float *lse, const float *acc, c
     }
 }
 
-/* d[r] = rowsum(dout * o) for r < tt (rows ldo apart): the backward's D. */
+/* d[r] = rowsum(dout * o) for r < tt (rows ldo apart): the backward's D.
+ * In f32, one sum in increasing column (the same bits in every build);
+ * wide (the AMX kernel's, hd a multiple of 16), sixteen lanes. */
 CHI_INLINE void fa_rowdots(float *d, const float *dout, const float *o, int64_t tt, int64_t hd,
-                           int64_t ldo)
+                           int64_t ldo, int wide)
 {
+#ifdef FA_HAVE_512
+    if (wide) {
+        fa_rowdots512(d, dout, o, tt, hd, ldo);
+        return;
+    }
+#endif
+    (void)wide;
     for (int64_t r = 0; r < tt; r++) {
         const float *g = dout + r * ldo, *y = o + r * ldo;
         float sum = 0.0f;
@@ -628,12 +650,14 @@ CHI_INLINE void fa_rowdots(float *d, const float *dout, const float *o, int64_t 
  * and the head size is a multiple of 32: the tile products take bf16
  * inputs and sum in f32, as autocast's attention does. Each matrix's q,
  * k, v (and dout) are rounded once into the layouts the products read
- * (tile_amx.c), the length padded with zeros to a multiple of FA_K; the
- * probabilities (and dS) are rounded per tile after the f32 row passes,
- * which also keep the running sums l from the unrounded probabilities.
- * Backward accumulates dq, and dk and dv transposed, in f32 and writes
- * them at the end. The scale multiplies the f32 scores (and dS before it
- * is rounded). */
+ * (tile_amx.c), the length padded with zeros to a multiple of FA_K. A
+ * tile row's pass (one per row in forward, per pair of rows in
+ * backward, sixteen lanes in registers) scales the f32 scores, takes the
+ * exponentials (degree 6 with FMA: the probabilities are rounded to bf16
+ * next), keeps the running sums l from the unrounded ones and writes the
+ * rounded ones where the next product reads them; dS likewise (the scale
+ * in it before it is rounded). Backward accumulates dq, and dk and dv
+ * transposed, in f32 and writes them at the end. */
 
 static int64_t fa_pad(int64_t t)
 {
@@ -703,16 +727,114 @@ static void fa_amx_at(fa_amx_tiles *t, float *mem, int64_t hd, int64_t tt)
 #undef FA_TAKE
 }
 
-/* s[r][0..nk) *= scale for r < mq. */
-FA_AMX_TARGET static void fa_scale_tile(float *s, int64_t mq, int64_t nk, float scale)
+#ifdef FA_HAVE_512
+#define FA_AMX_ROW_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+/* exp(x) for x <= 0 (NaN stays NaN), for probabilities that are rounded
+ * to bf16 next: Taylor to degree 6 on |r| <= ln 2 / 2 (relative error
+ * below 2e-7), scaled by 2^n with scalef (0 far below). */
+FA_AMX_ROW_TARGET static inline __m512 fa_exp16_fast(__m512 x)
 {
-    for (int64_t r = 0; r < mq; r++) {
-        float *row = s + r * FA_K;
-        CHI_OMP(omp simd)
-        for (int64_t c = 0; c < nk; c++)
-            row[c] *= scale;
+    x = _mm512_max_ps(_mm512_set1_ps(-100.0f), x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    static const float coef[] = {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    for (int c = 0; c < 6; c++)
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coef[c]));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Lanes j < w of a tile row, the rest false. */
+#define FA_ROW_MASK(w, v)                                                                          \
+    ((w) >= 16 * ((v) + 1) ? (__mmask16)0xffff                                                     \
+     : (w) <= 16 * (v)     ? (__mmask16)0                                                          \
+                           : (__mmask16)((1u << ((w)-16 * (v))) - 1u))
+
+/* Forward, one row of a tile (FA_K = 64 floats, four vectors): x = scale
+ * s for the first w keys; m and l move to the new maximum and acc with
+ * them; the probabilities exp(x - m) rounded to bf16 into prow[0..FA_K)
+ * (0 past w), their f32 values summed into l. */
+FA_AMX_ROW_TARGET static void fa_amx_row_forward(const float *s, int64_t w, float scale, float *m,
+                                                 float *l, float *acc, int64_t hd, uint16_t *prow)
+{
+    __m512 x[4], mx = _mm512_set1_ps(-INFINITY), vs = _mm512_set1_ps(scale);
+    for (int v = 0; v < 4; v++) {
+        __mmask16 k = FA_ROW_MASK(w, v);
+        x[v] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), k, _mm512_loadu_ps(s + 16 * v), vs);
+        mx = _mm512_max_ps(mx, x[v]);
+    }
+    float row_max = _mm512_reduce_max_ps(mx), m_new = row_max > *m ? row_max : *m;
+    float corr = *m == -INFINITY ? 0.0f : expf(*m - m_new);
+    __m512 sum = _mm512_setzero_ps(), vm = _mm512_set1_ps(m_new);
+    for (int v = 0; v < 4; v++) {
+        __mmask16 k = FA_ROW_MASK(w, v);
+        __m512 e = _mm512_maskz_mov_ps(k, fa_exp16_fast(_mm512_sub_ps(x[v], vm)));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256((__m256i *)(prow + 16 * v), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    *l = *l * corr + _mm512_reduce_add_ps(sum);
+    *m = m_new;
+    if (corr != 1.0f) {
+        __m512 vc = _mm512_set1_ps(corr);
+        for (int64_t d = 0; d < hd; d += 16)
+            _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), vc));
     }
 }
+
+/* The 32 bf16 of a and b (16 each) interleaved a0 b0 a1 b1 ...: a pair
+ * row of B's layout. */
+FA_AMX_ROW_TARGET static inline __m512i fa_pair16(__m512 a, __m512 b)
+{
+    static const uint16_t mix[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(a)),
+                                      (__m256i)_mm512_cvtneps_pbh(b), 1);
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(mix), both);
+}
+
+/* Backward, rows r and r + 1 of a tile (s0, s1; w1 = 0 for a row past
+ * the tile's queries): P = exp(scale s - lse) for the first w keys, 0
+ * after, kept in f32 in the rows and rounded into pair row pb[0..2 FA_K). */
+FA_AMX_ROW_TARGET static void fa_amx_prob2(float *s0, float *s1, int64_t w0, int64_t w1,
+                                           float scale, float lse0, float lse1, uint16_t *pb)
+{
+    __m512 vs = _mm512_set1_ps(scale), l0 = _mm512_set1_ps(lse0), l1 = _mm512_set1_ps(lse1);
+    for (int v = 0; v < 4; v++) {
+        __m512 p0 = _mm512_maskz_mov_ps(
+            FA_ROW_MASK(w0, v),
+            fa_exp16_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s0 + 16 * v), vs, l0)));
+        __m512 p1 = _mm512_maskz_mov_ps(
+            FA_ROW_MASK(w1, v),
+            fa_exp16_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s1 + 16 * v), vs, l1)));
+        _mm512_storeu_ps(s0 + 16 * v, p0);
+        _mm512_storeu_ps(s1 + 16 * v, p1);
+        _mm512_storeu_si512(pb + 32 * v, fa_pair16(p0, p1));
+    }
+}
+
+/* Backward, rows r and r + 1: dS = scale P (dP - D) (d1 0 and P's row 0
+ * past the tile's queries), rounded into rows pa0, pa1 and pair row pb. */
+FA_AMX_ROW_TARGET static void fa_amx_ds2(const float *p0, const float *p1, const float *dp0,
+                                         const float *dp1, float d0, float d1, float scale,
+                                         uint16_t *pa0, uint16_t *pa1, uint16_t *pb)
+{
+    __m512 vs = _mm512_set1_ps(scale), vd0 = _mm512_set1_ps(d0), vd1 = _mm512_set1_ps(d1);
+    for (int v = 0; v < 4; v++) {
+        __m512 a =
+            _mm512_mul_ps(vs, _mm512_mul_ps(_mm512_loadu_ps(p0 + 16 * v),
+                                            _mm512_sub_ps(_mm512_loadu_ps(dp0 + 16 * v), vd0)));
+        __m512 b =
+            _mm512_mul_ps(vs, _mm512_mul_ps(_mm512_loadu_ps(p1 + 16 * v),
+                                            _mm512_sub_ps(_mm512_loadu_ps(dp1 + 16 * v), vd1)));
+        _mm256_storeu_si256((__m256i *)(pa0 + 16 * v), (__m256i)_mm512_cvtneps_pbh(a));
+        _mm256_storeu_si256((__m256i *)(pa1 + 16 * v), (__m256i)_mm512_cvtneps_pbh(b));
+        _mm512_storeu_si512(pb + 32 * v, fa_pair16(a, b));
+    }
+}
+#endif
 
 FA_AMX_TARGET static ch_status fa_amx_forward_one(float *mem, const fa_job *j, int64_t i)
 {
@@ -731,11 +853,10 @@ FA_AMX_TARGET static ch_status fa_amx_forward_one(float *mem, const fa_job *j, i
             int64_t nk = i0 + mq - j0 < FA_K ? i0 + mq - j0 : FA_K;
             chi_host_amx_mm(FA_Q, FA_K, hd, t->qa + i0 * hd, hd, t->kb + 2 * j0, 2 * tp, t->s, FA_K,
                             0);
-            fa_scale_tile(t->s, mq, nk, j->scale);
             for (int64_t r = 0; r < mq; r++)
-                fa_row_update(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r],
-                              &t->l[r], t->acc + r * hd, hd);
-            chi_host_bf16_rows(mq, nk, t->s, FA_K, t->pa, FA_K, FA_Q, FA_K);
+                fa_amx_row_forward(t->s + r * FA_K, fa_width(i0 + r, j0, nk), j->scale, &t->m[r],
+                                   &t->l[r], t->acc + r * hd, hd, t->pa + r * FA_K);
+            memset(t->pa + mq * FA_K, 0, (size_t)((FA_Q - mq) * FA_K) * sizeof *t->pa);
             chi_host_amx_mm(FA_Q, hd, FA_K, t->pa, FA_K, t->vb + j0 * hd, 2 * hd, t->acc, hd, 1);
         }
         fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, t->m, t->l, mq, hd);
@@ -762,7 +883,7 @@ FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, 
     memset(t->dq, 0, (size_t)(tp * hd) * sizeof *t->dq);
     memset(t->dkt, 0, (size_t)(tp * hd) * sizeof *t->dkt);
     memset(t->dvt, 0, (size_t)(tp * hd) * sizeof *t->dvt);
-    fa_rowdots(t->d, dout, o, tt, hd, ldo);
+    fa_rowdots(t->d, dout, o, tt, hd, ldo, 1);
     for (int64_t j0 = 0; j0 < tt; j0 += FA_K) {
         int64_t nk = tt - j0 < FA_K ? tt - j0 : FA_K;
         for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
@@ -770,25 +891,26 @@ FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, 
             const float *d = t->d + i0;
             chi_host_amx_mm(FA_Q, FA_K, hd, t->qa + i0 * hd, hd, t->kb + 2 * j0, 2 * tp, t->s, FA_K,
                             0);
-            fa_scale_tile(t->s, mq, nk, j->scale);
-            for (int64_t r = 0; r < mq; r++)
-                fa_exp(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
-            /* dv^T += dout^T P */
-            chi_host_bf16_pairs(mq, nk, t->s, FA_K, t->pb, 2 * FA_K, FA_Q, FA_K);
+            /* P (rows past the tile's queries 0), then dv^T += dout^T P */
+            int64_t pairs = (mq + 1) / 2;
+            for (int64_t r = 0; r < mq; r += 2) {
+                int more = r + 1 < mq;
+                fa_amx_prob2(t->s + r * FA_K, t->s + (r + 1) * FA_K, fa_width(i0 + r, j0, nk),
+                             more ? fa_width(i0 + r + 1, j0, nk) : 0, j->scale, lse[i0 + r],
+                             more ? lse[i0 + r + 1] : 0.0f, t->pb + r * FA_K);
+            }
+            memset(t->pb + pairs * 2 * FA_K, 0, (size_t)((FA_Q / 2 - pairs) * 2 * FA_K) * 2);
             chi_host_amx_mm(hd, FA_K, FA_Q, t->dota + i0, tp, t->pb, 2 * FA_K, t->dvt + j0, tp, 1);
             /* dP = dout v^T, dS = scale P (dP - D) */
             chi_host_amx_mm(FA_Q, FA_K, hd, t->doa + i0 * hd, hd, t->vtb + 2 * j0, 2 * tp, t->dp,
                             FA_K, 0);
-            for (int64_t r = 0; r < mq; r++) {
-                float *p = t->s + r * FA_K, dr = d[r];
-                const float *dp = t->dp + r * FA_K;
-                CHI_OMP(omp simd)
-                for (int64_t c = 0; c < nk; c++)
-                    p[c] = j->scale * (p[c] * (dp[c] - dr));
-            }
+            for (int64_t r = 0; r < mq; r += 2)
+                fa_amx_ds2(t->s + r * FA_K, t->s + (r + 1) * FA_K, t->dp + r * FA_K,
+                           t->dp + (r + 1) * FA_K, d[r], r + 1 < mq ? d[r + 1] : 0.0f, j->scale,
+                           t->pa + r * FA_K, t->pa + (r + 1) * FA_K, t->pb + r * FA_K);
+            memset(t->pa + 2 * pairs * FA_K, 0, (size_t)((FA_Q - 2 * pairs) * FA_K) * 2);
+            memset(t->pb + pairs * 2 * FA_K, 0, (size_t)((FA_Q / 2 - pairs) * 2 * FA_K) * 2);
             /* dq += dS k, dk^T += q^T dS */
-            chi_host_bf16_rows(mq, nk, t->s, FA_K, t->pa, FA_K, FA_Q, FA_K);
-            chi_host_bf16_pairs(mq, nk, t->s, FA_K, t->pb, 2 * FA_K, FA_Q, FA_K);
             chi_host_amx_mm(FA_Q, hd, FA_K, t->pa, FA_K, t->kvb + j0 * hd, 2 * hd, t->dq + i0 * hd,
                             hd, 1);
             chi_host_amx_mm(hd, FA_K, FA_Q, t->qta + i0, tp, t->pb, 2 * FA_K, t->dkt + j0, tp, 1);
@@ -796,8 +918,8 @@ FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, 
     }
     for (int64_t r = 0; r < tt; r++)
         memcpy(dq + r * ld, t->dq + r * hd, (size_t)hd * sizeof *dq);
-    chi_host_tile_transpose(CHI_TILE_AVX512, hd, tt, t->dkt, tp, dk, ld);
-    chi_host_tile_transpose(CHI_TILE_AVX512, hd, tt, t->dvt, tp, dv, ld);
+    chi_host_transpose32(hd, tt, t->dkt, tp, dk, ld);
+    chi_host_transpose32(hd, tt, t->dvt, tp, dv, ld);
     return CH_OK;
 }
 
@@ -922,7 +1044,7 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(float *mem, const fa_job *j, in
         memset(dk + r * ld, 0, (size_t)hd * sizeof *dk);
         memset(dv + r * ld, 0, (size_t)hd * sizeof *dv);
     }
-    fa_rowdots(t->d, dout, o, tt, hd, ldo);
+    fa_rowdots(t->d, dout, o, tt, hd, ldo, 0);
     for (int64_t j0 = 0; j0 < tt; j0 += FA_K) {
         int64_t nk = tt - j0 < FA_K ? tt - j0 : FA_K;
         for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {

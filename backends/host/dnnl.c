@@ -66,12 +66,12 @@ typedef struct dn_entry {
 
 /* A matmul for one shape of the gemm_half slot. */
 typedef struct mm_entry {
-    int ab, cd, ta, tb;
+    int ab, cd, ta, tb, bias; /* bias: f32 [n] added to every row of C */
     int64_t count, m, n, k, lda, ldb, ldc, sa, sb, sc;
     float alpha, beta;
     int ok;
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t md[3]; /* a, b, c */
+    dnnl_memory_desc_t md[4]; /* a, b, c, bias */
     /* A single product's B in the layout the matmul chose (b_want, b_bytes
      * of it at the start of the scratch memory), reordered from md[1]
      * before each call; NULL: the matmul reads B as stored. */
@@ -648,6 +648,9 @@ static void mm_build(mm_entry *e)
         s = dnnl_memory_desc_init_by_strides(&e->md[1], nd, db + (1 - o), in, sb + (1 - o));
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_strides(&e->md[2], nd, dc + (1 - o), out, sc + (1 - o));
+    dnnl_dims_t dbias = {1, e->n};
+    if (s == dnnl_success && e->bias)
+        s = dnnl_memory_desc_init_by_tag(&e->md[3], 2, dbias, dnnl_f32, dnnl_ab);
     if (s == dnnl_success && e->alpha != 1.0f) {
         what = "dnnl_primitive_attr_set_output_scales";
         s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &e->alpha);
@@ -677,7 +680,8 @@ static void mm_build(mm_entry *e)
               dnnl_memory_desc_init_by_tag(&b_any, 2, dkn, in, dnnl_format_tag_any) == dnnl_success;
     if (s == dnnl_success) {
         what = "dnnl_matmul_desc_init";
-        s = dnnl_matmul_desc_init(&d, &e->md[0], any ? &b_any : &e->md[1], NULL, &e->md[2]);
+        s = dnnl_matmul_desc_init(&d, &e->md[0], any ? &b_any : &e->md[1],
+                                  e->bias ? &e->md[3] : NULL, &e->md[2]);
     }
     if (s == dnnl_success) {
         what = "dnnl_primitive_desc_create (matmul)";
@@ -738,10 +742,10 @@ static const mm_entry *mm_lookup(const mm_entry *key, const char **why)
         goto out;
     for (mm_entry *e = dn.matmuls; e; e = e->next)
         if (e->ab == key->ab && e->cd == key->cd && e->ta == key->ta && e->tb == key->tb &&
-            e->count == key->count && e->m == key->m && e->n == key->n && e->k == key->k &&
-            e->lda == key->lda && e->ldb == key->ldb && e->ldc == key->ldc &&
-            e->sa == key->sa && e->sb == key->sb && e->sc == key->sc &&
-            e->alpha == key->alpha && e->beta == key->beta) {
+            e->bias == key->bias && e->count == key->count && e->m == key->m && e->n == key->n &&
+            e->k == key->k && e->lda == key->lda && e->ldb == key->ldb && e->ldc == key->ldc &&
+            e->sa == key->sa && e->sb == key->sb && e->sc == key->sc && e->alpha == key->alpha &&
+            e->beta == key->beta) {
             found = e;
             goto out;
         }
@@ -768,13 +772,15 @@ out:
     return found;
 }
 
-ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b,
-                             int64_t count, int64_t m, int64_t n, int64_t k, float alpha,
-                             ch_bmem a, int64_t lda, int64_t stride_a, ch_bmem b, int64_t ldb,
-                             int64_t stride_b, float beta, ch_bmem c, int64_t ldc,
-                             int64_t stride_c)
+ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b, int64_t count,
+                             int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,
+                             int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b, float beta,
+                             ch_bmem c, int64_t ldc, int64_t stride_c, ch_bmem bias)
 {
     (void)stream;
+    if (bias.ptr && (count != 1 || beta != 0.0f || cd != CH_F32 || k == 0))
+        return chi_error(CH_ERR_UNSUPPORTED, "host gemm_half: a bias only on one product into f32 "
+                                             "with beta 0");
     if (m == 0 || n == 0 || count == 0)
         return CH_OK;
     mm_entry key = {.ab = ab,
@@ -792,7 +798,8 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
                     .sb = count > 1 ? stride_b : 0,
                     .sc = count > 1 ? stride_c : 0,
                     .alpha = alpha,
-                    .beta = beta};
+                    .beta = beta,
+                    .bias = bias.ptr != NULL};
     const char *why;
     const mm_entry *e = k > 0 ? mm_lookup(&key, &why) : NULL;
     if (!e)
@@ -805,12 +812,14 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
         return r;
     }
     void *ptr[3] = {(char *)a.ptr + a.off, (char *)b.ptr + b.off, (char *)c.ptr + c.off};
-    /* mem: a, b, c, the scratchpad, b reordered */
-    dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
+    /* mem: a, b, c, the scratchpad, b reordered, the bias */
+    dnnl_memory_t mem[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
     size_t pad_off = e->reorder_b ? align_up(e->b_bytes) : 0;
     dnnl_status_t s = dnnl_success;
     for (int i = 0; i < 3 && s == dnnl_success; i++)
         s = dnnl_memory_create(&mem[i], &e->md[i], dn.engine, ptr[i]);
+    if (s == dnnl_success && e->bias)
+        s = dnnl_memory_create(&mem[5], &e->md[3], dn.engine, (char *)bias.ptr + bias.off);
     if (s == dnnl_success && e->scratch > pad_off) {
         dnnl_memory_desc_t md;
         dnnl_dims_t d = {(dnnl_dim_t)(e->scratch - pad_off)};
@@ -831,15 +840,19 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
             s = dnnl_primitive_execute(e->reorder_b, ctx->stream, mem[3] ? 3 : 2, rargs);
     }
     if (s == dnnl_success) {
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
+        dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, mem[0]},
                                    {DNNL_ARG_WEIGHTS, e->reorder_b ? mem[4] : mem[1]},
-                                   {DNNL_ARG_DST, mem[2]},
-                                   {DNNL_ARG_SCRATCHPAD, mem[3]}};
-        s = dnnl_primitive_execute(e->prim, ctx->stream, mem[3] ? 4 : 3, args);
+                                   {DNNL_ARG_DST, mem[2]}};
+        int nargs = 3;
+        if (mem[3])
+            args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[3]};
+        if (mem[5])
+            args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mem[5]};
+        s = dnnl_primitive_execute(e->prim, ctx->stream, nargs, args);
     }
     if (s == dnnl_success)
         s = dnnl_stream_wait(ctx->stream);
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         if (mem[i])
             dnnl_memory_destroy(mem[i]);
     ctx_give(ctx);

@@ -78,6 +78,10 @@ void chi_host_bf16_pairs_t(int64_t rows, int64_t cols, const float *x, int64_t l
                            int64_t ldy, int64_t rows_pad, int64_t cols_pad, uint16_t *tmp);
 void chi_host_bf16_trans(int64_t rows, int64_t cols, const float *x, int64_t ldx, uint16_t *y,
                          int64_t ldy, int64_t rows_pad, int64_t cols_pad, uint16_t *tmp);
+/* dst[c * ldd + r] = src[r * lds + c], 32-bit elements, in AVX-512 (a
+ * CPU with AMX has it). */
+void chi_host_transpose32(int64_t rows, int64_t cols, const void *src, int64_t lds, void *dst,
+                          int64_t ldd);
 #ifdef CHI_TEST_HOOKS
 /* Tests only: chi_host_amx_bf16 answers 0 while on is 0. */
 void chi_host_amx_prefer(int on);

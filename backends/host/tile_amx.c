@@ -191,9 +191,54 @@ __attribute__((target(AMX_TARGET))) void chi_host_bf16_pairs(int64_t rows, int64
     }
 }
 
+/* dst[c * ldd + r] = src[r * lds + c] for 32-bit elements (floats, or
+ * pairs of bf16: the shuffles move bits): blocks of 16 x 16 in AVX-512
+ * registers (pairs of rows interleaved, then quads, then the 128-bit
+ * lanes of four registers transposed), the edges one at a time. */
+__attribute__((target(AMX_TARGET))) void chi_host_transpose32(int64_t rows, int64_t cols,
+                                                              const void *src, int64_t lds,
+                                                              void *dst, int64_t ldd)
+{
+    const uint32_t *x = src;
+    uint32_t *y = dst;
+    int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
+    for (int64_t r = 0; r < r16; r += 16)
+        for (int64_t c = 0; c < c16; c += 16) {
+            /* u[g][j], lane L: column 4L + j of rows 4g .. 4g + 3 (a group
+             * at a time: 16 registers live, no spills) */
+            __m512i u[4][4];
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                const uint32_t *row = x + (r + 4 * g) * lds + c;
+                __m512i a0 = _mm512_loadu_si512(row), a1 = _mm512_loadu_si512(row + lds),
+                        a2 = _mm512_loadu_si512(row + 2 * lds),
+                        a3 = _mm512_loadu_si512(row + 3 * lds);
+                __m512i b0 = _mm512_unpacklo_epi32(a0, a1), b1 = _mm512_unpackhi_epi32(a0, a1),
+                        b2 = _mm512_unpacklo_epi32(a2, a3), b3 = _mm512_unpackhi_epi32(a2, a3);
+                u[g][0] = _mm512_unpacklo_epi64(b0, b2);
+                u[g][1] = _mm512_unpackhi_epi64(b0, b2);
+                u[g][2] = _mm512_unpacklo_epi64(b1, b3);
+                u[g][3] = _mm512_unpackhi_epi64(b1, b3);
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512i v0 = _mm512_shuffle_i32x4(u[0][j], u[1][j], 0x44),
+                        v1 = _mm512_shuffle_i32x4(u[0][j], u[1][j], 0xee),
+                        v2 = _mm512_shuffle_i32x4(u[2][j], u[3][j], 0x44),
+                        v3 = _mm512_shuffle_i32x4(u[2][j], u[3][j], 0xee);
+                _mm512_storeu_si512(y + (c + j) * ldd + r, _mm512_shuffle_i32x4(v0, v2, 0x88));
+                _mm512_storeu_si512(y + (c + 4 + j) * ldd + r, _mm512_shuffle_i32x4(v0, v2, 0xdd));
+                _mm512_storeu_si512(y + (c + 8 + j) * ldd + r, _mm512_shuffle_i32x4(v1, v3, 0x88));
+                _mm512_storeu_si512(y + (c + 12 + j) * ldd + r, _mm512_shuffle_i32x4(v1, v3, 0xdd));
+            }
+        }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = r < r16 ? c16 : 0; c < cols; c++)
+            memcpy(y + c * ldd + r, x + r * lds + c, sizeof *y);
+}
+
 /* Rounded row by row into tmp [rows_pad, cols_pad], then its 32-bit
- * words (element pairs) transposed as floats would be (tile_mm.c's
- * shuffles move bits, whatever they hold). */
+ * words (element pairs) transposed. */
 __attribute__((target(AMX_TARGET))) void chi_host_bf16_pairs_t(int64_t rows, int64_t cols,
                                                                const float *x, int64_t ldx,
                                                                uint16_t *y, int64_t ldy,
@@ -201,8 +246,7 @@ __attribute__((target(AMX_TARGET))) void chi_host_bf16_pairs_t(int64_t rows, int
                                                                uint16_t *tmp)
 {
     chi_host_bf16_rows(rows, cols, x, ldx, tmp, cols_pad, rows_pad, cols_pad);
-    chi_host_tile_transpose(CHI_TILE_AVX512, rows_pad, cols_pad / 2, (const float *)tmp,
-                            cols_pad / 2, (float *)y, ldy / 2);
+    chi_host_transpose32(rows_pad, cols_pad / 2, tmp, cols_pad / 2, y, ldy / 2);
 }
 
 /* pairs_t into tmp, whose pair row p then splits into rows 2p (the low
@@ -271,6 +315,11 @@ AMX_NO_PACK(chi_host_bf16_pairs)
         (void)rows, (void)cols, (void)x, (void)ldx, (void)y, (void)ldy, (void)rows_pad,            \
             (void)cols_pad, (void)tmp;                                                             \
     }
+void chi_host_transpose32(int64_t rows, int64_t cols, const void *src, int64_t lds, void *dst,
+                          int64_t ldd)
+{
+    (void)rows, (void)cols, (void)src, (void)lds, (void)dst, (void)ldd;
+}
 AMX_NO_PACK_T(chi_host_bf16_pairs_t)
 AMX_NO_PACK_T(chi_host_bf16_trans)
 #endif

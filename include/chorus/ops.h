@@ -42,6 +42,13 @@ CH_API ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x);
  * gets the result rounded once, to nearest even. */
 CH_API ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha,
                          const ch_tensor *a, const ch_tensor *b, float beta);
+/* c = alpha * op(a) @ op(b) + bias, bias f32 [N] added to every row of c
+ * (a linear layer's forward): ch_gemm with beta 0 then ch_bias_add on
+ * axis 1, the same values; in one pass where the backend fuses them (the
+ * host's oneDNN matmul with half inputs and an f32 c). bias may not
+ * overlap c. */
+CH_API ch_status ch_gemm_bias(ch_tensor *c, int trans_a, int trans_b, float alpha,
+                              const ch_tensor *a, const ch_tensor *b, const ch_tensor *bias);
 
 /* ---- Half storage ---------------------------------------------------------
  * The elementwise ops, activations, bias, ch_sum and ch_mean, softmax,
