@@ -880,10 +880,13 @@ FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, 
     chi_host_bf16_trans(tt, hd, dout, ldo, t->dota, tp, tp, hd, t->tmp);
     chi_host_bf16_pairs(tt, hd, k, ld, t->kvb, 2 * hd, tp, hd);
     chi_host_bf16_trans(tt, hd, q, ld, t->qta, tp, tp, hd, t->tmp);
-    memset(t->dq, 0, (size_t)(tp * hd) * sizeof *t->dq);
-    memset(t->dkt, 0, (size_t)(tp * hd) * sizeof *t->dkt);
-    memset(t->dvt, 0, (size_t)(tp * hd) * sizeof *t->dvt);
     fa_rowdots(t->d, dout, o, tt, hd, ldo, 1);
+    /* dq's rows first summed into at j0 = 0, dk's and dv's at their
+     * diagonal tile: written there, added to after (no zeroing pass); dq
+     * in place where the tiles' rows are all the matrix's */
+    int in_place = tt % FA_Q == 0;
+    float *dqs = in_place ? dq : t->dq;
+    int64_t ldq = in_place ? ld : hd;
     for (int64_t j0 = 0; j0 < tt; j0 += FA_K) {
         int64_t nk = tt - j0 < FA_K ? tt - j0 : FA_K;
         for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
@@ -900,7 +903,9 @@ FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, 
                              more ? lse[i0 + r + 1] : 0.0f, t->pb + r * FA_K);
             }
             memset(t->pb + pairs * 2 * FA_K, 0, (size_t)((FA_Q / 2 - pairs) * 2 * FA_K) * 2);
-            chi_host_amx_mm(hd, FA_K, FA_Q, t->dota + i0, tp, t->pb, 2 * FA_K, t->dvt + j0, tp, 1);
+            int add_q = j0 != 0, add_kv = i0 != j0 / FA_Q * FA_Q;
+            chi_host_amx_mm(hd, FA_K, FA_Q, t->dota + i0, tp, t->pb, 2 * FA_K, t->dvt + j0, tp,
+                            add_kv);
             /* dP = dout v^T, dS = scale P (dP - D) */
             chi_host_amx_mm(FA_Q, FA_K, hd, t->doa + i0 * hd, hd, t->vtb + 2 * j0, 2 * tp, t->dp,
                             FA_K, 0);
@@ -911,12 +916,13 @@ FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, 
             memset(t->pa + 2 * pairs * FA_K, 0, (size_t)((FA_Q - 2 * pairs) * FA_K) * 2);
             memset(t->pb + pairs * 2 * FA_K, 0, (size_t)((FA_Q / 2 - pairs) * 2 * FA_K) * 2);
             /* dq += dS k, dk^T += q^T dS */
-            chi_host_amx_mm(FA_Q, hd, FA_K, t->pa, FA_K, t->kvb + j0 * hd, 2 * hd, t->dq + i0 * hd,
-                            hd, 1);
-            chi_host_amx_mm(hd, FA_K, FA_Q, t->qta + i0, tp, t->pb, 2 * FA_K, t->dkt + j0, tp, 1);
+            chi_host_amx_mm(FA_Q, hd, FA_K, t->pa, FA_K, t->kvb + j0 * hd, 2 * hd, dqs + i0 * ldq,
+                            ldq, add_q);
+            chi_host_amx_mm(hd, FA_K, FA_Q, t->qta + i0, tp, t->pb, 2 * FA_K, t->dkt + j0, tp,
+                            add_kv);
         }
     }
-    for (int64_t r = 0; r < tt; r++)
+    for (int64_t r = 0; r < tt && !in_place; r++)
         memcpy(dq + r * ld, t->dq + r * hd, (size_t)hd * sizeof *dq);
     chi_host_transpose32(hd, tt, t->dkt, tp, dk, ld);
     chi_host_transpose32(hd, tt, t->dvt, tp, dv, ld);
@@ -1039,23 +1045,21 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(float *mem, const fa_job *j, in
     float *dq = j->dq + at, *dk = j->dk + at, *dv = j->dv + at;
     fa_transpose(j, k, t->kt);
     fa_transpose(j, v, t->vt);
-    for (int64_t r = 0; r < tt; r++) {
-        memset(dq + r * ld, 0, (size_t)hd * sizeof *dq);
-        memset(dk + r * ld, 0, (size_t)hd * sizeof *dk);
-        memset(dv + r * ld, 0, (size_t)hd * sizeof *dv);
-    }
     fa_rowdots(t->d, dout, o, tt, hd, ldo, 0);
+    /* dq's rows first summed into at j0 = 0, dk's and dv's at their
+     * diagonal tile: beta 0 there, so no pass zeroes them first */
     for (int64_t j0 = 0; j0 < tt; j0 += FA_K) {
         int64_t nk = tt - j0 < FA_K ? tt - j0 : FA_K;
         for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
             int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
             const float *d = t->d + i0;
+            float beta_q = j0 == 0 ? 0.0f : 1.0f, beta_kv = i0 == j0 / FA_Q * FA_Q ? 0.0f : 1.0f;
             TRY(fa_mm_bt(j, mq, nk, hd, j->scale, q + i0 * ld, ld, t->kt + j0, tt, k + j0 * ld, ld,
                          0.0f, t->s, FA_K));
             for (int64_t r = 0; r < mq; r++)
                 fa_exp(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
-            TRY(fa_mm(j, 1, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, 1.0f, dv + j0 * ld,
-                      ld));
+            TRY(fa_mm(j, 1, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, beta_kv,
+                      dv + j0 * ld, ld));
             TRY(fa_mm_bt(j, mq, nk, hd, 1.0f, dout + i0 * ldo, ldo, t->vt + j0, tt, v + j0 * ld, ld,
                          0.0f, t->dp, FA_K));
             for (int64_t r = 0; r < mq; r++) {
@@ -1065,10 +1069,10 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(float *mem, const fa_job *j, in
                 for (int64_t c = 0; c < nk; c++)
                     p[c] = p[c] * (dp[c] - dr);
             }
-            TRY(fa_mm(j, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * ld, ld, 1.0f, dq + i0 * ld,
+            TRY(fa_mm(j, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * ld, ld, beta_q, dq + i0 * ld,
                       ld));
-            TRY(fa_mm(j, 1, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * ld, ld, 1.0f, dk + j0 * ld,
-                      ld));
+            TRY(fa_mm(j, 1, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * ld, ld, beta_kv,
+                      dk + j0 * ld, ld));
         }
     }
     return CH_OK;
