@@ -977,6 +977,54 @@ static ch_status fa_each(void *stream, const fa_job *job, int64_t b, fa_fn one)
     return st == CH_OK ? CH_OK : chi_error(st, "%s", why);
 }
 
+/* The diagonal tile (i0 == j0) in halves: its queries [0, FA_H) see keys
+ * [0, FA_H) only, so the products leave the block of those queries
+ * against keys [FA_H, nk) out (probabilities 0 there: the same sums, a
+ * quarter of the tile's work fewer). split: this tile, more than FA_H
+ * queries and keys. */
+enum {
+    FA_H = FA_Q / 2
+};
+
+/* c [mq, nk] (rows FA_K apart) = alpha a b^T for a tile of queries a
+ * [mq, hd] against keys b [nk, hd] (bt transposed, fa_mm_bt). */
+static ch_status fa_s_product(const fa_job *j, int split, int64_t mq, int64_t nk, float alpha,
+                              const float *a, int64_t lda, const float *bt, int64_t ldbt,
+                              const float *b, int64_t ldb, float *c)
+{
+    if (!split)
+        return fa_mm_bt(j, mq, nk, j->hd, alpha, a, lda, bt, ldbt, b, ldb, 0.0f, c, FA_K);
+    TRY(fa_mm_bt(j, FA_H, FA_H, j->hd, alpha, a, lda, bt, ldbt, b, ldb, 0.0f, c, FA_K));
+    return fa_mm_bt(j, mq - FA_H, nk, j->hd, alpha, a + FA_H * lda, lda, bt, ldbt, b, ldb, 0.0f,
+                    c + FA_H * FA_K, FA_K);
+}
+
+/* c [mq, hd] = alpha p b + beta c: a tile p [mq, nk] (rows FA_K apart)
+ * times the keys' rows b [nk, hd]. */
+static ch_status fa_q_product(const fa_job *j, int split, int64_t mq, int64_t nk, float alpha,
+                              const float *p, const float *b, int64_t ldb, float beta, float *c,
+                              int64_t ldc)
+{
+    if (!split)
+        return fa_mm(j, 0, mq, j->hd, nk, alpha, p, FA_K, b, ldb, beta, c, ldc);
+    TRY(fa_mm(j, 0, FA_H, j->hd, FA_H, alpha, p, FA_K, b, ldb, beta, c, ldc));
+    return fa_mm(j, 0, mq - FA_H, j->hd, nk, alpha, p + FA_H * FA_K, FA_K, b, ldb, beta,
+                 c + FA_H * ldc, ldc);
+}
+
+/* c [nk, hd] = alpha p^T b + beta c: the tile transposed times the
+ * queries' rows b [mq, hd]. */
+static ch_status fa_k_product(const fa_job *j, int split, int64_t mq, int64_t nk, float alpha,
+                              const float *p, const float *b, int64_t ldb, float beta, float *c,
+                              int64_t ldc)
+{
+    if (!split)
+        return fa_mm(j, 1, nk, j->hd, mq, alpha, p, FA_K, b, ldb, beta, c, ldc);
+    TRY(fa_mm(j, 1, FA_H, j->hd, mq, alpha, p, FA_K, b, ldb, beta, c, ldc));
+    return fa_mm(j, 1, nk - FA_H, j->hd, mq - FA_H, alpha, p + FA_H * FA_K + FA_H, FA_K,
+                 b + FA_H * ldb, ldb, beta, c + FA_H * ldc, ldc);
+}
+
 CHI_CLONES_WIDE static ch_status fa_forward_one(float *mem, const fa_job *j, int64_t i)
 {
     fa_tiles tiles, *t = &tiles;
@@ -991,12 +1039,13 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(float *mem, const fa_job *j, int
         /* Keys up to the tile's last query. */
         for (int64_t j0 = 0; j0 < i0 + mq; j0 += FA_K) {
             int64_t nk = i0 + mq - j0 < FA_K ? i0 + mq - j0 : FA_K;
-            TRY(fa_mm_bt(j, mq, nk, hd, j->scale, q + i0 * ld, ld, t->kt + j0, tt, k + j0 * ld, ld,
-                         0.0f, t->s, FA_K));
+            int split = i0 == j0 && mq > FA_H && nk > FA_H;
+            TRY(fa_s_product(j, split, mq, nk, j->scale, q + i0 * ld, ld, t->kt + j0, tt,
+                             k + j0 * ld, ld, t->s));
             for (int64_t r = 0; r < mq; r++)
                 fa_row_update(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r],
                               &t->l[r], t->acc + r * hd, hd);
-            TRY(fa_mm(j, 0, mq, hd, nk, 1.0f, t->s, FA_K, v + j0 * ld, ld, 1.0f, t->acc, hd));
+            TRY(fa_q_product(j, split, mq, nk, 1.0f, t->s, v + j0 * ld, ld, 1.0f, t->acc, hd));
         }
         fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, t->m, t->l, mq, hd);
     }
@@ -1054,25 +1103,28 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(float *mem, const fa_job *j, in
             int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
             const float *d = t->d + i0;
             float beta_q = j0 == 0 ? 0.0f : 1.0f, beta_kv = i0 == j0 / FA_Q * FA_Q ? 0.0f : 1.0f;
-            TRY(fa_mm_bt(j, mq, nk, hd, j->scale, q + i0 * ld, ld, t->kt + j0, tt, k + j0 * ld, ld,
-                         0.0f, t->s, FA_K));
+            int split = i0 == j0 && mq > FA_H && nk > FA_H;
+            TRY(fa_s_product(j, split, mq, nk, j->scale, q + i0 * ld, ld, t->kt + j0, tt,
+                             k + j0 * ld, ld, t->s));
             for (int64_t r = 0; r < mq; r++)
                 fa_exp(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
-            TRY(fa_mm(j, 1, nk, hd, mq, 1.0f, t->s, FA_K, dout + i0 * ldo, ldo, beta_kv,
-                      dv + j0 * ld, ld));
-            TRY(fa_mm_bt(j, mq, nk, hd, 1.0f, dout + i0 * ldo, ldo, t->vt + j0, tt, v + j0 * ld, ld,
-                         0.0f, t->dp, FA_K));
+            TRY(fa_k_product(j, split, mq, nk, 1.0f, t->s, dout + i0 * ldo, ldo, beta_kv,
+                             dv + j0 * ld, ld));
+            TRY(fa_s_product(j, split, mq, nk, 1.0f, dout + i0 * ldo, ldo, t->vt + j0, tt,
+                             v + j0 * ld, ld, t->dp));
             for (int64_t r = 0; r < mq; r++) {
+                /* a split tile's first rows: dP past FA_H not computed, P 0 */
+                int64_t cols = split && r < FA_H ? FA_H : nk;
                 float *p = t->s + r * FA_K, dr = d[r];
                 const float *dp = t->dp + r * FA_K;
                 CHI_OMP(omp simd)
-                for (int64_t c = 0; c < nk; c++)
+                for (int64_t c = 0; c < cols; c++)
                     p[c] = p[c] * (dp[c] - dr);
             }
-            TRY(fa_mm(j, 0, mq, hd, nk, j->scale, t->s, FA_K, k + j0 * ld, ld, beta_q, dq + i0 * ld,
-                      ld));
-            TRY(fa_mm(j, 1, nk, hd, mq, j->scale, t->s, FA_K, q + i0 * ld, ld, beta_kv,
-                      dk + j0 * ld, ld));
+            TRY(fa_q_product(j, split, mq, nk, j->scale, t->s, k + j0 * ld, ld, beta_q,
+                             dq + i0 * ld, ld));
+            TRY(fa_k_product(j, split, mq, nk, j->scale, t->s, q + i0 * ld, ld, beta_kv,
+                             dk + j0 * ld, ld));
         }
     }
     return CH_OK;
