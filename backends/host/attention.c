@@ -999,30 +999,22 @@ static ch_status fa_s_product(const fa_job *j, int split, int64_t mq, int64_t nk
                     c + FA_H * FA_K, FA_K);
 }
 
-/* c [mq, hd] = alpha p b + beta c: a tile p [mq, nk] (rows FA_K apart)
- * times the keys' rows b [nk, hd]. */
-static ch_status fa_q_product(const fa_job *j, int split, int64_t mq, int64_t nk, float alpha,
-                              const float *p, const float *b, int64_t ldb, float beta, float *c,
-                              int64_t ldc)
+/* With trans 0, c [mq, hd] = alpha p b + beta c: a tile p [mq, nk] (rows
+ * FA_K apart) times the keys' rows b [nk, hd]; with trans 1, c [nk, hd] =
+ * alpha p^T b + beta c: the tile transposed times the queries' rows b
+ * [mq, hd]. */
+static ch_status fa_tile_product(const fa_job *j, int trans, int split, int64_t mq, int64_t nk,
+                                 float alpha, const float *p, const float *b, int64_t ldb,
+                                 float beta, float *c, int64_t ldc)
 {
+    int64_t m = trans ? nk : mq, k = trans ? mq : nk;
     if (!split)
-        return fa_mm(j, 0, mq, j->hd, nk, alpha, p, FA_K, b, ldb, beta, c, ldc);
-    TRY(fa_mm(j, 0, FA_H, j->hd, FA_H, alpha, p, FA_K, b, ldb, beta, c, ldc));
-    return fa_mm(j, 0, mq - FA_H, j->hd, nk, alpha, p + FA_H * FA_K, FA_K, b, ldb, beta,
-                 c + FA_H * ldc, ldc);
-}
-
-/* c [nk, hd] = alpha p^T b + beta c: the tile transposed times the
- * queries' rows b [mq, hd]. */
-static ch_status fa_k_product(const fa_job *j, int split, int64_t mq, int64_t nk, float alpha,
-                              const float *p, const float *b, int64_t ldb, float beta, float *c,
-                              int64_t ldc)
-{
-    if (!split)
-        return fa_mm(j, 1, nk, j->hd, mq, alpha, p, FA_K, b, ldb, beta, c, ldc);
-    TRY(fa_mm(j, 1, FA_H, j->hd, mq, alpha, p, FA_K, b, ldb, beta, c, ldc));
-    return fa_mm(j, 1, nk - FA_H, j->hd, mq - FA_H, alpha, p + FA_H * FA_K + FA_H, FA_K,
-                 b + FA_H * ldb, ldb, beta, c + FA_H * ldc, ldc);
+        return fa_mm(j, trans, m, j->hd, k, alpha, p, FA_K, b, ldb, beta, c, ldc);
+    /* rows [0, FA_H) of c, then the rest (queries or keys past FA_H) */
+    TRY(fa_mm(j, trans, FA_H, j->hd, trans ? mq : FA_H, alpha, p, FA_K, b, ldb, beta, c, ldc));
+    return fa_mm(j, trans, m - FA_H, j->hd, trans ? mq - FA_H : nk, alpha,
+                 p + FA_H * FA_K + (trans ? FA_H : 0), FA_K, b + (trans ? FA_H * ldb : 0), ldb,
+                 beta, c + FA_H * ldc, ldc);
 }
 
 CHI_CLONES_WIDE static ch_status fa_forward_one(float *mem, const fa_job *j, int64_t i)
@@ -1045,7 +1037,8 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(float *mem, const fa_job *j, int
             for (int64_t r = 0; r < mq; r++)
                 fa_row_update(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r],
                               &t->l[r], t->acc + r * hd, hd);
-            TRY(fa_q_product(j, split, mq, nk, 1.0f, t->s, v + j0 * ld, ld, 1.0f, t->acc, hd));
+            TRY(fa_tile_product(j, 0, split, mq, nk, 1.0f, t->s, v + j0 * ld, ld, 1.0f, t->acc,
+                                hd));
         }
         fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, t->m, t->l, mq, hd);
     }
@@ -1108,8 +1101,8 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(float *mem, const fa_job *j, in
                              k + j0 * ld, ld, t->s));
             for (int64_t r = 0; r < mq; r++)
                 fa_exp(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, lse[i0 + r]);
-            TRY(fa_k_product(j, split, mq, nk, 1.0f, t->s, dout + i0 * ldo, ldo, beta_kv,
-                             dv + j0 * ld, ld));
+            TRY(fa_tile_product(j, 1, split, mq, nk, 1.0f, t->s, dout + i0 * ldo, ldo, beta_kv,
+                                dv + j0 * ld, ld));
             TRY(fa_s_product(j, split, mq, nk, 1.0f, dout + i0 * ldo, ldo, t->vt + j0, tt,
                              v + j0 * ld, ld, t->dp));
             for (int64_t r = 0; r < mq; r++) {
@@ -1121,10 +1114,10 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(float *mem, const fa_job *j, in
                 for (int64_t c = 0; c < cols; c++)
                     p[c] = p[c] * (dp[c] - dr);
             }
-            TRY(fa_q_product(j, split, mq, nk, j->scale, t->s, k + j0 * ld, ld, beta_q,
-                             dq + i0 * ld, ld));
-            TRY(fa_k_product(j, split, mq, nk, j->scale, t->s, q + i0 * ld, ld, beta_kv,
-                             dk + j0 * ld, ld));
+            TRY(fa_tile_product(j, 0, split, mq, nk, j->scale, t->s, k + j0 * ld, ld, beta_q,
+                                dq + i0 * ld, ld));
+            TRY(fa_tile_product(j, 1, split, mq, nk, j->scale, t->s, q + i0 * ld, ld, beta_kv,
+                                dk + j0 * ld, ld));
         }
     }
     return CH_OK;
