@@ -6,8 +6,10 @@
  * TFLOP/s on one core against 0.15 in f32 FMA (tile_mm.c). The operands
  * are bf16: A row by row (its depth along a row), B in pairs of rows
  * ("VNNI": pair row p holds B[2p][j], B[2p + 1][j] side by side for each
- * column j), C f32. The packers here round f32 to bf16 (to nearest, ties
- * to even, as chi_bf16_from_f32) into those layouts, zeros around.
+ * column j), C f32. The packers here round f32 to bf16 into those
+ * layouts, zeros around, with VCVTNEPS2BF16: to nearest, ties to even,
+ * NaN kept, but subnormal floats to zero (which the tile products would
+ * read as zero anyway), where ch_cast keeps them.
  *
  * Linux hands the tile registers to a process that asks for them
  * (arch_prctl ARCH_REQ_XCOMP_PERM); chi_host_amx_bf16 asks once and says
