@@ -633,6 +633,9 @@ static void test_attention_packed(ch_device *dev, int64_t b, int64_t heads, int6
             differ += memcmp(&f[i], &got[i], sizeof *f) != 0;
         tap_diag("%s: %s (%" PRId64 " of %" PRId64 " outputs differ from the f32 kernel's)",
                  ch_device_id(dev), differ ? "products in bf16" : "products in f32", differ, n);
+        /* a head size that is not a multiple of 32: the f32 kernel, promised bit for bit */
+        if (hd % 32 != 0 && differ)
+            err[0] = INFINITY;
         tc_end_err(&c, fmax(err[0], fmax(err[1], err[2])), TOL_BF16);
         return;
     }

@@ -427,12 +427,13 @@ CHI_INLINE float fa_row_exp(float *x, int64_t w, int64_t nk, float sub)
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "lanes.h"
+
 /* fa_row_max and fa_row_exp sixteen lanes at a time where the tile
  * products run in AVX-512, in intrinsics (GCC's generic 512-bit compares
  * become lane-by-lane code without AVX-512DQ): per lane the same
  * operations as DEFINE_EXP_NONPOSITIVE's (no FMA), the sum in sixteen
  * lanes. */
-#define FA_LANES512(count) ((count) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (count)) - 1u))
 
 __attribute__((target("avx512f"))) static inline __m512 exp16_nonpositive(__m512 x)
 {
@@ -460,7 +461,7 @@ __attribute__((target("avx512f"))) static float fa_row_max512(const float *x, in
 {
     __m512 m = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < w; j += 16) {
-        __m512 b = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), FA_LANES512(w - j), x + j);
+        __m512 b = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), CHI_LANES16(w - j), x + j);
         m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(b, m, _CMP_GT_OQ), b);
     }
     return _mm512_reduce_max_ps(m);
@@ -472,7 +473,7 @@ __attribute__((target("avx512f"))) static float fa_row_exp512(float *x, int64_t 
     __m512 sum = _mm512_setzero_ps(), vs = _mm512_set1_ps(sub);
     int64_t j = 0;
     for (; j < w; j += 16) {
-        __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), FA_LANES512(w - j), x + j);
+        __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), CHI_LANES16(w - j), x + j);
         __m512 e = exp16_nonpositive(_mm512_sub_ps(v, vs));
         _mm512_storeu_ps(x + j, e); /* within the row's FA_K floats; past w, 0 */
         sum = _mm512_add_ps(sum, e);
@@ -747,11 +748,8 @@ FA_AMX_ROW_TARGET static inline __m512 fa_exp16_fast(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-/* Lanes j < w of a tile row, the rest false. */
-#define FA_ROW_MASK(w, v)                                                                          \
-    ((w) >= 16 * ((v) + 1) ? (__mmask16)0xffff                                                     \
-     : (w) <= 16 * (v)     ? (__mmask16)0                                                          \
-                           : (__mmask16)((1u << ((w)-16 * (v))) - 1u))
+/* Lanes j < w of vector v of a tile row, the rest false. */
+#define FA_ROW_MASK(w, v) CHI_LANES16((w)-16 * (v))
 
 /* Forward, one row of a tile (FA_K = 64 floats, four vectors): x = scale
  * s for the first w keys; m and l move to the new maximum and acc with
@@ -784,17 +782,6 @@ FA_AMX_ROW_TARGET static void fa_amx_row_forward(const float *s, int64_t w, floa
     }
 }
 
-/* The 32 bf16 of a and b (16 each) interleaved a0 b0 a1 b1 ...: a pair
- * row of B's layout. */
-FA_AMX_ROW_TARGET static inline __m512i fa_pair16(__m512 a, __m512 b)
-{
-    static const uint16_t mix[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(a)),
-                                      (__m256i)_mm512_cvtneps_pbh(b), 1);
-    return _mm512_permutexvar_epi16(_mm512_loadu_si512(mix), both);
-}
-
 /* Backward, rows r and r + 1 of a tile (s0, s1; w1 = 0 for a row past
  * the tile's queries): P = exp(scale s - lse) for the first w keys, 0
  * after, kept in f32 in the rows and rounded into pair row pb[0..2 FA_K). */
@@ -811,7 +798,7 @@ FA_AMX_ROW_TARGET static void fa_amx_prob2(float *s0, float *s1, int64_t w0, int
             fa_exp16_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s1 + 16 * v), vs, l1)));
         _mm512_storeu_ps(s0 + 16 * v, p0);
         _mm512_storeu_ps(s1 + 16 * v, p1);
-        _mm512_storeu_si512(pb + 32 * v, fa_pair16(p0, p1));
+        _mm512_storeu_si512(pb + 32 * v, chi_bf16_pair16(p0, p1));
     }
 }
 
@@ -831,7 +818,7 @@ FA_AMX_ROW_TARGET static void fa_amx_ds2(const float *p0, const float *p1, const
                                             _mm512_sub_ps(_mm512_loadu_ps(dp1 + 16 * v), vd1)));
         _mm256_storeu_si256((__m256i *)(pa0 + 16 * v), (__m256i)_mm512_cvtneps_pbh(a));
         _mm256_storeu_si256((__m256i *)(pa1 + 16 * v), (__m256i)_mm512_cvtneps_pbh(b));
-        _mm512_storeu_si512(pb + 32 * v, fa_pair16(a, b));
+        _mm512_storeu_si512(pb + 32 * v, chi_bf16_pair16(a, b));
     }
 }
 #endif
@@ -902,7 +889,8 @@ FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, 
                              more ? fa_width(i0 + r + 1, j0, nk) : 0, j->scale, lse[i0 + r],
                              more ? lse[i0 + r + 1] : 0.0f, t->pb + r * FA_K);
             }
-            memset(t->pb + pairs * 2 * FA_K, 0, (size_t)((FA_Q / 2 - pairs) * 2 * FA_K) * 2);
+            memset(t->pb + pairs * 2 * FA_K, 0,
+                   (size_t)((FA_Q / 2 - pairs) * 2 * FA_K) * sizeof *t->pb);
             int add_q = j0 != 0, add_kv = i0 != j0 / FA_Q * FA_Q;
             chi_host_amx_mm(hd, FA_K, FA_Q, t->dota + i0, tp, t->pb, 2 * FA_K, t->dvt + j0, tp,
                             add_kv);
@@ -913,8 +901,9 @@ FA_AMX_TARGET static ch_status fa_amx_backward_one(float *mem, const fa_job *j, 
                 fa_amx_ds2(t->s + r * FA_K, t->s + (r + 1) * FA_K, t->dp + r * FA_K,
                            t->dp + (r + 1) * FA_K, d[r], r + 1 < mq ? d[r + 1] : 0.0f, j->scale,
                            t->pa + r * FA_K, t->pa + (r + 1) * FA_K, t->pb + r * FA_K);
-            memset(t->pa + 2 * pairs * FA_K, 0, (size_t)((FA_Q - 2 * pairs) * FA_K) * 2);
-            memset(t->pb + pairs * 2 * FA_K, 0, (size_t)((FA_Q / 2 - pairs) * 2 * FA_K) * 2);
+            /* pb's pair rows from `pairs` on are still the zeros written above */
+            memset(t->pa + 2 * pairs * FA_K, 0,
+                   (size_t)((FA_Q - 2 * pairs) * FA_K) * sizeof *t->pa);
             /* dq += dS k, dk^T += q^T dS */
             chi_host_amx_mm(FA_Q, hd, FA_K, t->pa, FA_K, t->kvb + j0 * hd, 2 * hd, dqs + i0 * ldq,
                             ldq, add_q);

@@ -778,7 +778,7 @@ ch_status chi_host_gemm_half(void *stream, int ab, int cd, int trans_a, int tran
                              ch_bmem c, int64_t ldc, int64_t stride_c, ch_bmem bias)
 {
     (void)stream;
-    if (bias.ptr && (count != 1 || beta != 0.0f || cd != CH_F32 || k == 0))
+    if (bias.ptr && (count != 1 || beta != 0.0f || cd != CH_F32))
         return chi_error(CH_ERR_UNSUPPORTED, "host gemm_half: a bias only on one product into f32 "
                                              "with beta 0");
     if (m == 0 || n == 0 || count == 0)

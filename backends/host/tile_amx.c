@@ -30,6 +30,8 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "lanes.h"
 #endif
 
 #ifdef HAVE_AMX_KERNELS
@@ -139,13 +141,11 @@ __attribute__((target(AMX_TARGET))) void chi_host_amx_mm(int64_t m, int64_t n, i
         }
 }
 
-#define AMX_LANES(count) ((count) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (count)) - 1u))
-
 /* 16 floats (the first `w` of x, 0 after) rounded to bf16. */
 __attribute__((target(AMX_TARGET), always_inline)) static inline __m256i amx_round16(const float *x,
                                                                                      int64_t w)
 {
-    __m512 v = _mm512_maskz_loadu_ps(AMX_LANES(w), x);
+    __m512 v = _mm512_maskz_loadu_ps(CHI_LANES16(w), x);
     return (__m256i)_mm512_cvtneps_pbh(v);
 }
 
@@ -164,7 +164,7 @@ __attribute__((target(AMX_TARGET))) void chi_host_bf16_rows(int64_t rows, int64_
             int64_t w = c < cols ? cols - c : 0;
             __m256i h = w ? amx_round16(x + r * ldx + c, w) : _mm256_setzero_si256();
             int64_t keep = cols_pad - c < 16 ? cols_pad - c : 16;
-            _mm256_mask_storeu_epi16(out + c, AMX_LANES(keep), h);
+            _mm256_mask_storeu_epi16(out + c, CHI_LANES16(keep), h);
         }
     }
 }
@@ -174,21 +174,17 @@ __attribute__((target(AMX_TARGET))) void chi_host_bf16_pairs(int64_t rows, int64
                                                              uint16_t *y, int64_t ldy,
                                                              int64_t rows_pad, int64_t cols_pad)
 {
-    /* word 2j of the result from the first row's j, 2j + 1 from the second's */
-    static const uint16_t mix[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i idx = _mm512_loadu_si512(mix);
     for (int64_t r = 0; r < rows_pad; r += 2) {
         uint16_t *out = y + r / 2 * ldy;
         for (int64_t c = 0; c < cols_pad; c += 16) {
             int64_t w = c < cols ? cols - c : 0;
-            __m256i lo = r < rows && w ? amx_round16(x + r * ldx + c, w) : _mm256_setzero_si256();
-            __m256i hi =
-                r + 1 < rows && w ? amx_round16(x + (r + 1) * ldx + c, w) : _mm256_setzero_si256();
-            __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            __m512i pairs = _mm512_permutexvar_epi16(idx, both);
+            /* rows past `rows` and columns past `cols`: zeros */
+            __m512 lo = _mm512_maskz_loadu_ps(r < rows ? CHI_LANES16(w) : 0, x + r * ldx + c);
+            __m512 hi =
+                _mm512_maskz_loadu_ps(r + 1 < rows ? CHI_LANES16(w) : 0, x + (r + 1) * ldx + c);
+            __m512i pairs = chi_bf16_pair16(lo, hi);
             int64_t keep = cols_pad - c < 16 ? cols_pad - c : 16;
-            _mm512_mask_storeu_epi32(out + 2 * c, AMX_LANES(keep), pairs);
+            _mm512_mask_storeu_epi32(out + 2 * c, CHI_LANES16(keep), pairs);
         }
     }
 }
