@@ -124,11 +124,14 @@ static void tile_cases(tap_rng *rng)
     static const char *name[] = {[CHI_TILE_AVX512] = "AVX-512", [CHI_TILE_AVX2] = "AVX2"};
     static const int isas[] = {CHI_TILE_AVX512, CHI_TILE_AVX2};
     /* Rows around the blocks of 4 (of 8 where a block is at most two
-     * vectors wide), columns around the vectors (8, 16) and the 64 columns
-     * of a block, the fused attention's 64 x 64 x 64. */
+     * vectors wide, of 6 in AVX-512 where it is three or four: 7 is 6 and
+     * 1, 8 is 4 and 4, 10 is 6 and 4), columns around the vectors (8, 16)
+     * and the 64 columns of a block, the fused attention's 64 x 64 x 64
+     * and its diagonal's 32 x 64 x 64. */
     static const shape shapes[] = {{1, 1, 1},    {3, 5, 7},    {4, 16, 32},  {5, 17, 33},
                                    {64, 64, 32}, {64, 32, 64}, {61, 63, 64}, {9, 130, 3},
-                                   {7, 8, 0},    {13, 20, 9},  {8, 16, 5},   {23, 31, 40}};
+                                   {7, 8, 0},    {13, 20, 9},  {8, 16, 5},   {23, 31, 40},
+                                   {7, 50, 11},  {8, 64, 9},   {10, 48, 17}, {32, 64, 64}};
     static const float ab[][2] = {{1.0f, 0.0f}, {0.125f, 1.0f}, {-1.5f, 0.5f}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int ta = 0; ta < 2; ta++) {
