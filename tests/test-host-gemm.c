@@ -3,8 +3,12 @@
  * variants, odd shapes and shapes that cross each blocking boundary
  * (KC = 512 deep, MCHUNK = 2304 rows, NC = 4080 columns). Then the fused
  * attention's tile products (chi_host_tile_mm) in each instruction set
- * this CPU runs, against the same loop and against each other. */
+ * this CPU runs, against the same loop and against each other. Last the
+ * host's rounding of f32 to bf16 with VCVTNEPS2BF16 (where the CPU has
+ * it) against its plain loop, bit for bit (test-cast holds ch_cast to an
+ * independent reference on every device). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +224,57 @@ static void tile_cases(tap_rng *rng)
            "chi_host_tile_isa(AUTO) names one this CPU runs (%d)", any);
 }
 
+/* f32 to bf16 with VCVTNEPS2BF16 and in the plain loop: the specials
+ * (zeros, infinities, NaNs quiet and signalling with payloads, the
+ * subnormals the instruction alone would flush, the ties and their
+ * neighbours) and random bit patterns, from every offset of a
+ * sixteen-lane vector so that each lands in each lane and in the tail. */
+static void bf16_rounding(tap_rng *rng)
+{
+    if (!chi_host_bf16_cvtne()) {
+        tap_skip("f32 to bf16 with VCVTNEPS2BF16: this CPU does not run it");
+        return;
+    }
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
+        0xff812345u, 0x7fbfffffu, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu, 0x00008000u,
+        0x00018000u, 0x0000ffffu, 0x00400000u, 0x80408000u, 0x00800000u, 0x3f808000u, 0x3f818000u,
+        0x3f807fffu, 0x3f808001u, 0x7f7fffffu, 0xff7f8000u, 0x7f7f7fffu, 0x3f800000u, 0xbf7fffffu};
+    enum {
+        RANDOM = 1 << 16
+    };
+    size_t ns = sizeof special / sizeof special[0], n = ns * 3 + RANDOM;
+    uint32_t *x = malloc(sizeof *x * (n + 16));
+    uint16_t *fast = malloc(sizeof *fast * (n + 16)), *plain = malloc(sizeof *plain * (n + 16));
+    if (!x || !fast || !plain) {
+        tap_ok(0, "malloc for the bf16 rounding");
+        free(x), free(fast), free(plain);
+        return;
+    }
+    size_t at = 0;
+    for (int copy = 0; copy < 3; copy++) /* each special in more than one lane */
+        for (size_t i = 0; i < ns; i++)
+            x[at++] = special[(i + (size_t)copy * 5) % ns];
+    while (at < n + 16) {
+        uint32_t u = (uint32_t)tap_rng_next(rng);
+        x[at] = (at & 7) == 0 ? u & 0x807fffffu : u; /* one in eight subnormal */
+        at++;
+    }
+    size_t wrong = 0, first = 0;
+    for (int off = 0; off < 16; off++) {
+        chi_host_f32_to_bf16_path(1, fast, x + off, (int64_t)n);
+        chi_host_f32_to_bf16_path(0, plain, x + off, (int64_t)n);
+        for (size_t i = 0; i < n; i++)
+            if (fast[i] != plain[i] && wrong++ == 0)
+                first = i + (size_t)off;
+    }
+    tap_ok(wrong == 0,
+           "f32 to bf16 with VCVTNEPS2BF16: the plain loop's bits on %zu floats from 16 offsets "
+           "(%zu differ; the first 0x%08x)",
+           n, wrong, wrong ? (unsigned)x[first] : 0u);
+    free(x), free(fast), free(plain);
+}
+
 int main(void)
 {
     static const shape shapes[] = {
@@ -237,5 +292,6 @@ int main(void)
             }
     alpha_zero();
     tile_cases(&rng);
+    bf16_rounding(&rng);
     return tap_done();
 }

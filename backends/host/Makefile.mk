@@ -16,6 +16,7 @@ libchorus_la_SOURCES += \
 	backends/host/attention.c \
 	backends/host/tile_mm.c \
 	backends/host/tile_amx.c \
+	backends/host/bf16_round.c \
 	backends/host/scratch.c \
 	backends/host/norm.c \
 	backends/host/allreduce.c

@@ -297,8 +297,9 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
  * f16); integer operations on the bits, so every build gives the same
  * bits. The threads take a contiguous share each, so the built loop runs
  * inside the parallel region (an OpenMP region's body is outlined before
- * the clones are made, and would run the baseline's). */
-#define HOST_CONVERT(name, to_t, from_t, fn)                                                       \
+ * the clones are made, and would run the baseline's). FAST, where not
+ * NULL, is a loop that gives the same bits faster on this CPU. */
+#define HOST_CONVERT(name, to_t, from_t, fn, FAST)                                                 \
     CHI_CLONES_WIDE static void name##_run(to_t *py, const from_t *px, int64_t n)                  \
     {                                                                                              \
         CHI_OMP(omp simd)                                                                          \
@@ -310,20 +311,26 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
         (void)stream;                                                                              \
         to_t *py = (to_t *)((char *)y.ptr + y.off);                                                \
         const from_t *px = (const from_t *)((const char *)x.ptr + x.off);                          \
+        void (*run)(to_t *, const from_t *, int64_t) = FAST;                                       \
+        if (!run)                                                                                  \
+            run = name##_run;                                                                      \
         if (n <= CHI_HOST_PAR_MIN) {                                                               \
-            name##_run(py, px, n);                                                                 \
+            run(py, px, n);                                                                        \
             return CH_OK;                                                                          \
         }                                                                                          \
         CHI_OMP(omp parallel)                                                                      \
         {                                                                                          \
             int nt = chi_omp_threads(), t = chi_omp_thread();                                      \
             int64_t lo = n * t / nt / 64 * 64, hi = t == nt - 1 ? n : n * (t + 1) / nt / 64 * 64;  \
-            name##_run(py + lo, px + lo, hi - lo);                                                 \
+            run(py + lo, px + lo, hi - lo);                                                        \
         }                                                                                          \
         return CH_OK;                                                                              \
     }
 
-HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16)
-HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chk_bf16_to_f32)
-HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chk_f32_to_f16)
-HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chk_f16_to_f32)
+/* VCVTNEPS2BF16's loop where the CPU has it (bf16_round.c). */
+#define F32_TO_BF16_FAST (chi_host_bf16_cvtne() ? chi_host_f32_to_bf16_cvtne : NULL)
+
+HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16, F32_TO_BF16_FAST)
+HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chk_bf16_to_f32, NULL)
+HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chk_f32_to_f16, NULL)
+HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chk_f16_to_f32, NULL)
