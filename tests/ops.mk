@@ -25,11 +25,12 @@ tests_test_ops_norm_SOURCES = tests/test-ops-norm.c
 tests_test_ops_norm_LDADD = $(TEST_LIBS)
 
 # What crosses the backend ABI: test-abi calls the slots of every backend
-# directly (the host's from the two sources that hold them, compiled in
-# here), and loads a module built for the previous ABI version, and one that
+# directly (the host's from the two sources that hold them and the bf16
+# rounding elementwise.c calls, compiled in here), and loads a module built for the previous ABI version, and one that
 # leaves a required slot NULL, under the names of real ones.
 check_PROGRAMS += tests/test-abi
-tests_test_abi_SOURCES = tests/test-abi.c backends/host/elementwise.c backends/host/sum.c
+tests_test_abi_SOURCES = tests/test-abi.c backends/host/elementwise.c backends/host/sum.c \
+	backends/host/bf16_round.c
 tests_test_abi_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
 tests_test_abi_LDFLAGS = $(AM_LDFLAGS) $(OPENMP_CFLAGS)
 tests_test_abi_LDADD = $(TEST_LIBS)
