@@ -44,34 +44,12 @@ __attribute__((target("avx512f,avx512bf16"))) static void cvtne_run(uint16_t *py
 #define HAVE_CVTNE 1
 #endif
 
-int chi_host_bf16_cvtne(void)
+chi_host_bf16_round_fn *chi_host_f32_to_bf16_fast(void)
 {
 #ifdef HAVE_CVTNE
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-#else
-    return 0;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
+        return cvtne_run;
 #endif
-}
-
-void chi_host_f32_to_bf16_path(int cvtne, uint16_t *y, const uint32_t *x, int64_t n)
-{
-#ifdef HAVE_CVTNE
-    if (cvtne && chi_host_bf16_cvtne()) {
-        cvtne_run(y, x, n);
-        return;
-    }
-#endif
-    (void)cvtne;
-    for (int64_t i = 0; i < n; i++)
-        y[i] = chk_f32_to_bf16(x[i]);
-}
-
-void chi_host_f32_to_bf16_cvtne(uint16_t *y, const uint32_t *x, int64_t n)
-{
-#ifdef HAVE_CVTNE
-    cvtne_run(y, x, n);
-#else
-    chi_host_f32_to_bf16_path(0, y, x, n);
-#endif
+    return NULL;
 }

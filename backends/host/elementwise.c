@@ -327,10 +327,7 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
         return CH_OK;                                                                              \
     }
 
-/* VCVTNEPS2BF16's loop where the CPU has it (bf16_round.c). */
-#define F32_TO_BF16_FAST (chi_host_bf16_cvtne() ? chi_host_f32_to_bf16_cvtne : NULL)
-
-HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16, F32_TO_BF16_FAST)
+HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16, chi_host_f32_to_bf16_fast())
 HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chk_bf16_to_f32, NULL)
 HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chk_f32_to_f16, NULL)
 HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chk_f16_to_f32, NULL)

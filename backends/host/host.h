@@ -49,15 +49,12 @@ int chi_host_tile_isa(int isa);
 int chi_host_tile_mm(int isa, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t ars, int64_t acs, const float *b, int64_t ldb, float beta, float *c,
                      int64_t ldc);
-/* f32 to bf16 (bf16_round.c). chi_host_bf16_cvtne: whether this CPU
- * rounds with VCVTNEPS2BF16 (AVX512-BF16), which chi_host_f32_to_bf16
- * then does through chi_host_f32_to_bf16_cvtne (n floats' bits, on the
- * calling thread); chi_host_f32_to_bf16_path: the same rounding with that
- * instruction (cvtne, where the CPU has it) or the plain loop, the same
- * bits either way (for the tests). */
-int chi_host_bf16_cvtne(void);
-void chi_host_f32_to_bf16_cvtne(uint16_t *y, const uint32_t *x, int64_t n);
-void chi_host_f32_to_bf16_path(int cvtne, uint16_t *y, const uint32_t *x, int64_t n);
+/* f32 to bf16 (bf16_round.c): the loop over n floats' bits, on the
+ * calling thread, with VCVTNEPS2BF16 where this CPU has AVX512-BF16, the
+ * same bits as chk_f32_to_bf16; NULL elsewhere (chi_host_f32_to_bf16
+ * then runs its plain loop). */
+typedef void chi_host_bf16_round_fn(uint16_t *y, const uint32_t *x, int64_t n);
+chi_host_bf16_round_fn *chi_host_f32_to_bf16_fast(void);
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: a product's
  * B transposed for chi_host_tile_mm (AVX registers for CHI_TILE_AVX2 and
  * AVX512, element by element otherwise). */
