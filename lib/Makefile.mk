@@ -25,6 +25,7 @@ libchorus_la_SOURCES = \
 	lib/philox.c \
 	lib/error.h \
 	lib/trace.h \
+	lib/stamp.h \
 	lib/omp.h \
 	lib/core.h \
 	lib/opcheck.h \

@@ -41,9 +41,9 @@ extern "C" {
  * must tell the core changes (12: the workspace and staging it allocates
  * itself, chi_workspace_reserve; 13: the attention slots; 14: their
  * layout arguments, ch_attention_packed; 15: their products' format,
- * ch_attention_packed_mixed, and gemm_half's bias, ch_gemm_bias): a module of
- * another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 15
+ * ch_attention_packed_mixed, and gemm_half's bias, ch_gemm_bias; 16:
+ * adam_step_half): a module of another version is refused at load. */
+#define CH_BACKEND_ABI_VERSION 16
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -227,6 +227,13 @@ typedef struct ch_conv_geom {
         const ch_sgd_params *params, int first_step))                                              \
     X(OP, OP, ch_status, adam_step, (void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,     \
         ch_bmem g, const ch_adam_params *params))                                                  \
+    /* optional: adam_step, then ph (`half`: CH_BF16 or CH_F16, n elements)                        \
+     * = the new p rounded as f32_to_bf16 or f32_to_f16 round it, in the same                      \
+     * pass (lib/stamp.h's chi_adam_step_half: the copy of a weight the next                       \
+     * forward's half products read). Without it the optimizer steps with                          \
+     * adam_step and the forward rounds the weight. */                                             \
+    X(OP, OPTIONAL, ch_status, adam_step_half, (void *stream, int64_t n, ch_bmem p, ch_bmem m,     \
+        ch_bmem v, ch_bmem g, const ch_adam_params *params, int half, ch_bmem ph))                 \
     /* a, b: (lo, hi), (mean, std) or (p, unused) */                                               \
     X(OP, OP, ch_status, rand, (void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,             \
         uint64_t seed, uint64_t offset, float a, float b))                                         \

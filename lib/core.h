@@ -110,6 +110,10 @@ typedef struct chi_buffer {
     size_t bytes;
     size_t asked; /* what the tensor asked for, before rounding */
     atomic_int refs;
+    /* Set from one counter of the process at creation and at every
+     * chi_mem (lib/stamp.h): equal stamps mean the same buffer, unused
+     * since. */
+    atomic_uint_least64_t stamp;
 } chi_buffer;
 
 struct ch_tensor {
@@ -132,7 +136,10 @@ void chi_stream_destroy(ch_stream *s);
 ch_status chi_stream_sync_all(ch_device *dev);
 /* The backend's stream to queue work for `dev` on, for this thread. */
 void *chi_current_stream(ch_device *dev);
+/* t's memory for a backend call, which reads or writes it: moves t's
+ * buffer's stamp. Code that reaches the memory otherwise calls chi_touch. */
 ch_bmem chi_mem(const ch_tensor *t);
+void chi_touch(const ch_tensor *t);
 
 /* Half storage for the ops that compute in f32 (lib/ops_half.c): when any
  * of the n tensors (NULLs allowed) is bf16 or f16, runs op on f32 copies

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "opcheck.h"
+#include "stamp.h"
 
 /* ---- Data movement ------------------------------------------------------- */
 
@@ -631,10 +632,9 @@ ch_status ch_sgd_step(ch_tensor *p, ch_tensor *m, const ch_tensor *g,
                            chi_mem(g), params, first_step != 0);
 }
 
-ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_tensor *g,
-                       const ch_adam_params *params)
+static ch_status adam_checks(const char *fn, ch_tensor *p, ch_tensor *m, ch_tensor *v,
+                             const ch_tensor *g, const ch_adam_params *params)
 {
-    static const char fn[] = "ch_adam_step";
     if (!params)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
     arg args[] = {{"p", p, CH_F32, 0}, {"m", m, CH_F32, 0}, {"v", v, CH_F32, 0},
@@ -659,12 +659,44 @@ ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_tensor
     TRY(check_param_set(fn, p, names, ts, 3));
     TRY(no_alias(fn, "m", m, "v", v));
     TRY(no_alias(fn, "m", m, "g", g));
-    TRY(no_alias(fn, "v", v, "g", g));
+    return no_alias(fn, "v", v, "g", g);
+}
+
+ch_status ch_adam_step(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_tensor *g,
+                       const ch_adam_params *params)
+{
+    static const char fn[] = "ch_adam_step";
+    TRY(adam_checks(fn, p, m, v, g, params));
     SLOT_OR_HOST(fn, p, adam_step,
                  ch_adam_step(on_host[0], on_host[1], on_host[2], on_host[3], params), FB_IO(p),
                  FB_IO(m), FB_IO(v), FB_IN(g));
     return BE(p)->adam_step(STREAM(p), p->numel, chi_mem(p), chi_mem(m), chi_mem(v), chi_mem(g),
                             params);
+}
+
+int chi_adam_half_fused(const ch_tensor *p, const ch_tensor *ph)
+{
+    return p && ph && p->dev == ph->dev && BE(p)->adam_step_half && p->numel == ph->numel &&
+           (ph->dtype == CH_BF16 || ph->dtype == CH_F16);
+}
+
+ch_status chi_adam_step_half(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_tensor *g,
+                             const ch_adam_params *params, ch_tensor *ph)
+{
+    static const char fn[] = "chi_adam_step_half";
+    TRY(adam_checks(fn, p, m, v, g, params));
+    if (!chi_adam_half_fused(p, ph))
+        return chi_error(CH_ERR_UNSUPPORTED, "%s: %s", fn,
+                         !ph ? "ph is NULL"
+                         : !BE(p)->adam_step_half
+                             ? "the backend does not round in its Adam step"
+                             : "ph is not a bf16 or f16 tensor of p's size on p's device");
+    TRY(no_alias(fn, "ph", ph, "p", p));
+    TRY(no_alias(fn, "ph", ph, "m", m));
+    TRY(no_alias(fn, "ph", ph, "v", v));
+    TRY(no_alias(fn, "ph", ph, "g", g));
+    return BE(p)->adam_step_half(STREAM(p), p->numel, chi_mem(p), chi_mem(m), chi_mem(v),
+                                 chi_mem(g), params, ph->dtype, chi_mem(ph));
 }
 
 /* ---- Random numbers --------------------------------------------------------- */

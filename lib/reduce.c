@@ -649,7 +649,11 @@ static ch_status range_view(ch_tensor **out, ch_tensor *t, int64_t offset, int64
     return st;
 }
 
-static float *host_addr(const ch_tensor *v) { return (float *)((char *)v->buf->ptr + v->off); }
+static float *host_addr(const ch_tensor *v)
+{
+    chi_touch(v);
+    return (float *)((char *)v->buf->ptr + v->off);
+}
 
 /* Peer all-reduce inside every group of two or more. */
 static ch_status reduce_groups(ch_reducer *r, int64_t count)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "stamp.h"
 
 #define STAGING_BYTES ((size_t)4 << 20)
 
@@ -31,7 +32,30 @@ size_t ch_dtype_size(ch_dtype dtype)
     return 0;
 }
 
-ch_bmem chi_mem(const ch_tensor *t) { return (ch_bmem){t->buf->ptr, t->off}; }
+static atomic_uint_least64_t stamps;
+
+static void stamp(chi_buffer *buf)
+{
+    atomic_store_explicit(&buf->stamp,
+                          atomic_fetch_add_explicit(&stamps, 1, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+void chi_touch(const ch_tensor *t)
+{
+    stamp(t->buf);
+}
+
+ch_bmem chi_mem(const ch_tensor *t)
+{
+    stamp(t->buf);
+    return (ch_bmem){t->buf->ptr, t->off};
+}
+
+uint64_t chi_tensor_stamp(const ch_tensor *t)
+{
+    return atomic_load_explicit(&t->buf->stamp, memory_order_relaxed);
+}
 
 /* Shape checks shared by new and reshape; *numel gets the product. */
 static ch_status check_shape(const char *fn, int ndim, const int64_t *shape, size_t elem,
@@ -115,6 +139,7 @@ ch_status ch_tensor_new(ch_tensor **out, ch_device *dev, ch_dtype dtype, int ndi
     buf->asked = bytes;
     chi_alloc_note_tensor(dev, bytes, 0);
     atomic_init(&buf->refs, 1);
+    stamp(buf);
     t->buf = buf;
     *out = t;
     return CH_OK;
@@ -345,8 +370,10 @@ static ch_status copy_staged(ch_tensor *dst, const ch_tensor *src, size_t bytes)
     void *ss = chi_current_stream(src->dev), *ds = chi_current_stream(dst->dev);
     ch_status st;
     if (src->dev->be->host_memory) {
+        chi_touch(src);
         st = db->upload(ds, chi_mem(dst), (const char *)src->buf->ptr + src->off, bytes, 1);
     } else if (dst->dev->be->host_memory) {
+        chi_touch(dst);
         st = sb->download(ss, (char *)dst->buf->ptr + dst->off, chi_mem(src), bytes, 1);
     } else {
         void *stage = NULL;

@@ -44,7 +44,7 @@ static ch_status linear_forward(ch_module *m, const ch_tensor *x)
      * (tmp[0], kept for backward, and tmp[1]). */
     const ch_tensor *xh, *wh;
     TRY(nn_half(&m->tmp[0], m, x, &xh));
-    TRY(nn_half(&m->tmp[1], m, m->params[0].value, &wh));
+    TRY(nn_half_weight(&m->tmp[1], m, &m->params[0], &wh));
     ch_tensor *x2 = NULL, *y2 = NULL;
     ch_status st = rows_view(&x2, xh, m->in);
     if (st == CH_OK)
@@ -120,7 +120,7 @@ static ch_status conv_forward(ch_module *m, const ch_tensor *x)
      * and tmp[1], kept for backward), f32 sums into an f32 y. */
     const ch_tensor *xh, *wh;
     TRY(nn_half(&m->tmp[0], m, x, &xh));
-    TRY(nn_half(&m->tmp[1], m, m->params[0].value, &wh));
+    TRY(nn_half_weight(&m->tmp[1], m, &m->params[0], &wh));
     TRY(ch_conv2d(m->y, xh, wh, &win));
     if (m->nparams > 1)
         TRY(ch_bias_add(m->y, m->y, m->params[1].value, 1));

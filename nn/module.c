@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "nn.h"
+#include "stamp.h"
 
 static int same_shape(const ch_tensor *t, ch_device *dev, ch_dtype dtype, int ndim,
                       const int64_t *shape)
@@ -619,7 +620,7 @@ static nn_param *find_param(const ch_module *m, int *index)
     return NULL;
 }
 
-static nn_param *param_at(const ch_module *m, int index)
+nn_param *nn_param_at(const ch_module *m, int index)
 {
     if (index < 0)
         return NULL;
@@ -631,7 +632,7 @@ ch_status ch_module_param(const ch_module *m, int index, const char **name, ch_t
 {
     if (!m)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_module_param: m is NULL");
-    nn_param *p = param_at(m, index);
+    nn_param *p = nn_param_at(m, index);
     if (!p)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_module_param: index %d out of range "
                          "(%d parameters)", index, ch_module_param_count(m));
@@ -827,6 +828,8 @@ static ch_status clone_into(ch_module **out, const ch_module *m, ch_device *dev)
     for (int i = 0; i < m->nparams; i++) {
         c->params[i].value = c->params[i].grad = NULL;
         c->params[i].flat = 0; /* its own gradient, not a view (zero: as m's) */
+        c->params[i].half = NULL; /* m's slot; the clone's forward names its own */
+        c->params[i].half_stamps[0] = c->params[i].half_stamps[1] = 0;
         c->nparams++;
         TRY(ch_tensor_to(&c->params[i].value, m->params[i].value, dev));
         TRY(ch_tensor_to(&c->params[i].grad, m->params[i].grad, dev));
@@ -932,6 +935,21 @@ ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
     return CH_OK;
 }
 
+ch_status nn_half_weight(ch_tensor **slot, const ch_module *m, nn_param *p, const ch_tensor **out)
+{
+    if (m->precision != CH_F32 && p->half == slot && *slot &&
+        ch_tensor_dtype(*slot) == m->precision &&
+        ch_tensor_numel(*slot) == ch_tensor_numel(p->value) &&
+        chi_tensor_stamp(p->value) == p->half_stamps[0] &&
+        chi_tensor_stamp(*slot) == p->half_stamps[1]) {
+        *out = *slot; /* the optimizer's rounding of the value as it stands */
+        return CH_OK;
+    }
+    p->half = m->precision != CH_F32 ? slot : NULL;
+    p->half_stamps[0] = p->half_stamps[1] = 0;
+    return nn_half(slot, m, p->value, out);
+}
+
 void ch_module_set_rng(ch_module *m, uint64_t seed, int64_t step, int64_t first_sample)
 {
     if (!m)
@@ -993,7 +1011,7 @@ ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf)
 {
     int64_t need = 0, off = 0;
     for (int i = first; i < first + count; i++) {
-        nn_param *p = param_at(m, i);
+        nn_param *p = nn_param_at(m, i);
         if (!p)
             return chi_error(CH_ERR_INVALID_ARGUMENT, "nn_grads_into: parameter %d out of "
                              "range (%d parameters)", i, count_params(m));
@@ -1004,7 +1022,7 @@ ch_status nn_grads_into(ch_module *m, int first, int count, ch_tensor *buf)
                          "gradients %lld in 1", (long long)ch_tensor_numel(buf),
                          ch_tensor_ndim(buf), (long long)need);
     for (int i = first; i < first + count; i++)
-        TRY(grad_into(param_at(m, i), buf, &off));
+        TRY(grad_into(nn_param_at(m, i), buf, &off));
     return CH_OK;
 }
 

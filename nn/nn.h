@@ -23,6 +23,13 @@ typedef struct nn_param {
      * view of a shared buffer (flat): zero_grad writes those at once. */
     int zero;
     int flat; /* the gradient is a view of a bucket's buffer (nn_grads_into) */
+    /* Mixed precision: the module's slot that holds the weight rounded to
+     * its half format (nn_half_weight), NULL where none does; and, after
+     * an Adam step that rounded into it (nn/optim.c), the stamps
+     * (lib/stamp.h) of value and of the rounded copy just after: while
+     * both still read so, the copy is the rounding of value. */
+    ch_tensor **half;
+    uint64_t half_stamps[2];
 } nn_param;
 
 /* A buffer: state that is saved but not trained (BatchNorm's running
@@ -198,6 +205,13 @@ ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
  * half format in *slot (made or reused), in *out. */
 ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
                   const ch_tensor **out);
+/* nn_half of a weight, p's value, into *slot, which p remembers, so that
+ * the optimizer's step can round into it as it writes value; the copy is
+ * used as it stands when nothing has used value or the copy since
+ * (nn_param's half_stamps), rounded again otherwise. */
+ch_status nn_half_weight(ch_tensor **slot, const ch_module *m, nn_param *p, const ch_tensor **out);
+/* The parameter of m's index (ch_module_param's order), NULL out of range. */
+nn_param *nn_param_at(const ch_module *m, int index);
 /* A reshaped view, freed by the caller. */
 ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape);
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "nn.h"
+#include "stamp.h"
 
 /* ---- Losses ------------------------------------------------------------------- */
 
@@ -308,11 +309,23 @@ static ch_status sgd_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g,
     return ch_sgd_step(p, opt->m[i], g, &sp, opt->o.momentum != 0.0f && opt->fresh[i]);
 }
 
-static ch_status adam_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g, float lr)
+/* With `np` (the whole parameter, not a range of it) whose module keeps
+ * the weight rounded to a half format (nn_half_weight), the step rounds
+ * into that copy as it writes p, where the backend can, and notes the
+ * stamps that tell the next forward the copy is current. */
+static ch_status adam_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g, float lr,
+                            nn_param *np)
 {
     ch_adam_params ap = {lr, opt->o.beta1, opt->o.beta2, opt->o.eps, opt->o.weight_decay,
                          opt->o.kind == CH_OPT_ADAMW, opt->steps + 1};
-    return ch_adam_step(p, opt->m[i], opt->v[i], g, &ap);
+    ch_tensor *ph = np && np->half ? *np->half : NULL;
+    if (!chi_adam_half_fused(p, ph))
+        return ch_adam_step(p, opt->m[i], opt->v[i], g, &ap);
+    np->half_stamps[0] = np->half_stamps[1] = 0;
+    TRY(chi_adam_step_half(p, opt->m[i], opt->v[i], g, &ap, ph));
+    np->half_stamps[0] = chi_tensor_stamp(p);
+    np->half_stamps[1] = chi_tensor_stamp(ph);
+    return CH_OK;
 }
 
 ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
@@ -342,7 +355,8 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
         if (st == CH_OK && opt->o.kind == CH_OPT_SGD)
             st = sgd_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr);
         else if (st == CH_OK)
-            st = adam_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr);
+            st = adam_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr,
+                            ranged ? NULL : nn_param_at(opt->model, i));
         ch_tensor_free(pv);
         ch_tensor_free(gv);
         TRY(st);

@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "ref.h"
+#include "stamp.h"
 #include "tap.h"
 
 #define MAX_DEVICES 16
@@ -726,6 +727,260 @@ static void test_attention(ch_device *dev, tap_rng *rng)
     }
 }
 
+/* The weights' half copies kept from one step to the next: in mixed
+ * precision a Linear's forward reads its weight rounded to the half
+ * format; where the backend's Adam can round as it writes (the host's),
+ * the optimizer's step writes that copy and the next forward takes it as
+ * it stands, unless something used the weight or the copy since
+ * (lib/stamp.h). Four runs of four Adam steps of a small MLP: (a) as is;
+ * (b) every parameter downloaded after every step, which makes each
+ * forward round the weights itself; (c) as (a), with the first weight
+ * overwritten (ch_tensor_upload) after the second step, and (d) as (c)
+ * with (b)'s downloads. (a) and (b), (c) and (d) must end with the same
+ * bits of every parameter and of the output: the kept copy is the
+ * forward's rounding. The forward right after the upload in (c) must
+ * give the output of a model made afresh with (d)'s parameters read
+ * after the upload (a stale copy would not), and so must a clone's
+ * forward after a step (the clone made from a model that ran, which is
+ * then freed). Where the backend fuses, the forwards after a step must
+ * not use the f32 weight at all (its stamp unchanged): the copy is
+ * taken. */
+
+enum {
+    KW_IN = 24,
+    KW_HID = 40,
+    KW_OUT = 8,
+    KW_ROWS = 12,
+    KW_STEPS = 4
+};
+
+#define KW_PARAMS (KW_IN * KW_HID + KW_HID + KW_HID * KW_OUT + KW_OUT)
+
+typedef struct kept_run {
+    float params[KW_PARAMS], y[KW_ROWS * KW_OUT];
+    int untouched; /* forwards after a step that left the f32 weight unused */
+    /* With the upload: every parameter just after it, and the output of
+     * the forward that follows. */
+    float uploaded[KW_PARAMS], y_uploaded[KW_ROWS * KW_OUT];
+} kept_run;
+
+/* Every parameter of m to or from `vals`, in order. */
+static ch_status kw_params(ch_module *m, float *vals, int upload)
+{
+    ch_status st = CH_OK;
+    size_t at = 0;
+    for (int i = 0; st == CH_OK && i < ch_module_param_count(m); i++) {
+        ch_tensor *v = NULL;
+        st = ch_module_param(m, i, NULL, &v, NULL);
+        if (st == CH_OK)
+            st = upload ? ch_tensor_upload(v, vals + at, ch_tensor_nbytes(v))
+                        : ch_tensor_download(v, vals + at, ch_tensor_nbytes(v));
+        at += st == CH_OK ? (size_t)ch_tensor_numel(v) : 0;
+    }
+    return st;
+}
+
+/* The MLP in `precision` on dev, x in *tx. */
+static ch_status kw_model(ch_module **m, ch_tensor **tx, ch_device *dev, ch_dtype precision,
+                          const float *x)
+{
+    ch_module *c[3] = {NULL};
+    ch_nn_linear(&c[0], KW_IN, KW_HID);
+    ch_nn_activation(&c[1], CH_ACT_GELU);
+    ch_nn_linear(&c[2], KW_HID, KW_OUT);
+    *m = tap_sequential(3, c);
+    int64_t xs[2] = {KW_ROWS, KW_IN};
+    ch_status st = *m ? ch_module_init(*m, 11) : CH_ERR_OUT_OF_MEMORY;
+    if (st == CH_OK)
+        st = ch_module_set_precision(*m, precision);
+    if (st == CH_OK)
+        st = ch_module_to(*m, dev);
+    if (st == CH_OK)
+        st = tensor_of(tx, dev, CH_F32, 2, xs, NULL, x);
+    return st;
+}
+
+/* The output of a model made afresh (no step, so nothing kept) with the
+ * parameters `vals`. */
+static ch_status kw_fresh_output(ch_device *dev, ch_dtype precision, const float *x,
+                                 const float *vals, float *y)
+{
+    ch_module *m = NULL;
+    ch_tensor *tx = NULL, *ty = NULL;
+    ch_status st = kw_model(&m, &tx, dev, precision, x);
+    if (st == CH_OK)
+        st = kw_params(m, (float *)vals, 1);
+    if (st == CH_OK)
+        st = ch_module_forward(m, &ty, tx);
+    if (st == CH_OK)
+        st = ch_tensor_download(ty, y, sizeof(float) * KW_ROWS * KW_OUT);
+    ch_tensor_free(tx);
+    ch_module_free(m);
+    return st;
+}
+
+/* A model that ran a forward (its weights' copies made), cloned, freed;
+ * the clone steps (zero gradients: the weight decay moves the weights)
+ * before its own first forward, then runs one: its output into y, its
+ * parameters into vals. The clone names its own copies (a sanitizer
+ * build sees any use of the freed model's). */
+static ch_status kw_clone_run(ch_device *dev, ch_dtype precision, const float *x, float *vals,
+                              float *y)
+{
+    ch_module *m = NULL, *c = NULL;
+    ch_tensor *tx = NULL, *ty = NULL;
+    ch_optimizer *opt = NULL;
+    ch_status st = kw_model(&m, &tx, dev, precision, x);
+    if (st == CH_OK)
+        st = ch_module_forward(m, &ty, tx);
+    if (st == CH_OK)
+        st = ch_module_clone(&c, m, dev);
+    ch_module_free(m);
+    if (st == CH_OK) {
+        ch_optimizer_options o = ch_optimizer_defaults(CH_OPT_ADAMW, 1e-2f);
+        st = ch_optimizer_new(&opt, c, &o);
+    }
+    if (st == CH_OK)
+        st = ch_module_zero_grad(c);
+    if (st == CH_OK)
+        st = ch_optimizer_step(opt, 1e-2f);
+    if (st == CH_OK)
+        st = ch_module_forward(c, &ty, tx);
+    if (st == CH_OK)
+        st = ch_tensor_download(ty, y, sizeof(float) * KW_ROWS * KW_OUT);
+    if (st == CH_OK)
+        st = kw_params(c, vals, 0);
+    ch_optimizer_free(opt);
+    ch_module_free(c);
+    ch_tensor_free(tx);
+    return st;
+}
+
+static ch_status kept_weights_run(ch_device *dev, ch_dtype precision, int download, int overwrite,
+                                  const float *x, const float *dy, kept_run *out)
+{
+    ch_module *m = NULL;
+    ch_optimizer *opt = NULL;
+    ch_tensor *tx = NULL, *tdy = NULL, *ty = NULL, *tdx = NULL, *w0 = NULL;
+    int64_t ys[2] = {KW_ROWS, KW_OUT};
+    ch_status st = kw_model(&m, &tx, dev, precision, x);
+    if (st == CH_OK)
+        st = tensor_of(&tdy, dev, CH_F32, 2, ys, NULL, dy);
+    if (st == CH_OK) {
+        ch_optimizer_options o = ch_optimizer_defaults(CH_OPT_ADAMW, 1e-2f);
+        st = ch_optimizer_new(&opt, m, &o);
+    }
+    if (st == CH_OK)
+        st = ch_module_param(m, 0, NULL, &w0, NULL);
+    out->untouched = 0;
+    for (int s = 0; st == CH_OK && s <= KW_STEPS; s++) {
+        uint64_t before = chi_tensor_stamp(w0);
+        st = ch_module_forward(m, &ty, tx);
+        out->untouched += s > 0 && chi_tensor_stamp(w0) == before;
+        if (st == CH_OK && overwrite && s == 2)
+            st = ch_tensor_download(ty, out->y_uploaded, sizeof out->y_uploaded);
+        if (st != CH_OK || s == KW_STEPS)
+            break;
+        st = ch_module_zero_grad(m);
+        if (st == CH_OK)
+            st = ch_module_backward(m, &tdx, tdy);
+        if (st == CH_OK)
+            st = ch_optimizer_step(opt, 1e-2f);
+        if (st == CH_OK && download)
+            st = kw_params(m, out->params, 0);
+        if (st == CH_OK && overwrite && s == 1) {
+            float w[KW_IN * KW_HID];
+            for (int i = 0; i < KW_IN * KW_HID; i++)
+                w[i] = 0.05f * (float)((i * 7) % 23 - 11);
+            st = ch_tensor_upload(w0, w, sizeof w);
+            /* Reading the parameters makes any forward round them again:
+             * only the run with downloads reads them here. */
+            if (st == CH_OK && download)
+                st = kw_params(m, out->uploaded, 0);
+        }
+    }
+    if (st == CH_OK)
+        st = ch_tensor_download(ty, out->y, sizeof out->y);
+    if (st == CH_OK)
+        st = kw_params(m, out->params, 0);
+    ch_tensor_free(tx);
+    ch_tensor_free(tdy);
+    ch_optimizer_free(opt);
+    ch_module_free(m);
+    return st;
+}
+
+static void test_kept_weights(ch_device *dev, tap_rng *rng)
+{
+    const char *id = ch_device_id(dev);
+    float x[KW_ROWS * KW_IN], dy[KW_ROWS * KW_OUT];
+    for (int i = 0; i < KW_ROWS * KW_IN; i++)
+        x[i] = tap_rng_uniform(rng, -1, 1);
+    for (int i = 0; i < KW_ROWS * KW_OUT; i++)
+        dy[i] = tap_rng_uniform(rng, -1, 1);
+    for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+        const fmt *F = &formats[f];
+        /* Whether this device's Adam rounds into a copy, asked of tensors
+         * of the first weight's size. */
+        ch_tensor *p = NULL, *ph = NULL;
+        int64_t wn[1] = {KW_IN * KW_HID};
+        ch_status st = ch_tensor_new(&p, dev, CH_F32, 1, wn);
+        if (st == CH_OK)
+            st = ch_tensor_new(&ph, dev, F->dtype, 1, wn);
+        int fused = st == CH_OK && chi_adam_half_fused(p, ph);
+        ch_tensor_free(p);
+        ch_tensor_free(ph);
+        static kept_run r[4];
+        for (int k = 0; st == CH_OK && k < 4; k++)
+            st = kept_weights_run(dev, F->dtype, k % 2, k / 2, x, dy, &r[k]);
+        if (st != CH_OK) {
+            tap_ok(0, "%s %s: kept half weights: %s", id, F->name, ch_last_error());
+            continue;
+        }
+        int64_t np = (int64_t)(sizeof r[0].params / sizeof(float));
+        int64_t ny = (int64_t)(sizeof r[0].y / sizeof(float));
+        for (int k = 0; k < 4; k += 2) {
+            char dp[256], dy_[256];
+            int64_t bad = ref_diff_words(r[k].params, r[k + 1].params, np, 1, dp, sizeof dp) +
+                          ref_diff_words(r[k].y, r[k + 1].y, ny, 1, dy_, sizeof dy_);
+            tap_ok(bad == 0,
+                   "%s %s: %d Adam steps%s (%s): the bits of a run whose every "
+                   "forward rounds the weights (parameters: %s; output: %s)",
+                   id, F->name, KW_STEPS, k ? ", the first weight uploaded after the second" : "",
+                   fused ? "the step rounds into the copies" : "no fused step here", dp, dy_);
+        }
+        /* The forward after the upload, without downloads (c), against a
+         * model made afresh with the parameters (d) read after it. */
+        static float fresh[KW_ROWS * KW_OUT];
+        char dup[256];
+        st = kw_fresh_output(dev, F->dtype, x, r[3].uploaded, fresh);
+        int64_t bad =
+            st == CH_OK ? ref_diff_words(r[2].y_uploaded, fresh, ny, 1, dup, sizeof dup) : -1;
+        tap_ok(bad == 0,
+               "%s %s: the forward after a weight's upload: the output of a model made "
+               "afresh with the parameters as uploaded (%s)",
+               id, F->name, st == CH_OK ? dup : ch_last_error());
+        static float cvals[KW_PARAMS], cy[KW_ROWS * KW_OUT];
+        st = kw_clone_run(dev, F->dtype, x, cvals, cy);
+        if (st == CH_OK)
+            st = kw_fresh_output(dev, F->dtype, x, cvals, fresh);
+        bad = st == CH_OK ? ref_diff_words(cy, fresh, ny, 1, dup, sizeof dup) : -1;
+        tap_ok(bad == 0,
+               "%s %s: a clone of a model that ran, the model freed, one step: the "
+               "output of a model made afresh with its parameters (%s)",
+               id, F->name, st == CH_OK ? dup : ch_last_error());
+        /* (a): every forward after a step; (c): all but the one after the
+         * upload; with the downloads or without the fused step, none. */
+        int want_a = fused ? KW_STEPS : 0, want_c = fused ? KW_STEPS - 1 : 0;
+        tap_ok(r[0].untouched == want_a && r[2].untouched == want_c && r[1].untouched == 0 &&
+                   r[3].untouched == 0,
+               "%s %s: forwards after a step that took the copy as it stood: %d, %d after an "
+               "upload, %d and %d with downloads (want %d, %d, 0, 0)",
+               id, F->name, r[0].untouched, r[2].untouched, r[1].untouched, r[3].untouched, want_a,
+               want_c);
+    }
+}
+
 static void test_errors(ch_device *dev)
 {
     int64_t s[2] = {4, 4};
@@ -827,6 +1082,7 @@ int main(void)
         test_device(devs[d], &rng);
         test_ops(devs[d], &rng);
         test_attention(devs[d], &rng);
+        test_kept_weights(devs[d], &rng);
         test_errors(devs[d]);
     }
     ch_shutdown();

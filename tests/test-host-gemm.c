@@ -233,7 +233,7 @@ static void tile_cases(tap_rng *rng)
  * sixteen-lane vector so that each lands in each lane and in the tail. */
 static void bf16_rounding(tap_rng *rng)
 {
-    chi_host_bf16_round_fn *fast = chi_host_f32_to_bf16_fast();
+    chi_host_round_fn *fast = chi_host_f32_to_bf16_fast();
     if (!fast) {
         tap_skip("f32 to bf16 with VCVTNEPS2BF16: this CPU does not run it");
         return;

@@ -12,6 +12,7 @@
 
 #include "philox.h"
 #include "ref.h"
+#include "stamp.h"
 #include "tap.h"
 
 /* Error bounds, relative to each element (ref_err), in units of f32's
@@ -1069,6 +1070,121 @@ static void test_adam(ch_device *dev, const ch_adam_params *prm)
     tc_end_err(&c, err, TOL_ROUND);
 }
 
+/* chi_adam_step_half (lib/stamp.h, the optimizer's step for a weight whose
+ * half copy the forward keeps): where the backend fuses it, p, m and v
+ * bit for bit those of ch_adam_step, and ph those of ch_cast of the new
+ * p, over tails, several blocks and both threads; elsewhere refused with
+ * CH_ERR_UNSUPPORTED. */
+static void test_adam_half(ch_device *dev, ch_dtype half, int64_t n)
+{
+    tcase c;
+    tc_begin(&c, dev, "chi_adam_step_half to %s, n %" PRId64, ch_dtype_name(half), n);
+    ch_adam_params prm = {.lr = 0.01f,
+                          .beta1 = 0.9f,
+                          .beta2 = 0.999f,
+                          .eps = 1e-8f,
+                          .weight_decay = 0.1f,
+                          .decoupled = 1,
+                          .step = 3};
+    float *p0 = tc_random(&c, n, -2, 2), *g = tc_random(&c, n, -1, 1);
+    float *m0 = tc_random(&c, n, -0.5f, 0.5f), *v0 = tc_random(&c, n, 0, 0.5f);
+    ch_tensor *t[8];
+    const float *init[4] = {p0, m0, v0, g};
+    for (int k = 0; k < 8; k++)
+        t[k] = tc_tensor(&c, CH_F32, SHAPE(n), init[k % 4]);
+    ch_tensor *ph = tc_tensor(&c, half, SHAPE(n), NULL), *hc = tc_tensor(&c, half, SHAPE(n), NULL);
+    if (c.st == CH_OK && !chi_adam_half_fused(t[4], ph)) {
+        ch_status st = chi_adam_step_half(t[4], t[5], t[6], t[7], &prm, ph);
+        tc_end_exact(&c, st == CH_ERR_UNSUPPORTED, "no fused step here: refused");
+        return;
+    }
+    TC(&c, ch_adam_step(t[0], t[1], t[2], t[3], &prm));
+    TC(&c, ch_cast(hc, t[0]));
+    TC(&c, chi_adam_step_half(t[4], t[5], t[6], t[7], &prm, ph));
+    int64_t bad = 0;
+    for (int k = 0; k < 3 && c.st == CH_OK; k++)
+        bad += memcmp(tc_fetch(&c, t[k], n), tc_fetch(&c, t[4 + k], n), (size_t)n * 4) != 0;
+    uint16_t *a = tc_alloc(&c, (size_t)n * 2), *b = tc_alloc(&c, (size_t)n * 2);
+    TC(&c, ch_tensor_download(hc, a, (size_t)n * 2));
+    TC(&c, ch_tensor_download(ph, b, (size_t)n * 2));
+    int64_t hbad = 0;
+    for (int64_t i = 0; i < n; i++)
+        hbad += a[i] != b[i];
+    char detail[160];
+    snprintf(detail, sizeof detail,
+             "p, m, v: %" PRId64 " of 3 differ from ch_adam_step's; "
+             "%" PRId64 " of ph's %" PRId64 " from ch_cast's",
+             bad, hbad, n);
+    tc_end_exact(&c, bad == 0 && hbad == 0, detail);
+}
+
+/* Its refusals, and the stamps (lib/stamp.h) the kept copies rest on. */
+static void test_adam_half_errors(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    int64_t n[1] = {64}, n2[1] = {65};
+    ch_tensor *p = NULL, *m = NULL, *v = NULL, *g = NULL, *bf = NULL, *f = NULL, *odd = NULL;
+    ch_tensor *view = NULL;
+    ch_status st = CH_OK;
+    ch_tensor **ts[] = {&p, &m, &v, &g, &f};
+    for (int k = 0; k < 5 && st == CH_OK; k++)
+        st = ch_tensor_new(ts[k], dev, CH_F32, 1, n);
+    for (int k = 0; k < 5 && st == CH_OK; k++)
+        st = ch_fill(*ts[k], 0.25);
+    if (st == CH_OK)
+        st = ch_tensor_new(&bf, dev, CH_BF16, 1, n);
+    if (st == CH_OK)
+        st = ch_tensor_new(&odd, dev, CH_BF16, 1, n2);
+    if (st != CH_OK) {
+        tap_ok(0, "%s: chi_adam_step_half's tensors: %s", id, ch_last_error());
+        goto out;
+    }
+    ch_adam_params prm = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 1};
+    tap_ok(chi_adam_step_half(p, m, v, g, &prm, f) == CH_ERR_UNSUPPORTED &&
+               chi_adam_step_half(p, m, v, g, &prm, odd) == CH_ERR_UNSUPPORTED &&
+               chi_adam_step_half(p, m, v, g, &prm, NULL) == CH_ERR_UNSUPPORTED &&
+               !chi_adam_half_fused(p, f) && !chi_adam_half_fused(p, odd),
+           "%s: chi_adam_step_half refuses an f32 copy, one of another size and none (%s)", id,
+           ch_last_error());
+    prm.step = 0;
+    tap_ok(chi_adam_step_half(p, m, v, g, &prm, bf) == CH_ERR_INVALID_ARGUMENT,
+           "%s: chi_adam_step_half checks what ch_adam_step checks: step 0 (%s)", id,
+           ch_last_error());
+    prm.step = 1;
+    if (chi_adam_half_fused(p, bf))
+        tap_ok(chi_adam_step_half(p, m, v, p, &prm, bf) == CH_ERR_INVALID_ARGUMENT,
+               "%s: chi_adam_step_half refuses g aliasing p (%s)", id, ch_last_error());
+    else
+        tap_skip("%s: no fused Adam step here: chi_adam_step_half refuses everything", id);
+    /* Stamps: the same while nothing uses the buffer, new after a use
+     * through the tensor or a view of it, never another buffer's. */
+    uint64_t s0 = chi_tensor_stamp(p), s1 = chi_tensor_stamp(p);
+    float host[64];
+    int same = s0 == s1 && s0 != chi_tensor_stamp(m) && s0 != 0;
+    st = ch_tensor_download(p, host, sizeof host);
+    uint64_t s2 = chi_tensor_stamp(p);
+    if (st == CH_OK)
+        st = ch_tensor_view(&view, p, 8, 8);
+    uint64_t s3 = chi_tensor_stamp(p);
+    if (st == CH_OK)
+        st = ch_fill(view, 1.0);
+    uint64_t s4 = chi_tensor_stamp(p);
+    if (st == CH_OK)
+        st = ch_add(f, m, v);
+    uint64_t s5 = chi_tensor_stamp(p), s6 = chi_tensor_stamp(m);
+    tap_ok(st == CH_OK && same && s2 != s1 && s3 == s2 && s4 != s3 && s5 == s4 && s6 != s0 &&
+               s6 != s4,
+           "%s: a buffer's stamp stays while unused (views made and other tensors used) and "
+           "moves with a download, an op on a view of it, an op reading it",
+           id);
+out:
+    ch_tensor_free(view);
+    for (int k = 0; k < 5; k++)
+        ch_tensor_free(*ts[k]);
+    ch_tensor_free(bf);
+    ch_tensor_free(odd);
+}
+
 static void test_optimizers(ch_device *dev)
 {
     test_sgd(dev, &(ch_sgd_params){.lr = 0.1f}, 0);
@@ -1084,6 +1200,10 @@ static void test_optimizers(ch_device *dev)
             test_adam(dev, &(ch_adam_params){.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
                                              .eps = 1e-8f, .weight_decay = 0.1f,
                                              .decoupled = decoupled, .step = step});
+    for (int h = 0; h < 2; h++)
+        for (int64_t n = 1031; n <= 200003; n += 198972)
+            test_adam_half(dev, h ? CH_F16 : CH_BF16, n);
+    test_adam_half_errors(dev);
 }
 
 /* ---- Random numbers ------------------------------------------------------ */

@@ -227,6 +227,7 @@ static const ch_backend_i chcu_table = {
     .argmax = chcu_argmax,
     .sgd_step = chcu_sgd_step,
     .adam_step = chcu_adam_step,
+    .adam_step_half = nullptr,
     .rand = chcu_rand,
     .gemm_batched = chcu_gemm_batched,
     .permute = chcu_permute,

@@ -359,6 +359,7 @@ static const ch_backend_i host_iface = {
     .argmax = chi_host_argmax,
     .sgd_step = chi_host_sgd_step,
     .adam_step = chi_host_adam_step,
+    .adam_step_half = chi_host_adam_step_half,
     .rand = chi_host_rand,
     .gemm_batched = chi_host_gemm_batched,
     .permute = chi_host_permute,

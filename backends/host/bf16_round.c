@@ -44,7 +44,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void cvtne_run(uint16_t *py
 #define HAVE_CVTNE 1
 #endif
 
-chi_host_bf16_round_fn *chi_host_f32_to_bf16_fast(void)
+chi_host_round_fn *chi_host_f32_to_bf16_fast(void)
 {
 #ifdef HAVE_CVTNE
     __builtin_cpu_init();

@@ -331,3 +331,11 @@ HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16, chi_host
 HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chk_bf16_to_f32, NULL)
 HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chk_f32_to_f16, NULL)
 HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chk_f16_to_f32, NULL)
+
+chi_host_round_fn *chi_host_round_loop(int half)
+{
+    if (half == CH_F16)
+        return chi_host_f32_to_f16_run;
+    chi_host_round_fn *fast = chi_host_f32_to_bf16_fast();
+    return fast ? fast : chi_host_f32_to_bf16_run;
+}

@@ -53,8 +53,11 @@ int chi_host_tile_mm(int isa, int64_t m, int64_t n, int64_t k, float alpha, cons
  * calling thread, with VCVTNEPS2BF16 where this CPU has AVX512-BF16, the
  * same bits as chk_f32_to_bf16; NULL elsewhere (chi_host_f32_to_bf16
  * then runs its plain loop). */
-typedef void chi_host_bf16_round_fn(uint16_t *y, const uint32_t *x, int64_t n);
-chi_host_bf16_round_fn *chi_host_f32_to_bf16_fast(void);
+typedef void chi_host_round_fn(uint16_t *y, const uint32_t *x, int64_t n);
+chi_host_round_fn *chi_host_f32_to_bf16_fast(void);
+/* The loop of f32_to_bf16 (half CH_BF16) or f32_to_f16 (CH_F16) on the
+ * calling thread (elementwise.c): the same bits as the slots. */
+chi_host_round_fn *chi_host_round_loop(int half);
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: a product's
  * B transposed for chi_host_tile_mm (AVX registers for CHI_TILE_AVX2 and
  * AVX512, element by element otherwise). */

@@ -158,16 +158,37 @@ static adam_fn adam_kernel(void)
 #endif
 }
 
-ch_status chi_host_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
-                             ch_bmem g, const ch_adam_params *params)
+/* The update block by block; with `round`, each block of p rounded into
+ * ph right after, while it is in the cache. */
+static void adam_blocks(int64_t n, ch_bmem p, ch_bmem m, ch_bmem v, ch_bmem g,
+                        const ch_adam_params *params, chi_host_round_fn *round, uint16_t *ph)
 {
-    (void)stream;
     adam_job j = {chi_host_f32(p), chi_host_f32(m), chi_host_f32(v), chi_host_f32(g),
                   chi_adam_consts_of(params)};
     adam_fn kernel = adam_kernel();
     int64_t blocks = (n + OPT_BLOCK - 1) / OPT_BLOCK;
     CHI_OMP(omp parallel for schedule(static) if (n > CHI_HOST_OPT_PAR_MIN))
-    for (int64_t b = 0; b < blocks; b++)
-        kernel(&j, b * OPT_BLOCK, n - b * OPT_BLOCK < OPT_BLOCK ? n : (b + 1) * OPT_BLOCK);
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t lo = b * OPT_BLOCK, hi = n - lo < OPT_BLOCK ? n : lo + OPT_BLOCK;
+        kernel(&j, lo, hi);
+        if (round)
+            round(ph + lo, (const uint32_t *)j.p + lo, hi - lo);
+    }
+}
+
+ch_status chi_host_adam_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v, ch_bmem g,
+                             const ch_adam_params *params)
+{
+    (void)stream;
+    adam_blocks(n, p, m, v, g, params, NULL, NULL);
+    return CH_OK;
+}
+
+ch_status chi_host_adam_step_half(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v,
+                                  ch_bmem g, const ch_adam_params *params, int half, ch_bmem ph)
+{
+    (void)stream;
+    adam_blocks(n, p, m, v, g, params, chi_host_round_loop(half),
+                (uint16_t *)((char *)ph.ptr + ph.off));
     return CH_OK;
 }

@@ -144,7 +144,10 @@ CH_API void ch_module_train(ch_module *m, int training);
  * on the host where it has one). The parameters, their gradients and the optimizer's
  * state stay f32 (master weights), and so do the activations between
  * layers, normalisations, attention's scores and softmax, and the loss.
- * CH_F32 (the default) turns it off. Applies to m and every module below it (clones
+ * The half copy of a weight is the rounding of the weight as it stands
+ * (where the optimizer's Adam step makes it, the next forward reuses it
+ * unless the weight was used or written since). CH_F32 (the default)
+ * turns it off. Applies to m and every module below it (clones
  * keep it). CH_ERR_DTYPE for another dtype. (The host's fused attention,
  * the GPT's there, rounds the batched products' inputs with CH_BF16 on a
  * CPU with AMX and a head size that is a multiple of 32, and sums them
