@@ -938,9 +938,7 @@ ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
 ch_status nn_half_weight(ch_tensor **slot, const ch_module *m, nn_param *p, const ch_tensor **out)
 {
     if (m->precision != CH_F32 && p->half == slot && *slot &&
-        ch_tensor_dtype(*slot) == m->precision &&
-        ch_tensor_numel(*slot) == ch_tensor_numel(p->value) &&
-        chi_tensor_stamp(p->value) == p->half_stamps[0] &&
+        ch_tensor_dtype(*slot) == m->precision && chi_tensor_stamp(p->value) == p->half_stamps[0] &&
         chi_tensor_stamp(*slot) == p->half_stamps[1]) {
         *out = *slot; /* the optimizer's rounding of the value as it stands */
         return CH_OK;

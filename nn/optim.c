@@ -321,7 +321,6 @@ static ch_status adam_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g
     ch_tensor *ph = np && np->half ? *np->half : NULL;
     if (!chi_adam_half_fused(p, ph))
         return ch_adam_step(p, opt->m[i], opt->v[i], g, &ap);
-    np->half_stamps[0] = np->half_stamps[1] = 0;
     TRY(chi_adam_step_half(p, opt->m[i], opt->v[i], g, &ap, ph));
     np->half_stamps[0] = chi_tensor_stamp(p);
     np->half_stamps[1] = chi_tensor_stamp(ph);
@@ -338,8 +337,9 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
                          opt->nparams);
     TRY(nn_optimizer_prepare(opt));
     for (int i = 0; i < opt->nparams; i++) {
-        ch_tensor *p = NULL, *g = NULL;
-        TRY(ch_module_param(opt->model, i, NULL, &p, &g));
+        nn_param *np = nn_param_at(opt->model, i); /* in range: counted above */
+        TRY(nn_grad_settle(np));                    /* as ch_module_param hands it out */
+        ch_tensor *p = np->value, *g = np->grad;
         int64_t first, count;
         int ranged = nn_optimizer_part(opt, i, &first, &count);
         if (count == 0)
@@ -355,8 +355,7 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
         if (st == CH_OK && opt->o.kind == CH_OPT_SGD)
             st = sgd_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr);
         else if (st == CH_OK)
-            st = adam_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr,
-                            ranged ? NULL : nn_param_at(opt->model, i));
+            st = adam_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr, ranged ? NULL : np);
         ch_tensor_free(pv);
         ch_tensor_free(gv);
         TRY(st);
