@@ -338,7 +338,7 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
     TRY(nn_optimizer_prepare(opt));
     for (int i = 0; i < opt->nparams; i++) {
         nn_param *np = nn_param_at(opt->model, i); /* in range: counted above */
-        TRY(nn_grad_settle(np));                    /* as ch_module_param hands it out */
+        TRY(nn_grad_settle(np));                   /* as ch_module_param hands it out */
         ch_tensor *p = np->value, *g = np->grad;
         int64_t first, count;
         int ranged = nn_optimizer_part(opt, i, &first, &count);

@@ -327,7 +327,8 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
         return CH_OK;                                                                              \
     }
 
-HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16, chi_host_round_loop(CH_BF16))
+HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16,
+             chi_host_round_loop(CH_BF16))
 HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chk_bf16_to_f32, NULL)
 HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chk_f32_to_f16, chi_host_round_loop(CH_F16))
 HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chk_f16_to_f32, NULL)
