@@ -519,20 +519,35 @@ CHI_INLINE float fa_exp(int isa, float *x, int64_t w, int64_t nk, float sub)
     return fa_row_exp(x, w, nk, sub);
 }
 
-/* Row r of a tile: scores s[0..w) become exp(s - new max), s[w..nk) 0;
- * m, l and the row of acc move to the new maximum. */
-CHI_INLINE void fa_row_update(int isa, float *s, int64_t w, int64_t nk, float *m, float *l,
-                              float *acc, int64_t hd)
+/* The mq rows of a tile of scores s (rows FA_K apart, row r's valid
+ * keys w(r)): each row's maximum, then the running maxima m, the
+ * corrections exp(m - new m) (0 where m was -inf) eight rows at a time,
+ * and each row's scores s[0..w) become exp(s - new m), s[w..nk) 0, its
+ * sum l and its row of acc move to the new maximum. corr: scratch of
+ * FA_Q floats. */
+CHI_INLINE void fa_rows_update(int isa, float *s, int64_t i0, int64_t j0, int64_t mq, int64_t nk,
+                               float *m, float *l, float *corr, float *acc, int64_t hd)
 {
-    float mx = fa_max(isa, s, w);
-    float m_new = mx > *m ? mx : *m;
-    float corr = *m == -INFINITY ? 0.0f : exp_nonpositive((v4f){0} + (*m - m_new))[0];
-    *l = *l * corr + fa_exp(isa, s, w, nk, m_new);
-    *m = m_new;
-    if (corr != 1.0f)
-        CHI_OMP(omp simd)
+    for (int64_t r = 0; r < mq; r++)
+        corr[r] = fa_max(isa, s + r * FA_K, fa_width(i0 + r, j0, nk));
+    for (int64_t r = 0; r < mq; r += 8) {
+        v8f mx = fa_load(corr, r, mq - r, 0.0f), old = fa_load(m, r, mq - r, 0.0f);
+        v8i take = mx > old, first = old == -INFINITY;
+        v8f m_new = (v8f)(((v8i)mx & take) | ((v8i)old & ~take));
+        v8f c = (v8f)((v8i)exp8_nonpositive(old - m_new) & ~first);
+        for (int64_t u = 0; u < 8 && r + u < mq; u++) {
+            corr[r + u] = c[u];
+            m[r + u] = m_new[u];
+        }
+    }
+    for (int64_t r = 0; r < mq; r++) {
+        float c = corr[r], *a = acc + r * hd;
+        l[r] = l[r] * c + fa_exp(isa, s + r * FA_K, fa_width(i0 + r, j0, nk), nk, m[r]);
+        if (c != 1.0f)
+            CHI_OMP(omp simd)
         for (int64_t d = 0; d < hd; d++)
-            acc[d] *= corr;
+            a[d] *= c;
+    }
 }
 
 #ifdef CHI_TEST_HOOKS
@@ -625,8 +640,12 @@ CHI_INLINE void fa_finish(float *o, int64_t ldo, float *lse, const float *acc, c
 }
 
 /* d[r] = rowsum(dout * o) for r < tt (rows ldo apart): the backward's D.
- * In f32, one sum in increasing column (the same bits in every build);
- * wide (the AMX kernel's, hd a multiple of 16), sixteen lanes. */
+ * In f32, eight sums (lane l takes the columns c = l mod 8, in increasing
+ * c; the last hd mod 8 columns into the first lanes), added pairwise:
+ * the same operations on every lane whatever the vectors' width, so the
+ * same bits in every build (one sum over the row, a chain of hd dependent
+ * additions per row, took a tenth of the backward's time). wide (the AMX
+ * kernel's, hd a multiple of 16): sixteen lanes. */
 CHI_INLINE void fa_rowdots(float *d, const float *dout, const float *o, int64_t tt, int64_t hd,
                            int64_t ldo, int wide)
 {
@@ -637,12 +656,21 @@ CHI_INLINE void fa_rowdots(float *d, const float *dout, const float *o, int64_t 
     }
 #endif
     (void)wide;
+    int64_t body = hd / 8 * 8;
     for (int64_t r = 0; r < tt; r++) {
         const float *g = dout + r * ldo, *y = o + r * ldo;
-        float sum = 0.0f;
-        for (int64_t c = 0; c < hd; c++)
-            sum += g[c] * y[c];
-        d[r] = sum;
+        v8f sum = {0}, a, b;
+        for (int64_t c = 0; c < body; c += 8) {
+            memcpy(&a, g + c, sizeof a);
+            memcpy(&b, y + c, sizeof b);
+            sum += a * b;
+        }
+        for (int64_t c = body; c < hd; c++)
+            sum[c - body] += g[c] * y[c];
+        for (int h = 4; h > 0; h /= 2)
+            for (int l = 0; l < h; l++)
+                sum[l] += sum[l + h];
+        d[r] = sum[0];
     }
 }
 
@@ -1023,9 +1051,7 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(float *mem, const fa_job *j, int
             int split = i0 == j0 && mq > FA_H && nk > FA_H;
             TRY(fa_s_product(j, split, mq, nk, j->scale, q + i0 * ld, ld, t->kt + j0, tt,
                              k + j0 * ld, ld, t->s));
-            for (int64_t r = 0; r < mq; r++)
-                fa_row_update(j->isa, t->s + r * FA_K, fa_width(i0 + r, j0, nk), nk, &t->m[r],
-                              &t->l[r], t->acc + r * hd, hd);
+            fa_rows_update(j->isa, t->s, i0, j0, mq, nk, t->m, t->l, t->d, t->acc, hd);
             TRY(fa_tile_product(j, 0, split, mq, nk, 1.0f, t->s, v + j0 * ld, ld, 1.0f, t->acc,
                                 hd));
         }
