@@ -30,12 +30,13 @@ TEST_LIBS = tests/libtestutil.la libchorus.la -lm
 #   the blocked C GEMM (the fallback a build with OpenBLAS never runs), the
 #   fused attention in each instruction set (CHI_TEST_HOOKS: the hooks
 #   that choose it) with its tile products, the host's f32 to bf16
-#   rounding in each path, and the host convolution with its oneDNN path;
+#   rounding in each path, the host convolution with its oneDNN path, and
+#   LayerNorm in each build (the same hooks);
 noinst_LTLIBRARIES += tests/libchorus-internal.la
 tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c \
 	backends/host/tile_mm.c backends/host/conv.c backends/host/dnnl.c \
 	backends/host/attention.c backends/host/scratch.c \
-	backends/host/tile_amx.c backends/host/bf16_round.c
+	backends/host/tile_amx.c backends/host/bf16_round.c backends/host/norm.c
 tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS) -DCHI_TEST_HOOKS
 tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(ONEDNN_LIBS) $(BLAS_LIBS)
 INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)

@@ -20,3 +20,10 @@ check_PROGRAMS += tests/test-host-attn
 tests_test_host_attn_SOURCES = tests/test-host-attn.c
 tests_test_host_attn_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host -DCHI_TEST_HOOKS
 tests_test_host_attn_LDADD = $(INTERNAL_LIBS)
+
+# Host LayerNorm, forward and backward, in each instruction set the CPU
+# runs (the same hooks): bit for bit across them, and against double.
+check_PROGRAMS += tests/test-host-norm
+tests_test_host_norm_SOURCES = tests/test-host-norm.c
+tests_test_host_norm_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host -DCHI_TEST_HOOKS
+tests_test_host_norm_LDADD = $(INTERNAL_LIBS)
