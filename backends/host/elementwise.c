@@ -187,7 +187,10 @@ GELU16_FN void gelu16_pieces(__m512 x, __m512 *e, __m512 *g)
 }
 
 /* gelu16(y, dy, x, n): dy NULL, the forward y = gelu(x); otherwise y = dy
- * gelu'(x). The last vector's missing lanes are masked off. */
+ * gelu'(x). The last vector's missing lanes are masked off. x and dy are
+ * asked for ahead (chi_host_ahead): read cold, as the backward reads the
+ * forward's input, [4, 256, 3072] took 1.33 to 1.43 ms forward and 1.48
+ * to 1.58 backward without, 1.11 to 1.22 and 1.32 to 1.39 with. */
 __attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy, const float *x,
                                                       int64_t n)
 {
@@ -196,6 +199,9 @@ __attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy,
     for (int64_t b = 0; b < vectors; b++) {
         int64_t i = b * 16;
         __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        chi_host_ahead(x + i);
+        if (dy)
+            chi_host_ahead(dy + i);
         __m512 v = _mm512_maskz_loadu_ps(k, x + i), half = _mm512_set1_ps(0.5f), e, g, out;
         gelu16_pieces(v, &e, &g);
         if (dy)

@@ -124,19 +124,23 @@ CHI_INLINE void ln_rows(ln_loader load, int nr, float *y, float *mean, float *rs
     int64_t body = d / LANES * LANES;
     v8d s[LN_ROWS] = {{0}}, v[LN_ROWS] = {{0}};
     double m[LN_ROWS], r[LN_ROWS];
-    for (int64_t i = 0; i < body; i += LANES)
-        _Pragma("GCC unroll 4") for (int q = 0; q < nr; q++) s[q] += load(x + q * d + i);
+    for (int64_t i = 0; i < body; i += LANES) {
+#pragma GCC unroll 4
+        for (int q = 0; q < nr; q++)
+            s[q] += load(x + q * d + i);
+    }
     for (int q = 0; q < nr; q++) {
         for (int64_t i = body; i < d; i++)
             s[q][i - body] += (double)x[q * d + i];
         m[q] = ln_total(s[q]) / (double)d;
     }
-    for (int64_t i = 0; i < body; i += LANES)
-        _Pragma("GCC unroll 4") for (int q = 0; q < nr; q++)
-        {
+    for (int64_t i = 0; i < body; i += LANES) {
+#pragma GCC unroll 4
+        for (int q = 0; q < nr; q++) {
             v8d dv = load(x + q * d + i) - m[q];
             v[q] += dv * dv;
         }
+    }
     for (int q = 0; q < nr; q++) {
         for (int64_t i = body; i < d; i++) {
             double dv = (double)x[q * d + i] - m[q];
@@ -226,8 +230,8 @@ CHI_INLINE void ln_backward_rows(ln_loader load, int nr, float *dx, double *pg, 
         v8d g_j = load(gamma + j), sg, sb;
         memcpy(&sg, pg + j, sizeof sg);
         memcpy(&sb, pb + j, sizeof sb);
-        _Pragma("GCC unroll 4") for (int q = 0; q < nr; q++)
-        {
+#pragma GCC unroll 4
+        for (int q = 0; q < nr; q++) {
             v8d xh = (load(x + q * d + j) - m[q]) * r[q], dyq = load(dy + q * d + j);
             sg += dyq * xh;
             sb += dyq;
