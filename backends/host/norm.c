@@ -80,6 +80,8 @@ typedef float v8f __attribute__((vector_size(8 * sizeof(float))));
  * vector is returned differently without AVX-512 does not apply. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef v8d (*ln_loader)(const float *p);
+/* And eight doubles rounded to floats at p, the same way. */
+typedef void (*ln_storer)(float *p, v8d v);
 
 CHI_INLINE v8d ln_load(const float *p)
 {
@@ -88,12 +90,23 @@ CHI_INLINE v8d ln_load(const float *p)
     return __builtin_convertvector(v, v8d);
 }
 
+CHI_INLINE void ln_store(float *p, v8d v)
+{
+    v8f f = __builtin_convertvector(v, v8f);
+    memcpy(p, &f, sizeof f);
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define LN_HAVE_512 1
 __attribute__((target("avx512f"), always_inline)) static inline v8d ln_load512(const float *p)
 {
     return (v8d)_mm512_cvtps_pd(_mm256_loadu_ps(p));
+}
+
+__attribute__((target("avx512f"), always_inline)) static inline void ln_store512(float *p, v8d v)
+{
+    _mm256_storeu_ps(p, _mm512_cvtpd_ps((__m512d)v));
 }
 #endif
 
@@ -118,8 +131,8 @@ CHI_INLINE double ln_total(v8d v)
 /* nr rows (rows d apart) from x: m = the sum of x / d, var = the sum of
  * (x - m)^2 / d, each in LANES lanes (lane k the elements k mod LANES in
  * increasing order, the last d mod LANES into the first lanes). */
-CHI_INLINE void ln_rows(ln_loader load, int nr, float *y, float *mean, float *rstd, const float *x,
-                        const float *gamma, const float *beta, int64_t d, float eps)
+CHI_INLINE void ln_rows(ln_loader load, ln_storer store, int nr, float *y, float *mean, float *rstd,
+                        const float *x, const float *gamma, const float *beta, int64_t d, float eps)
 {
     int64_t body = d / LANES * LANES;
     v8d s[LN_ROWS] = {{0}}, v[LN_ROWS] = {{0}};
@@ -150,8 +163,10 @@ CHI_INLINE void ln_rows(ln_loader load, int nr, float *y, float *mean, float *rs
         float *yq = y + q * d;
         const float *xq = x + q * d;
         double mq = m[q], rq = r[q];
-        CHI_OMP(omp simd)
-        for (int64_t j = 0; j < d; j++)
+        /* chk_norm_affine, eight at a time */
+        for (int64_t j = 0; j < body; j += LANES)
+            store(yq + j, (load(xq + j) - mq) * rq * load(gamma + j) + load(beta + j));
+        for (int64_t j = body; j < d; j++)
             yq[j] = chk_norm_affine(xq[j], mq, rq, gamma[j], beta[j]);
         mean[q] = (float)mq;
         rstd[q] = (float)rq;
@@ -159,22 +174,22 @@ CHI_INLINE void ln_rows(ln_loader load, int nr, float *y, float *mean, float *rs
 }
 
 /* nr rows, LN_ROWS at a time where nr is. */
-#define LN_ROWS_ALL(load, nr, y, mean, rstd, x, gamma, beta, d, eps)                               \
+#define LN_ROWS_ALL(load, store, nr, y, mean, rstd, x, gamma, beta, d, eps)                        \
     do {                                                                                           \
         int64_t q_ = 0;                                                                            \
         for (; q_ + LN_ROWS <= (nr); q_ += LN_ROWS)                                                \
-            ln_rows(load, LN_ROWS, (y) + q_ * (d), (mean) + q_, (rstd) + q_, (x) + q_ * (d),       \
-                    gamma, beta, d, eps);                                                          \
+            ln_rows(load, store, LN_ROWS, (y) + q_ * (d), (mean) + q_, (rstd) + q_,                \
+                    (x) + q_ * (d), gamma, beta, d, eps);                                          \
         for (; q_ < (nr); q_++)                                                                    \
-            ln_rows(load, 1, (y) + q_ * (d), (mean) + q_, (rstd) + q_, (x) + q_ * (d), gamma,      \
-                    beta, d, eps);                                                                 \
+            ln_rows(load, store, 1, (y) + q_ * (d), (mean) + q_, (rstd) + q_, (x) + q_ * (d),      \
+                    gamma, beta, d, eps);                                                          \
     } while (0)
 
 CHI_CLONES static void layernorm_rows(int64_t nr, float *y, float *mean, float *rstd,
                                       const float *x, const float *gamma, const float *beta,
                                       int64_t d, float eps)
 {
-    LN_ROWS_ALL(ln_load, nr, y, mean, rstd, x, gamma, beta, d, eps);
+    LN_ROWS_ALL(ln_load, ln_store, nr, y, mean, rstd, x, gamma, beta, d, eps);
 }
 
 #ifdef LN_HAVE_512
@@ -184,7 +199,7 @@ __attribute__((target("avx512f"))) static void layernorm_rows512(int64_t nr, flo
                                                                  const float *beta, int64_t d,
                                                                  float eps)
 {
-    LN_ROWS_ALL(ln_load512, nr, y, mean, rstd, x, gamma, beta, d, eps);
+    LN_ROWS_ALL(ln_load512, ln_store512, nr, y, mean, rstd, x, gamma, beta, d, eps);
 }
 #endif
 
@@ -215,8 +230,8 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
  * the chunk's partial sums pg and pb, row after row, and (when dx is
  * wanted) in the same pass each row's s1 = the sum of g = dy gamma and
  * s2 = the sum of g xhat (LANES lanes, as ln_rows), then the rows' dx. */
-CHI_INLINE void ln_backward_rows(ln_loader load, int nr, float *dx, double *pg, double *pb,
-                                 const float *dy, const float *x, const float *mean,
+CHI_INLINE void ln_backward_rows(ln_loader load, ln_storer store, int nr, float *dx, double *pg,
+                                 double *pb, const float *dy, const float *x, const float *mean,
                                  const float *rstd, const float *gamma, int64_t d)
 {
     int64_t body = d / LANES * LANES;
@@ -263,23 +278,27 @@ CHI_INLINE void ln_backward_rows(ln_loader load, int nr, float *dx, double *pg, 
         double mq = m[q], rq = r[q];
         float *dxq = dx + q * d;
         const float *dyq = dy + q * d, *xq = x + q * d;
-        CHI_OMP(omp simd)
-        for (int64_t j = 0; j < d; j++)
+        /* chk_ln_dx, eight at a time */
+        for (int64_t j = 0; j < body; j += LANES) {
+            v8d g = load(dyq + j) * load(gamma + j), xh = (load(xq + j) - mq) * rq;
+            store(dxq + j, rq * (g - k1 - xh * k2));
+        }
+        for (int64_t j = body; j < d; j++)
             dxq[j] = chk_ln_dx(dyq[j], gamma[j], xq[j], mq, rq, k1, k2);
     }
 }
 
 /* A chunk's rows [0, nr), LN_ROWS at a time where nr is; dx NULL or
  * not, a loop of its own (the test out of the inner loop). */
-#define LN_BACKWARD_ALL(load, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d)                         \
+#define LN_BACKWARD_ALL(load, store, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d)                  \
     do {                                                                                           \
         int64_t q_ = 0;                                                                            \
         for (; q_ + LN_ROWS <= (nr); q_ += LN_ROWS)                                                \
-            ln_backward_rows(load, LN_ROWS, (dx) ? (dx) + q_ *(d) : NULL, pg, pb, (dy) + q_ * (d), \
-                             (x) + q_ * (d), (mean) + q_, (rstd) + q_, gamma, d);                  \
+            ln_backward_rows(load, store, LN_ROWS, (dx) ? (dx) + q_ *(d) : NULL, pg, pb,           \
+                             (dy) + q_ * (d), (x) + q_ * (d), (mean) + q_, (rstd) + q_, gamma, d); \
         for (; q_ < (nr); q_++)                                                                    \
-            ln_backward_rows(load, 1, (dx) ? (dx) + q_ *(d) : NULL, pg, pb, (dy) + q_ * (d),       \
-                             (x) + q_ * (d), (mean) + q_, (rstd) + q_, gamma, d);                  \
+            ln_backward_rows(load, store, 1, (dx) ? (dx) + q_ *(d) : NULL, pg, pb,                 \
+                             (dy) + q_ * (d), (x) + q_ * (d), (mean) + q_, (rstd) + q_, gamma, d); \
     } while (0)
 
 CHI_CLONES static void layernorm_backward_rows(int64_t nr, float *dx, double *pg, double *pb,
@@ -287,9 +306,9 @@ CHI_CLONES static void layernorm_backward_rows(int64_t nr, float *dx, double *pg
                                                const float *rstd, const float *gamma, int64_t d)
 {
     if (dx)
-        LN_BACKWARD_ALL(ln_load, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
+        LN_BACKWARD_ALL(ln_load, ln_store, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
     else
-        LN_BACKWARD_ALL(ln_load, nr, (float *)NULL, pg, pb, dy, x, mean, rstd, gamma, d);
+        LN_BACKWARD_ALL(ln_load, ln_store, nr, (float *)NULL, pg, pb, dy, x, mean, rstd, gamma, d);
 }
 
 #ifdef LN_HAVE_512
@@ -298,9 +317,10 @@ __attribute__((target("avx512f"))) static void layernorm_backward_rows512(
     const float *mean, const float *rstd, const float *gamma, int64_t d)
 {
     if (dx)
-        LN_BACKWARD_ALL(ln_load512, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
+        LN_BACKWARD_ALL(ln_load512, ln_store512, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
     else
-        LN_BACKWARD_ALL(ln_load512, nr, (float *)NULL, pg, pb, dy, x, mean, rstd, gamma, d);
+        LN_BACKWARD_ALL(ln_load512, ln_store512, nr, (float *)NULL, pg, pb, dy, x, mean, rstd,
+                        gamma, d);
 }
 #endif
 
