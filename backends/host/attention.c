@@ -344,9 +344,10 @@ static int64_t fa_width(int64_t i, int64_t j0, int64_t nk)
 }
 
 /* One thread's tiles: s (scores, then probabilities) and dp [FA_Q * FA_K],
- * acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o)),
- * kt and vt [hd * t] (the matrix's k and v transposed, for the tile
- * products, fa_mm_bt). */
+ * acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o);
+ * forward's corrections of a tile's rows, fa_rows_update), kt and vt
+ * [hd * t] (the matrix's k and v transposed, for the tile products,
+ * fa_mm_bt). */
 typedef struct fa_tiles {
     float *s, *dp, *acc, *m, *l, *d, *kt, *vt;
 } fa_tiles;
@@ -523,8 +524,9 @@ CHI_INLINE float fa_exp(int isa, float *x, int64_t w, int64_t nk, float sub)
  * keys w(r)): each row's maximum, then the running maxima m, the
  * corrections exp(m - new m) (0 where m was -inf) eight rows at a time,
  * and each row's scores s[0..w) become exp(s - new m), s[w..nk) 0, its
- * sum l and its row of acc move to the new maximum. corr: scratch of
- * FA_Q floats. */
+ * sum l and its row of acc move to the new maximum. corr: scratch of mq
+ * floats, read eight at a time (what lies past mq, within the thread's
+ * tiles, is read and not used). */
 CHI_INLINE void fa_rows_update(int isa, float *s, int64_t i0, int64_t j0, int64_t mq, int64_t nk,
                                float *m, float *l, float *corr, float *acc, int64_t hd)
 {

@@ -307,8 +307,8 @@ CHI_CLONES static void layernorm_backward_rows(int64_t nr, float *dx, double *pg
 {
     if (dx)
         LN_BACKWARD_ALL(ln_load, ln_store, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
-    else
-        LN_BACKWARD_ALL(ln_load, ln_store, nr, (float *)NULL, pg, pb, dy, x, mean, rstd, gamma, d);
+    else /* the same with dx known to be NULL */
+        LN_BACKWARD_ALL(ln_load, ln_store, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
 }
 
 #ifdef LN_HAVE_512
@@ -318,9 +318,8 @@ __attribute__((target("avx512f"))) static void layernorm_backward_rows512(
 {
     if (dx)
         LN_BACKWARD_ALL(ln_load512, ln_store512, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
-    else
-        LN_BACKWARD_ALL(ln_load512, ln_store512, nr, (float *)NULL, pg, pb, dy, x, mean, rstd,
-                        gamma, d);
+    else /* the same with dx known to be NULL */
+        LN_BACKWARD_ALL(ln_load512, ln_store512, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
 }
 #endif
 
