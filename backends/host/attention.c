@@ -533,7 +533,7 @@ CHI_INLINE void fa_rows_update(int isa, float *s, int64_t i0, int64_t j0, int64_
     for (int64_t r = 0; r < mq; r++)
         corr[r] = fa_max(isa, s + r * FA_K, fa_width(i0 + r, j0, nk));
     for (int64_t r = 0; r < mq; r += 8) {
-        v8f mx = fa_load(corr, r, mq - r, 0.0f), old = fa_load(m, r, mq - r, 0.0f);
+        v8f mx = fa_load(corr, r, mq, 0.0f), old = fa_load(m, r, mq, 0.0f);
         v8i take = mx > old, first = old == -INFINITY;
         v8f m_new = (v8f)(((v8i)mx & take) | ((v8i)old & ~take));
         v8f c = (v8f)((v8i)exp8_nonpositive(old - m_new) & ~first);
