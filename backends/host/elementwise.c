@@ -146,7 +146,10 @@ __attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, con
 
 /* exp(x) for x <= 0, subnormal results included (0 below -104): x = n ln 2
  * + r, |r| <= ln 2 / 2, e^r by its Taylor series to r^7, times 2^n by
- * VSCALEFPS (which rounds once into the subnormals). */
+ * VSCALEFPS (which rounds once into the subnormals). Not attention.c's
+ * exp16_nonpositive: that one keeps the bits of its 4- and 8-lane twins
+ * (no FMA) and flushes results below the normal floats to 0, where
+ * GELU's tail needs them. */
 GELU16_FN __m512 gelu16_exp(__m512 x)
 {
     static const float taylor[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
@@ -202,16 +205,13 @@ __attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy,
         chi_host_ahead(x + i);
         if (dy)
             chi_host_ahead(dy + i);
-        __m512 v = _mm512_maskz_loadu_ps(k, x + i), half = _mm512_set1_ps(0.5f), e, g, out;
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i), e, g, out;
         gelu16_pieces(v, &e, &g);
+        /* act.h's formulas on the vectors (GCC's operators on __m512) */
         if (dy)
-            out = _mm512_mul_ps(
-                _mm512_maskz_loadu_ps(k, dy + i),
-                _mm512_add_ps(
-                    _mm512_mul_ps(half, e),
-                    _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(CHK_INV_SQRT_2PIF)), g)));
+            out = _mm512_maskz_loadu_ps(k, dy + i) * CHK_GELU_GRAD_OF(v, e, g);
         else
-            out = _mm512_mul_ps(_mm512_mul_ps(half, v), e);
+            out = CHK_GELU_OF(v, e);
         _mm512_mask_storeu_ps(y + i, k, out);
     }
 }
