@@ -316,16 +316,23 @@ static ch_bmem mem_of(void *p)
 /* Tolerances of the bf16 products against the reference that rounds the
  * same inputs: a probability whose exponential in f32 and in double round
  * to neighbouring bf16 values moves o by about 1e-4 at most here (seen:
- * up to 9.8e-5); the f32 products miss that reference by 3e-3 to 4e-3 in
- * o, dq, dk and dv and by 6e-4 to 2e-3 in lse. */
+ * up to 9.8e-5), dq, dk and dv by up to 3.5e-4 (seen over 13 draws of the
+ * inputs; 3.2e-4 at t=256 with one); the f32 products miss that
+ * reference by 3e-3 to 4e-3 in o, dq, dk and dv and by 6e-4 to 2e-3 in
+ * lse. */
 #define RT_O 3e-4
 #define RT_L 1e-6
-#define RT_D 3e-4
+#define RT_D 6e-4
 
 /* The inputs' range: [-2, 2], or wider (test_large_scores), where the
  * scores pass 88 and a row's exponentials overflow unless its maximum is
  * taken out first. */
 static float input_range = 2.0f;
+
+/* The f32 kernels' scheme where the length allows whole rows (1, the
+ * default) or tiles of keys with a running maximum at every length (0,
+ * chi_host_attention_whole_rows). */
+static int whole_rows = 1;
 
 static void test_attention(const attn_shape *a, int s, void *stream, ch_dtype half, tap_rng *rng)
 {
@@ -363,6 +370,7 @@ static void test_attention(const attn_shape *a, int s, void *stream, ch_dtype ha
             }
     reference(a, qkv, ld, dout, ldo, rounded, ro, rlse, rd);
     chi_host_tile_prefer(isas[s]);
+    chi_host_attention_whole_rows(whole_rows);
     float scale = 1.0f / sqrtf((float)a->hd);
     ch_status st =
         chi_host_attention(stream, a->b, a->heads, a->t, a->hd, scale, half, mem_of(o), ldo,
@@ -375,10 +383,15 @@ static void test_attention(const attn_shape *a, int s, void *stream, ch_dtype ha
                                           mem_of(qkv), mem_of(qkv + off), mem_of(qkv + 2 * off), ld,
                                           mem_of(dout), mem_of(o), ldo, mem_of(lse));
     chi_host_tile_prefer(CHI_TILE_AUTO);
+    chi_host_attention_whole_rows(1);
     const char *via = !stream                                                   ? "no stream"
                       : atomic_load(&((chi_host_stream *)stream)->scratch_busy) ? "stream busy"
                                                                                 : "stream scratch";
-    const char *how = rounded ? "bf16 on AMX" : half == CH_BF16 ? "bf16 asked, f32" : "f32";
+    const char *how = rounded           ? "bf16 on AMX"
+                      : half == CH_BF16 ? "bf16 asked, f32"
+                      : a->t > 512      ? "f32"
+                      : whole_rows      ? "f32 by rows"
+                                        : "f32 by tiles";
     if (st != CH_OK || st2 != CH_OK) {
         tap_ok(0, "attention in %s, %s (%s), b=%d heads=%d t=%d hd=%d: %s", isa_name[s], how, via,
                a->b, a->heads, a->t, a->hd, ch_last_error());
@@ -447,10 +460,12 @@ static void test_large_scores(tap_rng *rng)
     static const attn_shape shapes[] = {{1, 2, 130, 64}, {2, 1, 256, 64}};
     chi_host_stream stream = {0};
     input_range = 8.0f;
-    for (int s = 0; s < NISA; s++)
-        if (isas[s] == CHI_TILE_NONE || chi_host_tile_isa(isas[s]) != CHI_TILE_NONE)
-            for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-                test_attention(&shapes[i], s, &stream, CH_F32, rng);
+    for (whole_rows = 1; whole_rows >= 0; whole_rows--)
+        for (int s = 0; s < NISA; s++)
+            if (isas[s] == CHI_TILE_NONE || chi_host_tile_isa(isas[s]) != CHI_TILE_NONE)
+                for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+                    test_attention(&shapes[i], s, &stream, CH_F32, rng);
+    whole_rows = 1;
     input_range = 2.0f;
     free(stream.scratch);
 }
@@ -458,7 +473,8 @@ static void test_large_scores(tap_rng *rng)
 static void test_attentions(tap_rng *rng)
 {
     static const attn_shape shapes[] = {
-        {2, 3, 100, 24}, {1, 2, 64, 32}, {1, 1, 1, 8}, {1, 2, 130, 64}, {3, 1, 17, 5},
+        {2, 3, 100, 24}, {1, 2, 64, 32}, {1, 1, 1, 8},
+        {1, 2, 130, 64}, {3, 1, 17, 5},  {1, 1, 600, 32}, /* past the whole rows' 512: tiles */
     };
     chi_host_stream stream = {0};
     for (int s = 0; s < NISA; s++) {
@@ -466,8 +482,11 @@ static void test_attentions(tap_rng *rng)
             tap_skip("attention in %s: this CPU does not run it", isa_name[s]);
             continue;
         }
-        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-            test_attention(&shapes[i], s, &stream, CH_F32, rng);
+        for (whole_rows = 1; whole_rows >= 0; whole_rows--)
+            for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+                if (whole_rows || shapes[i].t <= 512)
+                    test_attention(&shapes[i], s, &stream, CH_F32, rng);
+        whole_rows = 1;
         test_attention(&shapes[0], s, NULL, CH_F32, rng);
     }
     /* The stream's memory grew to the largest shape's and was kept. */

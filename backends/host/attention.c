@@ -329,7 +329,9 @@ ch_status chi_host_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bm
  * and sum per row
  * (online softmax), the tiles above the diagonal never computed. Each [B]
  * matrix is one thread's, in a fixed order: the same bits for any thread
- * count. Backward rebuilds each tile's probabilities from lse. */
+ * count. Backward rebuilds each tile's probabilities from lse. Up to
+ * FA_ROWS_MAX the forward takes whole rows (fa_forward_rows) and the
+ * backward a tile of keys against all its queries at once. */
 
 enum {
     FA_Q = 64,
@@ -352,10 +354,43 @@ typedef struct fa_tiles {
     float *s, *dp, *acc, *m, *l, *d, *kt, *vt;
 } fa_tiles;
 
+/* The forward takes whole rows (fa_forward_rows) where the length is at
+ * most FA_ROWS_MAX: a tile of queries' scores against all their keys,
+ * [FA_Q, fa_row_floats(t)], stay in the thread's L2. */
+enum {
+    FA_ROWS_MAX = 512
+};
+
+#ifdef CHI_TEST_HOOKS
+static int fa_rows_allowed = 1;
+
+void chi_host_attention_whole_rows(int on)
+{
+    fa_rows_allowed = on;
+}
+#else
+enum {
+    fa_rows_allowed = 1
+};
+#endif
+
+static int fa_whole_rows(int64_t tt)
+{
+    return fa_rows_allowed && tt <= FA_ROWS_MAX;
+}
+
+/* A row of s: FA_K floats, or where the forward takes whole rows the
+ * length rounded up to 16 (a row pass stores whole 16-float vectors). */
+static int64_t fa_row_floats(int64_t tt)
+{
+    int64_t whole = (tt + 15) / 16 * 16;
+    return fa_whole_rows(tt) && whole > FA_K ? whole : FA_K;
+}
+
 /* A thread's tiles in floats, rounded up to 64 bytes. */
 static size_t fa_tiles_floats(int64_t hd, int64_t tt)
 {
-    size_t n = (size_t)(2 * FA_Q * FA_K + FA_Q * hd + 2 * FA_Q + tt + 2 * hd * tt);
+    size_t n = (size_t)(2 * FA_Q * fa_row_floats(tt) + FA_Q * hd + 2 * FA_Q + tt + 2 * hd * tt);
     return (n + 15) / 16 * 16;
 }
 
@@ -363,8 +398,8 @@ static size_t fa_tiles_floats(int64_t hd, int64_t tt)
 static void fa_tiles_at(fa_tiles *t, float *mem, int64_t hd, int64_t tt)
 {
     t->s = mem;
-    t->dp = t->s + FA_Q * FA_K;
-    t->acc = t->dp + FA_Q * FA_K;
+    t->dp = t->s + FA_Q * fa_row_floats(tt);
+    t->acc = t->dp + FA_Q * fa_row_floats(tt);
     t->m = t->acc + FA_Q * hd;
     t->l = t->m + FA_Q;
     t->d = t->l + FA_Q;
@@ -1062,6 +1097,43 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(float *mem, const fa_job *j, int
     return CH_OK;
 }
 
+/* The forward by whole rows (t <= FA_ROWS_MAX): for each tile of
+ * queries, in two halves of FA_H rows (the first half's keys end FA_H
+ * before the second's, as the diagonal tile's split leaves them out),
+ * the scores against all the half's keys in one product, each row's
+ * maximum and exponentials once (no running rescale), and o = P v in one
+ * product over all those keys, written to o and divided by the row's
+ * sum there. */
+CHI_CLONES_WIDE static ch_status fa_forward_rows(float *mem, const fa_job *j, int64_t i)
+{
+    fa_tiles tiles, *t = &tiles;
+    fa_tiles_at(t, mem, j->hd, j->t);
+    int64_t tt = j->t, hd = j->hd, ld = j->ld, ldo = j->ldo, at = fa_at(j, i, ld),
+            sw = fa_row_floats(tt);
+    const float *q = j->q + at, *k = j->k + at, *v = j->v + at;
+    float *o = j->o + fa_at(j, i, ldo), *lse = j->lse + i * tt;
+    fa_transpose(j, k, t->kt);
+    for (int64_t i0 = 0; i0 < tt; i0 += FA_H) {
+        int64_t mq = tt - i0 < FA_H ? tt - i0 : FA_H, nk = i0 + mq;
+        float *s = t->s, *out = o + i0 * ldo;
+        TRY(fa_mm_bt(j, mq, nk, hd, j->scale, q + i0 * ld, ld, t->kt, tt, k, ld, 0.0f, s, sw));
+        for (int64_t r = 0; r < mq; r++) {
+            float *row = s + r * sw;
+            t->m[r] = fa_max(j->isa, row, i0 + r + 1);
+            t->l[r] = fa_exp(j->isa, row, i0 + r + 1, nk, t->m[r]);
+        }
+        TRY(fa_mm(j, 0, mq, hd, nk, 1.0f, s, sw, v, ld, 0.0f, out, ldo));
+        for (int64_t r = 0; r < mq; r++) {
+            float inv = 1.0f / t->l[r], *y = out + r * ldo;
+            CHI_OMP(omp simd)
+            for (int64_t d = 0; d < hd; d++)
+                y[d] *= inv;
+            lse[i0 + r] = t->m[r] + logf(t->l[r]);
+        }
+    }
+    return CH_OK;
+}
+
 /* In bf16 on AMX: asked for, the head size a multiple of the products'
  * depth, and the CPU runs it. */
 static int fa_use_amx(ch_dtype half, int64_t hd)
@@ -1086,7 +1158,10 @@ ch_status chi_host_attention(void *stream, int64_t b, int64_t heads, int64_t t, 
                   .k = chi_host_f32(k),
                   .v = chi_host_f32(v),
                   .amx = fa_use_amx(half, hd)};
-    return fa_each(stream, &job, b * heads, job.amx ? fa_amx_forward_one : fa_forward_one);
+    return fa_each(stream, &job, b * heads,
+                   job.amx            ? fa_amx_forward_one
+                   : fa_whole_rows(t) ? fa_forward_rows
+                                      : fa_forward_one);
 }
 
 /* Backward of one matrix: D = rowsum(dout * o); for each tile of keys and
@@ -1106,11 +1181,15 @@ CHI_CLONES_WIDE static ch_status fa_backward_one(float *mem, const fa_job *j, in
     fa_transpose(j, v, t->vt);
     fa_rowdots(t->d, dout, o, tt, hd, ldo, 0);
     /* dq's rows first summed into at j0 = 0, dk's and dv's at their
-     * diagonal tile: beta 0 there, so no pass zeroes them first */
+     * diagonal tile: beta 0 there, so no pass zeroes them first. Where
+     * the forward takes whole rows, a tile of keys takes all its queries
+     * at once (s and dp hold [t, FA_K]): dk's and dv's products sum over
+     * all of them in one. */
+    int64_t step = fa_whole_rows(tt) ? tt : FA_Q;
     for (int64_t j0 = 0; j0 < tt; j0 += FA_K) {
         int64_t nk = tt - j0 < FA_K ? tt - j0 : FA_K;
-        for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += FA_Q) {
-            int64_t mq = tt - i0 < FA_Q ? tt - i0 : FA_Q;
+        for (int64_t i0 = j0 / FA_Q * FA_Q; i0 < tt; i0 += step) {
+            int64_t mq = tt - i0 < step ? tt - i0 : step;
             const float *d = t->d + i0;
             float beta_q = j0 == 0 ? 0.0f : 1.0f, beta_kv = i0 == j0 / FA_Q * FA_Q ? 0.0f : 1.0f;
             int split = i0 == j0 && mq > FA_H && nk > FA_H;

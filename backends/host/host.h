@@ -106,6 +106,10 @@ void chi_host_amx_prefer(int on);
 void chi_host_tile_prefer(int isa);
 float chi_host_attention_row_max(int isa, const float *x, int64_t w);
 float chi_host_attention_row_exp(int isa, float *x, int64_t w, int64_t nk, float sub);
+/* Tests only: on 0, the fused attention's forward takes tiles of keys
+ * with a running maximum at every length (1: whole rows where the length
+ * allows, the default). */
+void chi_host_attention_whole_rows(int on);
 #endif
 
 /* backend.c: an op's scratch memory, where an allocation per call would
