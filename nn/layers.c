@@ -225,14 +225,24 @@ uint64_t nn_dropout_key(const ch_module *m, uint64_t salt)
     return k ^ ((uint64_t)(m->layer + 1) << 48) ^ (salt << 40);
 }
 
+/* With p 0 or in evaluation the identity: y a view of x and dx of dy, as
+ * Flatten's, no copy (a GPT's copies of [B, T, C] ran on one thread, two
+ * a layer a step); otherwise y and dx of their own (views left from such
+ * a pass let go first, never written into). */
 static ch_status dropout_forward(ch_module *m, const ch_tensor *x)
 {
     int64_t shape[CH_MAX_DIMS];
     nn_shape(x, shape);
     int ndim = ch_tensor_ndim(x);
+    int pass = !m->training || m->p == 0.0f;
+    if (pass || m->passed) {
+        nn_release(&m->y);
+        nn_release(&m->dx);
+    }
+    m->passed = pass;
+    if (pass)
+        return nn_view(&m->y, x, ndim, shape);
     TRY(nn_ensure(&m->y, m->dev, CH_F32, ndim, shape));
-    if (!m->training || m->p == 0.0f)
-        return ch_copy(m->y, x);
     int64_t per_sample = ch_tensor_numel(x) / shape[0];
     TRY(nn_ensure(&m->aux, m->dev, CH_F32, ndim, shape));
     TRY(ch_dropout_mask(m->aux, nn_dropout_key(m, 0), (uint64_t)(m->first_sample * per_sample), m->p));
@@ -245,9 +255,11 @@ static ch_status dropout_backward(ch_module *m, const ch_tensor *dy, int want_dx
         return CH_OK;
     int64_t shape[CH_MAX_DIMS];
     nn_shape(dy, shape);
+    if (m->passed) {
+        nn_release(&m->dx);
+        return nn_view(&m->dx, dy, ch_tensor_ndim(dy), shape);
+    }
     TRY(nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(dy), shape));
-    if (!m->training || m->p == 0.0f)
-        return ch_copy(m->dx, dy);
     return ch_mul(m->dx, dy, m->aux);
 }
 

@@ -106,6 +106,7 @@ struct ch_module {
     float eps, momentum;     /* norms */
     int heads;               /* attention */
     int fused;               /* attention: its last forward ran ch_attention */
+    int passed;              /* dropout: its last forward passed x through (y a view of it) */
     int64_t positions;       /* GPT embedding: the context length */
     nn_init init;
     float init_std;

@@ -334,6 +334,37 @@ static void test_dropout(ch_device *dev)
     free(y2v);
     y2v = download(y2);
     tap_ok(memcmp(y2v, xv, sizeof xv) == 0, "Dropout on %s: identity in evaluation mode", id);
+    /* In evaluation y and dx are views of x and dy; training again, the
+     * mask's products go to memory of their own, x and dy unchanged. */
+    ch_tensor *dy = NULL, *dx2 = NULL;
+    float dyv[128];
+    for (int i = 0; i < 128; i++)
+        dyv[i] = -0.5f * (float)i;
+    dy = tensor_from(dev, 2, shape, dyv);
+    ch_module_backward(m, &dx2, dy);
+    float *dx2v = download(dx2);
+    tap_ok(memcmp(dx2v, dyv, sizeof dyv) == 0, "Dropout on %s: backward the identity in evaluation",
+           id);
+    free(dx2v);
+    ch_module_train(m, 1);
+    ch_module_set_rng(m, 77, 3, 0);
+    ch_module_forward(m, &y2, x);
+    ch_module_backward(m, &dx2, dy);
+    float *xa = download(x), *dya = download(dy), *y3v = download(y2);
+    dx2v = download(dx2);
+    int masked = 1;
+    for (int i = 0; i < 128; i++)
+        masked &= dx2v[i] == (yv[i] == 0.0f ? 0.0f : 2.0f * dyv[i]);
+    tap_ok(memcmp(xa, xv, sizeof xv) == 0 && memcmp(dya, dyv, sizeof dyv) == 0 &&
+               memcmp(y3v, yv, sizeof xv) == 0 && masked,
+           "Dropout on %s: training after evaluation: the same mask into y and dx of their own, "
+           "x and dy unchanged",
+           id);
+    free(xa);
+    free(dya);
+    free(y3v);
+    free(dx2v);
+    ch_tensor_free(dy);
     free(yv);
     free(dxv);
     free(y2v);
