@@ -6,7 +6,12 @@
  * this CPU runs, against the same loop and against each other. Last the
  * host's rounding of f32 to bf16 with VCVTNEPS2BF16 (where the CPU has
  * it) against chk_f32_to_bf16, bit for bit (test-cast holds ch_cast to an
- * independent reference on every device). */
+ * independent reference on every device). chi_host_gemm itself on the
+ * products it shares out by halves of their rows (with oneDNN) and near them. */
+#ifdef HAVE_CONFIG_H
+#include "config.h" /* HAVE_ONEDNN */
+#endif
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +72,15 @@ static double worst_error(const gemm_case *t, const float *a, int64_t lda, const
     return worst;
 }
 
+/* via_host: through chi_host_gemm (the library GEMM where the build has
+ * one, as ops call it) instead of the blocked C GEMM. */
+static int via_host = 0;
+
+static ch_bmem mem_of(void *p)
+{
+    return (ch_bmem){.ptr = p, .off = 0};
+}
+
 static void run_case(const gemm_case *t, tap_rng *rng)
 {
     int64_t ar = t->ta ? t->k : t->m, ac = t->ta ? t->m : t->k;
@@ -87,18 +101,58 @@ static void run_case(const gemm_case *t, tap_rng *rng)
         for (int64_t i = 0; i < t->m * ldc; i++)
             c0[i] = NAN;
     memcpy(c, c0, sizeof *c * t->m * ldc);
-    ch_status st = chi_host_sgemm_blocked(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a,
-                                          lda, b, ldb, t->beta, c, ldc);
+    ch_status st = via_host ? chi_host_gemm(NULL, t->ta, t->tb, t->m, t->n, t->k, t->alpha,
+                                            mem_of(a), lda, mem_of(b), ldb, t->beta, mem_of(c), ldc)
+                            : chi_host_sgemm_blocked(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a,
+                                                     lda, b, ldb, t->beta, c, ldc);
     char where[160] = "";
     double err = st == CH_OK ? worst_error(t, a, lda, b, ldb, c0, c, ldc, where,
                                            sizeof where)
                              : INFINITY;
-    tap_ok(err <= 1e-5, "gemm %c%c m=%d n=%d k=%d ld+%d alpha=%g beta=%g: relative "
-                        "error %.3g (want <= 1e-5) %s%s",
-           t->ta ? 'T' : 'N', t->tb ? 'T' : 'N', t->m, t->n, t->k, t->pad,
-           (double)t->alpha, (double)t->beta, err, where,
-           st == CH_OK ? "" : ch_last_error());
+    tap_ok(err <= 1e-5,
+           "%sgemm %c%c m=%d n=%d k=%d ld+%d alpha=%g beta=%g: relative "
+           "error %.3g (want <= 1e-5) %s%s",
+           !via_host ? ""
+           : chi_host_gemm_halved(t->ta, t->tb, t->m, t->n, t->k)
+               ? "chi_host_gemm by halves of rows: "
+               : "chi_host_gemm: ",
+           t->ta ? 'T' : 'N', t->tb ? 'T' : 'N', t->m, t->n, t->k, t->pad, (double)t->alpha,
+           (double)t->beta, err, where, st == CH_OK ? "" : ch_last_error());
     free(a), free(b), free(c), free(c0);
+}
+
+/* chi_host_gemm on NT products that it shares out by halves of their rows
+ * where the build has oneDNN and two threads run (an odd count of rows,
+ * padded rows, beta 0 with NaN in C and beta 2), and on the same layout
+ * just past the region and in other layouts: against the double loop. */
+static void library_cases(tap_rng *rng)
+{
+    static const gemm_case cases[] = {
+        {0, 1, 601, 300, 1600, 0, 1.0f, 0.0f},  {0, 1, 512, 1023, 1536, 3, 0.5f, 2.0f},
+        {0, 1, 520, 1024, 1536, 0, 1.0f, 0.0f}, {0, 1, 520, 300, 1535, 1, 1.0f, 0.0f},
+        {0, 0, 601, 300, 1600, 1, 1.0f, 0.0f},  {1, 0, 601, 300, 1600, 0, -1.5f, 1.0f},
+    };
+    via_host = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i], rng);
+    via_host = 0;
+#ifdef HAVE_ONEDNN
+    if (chi_omp_max_threads() == 2)
+        tap_ok(chi_host_gemm_halved(0, 1, 601, 300, 1600) &&
+                   chi_host_gemm_halved(0, 1, 512, 1023, 1536) &&
+                   !chi_host_gemm_halved(0, 1, 520, 1024, 1536) &&
+                   !chi_host_gemm_halved(0, 1, 520, 300, 1535) &&
+                   !chi_host_gemm_halved(0, 1, 511, 300, 1600) &&
+                   !chi_host_gemm_halved(0, 0, 601, 300, 1600) &&
+                   !chi_host_gemm_halved(1, 1, 601, 300, 1600),
+               "chi_host_gemm with oneDNN and two threads halves the NT products of fewer "
+               "than 1024 columns, depth from 1536 and 512 rows or more, and no others");
+    else
+        tap_skip("chi_host_gemm's halves: %d threads run, the halves are for two",
+                 chi_omp_max_threads());
+#else
+    tap_skip("chi_host_gemm's halves: this build has no oneDNN");
+#endif
 }
 
 /* alpha == 0 reads neither A nor B: NaN there leaves beta * C. */
@@ -293,6 +347,7 @@ int main(void)
                 run_case(&t, &rng);
             }
     alpha_zero();
+    library_cases(&rng);
     tile_cases(&rng);
     bf16_rounding(&rng);
     return tap_done();

@@ -13,6 +13,7 @@
 #include "config.h"
 #endif
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -334,6 +335,43 @@ static ch_status lib_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64
 }
 #define HAVE_LIB_SGEMM 1
 #define LIB_SGEMM_SERIAL_IN_REGION 1
+
+/* oneDNN 2.6's sgemm shares an NT product (a [m, k] times b^T, b [n, k])
+ * of fewer than 1024 columns and a depth from 1536 between two threads in
+ * a way that ran 5 to 19% slower than each thread taking half the rows as
+ * a call of its own (GPT-2 small's c_proj forward, [1024, 3072] times
+ * [3072, 768]^T: 8%; the grid of shapes in docs/BENCHMARKS.md, where the
+ * other layouts and shapes were no faster so). Measured with two threads:
+ * other team sizes keep oneDNN's partition. Each element is the same sum
+ * whichever thread takes its row. */
+static int rows_halved(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k)
+{
+    return !trans_a && trans_b && n < 1024 && k >= 1536 && m >= 512 && chi_omp_max_threads() == 2 &&
+           chi_omp_threads() == 1;
+}
+
+static ch_status lib_sgemm_halves(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                                  int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                                  int64_t ldc)
+{
+    ch_status st[2] = {CH_OK, CH_OK};
+    char why[2][256] = {"", ""};
+    CHI_OMP(omp parallel num_threads(2))
+    {
+        /* a team of one (no threads to spare) takes all the rows */
+        int t = chi_omp_thread(), team = chi_omp_threads();
+        int64_t half = team == 2 ? m / 2 : m, r0 = t == 0 ? 0 : half,
+                rows = t == 0 ? half : m - half;
+        st[t] =
+            lib_sgemm(0, 1, rows, n, k, alpha, a + r0 * lda, lda, b, ldb, beta, c + r0 * ldc, ldc);
+        if (st[t] != CH_OK)
+            snprintf(why[t], sizeof why[t], "%s", ch_last_error());
+    }
+    for (int t = 0; t < 2; t++)
+        if (st[t] != CH_OK)
+            return chi_error(st[t], "%s", why[t]);
+    return CH_OK;
+}
 #elif defined(HAVE_BLAS)
 /* The product through cblas_sgemm when it takes these sizes (int);
  * CH_ERR_LIMIT when it does not, for the blocked GEMM to do it. */
@@ -375,11 +413,28 @@ ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, i
                                   ldc);
 }
 
+#ifdef CHI_TEST_HOOKS
+int chi_host_gemm_halved(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k)
+{
+#ifdef HAVE_ONEDNN
+    return rows_halved(trans_a, trans_b, m, n, k);
+#else
+    (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k;
+    return 0;
+#endif
+}
+#endif
+
 ch_status chi_host_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n,
                         int64_t k, float alpha, ch_bmem a, int64_t lda, ch_bmem b,
                         int64_t ldb, float beta, ch_bmem c, int64_t ldc)
 {
     (void)stream;
+#ifdef HAVE_ONEDNN
+    if (rows_halved(trans_a, trans_b, m, n, k))
+        return lib_sgemm_halves(m, n, k, alpha, chi_host_f32(a), lda, chi_host_f32(b), ldb, beta,
+                                chi_host_f32(c), ldc);
+#endif
 #ifdef HAVE_LIB_SGEMM
     /* Sizes OpenBLAS cannot take (int) go to the blocked GEMM. */
     ch_status st = lib_sgemm(trans_a, trans_b, m, n, k, alpha, chi_host_f32(a), lda,

@@ -106,6 +106,9 @@ void chi_host_amx_prefer(int on);
 void chi_host_tile_prefer(int isa);
 float chi_host_attention_row_max(int isa, const float *x, int64_t w);
 float chi_host_attention_row_exp(int isa, float *x, int64_t w, int64_t nk, float sub);
+/* Tests only: whether chi_host_gemm, called now, would share the product
+ * out by halves of its rows (gemm.c) instead of leaving it to oneDNN. */
+int chi_host_gemm_halved(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k);
 /* Tests only: on 0, the fused attention's forward takes tiles of keys
  * with a running maximum at every length (1: whole rows where the length
  * allows, the default). */
