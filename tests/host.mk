@@ -1,10 +1,11 @@
 # Tests of the host area.
 
 # The blocked C GEMM is tested on its own: the op tests reach it only in
-# builds without OpenBLAS.
+# builds without OpenBLAS; and chi_host_gemm's halves of rows (a hook of
+# the internal copy says which products it halves).
 check_PROGRAMS += tests/test-host-gemm
 tests_test_host_gemm_SOURCES = tests/test-host-gemm.c
-tests_test_host_gemm_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host
+tests_test_host_gemm_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/host -DCHI_TEST_HOOKS
 tests_test_host_gemm_LDADD = $(INTERNAL_LIBS)
 
 # The host convolution through oneDNN, against a double loop (skips in
