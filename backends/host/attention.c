@@ -662,13 +662,14 @@ CHI_INLINE void fa_start(float *m, float *l, float *acc, int64_t mq, int64_t n)
     memset(acc, 0, (size_t)n * sizeof *acc);
 }
 
-/* A tile of queries done: out rows (ldo apart) = acc / l, lse = m + log l. */
-CHI_INLINE void fa_finish(float *o, int64_t ldo, float *lse, const float *acc, const float *m,
-                          const float *l, int64_t mq, int64_t hd)
+/* A tile of queries done: out rows (ldo apart) = acc rows (lda apart) /
+ * l, lse = m + log l (acc may be o itself). */
+CHI_INLINE void fa_finish(float *o, int64_t ldo, float *lse, const float *acc, int64_t lda,
+                          const float *m, const float *l, int64_t mq, int64_t hd)
 {
     for (int64_t r = 0; r < mq; r++) {
         float inv = 1.0f / l[r], *out = o + r * ldo;
-        const float *in = acc + r * hd;
+        const float *in = acc + r * lda;
         CHI_OMP(omp simd)
         for (int64_t d = 0; d < hd; d++)
             out[d] = in[d] * inv;
@@ -911,7 +912,7 @@ FA_AMX_TARGET static ch_status fa_amx_forward_one(float *mem, const fa_job *j, i
             memset(t->pa + mq * FA_K, 0, (size_t)((FA_Q - mq) * FA_K) * sizeof *t->pa);
             chi_host_amx_mm(FA_Q, hd, FA_K, t->pa, FA_K, t->vb + j0 * hd, 2 * hd, t->acc, hd, 1);
         }
-        fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, t->m, t->l, mq, hd);
+        fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, hd, t->m, t->l, mq, hd);
     }
     return CH_OK;
 }
@@ -1092,7 +1093,7 @@ CHI_CLONES_WIDE static ch_status fa_forward_one(float *mem, const fa_job *j, int
             TRY(fa_tile_product(j, 0, split, mq, nk, 1.0f, t->s, v + j0 * ld, ld, 1.0f, t->acc,
                                 hd));
         }
-        fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, t->m, t->l, mq, hd);
+        fa_finish(o + i0 * ldo, ldo, lse + i0, t->acc, hd, t->m, t->l, mq, hd);
     }
     return CH_OK;
 }
@@ -1123,13 +1124,7 @@ CHI_CLONES_WIDE static ch_status fa_forward_rows(float *mem, const fa_job *j, in
             t->l[r] = fa_exp(j->isa, row, i0 + r + 1, nk, t->m[r]);
         }
         TRY(fa_mm(j, 0, mq, hd, nk, 1.0f, s, sw, v, ld, 0.0f, out, ldo));
-        for (int64_t r = 0; r < mq; r++) {
-            float inv = 1.0f / t->l[r], *y = out + r * ldo;
-            CHI_OMP(omp simd)
-            for (int64_t d = 0; d < hd; d++)
-                y[d] *= inv;
-            lse[i0 + r] = t->m[r] + logf(t->l[r]);
-        }
+        fa_finish(out, ldo, lse + i0, out, ldo, t->m, t->l, mq, hd);
     }
     return CH_OK;
 }

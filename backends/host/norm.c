@@ -165,7 +165,8 @@ CHI_INLINE void ln_rows(ln_loader load, ln_storer store, int nr, float *y, float
         double mq = m[q], rq = r[q];
         /* chk_norm_affine, eight at a time */
         for (int64_t j = 0; j < body; j += LANES)
-            store(yq + j, (load(xq + j) - mq) * rq * load(gamma + j) + load(beta + j));
+            store(yq + j,
+                  CHK_NORM_AFFINE_OF(load(xq + j), mq, rq, load(gamma + j), load(beta + j)));
         for (int64_t j = body; j < d; j++)
             yq[j] = chk_norm_affine(xq[j], mq, rq, gamma[j], beta[j]);
         mean[q] = (float)mq;
@@ -280,8 +281,8 @@ CHI_INLINE void ln_backward_rows(ln_loader load, ln_storer store, int nr, float 
         const float *dyq = dy + q * d, *xq = x + q * d;
         /* chk_ln_dx, eight at a time */
         for (int64_t j = 0; j < body; j += LANES) {
-            v8d g = load(dyq + j) * load(gamma + j), xh = (load(xq + j) - mq) * rq;
-            store(dxq + j, rq * (g - k1 - xh * k2));
+            v8d g = load(dyq + j) * load(gamma + j), xh = CHK_NORM_XHAT_OF(load(xq + j), mq, rq);
+            store(dxq + j, CHK_LN_DX_OF(g, xh, rq, k1, k2));
         }
         for (int64_t j = body; j < d; j++)
             dxq[j] = chk_ln_dx(dyq[j], gamma[j], xq[j], mq, rq, k1, k2);

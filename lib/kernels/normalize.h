@@ -27,16 +27,23 @@ CHK_FN chk_acc chk_norm_rstd(chk_acc var, float eps)
     return (chk_acc)1 / CHK_SQRT(var + (chk_acc)eps);
 }
 
+/* The formulas on values already in chk_acc (or on vectors of them, as
+ * the host's LayerNorm takes them eight at a time): the forward element,
+ * xhat, and LayerNorm's dx from g and xhat. */
+#define CHK_NORM_AFFINE_OF(x, m, r, gamma, beta) (((x) - (m)) * (r) * (gamma) + (beta))
+#define CHK_NORM_XHAT_OF(x, m, r) (((x) - (m)) * (r))
+#define CHK_LN_DX_OF(g, xhat, r, k1, k2) ((r) * ((g) - (k1) - (xhat) * (k2)))
+
 /* The forward element: (x - m) r gamma + beta. */
 CHK_FN float chk_norm_affine(float x, chk_acc m, chk_acc r, float gamma, float beta)
 {
-    return (float)(((chk_acc)x - m) * r * (chk_acc)gamma + (chk_acc)beta);
+    return (float)CHK_NORM_AFFINE_OF((chk_acc)x, m, r, (chk_acc)gamma, (chk_acc)beta);
 }
 
 /* xhat, and LayerNorm's dgamma term dy xhat. */
 CHK_FN chk_acc chk_norm_xhat(float x, chk_acc m, chk_acc r)
 {
-    return ((chk_acc)x - m) * r;
+    return CHK_NORM_XHAT_OF((chk_acc)x, m, r);
 }
 
 /* ---- LayerNorm --------------------------------------------------------------
@@ -52,7 +59,7 @@ CHK_FN chk_acc chk_ln_g(float dy, float gamma)
 /* dx = r (g - k1 - xhat k2). */
 CHK_FN float chk_ln_dx(float dy, float gamma, float x, chk_acc m, chk_acc r, chk_acc k1, chk_acc k2)
 {
-    return (float)(r * (chk_ln_g(dy, gamma) - k1 - chk_norm_xhat(x, m, r) * k2));
+    return (float)CHK_LN_DX_OF(chk_ln_g(dy, gamma), chk_norm_xhat(x, m, r), r, k1, k2);
 }
 
 /* ---- BatchNorm --------------------------------------------------------------
