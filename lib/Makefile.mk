@@ -12,6 +12,7 @@ libchorus_la_SOURCES = \
 	lib/topology.c \
 	lib/stream.c \
 	lib/alloc.c \
+	lib/math_mode.c \
 	lib/tensor.c \
 	lib/ops.c \
 	lib/ops_attn.c \
@@ -45,6 +46,7 @@ kernel_math_headers = \
 	lib/kernels/optim_step.h \
 	lib/kernels/normalize.h \
 	lib/kernels/xent.h \
+	lib/kernels/attn.h \
 	lib/kernels/index.h
 # A test build's counted allocations and writes (configure
 # --enable-fault-injection; lib/fault.h).

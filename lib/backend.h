@@ -42,8 +42,9 @@ extern "C" {
  * itself, chi_workspace_reserve; 13: the attention slots; 14: their
  * layout arguments, ch_attention_packed; 15: their products' format,
  * ch_attention_packed_mixed, and gemm_half's bias, ch_gemm_bias; 16:
- * adam_step_half): a module of another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 16
+ * adam_step_half; 17: chi_math_flags, which modules call): a module of
+ * another version is refused at load. */
+#define CH_BACKEND_ABI_VERSION 17
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -475,6 +476,10 @@ CH_API ch_status chi_workspace_reserve(void *dev, size_t bytes, const char *what
 CH_API void chi_workspace_release(void *dev, size_t bytes);
 CH_API void chi_staging_add(void *dev, size_t bytes);
 CH_API void chi_staging_remove(void *dev, size_t bytes);
+
+/* The process's math mode, ch_math_set's flags (CH_MATH_TF32), read by a
+ * backend at each product it runs: a change applies from the next one. */
+CH_API unsigned chi_math_flags(void);
 
 /* Whether `value` is one of the `count` values of its enum. */
 static inline int chi_enum_known(int value, int count)

@@ -208,6 +208,9 @@ void chi_alloc_init(chi_allocator *a);
 /* The size chi_alloc really allocates for a request of `bytes`. */
 size_t chi_alloc_round(size_t bytes);
 void chi_alloc_release(ch_device *dev);
+
+/* CHORUS_TF32 (0 or 1) into the math mode; at ch_init (lib/math_mode.c). */
+ch_status chi_math_from_env(void);
 /* ch_device_reset_peak and ch_device_set_memory_limit, under the lock. */
 void chi_alloc_reset_peak(ch_device *dev);
 void chi_alloc_set_limit(ch_device *dev, uint64_t bytes);

@@ -316,7 +316,9 @@ ch_status ch_init(void)
     pthread_mutex_lock(&init_lock);
     ch_status st = CH_OK;
     if (!atomic_load(&initialized)) {
-        st = chi_registry_load();
+        st = chi_math_from_env();
+        if (st == CH_OK)
+            st = chi_registry_load();
         if (st == CH_OK)
             st = discover_and_open();
         if (st == CH_OK) {

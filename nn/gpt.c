@@ -224,14 +224,15 @@ static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)
 
 /* Whether attention runs fused (ch_attention_packed: no [T, T]
  * probabilities stored, q, k and v read in c_attn's output): on the host
- * backend, which has the kernel (elsewhere the composed ops are the
- * device's own), without attention dropout, unless
- * CHORUS_FUSED_ATTENTION=0. In mixed precision too, in a fraction of the
- * composed path's memory: with bf16 on a CPU with AMX its tile products
- * round q, k, v and the probabilities as autocast does
- * (ch_attention_packed_mixed); elsewhere it sums in f32 on c_attn's f32
- * output (autocast's rounding is then the composed path's alone). Forward
- * decides (m->fused); backward follows it. */
+ * and CUDA backends, which have the kernel (on OpenCL the composed ops are
+ * the device's own, the fused op would run on the host), without
+ * attention dropout, unless CHORUS_FUSED_ATTENTION=0. In mixed precision
+ * too, in a fraction of the composed path's memory: with bf16 on a CPU
+ * with AMX its tile products round q, k, v and the probabilities as
+ * autocast does (ch_attention_packed_mixed); elsewhere (CUDA's kernel
+ * among them) it sums in f32 on c_attn's f32 output (autocast's rounding
+ * is then the composed path's alone). Forward decides (m->fused);
+ * backward follows it. */
 static int attn_fused(const ch_module *m)
 {
     if (dropping(m))
@@ -240,7 +241,8 @@ static int attn_fused(const ch_module *m)
     if (env && strcmp(env, "0") == 0)
         return 0;
     ch_device_info info;
-    return ch_device_get_info(m->dev, &info) == CH_OK && strcmp(info.backend, "host") == 0;
+    return ch_device_get_info(m->dev, &info) == CH_OK &&
+           (strcmp(info.backend, "host") == 0 || strcmp(info.backend, "cuda") == 0);
 }
 
 static ch_status attn_join(ch_module *m, const attn_dims *a)

@@ -14,3 +14,17 @@ endif
 else
 cuda_test_defs =
 endif
+
+# The CUDA backend's fused attention tiles (backends/cuda/flash.h), run on
+# the CPU in its kernels' order against attention in double: plain C, so
+# built and run with or without CUDA.
+check_PROGRAMS += tests/test-cuda-flash
+tests_test_cuda_flash_SOURCES = tests/test-cuda-flash.c backends/cuda/flash.h
+tests_test_cuda_flash_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/cuda
+tests_test_cuda_flash_LDADD = $(TEST_LIBS)
+
+# No step of the GPT or the ResNet runs an op on the host on a CUDA device
+# (or the host); on OpenCL devices the ops that still do are listed as TODO.
+check_PROGRAMS += tests/test-gpu-steps
+tests_test_gpu_steps_SOURCES = tests/test-gpu-steps.c
+tests_test_gpu_steps_LDADD = $(TEST_LIBS)

@@ -83,3 +83,8 @@ tests_test_flaky_LDADD = tests/libnn-hooks.la $(TEST_LIBS) $(PTHREAD_LIBS)
 AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_FLAKY_DIR='$(abs_top_builddir)/tests/flaky/.libs'; \
 	export CHORUS_TEST_FLAKY_DIR;
+
+# The math mode (ch_math_set, CHORUS_TF32) and its GEMMs on every device.
+check_PROGRAMS += tests/test-math-mode
+tests_test_math_mode_SOURCES = tests/test-math-mode.c
+tests_test_math_mode_LDADD = $(TEST_LIBS)

@@ -871,3 +871,65 @@ void ref_shape_str(char *out, size_t len, int ndim, const int64_t *shape)
     if (at < len)
         snprintf(out + at, len - at, "]");
 }
+
+/* ref.h says what it computes. */
+void ref_attention(const attn_ref *r, const float *q, const float *k, const float *v,
+                   const float *dout, int64_t b, int64_t t, int64_t hd, double scale, double *p,
+                   double *dp)
+{
+    for (int64_t m = 0; m < b; m++) {
+        const float *qm = q + m * t * hd, *km = k + m * t * hd, *vm = v + m * t * hd;
+        for (int64_t i = 0; i < t; i++) {
+            double max = -INFINITY, sum = 0.0;
+            for (int64_t j = 0; j <= i; j++) {
+                double sc = 0.0;
+                for (int64_t d = 0; d < hd; d++)
+                    sc += (double)qm[i * hd + d] * km[j * hd + d];
+                p[i * t + j] = sc * scale;
+                max = fmax(max, p[i * t + j]);
+            }
+            for (int64_t j = 0; j <= i; j++)
+                sum += exp(p[i * t + j] - max);
+            r->lse[m * t + i] = max + log(sum);
+            for (int64_t d = 0; d < hd; d++) {
+                double acc = 0.0, mag = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double pj = exp(p[i * t + j] - max) / sum;
+                    acc += pj * vm[j * hd + d];
+                    mag += pj * fabs(vm[j * hd + d]) * (1.0 + fabs(p[i * t + j] - max));
+                }
+                r->o[(m * t + i) * hd + d] = acc;
+                if (r->mag)
+                    r->mag[(m * t + i) * hd + d] = mag;
+            }
+            for (int64_t j = 0; j <= i; j++)
+                p[i * t + j] = exp(p[i * t + j] - max) / sum;
+        }
+        if (!dout)
+            continue;
+        const float *g = dout + m * t * hd;
+        double *dq = r->dq + m * t * hd, *dk = r->dk + m * t * hd, *dv = r->dv + m * t * hd;
+        memset(dq, 0, (size_t)(t * hd) * sizeof *dq);
+        memset(dk, 0, (size_t)(t * hd) * sizeof *dk);
+        memset(dv, 0, (size_t)(t * hd) * sizeof *dv);
+        for (int64_t i = 0; i < t; i++) {
+            double dsum = 0.0;
+            for (int64_t j = 0; j <= i; j++) {
+                double x = 0.0;
+                for (int64_t d = 0; d < hd; d++) {
+                    x += (double)g[i * hd + d] * vm[j * hd + d];
+                    dv[j * hd + d] += p[i * t + j] * g[i * hd + d];
+                }
+                dp[j] = x;
+                dsum += p[i * t + j] * x;
+            }
+            for (int64_t j = 0; j <= i; j++) {
+                double ds = p[i * t + j] * (dp[j] - dsum) * scale;
+                for (int64_t d = 0; d < hd; d++) {
+                    dq[i * hd + d] += ds * km[j * hd + d];
+                    dk[j * hd + d] += ds * qm[i * hd + d];
+                }
+            }
+        }
+    }
+}

@@ -227,4 +227,18 @@ int tc_small(void);
 int64_t ref_numel(int ndim, const int64_t *shape);
 void ref_shape_str(char *out, size_t len, int ndim, const int64_t *shape);
 
+/* ---- Causal attention --------------------------------------------------------- */
+
+/* Causal attention (ch_attention) in double for b matrices [t, hd]: o,
+ * lse and, for backward, dq, dk, dv from dout (NULL: forward only); mag (may be NULL) each o's error scale,
+ * sum_j p_j |v_j| (1 + |s_j - max|) (an f32 rounding of an exponent moves
+ * p_j that much relative to it). */
+typedef struct attn_ref {
+    double *o, *mag, *lse, *dq, *dk, *dv;
+} attn_ref;
+
+void ref_attention(const attn_ref *r, const float *q, const float *k, const float *v,
+                   const float *dout, int64_t b, int64_t t, int64_t hd, double scale, double *p,
+                   double *dp);
+
 #endif

@@ -1,8 +1,8 @@
 #!/bin/sh
 # What the built libraries export: libchorus the public API (ch_*),
-# the services the backend modules link against (chi_error, and
+# the services the backend modules link against (chi_error,
 # chi_workspace_* and chi_staging_* for the memory they allocate
-# themselves: lib/backend.h), the trace recorder's chi_trace_*
+# themselves, and chi_math_flags: lib/backend.h), the trace recorder's chi_trace_*
 # (lib/trace.h: for the modules and the test copies of nn/) and the
 # stamps and fused Adam step the kept half weights rest on (lib/stamp.h:
 # for the test copies of nn/ and the tests), nothing else
@@ -41,9 +41,10 @@ ok $? "libchorus exports the public API ($count ch_* symbols)"
 # AddressSanitizer marks each exported variable with an ODR indicator,
 # __odr_asan.<name> (chi_trace_on in a sanitizer build).
 allowed="-e ^ch_ -e ^chi_error\$ -e ^chi_workspace_ -e ^chi_staging_ -e ^chi_trace_"
+allowed="$allowed -e ^chi_math_flags\$"
 allowed="$allowed -e ^chi_tensor_stamp\$ -e ^chi_adam_half_fused\$ -e ^chi_adam_step_half\$"
 allowed="$allowed -e ^__odr_asan\.chi_trace_"
-what="ch_*, chi_error, chi_workspace_*, chi_staging_*, chi_trace_* and lib/stamp.h's three"
+what="ch_*, chi_error, chi_workspace_*, chi_staging_*, chi_math_flags, chi_trace_* and lib/stamp.h's three"
 if [ "${CHORUS_FAULT_BUILD:-}" = yes ]; then
     allowed="$allowed -e ^chi_fault_"
     what="$what (and chi_fault_*: a fault-injection build)"

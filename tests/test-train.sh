@@ -581,5 +581,15 @@ ok $? "--device-memory of an unknown device: exit 2 and one line naming it (got 
 status=$?
 test "$status" -eq 0 && grep -q '^result test_accuracy=' "$tmp/out"
 ok $? "--shard-optimizer --recompute train (got $status: $(head -c 200 "$tmp/err"))"
+# --tf32 changes CUDA's f32 GEMMs alone: elsewhere the same results.
+# shellcheck disable=SC2086
+"$train" $quick --epochs 1 --max-steps 3 >"$tmp/plain" 2>"$tmp/err" &&
+    "$train" $quick --epochs 1 --max-steps 3 --tf32 >"$tmp/tf32" 2>>"$tmp/err"
+status=$?
+# The result line without its rates: test_accuracy= and test_loss=.
+accuracy_loss() { grep '^result ' "$1" | cut -d' ' -f2,3; }
+test "$status" -eq 0 && grep -q '^result test_accuracy=' "$tmp/tf32" &&
+    test "$(accuracy_loss "$tmp/plain")" = "$(accuracy_loss "$tmp/tf32")"
+ok $? "--tf32 trains, with the losses and accuracy of a run without it on the host (got $status: $(head -c 200 "$tmp/err"))"
 
 tap_done

@@ -1457,6 +1457,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "chorus-train: %s\n", ch_last_error());
         rc = EXIT_RUNTIME;
     }
+    if (rc == 0 && o.tf32 && ch_math_set(ch_math_get() | CH_MATH_TF32) != CH_OK) {
+        fprintf(stderr, "chorus-train: --tf32: %s\n", ch_last_error());
+        rc = EXIT_RUNTIME;
+    }
     if (rc == 0) {
         trainer t = {.o = &o, .tty = isatty(STDERR_FILENO), .val_loss = NAN};
         rc = prepare(&t);

@@ -85,6 +85,9 @@ void train_usage(FILE *f)
             "                      devices' memory limits\n"
             "  --recompute         each GPT block and ResNet stage keeps only its input in\n"
             "                      forward and runs its forward again in backward\n"
+            "  --tf32              CUDA's f32 GEMMs may round their inputs to TF32 on\n"
+            "                      tensor cores (ch_math_set(CH_MATH_TF32), PyTorch's\n"
+            "                      allow_tf32; default off); other devices unchanged\n"
             "  --elastic           a device that fails (or stops answering) while training\n"
             "                      is dropped and the step made again over the others;\n"
             "                      lost devices that answer again rejoin at the next\n"
@@ -361,6 +364,7 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
                                           {"checkpoint-every", required_argument, 0, 1022},
                                           {"elastic", no_argument, 0, 1023},
                                           {"elastic-timeout", required_argument, 0, 1024},
+                                          {"tf32", no_argument, 0, 1025},
                                           {"help", no_argument, 0, 'h'},
                                           {"version", no_argument, 0, 'V'},
                                           {0, 0, 0, 0}};
@@ -531,6 +535,7 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
         }
         case 1020: o->shard_optimizer = 1; break;
         case 1021: o->recompute = 1; break;
+        case 1025: o->tf32 = 1; break;
         case 1022:
             if (!train_parse_int(optarg, 1, &o->checkpoint_every))
                 return fail_usage(err, "--checkpoint-every wants a whole number >= 1, not \"%s\"",

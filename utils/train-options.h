@@ -57,6 +57,7 @@ typedef struct train_options {
     int nlimits;
     int shard_optimizer; /* --shard-optimizer (ch_dp_options.shard_optimizer) */
     int recompute;       /* --recompute (ch_dp_options.recompute) */
+    int tf32;            /* --tf32 (ch_math_set(CH_MATH_TF32)) */
     int64_t checkpoint_every; /* --checkpoint-every N: also after every N steps; 0: not */
     int elastic;              /* --elastic (ch_dp_options.elastic) */
     double elastic_timeout;   /* --elastic-timeout SECONDS, > 0; 0: not given (60) */

@@ -22,9 +22,11 @@ cuda_module_sources = \
 	backends/cuda/pool.cu \
 	backends/cuda/random.cu \
 	backends/cuda/attention.cu \
+	backends/cuda/flash.cu \
 	backends/cuda/norm.cu \
 	backends/cuda/allreduce.cu
-cuda_module_headers = backends/cuda/common.cuh backends/cuda/embedding_order.h
+cuda_module_headers = backends/cuda/common.cuh backends/cuda/embedding_order.h \
+	backends/cuda/flash.h
 
 # Distributed whatever configure found, so that `make dist` without CUDA
 # still ships the module.

@@ -121,6 +121,8 @@ static void chcu_device_close(void *dev)
     if (!d)
         return;
     chcu_clock_release(d);
+    chcu_events_release(d);
+    pthread_mutex_destroy(&d->event_lock);
     pthread_mutex_destroy(&d->clock_lock);
     pthread_mutex_destroy(&d->lock);
     free(d);
@@ -137,6 +139,12 @@ static ch_status chcu_device_open(void *ctx, int index, void **dev)
         return chi_error(CH_ERR_INTERNAL, "cuda device_open: pthread_mutex_init failed");
     }
     if (pthread_mutex_init(&d->clock_lock, NULL) != 0) {
+        pthread_mutex_destroy(&d->lock);
+        free(d);
+        return chi_error(CH_ERR_INTERNAL, "cuda device_open: pthread_mutex_init failed");
+    }
+    if (pthread_mutex_init(&d->event_lock, NULL) != 0) {
+        pthread_mutex_destroy(&d->clock_lock);
         pthread_mutex_destroy(&d->lock);
         free(d);
         return chi_error(CH_ERR_INTERNAL, "cuda device_open: pthread_mutex_init failed");
@@ -227,16 +235,15 @@ static const ch_backend_i chcu_table = {
     .argmax = chcu_argmax,
     .sgd_step = chcu_sgd_step,
     .adam_step = chcu_adam_step,
-    .adam_step_half = nullptr,
+    .adam_step_half = chcu_adam_step_half,
     .rand = chcu_rand,
     .gemm_batched = chcu_gemm_batched,
     .permute = chcu_permute,
     .softmax = chcu_softmax,
     .softmax_backward = chcu_softmax_backward,
-    /* No fused attention kernel: the host runs it (the GPT keeps the
-     * batched GEMMs and softmax on CUDA). */
-    .attention = nullptr,
-    .attention_backward = nullptr,
+    /* FlashAttention's tiles (flash.cu). */
+    .attention = chcu_attention,
+    .attention_backward = chcu_attention_backward,
     .embedding = chcu_embedding,
     .embedding_backward = chcu_embedding_backward,
     .layernorm = chcu_layernorm,

@@ -50,6 +50,12 @@ ch_status chcu_launched(const char *kernel)
 
 ch_status chcu_enter(const chcu_device *dev)
 {
+    /* cudaGetDevice reads the runtime's thread state; cudaSetDevice costs
+     * more, and every slot enters its device. The current device is asked
+     * each time, not remembered here: code of the caller's may switch it. */
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == dev->index)
+        return CH_OK;
     return chcu_check(cudaSetDevice(dev->index), "cudaSetDevice");
 }
 

@@ -60,7 +60,15 @@ typedef struct chcu_device {
      * kept until the device closes; NULL until then. */
     pthread_mutex_t clock_lock; /* guards clock_zero */
     cudaEvent_t clock_zero;
+    /* Untimed events given back by event_free, kept for the next
+     * event_new (the core makes one for every block it frees): a list of
+     * at most CHCU_SPARE_EVENTS, emptied at device_close. */
+    pthread_mutex_t event_lock;
+    struct chcu_event *spare;
+    int nspare;
 } chcu_device;
+
+#define CHCU_SPARE_EVENTS 4096
 
 /* A label or index check queued on a stream and not read yet (softmax.cu). */
 typedef struct chcu_pending_check {
@@ -84,6 +92,7 @@ typedef struct chcu_stream {
      * blas_lock is held from its creation to the end of each call. */
     pthread_mutex_t blas_lock;
     cublasHandle_t blas;
+    int blas_tf32; /* the handle's math mode: 1 TF32, 0 FP32, -1 not set yet */
     /* Device scratch for ops that need temporaries (row losses, partial
      * sums). Held from acquire until the work using it is queued; work
      * queued later on the same stream runs after, so it may then reuse it. */
@@ -106,6 +115,7 @@ typedef struct chcu_event {
     cudaEvent_t e;
     int timed;    /* made with timing (while a trace ran) */
     int recorded; /* recorded at least once */
+    struct chcu_event *next; /* in the device's spare list */
 } chcu_event;
 
 /* ---- errors ---- */
@@ -117,6 +127,8 @@ ch_status chcu_fail(ch_status status, cudaError_t err, const char *call);
 ch_status chcu_blas_check(cublasStatus_t st, const char *call);
 /* After a kernel launch: CH_OK or the launch error named after `kernel`. */
 ch_status chcu_launched(const char *kernel);
+/* Makes dev the calling thread's current device, calling cudaSetDevice
+ * only when another one is current. */
 ch_status chcu_enter(const chcu_device *dev);
 /* The calling thread's current device (-1 when it cannot be read), and
  * back to it: slots that enter several devices, or that open and close
@@ -127,6 +139,8 @@ void chcu_restore(int index);
 /* ---- the clock of event_seconds (stream.cu) ---- */
 /* At device_close: the device's clock_zero event goes (no-op without one). */
 void chcu_clock_release(chcu_device *dev);
+/* At device_close: the spare events go. */
+void chcu_events_release(chcu_device *dev);
 
 /* ---- scratch ----
  * The stream's scratch and check words are the device's workspace, told

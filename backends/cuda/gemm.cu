@@ -24,20 +24,32 @@ static ch_status chcu_stream_blas(chcu_stream *s)
     if (st)
         return st;
     st = chcu_blas_check(cublasSetStream(h, s->s), "cublasSetStream");
-    /* Sums in f32 even where C is bf16 or f16: by default cuBLAS may add a
-     * split-K GEMM's partial sums in C's format. (f32's stay plain FP32:
-     * no TF32.) */
-    if (!st)
-        st = chcu_blas_check(
-            cublasSetMathMode(h, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
-                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
-            "cublasSetMathMode");
     if (st) {
         (void)cublasDestroy(h);
         return st;
     }
     s->blas = h;
+    s->blas_tf32 = -1; /* no mode set yet: chcu_blas_math sets it */
     return CH_OK;
+}
+
+/* The handle's math mode as ch_math_set asks now, set when it changed
+ * (blas_lock held). Sums in f32 even where C is bf16 or f16: by default
+ * cuBLAS may add a split-K GEMM's partial sums in C's format. f32's stay
+ * plain FP32 unless CH_MATH_TF32: then cublasSgemm may round A and B to
+ * TF32 on tensor cores (the half GEMMs are not affected). */
+static ch_status chcu_blas_math(chcu_stream *s)
+{
+    int tf32 = (chi_math_flags() & CH_MATH_TF32) != 0;
+    if (tf32 == s->blas_tf32)
+        return CH_OK;
+    unsigned mode = (tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+                    CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
+    ch_status st =
+        chcu_blas_check(cublasSetMathMode(s->blas, (cublasMath_t)mode), "cublasSetMathMode");
+    if (!st)
+        s->blas_tf32 = tf32;
+    return st;
 }
 
 /* The stream's device made current, its BLAS lock taken and its handle
@@ -49,6 +61,8 @@ static ch_status chcu_blas_begin(chcu_stream *s)
         return st;
     pthread_mutex_lock(&s->blas_lock);
     st = chcu_stream_blas(s);
+    if (!st)
+        st = chcu_blas_math(s);
     if (st)
         pthread_mutex_unlock(&s->blas_lock);
     return st;

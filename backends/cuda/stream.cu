@@ -129,6 +129,20 @@ ch_status chcu_event_new(void *dev, void **event)
         st = clock_zero_ensure(d);
         if (st)
             return st;
+    } else {
+        pthread_mutex_lock(&d->event_lock);
+        chcu_event *e = d->spare;
+        if (e) {
+            d->spare = e->next;
+            d->nspare--;
+        }
+        pthread_mutex_unlock(&d->event_lock);
+        if (e) {
+            e->next = NULL;
+            e->recorded = 0;
+            *event = e;
+            return CH_OK;
+        }
     }
     chcu_event *e = (chcu_event *)calloc(1, sizeof *e);
     if (!e)
@@ -152,6 +166,22 @@ void chcu_event_free(void *event)
     chcu_event *e = (chcu_event *)event;
     if (!e)
         return;
+    /* An untimed event goes back to its device's spares: recording it
+     * again later does not disturb the waits queued on it before
+     * (cudaStreamWaitEvent waits for the record it saw). */
+    chcu_device *d = e->dev;
+    if (!e->timed) {
+        pthread_mutex_lock(&d->event_lock);
+        int keep = d->nspare < CHCU_SPARE_EVENTS;
+        if (keep) {
+            e->next = d->spare;
+            d->spare = e;
+            d->nspare++;
+        }
+        pthread_mutex_unlock(&d->event_lock);
+        if (keep)
+            return;
+    }
     if (chcu_enter(e->dev) == CH_OK)
         (void)chcu_check(cudaEventDestroy(e->e), "cudaEventDestroy");
     free(e);
@@ -212,4 +242,24 @@ ch_status chcu_event_seconds(void *event, double *seconds)
     if (st == CH_OK)
         *seconds = 1e-3 * (double)ms;
     return st;
+}
+
+void chcu_events_release(chcu_device *d)
+{
+    pthread_mutex_lock(&d->event_lock);
+    chcu_event *e = d->spare;
+    d->spare = NULL;
+    d->nspare = 0;
+    pthread_mutex_unlock(&d->event_lock);
+    int caller = chcu_current();
+    int entered = e && chcu_enter(d) == CH_OK;
+    while (e) {
+        chcu_event *next = e->next;
+        if (entered)
+            (void)chcu_check(cudaEventDestroy(e->e), "cudaEventDestroy");
+        free(e);
+        e = next;
+    }
+    if (entered)
+        chcu_restore(caller);
 }

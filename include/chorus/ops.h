@@ -50,6 +50,20 @@ CH_API ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha,
 CH_API ch_status ch_gemm_bias(ch_tensor *c, int trans_a, int trans_b, float alpha,
                               const ch_tensor *a, const ch_tensor *b, const ch_tensor *bias);
 
+/* How f32 products may be computed, for the whole process (every device,
+ * every thread), from the next GEMM on: CH_MATH_DEFAULT (0) keeps f32
+ * GEMMs in f32; CH_MATH_TF32 lets CUDA's f32 GEMMs (ch_gemm,
+ * ch_gemm_batched, the convolutions' products) round their inputs to
+ * TF32 (10-bit mantissa) on tensor cores and sum in f32, as PyTorch's
+ * torch.backends.cuda.matmul.allow_tf32 does. Off by default, as in
+ * PyTorch. Other backends compute in f32 either way. The environment
+ * variable CHORUS_TF32=1 sets it at ch_init. Unknown bits:
+ * CH_ERR_INVALID_ARGUMENT, the mode unchanged. */
+#define CH_MATH_DEFAULT 0u
+#define CH_MATH_TF32 1u
+CH_API ch_status ch_math_set(unsigned flags);
+CH_API unsigned ch_math_get(void);
+
 /* ---- Half storage ---------------------------------------------------------
  * The elementwise ops, activations, bias, ch_sum and ch_mean, softmax,
  * LayerNorm and BatchNorm (with ch_channel_sums) take any of their float
@@ -251,9 +265,11 @@ CH_API ch_status ch_softmax_backward(ch_tensor *dx, const ch_tensor *dy, const c
  * scores, from which ch_attention_backward rebuilds them. f32 only; o and
  * lse may not overlap the inputs. The host runs it tiled (64 queries by
  * 64 keys, the masked tiles skipped, each [B] matrix on one thread: the
- * same bits for any thread count); the OpenCL and CUDA backends have no
- * kernel for it and run it on the host (ch_fallback_get), so on them the
- * GPT keeps ch_gemm_batched and ch_softmax. */
+ * same bits for any thread count); CUDA runs it tiled too (64 rows a
+ * block, one thread a row, head sizes up to 256: the same bits on every
+ * run); the OpenCL backend has no kernel for it and runs it on the host
+ * (ch_fallback_get), so on OpenCL the GPT keeps ch_gemm_batched and
+ * ch_softmax. */
 CH_API ch_status ch_attention(ch_tensor *o, ch_tensor *lse, const ch_tensor *q, const ch_tensor *k,
                               const ch_tensor *v, float scale);
 /* Its gradients: dq, dk and dv (written, not added to) from dout, the
