@@ -16,13 +16,31 @@
  *
  * --recompute runs each model twice, without and with recomputed
  * activations (ch_module_set_recompute), their steps interleaved, and
- * gives the device's peak memory for each. */
+ * gives the device's peak memory for each.
+ *
+ * The gpt's rows give its model FLOP rate and MFU as llm.c counts them:
+ * 6 N + 6 L C T FLOP per token (N every parameter, the tied embedding
+ * once; L layers, C width, T context) against the device's listed peak
+ * for the step's arithmetic (bf16 dense tensor, TF32 dense tensor or
+ * plain f32; a table keyed by the device's name, the same as
+ * docs/pytorch/bench_train.py's). Every row gives how many ops ran on the
+ * host for its device so far (ch_fallback_get): on a GPU a nonzero count
+ * means part of the step left the device.
+ *
+ * --tf32 lets f32 GEMMs use TF32 (ch_math_set(CH_MATH_TF32)); without it
+ * the mode is set to CH_MATH_DEFAULT, whatever CHORUS_TF32 says, as
+ * bench_train.py sets PyTorch's allow_tf32 both ways.
+ *
+ * --attention-only times the fused causal attention alone instead of
+ * training: ch_attention_packed_mixed and its backward on qkv [batch,
+ * context, 3 dim] with --heads heads, in --precision's products. */
 #include "config.h"
 
 #include <chorus.h>
 
 #include "bench.h"
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +93,9 @@ static void make_batch(ch_tensor **x, ch_tensor **labels, ch_device *dev, const 
 
 /* --precision: mixed precision's format for every model (CH_F32: off). */
 static ch_dtype precision = CH_F32;
+/* --optimizer: Adam (the default) or AdamW (weight decay 0.01, PyTorch's
+ * default). */
+static ch_optimizer_kind optimizer = CH_OPT_ADAM;
 
 /* A model on dev with its loss and Adam. */
 typedef struct trainer {
@@ -93,7 +114,7 @@ static void trainer_new(trainer *t, const char *model, const shapes *sh, ch_devi
     BENCH_CHECK(ch_module_set_recompute(t->m, recompute));
     BENCH_CHECK(ch_module_to(t->m, dev));
     BENCH_CHECK(ch_loss_new(&t->loss, CH_LOSS_CROSS_ENTROPY));
-    ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_ADAM, 1e-3f);
+    ch_optimizer_options oo = ch_optimizer_defaults(optimizer, 1e-3f);
     BENCH_CHECK(ch_optimizer_new(&t->opt, t->m, &oo));
 }
 
@@ -120,14 +141,16 @@ static double trainer_step(trainer *t, ch_device *dev, const ch_tensor *x, const
 }
 
 /* Median of `steps` timed training steps of `model` on `dev` after warm-up:
- * samples per second; *peak: the device's peak bytes in use meanwhile. */
+ * samples per second; *peak: the device's peak bytes in use meanwhile;
+ * *params: the model's parameter count (a tied tensor once). */
 static double train_rate(const char *model, const shapes *sh, ch_device *dev, int batch, int steps,
-                         uint64_t *peak)
+                         uint64_t *peak, int64_t *params)
 {
     BENCH_CHECK(ch_device_sync(dev));
     BENCH_CHECK(ch_device_reset_peak(dev));
     trainer t;
     trainer_new(&t, model, sh, dev, 0);
+    *params = ch_module_param_numel(t.m);
     ch_tensor *x = NULL, *labels = NULL;
     make_batch(&x, &labels, dev, model, batch, sh);
     double *times = malloc(sizeof *times * (size_t)steps);
@@ -437,6 +460,191 @@ static double gemm_half_seconds(const char *model, const shapes *sh, int batch, 
 }
 #endif
 
+/* ---- Model FLOP rate and MFU -------------------------------------------------
+ * The peaks are the vendors' listed dense rates in TFLOP/s, by device name
+ * (the first row whose key the name contains): bf16 on tensor cores, TF32
+ * on tensor cores, plain f32; -1 where not listed here (then no MFU). The
+ * same table as docs/pytorch/bench_train.py's PEAKS: change both. */
+typedef struct peak_row {
+    const char *key, *label;
+    double bf16, tf32, f32;
+} peak_row;
+
+static const peak_row peaks[] = {
+    {"H100 PCIe", "H100 PCIe", 756.0, -1, -1},
+    {"H100 NVL", "H100 NVL", -1, -1, -1},
+    {"GH200", "GH200", -1, -1, -1},
+    {"H200 NVL", "H200 NVL", -1, -1, -1},
+    {"H200", "H200", 989.4, 494.7, 66.9},
+    {"H100", "H100 SXM", 989.4, 494.7, 66.9},
+    {"A100", "A100", 312.0, 156.0, 19.5},
+};
+
+/* The step's arithmetic on a device of `backend`: "bf16" (or "fp16")
+ * under mixed precision, "tf32" with f32 GEMMs on TF32 (CUDA's: the other
+ * backends compute in f32 either way), else "f32". */
+static const char *math_kind(const char *backend)
+{
+    if (precision == CH_BF16)
+        return "bf16";
+    if (precision == CH_F16)
+        return "fp16";
+    return (ch_math_get() & CH_MATH_TF32) && strcmp(backend, "cuda") == 0 ? "tf32" : "f32";
+}
+
+/* The listed peak of the device for the step's arithmetic in TFLOP/s, or
+ * -1; *label: the table's row ("H100 SXM"), or "" when none matched. */
+static double device_peak(const ch_device_info *info, const char **label)
+{
+    *label = "";
+    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++) {
+        if (!strstr(info->name, peaks[i].key))
+            continue;
+        *label = peaks[i].label;
+        const char *k = math_kind(info->backend);
+        return strcmp(k, "bf16") == 0   ? peaks[i].bf16
+               : strcmp(k, "tf32") == 0 ? peaks[i].tf32
+               : strcmp(k, "f32") == 0  ? peaks[i].f32
+                                        : -1;
+    }
+    return -1;
+}
+
+/* llm.c's count of a GPT's training FLOP per token: 6 N + 6 L C T. */
+static double gpt_flop_per_token(int64_t params, const ch_gpt_config *c)
+{
+    return 6.0 * (double)params + 6.0 * c->layers * (double)c->dim * (double)c->context;
+}
+
+/* ---- Ops run on the host --------------------------------------------------- */
+
+/* How many (device, op) pairs ran on the host for `id` since ch_init, and
+ * their ops as a JSON list of strings into buf (empty when none). */
+static int fallbacks_of(const char *id, char *buf, size_t size)
+{
+    int n = 0;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < ch_fallback_count(); i++) {
+        ch_fallback_info fi;
+        BENCH_CHECK(ch_fallback_get(i, &fi));
+        if (strcmp(fi.device, id) != 0)
+            continue;
+        int w = snprintf(buf + used, size - used, "%s\"%s\"", n ? "," : "", fi.op);
+        if (w > 0 && (size_t)w < size - used)
+            used += (size_t)w;
+        n++;
+    }
+    return n;
+}
+
+/* ---- --attention-only -------------------------------------------------------- */
+
+typedef struct attn_result {
+    double forward_ms, backward_ms, step_ms; /* medians; step: forward + backward */
+    double flop;                             /* of one forward + backward */
+    uint64_t peak;                           /* the device's peak bytes meanwhile */
+} attn_result;
+
+/* Causal attention forward and backward at [batch, context, 3 dim] with
+ * `heads` heads on dev, `steps` timed repetitions after 3 of warm-up, the
+ * device synchronised around each call. The FLOP count is the causal
+ * half of the products: forward q k^T and p v, 2 B H T^2 hd; backward
+ * five products, 5 B H T^2 hd. */
+static void attention_rate(attn_result *r, ch_device *dev, int batch, const ch_gpt_config *c,
+                           int steps)
+{
+    int64_t d = c->dim, t = c->context, h = c->heads, hd = d / h;
+    int64_t qs[3] = {batch, t, 3 * d}, os[3] = {batch, t, d}, ls[3] = {batch, h, t};
+    float scale = 1.0f / sqrtf((float)hd);
+    ch_dtype half = precision;
+    BENCH_CHECK(ch_device_sync(dev));
+    BENCH_CHECK(ch_device_reset_peak(dev));
+    ch_tensor *qkv, *o, *lse, *dout, *dqkv;
+    BENCH_CHECK(ch_tensor_new(&qkv, dev, CH_F32, 3, qs));
+    BENCH_CHECK(ch_tensor_new(&dqkv, dev, CH_F32, 3, qs));
+    BENCH_CHECK(ch_tensor_new(&o, dev, CH_F32, 3, os));
+    BENCH_CHECK(ch_tensor_new(&dout, dev, CH_F32, 3, os));
+    BENCH_CHECK(ch_tensor_new(&lse, dev, CH_F32, 3, ls));
+    BENCH_CHECK(ch_rand_normal(qkv, 11, 0, 0.0f, 1.0f));
+    BENCH_CHECK(ch_rand_normal(dout, 12, 0, 0.0f, 1.0f));
+    double *f = malloc(sizeof *f * (size_t)steps), *b = malloc(sizeof *b * (size_t)steps),
+           *s = malloc(sizeof *s * (size_t)steps);
+    if (!f || !b || !s) {
+        fprintf(stderr, "bench-train: out of memory\n");
+        exit(1);
+    }
+    BENCH_CHECK(ch_device_sync(dev));
+    for (int i = -3; i < steps; i++) {
+        double t0 = ch_clock_seconds();
+        BENCH_CHECK(ch_attention_packed_mixed(o, lse, qkv, (int)h, scale, half));
+        BENCH_CHECK(ch_device_sync(dev));
+        double t1 = ch_clock_seconds();
+        BENCH_CHECK(
+            ch_attention_packed_mixed_backward(dqkv, dout, qkv, o, lse, (int)h, scale, half));
+        BENCH_CHECK(ch_device_sync(dev));
+        double t2 = ch_clock_seconds();
+        if (i >= 0) {
+            f[i] = t1 - t0;
+            b[i] = t2 - t1;
+            s[i] = t2 - t0;
+        }
+    }
+    r->forward_ms = 1e3 * bench_median(f, steps);
+    r->backward_ms = 1e3 * bench_median(b, steps);
+    r->step_ms = 1e3 * bench_median(s, steps);
+    r->flop = 7.0 * batch * (double)h * (double)t * (double)t * (double)hd;
+    ch_memory_stats ms;
+    BENCH_CHECK(ch_device_memory_stats(dev, &ms));
+    r->peak = ms.peak_bytes;
+    free(f);
+    free(b);
+    free(s);
+    ch_tensor_free(qkv);
+    ch_tensor_free(dqkv);
+    ch_tensor_free(o);
+    ch_tensor_free(dout);
+    ch_tensor_free(lse);
+}
+
+static void print_attention(const attn_result *r, ch_device *dev, int batch, const ch_gpt_config *c,
+                            int json, int first)
+{
+    const char *id = ch_device_id(dev), *label;
+    ch_device_info info;
+    BENCH_CHECK(ch_device_get_info(dev, &info));
+    double peak = device_peak(&info, &label);
+    double tflops = r->flop / (r->step_ms * 1e-3) / 1e12;
+    char ops[2048];
+    int fb = fallbacks_of(id, ops, sizeof ops);
+    if (json) {
+        printf("%s{\"device\":\"%s\",\"device_name\":\"%s\",\"attention_only\":true,"
+               "\"batch\":%d,\"heads\":%d,\"context\":%lld,\"head_dim\":%lld,"
+               "\"precision\":\"%s\",\"forward_ms\":%.4f,\"backward_ms\":%.4f,"
+               "\"step_ms\":%.4f,\"flop\":%.6g,\"tflops\":%.3f",
+               first ? "" : ",", id, info.name, batch, c->heads, (long long)c->context,
+               (long long)(c->dim / c->heads), ch_dtype_name(precision), r->forward_ms,
+               r->backward_ms, r->step_ms, r->flop, tflops);
+        if (peak > 0)
+            printf(",\"peak_tflops\":%.1f,\"peak_of\":\"%s %s\",\"mfu\":%.4f", peak, label,
+                   math_kind(info.backend), tflops / peak);
+        printf(",\"peak_bytes\":%llu,\"fallbacks\":%d,\"fallback_ops\":[%s]}",
+               (unsigned long long)r->peak, fb, ops);
+        return;
+    }
+    printf("%-10s attention B %d, H %d, T %lld, hd %lld, %s products: forward %.3f ms, "
+           "backward %.3f ms, both %.3f ms, %.2f TFLOP/s",
+           id, batch, c->heads, (long long)c->context, (long long)(c->dim / c->heads),
+           ch_dtype_name(precision), r->forward_ms, r->backward_ms, r->step_ms, tflops);
+    if (peak > 0)
+        printf(" (%.1f%% of %s %s's %.1f)", 100.0 * tflops / peak, label, math_kind(info.backend),
+               peak);
+    printf(", peak %.1f MiB", (double)r->peak / 1048576.0);
+    if (strcmp(info.backend, "host") != 0)
+        printf("; ops on the host: %d%s%s", fb, fb ? " " : "", ops);
+    printf("\n");
+}
+
 /* The two rows of --recompute (context: the gpt's tokens per sample, or
  * 0), and in text the cost in time and the memory saved. */
 static void print_recompute(const recompute_result *r, const char *id, const char *model, int batch,
@@ -470,9 +678,10 @@ static void print_recompute(const recompute_result *r, const char *id, const cha
 int main(int argc, char **argv)
 {
     const char *devices = NULL, *only = NULL;
-    int batch = 64, steps = 20, json = 0, recompute = 0;
+    int batch = 64, steps = 20, json = 0, recompute = 0, tf32 = 0, attention_only = 0;
     shapes sh = {CH_RESNET_DEPTH, ch_gpt_defaults()};
     static const struct option longs[] = {{"devices", required_argument, 0, 'd'},
+                                          {"device", required_argument, 0, 'd'},
                                           {"batch", required_argument, 0, 'b'},
                                           {"steps", required_argument, 0, 's'},
                                           {"model", required_argument, 0, 'm'},
@@ -485,6 +694,9 @@ int main(int argc, char **argv)
                                           {"vocab", required_argument, 0, 'V'},
                                           {"precision", required_argument, 0, 'P'},
                                           {"recompute", no_argument, 0, 'R'},
+                                          {"tf32", no_argument, 0, 'F'},
+                                          {"optimizer", required_argument, 0, 'O'},
+                                          {"attention-only", no_argument, 0, 'A'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     int c;
@@ -496,6 +708,18 @@ int main(int argc, char **argv)
         case 'm': only = optarg; break;
         case 'j': json = 1; break;
         case 'R': recompute = 1; break;
+        case 'F': tf32 = 1; break;
+        case 'A': attention_only = 1; break;
+        case 'O':
+            if (strcmp(optarg, "adam") == 0)
+                optimizer = CH_OPT_ADAM;
+            else if (strcmp(optarg, "adamw") == 0)
+                optimizer = CH_OPT_ADAMW;
+            else {
+                fprintf(stderr, "bench-train: --optimizer is adam or adamw\n");
+                return 2;
+            }
+            break;
         case 'D': sh.depth = atoi(optarg); break;
         case 'L': sh.gpt.layers = atoi(optarg); break;
         case 'H': sh.gpt.heads = atoi(optarg); break;
@@ -515,13 +739,23 @@ int main(int argc, char **argv)
             }
             break;
         case 'h':
-            printf("usage: bench-train [--devices LIST] [--model mlp|cnn|resnet|gpt] [--batch N] "
+            printf("usage: bench-train [--devices LIST | --device LIST] "
+                   "[--model mlp|cnn|resnet|gpt] [--batch N] "
                    "[--steps N] [--depth N] [--layers N] [--heads N] [--dim N] [--context N] "
-                   "[--vocab N] [--precision f32|bf16|fp16] [--recompute] [--json]\n"
+                   "[--vocab N] [--precision f32|bf16|fp16] [--tf32] [--optimizer adam|adamw] "
+                   "[--recompute] [--attention-only] [--json]\n"
                    "without --model: the mlp and the cnn; --precision: mixed precision "
-                   "(ch_module_set_precision), no loss scaling; --recompute: each model "
+                   "(ch_module_set_precision), no loss scaling; --tf32: f32 GEMMs on TF32 "
+                   "(ch_math_set(CH_MATH_TF32); without it CH_MATH_DEFAULT, whatever "
+                   "CHORUS_TF32 says); --optimizer: Adam (default) or AdamW (weight decay "
+                   "0.01); --recompute: each model "
                    "without and with recomputed activations (ch_module_set_recompute), "
-                   "interleaved, with the peak memory of each\n");
+                   "interleaved, with the peak memory of each; --attention-only: the fused "
+                   "causal attention alone (ch_attention_packed_mixed and its backward, "
+                   "products in --precision) on qkv [batch, context, 3 dim], --heads heads\n"
+                   "the gpt's rows give its model TFLOP/s and MFU (6N + 6LCT FLOP a token, "
+                   "llm.c's count) against the device's listed peak, every row the ops that "
+                   "ran on the host for its device\n");
             return 0;
         default: fprintf(stderr, "bench-train: bad option (see --help)\n"); return 2;
         }
@@ -530,12 +764,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-train: --batch and --steps must be >= 1\n");
         return 2;
     }
+    if (attention_only && (only || recompute)) {
+        fprintf(stderr, "bench-train: --attention-only takes no --model and no --recompute\n");
+        return 2;
+    }
+    if (attention_only && (sh.gpt.heads < 1 || sh.gpt.dim < 1 || sh.gpt.context < 1 ||
+                           sh.gpt.dim % sh.gpt.heads != 0)) {
+        fprintf(stderr, "bench-train: --attention-only needs --heads, --dim and --context "
+                        ">= 1, --dim a multiple of --heads\n");
+        return 2;
+    }
     if (only && strcmp(only, "mlp") && strcmp(only, "cnn") && strcmp(only, "resnet") &&
         strcmp(only, "gpt")) {
         fprintf(stderr, "bench-train: --model is mlp, cnn, resnet or gpt\n");
         return 2;
     }
     BENCH_CHECK(ch_init());
+    BENCH_CHECK(ch_math_set(tf32 ? CH_MATH_TF32 : CH_MATH_DEFAULT));
     ch_device *devs[64];
     int n = 0;
     if (devices)
@@ -544,6 +789,19 @@ int main(int argc, char **argv)
         for (int i = 0; i < ch_device_count() && n < 64; i++)
             BENCH_CHECK(ch_device_get(&devs[n++], i));
     const char *models[4] = {"mlp", "cnn", "resnet", "gpt"};
+    if (attention_only) {
+        if (json)
+            printf("[");
+        for (int d = 0; d < n; d++) {
+            attn_result r;
+            attention_rate(&r, devs[d], batch, &sh.gpt, steps);
+            print_attention(&r, devs[d], batch, &sh.gpt, json, d == 0);
+        }
+        if (json)
+            printf("]\n");
+        ch_shutdown();
+        return 0;
+    }
     if (json)
         printf("[");
     else if (recompute)
@@ -567,7 +825,8 @@ int main(int argc, char **argv)
                 continue;
             }
             uint64_t peak = 0;
-            double rate = train_rate(models[mi], &sh, devs[d], batch, steps, &peak);
+            int64_t params = 0;
+            double rate = train_rate(models[mi], &sh, devs[d], batch, steps, &peak, &params);
             double peak_mib = (double)peak / (1024.0 * 1024.0);
             /* The process's peak resident memory so far (Linux: KiB), read
              * before the GEMM share's own operands are made: what the
@@ -595,11 +854,32 @@ int main(int argc, char **argv)
                 }
             }
 #endif
+            /* The gpt's model FLOP rate and MFU; for every model the ops
+             * run on the host for this device so far. */
+            ch_device_info info;
+            BENCH_CHECK(ch_device_get_info(devs[d], &info));
+            const char *label = "";
+            double dev_peak = device_peak(&info, &label), fpt = 0, tflops = 0;
+            if (gpt) {
+                fpt = gpt_flop_per_token(params, &sh.gpt);
+                tflops = fpt * rate * (double)sh.gpt.context / 1e12;
+            }
+            char ops[2048];
+            int fb = fallbacks_of(id, ops, sizeof ops);
             if (json) {
                 printf("%s{\"device\":\"%s\",\"model\":\"%s\",\"batch\":%d,\"samples_per_s\":%.1f",
                        first ? "" : ",", id, models[mi], batch, rate);
                 if (gpt)
-                    printf(",\"tokens_per_s\":%.1f", rate * (double)sh.gpt.context);
+                    printf(",\"tokens_per_s\":%.1f,\"context\":%lld,\"flop_per_token\":%.6g,"
+                           "\"tflops\":%.3f",
+                           rate * (double)sh.gpt.context, (long long)sh.gpt.context, fpt, tflops);
+                if (gpt && dev_peak > 0)
+                    printf(",\"peak_tflops\":%.1f,\"peak_of\":\"%s %s\",\"mfu\":%.4f", dev_peak,
+                           label, math_kind(info.backend), tflops / dev_peak);
+                printf(",\"params\":%lld,\"device_name\":\"%s\",\"math\":\"%s\","
+                       "\"optimizer\":\"%s\",\"fallbacks\":%d,\"fallback_ops\":[%s]",
+                       (long long)params, info.name, math_kind(info.backend),
+                       optimizer == CH_OPT_ADAMW ? "adamw" : "adam", fb, ops);
                 if (share >= 0)
                     printf(",\"gemm_bound_samples_per_s\":%.1f,\"gemm_share\":%.3f", bound, share);
                 if (precision != CH_F32)
@@ -615,6 +895,21 @@ int main(int argc, char **argv)
                 else
                     printf("%-10s %-6s %6d %14.1f %14s %10.1f\n", id, models[mi], batch, rate, "-",
                            peak_mib);
+                if (gpt) {
+                    printf("%-10s %-6s %6d  %lld parameters, %.4g FLOP a token (6N + 6LCT): "
+                           "%.2f TFLOP/s",
+                           id, models[mi], batch, (long long)params, fpt, tflops);
+                    if (dev_peak > 0)
+                        printf(", MFU %.1f%% of %.1f (%s, %s)", 100.0 * tflops / dev_peak, dev_peak,
+                               label, math_kind(info.backend));
+                    else
+                        printf(", MFU -: no listed %s peak for \"%s\"", math_kind(info.backend),
+                               info.name);
+                    printf("\n");
+                }
+                if (strcmp(info.backend, "host") != 0)
+                    printf("%-10s %-6s %6d  ops run on the host for %s so far: %d%s%s\n", id,
+                           models[mi], batch, id, fb, fb ? " " : "", ops);
                 if (share >= 0)
                     printf("%-10s %-6s %6d %14.1f  GEMM-bound rate at " REF_GEMM_LIB " speed%s; "
                            "GEMM share %.3f\n",
