@@ -621,7 +621,7 @@ static void print_attention(const attn_result *r, ch_device *dev, int batch, con
         printf("%s{\"device\":\"%s\",\"device_name\":\"%s\",\"attention_only\":true,"
                "\"batch\":%d,\"heads\":%d,\"context\":%lld,\"head_dim\":%lld,"
                "\"precision\":\"%s\",\"forward_ms\":%.4f,\"backward_ms\":%.4f,"
-               "\"step_ms\":%.4f,\"flop\":%.6g,\"tflops\":%.3f",
+               "\"step_ms\":%.4f,\"flop\":%.0f,\"tflops\":%.3f",
                first ? "" : ",", id, info.name, batch, c->heads, (long long)c->context,
                (long long)(c->dim / c->heads), ch_dtype_name(precision), r->forward_ms,
                r->backward_ms, r->step_ms, r->flop, tflops);
@@ -870,7 +870,7 @@ int main(int argc, char **argv)
                 printf("%s{\"device\":\"%s\",\"model\":\"%s\",\"batch\":%d,\"samples_per_s\":%.1f",
                        first ? "" : ",", id, models[mi], batch, rate);
                 if (gpt)
-                    printf(",\"tokens_per_s\":%.1f,\"context\":%lld,\"flop_per_token\":%.6g,"
+                    printf(",\"tokens_per_s\":%.1f,\"context\":%lld,\"flop_per_token\":%.0f,"
                            "\"tflops\":%.3f",
                            rate * (double)sh.gpt.context, (long long)sh.gpt.context, fpt, tflops);
                 if (gpt && dev_peak > 0)
