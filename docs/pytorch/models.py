@@ -10,7 +10,6 @@ import os
 import tempfile
 
 import torch
-from safetensors.torch import load_model, save_file
 from torch import nn
 from torch.nn import functional as F
 
@@ -217,6 +216,10 @@ def load_state(model, tensors):
     """Load `tensors` (name -> tensor) into `model` by name, with
     safetensors.torch.load_model(strict=True)'s rules: no missing and no
     unexpected name, a tied weight given once under either of its names."""
+    # Imported here, not at the top: the models alone (the benchmarks, the
+    # GPU check's PyTorch runs) need no safetensors, which a machine with
+    # PyTorch may lack.
+    from safetensors.torch import load_model, save_file
     fd, path = tempfile.mkstemp(suffix=".safetensors")
     os.close(fd)
     try:
