@@ -19,22 +19,31 @@
 # tree). The test and benchmark programs take their sources from the
 # Makefile.mk lists, the nvcc flags are those of backends/cuda/Makefile.mk.
 #
+# Beside PyTorch (tests/gpu/side_by_side.py, python3 with torch): the
+# fortunes' validation loss on cuda:0, on the host and with PyTorch's twin
+# (fortunes), the fused attention alone (attention), and GPT-2 124M in f32,
+# TF32 and bf16, ResNet-20 and the cnn against PyTorch's eager step and
+# torch.compile (side-by-side), written to OUTDIR/side-by-side.json.
+#
 # Without a GPU (a rehearsal) it builds everything, runs test-cuda (which
 # must then say why CUDA is unavailable), test-abi, test-models and
 # test-event-time on the host (the carried jansson) and a short training on the host (the carried data
 # and zlib), and reports every GPU step as "skipped: no GPU".
 #
 # OUTDIR receives summary.txt (read it first), probe.log, build.log,
-# tests.log, bench.log, train.log and, where compute-sanitizer exists,
-# sanitizer.log. Every step runs under a time limit, cut to what is left of
-# the budget, and is printed as it ends. The exit status is 0 when every
-# step passed, was skipped, or (the optional memcheck) was cut short by
-# the budget with no error found. The summary starts with the GPU, its
+# tests.log, bench.log, train.log, side-by-side.json (on a GPU with
+# PyTorch) and, where compute-sanitizer exists, sanitizer.log. Every step
+# runs under a time limit, cut to what is left of the budget, and is
+# printed as it ends. The exit status is 0 when every step passed, was
+# skipped, or was partial: the optional memcheck cut short by the budget
+# with no error found, or a comparison beside PyTorch whose budget left a
+# case or an anchor out. The summary starts with the GPU, its
 # driver and the CUDA versions.
 #
 # Environment:
-#   CHECK_BUDGET  seconds for the whole run (default 400; the build may
-#                 take three fifths of it)
+#   CHECK_BUDGET  seconds for the whole run (default 480; the build may
+#                 take three fifths of it, the comparisons beside PyTorch
+#                 what the steps before them left)
 #   CHECK_BUILD   build folder (default /tmp/chorus-gpu-check, emptied)
 #   CHECK_CARRY   the prepared folder (default _gpu at the top of the tree)
 #   CUDA_ARCH     compute capabilities to compile for, e.g. "90" or "90
@@ -47,7 +56,12 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUTDIR=""
 B=${CHECK_BUILD:-/tmp/chorus-gpu-check}
 CARRY=${CHECK_CARRY:-$SRC/_gpu}
-BUDGET=${CHECK_BUDGET:-400}
+BUDGET=${CHECK_BUDGET:-480}
+# The environment PyTorch's runs get: LD_LIBRARY_PATH as it came, before
+# the check puts the toolkit's and the carried libraries first (which could
+# shadow the CUDA libraries of PyTorch's own wheels).
+ORIG_LD_SET=${LD_LIBRARY_PATH+1}
+ORIG_LD=${LD_LIBRARY_PATH-}
 RESERVE=10
 START=$(date +%s)
 FAILED=0
@@ -76,7 +90,7 @@ note() { NOTES+=("$*"); }
 
 # ---- probe ------------------------------------------------------------------
 
-NVCC="" CUDA_HOME="" GPU="" GPU_ARCH="" NVDIRS=()
+NVCC="" CUDA_HOME="" GPU="" GPU_ARCH="" NVDIRS=() TORCH=""
 GPU_NAME="" DRIVER="" DRIVER_CUDA="" TOOLKIT=""
 CUBLAS_SO="" NCCL_SO="" CUDART="" CUBLAS_INC="" NCCL_INC="" SANITIZER=""
 LIBDIRS=()
@@ -151,6 +165,11 @@ for d in sorted(m.distributions(), key=lambda d: d.metadata["Name"].lower()):
     n = d.metadata["Name"]
     if n.lower().startswith(("nvidia-", "torch")):
         print("  ", n, d.version)' 2>/dev/null
+    # PyTorch for the comparisons: its version, its CUDA, whether it sees a GPU.
+    TORCH=$(timeout 120 python3 -c 'import torch
+print(torch.__version__, "(CUDA %s)" % torch.version.cuda,
+      "sees a GPU" if torch.cuda.is_available() else "sees no GPU")' 2>/dev/null | tail -n 1)
+    log "== PyTorch: ${TORCH:-python3 cannot import torch}"
 }
 
 probe() {
@@ -197,7 +216,7 @@ probe() {
 
 # ---- the carried folder -----------------------------------------------------
 
-ZINC="" JINC="" ZLIB="" JLIB="" DATA="" CARRY_USED=""
+ZINC="" JINC="" ZLIB="" JLIB="" DATA="" FORTUNES="" CARRY_USED=""
 
 # A library the system has (by soname), else the carried copy. The
 # system's only when the file ldconfig's cache names is there, a non-empty
@@ -233,15 +252,19 @@ carried() {
     JLIB=$(pick_lib libjansson.so.4)
     DATA=$(first "$CARRY/data/fashion-mnist/train-images-idx3-ubyte.gz" \
         /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz)
-    ZINC=${ZINC%/*} JINC=${JINC%/*} DATA=${DATA%/*}
+    # The fortunes' texts: the carried folder (its plain files), else Debian's.
+    FORTUNES=$(first "$CARRY/data/fortunes/fortunes" /usr/share/games/fortunes/fortunes)
+    ZINC=${ZINC%/*} JINC=${JINC%/*} DATA=${DATA%/*} FORTUNES=${FORTUNES%/*}
     [ "$ZINC" = "$CARRY/include" ] && used+=("zlib.h")
     [ "$JINC" = "$CARRY/include" ] && used+=("jansson.h")
     case $ZLIB in "$CARRY"/*) used+=("libz.so.1") ;; esac
     case $JLIB in "$CARRY"/*) used+=("libjansson.so.4") ;; esac
     [ "$DATA" = "$CARRY/data/fashion-mnist" ] && used+=("Fashion-MNIST")
+    [ "$FORTUNES" = "$CARRY/data/fortunes" ] && used+=("fortunes")
     log "zlib.h in ${ZINC:-none}, libz ${ZLIB:-none}"
     log "jansson.h in ${JINC:-none}, libjansson ${JLIB:-none}"
     log "Fashion-MNIST in ${DATA:-none}"
+    log "fortunes in ${FORTUNES:-none}"
     if [ ${#used[@]} -gt 0 ]; then
         CARRY_USED="$CARRY, used: $(printf '%s\n' "${used[@]}" | paste -sd, | sed 's/,/, /g')"
     else
@@ -665,6 +688,115 @@ run_benches() {
         --reduce peer && bench_block bench-dp "bench-dp --devices cuda:0,cuda:0 --model cnn"
 }
 
+# ---- beside PyTorch ------------------------------------------------------------
+
+# The command that runs one of the built programs with the library's paths
+# (written by main once they are known): tests/gpu/side_by_side.py starts
+# Chorus's programs through it and PyTorch's with the environment the check
+# was started with.
+CHORUS_ENV=""
+
+write_chorus_env() {
+    CHORUS_ENV="$B/chorus-env"
+    {
+        echo '#!/usr/bin/env bash'
+        echo '# Runs a program with the GPU check'"'"'s library paths (written by check.sh).'
+        printf 'export LD_LIBRARY_PATH=%q\n' "$LD_LIBRARY_PATH"
+        printf 'export CHORUS_BACKEND_PATH=%q\n' "$CHORUS_BACKEND_PATH"
+        echo 'exec "$@"'
+    } >"$CHORUS_ENV" && chmod +x "$CHORUS_ENV"
+}
+
+# pystep STEP LIMIT PROGRAM... -- ARGS: tests/gpu/side_by_side.py ARGS
+# under a limit, in PyTorch's environment (LD_LIBRARY_PATH as the check
+# got it), after the programs it starts were built; its output into
+# bench.log, its "summary:" line the row's detail. Exit 0 ok, 3 partial
+# (the budget left a part out), else FAILED.
+pystep() {
+    local step=$1 lim=$2 p
+    shift 2
+    while [ "$1" != -- ]; do
+        p=$1
+        shift
+        built "$p" && continue
+        if [ -s "$B/$p.why" ]; then
+            row "$step" skipped 0 "$p not built: $(cat "$B/$p.why")"
+        else
+            row "$step" FAILED 0 "$p not built (build.log)"
+        fi
+        return 1
+    done
+    shift
+    [ "$NCUDA" -lt 1 ] && { row "$step" skipped 0 "no GPU"; return 1; }
+    out_of_time && { row "$step" skipped 0 "no time left in the budget"; return 1; }
+    lim=$(limit "$lim")
+    local own="$B/$step.out" t0 rc secs envs=(-u LD_LIBRARY_PATH) detail result
+    [ -n "$ORIG_LD_SET" ] && envs=("LD_LIBRARY_PATH=$ORIG_LD")
+    t0=$(date +%s)
+    # Its own budget a little under the limit, so that it writes its JSON
+    # and summary before the limit ends it.
+    env "${envs[@]}" timeout -k 5 "$lim" python3 "$SRC/tests/gpu/side_by_side.py" "$@" \
+        --budget $((lim > 20 ? lim - 10 : lim)) >"$own" 2>&1
+    rc=$?
+    secs=$(($(date +%s) - t0))
+    { echo "== $step: side_by_side.py $* (limit ${lim}s, exit $rc, ${secs}s)"; cat "$own"; echo; } >>"$OUTDIR/bench.log"
+    detail=$(grep '^summary: ' "$own" | tail -n 1 | sed 's/^summary: //')
+    case $rc in
+    0) result=ok ;;
+    3) result=partial ;;
+    124 | 137) result=TIMEOUT detail="after ${lim}s; ${detail:-no summary}" ;;
+    *) result=FAILED detail="exit $rc; ${detail:-$(tail -n 1 "$own")}" ;;
+    esac
+    [ "$result" = FAILED ] && tail -n 5 "$own" | sed "s|^|$step: |" >>"$B/failures"
+    row "$step" "$result" "$secs" "$detail"
+    [ "$result" = ok ] || [ "$result" = partial ]
+}
+
+py_block() { # step title: side_by_side.py's final table into the summary
+    [ -s "$B/$1.out" ] || return
+    printf '\n== %s\n' "$2" >>"$B/benchmarks"
+    sed -n '/^== table/,$p' "$B/$1.out" | sed '1d' | grep -v -e '^$' -e '^summary: ' | head -n 40 >>"$B/benchmarks"
+}
+
+# The header of side-by-side.json: the machine and the versions.
+py_meta() {
+    printf '%s\n' --out "$OUTDIR/side-by-side.json" --gpu-name "${GPU_NAME:-}" \
+        --driver "${DRIVER:-}" --cuda-driver "${DRIVER_CUDA:-}" --cuda-toolkit "${TOOLKIT:-}" \
+        --source "$(git -C "$SRC" log -1 --format='%h %s' 2>/dev/null || echo "$SRC")"
+}
+
+# The fortunes: chorus-train's GPT (4 layers, width 128, context 64, batch
+# 32) for 300 steps on cuda:0 and on the host, and PyTorch's twin on the
+# GPU; fails when cuda:0's validation loss is more than 0.02 from the
+# host's (GPU_CHECK.md says why that bound).
+run_fortunes() {
+    if [ -z "$FORTUNES" ]; then
+        row fortunes skipped 0 "no fortunes (run tests/gpu/prepare.sh and carry _gpu)"
+        return
+    fi
+    local meta
+    mapfile -t meta < <(py_meta)
+    pystep fortunes 150 chorus-train -- fortunes --device cuda:0 \
+        --chorus-train "$CHORUS_ENV $B/chorus-train" --data "$FORTUNES" \
+        --fortune-steps 300 --tolerance 0.02 "${meta[@]}"
+    py_block fortunes "fortunes: validation loss after 300 steps, cuda:0, host, PyTorch on the GPU"
+}
+
+# The fused attention alone, then the training steps beside PyTorch's:
+# the comparisons take what the budget has left, less a little for
+# memcheck; side_by_side.py leaves out (partial) what does not fit.
+run_side_by_side() {
+    local meta left
+    mapfile -t meta < <(py_meta)
+    pystep attention 90 bench-train -- attention --device cuda:0 \
+        --ours "$CHORUS_ENV $B/bench-train" "${meta[@]}"
+    py_block attention "attention alone: ch_attention_packed_mixed against PyTorch's SDPA, cuda:0"
+    left=$((BUDGET - $(elapsed) - RESERVE - 30))
+    pystep side-by-side "$((left > 1 ? left : 1))" bench-train -- train --device cuda:0 \
+        --ours "$CHORUS_ENV $B/bench-train" "${meta[@]}"
+    py_block side-by-side "side by side: ours against PyTorch on cuda:0 (side-by-side.json)"
+}
+
 # compute-sanitizer's memcheck over test-ops on cuda:0 (and the host, which
 # its comparisons of the random streams and shared formulas need): optional,
 # last, with whatever time is left (up to three minutes). Cut short by
@@ -715,6 +847,12 @@ summary() {
         log "Chorus GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(elapsed) s of a $BUDGET s budget"
         log "source:   $(git -C "$SRC" log -1 --format='%h %s' 2>/dev/null || echo "$SRC")"
         log "library:  sees $NCUDA CUDA device(s)${CUDA_WHY:+ ($CUDA_WHY)}"
+        log "PyTorch:  ${TORCH:-python3 cannot import torch}"
+        if [ -s "$OUTDIR/side-by-side.json" ]; then
+            log "results:  $OUTDIR/side-by-side.json (copy it to docs/gpu/side-by-side.json)"
+        else
+            log "results:  no side-by-side.json (it appears after a run on a GPU with PyTorch)"
+        fi
         log "toolkit:  ${NVCC:-no nvcc}, arch $CUDA_ARCH; cuBLAS ${CUBLAS_SO:-none}; NCCL ${NCCL_SO:-none}; cudart ${CUDART##*/}"
         log "carried:  $CARRY_USED"
         log "build:    $(grep -c 'warning:' "$OUTDIR/build.log" 2>/dev/null) compiler warnings (build.log)"
@@ -734,7 +872,7 @@ summary() {
 
 main() {
     local t0
-    rm -f "$OUTDIR"/{summary.txt,probe.log,build.log,tests.log,bench.log,train.log,sanitizer.log}
+    rm -f "$OUTDIR"/{summary.txt,probe.log,build.log,tests.log,bench.log,train.log,sanitizer.log,side-by-side.json}
     : >"$OUTDIR/tests.log"
     log "Chorus GPU check: source $SRC, build $B, output $OUTDIR, budget ${BUDGET}s"
 
@@ -772,6 +910,7 @@ main() {
     export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     unset CHORUS_DEVICES CHORUS_CUDA_NCCL CHORUS_TEST_DEVICES
     log "CHORUS_BACKEND_PATH=$CHORUS_BACKEND_PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUTDIR/tests.log"
+    write_chorus_env
 
     cuda_devices
     if [ "$NCUDA" -gt 0 ]; then
@@ -783,7 +922,9 @@ main() {
     fi
     run_tests
     run_train
+    run_fortunes
     run_benches
+    run_side_by_side
     run_sanitizer
     summary
     log ""

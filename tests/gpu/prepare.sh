@@ -2,7 +2,7 @@
 # Fill the folder that travels beside the working tree to the GPU machine
 # (see docs/GPU_CHECK.md): what tests/gpu/check.sh needs there and the
 # machine lacks. Run it here, on a Debian machine with zlib1g-dev,
-# libjansson-dev and dataset-fashion-mnist installed.
+# libjansson-dev, dataset-fashion-mnist and fortunes installed.
 #
 #   tests/gpu/prepare.sh [DIR]     (default: _gpu at the top of the tree,
 #                                   which .gitignore leaves out)
@@ -12,14 +12,18 @@
 #   lib/        libz.so.1 and libjansson.so.4 (used there only where the
 #               machine has none of its own)
 #   data/fashion-mnist/   the four IDX files, gzipped
+#   data/fortunes/        the texts of Debian's fortunes package: its plain
+#               files less the *.dat indexes (what chorus-train and
+#               docs/pytorch/train_gpt.py read of the folder), about 2.6 MiB
 #   MANIFEST    where each file came from, its size and SHA-256; check.sh
 #               verifies it and says in its summary what it used
-# All plain files (links would not travel), about 30 MiB.
+# All plain files (links would not travel), about 33 MiB.
 set -euo pipefail
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 DEST=${1:-$SRC/_gpu}
 DATA=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
 LIMIT_MB=60
 
 die() { echo "prepare.sh: $*" >&2; exit 1; }
@@ -48,6 +52,7 @@ put() { # source dest-relative-path
 }
 
 [ -d "$DATA" ] || die "no Fashion-MNIST in $DATA (apt install dataset-fashion-mnist, or set FASHION_MNIST)"
+[ -f "$FORTUNES/fortunes" ] || die "no fortunes in $FORTUNES (apt install fortunes, or set FORTUNES)"
 rm -rf "$DEST"
 mkdir -p "$DEST"
 : >"$DEST/MANIFEST.tmp"
@@ -73,6 +78,17 @@ for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte 
     n=$((n + 1))
 done
 
+# The fortunes: the folder's regular files, not links (the .u8 names) and
+# not the *.dat indexes, which is what the readers take of it.
+nf=0
+for f in "$FORTUNES"/*; do
+    case $f in *.dat) continue ;; esac
+    [ -f "$f" ] && [ ! -L "$f" ] || continue
+    put "$f" "data/fortunes/$(basename "$f")"
+    nf=$((nf + 1))
+done
+[ "$nf" -gt 0 ] || die "no text files in $FORTUNES"
+
 {
     echo "# Prepared by tests/gpu/prepare.sh on $(uname -n), $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "# $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(gcc --version | head -n 1)"
@@ -83,6 +99,6 @@ rm -f "$DEST/MANIFEST.tmp"
 
 size_kb=$(du -sk "$DEST" | cut -f1)
 [ "$size_kb" -le $((LIMIT_MB * 1024)) ] || die "$DEST holds $((size_kb / 1024)) MiB, more than $LIMIT_MB"
-echo "prepared $DEST: $((size_kb / 1024)) MiB, $(($(wc -l <"$DEST/MANIFEST") - 3)) files ($n data files)"
+echo "prepared $DEST: $((size_kb / 1024)) MiB, $(($(wc -l <"$DEST/MANIFEST") - 3)) files ($n data files, $nf fortunes texts)"
 sed -n '4,$p' "$DEST/MANIFEST" | awk '{ printf "  %-46s %9s bytes  from %s\n", $3, $2, $4 }'
 echo "carry it with the tree: the folder \"${DEST#"$SRC"/}\" (docs/GPU_CHECK.md)"
