@@ -19,7 +19,7 @@ endif
 # the CPU in its kernels' order against attention in double: plain C, so
 # built and run with or without CUDA.
 check_PROGRAMS += tests/test-cuda-flash
-tests_test_cuda_flash_SOURCES = tests/test-cuda-flash.c backends/cuda/flash.h
+tests_test_cuda_flash_SOURCES = tests/test-cuda-flash.c
 tests_test_cuda_flash_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/backends/cuda
 tests_test_cuda_flash_LDADD = $(TEST_LIBS)
 
