@@ -24,6 +24,7 @@
 #ifndef CHORUS_CUDA_FLASH_H
 #define CHORUS_CUDA_FLASH_H
 
+#include <math.h>
 #include <stdint.h>
 #include "kernels/attn.h"
 
@@ -32,6 +33,11 @@
 #else
 #define CHF_FN static inline
 #endif
+/* Every product-sum of a row (the dots, the accumulations) rounds once,
+ * as fmaf does wherever it runs (the test on the CPU too): the module's
+ * --fmad=false, which keeps the elementwise kernels' bits, does not halve
+ * these kernels' arithmetic. */
+#define CHF_FMA(a, b, c) fmaf(a, b, c)
 
 /* Threads of a block: the rows each block owns. */
 #define CHF_THREADS 64
@@ -101,7 +107,7 @@ CHF_FN float chf_dot(const float *a, const float *b, int64_t hd)
 {
     float s = 0.0f;
     for (int64_t c = 0; c < hd; c++)
-        s += a[c] * b[c];
+        s = CHF_FMA(a[c], b[c], s);
     return s;
 }
 
@@ -140,7 +146,7 @@ CHF_FN chf_fwd_row chf_fwd_tile(const chf_geom *g, int64_t i, int64_t j0, int64_
         float p = chk_attn_p(s, st.m);
         st.l += p;
         for (int64_t c = 0; c < hd; c++)
-            acc[c] += p * vs[r * hd + c];
+            acc[c] = CHF_FMA(p, vs[r * hd + c], acc[c]);
     }
     return st;
 }
@@ -187,7 +193,7 @@ CHF_FN void chf_dq_tile(const chf_geom *g, int64_t i, int64_t j0, int64_t rows, 
         float p = chk_attn_p(g->scale * chf_dot(qi, ks + r * hd, hd), lse_i);
         float ds = chk_attn_ds(p, chf_dot(doi, vs + r * hd, hd), d_i);
         for (int64_t c = 0; c < hd; c++)
-            dq[c] += ds * ks[r * hd + c];
+            dq[c] = CHF_FMA(ds, ks[r * hd + c], dq[c]);
     }
 }
 
@@ -225,8 +231,8 @@ CHF_FN void chf_dkv_tile(const chf_geom *g, int64_t j, int64_t i0, int64_t rows,
         float p = chk_attn_p(g->scale * chf_dot(qi, kj, hd), ls[r]);
         float s = chk_attn_ds(p, chf_dot(doi, vj, hd), ds[r]);
         for (int64_t c = 0; c < hd; c++) {
-            dv[c] += p * doi[c];
-            dk[c] += s * qi[c];
+            dv[c] = CHF_FMA(p, doi[c], dv[c]);
+            dk[c] = CHF_FMA(s, qi[c], dk[c]);
         }
     }
 }
