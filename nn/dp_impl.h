@@ -6,7 +6,12 @@
  * - nn/dp_reduce.c: the buckets and the reducer thread;
  * - nn/dp_bn.c: BatchNorm's statistics exchanged between replicas;
  * - nn/dp_join.c: across processes, joining them in ch_dp_new and the
- *   report every process gives the others at the end of every call.
+ *   report every process gives the others at the end of every call;
+ * - nn/dp_shard.c: the sharded optimizer (ZeRO stage 1) and the
+ *   optimizer's state as a whole;
+ * - nn/dp_trace.c: its part of the trace, the step's breakdown and the
+ *   automatic bucket size;
+ * - nn/dp_elastic.c: elastic data parallelism inside one process.
  *
  * The design (replicas, buckets, the phases of a call) is described at the
  * top of nn/dp.c. */

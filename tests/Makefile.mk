@@ -23,7 +23,10 @@ tests_libtestutil_la_LIBADD = libchorus.la
 
 TEST_LIBS = tests/libtestutil.la libchorus.la -lm
 
-# The installed libchorus exports the public API and chi_error alone. What
+# The installed libchorus exports the public API and, besides it, what
+# the backend modules and the test copy of nn/ link against (chi_error,
+# chi_workspace_*, chi_staging_*, chi_math_flags, chi_trace_* and
+# lib/stamp.h's three: tests/test-exports.sh holds the list). What
 # tests and benchmarks call below it is compiled a second time into
 # libraries of their own, never installed:
 # - the core's internals they drive directly: discovery on made-up machines

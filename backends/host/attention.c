@@ -1,6 +1,7 @@
 /* The host's attention ops: batched GEMM (one GEMM per matrix), permute,
- * the row softmax with its causal mask, and the embedding gather and its
- * backward.
+ * the row softmax with its causal mask, the fused causal attention and its
+ * backward (FlashAttention's tiles in f32, and in bf16 on AMX for the
+ * mixed op), and the embedding gather and its backward.
  *
  * Each output element is computed by one thread in an order fixed by the
  * shape alone, so results are the same bits whatever the thread count. */
