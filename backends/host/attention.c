@@ -346,8 +346,8 @@ static int64_t fa_width(int64_t i, int64_t j0, int64_t nk)
     return w < 0 ? 0 : w > nk ? nk : w;
 }
 
-/* One thread's tiles: s (scores, then probabilities) and dp [FA_Q * FA_K],
- * acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o);
+/* One thread's tiles: s (scores, then probabilities) and dp [FA_Q *
+ * fa_row_floats(t)] (rows of FA_K, or whole rows), acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o);
  * forward's corrections of a tile's rows, fa_rows_update), kt and vt
  * [hd * t] (the matrix's k and v transposed, for the tile products,
  * fa_mm_bt). */
