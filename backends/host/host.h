@@ -109,13 +109,15 @@ float chi_host_attention_row_exp(int isa, float *x, int64_t w, int64_t nk, float
 /* Tests only: whether chi_host_gemm, called now, would share the product
  * out by halves of its rows (gemm.c) instead of leaving it to oneDNN. */
 int chi_host_gemm_halved(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k);
-/* Tests only: on 0, the fused attention's forward takes tiles of keys
- * with a running maximum at every length (1: whole rows where the length
- * allows, the default). */
+/* Tests only: on 0, the f32 fused attention takes tiles at every length:
+ * the forward tiles of keys with a running maximum, the backward tiles of
+ * queries for each tile of keys (1, the default: up to attention.c's
+ * FA_ROWS_MAX, whole rows in the forward and a tile of keys against all
+ * its queries in the backward). */
 void chi_host_attention_whole_rows(int on);
 #endif
 
-/* backend.c: an op's scratch memory, where an allocation per call would
+/* scratch.c: an op's scratch memory, where an allocation per call would
  * cost time on the hot path. take: out->mem = at least `bytes`, 64-byte
  * aligned, from memory the stream keeps between calls (grown when asked
  * for more, freed with the stream; zeroed when allocated, then holding
