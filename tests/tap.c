@@ -28,6 +28,7 @@ void tap_skip_all(const char *fmt, ...)
     exit(0);
 }
 
+/* One line; a "not ok" counts as a failure unless it is expected (TODO). */
 static void vline(int ok, const char *directive, const char *fmt, va_list ap)
 {
     char msg[2048];
@@ -37,7 +38,7 @@ static void vline(int ok, const char *directive, const char *fmt, va_list ap)
             *p = (*p == '#') ? '_' : ' ';
     tap_count++;
     printf("%sok %d - %s%s\n", ok ? "" : "not ", tap_count, msg, directive ? directive : "");
-    if (!ok)
+    if (!ok && !(directive && strncmp(directive, " # TODO", 7) == 0))
         tap_failed++;
     fflush(stdout);
 }
@@ -62,7 +63,6 @@ void tap_todo(const char *why, const char *fmt, ...)
     va_start(ap, fmt);
     vline(0, directive, fmt, ap);
     va_end(ap);
-    tap_failed--; /* expected: the harness counts it as XFAIL */
 }
 
 void tap_skip(const char *fmt, ...)

@@ -121,15 +121,10 @@ void chcu_clock_release(chcu_device *d)
 ch_status chcu_event_new(void *dev, void **event)
 {
     chcu_device *d = (chcu_device *)dev;
-    ch_status st = chcu_enter(d);
-    if (st)
-        return st;
     int timed = chi_tracing();
-    if (timed) {
-        st = clock_zero_ensure(d);
-        if (st)
-            return st;
-    } else {
+    /* A spare needs no driver call: the device is entered only to make a
+     * new one. */
+    if (!timed) {
         pthread_mutex_lock(&d->event_lock);
         chcu_event *e = d->spare;
         if (e) {
@@ -143,6 +138,14 @@ ch_status chcu_event_new(void *dev, void **event)
             *event = e;
             return CH_OK;
         }
+    }
+    ch_status st = chcu_enter(d);
+    if (st)
+        return st;
+    if (timed) {
+        st = clock_zero_ensure(d);
+        if (st)
+            return st;
     }
     chcu_event *e = (chcu_event *)calloc(1, sizeof *e);
     if (!e)
