@@ -7,7 +7,7 @@
  * host's rounding of f32 to bf16 with VCVTNEPS2BF16 (where the CPU has
  * it) against chk_f32_to_bf16, bit for bit (test-cast holds ch_cast to an
  * independent reference on every device). chi_host_gemm itself on the
- * products it shares out by halves of their rows (with oneDNN) and near them. */
+ * products it cuts into parts by rows (with oneDNN) and near them. */
 #ifdef HAVE_CONFIG_H
 #include "config.h" /* HAVE_ONEDNN */
 #endif
@@ -17,6 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+/* From the OpenMP API (lib/omp.h, on the include path, shadows <omp.h>). */
+void omp_set_num_threads(int n);
+#endif
 
 #include "tap.h"
 #include "host.h"
@@ -113,18 +117,39 @@ static void run_case(const gemm_case *t, tap_rng *rng)
            "%sgemm %c%c m=%d n=%d k=%d ld+%d alpha=%g beta=%g: relative "
            "error %.3g (want <= 1e-5) %s%s",
            !via_host ? ""
-           : chi_host_gemm_halved(t->ta, t->tb, t->m, t->n, t->k)
-               ? "chi_host_gemm by halves of rows: "
+           : chi_host_gemm_row_parts(t->ta, t->tb, t->m, t->n, t->k)
+               ? "chi_host_gemm by parts of rows: "
                : "chi_host_gemm: ",
            t->ta ? 'T' : 'N', t->tb ? 'T' : 'N', t->m, t->n, t->k, t->pad, (double)t->alpha,
            (double)t->beta, err, where, st == CH_OK ? "" : ch_last_error());
     free(a), free(b), free(c), free(c0);
 }
 
-/* chi_host_gemm on NT products that it shares out by halves of their rows
- * where the build has oneDNN and two threads run (an odd count of rows,
- * padded rows, beta 0 with NaN in C and beta 2), and on the same layout
- * just past the region and in other layouts: against the double loop. */
+/* The products chi_host_gemm cuts into parts by rows, one a thread, with
+ * `team` threads: the NT products of fewer than 1024 columns and a depth
+ * from 1536 with at least 256 rows a thread (gemm.c's rule), and no
+ * others. */
+static void row_parts_rule(int team)
+{
+    int64_t m = 256 * (int64_t)team;
+    int at = chi_host_gemm_row_parts(0, 1, m, 1023, 1536);
+    tap_ok(at == team && chi_host_gemm_row_parts(0, 1, m + 89, 300, 1600) == team &&
+               !chi_host_gemm_row_parts(0, 1, m - 1, 300, 1600) &&
+               !chi_host_gemm_row_parts(0, 1, m, 1024, 1536) &&
+               !chi_host_gemm_row_parts(0, 1, m, 300, 1535) &&
+               !chi_host_gemm_row_parts(0, 0, m + 89, 300, 1600) &&
+               !chi_host_gemm_row_parts(1, 1, m + 89, 300, 1600),
+           "chi_host_gemm with oneDNN and %d threads cuts into %d parts by rows the NT "
+           "products of fewer than 1024 columns, depth from 1536 and %lld rows or more, and "
+           "no others (got %d parts at the edge)",
+           team, team, (long long)m, at);
+}
+
+/* chi_host_gemm on NT products that it cuts into parts by rows where the
+ * build has oneDNN and several threads run (an odd count of rows, padded
+ * rows, beta 0 with NaN in C and beta 2), and on the same layout just
+ * past the region and in other layouts: against the double loop; then,
+ * with three threads, parts of unequal rows. */
 static void library_cases(tap_rng *rng)
 {
     static const gemm_case cases[] = {
@@ -135,24 +160,24 @@ static void library_cases(tap_rng *rng)
     via_host = 1;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], rng);
-    via_host = 0;
-#ifdef HAVE_ONEDNN
-    if (chi_omp_max_threads() == 2)
-        tap_ok(chi_host_gemm_halved(0, 1, 601, 300, 1600) &&
-                   chi_host_gemm_halved(0, 1, 512, 1023, 1536) &&
-                   !chi_host_gemm_halved(0, 1, 520, 1024, 1536) &&
-                   !chi_host_gemm_halved(0, 1, 520, 300, 1535) &&
-                   !chi_host_gemm_halved(0, 1, 511, 300, 1600) &&
-                   !chi_host_gemm_halved(0, 0, 601, 300, 1600) &&
-                   !chi_host_gemm_halved(1, 1, 601, 300, 1600),
-               "chi_host_gemm with oneDNN and two threads halves the NT products of fewer "
-               "than 1024 columns, depth from 1536 and 512 rows or more, and no others");
+#if defined(HAVE_ONEDNN) && defined(_OPENMP)
+    int team = chi_omp_max_threads();
+    if (team >= 2)
+        row_parts_rule(team);
     else
-        tap_skip("chi_host_gemm's halves: %d threads run, the halves are for two",
-                 chi_omp_max_threads());
+        tap_skip("chi_host_gemm's parts by rows: one thread runs");
+    /* Three parts of unequal rows (256, 257 and 257 of 770), whatever the
+     * cores. */
+    omp_set_num_threads(3);
+    row_parts_rule(3);
+    static const gemm_case three = {0, 1, 770, 500, 1536, 2, 1.0f, 0.0f};
+    run_case(&three, rng);
+    omp_set_num_threads(team);
 #else
-    tap_skip("chi_host_gemm's halves: this build has no oneDNN");
+    tap_skip("chi_host_gemm's parts by rows: this build has no oneDNN or no OpenMP");
+    tap_skip("chi_host_gemm's parts by rows with three threads: the same");
 #endif
+    via_host = 0;
 }
 
 /* alpha == 0 reads neither A nor B: NaN there leaves beta * C. */

@@ -336,41 +336,51 @@ static ch_status lib_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64
 #define HAVE_LIB_SGEMM 1
 #define LIB_SGEMM_SERIAL_IN_REGION 1
 
-/* oneDNN 2.6's sgemm shares an NT product (a [m, k] times b^T, b [n, k])
- * of fewer than 1024 columns and a depth from 1536 between two threads in
- * a way that ran 5 to 19% slower than each thread taking half the rows as
- * a call of its own (GPT-2 small's c_proj forward, [1024, 3072] times
- * [3072, 768]^T: 8%; the grid of shapes in docs/BENCHMARKS.md, where the
- * other layouts and shapes were no faster so). Measured with two threads:
- * other team sizes keep oneDNN's partition. Each element is the same sum
- * whichever thread takes its row. */
-static int rows_halved(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k)
+/* How many parts chi_host_gemm cuts a product into by rows, one call of
+ * oneDNN's sgemm a thread (0: none, oneDNN shares it out itself). The
+ * rule: an NT product (a [m, k] times b^T, b [n, k]) that is narrow and
+ * deep, fewer than 1024 columns and a depth from 1536, which oneDNN 2.6
+ * shares between threads less well than whole rows a thread: a thread
+ * that owns whole rows owns whole dot products, against a b that every
+ * thread only reads; and each thread gets at least ROW_PART_MIN rows, so
+ * that each call still fills the library's blocks.
+ * Outside a parallel region only (inside one, a call is the thread's own).
+ * Each element is the same sum whichever thread takes its row, so the
+ * parts change no bit. The shapes measured, at two threads, are in
+ * docs/PERFORMANCE_LOG.md. */
+#define ROW_PART_MIN 256
+static int row_parts(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k)
 {
-    return !trans_a && trans_b && n < 1024 && k >= 1536 && m >= 512 && chi_omp_max_threads() == 2 &&
-           chi_omp_threads() == 1;
+    int team = chi_omp_max_threads();
+    if (team < 2 || chi_omp_threads() != 1 || trans_a || !trans_b || n >= 1024 || k < 1536 ||
+        m < (int64_t)ROW_PART_MIN * team)
+        return 0;
+    return team;
 }
 
-static ch_status lib_sgemm_halves(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                                  int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                                  int64_t ldc)
+/* The product in `parts` calls by rows, one a thread: part p takes rows
+ * [m p / parts, m (p + 1) / parts). A smaller team than asked for (no
+ * threads to spare) takes the parts in turn. */
+static ch_status lib_sgemm_rows(int parts, int64_t m, int64_t n, int64_t k, float alpha,
+                                const float *a, int64_t lda, const float *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc)
 {
-    ch_status st[2] = {CH_OK, CH_OK};
-    char why[2][256] = {"", ""};
-    CHI_OMP(omp parallel num_threads(2))
-    {
-        /* a team of one (no threads to spare) takes all the rows */
-        int t = chi_omp_thread(), team = chi_omp_threads();
-        int64_t half = team == 2 ? m / 2 : m, r0 = t == 0 ? 0 : half,
-                rows = t == 0 ? half : m - half;
-        st[t] =
-            lib_sgemm(0, 1, rows, n, k, alpha, a + r0 * lda, lda, b, ldb, beta, c + r0 * ldc, ldc);
-        if (st[t] != CH_OK)
-            snprintf(why[t], sizeof why[t], "%s", ch_last_error());
+    ch_status first = CH_OK;
+    char why[256] = "";
+    CHI_OMP(omp parallel for num_threads(parts) schedule(static, 1))
+    for (int p = 0; p < parts; p++) {
+        int64_t r0 = m * p / parts, r1 = m * (p + 1) / parts;
+        ch_status st = lib_sgemm(0, 1, r1 - r0, n, k, alpha, a + r0 * lda, lda, b, ldb, beta,
+                                 c + r0 * ldc, ldc);
+        if (st != CH_OK) {
+            CHI_OMP(omp critical(chi_host_gemm_rows))
+            if (first == CH_OK) {
+                first = st;
+                snprintf(why, sizeof why, "%s", ch_last_error());
+            }
+        }
     }
-    for (int t = 0; t < 2; t++)
-        if (st[t] != CH_OK)
-            return chi_error(st[t], "%s", why[t]);
-    return CH_OK;
+    return first == CH_OK ? CH_OK : chi_error(first, "%s", why);
 }
 #elif defined(HAVE_BLAS)
 /* The product through cblas_sgemm when it takes these sizes (int);
@@ -414,10 +424,10 @@ ch_status chi_host_gemm_serial(int trans_a, int trans_b, int64_t m, int64_t n, i
 }
 
 #ifdef CHI_TEST_HOOKS
-int chi_host_gemm_halved(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k)
+int chi_host_gemm_row_parts(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k)
 {
 #ifdef HAVE_ONEDNN
-    return rows_halved(trans_a, trans_b, m, n, k);
+    return row_parts(trans_a, trans_b, m, n, k);
 #else
     (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k;
     return 0;
@@ -431,9 +441,10 @@ ch_status chi_host_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64
 {
     (void)stream;
 #ifdef HAVE_ONEDNN
-    if (rows_halved(trans_a, trans_b, m, n, k))
-        return lib_sgemm_halves(m, n, k, alpha, chi_host_f32(a), lda, chi_host_f32(b), ldb, beta,
-                                chi_host_f32(c), ldc);
+    int parts = row_parts(trans_a, trans_b, m, n, k);
+    if (parts)
+        return lib_sgemm_rows(parts, m, n, k, alpha, chi_host_f32(a), lda, chi_host_f32(b), ldb,
+                              beta, chi_host_f32(c), ldc);
 #endif
 #ifdef HAVE_LIB_SGEMM
     /* Sizes OpenBLAS cannot take (int) go to the blocked GEMM. */

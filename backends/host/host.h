@@ -106,9 +106,10 @@ void chi_host_amx_prefer(int on);
 void chi_host_tile_prefer(int isa);
 float chi_host_attention_row_max(int isa, const float *x, int64_t w);
 float chi_host_attention_row_exp(int isa, float *x, int64_t w, int64_t nk, float sub);
-/* Tests only: whether chi_host_gemm, called now, would share the product
- * out by halves of its rows (gemm.c) instead of leaving it to oneDNN. */
-int chi_host_gemm_halved(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k);
+/* Tests only: into how many parts by rows chi_host_gemm, called now,
+ * would cut the product, one oneDNN call a thread (gemm.c's rule), or 0
+ * where it leaves the product to oneDNN whole. */
+int chi_host_gemm_row_parts(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k);
 /* Tests only: on 0, the f32 fused attention takes tiles at every length:
  * the forward tiles of keys with a running maximum, the backward tiles of
  * queries for each tile of keys (1, the default: up to attention.c's
