@@ -79,7 +79,21 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # ch_trace_stop and ch_trace_running; 10:0:1: ch_attention and
 # ch_attention_backward; 11:0:2: ch_attention_packed and its backward;
 # 12:0:3: ch_attention_packed_mixed and its backward).
-libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info 12:0:3 $(OPENMP_CFLAGS)
+chorus_lt_version = 12:0:3
+# What the installed library exports: the public API (ch_*) and the
+# services the backend modules link against (lib/backend.h, lib/error.h,
+# chi_trace_on in lib/trace.h); a fault-injection build, never installed,
+# its counters too. Everything else, CHI_TEST_API's internals included,
+# stays local (tests/test-exports.sh holds the line; tests/Makefile.mk
+# builds the library again from the same objects, exporting them).
+chorus_exports = ch_|chi_error$$|chi_workspace_|chi_staging_|chi_math_flags$$|chi_trace_on$$
+if FAULT_INJECTION
+chorus_fault_exports = |chi_fault_
+else
+chorus_fault_exports =
+endif
+libchorus_la_LDFLAGS = $(AM_LDFLAGS) -version-info $(chorus_lt_version) $(OPENMP_CFLAGS) \
+	-export-symbols-regex '^($(chorus_exports)$(chorus_fault_exports))'
 
 # Installed as PREFIX/include/chorus.h and PREFIX/include/chorus/*.h, where
 # pkg-config's -I${includedir} finds them (tests/installcheck.sh checks).

@@ -17,24 +17,36 @@ AM_TESTS_ENVIRONMENT += CHORUS_FAULT_BUILD=yes; export CHORUS_FAULT_BUILD;
 endif
 
 noinst_HEADERS += tests/tap.h
+# The TAP helpers; each program names the library it links after them.
 check_LTLIBRARIES = tests/libtestutil.la
 tests_libtestutil_la_SOURCES = tests/tap.c tests/tap.h
-tests_libtestutil_la_LIBADD = libchorus.la
 
 TEST_LIBS = tests/libtestutil.la libchorus.la -lm
 
-# The installed libchorus exports the public API and, besides it, what
-# the backend modules and the test copy of nn/ link against (chi_error,
-# chi_workspace_*, chi_staging_*, chi_math_flags, chi_trace_* and
-# lib/stamp.h's three: tests/test-exports.sh holds the list). What
-# tests and benchmarks call below it is compiled a second time into
-# libraries of their own, never installed:
-# - the core's internals they drive directly: discovery on made-up machines
-#   the blocked C GEMM (the fallback a build with OpenBLAS never runs), the
-#   fused attention in each instruction set (CHI_TEST_HOOKS: the hooks
-#   that choose it) with its tile products, the host's f32 to bf16
-#   rounding in each path, the host convolution with its oneDNN path, and
-#   LayerNorm in each build (the same hooks);
+# The installed libchorus exports the public API and the services the
+# backend modules link against, nothing else (chorus_exports in
+# lib/Makefile.mk; tests/test-exports.sh holds the line). The tests reach
+# what lies below it in two ways, neither installed:
+# - tests/libchorus.la: the same objects linked again without that list,
+#   so it exports the internals marked CHI_TEST_API as well (the trace
+#   recorder's calls, lib/stamp.h's tensor stamps and fused Adam step). It
+#   keeps libchorus's soname, so a backend module a test loads, which
+#   names libchorus.so.N, binds to this copy, already loaded, rather than
+#   loading the installed one beside it. Link TEST_INTERNAL_LIBS instead
+#   of TEST_LIBS, never both libraries.
+check_LTLIBRARIES += tests/libchorus.la
+tests_libchorus_la_SOURCES =
+tests_libchorus_la_LIBADD = $(libchorus_la_OBJECTS) $(libchorus_la_LIBADD)
+tests_libchorus_la_LDFLAGS = $(AM_LDFLAGS) -rpath '$(abs_builddir)/tests' \
+	-version-info $(chorus_lt_version) $(OPENMP_CFLAGS)
+TEST_INTERNAL_LIBS = tests/libtestutil.la tests/libchorus.la -lm
+# - internals compiled a second time, with the test hooks
+#   (CHI_TEST_HOOKS), into libraries of their own: discovery on made-up
+#   machines, the blocked C GEMM (the fallback a build with OpenBLAS never
+#   runs), the fused attention in each instruction set (the hooks choose
+#   it) with its tile products, the host's f32 to bf16 rounding in each
+#   path, the host convolution with its oneDNN path, and LayerNorm in each
+#   build (the same hooks);
 noinst_LTLIBRARIES += tests/libchorus-internal.la
 tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c \
 	backends/host/tile_mm.c backends/host/conv.c backends/host/dnnl.c \
@@ -43,9 +55,9 @@ tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/hos
 tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS) -DCHI_TEST_HOOKS
 tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(ONEDNN_LIBS) $(BLAS_LIBS)
 INTERNAL_LIBS = tests/libchorus-internal.la $(TEST_LIBS)
-# - nn/ with the hooks that inject failures (CHI_TEST_HOOKS), linked ahead
-#   of libchorus: nn/ sits on the public API, so this copy of it drives the
-#   same core and backends.
+# - nn/ with the hooks that inject failures, linked ahead of
+#   tests/libchorus.la (TEST_INTERNAL_LIBS): this copy of nn/ drives the
+#   same core and backends through the public API and CHI_TEST_API.
 check_LTLIBRARIES += tests/libnn-hooks.la
 tests_libnn_hooks_la_SOURCES = $(nn_sources)
 tests_libnn_hooks_la_CPPFLAGS = $(AM_CPPFLAGS) $(FAULT_CPPFLAGS) -DCHI_TEST_HOOKS $(ZLIB_CFLAGS) $(JANSSON_CFLAGS) \
@@ -76,14 +88,14 @@ tests_test_timeline_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_test_timeline_LDADD = $(TEST_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 tests_test_trace_SOURCES = tests/test-trace.c
 tests_test_trace_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
-tests_test_trace_LDADD = $(TEST_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+tests_test_trace_LDADD = $(TEST_INTERNAL_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 
 # Device time in the trace (lib/trace_clock.c, each backend's
 # event_seconds) on every device, the files read back with jansson.
 check_PROGRAMS += tests/test-event-time
 tests_test_event_time_SOURCES = tests/test-event-time.c
 tests_test_event_time_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
-tests_test_event_time_LDADD = $(TEST_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+tests_test_event_time_LDADD = $(TEST_INTERNAL_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 
 check_PROGRAMS += tests/test-nn
 tests_test_nn_SOURCES = tests/test-nn.c
@@ -92,12 +104,12 @@ tests_test_nn_LDADD = $(TEST_LIBS)
 check_PROGRAMS += tests/test-dp
 tests_test_dp_SOURCES = tests/test-dp.c
 tests_test_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
-tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
+tests_test_dp_LDADD = tests/libnn-hooks.la $(TEST_INTERNAL_LIBS)
 
 check_PROGRAMS += tests/test-dp-elastic
 tests_test_dp_elastic_SOURCES = tests/test-dp-elastic.c
 tests_test_dp_elastic_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
-tests_test_dp_elastic_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
+tests_test_dp_elastic_LDADD = tests/libnn-hooks.la $(TEST_INTERNAL_LIBS)
 
 check_PROGRAMS += tests/test-dp-shard
 tests_test_dp_shard_SOURCES = tests/test-dp-shard.c
@@ -113,7 +125,7 @@ tests_test_cast_LDADD = $(TEST_LIBS)
 
 check_PROGRAMS += tests/test-half
 tests_test_half_SOURCES = tests/test-half.c
-tests_test_half_LDADD = $(TEST_LIBS)
+tests_test_half_LDADD = $(TEST_INTERNAL_LIBS)
 
 # The CUDA embedding backward's order (sort, runs, sums) on the host.
 check_PROGRAMS += tests/test-embedding-order
@@ -135,7 +147,7 @@ if FAULT_INJECTION
 check_PROGRAMS += tests/test-fault
 tests_test_fault_SOURCES = tests/test-fault.c
 tests_test_fault_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
-tests_test_fault_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
+tests_test_fault_LDADD = tests/libnn-hooks.la $(TEST_INTERNAL_LIBS)
 endif
 EXTRA_DIST += tests/test-fault.c
 
@@ -150,7 +162,7 @@ check_DATA = tests/test-dist$(EXEEXT)
 CLEANFILES += tests/test-dist$(EXEEXT)
 tests_test_dist_SOURCES = tests/test-dist.c
 tests_test_dist_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
-tests_test_dist_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
+tests_test_dist_LDADD = tests/libnn-hooks.la $(TEST_INTERNAL_LIBS)
 
 TESTS += $(check_PROGRAMS) tests/test-train.sh tests/test-train-elastic.sh tests/test-train-lm.sh \
 	tests/test-exports.sh tests/test-dist.sh tests/test-platforms.sh tests/test-timeline.sh \

@@ -35,4 +35,4 @@ EXTRA_DIST += tests/fixtures/gpt-tiny.safetensors tests/fixtures/resnet-tiny.saf
 # gradient hook and BatchNorm's exchange that ch_dp sets.
 check_PROGRAMS += tests/test-recompute
 tests_test_recompute_SOURCES = tests/test-recompute.c
-tests_test_recompute_LDADD = tests/libnn-hooks.la $(TEST_LIBS)
+tests_test_recompute_LDADD = tests/libnn-hooks.la $(TEST_INTERNAL_LIBS)

@@ -5,7 +5,7 @@ tests_libtestutil_la_SOURCES += tests/ref.c tests/ref.h
 
 check_PROGRAMS += tests/test-ops tests/test-ops-grad tests/test-ops-attn tests/test-errors
 tests_test_ops_SOURCES = tests/test-ops.c
-tests_test_ops_LDADD = $(TEST_LIBS)
+tests_test_ops_LDADD = $(TEST_INTERNAL_LIBS)
 tests_test_ops_grad_SOURCES = tests/test-ops-grad.c
 tests_test_ops_grad_LDADD = $(TEST_LIBS)
 tests_test_ops_attn_SOURCES = tests/test-ops-attn.c
@@ -65,7 +65,7 @@ tests_minimal_chorus_minimal_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -
 tests_minimal_chorus_minimal_la_LIBADD = libchorus.la
 check_PROGRAMS += tests/test-fallback
 tests_test_fallback_SOURCES = tests/test-fallback.c
-tests_test_fallback_LDADD = $(TEST_LIBS)
+tests_test_fallback_LDADD = $(TEST_INTERNAL_LIBS)
 AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_MINIMAL_DIR='$(abs_top_builddir)/tests/minimal/.libs'; \
 	export CHORUS_TEST_MINIMAL_DIR;
@@ -79,7 +79,7 @@ tests_flaky_chorus_flaky_la_LIBADD = libchorus.la
 check_PROGRAMS += tests/test-flaky
 tests_test_flaky_SOURCES = tests/test-flaky.c
 tests_test_flaky_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
-tests_test_flaky_LDADD = tests/libnn-hooks.la $(TEST_LIBS) $(PTHREAD_LIBS)
+tests_test_flaky_LDADD = tests/libnn-hooks.la $(TEST_INTERNAL_LIBS) $(PTHREAD_LIBS)
 AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_FLAKY_DIR='$(abs_top_builddir)/tests/flaky/.libs'; \
 	export CHORUS_TEST_FLAKY_DIR;
