@@ -223,3 +223,8 @@ include tests/cuda.mk
 include tests/nn.mk
 include tests/reduce.mk
 include tests/train.mk
+
+# README.md's commands and C example, its links, and docs/USAGE.md's
+# options against configure --help and chorus-train --help.
+TESTS += tests/test-readme.sh
+EXTRA_DIST += tests/test-readme.sh
