@@ -228,3 +228,8 @@ include tests/train.mk
 # options against configure --help and chorus-train --help.
 TESTS += tests/test-readme.sh
 EXTRA_DIST += tests/test-readme.sh
+
+# docs/BENCHMARKS.md: every row of its tables dated, with a command whose
+# program and options exist in the tree.
+TESTS += tests/test-bench-docs.sh
+EXTRA_DIST += tests/test-bench-docs.sh
