@@ -1,5 +1,5 @@
 /* chorus-train's progress line: its parts, fitted to the terminal and
- * redrawn in place on stderr (utils/progress.c). chorus-train.c writes
+ * redrawn in place on stderr (utils/progress.c). utils/report.c writes
  * the parts' text; this file decides what a narrow terminal shows. */
 #ifndef CHORUS_TRAIN_PROGRESS_H
 #define CHORUS_TRAIN_PROGRESS_H
