@@ -1,6 +1,7 @@
 /* chorus-info: what Chorus sees on this machine. A table of the devices, the
  * backends (and why one did not load), which devices can copy to each other
- * directly, and the devices discovery hid; or the devices as JSON. */
+ * directly, and the devices discovery hid; or the devices as JSON. Under
+ * mpirun every process lists its own, and rank 0 prints them in rank order. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>

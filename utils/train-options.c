@@ -595,9 +595,9 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
         return fail_usage(err, "--augment is for image models, not --model gpt");
     if (!o->lm && (o->generate || o->eval_every))
         return fail_usage(err, "--%s is for --model gpt", o->generate ? "generate" : "eval-every");
-    /* The resnet trains with AdamW and a weight decay of 0.05: over three
-     * devices Adam alone stopped at 0.928 on Fashion-MNIST in 5 epochs,
-     * AdamW reaches 0.931 there and 0.932 on host (BENCHMARKS.md). */
+    /* The resnet trains with AdamW and a weight decay of 0.05: in 5 epochs
+     * on Fashion-MNIST it reaches 0.93 over three devices as on the host,
+     * where Adam alone fell short over three (docs/BENCHMARKS.md). */
     int resnet = strcmp(o->model, "resnet") == 0;
     if (!o->optimizer)
         o->optimizer = resnet ? "adamw" : "adam";
@@ -614,8 +614,8 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
     if (strcmp(o->split, "equal") != 0 && strcmp(o->split, "auto") != 0 && !parse_weights(o))
         return fail_usage(err, "--split is auto, equal or positive weights W1,W2,..., not \"%s\"",
                           o->split);
-    /* The resnet's BatchNorm takes a larger step: 3e-3 reaches 0.932 on
-     * Fashion-MNIST in 5 epochs where 1e-3 stops at 0.925 (BENCHMARKS.md). */
+    /* The resnet's BatchNorm takes a larger step: 3e-3 trains it further
+     * in 5 epochs than 1e-3 (docs/BENCHMARKS.md). */
     if (o->lr < 0)
         o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f
                 : resnet                         ? 0.003f
