@@ -597,7 +597,8 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
         return fail_usage(err, "--%s is for --model gpt", o->generate ? "generate" : "eval-every");
     /* The resnet trains with AdamW and a weight decay of 0.05: in 5 epochs
      * on Fashion-MNIST it reaches 0.93 over three devices as on the host,
-     * where Adam alone fell short over three (docs/BENCHMARKS.md). */
+     * where Adam alone fell short over three (docs/PERFORMANCE_LOG.md,
+     * "2026-12-01: ResNet and GPT against PyTorch"). */
     int resnet = strcmp(o->model, "resnet") == 0;
     if (!o->optimizer)
         o->optimizer = resnet ? "adamw" : "adam";
@@ -615,7 +616,7 @@ int train_parse_options(int argc, char **argv, train_options *o, FILE *err)
         return fail_usage(err, "--split is auto, equal or positive weights W1,W2,..., not \"%s\"",
                           o->split);
     /* The resnet's BatchNorm takes a larger step: 3e-3 trains it further
-     * in 5 epochs than 1e-3 (docs/BENCHMARKS.md). */
+     * in 5 epochs than 1e-3 (docs/PERFORMANCE_LOG.md, the same entry). */
     if (o->lr < 0)
         o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05f
                 : resnet                         ? 0.003f
