@@ -242,7 +242,7 @@ static void test_device(ch_device *dev, tap_rng *rng)
         gemm_case(dev, F, CH_F32, 4, 1, 0, 16, 16, 32, 0.5f, 0, rng);
         gemm_case(dev, F, F->dtype, 2, 0, 0, 9, 31, 12, 0.0f, 0, rng);
         /* B transposed with n an odd multiple of 256 and k at most 768:
-         * the host reorders B into oneDNN's own layout (dnnl.c). */
+         * the host reorders B into oneDNN's own layout (dnnl_matmul.c). */
         gemm_case(dev, F, CH_F32, 0, 0, 1, 19, 256, 72, 0.5f, 0, rng);
         gemm_case(dev, F, F->dtype, 0, 1, 1, 24, 768, 40, 0.0f, 0, rng);
         /* with a bias: a Linear's forward (x W^T) and the other layouts */

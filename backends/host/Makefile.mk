@@ -11,7 +11,10 @@ libchorus_la_SOURCES += \
 	backends/host/sum.c \
 	backends/host/softmax.c \
 	backends/host/conv.c \
+	backends/host/dnnl_impl.h \
 	backends/host/dnnl.c \
+	backends/host/dnnl_conv.c \
+	backends/host/dnnl_matmul.c \
 	backends/host/optim.c \
 	backends/host/attention.c \
 	backends/host/tile_mm.c \

@@ -174,8 +174,8 @@ static inline int32_t *chi_host_i32(ch_bmem m)
  * Each is chi_host_<slot> (the device, memory, stream and transfer slots
  * are backend.c's own statics), in the file of its family: gemm.c,
  * elementwise.c (with the f32 <-> bf16 and f16 conversions, lib/kernels/half_bits.h),
- * sum.c, softmax.c, conv.c (with max pooling; the half convolution and
- * gemm_half in dnnl.c, built with oneDNN), norm.c, attention.c (with
+ * sum.c, softmax.c, conv.c (with max pooling; the half convolution in
+ * dnnl_conv.c and gemm_half in dnnl_matmul.c, built with oneDNN), norm.c, attention.c (with
  * gemm_batched and the embedding), optim.c, allreduce.c (its kernel,
  * chi_sum_spread, is the core's: backend.h). The slots the table leaves
  * NULL (span_*) are declared and not defined. */
@@ -194,15 +194,16 @@ CH_BACKEND_SLOTS(CHI_HOST_SLOT)
  * loss's (softmax.c). */
 double chi_host_softmax_row(float *y, const float *x, int64_t s, int64_t w, float *max_out);
 
-/* dnnl.c (builds with oneDNN): the convolution through oneDNN's
+/* dnnl_conv.c (builds with oneDNN): the convolution through oneDNN's
  * primitives, its inputs in dt (CH_F32, CH_BF16 or CH_F16), its outputs
  * f32. The workspace query answers 0 for a shape oneDNN does not take;
  * the calls then return CH_ERR_UNSUPPORTED without a message, and conv.c's
  * im2col convolution does it (in half: the core's widened one). Its
- * conv2d_half slots and gemm_half: oneDNN's convolution and matmul with
- * bf16 or f16 inputs and f32 outputs and sums (AVX512-BF16 / AMX where
- * the CPU has them); CH_ERR_UNSUPPORTED with a message where oneDNN does
- * not take the format or the shape (the core then widens the inputs). */
+ * conv2d_half slots, and dnnl_matmul.c's gemm_half: oneDNN's convolution
+ * and matmul with bf16 or f16 inputs and f32 outputs and sums
+ * (AVX512-BF16 / AMX where the CPU has them); CH_ERR_UNSUPPORTED with a message where oneDNN does
+ * not take the format or the shape (the core then widens the inputs).
+ * dnnl.c's shutdown frees the primitives, streams and engine of both. */
 #ifdef HAVE_ONEDNN
 int chi_host_dnnl_conv_workspace(const ch_conv_geom *g, int64_t out_channels, int dt,
                                  int backward, int want, size_t *bytes);
