@@ -26,6 +26,8 @@ nn_sources = \
 	nn/dp_trace.c \
 	nn/dp_shard.c \
 	nn/dp_elastic.c \
+	nn/dp_watchdog.c \
+	nn/dp_lose.c \
 	nn/dist.c \
 	nn/dist.h \
 	nn/dist_impl.h \

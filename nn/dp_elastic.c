@@ -2,33 +2,31 @@
  *
  * The caller's handle holds no replicas: every call goes to the object
  * that does (el.live, made by dp_create). When a training or evaluation
- * call fails, every device of the replicas is probed (a small stream, a
- * one-element fill and download, in a thread of its own given a second to
- * answer); a device that fails the probe, or does not answer it, is lost.
- * The state the replicas share is then taken from the first replica left
- * (its parameters and buffers cloned to the host, its optimizer's state
- * copied beside them, the step counts, the loss scale), the old object is
- * freed, and a new one made over ch_dp_new's devices without the lost
- * ones, from that state: the same as a run that had only those devices
- * from this step on. The call is then made again, except after a failure
- * inside the optimizer's update that every replica left had completed:
- * the step held on them, and is counted.
+ * call fails, every device of the replicas is probed (nn/dp_watchdog.c: a
+ * small stream, a one-element fill and download, in a thread of its own
+ * given a second to answer); a device that does not answer, or fails the
+ * probe twice, is lost. The state the replicas share is then taken from
+ * the first replica left (its parameters and buffers cloned to the host,
+ * its optimizer's state copied beside them, the step counts, the loss
+ * scale), the old object is freed, and a new one made over ch_dp_new's
+ * devices without the lost ones, from that state: the same as a run that
+ * had only those devices from this step on. The call is then made again,
+ * except after a failure inside the optimizer's update that every replica
+ * left had completed: the step held on them, and is counted.
  *
  * A replica whose device stops answering holds its worker thread (or the
  * reducer's) inside the backend: the calling thread waits for a call at
  * most elastic_timeout seconds before it probes the devices, and gives
- * the call up when a busy replica's device does not answer (the workers'
- * barrier broken, the waits woken). The old object is then left to the
- * threads that did not come back: the last of them frees it when the
- * device lets it go (chi_dp_abandoned counts those objects).
+ * the call up when a busy replica's device does not answer (dp_wait_call,
+ * nn/dp_watchdog.c). The old object is then left to the threads that did
+ * not come back: the last of them frees it when the device lets it go
+ * (chi_dp_abandoned counts those objects).
  *
  * ch_dp_rejoin probes the lost devices and makes a new object over every
  * device that answers, before freeing the old one, so that a failure
  * leaves the dp as it was. */
 #include "config.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,313 +46,15 @@ struct el_state {
     size_t bucket; /* the bucket size chosen, 0: as options say */
 };
 
+/* Objects given up with a thread that did not come back, not freed yet. */
 static atomic_int abandoned;
 
-/* ---- Failures injected by tests ------------------------------------------------ */
-
 #ifdef CHI_TEST_HOOKS
-static pthread_mutex_t lose_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t lose_cond = PTHREAD_COND_INITIALIZER;
-static struct {
-    ch_device *dev;
-    int at, hang, armed, lost;
-    int64_t step;
-} losing[4];
-
-void chi_dp_lose(ch_device *dev, int at, int64_t step, int hang)
-{
-    pthread_mutex_lock(&lose_lock);
-    for (int i = 0; i < 4; i++)
-        if (!losing[i].dev || losing[i].dev == dev) {
-            losing[i].dev = dev;
-            losing[i].at = at;
-            losing[i].step = step;
-            losing[i].hang = hang;
-            losing[i].armed = 1;
-            losing[i].lost = 0;
-            break;
-        }
-    pthread_mutex_unlock(&lose_lock);
-}
-
-void chi_dp_found(ch_device *dev)
-{
-    pthread_mutex_lock(&lose_lock);
-    for (int i = 0; i < 4; i++)
-        if (losing[i].dev == dev)
-            memset(&losing[i], 0, sizeof losing[i]);
-    pthread_cond_broadcast(&lose_cond);
-    pthread_mutex_unlock(&lose_lock);
-}
-
-ch_status dp_lose_here(ch_device *dev, int at, int64_t step)
-{
-    pthread_mutex_lock(&lose_lock);
-    int hit = -1;
-    for (int i = 0; i < 4; i++)
-        if (losing[i].dev == dev &&
-            (losing[i].lost || (losing[i].armed && losing[i].at == at && losing[i].step == step)))
-            hit = i;
-    if (hit >= 0 && losing[hit].armed) {
-        losing[hit].armed = 0;
-        losing[hit].lost = 1;
-        while (losing[hit].hang && losing[hit].dev == dev)
-            pthread_cond_wait(&lose_cond, &lose_lock);
-    }
-    pthread_mutex_unlock(&lose_lock);
-    if (hit < 0)
-        return CH_OK;
-    static const char *const where[] = {"forward", "backward", "the reduction", "the update"};
-    return chi_error(CH_ERR_DRIVER, "%s: the device was lost in %s of step %lld (a test's failure)",
-                     ch_device_id(dev), where[at & 3], (long long)step);
-}
-
-int dp_lost_by_test(ch_device *dev)
-{
-    pthread_mutex_lock(&lose_lock);
-    int lost = 0;
-    for (int i = 0; i < 4; i++)
-        lost |= losing[i].dev == dev && losing[i].lost;
-    pthread_mutex_unlock(&lose_lock);
-    return lost;
-}
-
 int chi_dp_abandoned(void)
 {
     return atomic_load(&abandoned);
 }
 #endif
-
-/* ---- The workers' barrier ------------------------------------------------------ */
-
-void dp_barrier_wait(ch_dp *dp)
-{
-    pthread_mutex_lock(&dp->w.lock);
-    if (dp->w.broken) {
-        dp->w.bar_failed = 1;
-    } else {
-        int64_t gen = dp->w.bar_gen;
-        if (++dp->w.bar_count == dp->n) {
-            dp->w.bar_count = 0;
-            dp->w.bar_failed = atomic_load(&dp->w.failed) != 0;
-            dp->w.bar_gen++;
-            pthread_cond_broadcast(&dp->w.bar);
-        } else {
-            while (gen == dp->w.bar_gen && !dp->w.broken)
-                pthread_cond_wait(&dp->w.bar, &dp->w.lock);
-            if (gen == dp->w.bar_gen)
-                dp->w.bar_failed = 1; /* broken while waiting */
-        }
-    }
-    pthread_mutex_unlock(&dp->w.lock);
-}
-
-/* ---- Probes -------------------------------------------------------------------- */
-
-typedef struct probe {
-    ch_device *dev;
-    ch_status st;
-    int done, refs;
-} probe;
-
-static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t probe_cond = PTHREAD_COND_INITIALIZER;
-
-/* A small piece of work on a stream of its own: a fill and a download. */
-static ch_status probe_device(ch_device *dev)
-{
-    if (dp_lost_by_test(dev))
-        return chi_error(CH_ERR_DRIVER, "%s: lost (a test's failure)", ch_device_id(dev));
-    ch_stream *s = NULL;
-    TRY(ch_stream_new(&s, dev));
-    ch_stream_set_current(s);
-    ch_tensor *t = NULL;
-    int64_t one = 1;
-    float v = 0.0f;
-    ch_status st = ch_tensor_new(&t, dev, CH_F32, 1, &one);
-    if (st == CH_OK)
-        st = ch_fill(t, 3.0);
-    if (st == CH_OK)
-        st = ch_tensor_download(t, &v, sizeof v);
-    if (st == CH_OK && v != 3.0f)
-        st = chi_error(CH_ERR_DRIVER, "%s: a probe read back %g, not 3", ch_device_id(dev), v);
-    ch_tensor_free(t);
-    ch_stream_free(s);
-    return st;
-}
-
-static void *probe_main(void *arg)
-{
-    probe *p = arg;
-    ch_status st = probe_device(p->dev);
-    pthread_mutex_lock(&probe_lock);
-    p->st = st;
-    p->done = 1;
-    pthread_cond_broadcast(&probe_cond);
-    int last = --p->refs == 0;
-    pthread_mutex_unlock(&probe_lock);
-    if (last)
-        free(p);
-    return NULL;
-}
-
-/* Whether a probe's status says the device is gone (not merely short of
- * memory, which says it answered). */
-static int gone_status(ch_status st)
-{
-    return st == CH_ERR_DRIVER || st == CH_ERR_UNAVAILABLE;
-}
-
-/* Probe devs[0, n) at once; ok[i]: it answered within `limit` seconds,
- * without a driver or unavailable error (a probe that could not be made,
- * for want of memory or a thread, says nothing against its device). A
- * probe that does not answer is left running (it frees itself when its
- * device lets it go). */
-static void probe_once(ch_device *const *devs, int n, double limit, int *ok, int *silent)
-{
-    probe **ps = calloc((size_t)n, sizeof *ps);
-    for (int i = 0; i < n; i++) {
-        ok[i] = 1;
-        silent[i] = 0;
-        probe *p = ps ? calloc(1, sizeof *p) : NULL;
-        if (!p)
-            continue; /* no memory: counted as not answering */
-        p->dev = devs[i];
-        p->refs = 2;
-        pthread_t t;
-        if (pthread_create(&t, NULL, probe_main, p) != 0) {
-            free(p);
-            continue;
-        }
-        pthread_detach(t);
-        ps[i] = p;
-    }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    double end = (double)until.tv_sec + until.tv_nsec * 1e-9 + limit;
-    until.tv_sec = (time_t)end;
-    until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
-    pthread_mutex_lock(&probe_lock);
-    for (int i = 0; ps && i < n; i++) {
-        while (ps[i] && !ps[i]->done)
-            if (pthread_cond_timedwait(&probe_cond, &probe_lock, &until) == ETIMEDOUT)
-                break;
-    }
-    for (int i = 0; ps && i < n; i++) {
-        if (!ps[i])
-            continue;
-        ok[i] = ps[i]->done && !gone_status(ps[i]->st);
-        silent[i] = !ps[i]->done;
-        if (--ps[i]->refs == 0)
-            free(ps[i]);
-    }
-    pthread_mutex_unlock(&probe_lock);
-    free(ps);
-}
-
-/* probe_once, and a device that answered with an error probed once more:
- * lost only when it fails twice (one failing call of a device that works,
- * such as a stream it could not make once, does not remove it). */
-static void probe_all(ch_device *const *devs, int n, double limit, int *ok)
-{
-    int *silent = calloc((size_t)n * 3, sizeof *silent);
-    ch_device **again = calloc((size_t)n, sizeof *again);
-    if (!silent || !again) {
-        for (int i = 0; i < n; i++)
-            ok[i] = 1; /* no memory to tell: keep them */
-        free(silent);
-        free(again);
-        return;
-    }
-    int *ok2 = silent + n, *silent2 = silent + 2 * n, m = 0;
-    probe_once(devs, n, limit, ok, silent);
-    for (int i = 0; i < n; i++)
-        if (!ok[i] && !silent[i])
-            again[m++] = devs[i];
-    if (m > 0)
-        probe_once(again, m, limit, ok2, silent2);
-    for (int i = 0, k = 0; i < n; i++)
-        if (!ok[i] && !silent[i])
-            ok[i] = ok2[k++];
-    free(silent);
-    free(again);
-}
-
-/* ---- The calling thread waiting for a call --------------------------------------- */
-
-static double timeout_of(const ch_dp *dp)
-{
-    return dp->o.elastic_timeout > 0.0 ? dp->o.elastic_timeout : 60.0;
-}
-
-/* With w.lock held: wait for the call's workers until `deadline` (host
- * clock); whether they all finished. */
-static int wait_until(ch_dp *dp, double deadline)
-{
-    while (dp->w.finished < dp->n) {
-        double left = deadline - ch_clock_seconds();
-        if (left <= 0.0)
-            return 0;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + (left < 0.25 ? left : 0.25);
-        ts.tv_sec = (time_t)end;
-        ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
-        pthread_cond_timedwait(&dp->w.done, &dp->w.lock, &ts);
-    }
-    return 1;
-}
-
-void dp_wait_call(ch_dp *dp)
-{
-    double limit = timeout_of(dp);
-    while (!wait_until(dp, ch_clock_seconds() + limit)) {
-        /* A call past the timeout: is a busy replica's device answering? */
-        ch_device **devs = malloc((size_t)dp->n * sizeof *devs);
-        int *ok = malloc((size_t)dp->n * sizeof *ok);
-        if (!devs || !ok) {
-            free(devs);
-            free(ok);
-            continue;
-        }
-        for (int i = 0; i < dp->n; i++)
-            devs[i] = dp->r[i].dev;
-        pthread_mutex_unlock(&dp->w.lock);
-        probe_all(devs, dp->n, limit < 1.0 ? limit : 1.0, ok);
-        pthread_mutex_lock(&dp->w.lock);
-        int hung = 0;
-        for (int i = 0; i < dp->n; i++) {
-            replica *r = &dp->r[i];
-            if (!r->busy || ok[i])
-                continue;
-            r->hung = 1;
-            if (r->st == CH_OK) {
-                r->st = CH_ERR_UNAVAILABLE;
-                snprintf(r->error, sizeof r->error,
-                         "replica %d on %s: no answer within %g s, and the device did not "
-                         "answer a probe either",
-                         i, ch_device_id(r->dev), limit);
-            }
-            hung++;
-        }
-        free(devs);
-        free(ok);
-        if (hung == 0)
-            continue; /* a long call on devices that answer: wait on */
-        /* Give the call up: the others stop waiting for the silent ones. */
-        atomic_store(&dp->w.failed, 1);
-        dp->w.broken = 1;
-        pthread_cond_broadcast(&dp->w.bar);
-        pthread_cond_broadcast(&dp->red.posted);
-        pthread_cond_broadcast(&dp->bn.exchanged);
-        /* The others come back; one that does not is silent too. */
-        if (!wait_until(dp, ch_clock_seconds() + (limit < 5.0 ? limit : 5.0)))
-            for (int i = 0; i < dp->n; i++)
-                if (dp->r[i].busy)
-                    dp->r[i].hung = 1;
-        return;
-    }
-}
 
 /* ---- Freeing an object of replicas ------------------------------------------------- */
 
@@ -605,7 +305,7 @@ static int find_lost(ch_dp *c, int *lost)
     }
     for (int i = 0; i < c->n; i++)
         devs[i] = c->r[i].dev;
-    probe_all(devs, c->n, 1.0, ok);
+    dp_probe_all(devs, c->n, 1.0, ok);
     int n = 0;
     for (int i = 0; i < c->n; i++) {
         lost[i] = c->r[i].hung || !ok[i];
@@ -842,7 +542,7 @@ ch_status ch_dp_rejoin(ch_dp *h, int *rejoined)
     for (int i = 0; i < h->el.nall; i++)
         if (h->el.gone[i])
             devs[n++] = h->el.devs[i];
-    probe_all(devs, n, 1.0, ok);
+    dp_probe_all(devs, n, 1.0, ok);
     int back = 0;
     for (int i = 0, k = 0; i < h->el.nall; i++)
         if (was[i] && ok[k++]) {

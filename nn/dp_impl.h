@@ -2,7 +2,8 @@
  *
  * - nn/dp.c: the object and its calls (ch_dp_new, ch_dp_free, the step,
  *   prediction and evaluation calls, the queries);
- * - nn/dp_worker.c: what each replica's worker thread does in a call;
+ * - nn/dp_worker.c: what each replica's worker thread does in a call, and
+ *   the workers' barrier;
  * - nn/dp_reduce.c: the buckets and the reducer thread;
  * - nn/dp_bn.c: BatchNorm's statistics exchanged between replicas;
  * - nn/dp_join.c: across processes, joining them in ch_dp_new and the
@@ -11,7 +12,11 @@
  *   optimizer's state as a whole;
  * - nn/dp_trace.c: its part of the trace, the step's breakdown and the
  *   automatic bucket size;
- * - nn/dp_elastic.c: elastic data parallelism inside one process.
+ * - nn/dp_elastic.c: elastic data parallelism inside one process: lost
+ *   devices removed, replacement objects, rejoining, retiring objects
+ *   whose threads hung;
+ * - nn/dp_watchdog.c: elastic's device probes and the watchdog over a call;
+ * - nn/dp_lose.c: devices that tests lose (only in the tests' copy of nn/).
  *
  * The design (replicas, buckets, the phases of a call) is described at the
  * top of nn/dp.c. */
@@ -158,7 +163,7 @@ struct ch_dp {
     struct { /* the threads and what they meet on */
         pthread_mutex_t lock;
         pthread_cond_t go, done;
-        /* The workers' barrier (dp_barrier_wait), on `lock`: a call given
+        /* The workers' barrier (nn/dp_worker.c), on `lock`: a call given
          * up for a replica that stopped answering breaks it for good. */
         pthread_cond_t bar;
         int bar_count;
@@ -369,7 +374,7 @@ static inline ch_dp *dp_live(const ch_dp *dp)
     return dp && dp->el.on ? dp->el.live : (ch_dp *)dp;
 }
 
-/* Where a test makes a device fail (chi_dp_lose). */
+/* Where a test makes a device fail (chi_dp_lose, nn/dp_lose.c). */
 enum {
     DP_AT_FORWARD,
     DP_AT_BACKWARD,
@@ -387,13 +392,19 @@ int dp_lost_by_test(ch_device *dev);
 #define dp_lost_by_test(dev) 0
 #endif
 
-/* ---- nn/dp_elastic.c ------------------------------------------------------------ */
+/* ---- nn/dp_watchdog.c ----------------------------------------------------------- */
 
-/* The workers' barrier; returns at once once broken. */
-void dp_barrier_wait(ch_dp *dp);
 /* The calling thread, elastic: wait for the workers of a call, and give
  * it up when one stops answering for options.elastic_timeout. */
 void dp_wait_call(ch_dp *dp);
+/* Probe devs[0, n) at once; ok[i]: devs[i] answered within `limit`
+ * seconds, and a device that answered with an error answered a second
+ * probe (one failing call of a device that works, such as a stream it
+ * could not make once, does not remove it). */
+void dp_probe_all(ch_device *const *devs, int n, double limit, int *ok);
+
+/* ---- nn/dp_elastic.c ------------------------------------------------------------ */
+
 /* ch_dp_new's elastic handle around the object `live`. */
 ch_status dp_elastic_wrap(ch_dp **out, ch_dp *live, ch_device *const *devices, int n,
                           const ch_dp_options *o);
@@ -403,18 +414,20 @@ ch_status dp_elastic_train(ch_dp *h, float *loss, const ch_batch *batch, float l
 ch_status dp_elastic_infer(ch_dp *h, ch_tensor *out, float *loss, int64_t *correct,
                            const ch_batch *batch);
 void dp_elastic_free(ch_dp *h);
-/* ch_dp_free's work on an object of replicas, its memory too. */
-void dp_destroy(ch_dp *dp);
+/* A thread of an object that was given up returns: the last one frees it. */
+void dp_thread_exit(ch_dp *dp, int *exited);
 
-/* ch_dp_new's work, options checked (nn/dp.c). */
+/* ---- nn/dp.c -------------------------------------------------------------------- */
+
+/* ch_dp_new's work, options checked. */
 ch_status dp_create(ch_dp **out, const ch_module *model, ch_device *const *devices, int n,
                     const ch_dp_options *options);
-/* The calls on an object of replicas (nn/dp.c). */
+/* ch_dp_free's work on an object of replicas, its memory too. */
+void dp_destroy(ch_dp *dp);
+/* The calls on an object of replicas. */
 ch_status dp_step_now(ch_dp *dp, float *loss, const ch_batch *batch, float lr);
 ch_status dp_predict_now(ch_dp *dp, ch_tensor *out, const ch_batch *batch);
 ch_status dp_evaluate_now(ch_dp *dp, float *loss, int64_t *correct, const ch_batch *batch);
-/* A thread of an object that was given up returns: the last one frees it. */
-void dp_thread_exit(ch_dp *dp, int *exited);
 
 /* ---- nn/dp_worker.c ------------------------------------------------------------- */
 

@@ -347,6 +347,32 @@ void dp_rescale(ch_dp *dp)
     }
 }
 
+/* The workers' barrier: every worker of the call waits there for the
+ * others; w.bar_failed then says whether the call had failed when it
+ * opened. Once broken (a call given up for a replica that stopped
+ * answering, nn/dp_watchdog.c) it returns at once, as failed. */
+static void barrier_wait(ch_dp *dp)
+{
+    pthread_mutex_lock(&dp->w.lock);
+    if (dp->w.broken) {
+        dp->w.bar_failed = 1;
+    } else {
+        int64_t gen = dp->w.bar_gen;
+        if (++dp->w.bar_count == dp->n) {
+            dp->w.bar_count = 0;
+            dp->w.bar_failed = atomic_load(&dp->w.failed) != 0;
+            dp->w.bar_gen++;
+            pthread_cond_broadcast(&dp->w.bar);
+        } else {
+            while (gen == dp->w.bar_gen && !dp->w.broken)
+                pthread_cond_wait(&dp->w.bar, &dp->w.lock);
+            if (gen == dp->w.bar_gen)
+                dp->w.bar_failed = 1; /* broken while waiting */
+        }
+    }
+    pthread_mutex_unlock(&dp->w.lock);
+}
+
 /* The sharded optimizer, after the updates: every replica takes the
  * others' parts (nn/dp_shard.c). Every worker of a call whose reduction
  * completed comes here, whatever failed since, so that all of them meet
@@ -355,7 +381,7 @@ static void gather(replica *r)
 {
     ch_dp *dp = r->dp;
     double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
-    dp_barrier_wait(dp);
+    barrier_wait(dp);
     dp_trace_wait(r, "wait for the others' parts", w0);
     /* Every update of this process is over: w.failed holds still. */
     if (r->index == 0) {
@@ -370,7 +396,7 @@ static void gather(replica *r)
         }
     }
     w0 = r->trace.on ? ch_clock_seconds() : 0.0;
-    dp_barrier_wait(dp);
+    barrier_wait(dp);
     dp_trace_wait(r, "wait for the others' parts", w0);
     if (!atomic_load(&dp->w.failed) && !r->fp16.overflow && !r->mb.out) {
         ch_status st = dp_shard_fetch(r);
@@ -420,7 +446,7 @@ static void train(replica *r)
     int go = !atomic_load(&dp->w.failed);
     if (dp->threaded) {
         double w0 = r->trace.on ? ch_clock_seconds() : 0.0;
-        dp_barrier_wait(dp);
+        barrier_wait(dp);
         go = !dp->w.bar_failed;
         dp_trace_wait(r, "wait for the others", w0);
     }
