@@ -690,19 +690,12 @@ static ch_status load_all(const file *f, ch_module *model, ch_optimizer *opt,
     offs += nb;
     as += nb;
     for (int i = 0; st == CH_OK && i < ns; i++) {
-        ch_tensor **slot, *param;
         if (offs[np + i] == 0)
             continue;
-        st = nn_optimizer_state_slot(opt, i, &slot, &param, 1);
-        if (st == CH_OK && !*slot) {
-            int64_t shape[CH_MAX_DIMS];
-            for (int d = 0; d < ch_tensor_ndim(param); d++)
-                shape[d] = ch_tensor_dim(param, d);
-            st = ch_tensor_new(slot, ch_tensor_device(param), CH_F32, ch_tensor_ndim(param),
-                               shape);
-        }
+        ch_tensor *t;
+        st = nn_optimizer_state_make(opt, i, &t);
         if (st == CH_OK)
-            st = read_into(f, *slot, offs[np + i], as[np + i], buf);
+            st = read_into(f, t, offs[np + i], as[np + i], buf);
     }
     free(buf);
     return st;

@@ -143,7 +143,8 @@ static void state_free(struct el_state *s)
 }
 
 /* Replica `lead` of `c`'s parameters, buffers and optimizer state, on the
- * host (on its own device where no host device is visible). */
+ * host (on its own device where no host device is visible): the model
+ * cloned there, the optimizer's state made beside its parameters. */
 static ch_status capture(ch_dp *c, int lead, struct el_state **out)
 {
     *out = NULL;
@@ -162,19 +163,15 @@ static ch_status capture(ch_dp *c, int lead, struct el_state **out)
         st = ch_optimizer_new(&s->opt, s->model, &c->o.optimizer);
     int ns = st == CH_OK ? ch_optimizer_state_count(r->opt) : 0;
     for (int i = 0; st == CH_OK && i < ns; i++) {
-        ch_tensor *src = NULL, **slot = NULL, *p = NULL;
+        ch_tensor *src = NULL, *dst = NULL;
         st = ch_optimizer_state(r->opt, i, NULL, &src);
         if (st != CH_OK || !src)
             continue;
-        st = nn_optimizer_state_slot(s->opt, i, &slot, &p, 1);
-        if (st == CH_OK && !*slot) {
-            int64_t shape[CH_MAX_DIMS];
-            for (int d = 0; d < ch_tensor_ndim(src); d++)
-                shape[d] = ch_tensor_dim(src, d);
-            st = ch_tensor_new(slot, home, CH_F32, ch_tensor_ndim(src), shape);
-        }
+        /* A whole state (elastic refuses shard_optimizer): the parameter's
+         * shape, on `home` with the clone's parameters. */
+        st = nn_optimizer_state_make(s->opt, i, &dst);
         if (st == CH_OK)
-            st = ch_copy(*slot, src);
+            st = ch_copy(dst, src);
     }
     if (st == CH_OK)
         st = ch_optimizer_set_steps(s->opt, ch_optimizer_steps(r->opt));

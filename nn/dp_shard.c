@@ -420,21 +420,20 @@ ch_status ch_dp_optimizer_get(ch_dp *dp, ch_optimizer *opt)
             }
         }
         for (int i = 0; st == CH_OK && i < dp->sh.np; i++) {
-            ch_tensor **slot, *p;
-            st = nn_optimizer_state_slot(opt, i * per + j, &slot, &p, 1);
-            if (st == CH_OK && absent) {
-                ch_tensor_free(*slot);
-                *slot = NULL;
+            if (absent) {
+                /* No step was taken: opt has none of this state either. */
+                ch_tensor **slot, *p;
+                st = nn_optimizer_state_slot(opt, i * per + j, &slot, &p, 1);
+                if (st == CH_OK) {
+                    ch_tensor_free(*slot);
+                    *slot = NULL;
+                }
                 continue;
             }
-            if (st == CH_OK && !*slot) {
-                int64_t shape[CH_MAX_DIMS];
-                for (int d = 0; d < ch_tensor_ndim(p); d++)
-                    shape[d] = ch_tensor_dim(p, d);
-                st = ch_tensor_new(slot, ch_tensor_device(p), CH_F32, ch_tensor_ndim(p), shape);
-            }
+            ch_tensor *t;
+            st = nn_optimizer_state_make(opt, i * per + j, &t);
             if (st == CH_OK)
-                st = ch_tensor_upload(*slot, dp->sh.host + dp->sh.off[i], ch_tensor_nbytes(*slot));
+                st = ch_tensor_upload(t, dp->sh.host + dp->sh.off[i], ch_tensor_nbytes(t));
         }
     }
     if (st == CH_OK)

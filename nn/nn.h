@@ -241,16 +241,22 @@ void chi_dp_found(ch_device *dev);
 int chi_dp_abandoned(void);
 #endif
 
-/* The slot of optimizer state `index` (see ch_optimizer_state) and the
- * parameter it belongs to: for loading checkpoints. `writing`: the caller
- * puts a loaded state there (it is not a fresh momentum any more). */
 ch_optimizer_kind nn_optimizer_kind(const ch_optimizer *opt);
 /* Make (or move) every state tensor the next ch_optimizer_step needs, so
  * that the step itself allocates nothing (data parallelism prepares every
  * replica's before any of them updates). */
 ch_status nn_optimizer_prepare(ch_optimizer *opt);
+/* The slot of optimizer state `index` (see ch_optimizer_state) and the
+ * parameter it belongs to: for loading checkpoints and moving the state
+ * between optimizers. `writing`: the caller puts a state there that steps
+ * were taken with (it is not a fresh momentum any more). */
 ch_status nn_optimizer_state_slot(ch_optimizer *opt, int index, ch_tensor ***slot,
                                   ch_tensor **param, int writing);
+/* Optimizer state `index` of a whole optimizer (not ranged), for the
+ * caller to write into: the slot's tensor, made first when the optimizer
+ * has none yet (f32, its parameter's shape, on its device, its values
+ * unset). */
+ch_status nn_optimizer_state_make(ch_optimizer *opt, int index, ch_tensor **out);
 /* Data parallelism's sharded optimizer (ZeRO stage 1): this optimizer
  * keeps the state of, and updates, elements [lo, hi) of the parameters'
  * concatenation in parameter order only; set before its first step. */

@@ -253,6 +253,18 @@ int nn_optimizer_part(const ch_optimizer *opt, int i, int64_t *first, int64_t *c
     return 1;
 }
 
+/* A new state tensor (its values unset) beside `p`: p's shape, or 1-D of
+ * `part` elements for a ranged optimizer (part >= 0). */
+static ch_status state_new(ch_tensor **s, const ch_tensor *p, int64_t part)
+{
+    int64_t shape[CH_MAX_DIMS];
+    for (int i = 0; i < ch_tensor_ndim(p); i++)
+        shape[i] = ch_tensor_dim(p, i);
+    if (part >= 0)
+        shape[0] = part;
+    return ch_tensor_new(s, ch_tensor_device(p), CH_F32, part >= 0 ? 1 : ch_tensor_ndim(p), shape);
+}
+
 /* A zeroed state tensor beside `p`, moved there if the model moved: p's
  * shape, or 1-D of `part` elements for a ranged optimizer (part >= 0). */
 static ch_status state_for(ch_tensor **s, const ch_tensor *p, int64_t part, int *fresh)
@@ -267,12 +279,7 @@ static ch_status state_for(ch_tensor **s, const ch_tensor *p, int64_t part, int 
     }
     if (*s)
         return CH_OK;
-    int64_t shape[CH_MAX_DIMS];
-    for (int i = 0; i < ch_tensor_ndim(p); i++)
-        shape[i] = ch_tensor_dim(p, i);
-    if (part >= 0)
-        shape[0] = part;
-    TRY(ch_tensor_new(s, dev, CH_F32, part >= 0 ? 1 : ch_tensor_ndim(p), shape));
+    TRY(state_new(s, p, part));
     *fresh = 1;
     return ch_fill(*s, 0.0);
 }
@@ -411,6 +418,17 @@ ch_status nn_optimizer_state_slot(ch_optimizer *opt, int index, ch_tensor ***slo
     *slot = index % k == 0 ? &opt->m[i] : &opt->v[i];
     if (writing)
         opt->fresh[i] = 0; /* a state that steps were taken with goes there */
+    return CH_OK;
+}
+
+ch_status nn_optimizer_state_make(ch_optimizer *opt, int index, ch_tensor **out)
+{
+    ch_tensor **slot, *p;
+    *out = NULL;
+    TRY(nn_optimizer_state_slot(opt, index, &slot, &p, 1));
+    if (!*slot)
+        TRY(state_new(slot, p, -1));
+    *out = *slot;
     return CH_OK;
 }
 
