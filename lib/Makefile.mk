@@ -21,12 +21,15 @@ libchorus_la_SOURCES = \
 	lib/ops_fallback.c \
 	lib/ops_half.c \
 	lib/reduce.c \
+	lib/reduce_span.c \
+	lib/reduce_trace.c \
 	lib/sum_spread.c \
 	lib/version.c \
 	lib/philox.c \
 	lib/error.h \
 	lib/trace.h \
 	lib/stamp.h \
+	lib/reduce_impl.h \
 	lib/omp.h \
 	lib/core.h \
 	lib/opcheck.h \

@@ -23,6 +23,15 @@
  * every call host-staged, one group or several: the total is taken on the
  * host, passes through the stage, and only then is copied out.
  *
+ * ch_reducer_set_dtype(CH_BF16) makes the host-staged sum move bf16
+ * (stage_bf16): half the bytes cross, the sum is taken in f32 and rounded
+ * once. In ch_reducer_reduce_scatter each participant needs its window
+ * of the total only, and the host-staged sum uploads no more.
+ *
+ * Across processes without the host, through a backend's communicator:
+ * lib/reduce_span.c. A call's stages on the trace: lib/reduce_trace.c.
+ * What the three files share: lib/reduce_impl.h.
+ *
  * Across streams (docs/DESIGN.md, Streams): everything is queued on the
  * participants' streams after what they already hold, and a call returns
  * only once every one of them is drained, after a failure too, so no work
@@ -35,67 +44,7 @@
 #include <string.h>
 
 #include "core.h"
-#include "trace.h"
-
-struct ch_reducer {
-    int n;
-    ch_reduce_mode mode;
-    int64_t capacity;
-    ch_stream **streams;       /* [n] */
-    int ngroups;
-    int *group;                /* [n] the group of each participant */
-    int *first;                /* [ngroups] each group's first participant */
-    int *gsize;                /* [ngroups] */
-    ch_host_buffer **staging;  /* [n] NULL where a participant needs none */
-    /* Scratch for one call, allocated once. */
-    ch_tensor **views;         /* [n] */
-    ch_stream **saved;         /* [n] the caller's current stream per participant */
-    void **handles;            /* [n] */
-    ch_bmem *mems;             /* [n] */
-    const float **src;         /* [n] */
-    float **copies;            /* [n] */
-    const ch_host_buffer **upload_from;  /* [n] */
-    const ch_host_buffer **holders;      /* [n + 1] staging that holds the total */
-    ch_reduce_stage_fn stage;  /* the total passes through it on the host */
-    void *stage_user;
-    ch_reduce_stage_bf16_fn stage16;  /* in bf16, instead: the bf16 total does */
-    void *stage16_user;
-    void *span;                /* the backend's communicators across processes */
-    const ch_backend_i *span_be;
-    /* ch_reducer_set_dtype(CH_BF16): the host-staged sum moves bf16. */
-    ch_dtype dtype;
-    ch_tensor **half;          /* [n] device participants' bf16 copies */
-    ch_host_buffer *t16;       /* the bf16 total, pinned */
-    float *t32;                /* with a stage: the f32 total it gets */
-    const void **hsrc;         /* [n] */
-    int *hsrc_bf16;            /* [n] */
-    ch_tensor **hviews;        /* [n] a call's views of half */
-    /* ch_reducer_reduce_scatter's call: participant i needs the total of
-     * [win_first[i], + win_count[i]) of the call's elements only (NULL:
-     * all of them). */
-    const int64_t *win_first, *win_count;
-    /* The trace (only while one runs): a mark on a participant's stream
-     * before and after each of its stages, made at the first traced call. */
-    struct {
-        int on;                            /* this call is traced */
-        char label[48];                    /* "bucket 3": chi_trace_reducer_label */
-        ch_event **ev;                     /* [n * MARKS] */
-        double *host;                      /* [n * MARKS] the host's clock at each mark */
-        unsigned char *set;                /* [n * MARKS] recorded in this call */
-        double sum0, sum1, stage0, stage1; /* host stages of this call */
-    } tr;
-};
-
-/* A participant's marks: its download's, its upload's, its peer stage's. */
-enum {
-    M_D2H0,
-    M_D2H1,
-    M_H2D0,
-    M_H2D1,
-    M_PEER0,
-    M_PEER1,
-    MARKS
-};
+#include "reduce_impl.h"
 
 /* ---- modes --------------------------------------------------------------- */
 
@@ -127,8 +76,6 @@ ch_status ch_reduce_mode_parse(ch_reduce_mode *mode, const char *name)
 }
 
 /* ---- grouping ------------------------------------------------------------ */
-
-static int host_memory(const ch_device *dev) { return dev->be->host_memory; }
 
 /* Whether participants on `a` and `b` can be in one peer group; when not,
  * `why` says so in a few words. */
@@ -237,122 +184,8 @@ void ch_reducer_free(ch_reducer *r)
     free(r->copies);
     free(r->upload_from);
     free(r->holders);
-    for (int k = 0; r->tr.ev && k < r->n * MARKS; k++)
-        ch_event_free(r->tr.ev[k]);
-    free(r->tr.ev);
-    free(r->tr.host);
-    free(r->tr.set);
+    chi_reducer_trace_free(r);
     free(r);
-}
-
-/* ---- the trace ------------------------------------------------------------ */
-
-void chi_trace_reducer_label(ch_reducer *r, const char *label)
-{
-    if (r)
-        snprintf(r->tr.label, sizeof r->tr.label, "%s", label ? label : "");
-}
-
-/* At a traced call: the marks' events, made once (while a trace runs, so
- * that the devices time them). 0 when they cannot be made: the call is
- * then not traced. */
-static int trace_begin(ch_reducer *r)
-{
-    r->tr.on = 0;
-    if (!chi_tracing())
-        return 0;
-    size_t k = (size_t)r->n * MARKS;
-    if (!r->tr.ev) {
-        r->tr.ev = calloc(k, sizeof *r->tr.ev);
-        r->tr.host = calloc(k, sizeof *r->tr.host);
-        r->tr.set = calloc(k, 1);
-        if (!r->tr.ev || !r->tr.host || !r->tr.set)
-            return 0;
-        for (int i = 0; i < r->n; i++)
-            for (int m = 0; m < MARKS; m++)
-                if (!host_memory(r->streams[i]->dev) &&
-                    ch_event_new(&r->tr.ev[i * MARKS + m], r->streams[i]->dev) != CH_OK)
-                    r->tr.ev[i * MARKS + m] = NULL;
-    }
-    memset(r->tr.set, 0, k);
-    r->tr.sum0 = r->tr.sum1 = r->tr.stage0 = r->tr.stage1 = 0.0;
-    r->tr.on = 1;
-    return 1;
-}
-
-/* Mark `m` of participant i on its stream (a host participant's work is
- * done when its call returns: the host's clock). A mark that cannot be
- * recorded is left out. */
-static void trace_mark(ch_reducer *r, int i, int m)
-{
-    if (!r->tr.on)
-        return;
-    ch_event *e = r->tr.ev[i * MARKS + m];
-    if (e && ch_event_record(e, r->streams[i]) != CH_OK)
-        return;
-    r->tr.host[i * MARKS + m] = ch_clock_seconds();
-    r->tr.set[i * MARKS + m] = 1;
-}
-
-static double mark_time(const ch_reducer *r, int i, int m)
-{
-    double t;
-    ch_event *e = r->tr.ev[i * MARKS + m];
-    if (e && chi_trace_event_seconds(e, &t) == CH_OK)
-        return t;
-    return r->tr.host[i * MARKS + m];
-}
-
-/* A stage [m0, m1] of participant i as a slice on `track`. */
-static void trace_stage(const ch_reducer *r, int i, int m0, const char *track, const char *what)
-{
-    if (!r->tr.set[i * MARKS + m0] || !r->tr.set[i * MARKS + m0 + 1])
-        return;
-    char name[96];
-    snprintf(name, sizeof name, "%s%s%s", r->tr.label, r->tr.label[0] ? " " : "", what);
-    double t0 = mark_time(r, i, m0), t1 = mark_time(r, i, m0 + 1);
-    chi_trace_slice(chi_trace_track(track, 200 + i), name, "reduce", t0, t1 > t0 ? t1 : t0, NULL);
-}
-
-/* After the call, every stream drained: its stages, on the tracks of the
- * links that ran them (the host's, on the calling thread's "reducer"). */
-static void trace_end(ch_reducer *r)
-{
-    if (!r->tr.on)
-        return;
-    char track[96];
-    for (int i = 0; i < r->n; i++) {
-        /* A device that holds several participants (host,host) gives each
-         * its own tracks, "host#2": their stages overlap in time. */
-        int same = 0, before = 0;
-        for (int j = 0; j < r->n; j++) {
-            same += r->streams[j]->dev == r->streams[i]->dev;
-            before += j < i && r->streams[j]->dev == r->streams[i]->dev;
-        }
-        char id[64];
-        if (same > 1)
-            snprintf(id, sizeof id, "%s#%d", ch_device_id(r->streams[i]->dev), before + 1);
-        else
-            snprintf(id, sizeof id, "%s", ch_device_id(r->streams[i]->dev));
-        snprintf(track, sizeof track, "link %s -> host", id);
-        trace_stage(r, i, M_D2H0, track, "d2h");
-        snprintf(track, sizeof track, "link host -> %s", id);
-        trace_stage(r, i, M_H2D0, track, "h2d");
-        snprintf(track, sizeof track, "link %s <-> %s", id, r->span ? "ranks" : "peers");
-        trace_stage(r, i, M_PEER0, track, "all-reduce");
-    }
-    char name[96];
-    if (r->tr.sum1 > 0.0) {
-        snprintf(name, sizeof name, "%s%ssum", r->tr.label, r->tr.label[0] ? " " : "");
-        chi_trace_slice(chi_trace_track("reducer", 100), name, "reduce", r->tr.sum0, r->tr.sum1,
-                        NULL);
-    }
-    if (r->tr.stage1 > 0.0) {
-        snprintf(name, sizeof name, "%s%sacross processes", r->tr.label, r->tr.label[0] ? " " : "");
-        chi_trace_slice(chi_trace_track("link ranks", 190), name, "reduce", r->tr.stage0,
-                        r->tr.stage1, NULL);
-    }
-    r->tr.on = 0;
 }
 
 ch_status ch_reducer_new(ch_reducer **out, ch_stream *const *streams, int n, int64_t capacity,
@@ -432,6 +265,8 @@ int ch_reducer_group(const ch_reducer *r, int index)
 
 ch_reduce_mode ch_reducer_mode(const ch_reducer *r) { return r ? r->mode : CH_REDUCE_HOST; }
 
+/* ---- settings ------------------------------------------------------------ */
+
 ch_status ch_reducer_set_stage(ch_reducer *r, ch_reduce_stage_fn fn, void *user)
 {
     if (!r)
@@ -462,10 +297,6 @@ static int staged(const ch_reducer *r)
     return r->stage || (r->dtype == CH_BF16 && r->stage16);
 }
 
-/* ---- across processes without the host ------------------------------------ */
-
-/* The backend every participant is on when it can span processes, every
- * device once, and the mode allows it; else NULL. */
 ch_status ch_reducer_set_dtype(ch_reducer *r, ch_dtype dtype)
 {
     static const char fn[] = "ch_reducer_set_dtype";
@@ -510,85 +341,6 @@ ch_status ch_reducer_set_dtype(ch_reducer *r, ch_dtype dtype)
     r->dtype = CH_BF16;
     return CH_OK;
 }
-
-static const ch_backend_i *span_backend(const ch_reducer *r)
-{
-    if (!r || r->mode == CH_REDUCE_HOST)
-        return NULL;
-    const ch_device *d0 = r->streams[0]->dev;
-    const ch_backend_i *be = d0->be->iface;
-    if (!be->span_id || !be->span_new || !be->span_allreduce || !be->span_free ||
-        be->span_id_bytes == 0)
-        return NULL;
-    for (int i = 0; i < r->n; i++) {
-        if (r->streams[i]->dev->be != d0->be)
-            return NULL;
-        for (int j = 0; j < i; j++)
-            if (r->streams[j]->dev == r->streams[i]->dev)
-                return NULL;
-    }
-    return be;
-}
-
-size_t ch_reducer_span_bytes(const ch_reducer *r)
-{
-    const ch_backend_i *be = span_backend(r);
-    return be ? be->span_id_bytes : 0;
-}
-
-/* The arguments of `fn`; *be the backend that spans. */
-static ch_status span_args(const char *fn, const ch_reducer *r, const void *id,
-                           const ch_backend_i **be)
-{
-    if (!r || !id)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !r ? "r" : "id");
-    *be = span_backend(r);
-    if (!*be)
-        return chi_error(CH_ERR_UNSUPPORTED, "%s: these participants cannot reduce across "
-                         "processes without the host (ch_reducer_span_bytes is 0)", fn);
-    return CH_OK;
-}
-
-ch_status ch_reducer_span_id(ch_reducer *r, void *id)
-{
-    const ch_backend_i *be;
-    TRY(span_args("ch_reducer_span_id", r, id, &be));
-    return be->span_id(id);
-}
-
-ch_status ch_reducer_span(ch_reducer *r, const void *id, int first, int total)
-{
-    const ch_backend_i *be;
-    TRY(span_args("ch_reducer_span", r, id, &be));
-    if (r->span)
-        return chi_error(CH_ERR_STATE, "ch_reducer_span: the reducer spans processes "
-                         "already");
-    if (r->dtype != CH_F32)
-        return chi_error(CH_ERR_STATE, "ch_reducer_span: the reducer sums in %s on the host; "
-                         "a span sums in f32", ch_dtype_name(r->dtype));
-    if (first < 0 || total < 1 || first > total - r->n)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_reducer_span: participants %d to %d of "
-                         "%d: expected 0 <= first and first + %d <= total", first,
-                         first + r->n - 1, total, r->n);
-    for (int i = 0; i < r->n; i++)
-        r->handles[i] = r->streams[i]->dev->dev;
-    int *ranks = calloc((size_t)r->n, sizeof *ranks);
-    if (!ranks)
-        return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_reducer_span: out of host memory");
-    for (int i = 0; i < r->n; i++)
-        ranks[i] = first + i;
-    ch_status st = CHI_INJECT("span creation", CH_ERR_DRIVER,
-                              be->span_new(&r->span, r->n, r->handles, ranks, total, id));
-    free(ranks);
-    if (st != CH_OK) {
-        r->span = NULL;
-        return st;
-    }
-    r->span_be = be;
-    return CH_OK;
-}
-
-int ch_reducer_spans(const ch_reducer *r) { return r && r->span; }
 
 /* ---- one call ------------------------------------------------------------ */
 
@@ -666,7 +418,7 @@ static ch_status reduce_groups(ch_reducer *r, int64_t count)
             if (r->group[i] == g) {
                 r->handles[k] = r->streams[i]->handle;
                 r->mems[k] = chi_mem(r->views[i]);
-                trace_mark(r, i, M_PEER0);
+                chi_reducer_trace_mark(r, i, M_PEER0);
                 k++;
             }
         const ch_backend_i *be = r->streams[r->first[g]]->dev->be->iface;
@@ -675,7 +427,7 @@ static ch_status reduce_groups(ch_reducer *r, int64_t count)
             return st;
         for (int i = r->first[g]; i < r->n; i++)
             if (r->group[i] == g)
-                trace_mark(r, i, M_PEER1);
+                chi_reducer_trace_mark(r, i, M_PEER1);
     }
     return CH_OK;
 }
@@ -700,10 +452,10 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
         int i = r->first[g];
         if (!host_memory(r->streams[i]->dev)) {
             st = ch_stream_set_current(r->streams[i]);
-            trace_mark(r, i, M_D2H0);
+            chi_reducer_trace_mark(r, i, M_D2H0);
             if (st == CH_OK)
                 st = ch_tensor_download_async(r->views[i], r->staging[i], 0);
-            trace_mark(r, i, M_D2H1);
+            chi_reducer_trace_mark(r, i, M_D2H1);
         }
     }
     for (int g = 0; g < r->ngroups && st == CH_OK; g++) {
@@ -786,7 +538,7 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
             st = range_view(&part, r->views[i], first, n);
         if (st != CH_OK)
             break;
-        trace_mark(r, i, M_H2D0);
+        chi_reducer_trace_mark(r, i, M_H2D0);
         if (r->upload_from[i]) {
             st = ch_tensor_upload_async(part, r->upload_from[i], (size_t)first * sizeof(float));
         } else {
@@ -794,7 +546,7 @@ static ch_status stage_across_groups(ch_reducer *r, int64_t count)
              * with the staging made by ch_reducer_new): a plain upload. */
             st = ch_tensor_upload(part, total + first, (size_t)n * sizeof(float));
         }
-        trace_mark(r, i, M_H2D1);
+        chi_reducer_trace_mark(r, i, M_H2D1);
         /* The view goes; the memory it names stays the caller's. */
         if (part != r->views[i])
             ch_tensor_free(part);
@@ -828,12 +580,12 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
         if (host_memory(r->streams[i]->dev))
             continue;
         st = ch_stream_set_current(r->streams[i]);
-        trace_mark(r, i, M_D2H0);
+        chi_reducer_trace_mark(r, i, M_D2H0);
         if (st == CH_OK)
             st = ch_cast(half[i], r->views[i]);
         if (st == CH_OK)
             st = ch_tensor_download_async(half[i], r->staging[i], 0);
-        trace_mark(r, i, M_D2H1);
+        chi_reducer_trace_mark(r, i, M_D2H1);
     }
     for (int g = 0; g < r->ngroups && st == CH_OK; g++) {
         int i = r->first[g];
@@ -903,14 +655,14 @@ static ch_status stage_bf16(ch_reducer *r, int64_t count)
         if (!r->half[i])
             continue;
         st = ch_stream_set_current(r->streams[i]);
-        trace_mark(r, i, M_H2D0);
+        chi_reducer_trace_mark(r, i, M_H2D0);
         if (st == CH_OK)
             st = r->t16->pinned && r->t16->dev->be == r->streams[i]->dev->be
                      ? ch_tensor_upload_async(half[i], r->t16, 0)
                      : ch_tensor_upload(half[i], t16, (size_t)count * 2);
         if (st == CH_OK)
             st = ch_cast(r->views[i], half[i]);
-        trace_mark(r, i, M_H2D1);
+        chi_reducer_trace_mark(r, i, M_H2D1);
     }
     /* Nothing queued may still read the views or the staging: the caller
      * syncs every stream before the views go. */
@@ -989,7 +741,7 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
 
     memset(r->saved, 0, (size_t)r->n * sizeof *r->saved);
     memset(r->views, 0, (size_t)r->n * sizeof *r->views);
-    trace_begin(r);
+    chi_reducer_trace_begin(r);
     st = save_current(r);
     for (int i = 0; i < r->n && st == CH_OK; i++)
         st = range_view(&r->views[i], bufs[i], offset, count);
@@ -1000,11 +752,11 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
         for (int i = 0; i < r->n; i++) {
             r->handles[i] = r->streams[i]->handle;
             r->mems[i] = chi_mem(r->views[i]);
-            trace_mark(r, i, M_PEER0);
+            chi_reducer_trace_mark(r, i, M_PEER0);
         }
         st = r->span_be->span_allreduce(r->span, r->n, r->handles, r->mems, count);
         for (int i = 0; st == CH_OK && i < r->n; i++)
-            trace_mark(r, i, M_PEER1);
+            chi_reducer_trace_mark(r, i, M_PEER1);
     } else if (st == CH_OK) {
         queued = 1;
         st = reduce_groups(r, count);
@@ -1024,7 +776,7 @@ ch_status ch_reducer_allreduce(ch_reducer *r, ch_tensor *const *bufs, int64_t of
             st = s;
     }
     if (st == CH_OK)
-        trace_end(r);
+        chi_reducer_trace_end(r);
     r->tr.on = 0;
     ch_status s = restore_current(r);
     if (st == CH_OK)

@@ -10,7 +10,7 @@
  * events; the host's clock at the mark where the device cannot tell) and
  * written as slices on the replica's track, with the gaps where the
  * device waited for the others and for the reduction. The reducer writes
- * each bucket's reduction on its track (and lib/reduce.c its stages on
+ * each bucket's reduction on its track (and lib/reduce_trace.c its stages on
  * the links'), the calling thread the step. Flow arrows go from each
  * replica's bucket being ready to its reduction, and from the reduction
  * to the replica's update. While no trace runs none of this happens: one
