@@ -1,7 +1,9 @@
 # nn: data sets, loader, modules, losses, optimizers, checkpoints, data
-# parallelism. Built into libchorus; uses only the public API of lib/,
-# lib/error.h (chi_error, TRY), lib/trace.h (the trace recorder) and the header-only lib/bf16_sum.h (the
-# host's bf16 sums, for the one across processes, in nn/dist_mpi.c).
+# parallelism. Built into libchorus; uses the public API of lib/ and these
+# private headers (docs/DESIGN.md, nn): lib/error.h (chi_error, TRY),
+# lib/trace.h (the trace recorder), lib/stamp.h (the kept half weights and
+# the fused Adam step) and the header-only lib/bf16_sum.h (the host's bf16
+# sums, for the one across processes, in nn/dist_mpi.c).
 # tests/Makefile.mk builds these sources a second time, with the test
 # hooks, for the tests that inject failures.
 nn_sources = \

@@ -256,9 +256,10 @@ ch_status dist_join(ch_dist *world, int *argc, char ***argv, double timeout)
     int provided = MPI_THREAD_SINGLE;
     if (!init) {
         /* Open MPI's non-blocking all-reduce picks a binomial tree for two
-         * processes, which reduces a bucket of gradients at 0.4 times
-         * MPI_Allreduce's speed; its ring runs at MPI_Allreduce's (bench/
-         * bench-allreduce). A choice made by the user stays theirs. */
+         * processes, which reduces a bucket of gradients well below
+         * MPI_Allreduce's speed; its ring runs at MPI_Allreduce's
+         * (bench/bench-allreduce, docs/BENCHMARKS.md). A choice made by the
+         * user stays theirs. */
         setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
         int e = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
         if (e != MPI_SUCCESS)
@@ -387,9 +388,10 @@ ch_status dist_sum_on(const ch_dist *d, dist_comm_t comm, void *values, int64_t 
 {
     MPI_Datatype type = f64 ? MPI_DOUBLE : MPI_FLOAT;
     size_t size = f64 ? sizeof(double) : sizeof(float);
-    /* In pieces of 2^22 elements (16 MiB of f32; MPI counts are ints):
-     * Open MPI's ring over 64 MiB at once ran at 0.6 of its speed in
-     * pieces, which stay in cache between its steps (bench-allreduce). */
+    /* In pieces of 2^22 elements (16 MiB of f32; MPI counts are ints),
+     * which stay in cache between the steps of Open MPI's ring: over a
+     * much larger buffer at once it runs slower (bench-allreduce,
+     * docs/BENCHMARKS.md). */
     const int64_t chunk = (int64_t)1 << 22;
     for (int64_t off = 0; off < n; off += chunk) {
         int64_t len = n - off < chunk ? n - off : chunk;
