@@ -35,8 +35,12 @@ void chi_reducer_trace_begin(ch_reducer *r)
         r->tr.ev = calloc(k, sizeof *r->tr.ev);
         r->tr.host = calloc(k, sizeof *r->tr.host);
         r->tr.set = calloc(k, 1);
-        if (!r->tr.ev || !r->tr.host || !r->tr.set)
+        if (!r->tr.ev || !r->tr.host || !r->tr.set) {
+            /* Made whole or not at all: the next traced call tries again. */
+            free(r->tr.ev), free(r->tr.host), free(r->tr.set);
+            r->tr.ev = NULL, r->tr.host = NULL, r->tr.set = NULL;
             return;
+        }
         for (int i = 0; i < r->n; i++)
             for (int m = 0; m < MARKS; m++)
                 if (!host_memory(r->streams[i]->dev) &&

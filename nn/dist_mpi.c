@@ -258,7 +258,8 @@ ch_status dist_join(ch_dist *world, int *argc, char ***argv, double timeout)
         /* Open MPI's non-blocking all-reduce picks a binomial tree for two
          * processes, which reduces a bucket of gradients well below
          * MPI_Allreduce's speed; its ring runs at MPI_Allreduce's
-         * (bench/bench-allreduce, docs/BENCHMARKS.md). A choice made by the
+         * (bench/bench-allreduce; docs/PERFORMANCE_LOG.md, "2026-12-01:
+         * across processes (MPI)"). A choice made by the
          * user stays theirs. */
         setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
         int e = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
@@ -390,8 +391,8 @@ ch_status dist_sum_on(const ch_dist *d, dist_comm_t comm, void *values, int64_t 
     size_t size = f64 ? sizeof(double) : sizeof(float);
     /* In pieces of 2^22 elements (16 MiB of f32; MPI counts are ints),
      * which stay in cache between the steps of Open MPI's ring: over a
-     * much larger buffer at once it runs slower (bench-allreduce,
-     * docs/BENCHMARKS.md). */
+     * much larger buffer at once it runs slower (bench-allreduce;
+     * docs/PERFORMANCE_LOG.md). */
     const int64_t chunk = (int64_t)1 << 22;
     for (int64_t off = 0; off < n; off += chunk) {
         int64_t len = n - off < chunk ? n - off : chunk;

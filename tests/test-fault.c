@@ -460,6 +460,24 @@ static ch_status dp_run(void *ctx)
     return st;
 }
 
+/* The same step while a trace runs: the reducer's marks and spans, the
+ * workers' and the loader's slices and the recorder itself allocate too.
+ * The trace stops before the step is judged. */
+static ch_status dp_run_traced(void *ctx)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/dp-trace.json", tmpdir);
+    ch_status st = ch_trace_start(path, NULL);
+    if (st == CH_OK)
+        st = dp_run(ctx);
+    if (ch_trace_running()) {
+        ch_status stop = ch_trace_stop();
+        if (st == CH_OK)
+            st = stop;
+    }
+    return st;
+}
+
 /* The parameters of replica i, downloaded one after another. */
 static float *replica_params(const ch_dp *dp, int i, int64_t *count)
 {
@@ -857,6 +875,9 @@ int main(void)
         walk(&(walk_ops){"a data-parallel step over host,opencl:0,opencl:1", dp_setup, dp_run,
                          dp_after, dp_teardown},
              &d, CHI_FAULT_ALLOC, 0);
+        walk(&(walk_ops){"a traced data-parallel step over host,opencl:0,opencl:1", dp_setup,
+                         dp_run_traced, dp_after, dp_teardown},
+             &d, CHI_FAULT_ALLOC, 0);
         walk(&(walk_ops){"elastic: a step losing opencl:1 (its removal)", remove_setup, remove_run,
                          elastic_after, elastic_teardown},
              &d, CHI_FAULT_ALLOC, 0);
@@ -866,7 +887,7 @@ int main(void)
         ch_host_buffer_free(d.img);
         ch_host_buffer_free(d.lab);
     } else {
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             tap_skip("no opencl:0 and opencl:1 for the data-parallel walks (POCL_DEVICES=\"pthread "
                      "pthread\" gives them)");
     }
