@@ -16,7 +16,9 @@ libchorus_la_SOURCES += \
 	backends/host/dnnl_conv.c \
 	backends/host/dnnl_matmul.c \
 	backends/host/optim.c \
+	backends/host/batched.c \
 	backends/host/attention.c \
+	backends/host/embedding.c \
 	backends/host/tile_mm.c \
 	backends/host/tile_amx.c \
 	backends/host/bf16_round.c \

@@ -173,10 +173,11 @@ static inline int32_t *chi_host_i32(ch_bmem m)
 /* ---- op and collective slots ----
  * Each is chi_host_<slot> (the device, memory, stream and transfer slots
  * are backend.c's own statics), in the file of its family: gemm.c,
- * elementwise.c (with the f32 <-> bf16 and f16 conversions, lib/kernels/half_bits.h),
- * sum.c, softmax.c, conv.c (with max pooling; the half convolution in
- * dnnl_conv.c and gemm_half in dnnl_matmul.c, built with oneDNN), norm.c, attention.c (with
- * gemm_batched and the embedding), optim.c, allreduce.c (its kernel,
+ * elementwise.c (with the f32 <-> bf16 and f16 conversions,
+ * lib/kernels/half_bits.h), sum.c, softmax.c, conv.c (with max pooling;
+ * the half convolution in dnnl_conv.c and gemm_half in dnnl_matmul.c,
+ * built with oneDNN), norm.c, batched.c (gemm_batched and permute),
+ * attention.c (with softmax), embedding.c, optim.c, allreduce.c (its kernel,
  * chi_sum_spread, is the core's: backend.h). The slots the table leaves
  * NULL (span_*) are declared and not defined. */
 #define CHI_HOST_DEVICE(ret, name, params)
