@@ -4,7 +4,7 @@
 # this one included, with double-precision references (tests/ref.h).
 libchorus_la_SOURCES += \
 	backends/host/host.h \
-	backends/host/lanes.h \
+	backends/host/vec.h \
 	backends/host/backend.c \
 	backends/host/gemm.c \
 	backends/host/elementwise.c \

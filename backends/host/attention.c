@@ -1,6 +1,5 @@
-/* The host's attention ops: the row softmax with its causal mask, and the
- * fused causal attention and its backward (FlashAttention's tiles in f32,
- * and in bf16 on AMX for the mixed op).
+/* The host's fused causal attention and its backward: FlashAttention's
+ * tiles in f32, and in bf16 on AMX for the mixed op.
  *
  * Each output element is computed by one thread in an order fixed by the
  * shape alone, so results are the same bits whatever the thread count. */
@@ -13,188 +12,7 @@
 #include <string.h>
 
 #include "host.h"
-
-/* ---- softmax --------------------------------------------------------------------- */
-
-/* The columns row r keeps: all, or with the causal mask those up to its
- * own position t plus the s - t_rows columns before the matrix's first row
- * (backend.h). */
-static int64_t row_width(int64_t r, int64_t s, int causal, int64_t rows_per_matrix)
-{
-    return causal ? r % rows_per_matrix + s - rows_per_matrix + 1 : s;
-}
-
-/* Four floats, four i32 and four doubles at once (GCC's vector extensions,
- * as in gemm.c: SSE2, NEON or plain C). */
-typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v4i __attribute__((vector_size(16)));
-typedef double v4d __attribute__((vector_size(32)));
-/* Eight, for the fused attention's tiles (its functions are built for
- * AVX-512 and AVX2 too, CHI_CLONES_WIDE: 256-bit vectors, whose compares
- * give lane masks in both; GCC turns a 512-bit compare into a mask vector
- * lane by lane without AVX-512DQ). */
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-/* exp(x) for x <= 0, a vector VF of floats at a time (VI: as many i32)
- * and without a call (a call to expf per element costs several times the
- * rest of the softmax). x = n ln 2 + r with |r| <= ln 2 / 2 (n rounded by
- * adding and subtracting 1.5 * 2^23; ln 2 split so that n ln2_hi is
- * exact), e^r by its Taylor series to r^7 (the next term is below 6e-9
- * relative), times 2^n through the exponent bits. Checked against exp in
- * double for every float in [-87.34, 0]: within 1.22 ulp. Below -87.34
- * the result would not be a normal float and is 0 (-inf included); NaN
- * stays NaN. Each lane's operations are the same whatever the width, so
- * four and sixteen lanes give the same bits. */
-/* clang-format off */
-#define DEFINE_EXP_NONPOSITIVE(NAME, VF, VI)                                                  \
-    CHI_INLINE VF NAME(VF x)                                                                  \
-    {                                                                                         \
-        const float log2e = 1.44269504088896341f, round = 12582912.0f;                        \
-        const float ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187e-06f;            \
-        VI in_range = x >= -88.0f, nan = x != x, tiny = x < -87.33654f;                       \
-        /* Out of range (and NaN) inputs go through as -88: n stays an int. */                \
-        VF xc = (VF)(((VI)x & in_range) | ((VI)((VF){0} - 88.0f) & ~in_range));              \
-        VF n = (xc * log2e + round) - round;                                                  \
-        VF r = (xc - n * ln2_hi) - n * ln2_lo;                                                \
-        VF p = (VF){0} + 1.0f / 5040;                                                         \
-        p = p * r + 1.0f / 720;                                                               \
-        p = p * r + 1.0f / 120;                                                               \
-        p = p * r + 1.0f / 24;                                                                \
-        p = p * r + 1.0f / 6;                                                                 \
-        p = p * r + 0.5f;                                                                     \
-        p = p * r + 1.0f;                                                                     \
-        p = p * r + 1.0f;                                                                     \
-        VI scale = (__builtin_convertvector(n, VI) + 127) * (1 << 23);                        \
-        VF e = p * (VF)scale;                                                                 \
-        return (VF)(((VI)e & ~tiny & ~nan) | ((VI)x & nan));                                  \
-    }
-/* clang-format on */
-
-DEFINE_EXP_NONPOSITIVE(exp_nonpositive, v4f, v4i)
-
-/* Four floats from x[0..count); past count (the tail of a row), `fill`. */
-static inline v4f load4(const float *x, int64_t count, float fill)
-{
-    v4f v;
-    if (count >= 4) {
-        memcpy(&v, x, sizeof v);
-        return v;
-    }
-    v = (v4f){0} + fill;
-    for (int64_t l = 0; l < count; l++)
-        v[l] = x[l];
-    return v;
-}
-
-static inline void store4(float *y, v4f v, int64_t count)
-{
-    if (count >= 4)
-        memcpy(y, &v, sizeof v);
-    else
-        for (int64_t l = 0; l < count; l++)
-            y[l] = v[l];
-}
-
-static inline double sum4d(const v4d *v)
-{
-    return ((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3]);
-}
-
-/* The larger of a and b in each lane (a where b is NaN). */
-static inline v4f max4(v4f a, v4f b)
-{
-    v4i take_b = b > a;
-    return (v4f)(((v4i)b & take_b) | ((v4i)a & ~take_b));
-}
-
-static float row_max(const float *x, int64_t w)
-{
-    v4f m = (v4f){0} - INFINITY;
-    for (int64_t j = 0; j < w; j += 4)
-        m = max4(m, load4(x + j, w - j, -INFINITY));
-    m = max4(m, __builtin_shufflevector(m, m, 2, 3, 0, 1));
-    m = max4(m, __builtin_shufflevector(m, m, 1, 0, 3, 2));
-    return m[0];
-}
-
-/* y[0..w) = exp(x - max) / sum, y[w..s) = 0. x may be y: each element is
- * read before it is written. The sum is in double, by blocks of four
- * added alternately into two accumulators: a fixed order. Returns the
- * sum; *max_out (when not NULL) gets the row's max (the softmax loss's
- * log-sum-exp, softmax.c). */
-double chi_host_softmax_row(float *y, const float *x, int64_t s, int64_t w, float *max_out)
-{
-    float max = row_max(x, w);
-    if (max_out)
-        *max_out = max;
-    v4d even = {0}, odd = {0};
-    for (int64_t j = 0; j < w; j += 8) {
-        v4f e = exp_nonpositive(load4(x + j, w - j, -INFINITY) - max);
-        store4(y + j, e, w - j);
-        even += __builtin_convertvector(e, v4d);
-        if (j + 4 < w) {
-            e = exp_nonpositive(load4(x + j + 4, w - j - 4, -INFINITY) - max);
-            store4(y + j + 4, e, w - j - 4);
-            odd += __builtin_convertvector(e, v4d);
-        }
-    }
-    even += odd;
-    double sum = sum4d(&even);
-    float inv = (float)(1.0 / sum);
-    for (int64_t j = 0; j < w; j += 4)
-        store4(y + j, load4(y + j, w - j, 0.0f) * inv, w - j);
-    for (int64_t j = w; j < s; j++)
-        y[j] = 0.0f;
-    return sum;
-}
-
-ch_status chi_host_softmax(void *stream, int64_t rows, int64_t s, int causal,
-                           int64_t rows_per_matrix, ch_bmem y, ch_bmem x)
-{
-    (void)stream;
-    float *py = chi_host_f32(y);
-    const float *px = chi_host_f32(x);
-    CHI_OMP(omp parallel for schedule(static) if (rows * s > CHI_HOST_PAR_MIN / 16))
-    for (int64_t r = 0; r < rows; r++)
-        chi_host_softmax_row(py + r * s, px + r * s, s, row_width(r, s, causal, rows_per_matrix),
-                             NULL);
-    return CH_OK;
-}
-
-/* <g, p> over a row, in double in chi_host_softmax_row's order. */
-static double row_dot(const float *g, const float *p, int64_t s)
-{
-    v4d even = {0}, odd = {0};
-    for (int64_t j = 0; j < s; j += 8) {
-        even += __builtin_convertvector(load4(g + j, s - j, 0.0f), v4d) *
-                __builtin_convertvector(load4(p + j, s - j, 0.0f), v4d);
-        if (j + 4 < s)
-            odd += __builtin_convertvector(load4(g + j + 4, s - j - 4, 0.0f), v4d) *
-                   __builtin_convertvector(load4(p + j + 4, s - j - 4, 0.0f), v4d);
-    }
-    even += odd;
-    return sum4d(&even);
-}
-
-/* dx = y (dy - <dy, y>) by row; dx may be dy (the dot product comes first). */
-ch_status chi_host_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem dx,
-                                    ch_bmem dy, ch_bmem y)
-{
-    (void)stream;
-    float *pdx = chi_host_f32(dx);
-    const float *pdy = chi_host_f32(dy), *py = chi_host_f32(y);
-    CHI_OMP(omp parallel for schedule(static) if (rows * s > CHI_HOST_PAR_MIN / 4))
-    for (int64_t r = 0; r < rows; r++) {
-        const float *g = pdy + r * s, *p = py + r * s;
-        float d = (float)row_dot(g, p, s);
-        float *out = pdx + r * s;
-        CHI_OMP(omp simd)
-        for (int64_t j = 0; j < s; j++)
-            out[j] = p[j] * (g[j] - d);
-    }
-    return CH_OK;
-}
+#include "vec.h"
 
 /* ---- fused causal attention ----------------------------------------------------
  * FlashAttention's scheme on the CPU: a tile of FA_Q queries against tiles
@@ -282,13 +100,6 @@ static void fa_tiles_at(fa_tiles *t, float *mem, int64_t hd, int64_t tt)
     t->vt = t->kt + hd * tt;
 }
 
-/* Always inlined, into builds with AVX at least where it matters: GCC's
- * note that a 32-byte vector is returned differently without AVX does not
- * apply to a function that is never called (the note comes at the end of
- * the file, so it is off for all of it). */
-#pragma GCC diagnostic ignored "-Wpsabi"
-DEFINE_EXP_NONPOSITIVE(exp8_nonpositive, v8f, v8i)
-
 /* Lanes j + l < w of the 8 floats at x + j, `fill` in the others (which
  * are read, but not used: a tile row has FA_K floats, a multiple of 8). */
 CHI_INLINE v8f fa_load(const float *x, int64_t j, int64_t w, float fill)
@@ -323,7 +134,7 @@ CHI_INLINE float fa_row_exp(float *x, int64_t w, int64_t nk, float sub)
     int64_t j = 0;
     for (; j < w; j += 8) {
         /* the lanes past w: exp(-inf) = 0 */
-        v8f e = exp8_nonpositive(fa_load(x, j, w, -INFINITY) - sub);
+        v8f e = chi_exp8_nonpositive(fa_load(x, j, w, -INFINITY) - sub);
         memcpy(x + j, &e, sizeof e);
         sum += e;
     }
@@ -336,14 +147,10 @@ CHI_INLINE float fa_row_exp(float *x, int64_t w, int64_t nk, float sub)
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-
-#include "lanes.h"
-
 /* fa_row_max and fa_row_exp sixteen lanes at a time where the tile
  * products run in AVX-512, in intrinsics (GCC's generic 512-bit compares
  * become lane-by-lane code without AVX-512DQ): per lane the same
- * operations as DEFINE_EXP_NONPOSITIVE's (no FMA), the sum in sixteen
+ * operations as CHI_DEFINE_EXP_NONPOSITIVE's (no FMA), the sum in sixteen
  * lanes. */
 
 __attribute__((target("avx512f"))) static inline __m512 exp16_nonpositive(__m512 x)
@@ -446,7 +253,7 @@ CHI_INLINE void fa_rows_update(int isa, float *s, int64_t i0, int64_t j0, int64_
         v8f mx = fa_load(corr, r, mq, 0.0f), old = fa_load(m, r, mq, 0.0f);
         v8i take = mx > old, first = old == -INFINITY;
         v8f m_new = (v8f)(((v8i)mx & take) | ((v8i)old & ~take));
-        v8f c = (v8f)((v8i)exp8_nonpositive(old - m_new) & ~first);
+        v8f c = (v8f)((v8i)chi_exp8_nonpositive(old - m_new) & ~first);
         for (int64_t u = 0; u < 8 && r + u < mq; u++) {
             corr[r + u] = c[u];
             m[r + u] = m_new[u];

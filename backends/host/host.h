@@ -177,7 +177,7 @@ static inline int32_t *chi_host_i32(ch_bmem m)
  * lib/kernels/half_bits.h), sum.c, softmax.c, conv.c (with max pooling;
  * the half convolution in dnnl_conv.c and gemm_half in dnnl_matmul.c,
  * built with oneDNN), norm.c, batched.c (gemm_batched and permute),
- * attention.c (with softmax), embedding.c, optim.c, allreduce.c (its kernel,
+ * attention.c, embedding.c, optim.c, allreduce.c (its kernel,
  * chi_sum_spread, is the core's: backend.h). The slots the table leaves
  * NULL (span_*) are declared and not defined. */
 #define CHI_HOST_DEVICE(ret, name, params)
@@ -188,12 +188,6 @@ static inline int32_t *chi_host_i32(ch_bmem m)
 #define CHI_HOST_COLLECTIVE(ret, name, params) CH_SLOT_PROTOTYPE(chi_host_, ret, name, params)
 #define CHI_HOST_SLOT(group, kind, ret, name, params) CHI_HOST_##group(ret, name, params)
 CH_BACKEND_SLOTS(CHI_HOST_SLOT)
-
-/* attention.c: one softmax row, y[0..w) = exp(x - max) / sum and
- * y[w..s) = 0, with the vectorised exp; returns the sum (in double) and
- * the max in *max_out (when not NULL). ch_softmax's rows and the softmax
- * loss's (softmax.c). */
-double chi_host_softmax_row(float *y, const float *x, int64_t s, int64_t w, float *max_out);
 
 /* dnnl_conv.c (builds with oneDNN): the convolution through oneDNN's
  * primitives, its inputs in dt (CH_F32, CH_BF16 or CH_F16), its outputs

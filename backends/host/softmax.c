@@ -1,16 +1,153 @@
-/* The host's fused softmax-cross-entropy, forward and backward: each row
- * by one thread (the exponentials vectorised in float, as ch_softmax's,
- * their sum and the loss in double), so the result is the same bits
- * whatever the thread count. */
+/* The host's softmax ops: ch_softmax (rows, with the causal mask) and its
+ * backward, and the fused softmax-cross-entropy, forward and backward.
+ * Each row is one thread's (the exponentials vectorised in float, their
+ * sum and the loss in double), so the result is the same bits whatever
+ * the thread count. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "host.h"
 #include "kernels/xent.h"
+#include "vec.h"
+
+/* ---- softmax ------------------------------------------------------------------ */
+
+/* The columns row r keeps: all, or with the causal mask those up to its
+ * own position t plus the s - t_rows columns before the matrix's first row
+ * (backend.h). */
+static int64_t row_width(int64_t r, int64_t s, int causal, int64_t rows_per_matrix)
+{
+    return causal ? r % rows_per_matrix + s - rows_per_matrix + 1 : s;
+}
+
+/* Four floats from x[0..count); past count (the tail of a row), `fill`. */
+static inline v4f load4(const float *x, int64_t count, float fill)
+{
+    v4f v;
+    if (count >= 4) {
+        memcpy(&v, x, sizeof v);
+        return v;
+    }
+    v = (v4f){0} + fill;
+    for (int64_t l = 0; l < count; l++)
+        v[l] = x[l];
+    return v;
+}
+
+static inline void store4(float *y, v4f v, int64_t count)
+{
+    if (count >= 4)
+        memcpy(y, &v, sizeof v);
+    else
+        for (int64_t l = 0; l < count; l++)
+            y[l] = v[l];
+}
+
+static inline double sum4d(const v4d *v)
+{
+    return ((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3]);
+}
+
+/* The larger of a and b in each lane (a where b is NaN). */
+static inline v4f max4(v4f a, v4f b)
+{
+    v4i take_b = b > a;
+    return (v4f)(((v4i)b & take_b) | ((v4i)a & ~take_b));
+}
+
+static float row_max(const float *x, int64_t w)
+{
+    v4f m = (v4f){0} - INFINITY;
+    for (int64_t j = 0; j < w; j += 4)
+        m = max4(m, load4(x + j, w - j, -INFINITY));
+    m = max4(m, __builtin_shufflevector(m, m, 2, 3, 0, 1));
+    m = max4(m, __builtin_shufflevector(m, m, 1, 0, 3, 2));
+    return m[0];
+}
+
+/* y[0..w) = exp(x - max) / sum, y[w..s) = 0. x may be y: each element is
+ * read before it is written. The sum is in double, by blocks of four
+ * added alternately into two accumulators: a fixed order. Returns the
+ * sum; *max_out (when not NULL) gets the row's max (the softmax loss's
+ * log-sum-exp). */
+static double softmax_row(float *y, const float *x, int64_t s, int64_t w, float *max_out)
+{
+    float max = row_max(x, w);
+    if (max_out)
+        *max_out = max;
+    v4d even = {0}, odd = {0};
+    for (int64_t j = 0; j < w; j += 8) {
+        v4f e = chi_exp4_nonpositive(load4(x + j, w - j, -INFINITY) - max);
+        store4(y + j, e, w - j);
+        even += __builtin_convertvector(e, v4d);
+        if (j + 4 < w) {
+            e = chi_exp4_nonpositive(load4(x + j + 4, w - j - 4, -INFINITY) - max);
+            store4(y + j + 4, e, w - j - 4);
+            odd += __builtin_convertvector(e, v4d);
+        }
+    }
+    even += odd;
+    double sum = sum4d(&even);
+    float inv = (float)(1.0 / sum);
+    for (int64_t j = 0; j < w; j += 4)
+        store4(y + j, load4(y + j, w - j, 0.0f) * inv, w - j);
+    for (int64_t j = w; j < s; j++)
+        y[j] = 0.0f;
+    return sum;
+}
+
+ch_status chi_host_softmax(void *stream, int64_t rows, int64_t s, int causal,
+                           int64_t rows_per_matrix, ch_bmem y, ch_bmem x)
+{
+    (void)stream;
+    float *py = chi_host_f32(y);
+    const float *px = chi_host_f32(x);
+    CHI_OMP(omp parallel for schedule(static) if (rows * s > CHI_HOST_PAR_MIN / 16))
+    for (int64_t r = 0; r < rows; r++)
+        softmax_row(py + r * s, px + r * s, s, row_width(r, s, causal, rows_per_matrix), NULL);
+    return CH_OK;
+}
+
+/* <g, p> over a row, in double in softmax_row's order. */
+static double row_dot(const float *g, const float *p, int64_t s)
+{
+    v4d even = {0}, odd = {0};
+    for (int64_t j = 0; j < s; j += 8) {
+        even += __builtin_convertvector(load4(g + j, s - j, 0.0f), v4d) *
+                __builtin_convertvector(load4(p + j, s - j, 0.0f), v4d);
+        if (j + 4 < s)
+            odd += __builtin_convertvector(load4(g + j + 4, s - j - 4, 0.0f), v4d) *
+                   __builtin_convertvector(load4(p + j + 4, s - j - 4, 0.0f), v4d);
+    }
+    even += odd;
+    return sum4d(&even);
+}
+
+/* dx = y (dy - <dy, y>) by row; dx may be dy (the dot product comes first). */
+ch_status chi_host_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem dx, ch_bmem dy,
+                                    ch_bmem y)
+{
+    (void)stream;
+    float *pdx = chi_host_f32(dx);
+    const float *pdy = chi_host_f32(dy), *py = chi_host_f32(y);
+    CHI_OMP(omp parallel for schedule(static) if (rows * s > CHI_HOST_PAR_MIN / 4))
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = pdy + r * s, *p = py + r * s;
+        float d = (float)row_dot(g, p, s);
+        float *out = pdx + r * s;
+        CHI_OMP(omp simd)
+        for (int64_t j = 0; j < s; j++)
+            out[j] = p[j] * (g[j] - d);
+    }
+    return CH_OK;
+}
+
+/* ---- softmax cross-entropy ------------------------------------------------------ */
 
 /* Labels outside [0, C) are an error on every backend (ops.h); the message
  * names the first, as the device backends' do. */
@@ -23,13 +160,13 @@ static ch_status check_labels(const char *fn, const int32_t *labels, int64_t n,
     return CH_OK;
 }
 
-/* One row: probs = softmax(logits) (chi_host_softmax_row: the max taken
- * off, the vectorised exp, the sum in double); returns -log probs[label]
- * = log(sum) - (logits[label] - max). */
-static double softmax_row(float *probs, const float *logits, int64_t c, int32_t label)
+/* One row: probs = softmax(logits) (softmax_row: the max taken off, the
+ * vectorised exp, the sum in double); returns -log probs[label] =
+ * log(sum) - (logits[label] - max). */
+static double xent_row(float *probs, const float *logits, int64_t c, int32_t label)
 {
     float max;
-    double sum = chi_host_softmax_row(probs, logits, c, c, &max);
+    double sum = softmax_row(probs, logits, c, c, &max);
     return log(sum) - ((double)logits[label] - max);
 }
 
@@ -49,7 +186,7 @@ ch_status chi_host_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss
     const float *px = chi_host_f32(logits);
     CHI_OMP(omp parallel for if (n * c > CHI_HOST_PAR_MIN / 16))
     for (int64_t i = 0; i < n; i++)
-        row_loss[i] = softmax_row(pp + i * c, px + i * c, c, pl[i]);
+        row_loss[i] = xent_row(pp + i * c, px + i * c, c, pl[i]);
     double total = 0.0;
     for (int64_t i = 0; i < n; i++)
         total += row_loss[i];

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "host.h"
+#include "vec.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && __GNUC__ >= 11
 #define HAVE_AMX_KERNELS 1
@@ -30,8 +31,6 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#include "lanes.h"
 #endif
 
 #ifdef HAVE_AMX_KERNELS
