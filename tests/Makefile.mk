@@ -51,7 +51,7 @@ noinst_LTLIBRARIES += tests/libchorus-internal.la
 tests_libchorus_internal_la_SOURCES = lib/discover.c lib/topology.c backends/host/gemm.c \
 	backends/host/tile_mm.c backends/host/conv.c backends/host/dnnl.c \
 	backends/host/dnnl_conv.c backends/host/dnnl_matmul.c \
-	backends/host/attention.c backends/host/scratch.c \
+	backends/host/attention.c backends/host/attention_amx.c backends/host/scratch.c \
 	backends/host/tile_amx.c backends/host/bf16_round.c backends/host/norm.c
 tests_libchorus_internal_la_CPPFLAGS = $(AM_CPPFLAGS) $(HWLOC_CFLAGS) $(BLAS_CFLAGS) -DCHI_TEST_HOOKS
 tests_libchorus_internal_la_LIBADD = $(HWLOC_LIBS) $(ONEDNN_LIBS) $(BLAS_LIBS)

@@ -17,7 +17,9 @@ libchorus_la_SOURCES += \
 	backends/host/dnnl_matmul.c \
 	backends/host/optim.c \
 	backends/host/batched.c \
+	backends/host/attention.h \
 	backends/host/attention.c \
+	backends/host/attention_amx.c \
 	backends/host/embedding.c \
 	backends/host/tile_mm.c \
 	backends/host/tile_amx.c \

@@ -10,11 +10,11 @@
 
 #include "bf16_sum.h" /* CHI_INLINE */
 
-/* A function that takes or returns a 32-byte vector and is built without
- * AVX gets a note that such vectors are passed differently there. The
- * functions here are always inlined, into builds with AVX where it
- * matters, so the note does not apply; it comes at the end of the file,
- * so it is off for all of every file that includes this one. */
+/* A function that returns a 32-byte vector and is built without AVX
+ * draws GCC's warning that such vectors are returned differently there.
+ * The functions here are always inlined, into builds with AVX where it
+ * matters, so it does not apply: off for the rest of every file that
+ * includes this one. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 /* Four floats, four i32 and four doubles at once; eight floats and eight
@@ -66,6 +66,7 @@ CHI_DEFINE_EXP_NONPOSITIVE(chi_exp4_nonpositive, v4f, v4i)
 CHI_DEFINE_EXP_NONPOSITIVE(chi_exp8_nonpositive, v8f, v8i)
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#define CHI_HAVE_AVX512 1
 #include <immintrin.h>
 
 /* The first `count` of sixteen lanes (none for count <= 0, all from 16). */
