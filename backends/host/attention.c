@@ -89,80 +89,29 @@ static void fa_tiles_at(fa_tiles *t, float *mem, int64_t hd, int64_t tt)
     t->vt = t->kt + hd * tt;
 }
 
-/* Lanes j + l < w of the 8 floats at x + j, `fill` in the others (which
- * are read, but not used: a tile row has FA_K floats, a multiple of 8). */
-CHI_INLINE v8f fa_load(const float *x, int64_t j, int64_t w, float fill)
-{
-    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
-    v8f v;
-    memcpy(&v, x + j, sizeof v);
-    v8i keep = lane < (int32_t)(w - j);
-    return (v8f)(((v8i)v & keep) | ((v8i)((v8f){0} + fill) & ~keep));
-}
-
-/* The largest of x[0..w) (NaN left out, as max4 leaves it out). */
-CHI_INLINE float fa_row_max(const float *x, int64_t w)
-{
-    v8f m = (v8f){0} - INFINITY;
-    for (int64_t j = 0; j < w; j += 8) {
-        v8f b = fa_load(x, j, w, -INFINITY);
-        v8i take_b = b > m;
-        m = (v8f)(((v8i)b & take_b) | ((v8i)m & ~take_b));
-    }
-    float mx = m[0];
-    for (int l = 1; l < 8; l++)
-        mx = m[l] > mx ? m[l] : mx;
-    return mx;
-}
-
 /* x[0..nk) of a tile row: exp(x - sub) for the first w, then 0. Returns
- * the sum of the exponentials, in eight lanes added pairwise. */
+ * the sum of the exponentials, in eight lanes added pairwise
+ * (CHI_LANES_TOTAL). */
 CHI_INLINE float fa_row_exp(float *x, int64_t w, int64_t nk, float sub)
 {
     v8f sum = {0};
     int64_t j = 0;
     for (; j < w; j += 8) {
         /* the lanes past w: exp(-inf) = 0 */
-        v8f e = chi_exp8_nonpositive(fa_load(x, j, w, -INFINITY) - sub);
+        v8f e = chi_exp8_nonpositive(chi_load8(x + j, w - j, -INFINITY) - sub);
         memcpy(x + j, &e, sizeof e);
         sum += e;
     }
     for (; j < nk; j++)
         x[j] = 0.0f;
-    for (int h = 4; h > 0; h /= 2)
-        for (int l = 0; l < h; l++)
-            sum[l] += sum[l + h];
-    return sum[0];
+    return CHI_LANES_TOTAL(sum, 8);
 }
 
 #ifdef CHI_HAVE_AVX512
-/* fa_row_max and fa_row_exp sixteen lanes at a time where the tile
- * products run in AVX-512, in intrinsics (GCC's generic 512-bit compares
- * become lane-by-lane code without AVX-512DQ): per lane the same
- * operations as CHI_DEFINE_EXP_NONPOSITIVE's (no FMA), the sum in sixteen
- * lanes. */
-
-__attribute__((target("avx512f"))) static inline __m512 exp16_nonpositive(__m512 x)
-{
-    __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-88.0f), _CMP_GE_OQ);
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
-    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    __m512 xc = _mm512_mask_mov_ps(_mm512_set1_ps(-88.0f), in_range, x);
-    __m512 round = _mm512_set1_ps(12582912.0f);
-    __m512 n = _mm512_sub_ps(
-        _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), round), round);
-    __m512 r =
-        _mm512_sub_ps(_mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f))),
-                      _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187e-06f)));
-    static const float coef[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    for (int c = 0; c < 7; c++)
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(coef[c]));
-    __m512i scale =
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-    __m512 e = _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(p, _mm512_castsi512_ps(scale)));
-    return _mm512_mask_mov_ps(e, nan, x);
-}
+/* The row passes sixteen lanes at a time where the tile products run in
+ * AVX-512, in intrinsics (GCC's generic 512-bit compares become
+ * lane-by-lane code without AVX-512DQ): per lane the same operations as
+ * chi_row_max8's and fa_row_exp's, the sum in sixteen lanes. */
 
 __attribute__((target("avx512f"))) static float fa_row_max512(const float *x, int64_t w)
 {
@@ -181,7 +130,7 @@ __attribute__((target("avx512f"))) static float fa_row_exp512(float *x, int64_t 
     int64_t j = 0;
     for (; j < w; j += 16) {
         __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), CHI_LANES16(w - j), x + j);
-        __m512 e = exp16_nonpositive(_mm512_sub_ps(v, vs));
+        __m512 e = chi_exp16_nonpositive(_mm512_sub_ps(v, vs));
         _mm512_storeu_ps(x + j, e); /* within the row's FA_K floats; past w, 0 */
         sum = _mm512_add_ps(sum, e);
     }
@@ -200,7 +149,7 @@ CHI_INLINE float fa_max(int isa, const float *x, int64_t w)
         return fa_row_max512(x, w);
 #endif
     (void)isa;
-    return fa_row_max(x, w);
+    return chi_row_max8(x, w);
 }
 
 CHI_INLINE float fa_exp(int isa, float *x, int64_t w, int64_t nk, float sub)
@@ -226,9 +175,9 @@ CHI_INLINE void fa_rows_update(int isa, float *s, int64_t i0, int64_t j0, int64_
     for (int64_t r = 0; r < mq; r++)
         corr[r] = fa_max(isa, s + r * FA_K, fa_width(i0 + r, j0, nk));
     for (int64_t r = 0; r < mq; r += 8) {
-        v8f mx = fa_load(corr, r, mq, 0.0f), old = fa_load(m, r, mq, 0.0f);
-        v8i take = mx > old, first = old == -INFINITY;
-        v8f m_new = (v8f)(((v8i)mx & take) | ((v8i)old & ~take));
+        v8f mx = chi_load8(corr + r, mq - r, 0.0f), old = chi_load8(m + r, mq - r, 0.0f);
+        v8i first = old == -INFINITY;
+        v8f m_new = chi_max8(old, mx);
         v8f c = (v8f)((v8i)chi_exp8_nonpositive(old - m_new) & ~first);
         for (int64_t u = 0; u < 8 && r + u < mq; u++) {
             corr[r + u] = c[u];
@@ -238,10 +187,11 @@ CHI_INLINE void fa_rows_update(int isa, float *s, int64_t i0, int64_t j0, int64_
     for (int64_t r = 0; r < mq; r++) {
         float c = corr[r], *a = acc + r * hd;
         l[r] = l[r] * c + fa_exp(isa, s + r * FA_K, fa_width(i0 + r, j0, nk), nk, m[r]);
-        if (c != 1.0f)
+        if (c != 1.0f) {
             CHI_OMP(omp simd)
-        for (int64_t d = 0; d < hd; d++)
-            a[d] *= c;
+            for (int64_t d = 0; d < hd; d++)
+                a[d] *= c;
+        }
     }
 }
 
@@ -291,12 +241,10 @@ static void fa_transpose(const fa_job *j, const float *x, float *xt)
         chi_host_tile_transpose(j->isa, j->t, j->hd, x, j->ld, xt, j->t);
 }
 
-/* d[r] = rowsum(dout * o) for r < tt (rows ldo apart): the backward's D.
- * Eight sums (lane l takes the columns c = l mod 8, in increasing c; the
- * last hd mod 8 columns into the first lanes), added pairwise: the same
- * operations on every lane whatever the vectors' width, so the same bits
- * in every build (one sum over the row, a chain of hd dependent
- * additions per row, took a tenth of the backward's time). */
+/* d[r] = rowsum(dout * o) for r < tt (rows ldo apart): the backward's D,
+ * in eight lanes in vec.h's order (CHI_LANES), so the same bits in every
+ * build; eight chains of additions rather than one of hd per row, which
+ * would wait on the adder at each step. */
 CHI_INLINE void fa_rowdots(float *d, const float *dout, const float *o, int64_t tt, int64_t hd,
                            int64_t ldo)
 {
@@ -311,10 +259,7 @@ CHI_INLINE void fa_rowdots(float *d, const float *dout, const float *o, int64_t 
         }
         for (int64_t c = body; c < hd; c++)
             sum[c - body] += g[c] * y[c];
-        for (int h = 4; h > 0; h /= 2)
-            for (int l = 0; l < h; l++)
-                sum[l] += sum[l + h];
-        d[r] = sum[0];
+        d[r] = CHI_LANES_TOTAL(sum, 8);
     }
 }
 
@@ -325,7 +270,7 @@ typedef ch_status (*fa_fn)(float *mem, const fa_job *j, int64_t i);
 /* one(i) for every matrix i < b, shared out among the threads, each with
  * its tiles (in the stream's scratch: chi_host_scratch_take, so no call
  * allocates once the stream has the size; what a tile row holds past its
- * valid keys is read by fa_load and never used, so whatever an op before
+ * valid keys is read by chi_load8 and never used, so whatever an op before
  * left there does no harm); the first failure's message is kept. */
 static ch_status fa_each(void *stream, const fa_job *job, int64_t b, fa_fn one)
 {

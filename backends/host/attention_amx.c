@@ -106,21 +106,11 @@ __attribute__((target("avx512f"))) static void fa_amx_rowdots(float *d, const fl
 
 #define FA_AMX_ROW_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
-/* exp(x) for x <= 0 (NaN stays NaN), for probabilities that are rounded
- * to bf16 next: Taylor to degree 6 on |r| <= ln 2 / 2 (relative error
- * below 2e-7), scaled by 2^n with scalef (0 far below). */
-FA_AMX_ROW_TARGET static inline __m512 fa_exp16_fast(__m512 x)
+/* The probabilities' exponential (x <= 0, NaN kept): degree 6, as they
+ * are rounded to bf16 next, x below -100 taken as -100 (chi_exp16_fma). */
+FA_AMX_ROW_TARGET __attribute__((always_inline)) static inline __m512 fa_amx_exp(__m512 x)
 {
-    x = _mm512_max_ps(_mm512_set1_ps(-100.0f), x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    static const float coef[] = {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    for (int c = 0; c < 6; c++)
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coef[c]));
-    return _mm512_scalef_ps(p, n);
+    return chi_exp16_fma(x, 6, -100.0f);
 }
 
 /* Lanes j < w of vector v of a tile row, the rest false. */
@@ -129,7 +119,12 @@ FA_AMX_ROW_TARGET static inline __m512 fa_exp16_fast(__m512 x)
 /* Forward, one row of a tile (FA_K = 64 floats, four vectors): x = scale
  * s for the first w keys; m and l move to the new maximum and acc with
  * them; the probabilities exp(x - m) rounded to bf16 into prow[0..FA_K)
- * (0 past w), their f32 values summed into l. */
+ * (0 past w), their f32 values summed into l. The running maximum moves
+ * as attention.c's fa_rows_update moves it, with two differences that
+ * this kernel's bits keep: the row's maximum is VMAXPS's (whose answer
+ * for a NaN score depends on its place; chi_row_max8 leaves NaN out), and
+ * the correction exp(m - new m) is libm's expf, one row at a time
+ * (fa_rows_update's is chi_exp8_nonpositive, eight rows at a time). */
 FA_AMX_ROW_TARGET static void fa_amx_row_forward(const float *s, int64_t w, float scale, float *m,
                                                  float *l, float *acc, int64_t hd, uint16_t *prow)
 {
@@ -144,7 +139,7 @@ FA_AMX_ROW_TARGET static void fa_amx_row_forward(const float *s, int64_t w, floa
     __m512 sum = _mm512_setzero_ps(), vm = _mm512_set1_ps(m_new);
     for (int v = 0; v < 4; v++) {
         __mmask16 k = FA_ROW_MASK(w, v);
-        __m512 e = _mm512_maskz_mov_ps(k, fa_exp16_fast(_mm512_sub_ps(x[v], vm)));
+        __m512 e = _mm512_maskz_mov_ps(k, fa_amx_exp(_mm512_sub_ps(x[v], vm)));
         sum = _mm512_add_ps(sum, e);
         _mm256_storeu_si256((__m256i *)(prow + 16 * v), (__m256i)_mm512_cvtneps_pbh(e));
     }
@@ -166,11 +161,9 @@ FA_AMX_ROW_TARGET static void fa_amx_prob2(float *s0, float *s1, int64_t w0, int
     __m512 vs = _mm512_set1_ps(scale), l0 = _mm512_set1_ps(lse0), l1 = _mm512_set1_ps(lse1);
     for (int v = 0; v < 4; v++) {
         __m512 p0 = _mm512_maskz_mov_ps(
-            FA_ROW_MASK(w0, v),
-            fa_exp16_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s0 + 16 * v), vs, l0)));
+            FA_ROW_MASK(w0, v), fa_amx_exp(_mm512_fmsub_ps(_mm512_loadu_ps(s0 + 16 * v), vs, l0)));
         __m512 p1 = _mm512_maskz_mov_ps(
-            FA_ROW_MASK(w1, v),
-            fa_exp16_fast(_mm512_fmsub_ps(_mm512_loadu_ps(s1 + 16 * v), vs, l1)));
+            FA_ROW_MASK(w1, v), fa_amx_exp(_mm512_fmsub_ps(_mm512_loadu_ps(s1 + 16 * v), vs, l1)));
         _mm512_storeu_ps(s0 + 16 * v, p0);
         _mm512_storeu_ps(s1 + 16 * v, p1);
         _mm512_storeu_si512(pb + 32 * v, chi_bf16_pair16(p0, p1));

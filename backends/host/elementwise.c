@@ -17,6 +17,7 @@
 #include "kernels/act.h"
 #include "kernels/half_bits.h"
 #include "philox.h"
+#include "vec.h"
 
 ch_status chi_host_fill(void *stream, ch_bmem y, int64_t n, uint32_t word)
 {
@@ -85,7 +86,6 @@ ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bme
  * scalar expression, without fused multiply-adds. */
 #include <immintrin.h>
 
-typedef float v8f __attribute__((vector_size(32)));
 __attribute__((target("avx2"))) v8f _ZGVdN8v_erfcf(v8f x);
 __attribute__((target("avx2"))) v8f _ZGVdN8v_expf(v8f x);
 
@@ -119,10 +119,7 @@ __attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, con
 }
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define HAVE_GELU16 1
-#include <immintrin.h>
-
+#ifdef CHI_HAVE_AVX512
 /* GELU sixteen lanes at a time in AVX-512, a formula of the host's own
  * (measured on the Xeon, one thread, hot: 6.8 ns a vector forward and 7.1
  * backward, against 11.2 and 12.6 for CHK_GELU_PIECES on libmvec's erfcf
@@ -144,28 +141,10 @@ __attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, con
  * length and thread count. */
 #define GELU16_FN __attribute__((target("avx512f"), always_inline)) static inline
 
-/* exp(x) for x <= 0, subnormal results included (0 below -104): x = n ln 2
- * + r, |r| <= ln 2 / 2, e^r by its Taylor series to r^7, times 2^n by
- * VSCALEFPS (which rounds once into the subnormals). Not attention.c's
- * exp16_nonpositive: that one keeps the bits of its 4- and 8-lane twins
- * (no FMA) and flushes results below the normal floats to 0, where
- * GELU's tail needs them. */
-GELU16_FN __m512 gelu16_exp(__m512 x)
-{
-    static const float taylor[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f),
-                                _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc));
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    for (int c = 0; c < 7; c++)
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(taylor[c]));
-    return _mm512_scalef_ps(p, n);
-}
-
-/* e = 2 Phi(x) and g = exp(-x^2 / 2) (above). a is capped at 15, past
- * which g is 0 (a NaN x stays NaN through a, min's second operand). */
+/* e = 2 Phi(x) and g = exp(-x^2 / 2) (above; the exponential is vec.h's
+ * chi_exp16_fma to degree 7, its results below the normal floats kept).
+ * a is capped at 15, past which g is 0 (a NaN x stays NaN through a,
+ * min's second operand). */
 GELU16_FN void gelu16_pieces(__m512 x, __m512 *e, __m512 *g)
 {
     static const float f[] = {1.393579841e-01f,  5.611502528e-01f,  7.056633830e-01f,
@@ -175,7 +154,7 @@ GELU16_FN void gelu16_pieces(__m512 x, __m512 *e, __m512 *g)
     __m512 one = _mm512_set1_ps(1.0f);
     __m512 a = _mm512_min_ps(_mm512_set1_ps(15.0f), _mm512_abs_ps(x));
     __m512 hi = _mm512_mul_ps(a, a), lo = _mm512_fmsub_ps(a, a, hi);
-    __m512 ex = gelu16_exp(_mm512_mul_ps(hi, _mm512_set1_ps(-0.5f)));
+    __m512 ex = chi_exp16_fma(_mm512_mul_ps(hi, _mm512_set1_ps(-0.5f)), 7, -104.0f);
     *g = _mm512_fnmadd_ps(_mm512_mul_ps(ex, _mm512_set1_ps(0.5f)), lo, ex);
     __m512 d = _mm512_fmadd_ps(a, _mm512_set1_ps(0.3f), one);
     __m512 t = _mm512_rcp14_ps(d);
@@ -201,7 +180,7 @@ __attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy,
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
     for (int64_t b = 0; b < vectors; b++) {
         int64_t i = b * 16;
-        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 k = CHI_LANES16(n - i);
         chi_host_ahead(x + i);
         if (dy)
             chi_host_ahead(dy + i);
@@ -220,7 +199,7 @@ __attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy,
 /* 1 when the GELU went eight or sixteen at a time. */
 static int gelu_vector(float *y, const float *dy, const float *x, int64_t n)
 {
-#ifdef HAVE_GELU16
+#ifdef CHI_HAVE_AVX512
     if (__builtin_cpu_supports("avx512f")) {
         gelu16(y, dy, x, n);
         return 1;

@@ -3,9 +3,9 @@
  * The formulas are lib/kernels/normalize.h's, in double (chk_acc) from the
  * f32 inputs and rounded once on the way out. Every sum has an order fixed
  * by the shape alone, so the same inputs give the same bits whatever the
- * thread count: a row's sums
- * in LANES interleaved accumulators added pairwise (an order the compiler
- * can still vectorise), LayerNorm's parameter gradients per chunk of rows,
+ * thread count: a row's sums in CHI_LANES interleaved accumulators added
+ * pairwise (vec.h: an order the compiler can still vectorise),
+ * LayerNorm's parameter gradients per chunk of rows,
  * the chunks then added in order, a channel's sums one run of `inner`
  * elements at a time. A double sum of n terms errs by at most n 2^-53 of
  * the sum of their magnitudes: below f32's own rounding (2^-24) for any n
@@ -20,30 +20,21 @@
 
 #include "host.h"
 #include "kernels/normalize.h"
+#include "vec.h"
 
 /* Rows of LayerNorm's backward summed together into one partial sum of
  * the parameter gradients. */
 #define LN_CHUNK 32
-#define LANES 8
-
-/* The lanes of a sum added pairwise into l[0]. */
-static double lanes_total(double *l)
-{
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int k = 0; k < w; k++)
-            l[k] += l[k + w];
-    return l[0];
-}
 
 /* s1 = the sum of a - ca and s2 = the sum of (a - ca)(b - cb) over n
  * elements. */
 CHI_CLONES_WIDE static void sums_around(const float *a, double ca, const float *b, double cb,
                                         int64_t n, double *s1, double *s2)
 {
-    double l1[LANES] = {0}, l2[LANES] = {0};
+    double l1[CHI_LANES] = {0}, l2[CHI_LANES] = {0};
     int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int k = 0; k < LANES; k++) {
+    for (; i + CHI_LANES <= n; i += CHI_LANES)
+        for (int k = 0; k < CHI_LANES; k++) {
             double da = (double)a[i + k] - ca;
             l1[k] += da;
             l2[k] += da * ((double)b[i + k] - cb);
@@ -53,14 +44,14 @@ CHI_CLONES_WIDE static void sums_around(const float *a, double ca, const float *
         l1[k] += da;
         l2[k] += da * ((double)b[i] - cb);
     }
-    *s1 = lanes_total(l1);
-    *s2 = lanes_total(l2);
+    *s1 = chi_lanes_total(l1);
+    *s2 = chi_lanes_total(l2);
 }
 
 /* ---- LayerNorm ------------------------------------------------------------ */
 
 /* Rows taken together: a row's sums are chains of dependent additions
- * (d / LANES long), and interleaving LN_ROWS rows' chains keeps the
+ * (d / CHI_LANES long), and interleaving LN_ROWS rows' chains keeps the
  * adders busy, where one row at a time waited on them. The backward's
  * parameter sums pg and pb then take the rows' terms in one load and
  * store. Each row's arithmetic is the same whatever rows are beside it
@@ -70,15 +61,10 @@ CHI_CLONES_WIDE static void sums_around(const float *a, double ca, const float *
  * tensors: 135). */
 #define LN_ROWS 4
 
-typedef double v8d __attribute__((vector_size(8 * sizeof(double))));
-typedef float v8f __attribute__((vector_size(8 * sizeof(float))));
-
 /* Eight floats at p as doubles: the row functions take it as a constant
  * argument, inlined. GCC 12 converts a generic vector of eight floats in
  * halves (two VCVTPS2PD and an insert), so the AVX-512 build loads with
- * the instruction itself. Only ever inlined: the note that a 64-byte
- * vector is returned differently without AVX-512 does not apply. */
-#pragma GCC diagnostic ignored "-Wpsabi"
+ * the instruction itself. */
 typedef v8d (*ln_loader)(const float *p);
 /* And eight doubles rounded to floats at p, the same way. */
 typedef void (*ln_storer)(float *p, v8d v);
@@ -96,9 +82,7 @@ CHI_INLINE void ln_store(float *p, v8d v)
     memcpy(p, &f, sizeof f);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define LN_HAVE_512 1
+#ifdef CHI_HAVE_AVX512
 __attribute__((target("avx512f"), always_inline)) static inline v8d ln_load512(const float *p)
 {
     return (v8d)_mm512_cvtps_pd(_mm256_loadu_ps(p));
@@ -114,7 +98,7 @@ __attribute__((target("avx512f"), always_inline)) static inline void ln_store512
  * kernels would (chi_host_tile_isa, which tests can steer). */
 static int ln_wide(void)
 {
-#ifdef LN_HAVE_512
+#ifdef CHI_HAVE_AVX512
     return chi_host_tile_isa(CHI_TILE_AUTO) == CHI_TILE_AVX512;
 #else
     return 0;
@@ -123,21 +107,22 @@ static int ln_wide(void)
 
 CHI_INLINE double ln_total(v8d v)
 {
-    double l[LANES];
+    double l[CHI_LANES];
     memcpy(l, &v, sizeof l);
-    return lanes_total(l);
+    return chi_lanes_total(l);
 }
 
 /* nr rows (rows d apart) from x: m = the sum of x / d, var = the sum of
- * (x - m)^2 / d, each in LANES lanes (lane k the elements k mod LANES in
- * increasing order, the last d mod LANES into the first lanes). */
+ * (x - m)^2 / d, each in CHI_LANES lanes (lane k the elements k mod
+ * CHI_LANES in increasing order, the last d mod CHI_LANES into the first
+ * lanes). */
 CHI_INLINE void ln_rows(ln_loader load, ln_storer store, int nr, float *y, float *mean, float *rstd,
                         const float *x, const float *gamma, const float *beta, int64_t d, float eps)
 {
-    int64_t body = d / LANES * LANES;
+    int64_t body = d / CHI_LANES * CHI_LANES;
     v8d s[LN_ROWS] = {{0}}, v[LN_ROWS] = {{0}};
     double m[LN_ROWS], r[LN_ROWS];
-    for (int64_t i = 0; i < body; i += LANES) {
+    for (int64_t i = 0; i < body; i += CHI_LANES) {
 #pragma GCC unroll 4
         for (int q = 0; q < nr; q++)
             s[q] += load(x + q * d + i);
@@ -147,7 +132,7 @@ CHI_INLINE void ln_rows(ln_loader load, ln_storer store, int nr, float *y, float
             s[q][i - body] += (double)x[q * d + i];
         m[q] = ln_total(s[q]) / (double)d;
     }
-    for (int64_t i = 0; i < body; i += LANES) {
+    for (int64_t i = 0; i < body; i += CHI_LANES) {
 #pragma GCC unroll 4
         for (int q = 0; q < nr; q++) {
             v8d dv = load(x + q * d + i) - m[q];
@@ -164,7 +149,7 @@ CHI_INLINE void ln_rows(ln_loader load, ln_storer store, int nr, float *y, float
         const float *xq = x + q * d;
         double mq = m[q], rq = r[q];
         /* chk_norm_affine, eight at a time */
-        for (int64_t j = 0; j < body; j += LANES)
+        for (int64_t j = 0; j < body; j += CHI_LANES)
             store(yq + j,
                   CHK_NORM_AFFINE_OF(load(xq + j), mq, rq, load(gamma + j), load(beta + j)));
         for (int64_t j = body; j < d; j++)
@@ -193,7 +178,7 @@ CHI_CLONES static void layernorm_rows(int64_t nr, float *y, float *mean, float *
     LN_ROWS_ALL(ln_load, ln_store, nr, y, mean, rstd, x, gamma, beta, d, eps);
 }
 
-#ifdef LN_HAVE_512
+#ifdef CHI_HAVE_AVX512
 __attribute__((target("avx512f"))) static void layernorm_rows512(int64_t nr, float *y, float *mean,
                                                                  float *rstd, const float *x,
                                                                  const float *gamma,
@@ -216,7 +201,7 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
     CHI_OMP(omp parallel for if (rows * d > CHI_HOST_PAR_MIN))
     for (int64_t k = 0; k < groups; k++) {
         int64_t r = k * LN_ROWS, nr = rows - r < LN_ROWS ? rows - r : LN_ROWS;
-#ifdef LN_HAVE_512
+#ifdef CHI_HAVE_AVX512
         if (wide) {
             layernorm_rows512(nr, py + r * d, pm + r, pr + r, px + r * d, pg, pb, d, eps);
             continue;
@@ -230,19 +215,19 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
 /* nr rows of the backward (rows d apart): their dy * xhat and dy added to
  * the chunk's partial sums pg and pb, row after row, and (when dx is
  * wanted) in the same pass each row's s1 = the sum of g = dy gamma and
- * s2 = the sum of g xhat (LANES lanes, as ln_rows), then the rows' dx. */
+ * s2 = the sum of g xhat (CHI_LANES lanes, as ln_rows), then the rows' dx. */
 CHI_INLINE void ln_backward_rows(ln_loader load, ln_storer store, int nr, float *dx, double *pg,
                                  double *pb, const float *dy, const float *x, const float *mean,
                                  const float *rstd, const float *gamma, int64_t d)
 {
-    int64_t body = d / LANES * LANES;
+    int64_t body = d / CHI_LANES * CHI_LANES;
     double m[LN_ROWS], r[LN_ROWS];
     v8d l1[LN_ROWS] = {{0}}, l2[LN_ROWS] = {{0}};
     for (int q = 0; q < nr; q++) {
         m[q] = mean[q];
         r[q] = rstd[q];
     }
-    for (int64_t j = 0; j < body; j += LANES) {
+    for (int64_t j = 0; j < body; j += CHI_LANES) {
         v8d g_j = load(gamma + j), sg, sb;
         memcpy(&sg, pg + j, sizeof sg);
         memcpy(&sb, pb + j, sizeof sb);
@@ -280,7 +265,7 @@ CHI_INLINE void ln_backward_rows(ln_loader load, ln_storer store, int nr, float 
         float *dxq = dx + q * d;
         const float *dyq = dy + q * d, *xq = x + q * d;
         /* chk_ln_dx, eight at a time */
-        for (int64_t j = 0; j < body; j += LANES) {
+        for (int64_t j = 0; j < body; j += CHI_LANES) {
             v8d g = load(dyq + j) * load(gamma + j), xh = CHK_NORM_XHAT_OF(load(xq + j), mq, rq);
             store(dxq + j, CHK_LN_DX_OF(g, xh, rq, k1, k2));
         }
@@ -312,7 +297,7 @@ CHI_CLONES static void layernorm_backward_rows(int64_t nr, float *dx, double *pg
         LN_BACKWARD_ALL(ln_load, ln_store, nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
 }
 
-#ifdef LN_HAVE_512
+#ifdef CHI_HAVE_AVX512
 __attribute__((target("avx512f"))) static void layernorm_backward_rows512(
     int64_t nr, float *dx, double *pg, double *pb, const float *dy, const float *x,
     const float *mean, const float *rstd, const float *gamma, int64_t d)
@@ -350,7 +335,7 @@ ch_status chi_host_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_
         double *pg = part + k * 2 * d, *pb = pg + d;
         memset(pg, 0, (size_t)(2 * d) * sizeof *pg);
         int64_t r = k * LN_CHUNK, end = r + LN_CHUNK < rows ? r + LN_CHUNK : rows;
-#ifdef LN_HAVE_512
+#ifdef CHI_HAVE_AVX512
         if (wide) {
             layernorm_backward_rows512(end - r, pdx ? pdx + r * d : NULL, pg, pb, pdy + r * d,
                                        px + r * d, pm + r, pr + r, pgam, d);

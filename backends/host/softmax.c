@@ -25,20 +25,7 @@ static int64_t row_width(int64_t r, int64_t s, int causal, int64_t rows_per_matr
     return causal ? r % rows_per_matrix + s - rows_per_matrix + 1 : s;
 }
 
-/* Four floats from x[0..count); past count (the tail of a row), `fill`. */
-static inline v4f load4(const float *x, int64_t count, float fill)
-{
-    v4f v;
-    if (count >= 4) {
-        memcpy(&v, x, sizeof v);
-        return v;
-    }
-    v = (v4f){0} + fill;
-    for (int64_t l = 0; l < count; l++)
-        v[l] = x[l];
-    return v;
-}
-
+/* v[0..count) to y, four at a time or, in a row's tail, one by one. */
 static inline void store4(float *y, v4f v, int64_t count)
 {
     if (count >= 4)
@@ -48,26 +35,11 @@ static inline void store4(float *y, v4f v, int64_t count)
             y[l] = v[l];
 }
 
+/* The four lanes as (0 + 1) + (2 + 3): these rows' own order (not
+ * CHI_LANES_TOTAL's), which ch_softmax's and the loss's bits follow. */
 static inline double sum4d(const v4d *v)
 {
     return ((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3]);
-}
-
-/* The larger of a and b in each lane (a where b is NaN). */
-static inline v4f max4(v4f a, v4f b)
-{
-    v4i take_b = b > a;
-    return (v4f)(((v4i)b & take_b) | ((v4i)a & ~take_b));
-}
-
-static float row_max(const float *x, int64_t w)
-{
-    v4f m = (v4f){0} - INFINITY;
-    for (int64_t j = 0; j < w; j += 4)
-        m = max4(m, load4(x + j, w - j, -INFINITY));
-    m = max4(m, __builtin_shufflevector(m, m, 2, 3, 0, 1));
-    m = max4(m, __builtin_shufflevector(m, m, 1, 0, 3, 2));
-    return m[0];
 }
 
 /* y[0..w) = exp(x - max) / sum, y[w..s) = 0. x may be y: each element is
@@ -77,16 +49,16 @@ static float row_max(const float *x, int64_t w)
  * log-sum-exp). */
 static double softmax_row(float *y, const float *x, int64_t s, int64_t w, float *max_out)
 {
-    float max = row_max(x, w);
+    float max = chi_row_max4(x, w);
     if (max_out)
         *max_out = max;
     v4d even = {0}, odd = {0};
     for (int64_t j = 0; j < w; j += 8) {
-        v4f e = chi_exp4_nonpositive(load4(x + j, w - j, -INFINITY) - max);
+        v4f e = chi_exp4_nonpositive(chi_load4(x + j, w - j, -INFINITY) - max);
         store4(y + j, e, w - j);
         even += __builtin_convertvector(e, v4d);
         if (j + 4 < w) {
-            e = chi_exp4_nonpositive(load4(x + j + 4, w - j - 4, -INFINITY) - max);
+            e = chi_exp4_nonpositive(chi_load4(x + j + 4, w - j - 4, -INFINITY) - max);
             store4(y + j + 4, e, w - j - 4);
             odd += __builtin_convertvector(e, v4d);
         }
@@ -95,7 +67,7 @@ static double softmax_row(float *y, const float *x, int64_t s, int64_t w, float 
     double sum = sum4d(&even);
     float inv = (float)(1.0 / sum);
     for (int64_t j = 0; j < w; j += 4)
-        store4(y + j, load4(y + j, w - j, 0.0f) * inv, w - j);
+        store4(y + j, chi_load4(y + j, w - j, 0.0f) * inv, w - j);
     for (int64_t j = w; j < s; j++)
         y[j] = 0.0f;
     return sum;
@@ -118,11 +90,11 @@ static double row_dot(const float *g, const float *p, int64_t s)
 {
     v4d even = {0}, odd = {0};
     for (int64_t j = 0; j < s; j += 8) {
-        even += __builtin_convertvector(load4(g + j, s - j, 0.0f), v4d) *
-                __builtin_convertvector(load4(p + j, s - j, 0.0f), v4d);
+        even += __builtin_convertvector(chi_load4(g + j, s - j, 0.0f), v4d) *
+                __builtin_convertvector(chi_load4(p + j, s - j, 0.0f), v4d);
         if (j + 4 < s)
-            odd += __builtin_convertvector(load4(g + j + 4, s - j - 4, 0.0f), v4d) *
-                   __builtin_convertvector(load4(p + j + 4, s - j - 4, 0.0f), v4d);
+            odd += __builtin_convertvector(chi_load4(g + j + 4, s - j - 4, 0.0f), v4d) *
+                   __builtin_convertvector(chi_load4(p + j + 4, s - j - 4, 0.0f), v4d);
     }
     even += odd;
     return sum4d(&even);

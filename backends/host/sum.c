@@ -13,9 +13,9 @@
 #include <stdlib.h>
 
 #include "host.h"
+#include "vec.h"
 
 #define SUM_CHUNK 8192 /* elements per partial sum of a long reduction */
-#define LANES 8        /* independent accumulators inside a chunk */
 #define COL_BLOCK 64   /* outputs one task sums side by side (strided sums) */
 #define ROW_RUN 16     /* rows summed in float before a double add (bias_grad) */
 /* A Linear's bias gradient (bias_grad): a task sums PART_ROWS whole rows,
@@ -26,21 +26,19 @@
 #define ROW_BLOCK 256
 #define PART_ROWS 64
 
-/* x[0..len) in double, LANES interleaved accumulators added pairwise:
- * a fixed order that still lets the compiler vectorise. */
+/* x[0..len) in double, in CHI_LANES interleaved accumulators added
+ * pairwise (vec.h): a fixed order that still lets the compiler
+ * vectorise. */
 static double chunk_sum(const float *x, int64_t len)
 {
-    double lane[LANES] = {0};
+    double lane[CHI_LANES] = {0};
     int64_t i = 0;
-    for (; i + LANES <= len; i += LANES)
-        for (int l = 0; l < LANES; l++)
+    for (; i + CHI_LANES <= len; i += CHI_LANES)
+        for (int l = 0; l < CHI_LANES; l++)
             lane[l] += x[i + l];
     for (int l = 0; i < len; i++, l++)
         lane[l] += x[i];
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int l = 0; l < w; l++)
-            lane[l] += lane[l + w];
-    return lane[0];
+    return chi_lanes_total(lane);
 }
 
 /* The sum of x[0..n) as the chunks in order; one thread. */
