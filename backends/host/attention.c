@@ -1,8 +1,18 @@
-/* The host's fused causal attention and its backward: FlashAttention's
- * tiles in f32, and in bf16 on AMX for the mixed op.
+/* The host's fused causal attention and its backward, FlashAttention's
+ * scheme on the CPU: a tile of FA_Q queries against tiles of FA_K keys,
+ * the scores of a tile in cache (a product each way in registers,
+ * tile_mm.c, where the CPU has AVX2 and FMA or AVX-512, and with the
+ * library's single-threaded sgemm elsewhere), a running maximum and sum
+ * per row (online softmax), the tiles above the diagonal never computed.
+ * Backward rebuilds each tile's probabilities from lse. Up to
+ * FA_ROWS_MAX the forward takes whole rows (fa_forward_rows) and the
+ * backward a tile of keys against all its queries at once. This file
+ * holds the f32 kernel and the ops' entry points, which hand the mixed
+ * op in bf16 to attention_amx.c where the CPU has AMX.
  *
- * Each output element is computed by one thread in an order fixed by the
- * shape alone, so results are the same bits whatever the thread count. */
+ * Each [B] matrix is one thread's, each output element computed in an
+ * order fixed by the shape alone: the same bits whatever the thread
+ * count. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -15,23 +25,11 @@
 #include "vec.h"
 #include "attention.h"
 
-/* ---- fused causal attention ----------------------------------------------------
- * FlashAttention's scheme on the CPU: a tile of FA_Q queries against tiles
- * of FA_K keys, the scores of a tile in cache (a product each way in
- * registers, tile_mm.c, where the CPU has AVX2 and FMA or AVX-512, and
- * with the library's single-threaded sgemm elsewhere), a running maximum
- * and sum per row
- * (online softmax), the tiles above the diagonal never computed. Each [B]
- * matrix is one thread's, in a fixed order: the same bits for any thread
- * count. Backward rebuilds each tile's probabilities from lse. Up to
- * FA_ROWS_MAX the forward takes whole rows (fa_forward_rows) and the
- * backward a tile of keys against all its queries at once. */
-
 /* One thread's tiles: s (scores, then probabilities) and dp [FA_Q *
- * fa_row_floats(t)] (rows of FA_K, or whole rows), acc [FA_Q * hd], m and l [FA_Q], d [t] (backward's rowsum(dout * o);
- * forward's corrections of a tile's rows, fa_rows_update), kt and vt
- * [hd * t] (the matrix's k and v transposed, for the tile products,
- * fa_mm_bt). */
+ * fa_row_floats(t)] (rows of FA_K, or whole rows), acc [FA_Q * hd], m
+ * and l [FA_Q], d [t] (backward's rowsum(dout * o); forward's
+ * corrections of a tile's rows, fa_rows_update), kt and vt [hd * t] (the
+ * matrix's k and v transposed, for the tile products, fa_mm_bt). */
 typedef struct fa_tiles {
     float *s, *dp, *acc, *m, *l, *d, *kt, *vt;
 } fa_tiles;

@@ -14,10 +14,10 @@
 
 /* Matrices of fewer multiply-adds than this are shared out among the
  * threads, each multiplied on one thread; larger ones go one after the
- * other, each using every thread. OpenBLAS multiplies the small ones on a
- * single thread anyway (measured here: 96 x 96 x 64 on one, 128 x 128 x 64
- * on both cores), so in turn they would keep one core busy; attention's
- * (T x T x head size, 64 x 64 x 32 in a small GPT) are far below. */
+ * other, each using every thread. OpenBLAS multiplies products below
+ * about this size on a single thread anyway, so in turn they would keep
+ * one core busy; attention's (T x T x head size, 64 x 64 x 32 in a small
+ * GPT) are far below. */
 #define BATCH_PAR_MAX_FLOPS (128 * 128 * 64)
 
 typedef struct batch_gemm {
@@ -76,7 +76,7 @@ ch_status chi_host_gemm_batched(void *stream, int trans_a, int trans_b, int64_t 
     if (count > 1 && (double)m * n * k < BATCH_PAR_MAX_FLOPS)
         return batch_gemm_shared(&g, count);
     /* A plain loop, not a parallel region with an if clause: OpenBLAS
-     * called inside an inactive region ran 50 times slower (measured). */
+     * called inside an inactive region runs many times slower. */
     for (int64_t i = 0; i < count; i++)
         TRY(batch_gemm_one(&g, i, 0));
     return CH_OK;

@@ -349,7 +349,7 @@ static ch_status backward_one(const conv_job *j, int64_t s, float *col)
 
 /* Every sample through `one`, shared out among `slots` threads, each with
  * its scratch of `per` floats; with one slot a plain loop, not an inactive
- * region (OpenBLAS called inside one runs many times slower: attention.c).
+ * region (OpenBLAS called inside one runs many times slower: batched.c).
  * A failure's message is the failing thread's, kept for the caller's. */
 static ch_status conv_samples(const conv_job *j, ch_status (*one)(const conv_job *, int64_t,
                                                                    float *),

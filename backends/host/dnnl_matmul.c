@@ -97,14 +97,11 @@ static void mm_build(mm_entry *e)
     /* Where B is stored transposed (x W^T, a Linear's forward), k is at
      * most 768 and n an odd multiple of 256, the matmul chooses B's layout
      * ("any") and B is reordered into it each call: oneDNN 2.6's AMX
-     * matmul read such a B as stored at 0.9 to 1.1 TFLOP/s in calls one
-     * after another ([1024, 768] by [768, 256], [768, 768] and [768,
-     * 2304]; [512, 768]; 1.5 within GPT-2 small's bf16 step) and ran the
-     * same products from its own layout at 1.8 to 2.3 (Sapphire Rapids, 2
-     * cores), while for the other shapes measured (k 1024 to 4096, n a
-     * multiple of 512, n 640 or 1280) the reorder cost more than it saved
-     * (7 to 30%). A rule of the shape, not a timing: the same layout, and
-     * the same bits, on every run. */
+     * matmul reads such a B as stored at about half the rate it reaches
+     * from its own layout (GPT-2 small's Linears), while for the other
+     * shapes (k 1024 to 4096, n a multiple of 512, n 640 or 1280) the
+     * reorder costs more than it saves. A rule of the shape, not a
+     * timing: the same layout, and the same bits, on every run. */
     dnnl_memory_desc_t b_any;
     dnnl_dims_t dkn = {e->k, e->n};
     int any = nd == 2 && e->tb && e->k <= 768 && e->n % 512 == 256 && s == dnnl_success &&

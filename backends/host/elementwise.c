@@ -121,9 +121,8 @@ __attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, con
 
 #ifdef CHI_HAVE_AVX512
 /* GELU sixteen lanes at a time in AVX-512, a formula of the host's own
- * (measured on the Xeon, one thread, hot: 6.8 ns a vector forward and 7.1
- * backward, against 11.2 and 12.6 for CHK_GELU_PIECES on libmvec's erfcf
- * and expf, whose special functions took most of it). With a = |x|,
+ * (faster than CHK_GELU_PIECES on libmvec's erfcf and expf, whose special
+ * functions cost most of that). With a = |x|,
  * Phi(-a) = g F(a) / 2 where g = exp(-a^2 / 2) and F(a) = erfc(a / sqrt
  * 2) exp(a^2 / 2), smooth and slowly varying: so one exponential, shared
  * by the derivative's phi(x) = g / sqrt(2 pi), and F as a polynomial of
@@ -170,9 +169,8 @@ GELU16_FN void gelu16_pieces(__m512 x, __m512 *e, __m512 *g)
 
 /* gelu16(y, dy, x, n): dy NULL, the forward y = gelu(x); otherwise y = dy
  * gelu'(x). The last vector's missing lanes are masked off. x and dy are
- * asked for ahead (chi_host_ahead): read cold, as the backward reads the
- * forward's input, [4, 256, 3072] took 1.33 to 1.43 ms forward and 1.48
- * to 1.58 backward without, 1.11 to 1.22 and 1.32 to 1.39 with. */
+ * asked for ahead (chi_host_ahead): they are read cold (the backward
+ * reads the forward's input), faster than the prefetchers follow. */
 __attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy, const float *x,
                                                       int64_t n)
 {
@@ -358,8 +356,8 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
 
 /* The loop is built for AVX-512 and AVX2 as well as the baseline
  * (CHI_CLONES_WIDE: the baseline's SSE2 has no 32- to 16-bit narrowing,
- * and converted at 18 GB/s where bf16 to f32 ran at 25, 2 GB/s for
- * f16); integer operations on the bits, so every build gives the same
+ * which leaves its f32 to bf16 and f16 loops far slower than the
+ * widening one); integer operations on the bits, so every build gives the same
  * bits. The threads take a contiguous share each, so the built loop runs
  * inside the parallel region (an OpenMP region's body is outlined before
  * the clones are made, and would run the baseline's). FAST, where not

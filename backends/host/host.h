@@ -150,9 +150,9 @@ void chi_host_scratch_give(chi_host_scratch *sc);
 /* A streaming pass asks for the line CHI_HOST_AHEAD bytes past its
  * position in each array it reads, once per 64-byte line it passes: with
  * several streams at once (Adam's four in, GELU's backward two, read cold
- * from memory) the hardware's prefetchers fall behind. 2 KiB was best for
- * Adam (1 to 2 of 0.5 to 16 KiB). The address is formed as an integer (the
- * array may end before it); a prefetch never faults. */
+ * from memory) the hardware's prefetchers fall behind. 2 KiB: Adam's
+ * best distance. The address is formed as an integer (the array may end
+ * before it); a prefetch never faults. */
 #define CHI_HOST_AHEAD 2048
 static inline __attribute__((always_inline)) void chi_host_ahead(const void *p)
 {

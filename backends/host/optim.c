@@ -122,8 +122,7 @@ __attribute__((target("avx"))) static inline v8f sqrt8(v8f x)
 }
 
 /* Adam streams four arrays in and three out, more than the hardware's
- * prefetchers keep ahead of: chi_host_ahead on each of the four (86
- * million parameters on 2 threads: 52 -> 43 ms). Bits unchanged. */
+ * prefetchers keep ahead of: chi_host_ahead on each of the four. */
 
 /* NAME runs CHK_ADAM_UPDATE W lanes of type VT at a time. */
 /* clang-format off */

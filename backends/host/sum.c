@@ -21,7 +21,7 @@
 /* A Linear's bias gradient (bias_grad): a task sums PART_ROWS whole rows,
  * or, with that many rows or fewer, ROW_BLOCK columns down them. 64
  * columns (256 bytes) of rows 12 KiB apart (GPT-2's MLP) cost a TLB miss
- * per 256 bytes: 20 times slower than reading the rows along; and 128
+ * per 256 bytes, many times slower than reading the rows along; and 128
  * columns (the small GPT's width) were one task for one thread. */
 #define ROW_BLOCK 256
 #define PART_ROWS 64

@@ -1,9 +1,9 @@
-/* The fused attention's tile products in bf16 on AMX (attention.c, in
+/* The fused attention's tile products in bf16 on AMX (attention_amx.c, in
  * mixed precision with CH_BF16).
  *
  * Sapphire Rapids and later run a 16 x 16 x 32 bf16 product, summed in
- * f32, per tile instruction: a 64 x 64 x 64 tile product at about 0.8
- * TFLOP/s on one core against 0.15 in f32 FMA (tile_mm.c). The operands
+ * f32, per tile instruction: a tile product several times as fast as in
+ * f32 FMA (tile_mm.c). The operands
  * are bf16: A row by row (its depth along a row), B in pairs of rows
  * ("VNNI": pair row p holds B[2p][j], B[2p + 1][j] side by side for each
  * column j), C f32. The packers here round f32 to bf16 into those

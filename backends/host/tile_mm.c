@@ -1,9 +1,8 @@
 /* The fused attention's tile products (attention.c) in registers.
  *
  * A 64 x 64 x 64 product is a few microseconds of arithmetic, and the
- * general GEMM's packing and dispatch around it cost as much again: the
- * host's fused attention spent more time in them than in its exponentials
- * (measured at a small GPT's shape, 64 by 64 tiles of head size 32). Here
+ * general GEMM's packing and dispatch around it cost as much again, more
+ * than the fused attention's exponentials at a small GPT's shape. Here
  * a product is the plain loop over its depth with C's block in registers:
  * B's row p, up to 64 columns of it, in vectors, each of A's four rows'
  * element p broadcast and multiplied in with FMA. B is read along its
@@ -36,11 +35,9 @@
  * by blocks of TM_ROWS rows (then single rows) and up to NV vectors of W
  * columns, or of R2 rows where the block is one or two vectors wide (R2
  * > TM_ROWS: as many accumulators as a full-width block has, so that the
- * FMAs' chains still hide their latency; the fused attention's products
- * whose columns are a head of 32 ran 12% faster), or of R3 rows where it
- * is three or more (R3 > TM_ROWS: B's vectors loaded once for more rows;
- * 64 x 64 x 64 in six-row blocks ran 4 to 6% faster, hot in cache, with
- * AVX-512); NAME_block does one block of `rows` rows by nv vectors, the
+ * FMAs' chains still hide their latency), or of R3 rows where it is
+ * three or more (R3 > TM_ROWS: B's vectors loaded once for more rows);
+ * NAME_block does one block of `rows` rows by nv vectors, the
  * last vector's columns those its mask `last` keeps. VT is the vector
  * type and MT the mask's; ZERO, SET1, LOAD (masked, 0 elsewhere), FMA, MUL,
  * ADD and STORE (masked) the operations; MASK(w) the mask of the first w
