@@ -13,6 +13,7 @@ nn_sources = \
 	nn/tokens.c \
 	nn/nn.h \
 	nn/module.c \
+	nn/containers.c \
 	nn/layers.c \
 	nn/norm.c \
 	nn/gpt.c \

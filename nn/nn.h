@@ -166,6 +166,9 @@ ch_status nn_made(ch_module **out, ch_status st);
 ch_status nn_view_of(ch_tensor **slot, const ch_tensor *t);
 /* A new module of `ops` (training mode, no parameters). */
 ch_status nn_module_new(ch_module **out, const nn_ops *ops);
+/* The Sequential's ops (nn/containers.c): the one module whose input may
+ * be on another device than its own, each child moving it to its own. */
+extern const nn_ops nn_seq_ops;
 /* Parameter or buffer on the host: zero value, zero gradient (params). */
 ch_status nn_add_param(ch_module *m, const char *local, int ndim, const int64_t *shape);
 ch_status nn_add_buffer(ch_module *m, const char *local, int64_t n, double value);
