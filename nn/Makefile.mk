@@ -21,6 +21,7 @@ nn_sources = \
 	nn/checkpoint.c \
 	nn/presets.c \
 	nn/dp.c \
+	nn/dp_query.c \
 	nn/dp_impl.h \
 	nn/dp_worker.c \
 	nn/dp_reduce.c \

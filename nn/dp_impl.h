@@ -1,7 +1,9 @@
 /* What the files of data parallelism (chorus/dp.h) share. Private to them:
  *
  * - nn/dp.c: the object and its calls (ch_dp_new, ch_dp_free, the step,
- *   prediction and evaluation calls, the queries);
+ *   prediction and evaluation calls);
+ * - nn/dp_query.c: the queries, which read an object's state after its
+ *   calls (the last step's times, the buckets, a replica's model);
  * - nn/dp_worker.c: what each replica's worker thread does in a call, and
  *   the workers' barrier;
  * - nn/dp_reduce.c: the buckets and the reducer thread;
