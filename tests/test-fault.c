@@ -460,24 +460,6 @@ static ch_status dp_run(void *ctx)
     return st;
 }
 
-/* The same step while a trace runs: the reducer's marks and spans, the
- * workers' and the loader's slices and the recorder itself allocate too.
- * The trace stops before the step is judged. */
-static ch_status dp_run_traced(void *ctx)
-{
-    char path[300];
-    snprintf(path, sizeof path, "%s/dp-trace.json", tmpdir);
-    ch_status st = ch_trace_start(path, NULL);
-    if (st == CH_OK)
-        st = dp_run(ctx);
-    if (ch_trace_running()) {
-        ch_status stop = ch_trace_stop();
-        if (st == CH_OK)
-            st = stop;
-    }
-    return st;
-}
-
 /* The parameters of replica i, downloaded one after another. */
 static float *replica_params(const ch_dp *dp, int i, int64_t *count)
 {
@@ -538,6 +520,99 @@ static void dp_teardown(void *ctx)
     ch_module_free(c->model);
     c->dp = NULL;
     c->model = NULL;
+}
+
+/* ---- A reducer's calls while a trace runs ----------------------------------------- */
+
+/* The reducer's marks, made at its first traced call, with the recorder's
+ * own allocations: after a failure, the next traced call still sums. */
+#define RED_N 4096
+typedef struct red_ctx {
+    ch_device *devs[2];
+    ch_stream *streams[2];
+    ch_tensor *bufs[2];
+    ch_reducer *r;
+} red_ctx;
+
+static void red_setup(void *ctx)
+{
+    red_ctx *c = ctx;
+    int64_t n = RED_N;
+    static float v[RED_N];
+    for (int i = 0; i < 2; i++) {
+        for (int64_t k = 0; k < n; k++)
+            v[k] = (float)(i + 1);
+        if (ch_stream_new(&c->streams[i], c->devs[i]) != CH_OK ||
+            ch_tensor_new(&c->bufs[i], c->devs[i], CH_F32, 1, &n) != CH_OK ||
+            ch_tensor_upload(c->bufs[i], v, sizeof v) != CH_OK) {
+            printf("Bail out! the reducer's buffers: %s\n", ch_last_error());
+            exit(1);
+        }
+    }
+    if (ch_reducer_new(&c->r, c->streams, 2, n, CH_REDUCE_HOST) != CH_OK) {
+        printf("Bail out! the reducer: %s\n", ch_last_error());
+        exit(1);
+    }
+}
+
+/* An all-reduce while a trace runs; the trace stopped after it. */
+static ch_status red_traced(red_ctx *c)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/reduce-trace.json", tmpdir);
+    ch_status st = ch_trace_start(path, NULL);
+    if (st == CH_OK)
+        st = ch_reducer_allreduce(c->r, c->bufs, 0, RED_N);
+    if (ch_trace_running()) {
+        ch_status stop = ch_trace_stop();
+        if (st == CH_OK)
+            st = stop;
+    }
+    return st;
+}
+
+static ch_status red_run(void *ctx)
+{
+    return red_traced(ctx);
+}
+
+/* Usable: a second traced all-reduce works, and leaves both buffers with
+ * one and the same sum in every element (a call that failed may have left
+ * the buffers anywhere between their values and the sum). */
+static int red_after(void *ctx, ch_status st, char *why, size_t cap)
+{
+    (void)st;
+    red_ctx *c = ctx;
+    if (red_traced(c) != CH_OK) {
+        snprintf(why, cap, "the next traced all-reduce: %s", ch_last_error());
+        return 1;
+    }
+    static float a[RED_N], b[RED_N];
+    if (ch_tensor_download(c->bufs[0], a, sizeof a) != CH_OK ||
+        ch_tensor_download(c->bufs[1], b, sizeof b) != CH_OK) {
+        snprintf(why, cap, "reading the sums: %s", ch_last_error());
+        return 1;
+    }
+    for (int64_t k = 0; k < RED_N; k++)
+        if (a[k] != b[k] || a[k] != a[0] || a[k] < 3.0f) {
+            snprintf(why, cap, "element %lld: %g and %g, want both %g (at least 3)", (long long)k,
+                     (double)a[k], (double)b[k], (double)a[0]);
+            return 1;
+        }
+    return 0;
+}
+
+static void red_teardown(void *ctx)
+{
+    red_ctx *c = ctx;
+    ch_reducer_free(c->r);
+    for (int i = 0; i < 2; i++) {
+        ch_tensor_free(c->bufs[i]);
+        ch_stream_free(c->streams[i]);
+        c->bufs[i] = NULL;
+        c->streams[i] = NULL;
+    }
+    c->r = NULL;
 }
 
 /* ---- Elastic data parallelism: a device lost, then rejoining ------------------- */
@@ -875,9 +950,9 @@ int main(void)
         walk(&(walk_ops){"a data-parallel step over host,opencl:0,opencl:1", dp_setup, dp_run,
                          dp_after, dp_teardown},
              &d, CHI_FAULT_ALLOC, 0);
-        walk(&(walk_ops){"a traced data-parallel step over host,opencl:0,opencl:1", dp_setup,
-                         dp_run_traced, dp_after, dp_teardown},
-             &d, CHI_FAULT_ALLOC, 0);
+        walk(&(walk_ops){"a traced all-reduce over host and opencl:0, then another", red_setup,
+                         red_run, red_after, red_teardown},
+             &(red_ctx){.devs = {host, ocl0}}, CHI_FAULT_ALLOC, 0);
         walk(&(walk_ops){"elastic: a step losing opencl:1 (its removal)", remove_setup, remove_run,
                          elastic_after, elastic_teardown},
              &d, CHI_FAULT_ALLOC, 0);
