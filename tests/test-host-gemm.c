@@ -125,6 +125,7 @@ static void run_case(const gemm_case *t, tap_rng *rng)
     free(a), free(b), free(c), free(c0);
 }
 
+#if defined(HAVE_ONEDNN) && defined(_OPENMP)
 /* The products chi_host_gemm cuts into parts by rows, one a thread, with
  * `team` threads: the NT products of fewer than 1024 columns and a depth
  * from 1536 with at least 256 rows a thread (gemm.c's rule), and no
@@ -144,6 +145,8 @@ static void row_parts_rule(int team)
            "no others (got %d parts at the edge)",
            team, team, (long long)m, at);
 }
+
+#endif
 
 /* chi_host_gemm on NT products that it cuts into parts by rows where the
  * build has oneDNN and several threads run (an odd count of rows, padded
