@@ -556,8 +556,9 @@ static void red_setup(void *ctx)
 }
 
 /* An all-reduce while a trace runs; the trace stopped after it. */
-static ch_status red_traced(red_ctx *c)
+static ch_status red_run(void *ctx)
 {
+    red_ctx *c = ctx;
     char path[300];
     snprintf(path, sizeof path, "%s/reduce-trace.json", tmpdir);
     ch_status st = ch_trace_start(path, NULL);
@@ -571,11 +572,6 @@ static ch_status red_traced(red_ctx *c)
     return st;
 }
 
-static ch_status red_run(void *ctx)
-{
-    return red_traced(ctx);
-}
-
 /* Usable: a second traced all-reduce works, and leaves both buffers with
  * one and the same sum in every element (a call that failed may have left
  * the buffers anywhere between their values and the sum). */
@@ -583,7 +579,7 @@ static int red_after(void *ctx, ch_status st, char *why, size_t cap)
 {
     (void)st;
     red_ctx *c = ctx;
-    if (red_traced(c) != CH_OK) {
+    if (red_run(c) != CH_OK) {
         snprintf(why, cap, "the next traced all-reduce: %s", ch_last_error());
         return 1;
     }
