@@ -112,24 +112,24 @@ CHI_DEFINE_MAX(chi_max8, v8f, v8i)
 
 /* The largest of x[0..w), NaN left out (-inf where nothing is left):
  * LOAD's vectors folded in by MAX, then the lanes pairwise (lane l takes
- * lane l + h for h = half the lanes, ..., 1). chi_row_max4 reads
- * x[0..w) only; chi_row_max8 whole vectors, as chi_load8 does. */
-#define CHI_DEFINE_ROW_MAX(NAME, VF, VI, LOAD, MAX)                                                \
+ * lane l + h for h = half the lanes, ..., 1, one lane at a time: GCC's
+ * __builtin_shuffle with lane indices made at run time has no clang
+ * spelling). chi_row_max4 reads x[0..w) only; chi_row_max8 whole
+ * vectors, as chi_load8 does. */
+#define CHI_DEFINE_ROW_MAX(NAME, VF, LOAD, MAX)                                                    \
     CHI_INLINE float NAME(const float *x, int64_t w)                                               \
     {                                                                                              \
         const int lanes = sizeof(VF) / sizeof(float);                                              \
         VF m = (VF){0} - INFINITY;                                                                 \
         for (int64_t j = 0; j < w; j += lanes)                                                     \
             m = MAX(m, LOAD(x + j, w - j, -INFINITY));                                             \
-        VI lane;                                                                                   \
-        for (int l = 0; l < lanes; l++)                                                            \
-            lane[l] = l;                                                                           \
         for (int h = lanes / 2; h > 0; h /= 2)                                                     \
-            m = MAX(m, __builtin_shuffle(m, lane ^ h));                                            \
+            for (int l = 0; l < h; l++)                                                            \
+                m[l] = m[l + h] > m[l] ? m[l + h] : m[l];                                          \
         return m[0];                                                                               \
     }
-CHI_DEFINE_ROW_MAX(chi_row_max4, v4f, v4i, chi_load4, chi_max4)
-CHI_DEFINE_ROW_MAX(chi_row_max8, v8f, v8i, chi_load8, chi_max8)
+CHI_DEFINE_ROW_MAX(chi_row_max4, v4f, chi_load4, chi_max4)
+CHI_DEFINE_ROW_MAX(chi_row_max8, v8f, chi_load8, chi_max8)
 
 /* A long sum runs in CHI_LANES interleaved accumulators (lane l takes
  * the elements l, l + CHI_LANES, ... in increasing order, a tail of
