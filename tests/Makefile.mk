@@ -143,12 +143,17 @@ tests_test_kernel_index_SOURCES = tests/test-kernel-index.c
 tests_test_kernel_index_LDADD = $(TEST_LIBS)
 
 # The allocation-failure walk and the checkpoint's failing writes: only in
-# a build configured --enable-fault-injection (CI's sanitizer build).
+# a build configured --enable-fault-injection (CI's sanitizer build). The
+# data-parallel walks, half of the time, in a program of their own, so
+# that the two halves run side by side.
 if FAULT_INJECTION
-check_PROGRAMS += tests/test-fault
+check_PROGRAMS += tests/test-fault tests/test-fault-dp
 tests_test_fault_SOURCES = tests/test-fault.c
-tests_test_fault_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS
+tests_test_fault_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS -DTEST_FAULT_PART=1
 tests_test_fault_LDADD = tests/libnn-hooks.la $(TEST_INTERNAL_LIBS)
+tests_test_fault_dp_SOURCES = tests/test-fault.c
+tests_test_fault_dp_CPPFLAGS = $(AM_CPPFLAGS) -DCHI_TEST_HOOKS -DTEST_FAULT_PART=2
+tests_test_fault_dp_LDADD = tests/libnn-hooks.la $(TEST_INTERNAL_LIBS)
 endif
 EXTRA_DIST += tests/test-fault.c
 
