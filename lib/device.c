@@ -21,6 +21,16 @@ static int ndevices;
 static ch_device *fallback_host;
 static ch_hidden_device *hidden;
 static int nhidden;
+/* The hidden duplicates of a GPU another backend shows (discovery's
+ * twins) with what opens them: one is opened, and joins the list, when
+ * named (CHORUS_DEVICES, ch_device_by_name, a device list). */
+typedef struct twin_device {
+    chi_disc_input in;
+    chi_disc_device dd;
+    char failed[256]; /* why it would not open, "" until it was tried */
+} twin_device;
+static twin_device *twins;
+static int ntwins;
 static void *topology;
 
 int chi_initialized(void) { return atomic_load(&initialized); }
@@ -211,6 +221,50 @@ static int listed(const char *list, const char *id)
     return 0;
 }
 
+/* Whether `name` is a hidden duplicate's id. */
+static int is_twin(const char *name)
+{
+    for (int i = 0; i < ntwins; i++)
+        if (strcmp(twins[i].dd.id, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Takes the entry of `id` out of the hidden list (a duplicate now open). */
+static void unhide(const char *id)
+{
+    for (int i = 0; i < nhidden; i++)
+        if (strcmp(hidden[i].id, id) == 0) {
+            memmove(&hidden[i], &hidden[i + 1], (size_t)(nhidden - i - 1) * sizeof *hidden);
+            nhidden--;
+            return;
+        }
+}
+
+/* Opens the hidden duplicate t (init_lock held or ch_init running): it
+ * joins the end of the list and leaves the hidden one. One that will not
+ * open stays hidden, and says why from then on. */
+static ch_status open_twin(twin_device *t)
+{
+    if (t->failed[0])
+        return chi_error(CH_ERR_UNAVAILABLE, "device \"%s\" (%s) does not open: %s", t->dd.id,
+                         t->dd.note, t->failed);
+    int before = ndevices, hidden_before = nhidden;
+    ch_status st = open_device(&t->in, &t->dd, 1);
+    if (st == CH_OK && ndevices > before) {
+        unhide(t->dd.id);
+        return CH_OK;
+    }
+    if (st != CH_OK) /* out of memory: not the device's fault, nothing kept */
+        return st;
+    if (nhidden > hidden_before) { /* open_device hid it, saying why */
+        snprintf(t->failed, sizeof t->failed, "%s", hidden[nhidden - 1].reason);
+        nhidden--;
+    }
+    return chi_error(CH_ERR_UNAVAILABLE, "device \"%s\" (%s) does not open: %s", t->dd.id,
+                     t->dd.note, t->failed);
+}
+
 /* Names in CHORUS_DEVICES that match no device are an error, not a silent
  * smaller machine; so are a list that names nothing (only commas) and one
  * longer than a device list may be (ch_device_list_parse's 1023
@@ -230,7 +284,7 @@ static ch_status check_env_list(const char *env, const chi_disc_result *res)
         names++;
         if (strcmp(name, "all") == 0)
             continue;
-        int found = 0;
+        int found = is_twin(name);
         for (int i = 0; i < res->ndevices && !found; i++)
             found = strcmp(res->devices[i].id, name) == 0;
         if (!found)
@@ -267,6 +321,16 @@ static ch_status discover_and_open(void)
     }
     chi_disc_result res = {0};
     st = chi_discover(in, nin, topology, &res);
+    if (st == CH_OK && res.ntwins > 0) {
+        twins = calloc((size_t)res.ntwins, sizeof *twins);
+        if (!twins)
+            st = chi_error(CH_ERR_OUT_OF_MEMORY, "ch_init: out of memory");
+        for (int i = 0; st == CH_OK && i < res.ntwins; i++) {
+            twins[i].in = in[res.twins[i].input];
+            twins[i].dd = res.twins[i];
+            ntwins++;
+        }
+    }
     const char *env = getenv("CHORUS_DEVICES");
     if (st == CH_OK && env && *env)
         st = check_env_list(env, &res);
@@ -284,6 +348,12 @@ static ch_status discover_and_open(void)
         }
         st = open_device(&in[dd->input], dd, 1);
     }
+    /* A duplicate named in CHORUS_DEVICES is opened too, after the rest. */
+    for (int i = 0; st == CH_OK && env && *env && i < ntwins; i++)
+        if (listed(env, twins[i].dd.id) && (st = open_twin(&twins[i])) == CH_ERR_UNAVAILABLE) {
+            st = CH_OK; /* hidden, as a device that will not open is */
+            ch_clear_error();
+        }
     /* Ops a backend leaves out run on the host (lib/ops_fallback.c), which
      * needs a host device even when the user's list leaves it out. */
     for (int i = 0; st == CH_OK && !chi_host_device() && i < res.ndevices; i++)
@@ -305,6 +375,9 @@ static void teardown(void)
     free(hidden);
     hidden = NULL;
     nhidden = 0;
+    free(twins);
+    twins = NULL;
+    ntwins = 0;
     if (topology)
         chi_topology_free(topology);
     topology = NULL;
@@ -391,12 +464,32 @@ static ch_status not_found(const char *fn, const char *name)
                      fn, name);
 }
 
-static ch_device *find(const char *name)
+static ch_device *find_open(const char *name)
 {
     for (int i = 0; i < ndevices; i++)
         if (strcmp(devices[i]->id, name) == 0)
             return devices[i];
     return NULL;
+}
+
+/* The device of that name, opening a hidden duplicate named for the first
+ * time. NULL with *st CH_OK: no such device; NULL with an error: the
+ * duplicate would not open. */
+static ch_device *find(const char *name, ch_status *st)
+{
+    *st = CH_OK;
+    ch_device *d = find_open(name);
+    if (d || !is_twin(name))
+        return d;
+    pthread_mutex_lock(&init_lock);
+    d = find_open(name);
+    for (int i = 0; !d && *st == CH_OK && i < ntwins; i++)
+        if (strcmp(twins[i].dd.id, name) == 0) {
+            *st = open_twin(&twins[i]);
+            d = *st == CH_OK ? devices[ndevices - 1] : NULL;
+        }
+    pthread_mutex_unlock(&init_lock);
+    return d;
 }
 
 ch_status ch_device_by_name(ch_device **out, const char *name)
@@ -408,7 +501,10 @@ ch_status ch_device_by_name(ch_device **out, const char *name)
         return chi_error(CH_ERR_STATE, "ch_device_by_name: call ch_init first");
     if (!name)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_device_by_name: name is NULL");
-    *out = find(name);
+    ch_status st;
+    *out = find(name, &st);
+    if (st != CH_OK)
+        return chi_error(st, "ch_device_by_name: %s", ch_last_error());
     return *out ? CH_OK : not_found("ch_device_by_name", name);
 }
 
@@ -459,8 +555,11 @@ static ch_status parse_list(const char *fn, int repeats, ch_device **out, int ca
                 if (devices[i]->info.in_all)
                     st = push(fn, repeats, out, capacity, n, devices[i], devices[i]->id);
         } else {
-            ch_device *d = find(p);
-            st = d ? push(fn, repeats, out, capacity, n, d, p) : not_found(fn, p);
+            ch_device *d = find(p, &st);
+            if (st != CH_OK)
+                st = chi_error(st, "%s: %s", fn, ch_last_error());
+            else
+                st = d ? push(fn, repeats, out, capacity, n, d, p) : not_found(fn, p);
         }
         if (!comma)
             break;

@@ -222,7 +222,17 @@ static void add_duplicate(disc_state *s, int input, const chi_disc_device *twin)
     device_id(in, h->id, sizeof h->id);
     snprintf(h->name, sizeof h->name, "%s", in->props.name);
     snprintf(h->pci_bus_id, sizeof h->pci_bus_id, "%s", bus);
-    snprintf(h->reason, sizeof h->reason, "same GPU as %s (PCI %s)", twin->id, bus);
+    snprintf(h->reason, sizeof h->reason,
+             "the same GPU as %s (PCI %s); name it to drive that GPU through %s too", twin->id, bus,
+             in->backend);
+    chi_disc_device *d = &s->out->twins[s->out->ntwins++];
+    memset(d, 0, sizeof *d);
+    d->input = input;
+    snprintf(d->id, sizeof d->id, "%s", h->id);
+    d->numa_node = twin->numa_node;
+    snprintf(d->cpuset, sizeof d->cpuset, "%s", twin->cpuset);
+    snprintf(d->note, sizeof d->note, "the same GPU as %s (PCI %s), opened because it was named",
+             twin->id, bus);
 }
 
 static void add_visible(disc_state *s, int input)
@@ -363,6 +373,7 @@ static ch_status disc_prepare(disc_state *s)
     s->addr = disc_alloc((size_t)s->ninputs, sizeof *s->addr, &st);
     s->out->devices = disc_alloc((size_t)s->ninputs, sizeof *s->out->devices, &st);
     s->out->hidden = disc_alloc((size_t)s->ninputs + (size_t)npci, sizeof *s->out->hidden, &st);
+    s->out->twins = disc_alloc((size_t)s->ninputs, sizeof *s->out->twins, &st);
     if (st != CH_OK)
         return st;
     for (int i = 0; i < s->ninputs; i++) {
@@ -408,5 +419,6 @@ void chi_disc_result_free(chi_disc_result *result)
         return;
     free(result->devices);
     free(result->hidden);
+    free(result->twins);
     memset(result, 0, sizeof *result);
 }

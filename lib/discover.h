@@ -37,6 +37,10 @@ typedef struct chi_disc_result {
     int ndevices;
     ch_hidden_device *hidden; /* duplicates and GPUs with no driver */
     int nhidden;
+    /* The duplicates again, as devices that may be opened when named
+     * (in_all 0, the note naming their twin), in list order. */
+    chi_disc_device *twins;
+    int ntwins;
 } chi_disc_result;
 
 /* `topology` is an hwloc_topology_t loaded with I/O objects kept, or NULL
@@ -48,7 +52,8 @@ typedef struct chi_disc_result {
  * backend index. Rules:
  *   - A GPU exposed by two backends (same PCI bus id) is kept once, by the
  *     backend of higher priority (CUDA over OpenCL); the other is hidden
- *     with "same GPU as cuda:N".
+ *     with "the same GPU as cuda:N", and listed in twins: a user who
+ *     names it gets it (lib/device.c), to drive one GPU through both.
  *   - A CPU device of a backend other than host (PoCL) stays visible, with
  *     in_all = 0 and a note saying it is the host's own CPU.
  *   - A PCI display/3D controller of NVIDIA (10de), AMD (1002) or Intel

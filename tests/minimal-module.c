@@ -11,6 +11,18 @@
 #include "backend.h"
 #include "loop-gemm.h"
 
+/* Built again as two twins of one made-up GPU (tests/test-twin.c): their
+ * backend name, priority and the PCI bus id they report. */
+#ifndef MINIMAL_NAME
+#define MINIMAL_NAME "minimal"
+#endif
+#ifndef MINIMAL_PRIORITY
+#define MINIMAL_PRIORITY 1
+#endif
+#ifndef MINIMAL_PCI
+#define MINIMAL_PCI ""
+#endif
+
 typedef struct minimal_stream {
     int unused; /* work runs when it is queued: nothing to remember */
 } minimal_stream;
@@ -38,8 +50,10 @@ static ch_status minimal_device_props(void *ctx, int index, ch_bdev_props *props
     strcpy(props->name, "minimal test device");
     strcpy(props->vendor, "chorus tests");
     /* Not a CPU: discovery would note it as the host's own cores and leave
-     * it out of "all"; no PCI bus id, so it is nobody's duplicate. */
+     * it out of "all"; no PCI bus id (but the twins'), so it is nobody's
+     * duplicate. */
     props->kind = CH_DEVICE_ACCELERATOR;
+    strcpy(props->pci_bus_id, MINIMAL_PCI);
     props->memory_bytes = 1u << 30;
     props->max_alloc_bytes = 1u << 30;
     props->compute_units = 1;
@@ -51,6 +65,12 @@ static ch_status minimal_device_open(void *ctx, int index, void **dev)
 {
     (void)ctx;
     (void)index;
+    /* A device that will not open, on request: MINIMAL_FAIL_OPEN names the
+     * backend. */
+    const char *fail = getenv("MINIMAL_FAIL_OPEN");
+    if (fail && strcmp(fail, MINIMAL_NAME) == 0)
+        return chi_error(CH_ERR_DRIVER, "%s: device_open refused (MINIMAL_FAIL_OPEN)",
+                         MINIMAL_NAME);
     *dev = &the_device;
     return CH_OK;
 }
@@ -150,8 +170,8 @@ static ch_status minimal_gemm(void *stream, int trans_a, int trans_b, int64_t m,
 
 static const ch_backend_i table = {
     .abi_version = CH_BACKEND_ABI_VERSION,
-    .name = "minimal",
-    .priority = 1,
+    .name = MINIMAL_NAME,
+    .priority = MINIMAL_PRIORITY,
     .init = minimal_init,
     .shutdown = minimal_shutdown,
     .device_props = minimal_device_props,

@@ -69,6 +69,28 @@ tests_test_fallback_LDADD = $(TEST_INTERNAL_LIBS)
 AM_TESTS_ENVIRONMENT += \
 	CHORUS_TEST_MINIMAL_DIR='$(abs_top_builddir)/tests/minimal/.libs'; \
 	export CHORUS_TEST_MINIMAL_DIR;
+# The same module built twice as two backends of one made-up GPU (one PCI
+# bus id, priorities 50 and 10): test-twin checks that the lower one is
+# hidden as its duplicate and opens when named.
+check_LTLIBRARIES += tests/twin/chorus-twinhi.la tests/twin/chorus-twinlo.la
+tests_twin_chorus_twinhi_la_SOURCES = tests/minimal-module.c tests/loop-gemm.h
+tests_twin_chorus_twinhi_la_CPPFLAGS = $(AM_CPPFLAGS) -DMINIMAL_NAME='"twinhi"' \
+	-DMINIMAL_PRIORITY=50 -DMINIMAL_PCI='"0000:17:00.0"'
+tests_twin_chorus_twinhi_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
+	-rpath $(abs_builddir)/tests/twin
+tests_twin_chorus_twinhi_la_LIBADD = libchorus.la
+tests_twin_chorus_twinlo_la_SOURCES = tests/minimal-module.c tests/loop-gemm.h
+tests_twin_chorus_twinlo_la_CPPFLAGS = $(AM_CPPFLAGS) -DMINIMAL_NAME='"twinlo"' \
+	-DMINIMAL_PRIORITY=10 -DMINIMAL_PCI='"0000:17:00.0"'
+tests_twin_chorus_twinlo_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
+	-rpath $(abs_builddir)/tests/twin
+tests_twin_chorus_twinlo_la_LIBADD = libchorus.la
+check_PROGRAMS += tests/test-twin
+tests_test_twin_SOURCES = tests/test-twin.c
+tests_test_twin_LDADD = $(TEST_INTERNAL_LIBS)
+AM_TESTS_ENVIRONMENT += \
+	CHORUS_TEST_TWIN_DIR='$(abs_top_builddir)/tests/twin/.libs'; \
+	export CHORUS_TEST_TWIN_DIR;
 # A module whose devices fail or hang on command (tests/flaky-module.c):
 # the tests of a device lost in the middle of training.
 check_LTLIBRARIES += tests/flaky/chorus-flaky.la

@@ -139,6 +139,14 @@ static void test_cuda_wins(void)
     check_hidden_ids(&r, "opencl:0", "no topology, OpenCL listed first");
     check_reason(&r, "opencl:0", "same GPU as cuda:0", "0000:65:00.0");
     check_inputs(&m, &r, "no topology, OpenCL listed first");
+    /* The duplicate, ready to open when named: its own input, out of
+     * "all", its note naming the twin. */
+    const chi_disc_device *t = r.ntwins == 1 ? &r.twins[0] : NULL;
+    tap_ok(t && strcmp(t->id, "opencl:0") == 0 && t->input == 1 && !t->in_all &&
+               strstr(t->note, "the same GPU as cuda:0 (PCI 0000:65:00.0)"),
+           "no topology, OpenCL listed first: opencl:0 is the one twin, input 1, out of \"all\", "
+           "noted \"%s\" (%d twins)",
+           t ? t->note : "", r.ntwins);
     chi_disc_result_free(&r);
 }
 
@@ -205,6 +213,9 @@ static void test_case_insensitive(void)
     check_visible(&r, "host,cuda:0", "bus ids in mixed case");
     check_reason(&r, "opencl:0", "same GPU as cuda:0", NULL);
     check_reason(&r, "opencl:1", "same GPU as cuda:0", NULL);
+    tap_ok(r.ntwins == 2 && strcmp(r.twins[0].id, "opencl:0") == 0 &&
+               strcmp(r.twins[1].id, "opencl:1") == 0,
+           "bus ids in mixed case: both OpenCL views are twins, in list order (%d)", r.ntwins);
     chi_disc_result_free(&r);
 }
 

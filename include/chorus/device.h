@@ -20,7 +20,8 @@ typedef struct ch_device ch_device; /* opaque; owned by the library */
  *                        (chorus-<name>.so) before the installed backend
  *                        folder; the first file of a name is loaded
  *   CHORUS_DEVICES       a device list (see ch_device_list_parse): only these
- *                        devices are visible */
+ *                        devices are visible (a hidden duplicate named
+ *                        there is opened too, see ch_device_by_name) */
 CH_API ch_status ch_init(void);
 
 /* Release every device and backend. Tensors must be freed before. Stops a
@@ -48,7 +49,12 @@ CH_API int ch_device_count(void);
 /* Devices are borrowed: they belong to the library until ch_shutdown. */
 CH_API ch_status ch_device_get(ch_device **out, int index);
 
-/* "host", "cuda:N", "opencl:N". */
+/* "host", "cuda:N", "opencl:N". A device hidden as the duplicate of a GPU
+ * another backend shows ("the same GPU as cuda:0", ch_hidden_device_get)
+ * opens when named, here or in a device list: it joins the end of the
+ * list (ch_device_count grows by one; name it before other threads use
+ * the list) and "all" leaves it out. CH_ERR_UNAVAILABLE, saying why, when
+ * it will not open. */
 CH_API ch_status ch_device_by_name(ch_device **out, const char *name);
 
 /* Parse "all" or a comma-separated list of names ("cuda:0,opencl:1,host").
