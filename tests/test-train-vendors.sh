@@ -1,7 +1,8 @@
 #!/bin/sh
 # chorus-train over the host and two OpenCL devices of two vendors'
 # platforms (PoCL and Intel's CPU runtime in the test environment; an AMD
-# and an NVIDIA card on a real machine): the ResNet and the GPT train step
+# and an NVIDIA card on a real machine), or the two devices
+# CHORUS_TEST_MIXED_DEVICES names: the ResNet and the GPT train step
 # for step as on the host alone (the loss of every step and the parameters
 # at the end, within the tolerance tests/test-dp uses: 1e-5 of each
 # tensor's largest value) with the automatic split and both the automatic
@@ -32,7 +33,14 @@ if [ ! -r "$data/train-images-idx3-ubyte.gz" ] && [ ! -r "$data/train-images-idx
     skip_all_checks "no Fashion-MNIST in $data (install dataset-fashion-mnist)"
 fi
 
-# Two OpenCL devices whose platforms differ: "ID ID", or nothing.
+# Two OpenCL devices whose platforms differ: "ID ID", or nothing. Or the
+# two devices CHORUS_TEST_MIXED_DEVICES names ("A,B": tests/gpu/check.sh
+# gives cuda:0 and the same GPU through OpenCL).
+if [ -n "${CHORUS_TEST_MIXED_DEVICES:-}" ]; then
+    a=${CHORUS_TEST_MIXED_DEVICES%%,*}
+    b=${CHORUS_TEST_MIXED_DEVICES#*,}
+    echo "# host, $a and $b: named by CHORUS_TEST_MIXED_DEVICES"
+else
 pair=$("$info" --json 2>/dev/null | python3 -c '
 import json, sys
 devs = [d for d in json.load(sys.stdin) if d["backend"] == "opencl" and d["platform"]]
@@ -48,6 +56,7 @@ fi
 a=$(echo "$pair" | cut -d' ' -f1)
 b=$(echo "$pair" | cut -d' ' -f2)
 echo "# host, $a and $b: platforms$(echo "$pair" | cut -d'|' -f2- | sed 's/ |/ and/')"
+fi
 three="host,$a,$b"
 
 # The distance of a run from the reference: "LOSS PARAM", LOSS the largest

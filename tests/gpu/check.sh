@@ -13,10 +13,15 @@
 # nn/ and every .cu of backends/cuda/ is compiled by hand (globbed, so that
 # files added or renamed need no change here), as a test build: every
 # symbol visible and the test hooks in (CHI_TEST_HOOKS); no hwloc, no
-# OpenBLAS (the host backend's blocked C GEMM), no OpenCL. The headers of
-# zlib and jansson, the libraries the machine lacks, and Fashion-MNIST come
-# from the folder tests/gpu/prepare.sh fills (_gpu/, carried beside the
-# tree). The test and benchmark programs take their sources from the
+# OpenBLAS (the host backend's blocked C GEMM). The OpenCL module too
+# (backends/opencl/*.c, its kernels embedded by gen-kernels.sh), against
+# the Khronos headers, the ICD loader and CLBlast; NVIDIA's OpenCL
+# (libnvidia-opencl.so.1, from the driver's folder) is registered for it
+# through OCL_ICD_VENDORS with an .icd file of the build's, as containers
+# often lack /etc/OpenCL/vendors/nvidia.icd. The headers of zlib, jansson,
+# OpenCL and CLBlast, the libraries the machine lacks, and Fashion-MNIST
+# come from the folder tests/gpu/prepare.sh fills (_gpu/, carried beside
+# the tree). The test and benchmark programs take their sources from the
 # Makefile.mk lists, the nvcc flags are those of backends/cuda/Makefile.mk.
 #
 # Beside PyTorch (tests/gpu/side_by_side.py, python3 with torch): the
@@ -24,6 +29,13 @@
 # (fortunes), the fused attention alone (attention), and GPT-2 124M in f32,
 # TF32 and bf16, ResNet-20 and the cnn against PyTorch's eager step and
 # torch.compile (side-by-side), written to OUTDIR/side-by-side.json.
+#
+# The same GPU through OpenCL (the OpenCL twin of cuda:0, hidden unless
+# named): the op tests, test-models and test-dp on it, our GEMM and
+# CLBlast's against cuBLAS at n = 4096, the GPT and cnn steps through
+# OpenCL beside cuda:0's, and a job over cuda:0, the GPU through OpenCL and
+# the host (tests/test-train-vendors.sh: step for step as the host alone)
+# with a trace and its breakdown (OUTDIR/mixed-trace.json).
 #
 # Without a GPU (a rehearsal) it builds everything, runs test-cuda (which
 # must then say why CUDA is unavailable), test-abi, test-models and
@@ -49,6 +61,13 @@
 #   CUDA_ARCH     compute capabilities to compile for, e.g. "90" or "90
 #                 100" (default: the GPU's; without one, configure's
 #                 default list)
+#   CHECK_OPENCL_ICD  a rehearsal of the OpenCL part without a GPU: an .icd
+#                 file (/etc/OpenCL/vendors/pocl.icd) whose OpenCL stands in
+#                 for NVIDIA's, its first device for the GPU
+#   CHECK_PARTS   the parts to run after the build, of: tests train opencl
+#                 fortunes benches side-by-side sanitizer (default: all;
+#                 one run of all of them takes more than ten minutes on a
+#                 GPU, so a short lease runs them in two calls)
 set -u
 
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
@@ -94,6 +113,7 @@ NVCC="" CUDA_HOME="" GPU="" GPU_ARCH="" NVDIRS=() TORCH=""
 GPU_NAME="" DRIVER="" DRIVER_CUDA="" TOOLKIT=""
 CUBLAS_SO="" NCCL_SO="" CUDART="" CUBLAS_INC="" NCCL_INC="" SANITIZER=""
 LIBDIRS=()
+NV_OPENCL="" NV_OPENCL_WHY=
 
 first() { # the first of the arguments that exists
     local f
@@ -154,6 +174,23 @@ probe_gpu() {
     DRIVER=$(printf '%s' "$q" | cut -d, -f4 | tr -d ' ')
 }
 
+# NVIDIA's OpenCL library, which the driver installs beside libcuda.so.1:
+# the loader's cache first, then the folder of libcuda.so.1, then the
+# usual driver folders. NV_OPENCL_WHY says where it was not.
+probe_opencl() {
+    local cuda_dir="" f
+    NV_OPENCL=$(ldconfig -p 2>/dev/null | awk '$1 == "libnvidia-opencl.so.1" && /x86-64/ { print $NF; exit }')
+    f=$(ldconfig -p 2>/dev/null | awk '$1 == "libcuda.so.1" && /x86-64/ { print $NF; exit }')
+    [ -n "$f" ] && cuda_dir=$(dirname "$(readlink -f "$f")")
+    [ -n "$NV_OPENCL" ] && [ -e "$NV_OPENCL" ] ||
+        NV_OPENCL=$(first ${cuda_dir:+"$cuda_dir"/libnvidia-opencl.so.1} \
+            /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 /usr/lib64/libnvidia-opencl.so.1 \
+            /usr/local/nvidia/lib64/libnvidia-opencl.so.1 /usr/lib/wsl/lib/libnvidia-opencl.so.1)
+    [ -n "$NV_OPENCL" ] || NV_OPENCL_WHY="the driver has no OpenCL: no libnvidia-opencl.so.1 in ldconfig's cache${cuda_dir:+, $cuda_dir} or the usual driver folders"
+    log "== NVIDIA OpenCL: ${NV_OPENCL:-none ($NV_OPENCL_WHY)}"
+    log "== /etc/OpenCL/vendors: $(ls /etc/OpenCL/vendors 2>/dev/null | paste -sd' ' || true)"
+}
+
 probe_python() {
     log "== python: $(python3 --version 2>&1)"
     # nvidia is a namespace package: one folder per site-packages holding it.
@@ -186,6 +223,7 @@ probe() {
         CUDA_HOME=$(cd "$(dirname "$NVCC")/.." && pwd)
     fi
     log "== gcc: $(gcc --version 2>&1 | head -n 1)"
+    probe_opencl
     probe_python
     CUBLAS_SO=$(find_lib 'libcublas.so.[0-9]*')
     CUBLAS_INC=$(find_inc cublas_v2.h)
@@ -217,6 +255,7 @@ probe() {
 # ---- the carried folder -----------------------------------------------------
 
 ZINC="" JINC="" ZLIB="" JLIB="" DATA="" FORTUNES="" CARRY_USED=""
+CLINC="" CLLIB="" CLBLAST_INC="" CLBLAST_LIB=""
 
 # A library the system has (by soname), else the carried copy. The
 # system's only when the file ldconfig's cache names is there, a non-empty
@@ -250,19 +289,30 @@ carried() {
     JINC=$(first "$CARRY/include/jansson.h" /usr/include/jansson.h)
     ZLIB=$(pick_lib libz.so.1)
     JLIB=$(pick_lib libjansson.so.4)
+    # OpenCL: the Khronos headers, the ICD loader and CLBlast.
+    CLINC=$(first "$CARRY/include/CL/cl.h" /usr/include/CL/cl.h)
+    CLBLAST_INC=$(first "$CARRY/include/clblast_c.h" /usr/include/clblast_c.h)
+    CLLIB=$(pick_lib libOpenCL.so.1)
+    CLBLAST_LIB=$(pick_lib libclblast.so.1)
     DATA=$(first "$CARRY/data/fashion-mnist/train-images-idx3-ubyte.gz" \
         /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz)
     # The fortunes' texts: the carried folder (its plain files), else Debian's.
     FORTUNES=$(first "$CARRY/data/fortunes/fortunes" /usr/share/games/fortunes/fortunes)
     ZINC=${ZINC%/*} JINC=${JINC%/*} DATA=${DATA%/*} FORTUNES=${FORTUNES%/*}
+    CLINC=${CLINC%/CL/cl.h} CLBLAST_INC=${CLBLAST_INC%/*}
     [ "$ZINC" = "$CARRY/include" ] && used+=("zlib.h")
     [ "$JINC" = "$CARRY/include" ] && used+=("jansson.h")
     case $ZLIB in "$CARRY"/*) used+=("libz.so.1") ;; esac
     case $JLIB in "$CARRY"/*) used+=("libjansson.so.4") ;; esac
+    [ "$CLINC" = "$CARRY/include" ] && used+=("CL/*.h")
+    case $CLLIB in "$CARRY"/*) used+=("libOpenCL.so.1") ;; esac
+    case $CLBLAST_LIB in "$CARRY"/*) used+=("libclblast.so.1") ;; esac
     [ "$DATA" = "$CARRY/data/fashion-mnist" ] && used+=("Fashion-MNIST")
     [ "$FORTUNES" = "$CARRY/data/fortunes" ] && used+=("fortunes")
     log "zlib.h in ${ZINC:-none}, libz ${ZLIB:-none}"
     log "jansson.h in ${JINC:-none}, libjansson ${JLIB:-none}"
+    log "OpenCL headers in ${CLINC:-none}, loader ${CLLIB:-none}"
+    log "CLBlast: clblast_c.h in ${CLBLAST_INC:-none}, ${CLBLAST_LIB:-none}"
     log "Fashion-MNIST in ${DATA:-none}"
     log "fortunes in ${FORTUNES:-none}"
     if [ ${#used[@]} -gt 0 ]; then
@@ -292,7 +342,7 @@ LINK_RP=()
 # Copies the carried libraries in use into CARRIED_LIBS.
 carry_libs() {
     local l
-    for l in "$ZLIB" "$JLIB"; do
+    for l in "$ZLIB" "$JLIB" "$CLLIB" "$CLBLAST_LIB"; do
         case $l in "$CARRY"/*) mkdir -p "$CARRIED_LIBS" && cp "$l" "$CARRIED_LIBS/" || return 1 ;; esac
     done
     [ -d "$CARRIED_LIBS" ] && LINK_RP=("-Wl,-rpath-link,$CARRIED_LIBS")
@@ -404,6 +454,43 @@ build_module() {
         { log "chorus-cuda.so does not export chorus_backend_entry"; return 1; }
 }
 
+# The OpenCL module: backends/opencl/*.c and the kernels gen-kernels.sh
+# embeds (every .cl, lib/philox.h and lib/kernels/*.h), linked against the
+# ICD loader and CLBlast (CLBlast left out where it is missing).
+build_opencl_module() {
+    local d="$B/opencl" f o objs=() clb_def=() clb_inc=() clb_lib=()
+    mkdir -p "$d" || return 1
+    if [ -n "$CLBLAST_INC" ] && [ -n "$CLBLAST_LIB" ]; then
+        clb_def=(-DHAVE_CLBLAST=1)
+        clb_inc=(-I"$CLBLAST_INC")
+        clb_lib=("$CLBLAST_LIB")
+    fi
+    local embedded=() rel
+    for f in "$SRC"/backends/opencl/*.cl "$SRC"/lib/philox.h "$SRC"/lib/kernels/*.h; do
+        rel=${f#"$SRC"/}
+        embedded+=("$rel")
+    done
+    log "gen-kernels.sh -> $d/kernels.c (${#embedded[@]} files)"
+    sh "$SRC/backends/opencl/gen-kernels.sh" "$SRC" include/chorus/ops.h lib/backend.h -- \
+        "${embedded[@]}" >"$d/kernels.c" || return 1
+    for f in "$SRC"/backends/opencl/*.c "$d/kernels.c"; do
+        o="$d/$(basename "$f" .c).o"
+        objs+=("$o")
+        log "gcc -c $f"
+        spawn cc -I"$SRC/backends/opencl" -I"$CLINC" ${clb_inc[@]+"${clb_inc[@]}"} \
+            ${clb_def[@]+"${clb_def[@]}"} -c -o "$o" "$f"
+    done
+    wait_all || return 1
+    local rpath=()
+    [ -d "$CARRIED_LIBS" ] && rpath=("-Wl,-rpath,$CARRIED_LIBS")
+    log "gcc -shared -o $B/mod/chorus-opencl.so (CLBlast: ${clb_lib[*]:-no})"
+    gcc -shared -pthread -o "$B/mod/chorus-opencl.so" "${objs[@]}" -L"$B" -lchorus \
+        ${LINK_RP[@]+"${LINK_RP[@]}"} "$CLLIB" ${clb_lib[@]+"${clb_lib[@]}"} \
+        ${rpath[@]+"${rpath[@]}"} -lm || return 1
+    nm -D --defined-only "$B/mod/chorus-opencl.so" | grep -q ' chorus_backend_entry$' ||
+        { log "chorus-opencl.so does not export chorus_backend_entry"; return 1; }
+}
+
 program() { # name folder [extra gcc arguments]: sources from the Makefile.mk lists
     local name=$1 dir=$2
     shift 2
@@ -480,6 +567,12 @@ build() {
         log "no nvcc, cuBLAS or cudart: the CUDA module is not built"
         rc=1
     fi
+    if [ -n "$CLINC" ] && [ -n "$CLLIB" ]; then
+        build_opencl_module || { log "BUILD FAILED: chorus-opencl.so"; rc=1; }
+    else
+        log "no OpenCL headers or ICD loader (run tests/gpu/prepare.sh): the OpenCL module is not built"
+        rc=1
+    fi
     build_programs || { log "BUILD FAILED: some programs"; rc=1; }
     log "built: ${BUILT[*]:-nothing}"
     return $rc
@@ -520,9 +613,11 @@ run() {
     shift 4
     local envs=()
     while [[ $1 == *=* ]]; do envs+=("$1"); shift; done
-    local prog=$1
+    local prog=$1 exe
     shift
-    if ! built "$prog"; then
+    # A path (a script of the tree) runs as it is; a name is a built program.
+    case $prog in */*) exe=$prog ;; *) exe=$B/$prog ;; esac
+    if [ "$exe" = "$B/$prog" ] && ! built "$prog"; then
         # Left out on purpose (a library missing, said in build.log), or
         # its build failed, which the build row has already counted.
         if [ -s "$B/$prog.why" ]; then
@@ -539,10 +634,10 @@ run() {
     lim=$(limit "$lim")
     local own="$B/$step.out" t0 rc secs
     t0=$(date +%s)
-    env ${envs[@]+"${envs[@]}"} timeout -k 5 "$lim" "$B/$prog" "$@" >"$own" 2>&1
+    env ${envs[@]+"${envs[@]}"} timeout -k 5 "$lim" "$exe" "$@" >"$own" 2>&1
     rc=$?
     secs=$(($(date +%s) - t0))
-    { echo "== $step: ${envs[*]+"${envs[*]}"} $prog $* (limit ${lim}s, exit $rc, ${secs}s)"; cat "$own"; echo; } >>"$logf"
+    { echo "== $step: ${envs[*]+"${envs[*]}"} ${prog##*/} $* (limit ${lim}s, exit $rc, ${secs}s)"; cat "$own"; echo; } >>"$logf"
     local detail result=ok
     if [ "$kind" = tap ]; then
         detail=$(tap_counts "$own")
@@ -707,6 +802,113 @@ run_benches() {
         --reduce peer && bench_block bench-dp "bench-dp --devices cuda:0,cuda:0 --model cnn"
 }
 
+# ---- the same GPU through OpenCL ------------------------------------------
+
+OCLDEV="" OCL_WHY="" OCL_DESC=""
+
+# NVIDIA's OpenCL registered for the ICD loader through a folder of the
+# build's (the only platform the steps see: OCL_ICD_VENDORS is that folder,
+# empty where the driver has no OpenCL), then the library's id of the GPU
+# through OpenCL: the twin chorus-info lists as "the same GPU as cuda:0",
+# or an OpenCL GPU it shows (no CUDA).
+opencl_setup() {
+    mkdir -p "$B/icd" && export OCL_ICD_VENDORS="$B/icd"
+    if [ ! -f "$B/mod/chorus-opencl.so" ]; then
+        OCL_WHY="the OpenCL module was not built (build.log)"
+        return
+    fi
+    local icd_lib=$NV_OPENCL any=""
+    if [ -n "${CHECK_OPENCL_ICD:-}" ]; then
+        # A rehearsal: another OpenCL (PoCL's CPU devices) stands in.
+        icd_lib=$(head -n 1 "$CHECK_OPENCL_ICD" 2>/dev/null)
+        any=1
+    fi
+    if [ -z "$icd_lib" ]; then
+        OCL_WHY=$NV_OPENCL_WHY
+        return
+    fi
+    echo "$icd_lib" >"$B/icd/opencl.icd"
+    built chorus-info || { OCL_WHY="chorus-info was not built"; return; }
+    local info
+    info=$(timeout 60 "$B/chorus-info" 2>&1)
+    printf '== chorus-info with %s registered\n%s\n' "$icd_lib" "$info" >>"$OUTDIR/tests.log"
+    OCLDEV=$(printf '%s\n' "$info" | awk '/the same GPU as cuda:0/ { print $1; exit }')
+    [ -n "$OCLDEV" ] || OCLDEV=$(timeout 60 "$B/chorus-info" --json 2>/dev/null | python3 -c '
+import json, sys
+any = len(sys.argv) > 1
+print(next((d["id"] for d in json.load(sys.stdin) if d["backend"] == "opencl" and (any or d["kind"] == "gpu")), ""))' $any 2>/dev/null)
+    if [ -z "$OCLDEV" ]; then
+        OCL_WHY="OpenCL is registered ($icd_lib) but the library sees no OpenCL GPU: $(printf '%s\n' "$info" | awk '$1 == "opencl" { print; exit }')"
+        return
+    fi
+    OCL_DESC="$OCLDEV ($(printf '%s\n' "$info" | awk -v d="$OCLDEV" '$1 == d { $1 = ""; sub(/^ +/, ""); print; exit }' | cut -c1-100)) through $icd_lib"
+}
+
+# An OpenCL step: skipped, saying why, without the GPU through OpenCL.
+ocl() {
+    if [ -z "$OCLDEV" ]; then
+        row "$1" skipped 0 "no GPU through OpenCL: $OCL_WHY"
+        return 1
+    fi
+    run "$@"
+}
+
+trace_detail() { # step: the breakdown line of chorus-train --trace
+    grep -m 1 '^breakdown: ' "$B/$1.out" | cut -c1-200 || echo "exit 0, no breakdown line"
+}
+
+run_opencl() {
+    local t on="CHORUS_DEVICES=host,$OCLDEV" partner=cuda:0 sizes=1024,4096 batch=64 steps=20 \
+        trace_steps=30
+    # A rehearsal without a GPU pairs the OpenCL device with itself, and
+    # a CPU standing in takes sizes it finishes.
+    [ "$NCUDA" -lt 1 ] && partner=$OCLDEV
+    [ -n "${CHECK_OPENCL_ICD:-}" ] && sizes=256 batch=8 steps=3 trace_steps=2
+    # The op tests, the PyTorch fixtures, data parallelism and the steps'
+    # fallback count on the host and the GPU through OpenCL (named, so
+    # opened beside the host).
+    for t in test-ops test-ops-grad test-ops-attn test-ops-norm test-half test-cast test-errors; do
+        ocl "ocl-$t" tap "$OUTDIR/tests.log" 120 "$on" "$t"
+    done
+    ocl ocl-test-models tap "$OUTDIR/tests.log" 120 "$on" CHORUS_TEST_SRCDIR="$SRC" test-models
+    ocl ocl-test-dp tap "$OUTDIR/tests.log" 120 "$on" CHORUS_TEST_DEVICES="$OCLDEV,$OCLDEV" test-dp
+    ocl ocl-gpu-steps tap "$OUTDIR/tests.log" 120 "$on" test-gpu-steps
+    # GEMM at n = 4096 through OpenCL, ours and CLBlast's (cuBLAS's is
+    # bench-cublas above, on the same GPU).
+    ocl ocl-gemm-own plain "$OUTDIR/bench.log" 90 "$on" CHORUS_OPENCL_GEMM=own bench-ops \
+        --devices "$OCLDEV" --sizes "$sizes" &&
+        bench_block ocl-gemm-own "bench-ops --devices $OCLDEV, CHORUS_OPENCL_GEMM=own"
+    ocl ocl-gemm-clblast plain "$OUTDIR/bench.log" 90 "$on" CHORUS_OPENCL_GEMM=clblast bench-ops \
+        --devices "$OCLDEV" --sizes "$sizes" &&
+        bench_block ocl-gemm-clblast "bench-ops --devices $OCLDEV, CHORUS_OPENCL_GEMM=clblast"
+    # The training steps through OpenCL, beside cuda:0's (gpt-default-f32
+    # and bench-train above): the same commands on the OpenCL twin.
+    ocl ocl-gpt-f32 plain "$OUTDIR/bench.log" 120 "$on" bench-train --devices "$OCLDEV" \
+        --model gpt --batch "$batch" --steps "$steps" --precision f32 &&
+        bench_block ocl-gpt-f32 "bench-train --devices $OCLDEV --model gpt --batch $batch --precision f32"
+    ocl ocl-bench-train plain "$OUTDIR/bench.log" 90 "$on" bench-train --devices "$OCLDEV" &&
+        bench_block ocl-bench-train "bench-train --devices $OCLDEV (mlp and cnn, samples/s)"
+    # One job over cuda:0, the GPU through OpenCL and the host: step for
+    # step as the host alone (the GPT and the ResNet, test-dp's bounds),
+    # and the cnn learns; then a GPT run of it traced, with its breakdown.
+    if [ -z "$DATA" ]; then
+        row mixed-job skipped 0 "no Fashion-MNIST (run tests/gpu/prepare.sh and carry _gpu)"
+    else
+        ocl mixed-job tap "$OUTDIR/train.log" 300 CHORUS_TRAIN="$B/chorus-train" \
+            CHORUS_INFO="$B/chorus-info" CHORUS_TEST_DATA="$DATA" \
+            CHORUS_TEST_MIXED_DEVICES="$partner,$OCLDEV" "$SRC/tests/test-train-vendors.sh"
+    fi
+    if [ -n "$FORTUNES" ]; then
+        DETAIL_FN=trace_detail
+        ocl mixed-trace plain "$OUTDIR/train.log" 120 chorus-train --devices "$partner,$OCLDEV,host" \
+            --model gpt --data "$FORTUNES" --max-steps "$trace_steps" --trace "$OUTDIR/mixed-trace.json" \
+            --quiet
+        DETAIL_FN=""
+    else
+        row mixed-trace skipped 0 "no fortunes (run tests/gpu/prepare.sh and carry _gpu)"
+    fi
+}
+
 # ---- beside PyTorch ------------------------------------------------------------
 
 # The command that runs one of the built programs with the library's paths
@@ -854,6 +1056,14 @@ run_sanitizer() {
     esac
 }
 
+# Whether CHECK_PARTS (default: all of them) names this part.
+part() {
+    case " ${CHECK_PARTS:-tests train opencl fortunes benches side-by-side sanitizer} " in
+    *" $1 "*) return 0 ;;
+    *) row "$1" skipped 0 "not in CHECK_PARTS" && return 1 ;;
+    esac
+}
+
 # ---- summary ----------------------------------------------------------------
 
 summary() {
@@ -866,6 +1076,7 @@ summary() {
         log "Chorus GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(elapsed) s of a $BUDGET s budget"
         log "source:   $(git -C "$SRC" log -1 --format='%h %s' 2>/dev/null || echo "$SRC")"
         log "library:  sees $NCUDA CUDA device(s)${CUDA_WHY:+ ($CUDA_WHY)}"
+        log "opencl:   ${OCL_DESC:-none: $OCL_WHY}"
         log "PyTorch:  ${TORCH:-python3 cannot import torch}"
         if [ -s "$OUTDIR/side-by-side.json" ]; then
             log "results:  $OUTDIR/side-by-side.json (copy it to docs/gpu/side-by-side.json)"
@@ -907,7 +1118,7 @@ main() {
     local state rc lim
     state=$(mktemp) || return 1
     declare -p SRC B CARRY NVCC CUDA_HOME CUDA_ARCH CUBLAS_SO CUBLAS_INC NCCL_SO NCCL_INC CUDART \
-        LIBDIRS ZINC JINC ZLIB JLIB >"$state"
+        LIBDIRS ZINC JINC ZLIB JLIB CLINC CLLIB CLBLAST_INC CLBLAST_LIB >"$state"
     lim=$(limit $((BUDGET * 3 / 5)))
     timeout -k 5 "$lim" bash "$SELF" --build "$state" >"$OUTDIR/build.log" 2>&1
     rc=$?
@@ -939,12 +1150,14 @@ main() {
     else
         row cuda-backend skipped 0 "no GPU${CUDA_WHY:+ ($CUDA_WHY)}"
     fi
-    run_tests
-    run_train
-    run_fortunes
-    run_benches
-    run_side_by_side
-    run_sanitizer
+    opencl_setup
+    part tests && run_tests
+    part train && run_train
+    part opencl && run_opencl
+    part fortunes && run_fortunes
+    part benches && run_benches
+    part side-by-side && run_side_by_side
+    part sanitizer && run_sanitizer
     summary
     log ""
     cat "$OUTDIR/summary.txt"

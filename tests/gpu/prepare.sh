@@ -2,15 +2,19 @@
 # Fill the folder that travels beside the working tree to the GPU machine
 # (see docs/GPU_CHECK.md): what tests/gpu/check.sh needs there and the
 # machine lacks. Run it here, on a Debian machine with zlib1g-dev,
-# libjansson-dev, dataset-fashion-mnist and fortunes installed.
+# libjansson-dev, opencl-c-headers, ocl-icd-libopencl1, libclblast-dev,
+# dataset-fashion-mnist and fortunes installed.
 #
 #   tests/gpu/prepare.sh [DIR]     (default: _gpu at the top of the tree,
 #                                   which .gitignore leaves out)
 #
 # DIR receives:
-#   include/    zlib.h, zconf.h, jansson.h, jansson_config.h
-#   lib/        libz.so.1 and libjansson.so.4 (used there only where the
-#               machine has none of its own)
+#   include/    zlib.h, zconf.h, jansson.h, jansson_config.h; the Khronos
+#               OpenCL headers (CL/*.h) and CLBlast's clblast_c.h
+#   lib/        libz.so.1 and libjansson.so.4; the OpenCL ICD loader
+#               (libOpenCL.so.1, ocl-icd) and CLBlast (libclblast.so.1),
+#               which the OpenCL module links: used there only where the
+#               machine has none of its own
 #   data/fashion-mnist/   the four IDX files, gzipped
 #   data/fortunes/        the texts of Debian's fortunes package: its plain
 #               files less the *.dat indexes (what chorus-train and
@@ -60,7 +64,16 @@ mkdir -p "$DEST"
 for h in zlib.h zconf.h jansson.h jansson_config.h; do
     put "$(header "$h")" "include/$h"
 done
-for l in libz.so.1 libjansson.so.4; do
+# The OpenCL headers the module and CLBlast's C header include: the C
+# headers of the folder that holds CL/cl.h (no C++ ones).
+cl_dir=$(dirname "$(header CL/cl.h)")
+ncl=0
+for h in "$cl_dir"/*.h; do
+    put "$h" "include/CL/$(basename "$h")"
+    ncl=$((ncl + 1))
+done
+put "$(header clblast_c.h)" "include/clblast_c.h"
+for l in libz.so.1 libjansson.so.4 libOpenCL.so.1 libclblast.so.1; do
     put "$(library "$l")" "lib/$l"
 done
 n=0
@@ -99,6 +112,6 @@ rm -f "$DEST/MANIFEST.tmp"
 
 size_kb=$(du -sk "$DEST" | cut -f1)
 [ "$size_kb" -le $((LIMIT_MB * 1024)) ] || die "$DEST holds $((size_kb / 1024)) MiB, more than $LIMIT_MB"
-echo "prepared $DEST: $((size_kb / 1024)) MiB, $(($(wc -l <"$DEST/MANIFEST") - 3)) files ($n data files, $nf fortunes texts)"
+echo "prepared $DEST: $((size_kb / 1024)) MiB, $(($(wc -l <"$DEST/MANIFEST") - 3)) files ($n data files, $nf fortunes texts, $ncl OpenCL headers)"
 sed -n '4,$p' "$DEST/MANIFEST" | awk '{ printf "  %-46s %9s bytes  from %s\n", $3, $2, $4 }'
 echo "carry it with the tree: the folder \"${DEST#"$SRC"/}\" (docs/GPU_CHECK.md)"
