@@ -5,11 +5,14 @@
  * Per device: SGEMM GFLOP/s (square, no transpose), the same product with
  * bf16 and f16 inputs (f32 sums, an f32 result), GB/s of add, scale
  * (axpby) and relu; per pair of non-host devices the ch_copy bandwidth;
- * per non-host device upload and download from pageable and pinned memory.
+ * per non-host device upload and download from pageable and pinned memory;
+ * per device the calls of the training step's smaller ops (the bias
+ * gradient, the embedding and its backward, the softmax loss with its
+ * backward, LayerNorm's backward, a channel's sums) in microseconds.
  * Every number is the median of several timed runs after a warm-up, each
  * run ending with a device synchronisation.
  *
- *   bench-ops [--sizes 256,512,1024] [--devices LIST] [--quick] [--json] */
+ *   bench-ops [--sizes 256,512,1024] [--devices LIST] [--quick] [--train-ops] [--json] */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -33,6 +36,7 @@ typedef struct options {
     int nsizes;
     const char *devices; /* NULL: every visible device */
     int quick;
+    int train_ops; /* the training ops alone */
     int json;
 } options;
 
@@ -353,6 +357,149 @@ static void bench_elementwise(ch_device *dev, const options *o)
     ch_tensor_free(w.b);
 }
 
+/* ---- the training step's smaller ops ------------------------------------------ */
+
+typedef enum train_op {
+    TR_BIAS_GRAD,
+    TR_BIAS_GRAD_CONV,
+    TR_EMBEDDING,
+    TR_EMBEDDING_BACKWARD,
+    TR_XENT,
+    TR_LAYERNORM_BACKWARD,
+    TR_CHANNEL_SUMS,
+    TR_COUNT
+} train_op;
+
+/* Shapes of a GPT step (batch 64 x context 64 tokens, width 256, a
+ * vocabulary of 8192) and a convolution's [64, 64, 32 x 32]. */
+#define TR_ROWS 4096
+#define TR_WIDTH 256
+#define TR_VOCAB 8192
+
+typedef struct train_work {
+    ch_device *dev;
+    train_op op;
+    ch_tensor *rows, *drows, *dx, *conv, *vec, *vec2, *gamma, *cvec, *table, *dtable, *idx, *logits,
+        *probs, *labels, *loss, *stat, *stat2, *sums;
+} train_work;
+
+static ch_status train_run(void *arg)
+{
+    train_work *w = arg;
+    ch_status st;
+    switch (w->op) {
+    case TR_BIAS_GRAD: st = ch_bias_grad(w->vec, w->drows, 1, 0.0f); break;
+    case TR_BIAS_GRAD_CONV: st = ch_bias_grad(w->cvec, w->conv, 1, 0.0f); break;
+    case TR_EMBEDDING: st = ch_embedding(w->rows, w->table, w->idx); break;
+    case TR_EMBEDDING_BACKWARD: st = ch_embedding_backward(w->dtable, w->drows, w->idx); break;
+    case TR_XENT:
+        st = ch_softmax_xent(w->loss, w->probs, w->logits, w->labels);
+        if (st == CH_OK)
+            st = ch_softmax_xent_backward(w->logits, w->probs, w->labels, 1.0f);
+        break;
+    case TR_LAYERNORM_BACKWARD:
+        st = ch_layernorm_backward(w->dx, w->vec, w->vec2, w->drows, w->rows, w->stat, w->stat2,
+                                   w->gamma);
+        break;
+    default: st = ch_channel_sums(w->sums, w->conv, NULL, w->conv, NULL); break;
+    }
+    return st == CH_OK ? ch_device_sync(w->dev) : st;
+}
+
+static void train_free(train_work *w)
+{
+    ch_tensor *all[] = {w->rows,  w->drows,  w->dx,    w->conv,   w->vec,   w->vec2,
+                        w->gamma, w->cvec,   w->table, w->dtable, w->idx,   w->logits,
+                        w->probs, w->labels, w->loss,  w->stat,   w->stat2, w->sums};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        ch_tensor_free(all[i]);
+}
+
+/* Integers in [0, bound) in a new i32 tensor of n elements. */
+static ch_status ints_new(ch_tensor **t, ch_device *dev, int64_t n, int32_t bound)
+{
+    int32_t *v = malloc((size_t)n * sizeof *v);
+    if (!v)
+        return CH_ERR_OUT_OF_MEMORY;
+    uint32_t x = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        v[i] = (int32_t)((x >> 8) % (uint32_t)bound);
+    }
+    ch_status st = ch_tensor_new(t, dev, CH_I32, 1, &n);
+    if (st == CH_OK)
+        st = ch_tensor_upload(*t, v, (size_t)n * sizeof *v);
+    free(v);
+    return st;
+}
+
+static ch_status train_new(train_work *w, ch_device *dev)
+{
+    int64_t rows[2] = {TR_ROWS, TR_WIDTH}, conv[4] = {64, 64, 32, 32},
+            table[2] = {TR_VOCAB, TR_WIDTH}, vec = TR_WIDTH, n = TR_ROWS, one = 1, channels = 64,
+            sums = 2 * 64 + 1;
+    *w = (train_work){.dev = dev};
+    ch_status st = ch_tensor_new(&w->rows, dev, CH_F32, 2, rows);
+    if (st == CH_OK)
+        st = ch_rand_uniform(w->rows, 11, 0, -1.0f, 1.0f);
+    if (st == CH_OK && (st = ch_tensor_new(&w->drows, dev, CH_F32, 2, rows)) == CH_OK)
+        st = ch_rand_uniform(w->drows, 12, 0, -1.0f, 1.0f);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w->dx, dev, CH_F32, 2, rows);
+    if (st == CH_OK && (st = ch_tensor_new(&w->conv, dev, CH_F32, 4, conv)) == CH_OK)
+        st = ch_rand_uniform(w->conv, 13, 0, -1.0f, 1.0f);
+    if (st == CH_OK && (st = ch_tensor_new(&w->vec, dev, CH_F32, 1, &vec)) == CH_OK)
+        st = ch_fill(w->vec, 1.0);
+    if (st == CH_OK && (st = ch_tensor_new(&w->vec2, dev, CH_F32, 1, &vec)) == CH_OK)
+        st = ch_fill(w->vec2, 0.0);
+    if (st == CH_OK && (st = ch_tensor_new(&w->gamma, dev, CH_F32, 1, &vec)) == CH_OK)
+        st = ch_fill(w->gamma, 1.0);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w->cvec, dev, CH_F32, 1, &channels);
+    if (st == CH_OK && (st = ch_tensor_new(&w->table, dev, CH_F32, 2, table)) == CH_OK)
+        st = ch_rand_uniform(w->table, 14, 0, -1.0f, 1.0f);
+    if (st == CH_OK && (st = ch_tensor_new(&w->dtable, dev, CH_F32, 2, table)) == CH_OK)
+        st = ch_fill(w->dtable, 0.0);
+    if (st == CH_OK)
+        st = ints_new(&w->idx, dev, n, TR_VOCAB);
+    if (st == CH_OK)
+        st = ints_new(&w->labels, dev, n, TR_WIDTH);
+    if (st == CH_OK && (st = ch_tensor_new(&w->logits, dev, CH_F32, 2, rows)) == CH_OK)
+        st = ch_rand_uniform(w->logits, 15, 0, -3.0f, 3.0f);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w->probs, dev, CH_F32, 2, rows);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w->loss, dev, CH_F32, 1, &one);
+    if (st == CH_OK && (st = ch_tensor_new(&w->stat, dev, CH_F32, 1, &n)) == CH_OK)
+        st = ch_fill(w->stat, 0.0);
+    if (st == CH_OK && (st = ch_tensor_new(&w->stat2, dev, CH_F32, 1, &n)) == CH_OK)
+        st = ch_fill(w->stat2, 1.0);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w->sums, dev, CH_F32, 1, &sums);
+    return st;
+}
+
+static void bench_train_ops(ch_device *dev, const options *o)
+{
+    static const char *names[TR_COUNT] = {
+        "bias_grad [4096,256] (us)",     "bias_grad [64,64,1024] (us)",  "embedding 4096x256 (us)",
+        "embedding_backward (us)",       "softmax_xent + backward (us)", "layernorm_backward (us)",
+        "channel_sums [64,64,1024] (us)"};
+    const char *id = ch_device_id(dev);
+    train_work w;
+    if (check(train_new(&w, dev), "%s: the training ops' tensors", id))
+        for (int k = 0; k < TR_COUNT; k++) {
+            double secs;
+            w.op = (train_op)k;
+            if (check(time_median(train_run, &w, 2, reps_for(o), &secs), "%s: %s", id, names[k]))
+                add_result(id, names[k],
+                           k == TR_BIAS_GRAD_CONV || k == TR_CHANNEL_SUMS ? 64 * 64 * 1024
+                                                                          : TR_ROWS * TR_WIDTH,
+                           secs * 1e6, "us");
+        }
+    train_free(&w);
+}
+
 /* The value of a result, or 0 when it was not measured. */
 static double find(const char *device, const char *what, long long size)
 {
@@ -490,11 +637,13 @@ static void print_json(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: bench-ops [--sizes N,N,...] [--devices LIST] [--quick] [--json]\n"
+    fprintf(f, "usage: bench-ops [--sizes N,N,...] [--devices LIST] [--quick] [--train-ops] "
+               "[--json]\n"
                "  --sizes    SGEMM sides (default 256,512,1024; --quick: 256,512)\n"
                "  --devices  a device list (\"host,opencl:0\", \"all\"); default: "
                "every visible device\n"
                "  --quick    fewer runs and smaller elementwise tensors\n"
+               "  --train-ops  the training step's smaller ops alone, in microseconds a call\n"
                "  --json     one JSON array instead of the table\n");
 }
 
@@ -525,6 +674,8 @@ static int parse_options(options *o, int argc, char **argv)
             o->devices = argv[++i];
         else if (!strcmp(argv[i], "--quick"))
             o->quick = 1;
+        else if (!strcmp(argv[i], "--train-ops"))
+            o->train_ops = 1;
         else if (!strcmp(argv[i], "--json"))
             o->json = 1;
         else
@@ -583,6 +734,11 @@ int main(int argc, char **argv)
         ch_shutdown();
         return 1;
     }
+    if (o.train_ops) {
+        for (int d = 0; d < ndev; d++)
+            bench_train_ops(devs[d], &o);
+        goto out;
+    }
     /* The host references first: other devices' runtimes (PoCL's worker
      * threads) keep the cores busy for a while after their work. OpenBLAS
      * runs here only when the host op is not measured (it then runs in
@@ -608,6 +764,9 @@ int main(int argc, char **argv)
     for (int d = 0; d < ndev; d++)
         if (!is_host(devs[d]))
             bench_transfers(devs[d], &o);
+    for (int d = 0; d < ndev; d++)
+        bench_train_ops(devs[d], &o);
+out:
     if (o.json)
         print_json();
     else
