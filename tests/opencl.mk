@@ -4,6 +4,16 @@ check_PROGRAMS += tests/test-opencl
 tests_test_opencl_SOURCES = tests/test-opencl.c
 tests_test_opencl_LDADD = $(TEST_LIBS)
 
+# What a training step on OpenCL asks of the host (skips itself without an
+# OpenCL device): the stream's scratch kept and shared. It defines the
+# OpenCL calls it counts, exported for the module to bind to.
+if HAVE_OPENCL
+check_PROGRAMS += tests/test-opencl-step
+tests_test_opencl_step_SOURCES = tests/test-opencl-step.c
+tests_test_opencl_step_LDFLAGS = -export-dynamic
+tests_test_opencl_step_LDADD = $(TEST_LIBS) $(PTHREAD_LIBS) -ldl
+endif
+
 # The same tests with our own GEMM kernel where CLBlast would otherwise
 # take every shape.
 EXTRA_DIST += tests/opencl-gemm-own.sh

@@ -123,12 +123,12 @@ ch_status chcl_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
 {
     chcl_stream *s = stream;
     cl_mem chains = NULL;
-    size_t chains_bytes = (size_t)(v + n) * sizeof(cl_int);
     ch_status st = check_embedding("embedding_backward", n, v, d);
     if (st == CH_OK)
         st = chcl_check_count("embedding_backward", v + n);
     if (st == CH_OK)
-        st = chcl_scratch_new(s->dev, "embedding_backward", chains_bytes, &chains);
+        st = chcl_scratch_acquire(s, "embedding_backward", (size_t)(v + n) * sizeof(cl_int),
+                                  &chains);
     if (st != CH_OK)
         return st;
     st = embedding_chains(s, n, v, idx, chains);
@@ -138,6 +138,6 @@ ch_status chcl_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
                        CHCL_ARG(cols)};
     if (st == CH_OK)
         st = chcl_launch1(s, CHCL_K_EMBEDDING_BACKWARD, CHCL_COUNT_OF(args), args, v * d);
-    chcl_scratch_free(s->dev, chains, chains_bytes);
+    chcl_scratch_release(s);
     return st;
 }

@@ -49,25 +49,64 @@ void chcl_free(void *dev, void *ptr)
     clReleaseMemObject(ptr);
 }
 
-/* Counted as the device's workspace (chi_workspace_reserve): under its
- * memory limit, in its ch_memory_stats. */
-ch_status chcl_scratch_new(chcl_device *d, const char *op, size_t bytes, cl_mem *out)
+ch_status chcl_workspace_new(chcl_device *d, const char *what, size_t bytes, cl_mem *out)
 {
-    char what[64];
-    snprintf(what, sizeof what, "%s's scratch", op);
     ch_status st = chi_workspace_reserve(d, bytes, what);
     if (st != CH_OK)
         return st;
-    st = buffer_new(d, CL_MEM_READ_WRITE, bytes, "scratch", out);
+    st = buffer_new(d, CL_MEM_READ_WRITE, bytes, what, out);
     if (st != CH_OK)
         chi_workspace_release(d, bytes);
     return st;
 }
 
-void chcl_scratch_free(chcl_device *d, cl_mem mem, size_t bytes)
+void chcl_workspace_free(chcl_device *d, cl_mem mem, size_t bytes)
 {
     clReleaseMemObject(mem);
     chi_workspace_release(d, bytes);
+}
+
+void chcl_scratch_drop(chcl_stream *s)
+{
+    if (s->scratch)
+        chcl_workspace_free(s->dev, s->scratch, s->scratch_bytes);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+}
+
+/* The old buffer goes first, so that the new one fits where the two would
+ * not; released, it lives on until the commands queued on it have run, so
+ * growing waits for nothing. */
+static ch_status scratch_grow(chcl_stream *s, const char *op, size_t bytes)
+{
+    char what[64];
+    snprintf(what, sizeof what, "%s's scratch", op);
+    chcl_scratch_drop(s);
+    ch_status st = chcl_workspace_new(s->dev, what, bytes, &s->scratch);
+    if (st != CH_OK)
+        s->scratch = NULL;
+    else
+        s->scratch_bytes = bytes;
+    return st;
+}
+
+ch_status chcl_scratch_acquire(chcl_stream *s, const char *op, size_t bytes, cl_mem *out)
+{
+    pthread_mutex_lock(&s->scratch_lock);
+    /* A buffer is never empty (CL_INVALID_BUFFER_SIZE). */
+    size_t need = bytes ? bytes : 1;
+    ch_status st = need > s->scratch_bytes ? scratch_grow(s, op, need) : CH_OK;
+    if (st != CH_OK) {
+        pthread_mutex_unlock(&s->scratch_lock);
+        return st;
+    }
+    *out = s->scratch;
+    return CH_OK;
+}
+
+void chcl_scratch_release(chcl_stream *s)
+{
+    pthread_mutex_unlock(&s->scratch_lock);
 }
 
 /* Pinned memory: a buffer the driver places in host memory, mapped once for

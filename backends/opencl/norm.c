@@ -97,13 +97,13 @@ ch_status chcl_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem
     if (st == CH_OK && dx.ptr)
         st = layernorm_dx(s, rows, d, dx, dy, x, mean, rstd, gamma);
     cl_mem part = NULL;
-    size_t part_bytes = (size_t)(chunks * 2 * d) * sizeof(cl_double);
     if (st == CH_OK)
-        st = chcl_scratch_new(s->dev, "layernorm_backward", part_bytes, &part);
+        st = chcl_scratch_acquire(s, "layernorm_backward",
+                                  (size_t)(chunks * 2 * d) * sizeof(cl_double), &part);
     if (st != CH_OK)
         return st;
     st = layernorm_params(s, rows, d, chunks, part, dgamma, dbeta, dy, x, mean, rstd);
-    chcl_scratch_free(s->dev, part, part_bytes);
+    chcl_scratch_release(s);
     return st;
 }
 
@@ -159,9 +159,9 @@ ch_status chcl_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inne
     if (st == CH_OK)
         st = chcl_check_count("channel_sums", 4 * c * splits);
     cl_mem part = NULL;
-    size_t part_bytes = (size_t)(4 * c * splits) * sizeof(cl_double);
     if (st == CH_OK)
-        st = chcl_scratch_new(s->dev, "channel_sums", part_bytes, &part);
+        st = chcl_scratch_acquire(s, "channel_sums", (size_t)(4 * c * splits) * sizeof(cl_double),
+                                  &part);
     if (st != CH_OK)
         return st;
     st = channel_sums_part(s, c, inner, count, splits, part, a, a_center, b, b_center);
@@ -172,7 +172,7 @@ ch_status chcl_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inne
                            CHCL_ARG(n)};
         st = chcl_launch1(s, CHCL_K_CHANNEL_SUMS_FINISH, CHCL_COUNT_OF(args), args, c);
     }
-    chcl_scratch_free(s->dev, part, part_bytes);
+    chcl_scratch_release(s);
     return st;
 }
 

@@ -166,6 +166,14 @@ typedef struct chcl_stream {
     cl_command_queue queue;
     cl_mem flag;                   /* the loss slots' bad-label word, NULL until used */
     int profiling;                 /* CL_QUEUE_PROFILING_ENABLE: made while a trace ran */
+    /* Device scratch for ops that need temporaries (row losses, partial
+     * sums), one buffer grown to the largest request (memory.c). Held from
+     * acquire until the op's commands that use it are queued: commands
+     * queued later on this in-order queue run after them, so the next op
+     * may reuse it. */
+    pthread_mutex_t scratch_lock;
+    cl_mem scratch; /* NULL until the first op needs one */
+    size_t scratch_bytes;
 } chcl_stream;
 
 typedef struct chcl_event {
@@ -262,12 +270,22 @@ CH_BACKEND_SLOTS(CHCL_SLOT)
 /* Helpers beside the slots. */
 
 /* memory.c */
-/* A temporary device buffer for op `op`: the caller frees it with
- * chcl_scratch_free (the same byte count) once its last command is queued
- * (OpenCL keeps it alive until those commands finish). It counts as the
- * device's workspace, under its memory limit. */
-ch_status chcl_scratch_new(chcl_device *d, const char *op, size_t bytes, cl_mem *out);
-void chcl_scratch_free(chcl_device *d, cl_mem mem, size_t bytes);
+/* A device buffer the backend keeps for itself, named `what` in a refusal
+ * ("label check"): the device's workspace (chi_workspace_reserve), counted
+ * and under its memory limit, until chcl_workspace_free (the same byte
+ * count; OpenCL keeps the buffer alive until the commands queued on it
+ * have run). */
+ch_status chcl_workspace_new(chcl_device *d, const char *what, size_t bytes, cl_mem *out);
+void chcl_workspace_free(chcl_device *d, cl_mem mem, size_t bytes);
+/* The stream's scratch, at least `bytes` of it, for op `op`: *out is the
+ * stream's one scratch buffer, grown first when it is smaller (never a
+ * buffer per call). The caller holds it, and the stream's scratch lock,
+ * until chcl_scratch_release, once the last command that uses it is
+ * queued; on error nothing is held. */
+ch_status chcl_scratch_acquire(chcl_stream *s, const char *op, size_t bytes, cl_mem *out);
+void chcl_scratch_release(chcl_stream *s);
+/* The stream is going: its scratch too. */
+void chcl_scratch_drop(chcl_stream *s);
 
 /* stream.c */
 /* Makes `waiter` wait for everything queued on `producer` so far. */

@@ -177,7 +177,7 @@ static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
 ch_status chcl_flag_reset(chcl_stream *s, cl_mem *flag)
 {
     if (!s->flag) {
-        ch_status st = chcl_scratch_new(s->dev, "label check", sizeof(cl_uint), &s->flag);
+        ch_status st = chcl_workspace_new(s->dev, "label check", sizeof(cl_uint), &s->flag);
         if (st != CH_OK)
             return st;
     }
@@ -243,9 +243,8 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
     chcl_stream *s = stream;
     ch_status st = check_3d("softmax_xent", n, c, 1);
     cl_mem rows = NULL, flag = NULL;
-    size_t rows_bytes = (size_t)n * sizeof(cl_float);
     if (st == CH_OK)
-        st = chcl_scratch_new(s->dev, "softmax_xent", rows_bytes, &rows);
+        st = chcl_scratch_acquire(s, "softmax_xent", (size_t)n * sizeof(cl_float), &rows);
     if (st != CH_OK)
         return st;
     st = chcl_flag_reset(s, &flag);
@@ -253,9 +252,9 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
         st = softmax_rows(s, n, c, probs, rows, logits, labels, flag);
     if (st == CH_OK)
         st = loss_mean(s, loss, rows, n);
+    chcl_scratch_release(s);
     if (st == CH_OK)
         st = labels_check(s, "ch_softmax_xent", flag, labels, c);
-    chcl_scratch_free(s->dev, rows, rows_bytes);
     return st;
 }
 

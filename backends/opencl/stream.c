@@ -17,12 +17,17 @@ ch_status chcl_stream_new(void *dev, void **stream)
     chcl_stream *s = calloc(1, sizeof *s);
     if (!s)
         return chi_error(CH_ERR_OUT_OF_MEMORY, "opencl stream_new: %zu bytes", sizeof *s);
+    if (pthread_mutex_init(&s->scratch_lock, NULL) != 0) {
+        free(s);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "opencl stream_new: pthread_mutex_init");
+    }
     cl_int err;
     s->dev = d;
     s->profiling = chi_tracing();
     cl_command_queue_properties props = s->profiling ? CL_QUEUE_PROFILING_ENABLE : 0;
     s->queue = clCreateCommandQueue(d->plat->ctx, d->id, props, &err);
     if (err != CL_SUCCESS) {
+        pthread_mutex_destroy(&s->scratch_lock);
         free(s);
         return chcl_err(err, "clCreateCommandQueue");
     }
@@ -38,8 +43,10 @@ void chcl_stream_free(void *stream)
     /* Commands still queued finish first, then the queue goes. */
     clFinish(s->queue);
     if (s->flag)
-        chcl_scratch_free(s->dev, s->flag, sizeof(cl_uint));
+        chcl_workspace_free(s->dev, s->flag, sizeof(cl_uint));
+    chcl_scratch_drop(s);
     clReleaseCommandQueue(s->queue);
+    pthread_mutex_destroy(&s->scratch_lock);
     free(s);
 }
 
