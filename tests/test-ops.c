@@ -438,6 +438,23 @@ static void test_bias_grad(ch_device *dev, int ndim, const int64_t *shape, int a
     tc_end_err(&c, ref_err(tc_fetch(&c, tdb, ch), want, mag, ch), TOL_SUM);
 }
 
+/* Twice on the same dy, beta 0: the same bits (a fixed order of sums,
+ * however the device cuts the work). */
+static void test_bias_grad_repeats(ch_device *dev, int ndim, const int64_t *shape)
+{
+    char s[64];
+    tcase c;
+    ref_shape_str(s, sizeof s, ndim, shape);
+    tc_begin(&c, dev, "bias_grad %s axis 1 twice: the same bits", s);
+    int64_t n = ref_numel(ndim, shape), ch = shape[1];
+    ch_tensor *tdy = tc_tensor(&c, CH_F32, ndim, shape, tc_random(&c, n, -2, 2));
+    ch_tensor *tdb = tc_tensor(&c, CH_F32, SHAPE(ch), NULL);
+    TC(&c, ch_bias_grad(tdb, tdy, 1, 0.0f));
+    float *first = tc_fetch(&c, tdb, ch);
+    TC(&c, ch_bias_grad(tdb, tdy, 1, 0.0f));
+    tc_end_words(&c, tc_fetch(&c, tdb, ch), first, ch, 1);
+}
+
 static void test_bias(ch_device *dev)
 {
     test_bias_add(dev, SHAPE(17, 33), 1, 0);
@@ -460,6 +477,15 @@ static void test_bias(ch_device *dev)
         test_bias_grad(dev, SHAPE(2, 33, 5, 31), 1, 1.0f);
     else
         test_bias_grad(dev, SHAPE(5, 33, 29, 31), 1, 1.0f);
+    /* Several spans of rows, or of a channel's elements, each summed by
+     * work-groups of their own and then added in order (the OpenCL
+     * backend's bias_grad cuts at 256 rows and 4096 elements). */
+    test_bias_grad(dev, SHAPE(600, 45), 1, 1.0f);
+    test_bias_grad(dev, SHAPE(3, 3, 50, 60), 1, 0.0f);
+    if (!tc_small())
+        test_bias_grad(dev, SHAPE(100003, 3), 1, 0.5f);
+    test_bias_grad_repeats(dev, SHAPE(600, 45));
+    test_bias_grad_repeats(dev, SHAPE(3, 3, 50, 60));
 }
 
 /* ---- Softmax cross-entropy ----------------------------------------------- */

@@ -109,14 +109,6 @@ ch_status chcl_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem
 
 /* ---- BatchNorm ------------------------------------------------------------ */
 
-/* The splits of a channel of `count` elements: a function of the shape
- * alone, so the order of the sums is too. */
-static int64_t sums_splits(int64_t count)
-{
-    int64_t splits = count / SUMS_SPLIT_MIN;
-    return splits < 1 ? 1 : splits > SUMS_SPLITS_MAX ? SUMS_SPLITS_MAX : splits;
-}
-
 static ch_status channel_sums_part(chcl_stream *s, int64_t c, int64_t inner, int64_t count,
                                    int64_t splits, cl_mem part, ch_bmem a, ch_bmem a_center,
                                    ch_bmem b, ch_bmem b_center)
@@ -154,7 +146,7 @@ ch_status chcl_channel_sums(void *stream, int64_t outer, int64_t c, int64_t inne
                             ch_bmem b_center)
 {
     chcl_stream *s = stream;
-    int64_t count = outer * inner, splits = sums_splits(count);
+    int64_t count = outer * inner, splits = chcl_spans(count, SUMS_SPLIT_MIN, SUMS_SPLITS_MAX);
     ch_status st = chcl_check_count("channel_sums", outer * c * inner);
     if (st == CH_OK)
         st = chcl_check_count("channel_sums", 4 * c * splits);

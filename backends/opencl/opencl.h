@@ -85,6 +85,8 @@ typedef enum chcl_kern_id {
     CHCL_K_BF16_TO_F32,
     CHCL_K_F32_TO_F16,
     CHCL_K_F16_TO_F32,
+    CHCL_K_BIAS_GRAD_ROWS,
+    CHCL_K_BIAS_GRAD_FINISH,
     CHCL_K_COUNT
 } chcl_kern_id;
 
@@ -207,6 +209,19 @@ typedef struct chcl_arg {
  * CH_ERR_LIMIT when not even one work-item fits in the local memory. */
 ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t per_item,
                           size_t *out);
+/* Kernel `k`'s limits on the stream's device (built first if need be):
+ * the most work-items of a work-group (CL_KERNEL_WORK_GROUP_SIZE under the
+ * device's limits), per dimension (max_item), the local memory left
+ * beside its own __local variables, and its preferred multiple
+ * (CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE: a GPU's warp or
+ * wavefront). */
+typedef struct chcl_limits {
+    size_t group;
+    size_t item[3];
+    cl_ulong local_room;
+    size_t multiple;
+} chcl_limits;
+ch_status chcl_limits_of(chcl_stream *s, chcl_kern_id k, chcl_limits *out);
 /* Whether the device runs kernel `k` in work-groups of local[0] x local[1]
  * x local[2] work-items with its __local variables (and no more): *fits 1
  * or 0; an error only when the kernel cannot be built. */
@@ -242,6 +257,34 @@ static inline chcl_ref chcl_ref_of(ch_bmem m)
 }
 
 #define CHCL_COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* The largest power of two at most n (n >= 1; 0 for 0), and the smallest
+ * at least n (1 for n <= 1). */
+static inline size_t chcl_pow2_floor(size_t n)
+{
+    size_t p = 1;
+    if (n == 0)
+        return 0;
+    while (p <= n / 2)
+        p *= 2;
+    return p;
+}
+static inline size_t chcl_pow2_cover(int64_t n)
+{
+    size_t p = 1;
+    while ((int64_t)p < n)
+        p *= 2;
+    return p;
+}
+
+/* How many spans, a work-group each, a reduction over `count` elements
+ * takes: one per `each` elements, at least 1 and at most `most`. A
+ * function of the shape alone, so the order of the sums is too. */
+static inline int64_t chcl_spans(int64_t count, int64_t each, int64_t most)
+{
+    int64_t spans = count / each;
+    return spans < 1 ? 1 : spans > most ? most : spans;
+}
 
 /* The stream's flag word, set to "none" once the stream gets there: a
  * kernel lowers it (atomic_min) to the first position whose label or index

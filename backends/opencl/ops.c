@@ -133,22 +133,95 @@ ch_status chcl_bias_add(void *stream, int64_t outer, int64_t c, int64_t inner, c
     return chcl_launch1(stream, CHCL_K_BIAS_ADD, CHCL_COUNT_OF(args), args, len);
 }
 
+/* The bias gradient's spans (sum.cl): a linear layer's rows in spans of
+ * at least BIAS_SPAN_ROWS rows, a convolution channel's elements in spans
+ * of at least BIAS_SPAN_ELEMENTS, at most BIAS_SPANS_MAX. */
+#define BIAS_SPAN_ROWS 256
+#define BIAS_SPAN_ELEMENTS 4096
+#define BIAS_SPANS_MAX 64
+/* bias_grad_rows: rows each work-item sums, at least. */
+#define BIAS_LANE_ROWS 8
+
+/* bias_grad_rows' work-group: tx channels side by side, the kernel's
+ * preferred multiple (a GPU's warp reads one run of a row), by ty lanes of
+ * rows, as many as the kernel, the device and local memory allow. */
+static ch_status bias_rows_group(chcl_stream *s, int64_t c, int64_t chunk, size_t local[2])
+{
+    chcl_limits lim;
+    ch_status st = chcl_limits_of(s, CHCL_K_BIAS_GRAD_ROWS, &lim);
+    if (st != CH_OK)
+        return st;
+    cl_ulong fit = lim.local_room / sizeof(cl_float);
+    size_t most = chcl_pow2_floor(lim.group < fit ? lim.group : (size_t)fit);
+    if (most == 0)
+        return chi_error(CH_ERR_LIMIT, "opencl bias_grad: no room in %s's local memory",
+                         s->dev->name);
+    size_t tx = chcl_pow2_floor(lim.multiple), ty = 1;
+    while (tx > 1 && (tx > chcl_pow2_cover(c) || tx > lim.item[0] || tx > most))
+        tx /= 2;
+    int64_t lanes = (chunk + BIAS_LANE_ROWS - 1) / BIAS_LANE_ROWS;
+    while (ty * 2 * tx <= most && ty * 2 <= lim.item[1] && (int64_t)ty < lanes)
+        ty *= 2;
+    local[0] = tx;
+    local[1] = ty;
+    return CH_OK;
+}
+
+/* Into `out` (db, or part [spans, c] when partial). */
+static ch_status bias_grad_spans(chcl_stream *s, int64_t outer, int64_t c, int64_t inner,
+                                 int64_t spans, chcl_ref out, int partial, ch_bmem dy, float beta)
+{
+    chcl_ref DY = chcl_ref_of(dy);
+    cl_int cc = (cl_int)c, part = partial;
+    if (inner == 1) {
+        size_t local[2], global[2];
+        cl_int rows = (cl_int)outer, chunk = (cl_int)((outer + spans - 1) / spans);
+        ch_status st = bias_rows_group(s, c, chunk, local);
+        if (st != CH_OK)
+            return st;
+        global[0] = (size_t)c;
+        global[1] = (size_t)spans * local[1];
+        chcl_arg args[] = {CHCL_REF(out),   CHCL_REF(DY),
+                           CHCL_ARG(rows),  CHCL_ARG(cc),
+                           CHCL_ARG(chunk), CHCL_ARG(beta),
+                           CHCL_ARG(part),  CHCL_LOCAL(local[0] * local[1] * sizeof(cl_float))};
+        return chcl_launch(s, CHCL_K_BIAS_GRAD_ROWS, CHCL_COUNT_OF(args), args, 2, global, local);
+    }
+    int64_t count = outer * inner;
+    size_t group = 0;
+    ch_status st = chcl_group_size(s, CHCL_K_BIAS_GRAD, group_cap(count), sizeof(cl_float), &group);
+    if (st != CH_OK)
+        return st;
+    cl_int in = (cl_int)inner, n = (cl_int)count, chunk = (cl_int)((count + spans - 1) / spans);
+    chcl_arg args[] = {CHCL_REF(out),  CHCL_REF(DY),   CHCL_ARG(cc),
+                       CHCL_ARG(in),   CHCL_ARG(n),    CHCL_ARG(chunk),
+                       CHCL_ARG(beta), CHCL_ARG(part), CHCL_LOCAL(group * sizeof(cl_float))};
+    return chcl_launch_groups(s, CHCL_K_BIAS_GRAD, CHCL_COUNT_OF(args), args, c * spans, group);
+}
+
 ch_status chcl_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
                          ch_bmem db, ch_bmem dy, float beta)
 {
+    chcl_stream *s = stream;
     ch_status st = check_3d("bias_grad", outer, c, inner);
-    size_t group = 0;
-    if (st == CH_OK)
-        st = chcl_group_size(stream, CHCL_K_BIAS_GRAD, group_cap(outer * inner),
-                             sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
-    chcl_ref DB = chcl_ref_of(db), DY = chcl_ref_of(dy);
-    cl_int o = (cl_int)outer, cc = (cl_int)c, in = (cl_int)inner;
-    chcl_arg args[] = {CHCL_REF(DB), CHCL_REF(DY), CHCL_ARG(o), CHCL_ARG(cc), CHCL_ARG(in),
-                       CHCL_ARG(beta), CHCL_LOCAL(group * sizeof(cl_float))};
-    return chcl_launch_groups(stream, CHCL_K_BIAS_GRAD, CHCL_COUNT_OF(args), args, c,
-                              group);
+    int64_t spans = inner == 1 ? chcl_spans(outer, BIAS_SPAN_ROWS, BIAS_SPANS_MAX)
+                               : chcl_spans(outer * inner, BIAS_SPAN_ELEMENTS, BIAS_SPANS_MAX);
+    if (spans == 1)
+        return bias_grad_spans(s, outer, c, inner, 1, chcl_ref_of(db), 0, dy, beta);
+    cl_mem part = NULL;
+    st = chcl_scratch_acquire(s, "bias_grad", (size_t)(spans * c) * sizeof(cl_float), &part);
+    if (st != CH_OK)
+        return st;
+    chcl_ref P = {part, 0}, DB = chcl_ref_of(db);
+    st = bias_grad_spans(s, outer, c, inner, spans, P, 1, dy, beta);
+    cl_int cc = (cl_int)c, n = (cl_int)spans;
+    chcl_arg args[] = {CHCL_REF(DB), CHCL_ARG(part), CHCL_ARG(cc), CHCL_ARG(n), CHCL_ARG(beta)};
+    if (st == CH_OK)
+        st = chcl_launch1(s, CHCL_K_BIAS_GRAD_FINISH, CHCL_COUNT_OF(args), args, c);
+    chcl_scratch_release(s);
+    return st;
 }
 
 /* Mean of the row losses in `rows` into loss[0], one work-group. */

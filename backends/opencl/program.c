@@ -133,6 +133,8 @@ static const struct {
     [CHCL_K_ARGMAX_ITEM] = {"argmax_item", CHCL_P_SUM},
     [CHCL_K_ARGMAX_GROUP] = {"argmax_group", CHCL_P_SUM},
     [CHCL_K_BIAS_GRAD] = {"bias_grad", CHCL_P_SUM},
+    [CHCL_K_BIAS_GRAD_ROWS] = {"bias_grad_rows", CHCL_P_SUM},
+    [CHCL_K_BIAS_GRAD_FINISH] = {"bias_grad_finish", CHCL_P_SUM},
     [CHCL_K_SOFTMAX_ROWS] = {"softmax_rows", CHCL_P_SOFTMAX},
     [CHCL_K_MEAN] = {"mean", CHCL_P_SOFTMAX},
     [CHCL_K_SOFTMAX_BACKWARD] = {"softmax_backward", CHCL_P_SOFTMAX},
@@ -306,6 +308,23 @@ ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t per
         g *= 2;
     *out = g;
     return CH_OK;
+}
+
+ch_status chcl_limits_of(chcl_stream *s, chcl_kern_id k, chcl_limits *out)
+{
+    chcl_device *d = s->dev;
+    cl_kernel kern;
+    pthread_mutex_lock(&d->lock);
+    ch_status st = kernel_get(d, k, &kern);
+    if (st == CH_OK) {
+        out->group = d->kernel_wg[k];
+        for (int i = 0; i < 3; i++)
+            out->item[i] = d->max_item[i];
+        out->local_room = d->local_mem > d->kernel_local[k] ? d->local_mem - d->kernel_local[k] : 0;
+        out->multiple = d->kernel_multiple[k];
+    }
+    pthread_mutex_unlock(&d->lock);
+    return st;
 }
 
 /* Why a work-group of local[0 .. dims) work-items with `local_bytes` of

@@ -104,23 +104,77 @@ __kernel void argmax_group(__global int *y, ulong yo, __global const float *x,
         y[yo + g] = idx[0];
 }
 
-/* db[ch] = beta db[ch] + sum over outer and inner of dy[outer, ch, inner]:
- * one work-group per channel. db is not read when beta is 0. */
-__kernel void bias_grad(__global float *db, ulong dbo, __global const float *dy,
-                        ulong dyo, int outer, int c, int inner, float beta,
+/* The bias gradient, db[ch] = beta db[ch] + the sum over outer and inner
+ * of dy[outer, ch, inner] (db is not read when beta is 0), in one of two
+ * layouts, each cutting a channel's elements into `splits` fixed spans
+ * (ops.c: a function of the shape) so that enough work-groups fill a GPU.
+ * With one span the kernel writes db; with more, it writes the span's sum
+ * to part[span, ch] and bias_grad_finish adds the spans in order. */
+
+/* The sum of a span written where it goes. */
+void bias_grad_store(__global float *out, ulong oo, int partial, int at, float sum, float beta)
+{
+    if (!partial && beta != 0.0f)
+        sum = beta * out[oo + at] + sum;
+    out[oo + at] = sum;
+}
+
+/* inner 1 (a linear layer's [rows, c]): work-group (tile, span) of
+ * tx x ty work-items, tx consecutive channels beside each other, so each
+ * row is read in one run of tx floats; work-item (x, y) sums the rows
+ * y, y + ty, ... of its span, and a tree over y in local memory adds the
+ * ty lanes of each channel. tmp holds tx * ty floats. */
+__kernel void bias_grad_rows(__global float *out, ulong oo, __global const float *dy, ulong dyo,
+                             int rows, int c, int chunk, float beta, int partial,
+                             __local float *tmp)
+{
+    int x = get_local_id(0), y = get_local_id(1);
+    int tx = get_local_size(0), ty = get_local_size(1);
+    int ch = get_global_id(0), span = get_group_id(1);
+    int end = min(rows, (span + 1) * chunk);
+    float s = 0.0f;
+    if (ch < c)
+        for (int r = span * chunk + y; r < end; r += ty)
+            s += dy[dyo + (long)r * c + ch];
+    tmp[y * tx + x] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = ty / 2; h > 0; h >>= 1) {
+        if (y < h)
+            tmp[y * tx + x] += tmp[(y + h) * tx + x];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (y == 0 && ch < c)
+        bias_grad_store(out, oo, partial, partial ? span * c + ch : ch, tmp[x], beta);
+}
+
+/* inner > 1 (a convolution's [n, c, positions]): work-group g is channel
+ * g % c, span g / c of its count = outer * inner elements; consecutive
+ * work-items read consecutive positions of a channel. */
+__kernel void bias_grad(__global float *out, ulong oo, __global const float *dy, ulong dyo, int c,
+                        int inner, int count, int chunk, float beta, int partial,
                         __local float *tmp)
 {
-    int ch = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
-    int count = outer * inner;
+    int g = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
+    int ch = g % c, span = g / c;
+    int end = min(count, (span + 1) * chunk);
     float s = 0.0f;
-    for (int j = t; j < count; j += step)
-        s += dy[dyo + ((j / inner) * c + ch) * inner + j % inner];
+    for (int j = span * chunk + t; j < end; j += step)
+        s += dy[dyo + ((long)(j / inner) * c + ch) * inner + j % inner];
     tmp[t] = s;
     tree_sum(tmp);
-    if (t == 0) {
-        float r = tmp[0];
-        if (beta != 0.0f)
-            r = beta * db[dbo + ch] + r;
-        db[dbo + ch] = r;
-    }
+    if (t == 0)
+        bias_grad_store(out, oo, partial, partial ? span * c + ch : ch, tmp[0], beta);
+}
+
+/* One work-item per channel: the spans of part [splits, c] in order. */
+__kernel void bias_grad_finish(__global float *db, ulong dbo, __global const float *part, int c,
+                               int splits, float beta)
+{
+    int ch = get_global_id(0);
+    if (ch >= c)
+        return;
+    float s = 0.0f;
+    for (int span = 0; span < splits; span++)
+        s += part[(long)span * c + ch];
+    bias_grad_store(db, dbo, 0, ch, s, beta);
 }
