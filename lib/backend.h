@@ -202,7 +202,7 @@ typedef struct ch_conv_geom {
         ch_bmem db, ch_bmem dy, float beta))                                                       \
     /* labels i32; the first row with a label outside [0, c) is reported                           \
      * with chi_bad_label, by the call or, if the backend defers the check                         \
-     * (CUDA), by the stream's next stream_sync or blocking transfer */                            \
+     * (CUDA, OpenCL), by the stream's next stream_sync or blocking transfer */                    \
     X(OP, OP, ch_status, softmax_xent, (void *stream, int64_t n, int64_t c, ch_bmem loss,          \
         ch_bmem probs, ch_bmem logits, ch_bmem labels))                                            \
     X(OP, OP, ch_status, softmax_xent_backward, (void *stream, int64_t n, int64_t c,               \

@@ -60,7 +60,7 @@ int tap_env_devices(ch_device **out, int capacity);
 /* An op's status as the device reports it: `st` when the call failed,
  * else what waiting for the device says. Errors only a kernel can find
  * (a label or an embedding index out of range) come from the call on the
- * host and OpenCL, and from the stream's next wait on CUDA, which defers
+ * host, and from the stream's next wait on CUDA and OpenCL, which defer
  * the check there (ops.h); this takes them from wherever they come. */
 ch_status tap_settled(ch_status st, const ch_tensor *t);
 /* The bits of a float and back. */

@@ -251,9 +251,9 @@ static ch_status loss_run(const loss_case *c, ch_device *dev)
 }
 
 /* What the backend allocates for itself: a loss op's scratch (a float per
- * row, among others). The host has none; OpenCL keeps a flag word and a
- * scratch per stream, CUDA check words and a scratch, each scratch grown
- * to the largest request. It is in use, in the peak, and under the
+ * row, among others). The host has none; OpenCL and CUDA keep check
+ * words and a scratch per stream, the scratch grown to the largest
+ * request. It is in use, in the peak, and under the
  * limit: a loss on 4 times the rows wants more than was there. */
 static void test_workspace(ch_device *dev)
 {

@@ -1,8 +1,13 @@
 /* What a training step on OpenCL asks of the host, on every OpenCL device:
- * the ops that need temporaries take them from the stream's one scratch
- * buffer, grown to the largest request and reused by every later call
- * (no buffer made per call; two ops in turn on one stream, and streams of
- * their own on two threads at once, give the bits each gives alone).
+ * - the ops that need temporaries take them from the stream's one scratch
+ *   buffer, grown to the largest request and reused by every later call
+ *   (no buffer made per call; two ops in turn on one stream, and streams
+ *   of their own on two threads at once, give the bits each gives alone);
+ * - no op of a training step waits for the device: not the losses, the
+ *   embedding and their checks of labels and indices, nor the sums;
+ *   a GPT step waits once, to read its loss, and a step whose labels are
+ *   out of range still fails, at that read, naming the first bad one, and
+ *   only once.
  *
  * The test counts the OpenCL calls the backend makes by defining them
  * itself: this program exports clCreateBuffer, clFinish and the calls that
@@ -413,8 +418,280 @@ static void test_scratch_streams(ch_device *dev)
     }
 }
 
+/* ---- no host wait inside a step ----------------------------------------- */
+
+/* The ops of a training step that once waited for their checks, or that
+ * take scratch or reduce across work-groups, each on good inputs: no
+ * clFinish, clWaitForEvents or blocking transfer until the device sync
+ * after them, which waits once. */
+static void test_ops_no_wait(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    scratch_case c;
+    tap_rng rng = {5};
+    ch_tensor *table = NULL, *dtable = NULL, *idx = NULL, *emb = NULL, *db = NULL;
+    int64_t tshape[2] = {CLASSES, WIDTH}, eshape[2] = {ROWS, WIDTH}, width = WIDTH;
+    ch_status st = scratch_case_new(&c, dev, ROWS, 3);
+    if (st == CH_OK)
+        st = floats_new(&table, dev, 2, tshape, &rng, -1, 1);
+    if (st == CH_OK && (st = ch_tensor_new(&dtable, dev, CH_F32, 2, tshape)) == CH_OK)
+        st = ch_fill(dtable, 0.0);
+    if (st == CH_OK)
+        st = labels_new(&idx, dev, ROWS, &rng, CLASSES);
+    if (st == CH_OK)
+        st = ch_tensor_new(&emb, dev, CH_F32, 2, eshape);
+    if (st == CH_OK)
+        st = ch_tensor_new(&db, dev, CH_F32, 1, &width);
+    /* Kernels built, scratch grown and check words made: a first round. */
+    for (int round = 0; round < 2 && st == CH_OK; round++) {
+        long before = atomic_load(&host_waits);
+        st = ch_embedding(emb, table, idx);
+        if (st == CH_OK)
+            st = ch_embedding_backward(dtable, c.dy, idx);
+        if (st == CH_OK)
+            st = ch_bias_grad(db, c.dy, 1, 0.0f);
+        if (st == CH_OK)
+            st = ch_layernorm(c.y, c.mean, c.rstd, c.x, c.gamma, c.beta, 1e-5f);
+        if (st == CH_OK)
+            st = ch_layernorm_backward(c.dx, c.dgamma, c.dbeta, c.dy, c.x, c.mean, c.rstd, c.gamma);
+        if (st == CH_OK)
+            st = ch_softmax_xent(c.loss, c.probs, c.logits, c.labels);
+        if (st == CH_OK)
+            st = ch_softmax_xent_backward(c.dlogits, c.probs, c.labels, 1.0f);
+        if (st == CH_OK)
+            st = ch_channel_sums(c.sums, c.conv, NULL, c.conv, NULL);
+        long inside = atomic_load(&host_waits) - before;
+        if (st == CH_OK)
+            st = ch_device_sync(dev);
+        long total = atomic_load(&host_waits) - before;
+        if (round == 1)
+            tap_ok(st == CH_OK && inside == 0 && total >= 1,
+                   "%s: the embedding and its backward, bias_grad, LayerNorm and its backward, "
+                   "the loss and its backward and the channel sums queue without a host wait "
+                   "(%ld waits inside them; the sync after them %ld) (%s)",
+                   id, inside, total - inside, st == CH_OK ? "ran" : ch_last_error());
+    }
+    if (st != CH_OK)
+        tap_ok(0, "%s: the ops without a wait: %s", id, ch_last_error());
+    ch_tensor_free(table);
+    ch_tensor_free(dtable);
+    ch_tensor_free(idx);
+    ch_tensor_free(emb);
+    ch_tensor_free(db);
+    scratch_case_free(&c);
+}
+
+/* 32 checks queue unread; the 33rd waits for them on its own, and fails
+ * with the first's error (ops.h, like CUDA's). */
+static void test_checks_full(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    scratch_case c;
+    ch_tensor *bad = NULL;
+    tap_rng rng = {9};
+    int32_t labels[ROWS];
+    int first_error = 0;
+    ch_status st = scratch_case_new(&c, dev, ROWS, 4);
+    for (int i = 0; i < ROWS; i++)
+        labels[i] = (int32_t)(tap_rng_next(&rng) % CLASSES);
+    labels[7] = CLASSES;
+    if (st == CH_OK)
+        st = labels_new(&bad, dev, ROWS, &rng, CLASSES);
+    if (st == CH_OK)
+        st = ch_tensor_upload(bad, labels, sizeof labels);
+    if (st == CH_OK)
+        st = ch_device_sync(dev);
+    if (st == CH_OK)
+        st = ch_softmax_xent(c.loss, c.probs, c.logits, bad);
+    for (int i = 2; i <= 40 && st == CH_OK; i++) {
+        st = ch_softmax_xent_backward(c.dlogits, c.probs, c.labels, 1.0f);
+        first_error = i;
+    }
+    char want[64];
+    snprintf(want, sizeof want, "labels[7] = %d", CLASSES);
+    tap_ok(first_error == 33 && st == CH_ERR_INVALID_ARGUMENT && strstr(ch_last_error(), want),
+           "%s: 32 checks queue unread, the 33rd waits and reports the first's bad label "
+           "(call %d: %s, \"%s\")",
+           id, first_error, ch_status_str(st), ch_last_error());
+    st = ch_device_sync(dev);
+    tap_ok(st == CH_OK, "%s: then the device syncs clean (%s)", id,
+           st == CH_OK ? "ok" : ch_last_error());
+    ch_tensor_free(bad);
+    scratch_case_free(&c);
+}
+
+/* ---- a GPT step ------------------------------------------------------------ */
+
+#define GPT_BATCH 2
+#define GPT_CONTEXT 16
+
+typedef struct gpt_case {
+    ch_module *m;
+    ch_loss *lf;
+    ch_optimizer *opt;
+    ch_tensor *x, *y;
+    int32_t tokens[GPT_BATCH * GPT_CONTEXT];
+} gpt_case;
+
+static void gpt_free(gpt_case *g)
+{
+    ch_optimizer_free(g->opt);
+    ch_loss_free(g->lf);
+    ch_module_free(g->m);
+    ch_tensor_free(g->x);
+    ch_tensor_free(g->y);
+    memset(g, 0, sizeof *g);
+}
+
+static ch_status gpt_new(gpt_case *g, ch_device *dev)
+{
+    ch_gpt_config cfg = ch_gpt_defaults();
+    cfg.layers = 2;
+    cfg.context = GPT_CONTEXT;
+    ch_optimizer_options o = ch_optimizer_defaults(CH_OPT_ADAMW, 1e-3f);
+    int64_t shape[2] = {GPT_BATCH, GPT_CONTEXT}, n = GPT_BATCH * GPT_CONTEXT;
+    tap_rng rng = {7};
+    memset(g, 0, sizeof *g);
+    for (int64_t i = 0; i < n; i++)
+        g->tokens[i] = (int32_t)(tap_rng_next(&rng) % (uint64_t)cfg.vocab);
+    ch_status st = ch_nn_gpt(&g->m, &cfg);
+    if (st == CH_OK)
+        st = ch_module_init(g->m, 7);
+    if (st == CH_OK)
+        st = ch_module_to(g->m, dev);
+    if (st == CH_OK)
+        st = ch_loss_new(&g->lf, CH_LOSS_CROSS_ENTROPY);
+    if (st == CH_OK)
+        st = ch_optimizer_new(&g->opt, g->m, &o);
+    if (st == CH_OK)
+        st = ch_tensor_new(&g->x, dev, CH_I32, 2, shape);
+    if (st == CH_OK)
+        st = ch_tensor_upload(g->x, g->tokens, sizeof g->tokens);
+    if (st == CH_OK)
+        st = ch_tensor_new(&g->y, dev, CH_I32, 1, &n);
+    if (st == CH_OK)
+        st = ch_tensor_upload(g->y, g->tokens, sizeof g->tokens);
+    if (st != CH_OK)
+        gpt_free(g);
+    return st;
+}
+
+/* Forward, loss, backward and an AdamW step, then the loss read; *inside
+ * the host waits before the read, *first the first call that failed (its
+ * name), NULL when none did. */
+static ch_status gpt_step(gpt_case *g, float *loss, long *inside, const char **first)
+{
+    ch_tensor *pred = NULL, *value = NULL, *dpred = NULL, *dx = NULL;
+    long before = atomic_load(&host_waits);
+    ch_status st = ch_module_zero_grad(g->m);
+    *first = "ch_module_zero_grad";
+    if (st == CH_OK && (st = ch_module_forward(g->m, &pred, g->x)) != CH_OK)
+        *first = "ch_module_forward";
+    if (st == CH_OK && (st = ch_loss_forward(g->lf, &value, pred, g->y)) != CH_OK)
+        *first = "ch_loss_forward";
+    if (st == CH_OK && (st = ch_loss_backward(g->lf, &dpred, 1.0f)) != CH_OK)
+        *first = "ch_loss_backward";
+    if (st == CH_OK && (st = ch_module_backward(g->m, &dx, dpred)) != CH_OK)
+        *first = "ch_module_backward";
+    if (st == CH_OK && (st = ch_optimizer_step(g->opt, 1e-3f)) != CH_OK)
+        *first = "ch_optimizer_step";
+    *inside = atomic_load(&host_waits) - before;
+    if (st == CH_OK && (st = ch_tensor_download(value, loss, sizeof *loss)) != CH_OK)
+        *first = "ch_tensor_download (the loss)";
+    if (st == CH_OK)
+        *first = NULL;
+    return st;
+}
+
+/* The ops of dev that ran on the host since ch_init. */
+static int fallbacks_of(const ch_device *dev)
+{
+    int n = 0;
+    for (int i = 0; i < ch_fallback_count(); i++) {
+        ch_fallback_info f;
+        n += ch_fallback_get(i, &f) == CH_OK && strcmp(f.device, ch_device_id(dev)) == 0;
+    }
+    return n;
+}
+
+static void test_gpt_step(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    gpt_case g;
+    float loss = 0.0f;
+    long inside = 0;
+    const char *first = NULL;
+    ch_status st = gpt_new(&g, dev);
+    if (!tap_status_ok(st, "%s: a GPT of 2 layers", id))
+        return;
+    /* The first step builds the kernels and fills the caches. */
+    st = gpt_step(&g, &loss, &inside, &first);
+    long read = atomic_load(&host_waits);
+    if (st == CH_OK)
+        st = gpt_step(&g, &loss, &inside, &first);
+    read = atomic_load(&host_waits) - read - inside;
+    /* An op that ran on the host would wait: its inputs are downloaded. */
+    int host_ops = fallbacks_of(dev);
+    tap_ok(st == CH_OK && inside == 0,
+           "%s: a GPT step makes no host wait before its loss is read (%ld waits; %d ops of "
+           "the device ran on the host) (%s)",
+           id, inside, host_ops, st == CH_OK ? "ran" : ch_last_error());
+    tap_ok(st == CH_OK && read == 1, "%s: reading the loss is the step's one wait (%ld waits) (%s)",
+           id, read, st == CH_OK ? "ran" : ch_last_error());
+
+    /* A label out of range: the loss's read reports it, naming it, once. */
+    const int64_t bad_at = 21;
+    const int32_t bad = 999;
+    int32_t labels[GPT_BATCH * GPT_CONTEXT];
+    memcpy(labels, g.tokens, sizeof labels);
+    labels[bad_at] = bad;
+    char want[64];
+    snprintf(want, sizeof want, "labels[%lld] = %d", (long long)bad_at, (int)bad);
+    ch_clear_error();
+    st = ch_tensor_upload(g.y, labels, sizeof labels);
+    if (st == CH_OK)
+        st = gpt_step(&g, &loss, &inside, &first);
+    int named = st == CH_ERR_INVALID_ARGUMENT && strstr(ch_last_error(), want);
+    int at_read = first && strncmp(first, "ch_tensor_download", 18) == 0;
+    tap_ok(named && at_read,
+           "%s: a step with labels[%lld] = %d out of the vocabulary: every op queues, the "
+           "loss's read fails naming it (%s from %s: \"%s\")",
+           id, (long long)bad_at, (int)bad, ch_status_str(st), first ? first : "nothing",
+           ch_last_error());
+    st = ch_device_sync(dev);
+    tap_ok(st == CH_OK, "%s: then the device syncs clean: the error is told once (%s)", id,
+           st == CH_OK ? "ok" : ch_last_error());
+    st = ch_tensor_upload(g.y, g.tokens, sizeof g.tokens);
+    if (st == CH_OK)
+        st = gpt_step(&g, &loss, &inside, &first);
+    tap_ok(st == CH_OK, "%s: and the next step with good labels runs (%s)", id,
+           st == CH_OK ? "ok" : ch_last_error());
+
+    /* A token out of the embedding's table, the same way. */
+    memcpy(labels, g.tokens, sizeof labels);
+    labels[bad_at] = -3;
+    snprintf(want, sizeof want, "idx[%lld] = -3", (long long)bad_at);
+    ch_clear_error();
+    st = ch_tensor_upload(g.x, labels, sizeof labels);
+    if (st == CH_OK)
+        st = gpt_step(&g, &loss, &inside, &first);
+    named = st == CH_ERR_INVALID_ARGUMENT && strstr(ch_last_error(), want);
+    at_read = first && strncmp(first, "ch_tensor_download", 18) == 0;
+    tap_ok(named && at_read,
+           "%s: a step with token %lld = -3: the loss's read fails naming it (%s from %s: "
+           "\"%s\")",
+           id, (long long)bad_at, ch_status_str(st), first ? first : "nothing", ch_last_error());
+    st = ch_tensor_upload(g.x, g.tokens, sizeof g.tokens);
+    if (st == CH_OK)
+        st = gpt_step(&g, &loss, &inside, &first);
+    tap_ok(st == CH_OK, "%s: and the next step with good tokens runs (%s)", id,
+           st == CH_OK ? "ok" : ch_last_error());
+    gpt_free(&g);
+}
+
 int main(void)
 {
+    setenv("CHORUS_QUIET_FALLBACK", "1", 1);
     if (ch_init() != CH_OK) {
         tap_skip_all("ch_init: %s", ch_last_error());
         return 0;
@@ -429,6 +706,9 @@ int main(void)
         test_scratch_kept(devs[d]);
         test_scratch_in_turn(devs[d]);
         test_scratch_streams(devs[d]);
+        test_ops_no_wait(devs[d]);
+        test_checks_full(devs[d]);
+        test_gpt_step(devs[d]);
     }
     if (!opencl)
         tap_skip("no OpenCL device");

@@ -78,28 +78,24 @@ static ch_status check_embedding(const char *op, int64_t n, int64_t v, int64_t d
     return st == CH_OK ? chcl_check_count(op, v * d) : st;
 }
 
+/* An index out of range lowers the stream's check word, read at the
+ * stream's next wait (stream.c); the call itself does not wait. */
 ch_status chcl_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem y,
                          ch_bmem table, ch_bmem idx)
 {
     chcl_stream *s = stream;
-    cl_mem flag = NULL;
+    chcl_ref bad;
     ch_status st = check_embedding("embedding", n, v, d);
     if (st == CH_OK)
-        st = chcl_flag_reset(s, &flag);
+        st = chcl_check_begin(s, &bad);
     if (st != CH_OK)
         return st;
     chcl_ref Y = chcl_ref_of(y), T = chcl_ref_of(table), I = chcl_ref_of(idx);
     cl_int total = (cl_int)(n * d), rows = (cl_int)v, cols = (cl_int)d;
-    chcl_arg args[] = {CHCL_REF(Y),     CHCL_REF(T),    CHCL_REF(I),    CHCL_ARG(total),
-                       CHCL_ARG(rows),  CHCL_ARG(cols), CHCL_ARG(flag)};
+    chcl_arg args[] = {CHCL_REF(Y),    CHCL_REF(T),    CHCL_REF(I),  CHCL_ARG(total),
+                       CHCL_ARG(rows), CHCL_ARG(cols), CHCL_REF(bad)};
     st = chcl_launch1(s, CHCL_K_EMBEDDING, CHCL_COUNT_OF(args), args, n * d);
-    int64_t pos = -1;
-    int32_t index = 0;
-    if (st == CH_OK)
-        st = chcl_flag_read(s, flag, idx, &pos, &index);
-    if (st == CH_OK && pos >= 0)
-        st = chi_bad_index("ch_embedding", pos, index, v);
-    return st;
+    return chcl_check_end(s, st, bad, idx, "ch_embedding", 1, v);
 }
 
 /* The chains of embedding_chain (attention.cl): head [v], which starts

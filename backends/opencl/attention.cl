@@ -2,7 +2,7 @@
  * the embedding gather and its backward (permute is permute.cl). No atomics in any sum:
  * each output is summed by one work-item or one work-group in a fixed
  * order, so results are the same bits on every run. (The embedding's
- * out-of-range flag is an atomic_min, which only picks the first bad
+ * check word is lowered with atomic_min, which only picks the first bad
  * position.) Placed after common.cl (tree_sum, tree_max). */
 
 #pragma OPENCL FP_CONTRACT OFF
@@ -46,10 +46,10 @@ __kernel void softmax_masked_backward(__global float *dx, ulong dxo, __global co
 }
 
 /* One work-item per element of y [n, d]: y[i, j] = table[idx[i], j], 0 for
- * an index outside [0, v), whose position lowers *bad. */
+ * an index outside [0, v), whose position lowers the check word bad[bo]. */
 __kernel void embedding(__global float *y, ulong yo, __global const float *table, ulong to,
                         __global const int *idx, ulong io, int total, int v, int d,
-                        __global uint *bad)
+                        __global uint *bad, ulong bo)
 {
     int e = get_global_id(0);
     if (e >= total)
@@ -60,7 +60,7 @@ __kernel void embedding(__global float *y, ulong yo, __global const float *table
     } else {
         y[yo + e] = 0.0f;
         if (j == 0)
-            atomic_min(bad, (uint)i);
+            atomic_min(bad + bo, (uint)i);
     }
 }
 

@@ -171,10 +171,8 @@ void chcl_host_free(void *dev, void *ptr)
  * hundred bytes once it has copied them aside, before the write has run;
  * a queue that reads the buffer next then sees the old bytes. So the
  * write's own event is waited for (docs/DESIGN.md, Streams). */
-ch_status chcl_upload(void *stream, ch_bmem dst, const void *host, size_t bytes,
-                      int blocking)
+static ch_status upload(chcl_stream *s, ch_bmem dst, const void *host, size_t bytes, int blocking)
 {
-    chcl_stream *s = stream;
     cl_event done = NULL;
     cl_int err = clEnqueueWriteBuffer(s->queue, chcl_buf(dst), blocking ? CL_TRUE : CL_FALSE,
                                       dst.off, bytes, host, 0, NULL, blocking ? &done : NULL);
@@ -187,12 +185,29 @@ ch_status chcl_upload(void *stream, ch_bmem dst, const void *host, size_t bytes,
     return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clWaitForEvents(upload)");
 }
 
+/* A blocking transfer waits for the stream: the checks queued before it
+ * are read there (reading the loss reports its labels). */
+ch_status chcl_upload(void *stream, ch_bmem dst, const void *host, size_t bytes, int blocking)
+{
+    chcl_stream *s = stream;
+    if (!blocking)
+        return upload(s, dst, host, bytes, 0);
+    ch_status st = chcl_wait_begin(s);
+    if (st == CH_OK)
+        st = upload(s, dst, host, bytes, 1);
+    return chcl_wait_end(s, st);
+}
+
 ch_status chcl_download(void *stream, void *host, ch_bmem src, size_t bytes, int blocking)
 {
     chcl_stream *s = stream;
-    cl_int err = clEnqueueReadBuffer(s->queue, chcl_buf(src), blocking ? CL_TRUE : CL_FALSE,
-                                     src.off, bytes, host, 0, NULL, NULL);
-    return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clEnqueueReadBuffer");
+    ch_status st = blocking ? chcl_wait_begin(s) : CH_OK;
+    if (st == CH_OK) {
+        cl_int err = clEnqueueReadBuffer(s->queue, chcl_buf(src), blocking ? CL_TRUE : CL_FALSE,
+                                         src.off, bytes, host, 0, NULL, NULL);
+        st = err == CL_SUCCESS ? CH_OK : chcl_err(err, "clEnqueueReadBuffer");
+    }
+    return blocking ? chcl_wait_end(s, st) : st;
 }
 
 static ch_status buffer_copy(chcl_stream *s, ch_bmem dst, ch_bmem src, size_t bytes)

@@ -87,6 +87,7 @@ typedef enum chcl_kern_id {
     CHCL_K_F16_TO_F32,
     CHCL_K_BIAS_GRAD_ROWS,
     CHCL_K_BIAS_GRAD_FINISH,
+    CHCL_K_CHECK_VALUE,
     CHCL_K_COUNT
 } chcl_kern_id;
 
@@ -163,10 +164,19 @@ typedef struct chcl_device {
     chcl_pinned *pinned;
 } chcl_device;
 
+/* A label or index check queued on a stream and not read yet (stream.c). */
+typedef struct chcl_pending_check {
+    const char *fn; /* the op, for the message */
+    int index;      /* 1: an embedding index (chi_bad_index); 0: a label */
+    int64_t limit;  /* classes, or the table's rows */
+} chcl_pending_check;
+
+/* Checks a stream holds before it waits on its own to read them. */
+#define CHCL_CHECKS 32
+
 typedef struct chcl_stream {
     chcl_device *dev;
     cl_command_queue queue;
-    cl_mem flag;                   /* the loss slots' bad-label word, NULL until used */
     int profiling;                 /* CL_QUEUE_PROFILING_ENABLE: made while a trace ran */
     /* Device scratch for ops that need temporaries (row losses, partial
      * sums), one buffer grown to the largest request (memory.c). Held from
@@ -176,6 +186,16 @@ typedef struct chcl_stream {
     pthread_mutex_t scratch_lock;
     cl_mem scratch; /* NULL until the first op needs one */
     size_t scratch_bytes;
+    /* The label and index checks of the loss and embedding slots, read
+     * where the stream is waited for anyway (stream.c): `checks` holds
+     * CHCL_CHECKS pairs of words, the i-th pending check's at 2 i (the
+     * position its kernel lowers, then the value found there), made at
+     * the first check; a wait reads the pending pairs into check_host. */
+    pthread_mutex_t check_lock;
+    cl_mem checks;
+    cl_uint check_host[2 * CHCL_CHECKS];
+    chcl_pending_check pending[CHCL_CHECKS];
+    int npending;
 } chcl_stream;
 
 typedef struct chcl_event {
@@ -286,13 +306,31 @@ static inline int64_t chcl_spans(int64_t count, int64_t each, int64_t most)
     return spans < 1 ? 1 : spans > most ? most : spans;
 }
 
-/* The stream's flag word, set to "none" once the stream gets there: a
- * kernel lowers it (atomic_min) to the first position whose label or index
- * is out of range. chcl_flag_read waits for it: *pos is that position and
- * *value the i32 there in `values`, or *pos is -1 when none was. */
-ch_status chcl_flag_reset(chcl_stream *s, cl_mem *flag);
-ch_status chcl_flag_read(chcl_stream *s, cl_mem flag, ch_bmem values, int64_t *pos,
-                         int32_t *value);
+/* Labels and indices out of range, checked without waiting (stream.c).
+ * A slot that checks calls chcl_check_begin, which takes the stream's next
+ * check word and resets it to CHCL_CHECK_NONE, holding the stream's check
+ * lock; its kernel lowers the word (atomic_min) to the first position
+ * whose value is out of range; chcl_check_end queues check_value (the
+ * value at that position, read now, before the buffer can change, into
+ * the word after it), records the check, releases the lock and returns
+ * `launched` or its own error. When the stream already holds CHCL_CHECKS
+ * unread checks, begin first waits for the stream and reads them, and
+ * returns the error they hold. */
+#define CHCL_CHECK_NONE 0xffffffffu
+ch_status chcl_check_begin(chcl_stream *s, chcl_ref *word);
+ch_status chcl_check_end(chcl_stream *s, ch_status launched, chcl_ref word, ch_bmem values,
+                         const char *fn, int index, int64_t limit);
+/* Every wait on a stream that the core asks for (stream_sync, blocking
+ * transfers) goes between these: chcl_wait_begin takes the check lock and
+ * queues the pending checks' read; the caller queues its wait and hands
+ * its status to chcl_wait_end, which (the queue runs in order: the read is
+ * done too) reports the first check, in the order of the calls, that
+ * found a bad value, with chi_bad_label or chi_bad_index, forgets them and
+ * releases the lock. */
+ch_status chcl_wait_begin(chcl_stream *s);
+ch_status chcl_wait_end(chcl_stream *s, ch_status waited);
+/* The stream is going: its check words too. */
+void chcl_checks_drop(chcl_stream *s);
 
 /* ---- The table's slots (lib/backend.h's list) ----
  * chcl_<slot> for every slot but the device ones (backend.c's statics), in

@@ -238,65 +238,11 @@ static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
     return chcl_launch_groups(s, CHCL_K_MEAN, CHCL_COUNT_OF(args), args, 1, group);
 }
 
-/* ---- labels out of range --------------------------------------------------
- * The loss kernels lower a flag word to the first row whose label is
- * outside [0, c); the slot reads it back before returning, so that it can
- * answer CH_ERR_INVALID_ARGUMENT as the host does. That read is the one
- * wait of these slots: it returns when the stream has run the kernel. The
- * embedding does the same with its indices (attention.c). */
+/* Labels out of range: the kernels lower the stream's check word, read at
+ * the stream's next wait (stream.c); the call itself does not wait. */
 
-#define NO_ROW 0xffffffffu
-
-ch_status chcl_flag_reset(chcl_stream *s, cl_mem *flag)
-{
-    if (!s->flag) {
-        ch_status st = chcl_workspace_new(s->dev, "label check", sizeof(cl_uint), &s->flag);
-        if (st != CH_OK)
-            return st;
-    }
-    cl_uint none = NO_ROW;
-    cl_int err = clEnqueueFillBuffer(s->queue, s->flag, &none, sizeof none, 0, sizeof none, 0,
-                                     NULL, NULL);
-    if (err != CL_SUCCESS)
-        return chcl_err(err, "clEnqueueFillBuffer");
-    *flag = s->flag;
-    return CH_OK;
-}
-
-ch_status chcl_flag_read(chcl_stream *s, cl_mem flag, ch_bmem values, int64_t *pos,
-                         int32_t *value)
-{
-    cl_uint row = NO_ROW;
-    cl_int err = clEnqueueReadBuffer(s->queue, flag, CL_TRUE, 0, sizeof row, &row, 0, NULL,
-                                     NULL);
-    if (err != CL_SUCCESS)
-        return chcl_err(err, "clEnqueueReadBuffer");
-    *pos = row == NO_ROW ? -1 : (int64_t)row;
-    if (row == NO_ROW)
-        return CH_OK;
-    cl_int v = 0;
-    err = clEnqueueReadBuffer(s->queue, chcl_buf(values), CL_TRUE,
-                              values.off + (size_t)row * sizeof v, sizeof v, &v, 0, NULL, NULL);
-    if (err != CL_SUCCESS)
-        return chcl_err(err, "clEnqueueReadBuffer");
-    *value = v;
-    return CH_OK;
-}
-
-/* Waits for the flag; the error names the first bad row and its label. */
-static ch_status labels_check(chcl_stream *s, const char *fn, cl_mem flag, ch_bmem labels,
-                              int64_t c)
-{
-    int64_t row = -1;
-    int32_t label = 0;
-    ch_status st = chcl_flag_read(s, flag, labels, &row, &label);
-    if (st != CH_OK || row < 0)
-        return st;
-    return chi_bad_label(fn, row, label, c);
-}
-
-static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem probs,
-                              cl_mem rows, ch_bmem logits, ch_bmem labels, cl_mem flag)
+static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem probs, cl_mem rows,
+                              ch_bmem logits, ch_bmem labels, chcl_ref bad)
 {
     size_t group;
     ch_status st = chcl_group_size(s, CHCL_K_SOFTMAX_ROWS, group_cap(c), sizeof(cl_float),
@@ -305,8 +251,13 @@ static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem prob
         return st;
     chcl_ref P = chcl_ref_of(probs), X = chcl_ref_of(logits), LB = chcl_ref_of(labels);
     cl_int cc = (cl_int)c;
-    chcl_arg args[] = {CHCL_REF(P), CHCL_ARG(rows), CHCL_REF(X), CHCL_REF(LB),
-                       CHCL_ARG(cc), CHCL_ARG(flag), CHCL_LOCAL(group * sizeof(cl_float))};
+    chcl_arg args[] = {CHCL_REF(P),
+                       CHCL_ARG(rows),
+                       CHCL_REF(X),
+                       CHCL_REF(LB),
+                       CHCL_ARG(cc),
+                       CHCL_REF(bad),
+                       CHCL_LOCAL(group * sizeof(cl_float))};
     return chcl_launch_groups(s, CHCL_K_SOFTMAX_ROWS, CHCL_COUNT_OF(args), args, n, group);
 }
 
@@ -315,19 +266,20 @@ ch_status chcl_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss,
 {
     chcl_stream *s = stream;
     ch_status st = check_3d("softmax_xent", n, c, 1);
-    cl_mem rows = NULL, flag = NULL;
+    cl_mem rows = NULL;
+    chcl_ref bad;
     if (st == CH_OK)
         st = chcl_scratch_acquire(s, "softmax_xent", (size_t)n * sizeof(cl_float), &rows);
     if (st != CH_OK)
         return st;
-    st = chcl_flag_reset(s, &flag);
-    if (st == CH_OK)
-        st = softmax_rows(s, n, c, probs, rows, logits, labels, flag);
-    if (st == CH_OK)
-        st = loss_mean(s, loss, rows, n);
+    st = chcl_check_begin(s, &bad);
+    if (st == CH_OK) {
+        ch_status ran = softmax_rows(s, n, c, probs, rows, logits, labels, bad);
+        if (ran == CH_OK)
+            ran = loss_mean(s, loss, rows, n);
+        st = chcl_check_end(s, ran, bad, labels, "ch_softmax_xent", 0, c);
+    }
     chcl_scratch_release(s);
-    if (st == CH_OK)
-        st = labels_check(s, "ch_softmax_xent", flag, labels, c);
     return st;
 }
 
@@ -335,21 +287,19 @@ ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
                                      ch_bmem probs, ch_bmem labels, float scale)
 {
     chcl_stream *s = stream;
+    chcl_ref bad;
     ch_status st = check_3d("softmax_xent_backward", n, c, 1);
-    cl_mem flag = NULL;
     if (st == CH_OK)
-        st = chcl_flag_reset(s, &flag);
+        st = chcl_check_begin(s, &bad);
     if (st != CH_OK)
         return st;
     chcl_ref D = chcl_ref_of(dlogits), P = chcl_ref_of(probs), LB = chcl_ref_of(labels);
     cl_int total = (cl_int)(n * c), cc = (cl_int)c;
     cl_float rows = (cl_float)n;
-    chcl_arg args[] = {CHCL_REF(D),   CHCL_REF(P),     CHCL_REF(LB),  CHCL_ARG(total),
-                       CHCL_ARG(cc),  CHCL_ARG(scale), CHCL_ARG(rows), CHCL_ARG(flag)};
+    chcl_arg args[] = {CHCL_REF(D),  CHCL_REF(P),     CHCL_REF(LB),   CHCL_ARG(total),
+                       CHCL_ARG(cc), CHCL_ARG(scale), CHCL_ARG(rows), CHCL_REF(bad)};
     st = chcl_launch1(s, CHCL_K_SOFTMAX_BACKWARD, CHCL_COUNT_OF(args), args, total);
-    if (st == CH_OK)
-        st = labels_check(s, "ch_softmax_xent_backward", flag, labels, c);
-    return st;
+    return chcl_check_end(s, st, bad, labels, "ch_softmax_xent_backward", 0, c);
 }
 
 ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch_bmem y,

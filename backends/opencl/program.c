@@ -138,6 +138,7 @@ static const struct {
     [CHCL_K_SOFTMAX_ROWS] = {"softmax_rows", CHCL_P_SOFTMAX},
     [CHCL_K_MEAN] = {"mean", CHCL_P_SOFTMAX},
     [CHCL_K_SOFTMAX_BACKWARD] = {"softmax_backward", CHCL_P_SOFTMAX},
+    [CHCL_K_CHECK_VALUE] = {"check_value", CHCL_P_SOFTMAX},
     [CHCL_K_IM2COL] = {"im2col_32", CHCL_P_CONV},
     [CHCL_K_COL2IM] = {"col2im_32", CHCL_P_CONV},
     [CHCL_K_MAXPOOL_FORWARD] = {"maxpool_forward_32", CHCL_P_CONV},

@@ -21,12 +21,18 @@ ch_status chcl_stream_new(void *dev, void **stream)
         free(s);
         return chi_error(CH_ERR_OUT_OF_MEMORY, "opencl stream_new: pthread_mutex_init");
     }
+    if (pthread_mutex_init(&s->check_lock, NULL) != 0) {
+        pthread_mutex_destroy(&s->scratch_lock);
+        free(s);
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "opencl stream_new: pthread_mutex_init");
+    }
     cl_int err;
     s->dev = d;
     s->profiling = chi_tracing();
     cl_command_queue_properties props = s->profiling ? CL_QUEUE_PROFILING_ENABLE : 0;
     s->queue = clCreateCommandQueue(d->plat->ctx, d->id, props, &err);
     if (err != CL_SUCCESS) {
+        pthread_mutex_destroy(&s->check_lock);
         pthread_mutex_destroy(&s->scratch_lock);
         free(s);
         return chcl_err(err, "clCreateCommandQueue");
@@ -42,18 +48,143 @@ void chcl_stream_free(void *stream)
         return;
     /* Commands still queued finish first, then the queue goes. */
     clFinish(s->queue);
-    if (s->flag)
-        chcl_workspace_free(s->dev, s->flag, sizeof(cl_uint));
+    chcl_checks_drop(s);
     chcl_scratch_drop(s);
     clReleaseCommandQueue(s->queue);
+    pthread_mutex_destroy(&s->check_lock);
     pthread_mutex_destroy(&s->scratch_lock);
     free(s);
 }
 
 ch_status chcl_stream_sync(void *stream)
 {
-    cl_int err = clFinish(((chcl_stream *)stream)->queue);
-    return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clFinish");
+    chcl_stream *s = stream;
+    ch_status st = chcl_wait_begin(s);
+    if (st == CH_OK) {
+        cl_int err = clFinish(s->queue);
+        st = err == CL_SUCCESS ? CH_OK : chcl_err(err, "clFinish");
+    }
+    return chcl_wait_end(s, st);
+}
+
+/* ---- deferred label and index checks ----------------------------------------
+ * The loss and embedding slots do not wait for their checks: each check's
+ * pair of words is read behind the work queued before the stream's next
+ * wait (stream_sync, a blocking download or upload), which then answers
+ * CH_ERR_INVALID_ARGUMENT as the host does (ops.h). A training step waits
+ * once, to read its loss; reading each check on its own would add three
+ * host waits a step. */
+
+/* The pair of check words of pending check i. */
+static chcl_ref check_word(const chcl_stream *s, int i)
+{
+    return (chcl_ref){s->checks, (cl_ulong)(2 * i)};
+}
+
+/* Reads the pending checks' words into check_host once the queue gets
+ * there; the caller holds the check lock and waits next. */
+static ch_status checks_queue_read(chcl_stream *s)
+{
+    if (s->npending == 0)
+        return CH_OK;
+    cl_int err = clEnqueueReadBuffer(s->queue, s->checks, CL_FALSE, 0,
+                                     (size_t)(2 * s->npending) * sizeof(cl_uint), s->check_host, 0,
+                                     NULL, NULL);
+    return err == CL_SUCCESS ? CH_OK : chcl_err(err, "clEnqueueReadBuffer(checks)");
+}
+
+/* The first pending check that found a bad value, in the order of the
+ * calls; all are forgotten. The caller holds the lock and has waited. */
+static ch_status checks_report(chcl_stream *s)
+{
+    ch_status st = CH_OK;
+    for (int i = 0; i < s->npending && st == CH_OK; i++) {
+        cl_uint pos = s->check_host[2 * i];
+        if (pos == CHCL_CHECK_NONE)
+            continue;
+        const chcl_pending_check *p = &s->pending[i];
+        int32_t value = (int32_t)s->check_host[2 * i + 1];
+        st = p->index ? chi_bad_index(p->fn, pos, value, p->limit)
+                      : chi_bad_label(p->fn, pos, value, p->limit);
+    }
+    s->npending = 0;
+    return st;
+}
+
+ch_status chcl_wait_begin(chcl_stream *s)
+{
+    /* Held across the wait: a check queued meanwhile by another thread
+     * would not be in the words read. */
+    pthread_mutex_lock(&s->check_lock);
+    return checks_queue_read(s);
+}
+
+ch_status chcl_wait_end(chcl_stream *s, ch_status waited)
+{
+    ch_status st = waited == CH_OK ? checks_report(s) : waited;
+    pthread_mutex_unlock(&s->check_lock);
+    return st;
+}
+
+/* The words are the device's workspace, counted and under its limit. */
+ch_status chcl_check_begin(chcl_stream *s, chcl_ref *word)
+{
+    pthread_mutex_lock(&s->check_lock);
+    ch_status st = CH_OK;
+    if (!s->checks)
+        st = chcl_workspace_new(s->dev, "label checks", 2 * CHCL_CHECKS * sizeof(cl_uint),
+                                &s->checks);
+    if (st == CH_OK && s->npending == CHCL_CHECKS) {
+        /* Full: the one place a check waits on its own. */
+        st = checks_queue_read(s);
+        if (st == CH_OK) {
+            cl_int err = clFinish(s->queue);
+            st = err == CL_SUCCESS ? checks_report(s) : chcl_err(err, "clFinish(checks)");
+        }
+    }
+    chcl_ref w = check_word(s, s->npending);
+    if (st == CH_OK) {
+        cl_uint none[2] = {CHCL_CHECK_NONE, 0};
+        cl_int err =
+            clEnqueueFillBuffer(s->queue, w.mem, none, sizeof none, (size_t)w.off * sizeof(cl_uint),
+                                sizeof none, 0, NULL, NULL);
+        if (err != CL_SUCCESS)
+            st = chcl_err(err, "clEnqueueFillBuffer(check)");
+    }
+    if (st != CH_OK) {
+        pthread_mutex_unlock(&s->check_lock);
+        return st;
+    }
+    *word = w;
+    return CH_OK;
+}
+
+ch_status chcl_check_end(chcl_stream *s, ch_status launched, chcl_ref word, ch_bmem values,
+                         const char *fn, int index, int64_t limit)
+{
+    ch_status st = launched;
+    if (st == CH_OK) {
+        chcl_ref V = chcl_ref_of(values);
+        chcl_arg args[] = {CHCL_REF(word), CHCL_REF(V)};
+        size_t one = 1;
+        st = chcl_launch(s, CHCL_K_CHECK_VALUE, CHCL_COUNT_OF(args), args, 1, &one, &one);
+    }
+    if (st == CH_OK) {
+        chcl_pending_check *p = &s->pending[s->npending++];
+        p->fn = fn;
+        p->index = index;
+        p->limit = limit;
+    }
+    pthread_mutex_unlock(&s->check_lock);
+    return st;
+}
+
+void chcl_checks_drop(chcl_stream *s)
+{
+    if (s->checks)
+        chcl_workspace_free(s->dev, s->checks, 2 * CHCL_CHECKS * sizeof(cl_uint));
+    s->checks = NULL;
+    s->npending = 0;
 }
 
 ch_status chcl_event_new(void *dev, void **event)

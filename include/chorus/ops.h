@@ -123,15 +123,13 @@ CH_API ch_status ch_bias_grad(ch_tensor *db, const ch_tensor *dy, int axis,
  * [0, C) is CH_ERR_INVALID_ARGUMENT on every backend, the message naming
  * the op, the first such row and its label, and the outputs are then
  * unspecified. Where it comes from differs:
- *   - host and OpenCL: from the call. OpenCL reads back a 4-byte flag its
- *     kernel sets, so the call returns once the stream has run it (the
- *     device goes on with what is queued); the host runs synchronously.
- *   - CUDA: the call does not wait. The check is read at the next wait on
- *     the stream the op ran on: a blocking download (ch_tensor_download,
- *     reading the loss), a blocking upload, ch_stream_sync or
- *     ch_device_sync, which returns the error instead of CH_OK, once.
- *     (After 32 checks with no wait between them, the 33rd checked op
- *     waits on its own, and returns the error if one was found.)
+ *   - host: from the call, which runs synchronously.
+ *   - CUDA and OpenCL: the call does not wait. The check is read at the
+ *     next wait on the stream the op ran on: a blocking download
+ *     (ch_tensor_download, reading the loss), a blocking upload,
+ *     ch_stream_sync or ch_device_sync, which returns the error instead of
+ *     CH_OK, once. (After 32 checks with no wait between them, the 33rd
+ *     checked op waits on its own, and returns the error if one was found.)
  * A training step reads its loss anyway, so it waits once a step, not once
  * per check. */
 CH_API ch_status ch_softmax_xent(ch_tensor *loss, ch_tensor *probs,
@@ -311,7 +309,7 @@ CH_API ch_status ch_attention_packed_mixed_backward(ch_tensor *dqkv, const ch_te
  * shape), y of N * D elements. An index outside [0, V) is
  * CH_ERR_INVALID_ARGUMENT naming the first one, on every backend, and its
  * row of y is 0; the error comes as the softmax losses' does (from the
- * call on the host and OpenCL, at the stream's next wait on CUDA). */
+ * call on the host, at the stream's next wait on CUDA and OpenCL). */
 CH_API ch_status ch_embedding(ch_tensor *y, const ch_tensor *table, const ch_tensor *idx);
 /* dtable[v, :] += sum of dy[i, :] over the i with idx[i] == v, added in
  * increasing i: deterministic, no atomics (the same bits on every run).
