@@ -830,6 +830,13 @@ static void test_embeddings(ch_device *dev)
         test_embedding_backward(dev, 300, 40, 17, 7);
     else
         test_embedding_backward(dev, 2048, 256, 65, 7);
+    /* One row's run through the whole batch; runs longer than a work-group
+     * (OpenCL sorts the positions, and sorts beyond a work-group's chunk
+     * across work-groups). */
+    test_embedding_backward(dev, 1000, 1, 3, 0);
+    test_embedding_backward(dev, 5000, 3, 2, 9);
+    if (!tc_small())
+        test_embedding_backward(dev, 20000, 5000, 3, 11);
     grad_embedding(dev, 17, 5, 3);
     grad_embedding(dev, 300, 64, 33);
 }

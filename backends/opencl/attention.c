@@ -98,42 +98,69 @@ ch_status chcl_embedding(void *stream, int64_t n, int64_t v, int64_t d, ch_bmem 
     return chcl_check_end(s, st, bad, idx, "ch_embedding", 1, v);
 }
 
-/* The chains of embedding_chain (attention.cl): head [v], which starts
- * at -1, then next [n]. */
-static ch_status embedding_chains(chcl_stream *s, int64_t n, int64_t v, ch_bmem idx,
-                                  cl_mem chains)
+/* Sorts the n2 words (a power of two, at least 2) in ascending order
+ * (attention.cl): work-groups sort chunks of 2 L in local memory, then
+ * each larger stage takes its strides of 2 L and more a launch each over
+ * the whole array, and its smaller ones in local memory again. */
+static ch_status bitonic_sort(chcl_stream *s, cl_mem words, int64_t n2)
 {
-    cl_int none = -1;
-    cl_int err = clEnqueueFillBuffer(s->queue, chains, &none, sizeof none, 0,
-                                     (size_t)v * sizeof none, 0, NULL, NULL);
-    if (err != CL_SUCCESS)
-        return chcl_err(err, "clEnqueueFillBuffer");
-    chcl_ref I = chcl_ref_of(idx);
-    cl_int len = (cl_int)n, rows = (cl_int)v;
-    chcl_arg args[] = {CHCL_ARG(chains), CHCL_REF(I), CHCL_ARG(len), CHCL_ARG(rows)};
-    return chcl_launch1(s, CHCL_K_EMBEDDING_CHAIN, CHCL_COUNT_OF(args), args, n);
+    size_t group;
+    ch_status st =
+        chcl_group_size(s, CHCL_K_BITONIC_LOCAL, (size_t)(n2 / 2), 2 * sizeof(cl_ulong), &group);
+    int64_t chunk = 2 * (int64_t)group, groups = n2 / chunk;
+    cl_int pairs = (cl_int)(n2 / 2), stage = 0;
+    chcl_arg largs[] = {CHCL_ARG(words), CHCL_ARG(stage), CHCL_LOCAL(chunk * sizeof(cl_ulong))};
+    if (st == CH_OK)
+        st =
+            chcl_launch_groups(s, CHCL_K_BITONIC_LOCAL, CHCL_COUNT_OF(largs), largs, groups, group);
+    for (int64_t k = 2 * chunk; k <= n2 && st == CH_OK; k *= 2) {
+        cl_int kk = (cl_int)k, j;
+        chcl_arg gargs[] = {CHCL_ARG(words), CHCL_ARG(pairs), CHCL_ARG(kk), CHCL_ARG(j)};
+        for (int64_t jj = k / 2; jj >= chunk && st == CH_OK; jj /= 2) {
+            j = (cl_int)jj;
+            st = chcl_launch1(s, CHCL_K_BITONIC_GLOBAL, CHCL_COUNT_OF(gargs), gargs, pairs);
+        }
+        stage = kk;
+        if (st == CH_OK)
+            st = chcl_launch_groups(s, CHCL_K_BITONIC_LOCAL, CHCL_COUNT_OF(largs), largs, groups,
+                                    group);
+    }
+    return st;
+}
+
+/* The sorted (key, position) words of the batch's indices in `words`
+ * (n2 of them), then the runs summed into dtable (attention.cl). */
+static ch_status embedding_runs(chcl_stream *s, int64_t n, int64_t n2, int64_t v, int64_t d,
+                                cl_mem words, ch_bmem dtable, ch_bmem dy, ch_bmem idx)
+{
+    chcl_ref I = chcl_ref_of(idx), DT = chcl_ref_of(dtable), DY = chcl_ref_of(dy);
+    cl_int len = (cl_int)n, len2 = (cl_int)n2, rows = (cl_int)v, cols = (cl_int)d;
+    chcl_arg kargs[] = {CHCL_ARG(words), CHCL_REF(I), CHCL_ARG(len), CHCL_ARG(len2),
+                        CHCL_ARG(rows)};
+    ch_status st = chcl_launch1(s, CHCL_K_EMBEDDING_KEYS, CHCL_COUNT_OF(kargs), kargs, n2);
+    if (st == CH_OK && n2 > 1)
+        st = bitonic_sort(s, words, n2);
+    chcl_arg args[] = {CHCL_REF(DT),  CHCL_REF(DY),   CHCL_ARG(words),
+                       CHCL_ARG(len), CHCL_ARG(rows), CHCL_ARG(cols)};
+    if (st == CH_OK)
+        st = chcl_launch1(s, CHCL_K_EMBEDDING_BACKWARD, CHCL_COUNT_OF(args), args, n * d);
+    return st;
 }
 
 ch_status chcl_embedding_backward(void *stream, int64_t n, int64_t v, int64_t d,
                                   ch_bmem dtable, ch_bmem dy, ch_bmem idx)
 {
     chcl_stream *s = stream;
-    cl_mem chains = NULL;
+    int64_t n2 = (int64_t)chcl_pow2_cover(n);
+    cl_mem words = NULL;
     ch_status st = check_embedding("embedding_backward", n, v, d);
     if (st == CH_OK)
-        st = chcl_check_count("embedding_backward", v + n);
+        st = chcl_check_count("embedding_backward", n2);
     if (st == CH_OK)
-        st = chcl_scratch_acquire(s, "embedding_backward", (size_t)(v + n) * sizeof(cl_int),
-                                  &chains);
+        st = chcl_scratch_acquire(s, "embedding_backward", (size_t)n2 * sizeof(cl_ulong), &words);
     if (st != CH_OK)
         return st;
-    st = embedding_chains(s, n, v, idx, chains);
-    chcl_ref DT = chcl_ref_of(dtable), DY = chcl_ref_of(dy);
-    cl_int rows = (cl_int)v, cols = (cl_int)d;
-    chcl_arg args[] = {CHCL_REF(DT), CHCL_REF(DY), CHCL_ARG(chains), CHCL_ARG(rows),
-                       CHCL_ARG(cols)};
-    if (st == CH_OK)
-        st = chcl_launch1(s, CHCL_K_EMBEDDING_BACKWARD, CHCL_COUNT_OF(args), args, v * d);
+    st = embedding_runs(s, n, n2, v, d, words, dtable, dy, idx);
     chcl_scratch_release(s);
     return st;
 }

@@ -64,43 +64,94 @@ __kernel void embedding(__global float *y, ulong yo, __global const float *table
     }
 }
 
-/* The positions of each table row as a chain, one work-item per position
- * i, in `chains`: head = chains[0 .. v), next = chains[v .. v + n).
- * head[r] = the first position whose index is r (head is -1 before),
- * next[i] = the next position with the same index as i, or -1. */
-__kernel void embedding_chain(__global int *chains, __global const int *idx, ulong io, int n,
-                              int v)
+/* ---- The embedding's backward ----------------------------------------------
+ * ops.h promises dtable[v, :] += the sum of dy[i, :] over the positions i
+ * with idx[i] == v, added in increasing i starting from 0. As CUDA does it
+ * (backends/cuda/embedding_order.h), in work proportional to the batch:
+ * each position becomes the word key << 32 | i, key = idx[i], or v for an
+ * index outside [0, v) so that those sort after every row; sorting the
+ * words (bitonic, over a power of two n2 >= n, the words past n all ones)
+ * puts each row's positions together in increasing order, a run; then
+ * the first position of each run sums the run's dy rows in that order. */
+
+__kernel void embedding_keys(__global ulong *words, __global const int *idx, ulong io, int n,
+                             int n2, int v)
 {
     int i = get_global_id(0);
-    if (i >= n)
+    if (i >= n2)
         return;
-    int row = idx[io + i], first = 1, after = -1;
-    if (row < 0 || row >= v)
-        return;
-    for (int j = 0; j < i && first; j++)
-        first = idx[io + j] != row;
-    for (int j = i + 1; j < n && after < 0; j++)
-        if (idx[io + j] == row)
-            after = j;
-    chains[v + i] = after;
-    if (first)
-        chains[row] = i;
+    ulong w = ~(ulong)0;
+    if (i < n) {
+        int r = idx[io + i];
+        uint key = r >= 0 && r < v ? (uint)r : (uint)v;
+        w = (ulong)key << 32 | (uint)i;
+    }
+    words[i] = w;
 }
 
-/* One work-item per element of dtable [v, d]: the dy rows of its row's
- * chain summed in increasing position, then added. */
+/* The bitonic sort's compare-exchange in stage k, stride j, of work-item
+ * t of the pairs: lo and lo + j put in ascending order where lo & k is 0
+ * (lo counted from the start of the words), descending elsewhere. */
+int bitonic_lo(int t, int j)
+{
+    return 2 * j * (t / j) + t % j;
+}
+
+#define BITONIC_EXCHANGE(a, lo, j, up)         \
+    do {                                       \
+        ulong x = (a)[lo], y = (a)[(lo) + (j)]; \
+        if ((x > y) == (up)) {                 \
+            (a)[lo] = y;                       \
+            (a)[(lo) + (j)] = x;               \
+        }                                      \
+    } while (0)
+
+/* One stride j of stage k over the whole array: a work-item per pair. */
+__kernel void bitonic_global(__global ulong *a, int pairs, int k, int j)
+{
+    int t = get_global_id(0);
+    if (t >= pairs)
+        return;
+    int lo = bitonic_lo(t, j);
+    BITONIC_EXCHANGE(a, lo, j, (lo & k) == 0);
+}
+
+/* A work-group of L work-items takes a chunk of 2 L words into local
+ * memory: stage 0 sorts it (every stage up to 2 L, alternating directions
+ * as the whole sort needs); stage k > 2 L does that stage's strides below
+ * 2 L. tmp holds 2 L words. */
+__kernel void bitonic_local(__global ulong *a, int stage, __local ulong *tmp)
+{
+    int t = get_local_id(0), l = get_local_size(0), base = get_group_id(0) * 2 * l;
+    tmp[t] = a[base + t];
+    tmp[t + l] = a[base + t + l];
+    int last = stage ? stage : 2 * l;
+    for (int k = stage ? stage : 2; k <= last; k *= 2)
+        for (int j = stage ? l : k / 2; j > 0; j /= 2) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            int lo = bitonic_lo(t, j);
+            BITONIC_EXCHANGE(tmp, lo, j, ((base + lo) & k) == 0);
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    a[base + t] = tmp[t];
+    a[base + t + l] = tmp[t + l];
+}
+
+/* One work-item per (sorted position k, column j) of n x d: the first of a
+ * run sums the run's dy rows in increasing position and adds the sum to
+ * its row; the others return at once. */
 __kernel void embedding_backward(__global float *dtable, ulong dto, __global const float *dy,
-                                 ulong dyo, __global const int *chains, int v, int d)
+                                 ulong dyo, __global const ulong *words, int n, int v, int d)
 {
     int e = get_global_id(0);
-    if (e >= v * d)
+    if (e >= n * d)
         return;
-    __global const int *next = chains + v;
-    int row = e / d, j = e % d, i = chains[row];
-    if (i < 0)
+    int k = e / d, j = e % d;
+    uint key = (uint)(words[k] >> 32);
+    if (key >= (uint)v || (k > 0 && (uint)(words[k - 1] >> 32) == key))
         return;
     float sum = 0.0f;
-    for (; i >= 0; i = next[i])
-        sum += dy[dyo + (long)i * d + j];
-    dtable[dto + e] += sum;
+    for (int m = k; m < n && (uint)(words[m] >> 32) == key; m++)
+        sum += dy[dyo + (long)(uint)words[m] * d + j];
+    dtable[dto + (long)key * d + j] += sum;
 }
