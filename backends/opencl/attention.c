@@ -5,16 +5,6 @@
 #include "opencl.h"
 #include "kernels/index.h"
 
-/* Work-groups of the row reductions: a power of two covering the row, at
- * most 256. */
-static size_t row_group(int64_t s)
-{
-    size_t g = 1;
-    while (g < 256 && (int64_t)g < s)
-        g *= 2;
-    return g;
-}
-
 ch_status chcl_permute(void *stream, int ndim, const int64_t *xshape, const int *perm,
                        ch_bmem y, ch_bmem x)
 {
@@ -41,8 +31,7 @@ ch_status chcl_softmax(void *stream, int64_t rows, int64_t s, int causal,
     size_t group;
     ch_status st = chcl_check_count("softmax", rows * s);
     if (st == CH_OK)
-        st = chcl_group_size(stream, CHCL_K_SOFTMAX_MASKED, row_group(s), sizeof(cl_float),
-                             &group);
+        st = chcl_reduce_group(stream, CHCL_K_SOFTMAX_MASKED, s, sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_ref Y = chcl_ref_of(y), X = chcl_ref_of(x);
@@ -59,8 +48,7 @@ ch_status chcl_softmax_backward(void *stream, int64_t rows, int64_t s, ch_bmem d
     size_t group;
     ch_status st = chcl_check_count("softmax_backward", rows * s);
     if (st == CH_OK)
-        st = chcl_group_size(stream, CHCL_K_SOFTMAX_MASKED_BACKWARD, row_group(s),
-                             sizeof(cl_float), &group);
+        st = chcl_reduce_group(stream, CHCL_K_SOFTMAX_MASKED_BACKWARD, s, sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_ref DX = chcl_ref_of(dx), DY = chcl_ref_of(dy), Y = chcl_ref_of(y);

@@ -7,9 +7,6 @@
 
 #include "opencl.h"
 
-/* Work-groups of the row and channel reductions: at most this many
- * work-items, a power of two. */
-#define GROUP_MAX 256
 /* LayerNorm's parameter gradients: rows per partial sum. */
 #define LN_CHUNK_ROWS 32
 /* A channel's sums are cut into splits of at least this many elements,
@@ -17,15 +14,6 @@
  * fill a device when there are few channels. */
 #define SUMS_SPLIT_MIN 4096
 #define SUMS_SPLITS_MAX 64
-
-/* The work-group for a reduction over `count` elements, with `per_item`
- * bytes of local memory per work-item. */
-static ch_status group_for(chcl_stream *s, chcl_kern_id k, int64_t count, size_t per_item,
-                           size_t *group)
-{
-    return chcl_group_size(s, k, (size_t)(count < GROUP_MAX ? count : GROUP_MAX), per_item,
-                           group);
-}
 
 /* ---- LayerNorm ------------------------------------------------------------ */
 
@@ -35,7 +23,7 @@ ch_status chcl_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bm
     size_t group = 0;
     ch_status st = chcl_check_count("layernorm", rows * d);
     if (st == CH_OK)
-        st = group_for(stream, CHCL_K_LAYERNORM, d, sizeof(cl_double), &group);
+        st = chcl_reduce_group(stream, CHCL_K_LAYERNORM, d, sizeof(cl_double), &group);
     if (st != CH_OK)
         return st;
     chcl_ref Y = chcl_ref_of(y), M = chcl_ref_of(mean), R = chcl_ref_of(rstd),
@@ -52,7 +40,7 @@ static ch_status layernorm_dx(chcl_stream *s, int64_t rows, int64_t d, ch_bmem d
                               ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma)
 {
     size_t group;
-    ch_status st = group_for(s, CHCL_K_LAYERNORM_DX, d, 2 * sizeof(cl_double), &group);
+    ch_status st = chcl_reduce_group(s, CHCL_K_LAYERNORM_DX, d, 2 * sizeof(cl_double), &group);
     if (st != CH_OK)
         return st;
     chcl_ref DX = chcl_ref_of(dx), DY = chcl_ref_of(dy), X = chcl_ref_of(x),
@@ -115,7 +103,8 @@ static ch_status channel_sums_part(chcl_stream *s, int64_t c, int64_t inner, int
 {
     int64_t chunk = (count + splits - 1) / splits;
     size_t group;
-    ch_status st = group_for(s, CHCL_K_CHANNEL_SUMS_PART, chunk, 4 * sizeof(cl_double), &group);
+    ch_status st =
+        chcl_reduce_group(s, CHCL_K_CHANNEL_SUMS_PART, chunk, 4 * sizeof(cl_double), &group);
     if (st != CH_OK)
         return st;
     cl_int has_ac = a_center.ptr != NULL, has_bc = b_center.ptr != NULL;

@@ -231,6 +231,13 @@ typedef struct chcl_arg {
  * CH_ERR_LIMIT when not even one work-item fits in the local memory. */
 ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t per_item,
                           size_t *out);
+/* The work-group of a reduction over `count` elements a group: the same
+ * with the cap from the device rather than a constant: a power of two
+ * giving each work-item at least 16 elements, but never below the kernel's
+ * preferred multiple (a GPU's warp or wavefront), and as large as the
+ * kernel, the device and local memory allow for long rows. */
+ch_status chcl_reduce_group(chcl_stream *s, chcl_kern_id k, int64_t count, size_t per_item,
+                            size_t *out);
 /* Kernel `k`'s limits on the stream's device (built first if need be):
  * the most work-items of a work-group (CL_KERNEL_WORK_GROUP_SIZE under the
  * device's limits), per dimension (max_item), the local memory left

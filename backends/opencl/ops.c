@@ -9,16 +9,6 @@
 #include "opencl.h"
 #include "optim_consts.h"
 
-/* Work-groups of reductions: a power of two covering `count` elements, at
- * most 256 (the tree then has 8 levels). */
-static size_t group_cap(int64_t count)
-{
-    size_t g = 1;
-    while (g < 256 && (int64_t)g < count)
-        g *= 2;
-    return g;
-}
-
 /* The elements of [outer, c, inner] as one kernel indexes them (the
  * product of a real tensor's sizes cannot overflow int64). */
 static ch_status check_3d(const char *op, int64_t outer, int64_t c, int64_t inner)
@@ -189,7 +179,7 @@ static ch_status bias_grad_spans(chcl_stream *s, int64_t outer, int64_t c, int64
     }
     int64_t count = outer * inner;
     size_t group = 0;
-    ch_status st = chcl_group_size(s, CHCL_K_BIAS_GRAD, group_cap(count), sizeof(cl_float), &group);
+    ch_status st = chcl_reduce_group(s, CHCL_K_BIAS_GRAD, count / spans, sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     cl_int in = (cl_int)inner, n = (cl_int)count, chunk = (cl_int)((count + spans - 1) / spans);
@@ -228,7 +218,7 @@ ch_status chcl_bias_grad(void *stream, int64_t outer, int64_t c, int64_t inner,
 static ch_status loss_mean(chcl_stream *s, ch_bmem loss, cl_mem rows, int64_t n)
 {
     size_t group;
-    ch_status st = chcl_group_size(s, CHCL_K_MEAN, group_cap(n), sizeof(cl_float), &group);
+    ch_status st = chcl_reduce_group(s, CHCL_K_MEAN, n, sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_ref L = chcl_ref_of(loss);
@@ -245,8 +235,7 @@ static ch_status softmax_rows(chcl_stream *s, int64_t n, int64_t c, ch_bmem prob
                               ch_bmem logits, ch_bmem labels, chcl_ref bad)
 {
     size_t group;
-    ch_status st = chcl_group_size(s, CHCL_K_SOFTMAX_ROWS, group_cap(c), sizeof(cl_float),
-                                   &group);
+    ch_status st = chcl_reduce_group(s, CHCL_K_SOFTMAX_ROWS, c, sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_ref P = chcl_ref_of(probs), X = chcl_ref_of(logits), LB = chcl_ref_of(labels);
@@ -337,7 +326,7 @@ ch_status chcl_sum_axis(void *stream, ch_axis_op op, int64_t outer, int64_t n,
         return chcl_launch1(stream, CHCL_K_SUM_ITEM, CHCL_COUNT_OF(args), args, outputs);
     }
     size_t group;
-    st = chcl_group_size(stream, CHCL_K_SUM_GROUP, group_cap(n), sizeof(cl_float), &group);
+    st = chcl_reduce_group(stream, CHCL_K_SUM_GROUP, n, sizeof(cl_float), &group);
     if (st != CH_OK)
         return st;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(in),
@@ -360,8 +349,8 @@ ch_status chcl_argmax(void *stream, int64_t outer, int64_t n, int64_t inner, ch_
         return chcl_launch1(stream, CHCL_K_ARGMAX_ITEM, CHCL_COUNT_OF(args), args, outputs);
     }
     size_t group;
-    st = chcl_group_size(stream, CHCL_K_ARGMAX_GROUP, group_cap(n),
-                         sizeof(cl_float) + sizeof(cl_int), &group);
+    st = chcl_reduce_group(stream, CHCL_K_ARGMAX_GROUP, n, sizeof(cl_float) + sizeof(cl_int),
+                           &group);
     if (st != CH_OK)
         return st;
     chcl_arg args[] = {CHCL_REF(Y), CHCL_REF(X), CHCL_ARG(len), CHCL_ARG(in),

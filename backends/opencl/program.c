@@ -52,6 +52,12 @@ static ch_status build_options(cl_context ctx, char *out, size_t cap)
  * and small enough for the devices that cap work-groups at 256. */
 #define GROUP_1D 256
 
+/* Elements a reduction's work-item takes, at least, where the work-group
+ * would otherwise be larger: several loads in flight a work-item is how a
+ * GPU hides its memory's latency, and a group no larger than its data
+ * keeps the tree in local memory short. */
+#define REDUCE_ITEM_ELEMENTS 16
+
 /* The most a build log adds to an error message. */
 #define LOG_MAX 700
 
@@ -287,32 +293,6 @@ static size_t group_1d(const chcl_device *d, chcl_kern_id k)
     return g >= m ? g / m * m : g;
 }
 
-ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t per_item,
-                          size_t *out)
-{
-    chcl_device *d = s->dev;
-    cl_kernel kern;
-    pthread_mutex_lock(&d->lock);
-    ch_status st = kernel_get(d, k, &kern);
-    size_t max = st == CH_OK ? group_max_1d(d, k) : 0;
-    cl_ulong fixed = st == CH_OK ? d->kernel_local[k] : 0;
-    pthread_mutex_unlock(&d->lock);
-    if (st != CH_OK)
-        return st;
-    cl_ulong room = d->local_mem > fixed ? d->local_mem - fixed : 0;
-    if (per_item > room)
-        return chi_error(CH_ERR_LIMIT,
-                         "opencl %s: needs %llu bytes of local memory for one work-item, "
-                         "%s has %llu",
-                         kernels[k].name, (unsigned long long)(fixed + per_item), d->name,
-                         (unsigned long long)d->local_mem);
-    size_t g = 1;
-    while (g * 2 <= cap && g * 2 <= max && (cl_ulong)(g * 2) * per_item <= room)
-        g *= 2;
-    *out = g;
-    return CH_OK;
-}
-
 ch_status chcl_limits_of(chcl_stream *s, chcl_kern_id k, chcl_limits *out)
 {
     chcl_device *d = s->dev;
@@ -328,6 +308,47 @@ ch_status chcl_limits_of(chcl_stream *s, chcl_kern_id k, chcl_limits *out)
     }
     pthread_mutex_unlock(&d->lock);
     return st;
+}
+
+/* The largest power of two at most `cap` that kernel `k` runs in 1-D with
+ * `per_item` bytes of local memory a work-item, under lim. */
+static ch_status group_within(chcl_stream *s, chcl_kern_id k, const chcl_limits *lim, size_t cap,
+                              size_t per_item, size_t *out)
+{
+    const chcl_device *d = s->dev;
+    if (per_item > lim->local_room)
+        return chi_error(CH_ERR_LIMIT,
+                         "opencl %s: needs %llu bytes of local memory for one work-item, "
+                         "%s has %llu",
+                         kernels[k].name,
+                         (unsigned long long)(d->local_mem - lim->local_room + per_item), d->name,
+                         (unsigned long long)d->local_mem);
+    size_t max = lim->group < lim->item[0] ? lim->group : lim->item[0];
+    size_t g = 1;
+    while (g * 2 <= cap && g * 2 <= max && (cl_ulong)(g * 2) * per_item <= lim->local_room)
+        g *= 2;
+    *out = g;
+    return CH_OK;
+}
+
+ch_status chcl_group_size(chcl_stream *s, chcl_kern_id k, size_t cap, size_t per_item, size_t *out)
+{
+    chcl_limits lim;
+    ch_status st = chcl_limits_of(s, k, &lim);
+    return st == CH_OK ? group_within(s, k, &lim, cap, per_item, out) : st;
+}
+
+ch_status chcl_reduce_group(chcl_stream *s, chcl_kern_id k, int64_t count, size_t per_item,
+                            size_t *out)
+{
+    chcl_limits lim;
+    ch_status st = chcl_limits_of(s, k, &lim);
+    if (st != CH_OK)
+        return st;
+    int64_t items = count / REDUCE_ITEM_ELEMENTS;
+    size_t want = chcl_pow2_floor(items > 1 ? (size_t)items : 1);
+    size_t warp = chcl_pow2_floor(lim.multiple);
+    return group_within(s, k, &lim, want > warp ? want : warp, per_item, out);
 }
 
 /* Why a work-group of local[0 .. dims) work-items with `local_bytes` of
