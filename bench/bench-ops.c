@@ -433,49 +433,42 @@ static ch_status ints_new(ch_tensor **t, ch_device *dev, int64_t n, int32_t boun
     return st;
 }
 
+/* A new f32 tensor, uniform in [lo, hi) drawn with `seed` where lo < hi,
+ * else every element lo. */
+static ch_status f32_new(ch_tensor **t, ch_device *dev, int ndim, const int64_t *shape,
+                         uint64_t seed, float lo, float hi)
+{
+    ch_status st = ch_tensor_new(t, dev, CH_F32, ndim, shape);
+    if (st == CH_OK)
+        st = lo < hi ? ch_rand_uniform(*t, seed, 0, lo, hi) : ch_fill(*t, lo);
+    return st;
+}
+
 static ch_status train_new(train_work *w, ch_device *dev)
 {
-    int64_t rows[2] = {TR_ROWS, TR_WIDTH}, conv[4] = {64, 64, 32, 32},
-            table[2] = {TR_VOCAB, TR_WIDTH}, vec = TR_WIDTH, n = TR_ROWS, one = 1, channels = 64,
-            sums = 2 * 64 + 1;
+    static const int64_t rows[2] = {TR_ROWS, TR_WIDTH}, conv[4] = {64, 64, 32, 32},
+                         table[2] = {TR_VOCAB, TR_WIDTH}, vec[1] = {TR_WIDTH}, n[1] = {TR_ROWS},
+                         one[1] = {1}, channels[1] = {64}, sums[1] = {2 * 64 + 1};
     *w = (train_work){.dev = dev};
-    ch_status st = ch_tensor_new(&w->rows, dev, CH_F32, 2, rows);
+    const struct {
+        ch_tensor **t;
+        int ndim;
+        const int64_t *shape;
+        float lo, hi;
+    } f[] = {
+        {&w->rows, 2, rows, -1, 1},   {&w->drows, 2, rows, -1, 1},   {&w->dx, 2, rows, 0, 0},
+        {&w->conv, 4, conv, -1, 1},   {&w->vec, 1, vec, 1, 1},       {&w->vec2, 1, vec, 0, 0},
+        {&w->gamma, 1, vec, 1, 1},    {&w->cvec, 1, channels, 0, 0}, {&w->table, 2, table, -1, 1},
+        {&w->dtable, 2, table, 0, 0}, {&w->logits, 2, rows, -3, 3},  {&w->probs, 2, rows, 0, 0},
+        {&w->loss, 1, one, 0, 0},     {&w->stat, 1, n, 0, 0},        {&w->stat2, 1, n, 1, 1},
+        {&w->sums, 1, sums, 0, 0}};
+    ch_status st = CH_OK;
+    for (size_t i = 0; i < sizeof f / sizeof f[0] && st == CH_OK; i++)
+        st = f32_new(f[i].t, dev, f[i].ndim, f[i].shape, 11 + i, f[i].lo, f[i].hi);
     if (st == CH_OK)
-        st = ch_rand_uniform(w->rows, 11, 0, -1.0f, 1.0f);
-    if (st == CH_OK && (st = ch_tensor_new(&w->drows, dev, CH_F32, 2, rows)) == CH_OK)
-        st = ch_rand_uniform(w->drows, 12, 0, -1.0f, 1.0f);
+        st = ints_new(&w->idx, dev, TR_ROWS, TR_VOCAB);
     if (st == CH_OK)
-        st = ch_tensor_new(&w->dx, dev, CH_F32, 2, rows);
-    if (st == CH_OK && (st = ch_tensor_new(&w->conv, dev, CH_F32, 4, conv)) == CH_OK)
-        st = ch_rand_uniform(w->conv, 13, 0, -1.0f, 1.0f);
-    if (st == CH_OK && (st = ch_tensor_new(&w->vec, dev, CH_F32, 1, &vec)) == CH_OK)
-        st = ch_fill(w->vec, 1.0);
-    if (st == CH_OK && (st = ch_tensor_new(&w->vec2, dev, CH_F32, 1, &vec)) == CH_OK)
-        st = ch_fill(w->vec2, 0.0);
-    if (st == CH_OK && (st = ch_tensor_new(&w->gamma, dev, CH_F32, 1, &vec)) == CH_OK)
-        st = ch_fill(w->gamma, 1.0);
-    if (st == CH_OK)
-        st = ch_tensor_new(&w->cvec, dev, CH_F32, 1, &channels);
-    if (st == CH_OK && (st = ch_tensor_new(&w->table, dev, CH_F32, 2, table)) == CH_OK)
-        st = ch_rand_uniform(w->table, 14, 0, -1.0f, 1.0f);
-    if (st == CH_OK && (st = ch_tensor_new(&w->dtable, dev, CH_F32, 2, table)) == CH_OK)
-        st = ch_fill(w->dtable, 0.0);
-    if (st == CH_OK)
-        st = ints_new(&w->idx, dev, n, TR_VOCAB);
-    if (st == CH_OK)
-        st = ints_new(&w->labels, dev, n, TR_WIDTH);
-    if (st == CH_OK && (st = ch_tensor_new(&w->logits, dev, CH_F32, 2, rows)) == CH_OK)
-        st = ch_rand_uniform(w->logits, 15, 0, -3.0f, 3.0f);
-    if (st == CH_OK)
-        st = ch_tensor_new(&w->probs, dev, CH_F32, 2, rows);
-    if (st == CH_OK)
-        st = ch_tensor_new(&w->loss, dev, CH_F32, 1, &one);
-    if (st == CH_OK && (st = ch_tensor_new(&w->stat, dev, CH_F32, 1, &n)) == CH_OK)
-        st = ch_fill(w->stat, 0.0);
-    if (st == CH_OK && (st = ch_tensor_new(&w->stat2, dev, CH_F32, 1, &n)) == CH_OK)
-        st = ch_fill(w->stat2, 1.0);
-    if (st == CH_OK)
-        st = ch_tensor_new(&w->sums, dev, CH_F32, 1, &sums);
+        st = ints_new(&w->labels, dev, TR_ROWS, TR_WIDTH);
     return st;
 }
 
