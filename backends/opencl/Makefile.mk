@@ -15,7 +15,8 @@ opencl_kernels = \
 	backends/opencl/rand.cl \
 	backends/opencl/attention.cl \
 	backends/opencl/permute.cl \
-	backends/opencl/norm.cl
+	backends/opencl/norm.cl \
+	backends/opencl/flash.cl
 EXTRA_DIST += $(opencl_kernels) backends/opencl/gen-kernels.sh
 
 if HAVE_OPENCL
@@ -31,6 +32,7 @@ backends_opencl_chorus_opencl_la_SOURCES = \
 	backends/opencl/conv.c \
 	backends/opencl/gemm.c \
 	backends/opencl/attention.c \
+	backends/opencl/flash.c \
 	backends/opencl/norm.c \
 	backends/opencl/allreduce.c
 nodist_backends_opencl_chorus_opencl_la_SOURCES = backends/opencl/kernels.c

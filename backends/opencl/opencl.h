@@ -30,6 +30,7 @@ typedef enum chcl_prog_id {
     CHCL_P_ATTENTION,
     CHCL_P_NORM,
     CHCL_P_PERMUTE,
+    CHCL_P_FLASH,
     CHCL_P_COUNT
 } chcl_prog_id;
 
@@ -90,6 +91,28 @@ typedef enum chcl_kern_id {
     CHCL_K_CHECK_VALUE,
     CHCL_K_BITONIC_GLOBAL,
     CHCL_K_BITONIC_LOCAL,
+    /* flash.cl: the backward's first pass, then each kernel in its
+     * variants in flash.c's order (head size 16, 32, 64, 128, any; any
+     * without local memory) */
+    CHCL_K_FLASH_D,
+    CHCL_K_FLASH_FORWARD_16,
+    CHCL_K_FLASH_FORWARD_32,
+    CHCL_K_FLASH_FORWARD_64,
+    CHCL_K_FLASH_FORWARD_128,
+    CHCL_K_FLASH_FORWARD_ANY,
+    CHCL_K_FLASH_FORWARD_GLOBAL,
+    CHCL_K_FLASH_DQ_16,
+    CHCL_K_FLASH_DQ_32,
+    CHCL_K_FLASH_DQ_64,
+    CHCL_K_FLASH_DQ_128,
+    CHCL_K_FLASH_DQ_ANY,
+    CHCL_K_FLASH_DQ_GLOBAL,
+    CHCL_K_FLASH_DKV_16,
+    CHCL_K_FLASH_DKV_32,
+    CHCL_K_FLASH_DKV_64,
+    CHCL_K_FLASH_DKV_128,
+    CHCL_K_FLASH_DKV_ANY,
+    CHCL_K_FLASH_DKV_GLOBAL,
     CHCL_K_COUNT
 } chcl_kern_id;
 
@@ -346,8 +369,9 @@ void chcl_checks_drop(chcl_stream *s);
  * the file of its family: memory.c (memory and transfers), stream.c, ops.c
  * (elementwise, conversions, reductions, optimizers, random numbers),
  * conv.c (im2col, col2im, max pooling), gemm.c (with gemm_batched),
- * attention.c, norm.c, allreduce.c. The slots the table leaves NULL (the
- * convolution, gemm_half, span_*) are declared and not defined. */
+ * attention.c, flash.c (the fused attention), norm.c, allreduce.c. The
+ * slots the table leaves NULL (the convolution, gemm_half, span_*) are
+ * declared and not defined. */
 #define CHCL_SLOT_DEVICE(ret, name, params)
 #define CHCL_SLOT_MEMORY(ret, name, params) CH_SLOT_PROTOTYPE(chcl_, ret, name, params)
 #define CHCL_SLOT_STREAM(ret, name, params) CH_SLOT_PROTOTYPE(chcl_, ret, name, params)
@@ -417,5 +441,7 @@ extern const char chcl_src_normalize[];
 extern const char chcl_src_xent[];
 extern const char chcl_src_index[];
 extern const char chcl_src_permute[];
+extern const char chcl_src_attn[];
+extern const char chcl_src_flash[];
 
 #endif

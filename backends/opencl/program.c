@@ -75,6 +75,13 @@ static ch_status build_options(cl_context ctx, char *out, size_t cap)
     (const char *const[]){chcl_src_prelude, chcl_src_index, WIDTH_32, src, WIDTH_64, src}, 6
 /* clang-format on */
 
+/* flash.cl once per variant (flash.cl says which): its head size, its
+ * tiles in local memory or not, and its names' suffix. */
+#define FLASH_VARIANT(hd, local, name)                                                             \
+    "#define FLASH_HD " #hd "\n#define FLASH_LOCAL " #local "\n#define FLASH_NAME(f) f##_" #name   \
+    "\n",                                                                                          \
+        chcl_src_flash
+
 /* The sources of each program, in the order they are concatenated. */
 static const struct {
     const char *name;
@@ -112,7 +119,22 @@ static const struct {
                      (const char *const[]){chcl_src_prelude, chcl_src_common, chcl_src_normalize,
                                            chcl_src_index, chcl_src_norm},
                      5},
+    [CHCL_P_FLASH] = {"flash.cl",
+                      (const char *const[]){chcl_src_prelude, chcl_src_attn,
+                                            FLASH_VARIANT(16, 1, 16), FLASH_VARIANT(32, 1, 32),
+                                            FLASH_VARIANT(64, 1, 64), FLASH_VARIANT(128, 1, 128),
+                                            FLASH_VARIANT(0, 1, any), FLASH_VARIANT(0, 0, global)},
+                      14},
 };
+
+/* A flash.cl kernel's variants (opencl.h's order). */
+#define FLASH_KERNELS(ID, name)                                                                    \
+    [CHCL_K_FLASH_##ID##_16] = {"flash_" #name "_16", CHCL_P_FLASH},                               \
+    [CHCL_K_FLASH_##ID##_32] = {"flash_" #name "_32", CHCL_P_FLASH},                               \
+    [CHCL_K_FLASH_##ID##_64] = {"flash_" #name "_64", CHCL_P_FLASH},                               \
+    [CHCL_K_FLASH_##ID##_128] = {"flash_" #name "_128", CHCL_P_FLASH},                             \
+    [CHCL_K_FLASH_##ID##_ANY] = {"flash_" #name "_any", CHCL_P_FLASH},                             \
+    [CHCL_K_FLASH_##ID##_GLOBAL] = {"flash_" #name "_global", CHCL_P_FLASH}
 
 static const struct {
     const char *name;
@@ -173,6 +195,10 @@ static const struct {
     [CHCL_K_BATCHNORM_FORWARD] = {"batchnorm_forward", CHCL_P_NORM},
     [CHCL_K_BATCHNORM_PARAM_GRADS] = {"batchnorm_param_grads", CHCL_P_NORM},
     [CHCL_K_BATCHNORM_DX] = {"batchnorm_dx", CHCL_P_NORM},
+    [CHCL_K_FLASH_D] = {"flash_d", CHCL_P_FLASH},
+    FLASH_KERNELS(FORWARD, forward),
+    FLASH_KERNELS(DQ, dq),
+    FLASH_KERNELS(DKV, dkv),
 };
 
 /* The build failed: the message carries the device's build log. */
