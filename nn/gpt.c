@@ -223,15 +223,16 @@ static ch_status attn_dims_of(const ch_module *m, const ch_tensor *x, attn_dims 
 static float attn_scale(const attn_dims *a) { return (float)(1.0 / sqrt((double)a->hd)); }
 
 /* Whether attention runs fused (ch_attention_packed: no [T, T]
- * probabilities stored, q, k and v read in c_attn's output): on the host
- * and CUDA backends, which have the kernel (on OpenCL the composed ops are
- * the device's own, the fused op would run on the host), without
- * attention dropout, unless CHORUS_FUSED_ATTENTION=0. In mixed precision
- * too, in a fraction of the composed path's memory: with bf16 on a CPU
- * with AMX its tile products round q, k, v and the probabilities as
- * autocast does (ch_attention_packed_mixed); elsewhere (CUDA's kernel
+ * probabilities stored, q, k and v read in c_attn's output): on the host,
+ * CUDA and OpenCL backends, which have the kernel, without attention
+ * dropout, unless CHORUS_FUSED_ATTENTION=0. In mixed precision too, in
+ * a fraction of the composed path's memory: with bf16 on a CPU with AMX
+ * its tile products round q, k, v and the probabilities as autocast does
+ * (ch_attention_packed_mixed); elsewhere (CUDA's and OpenCL's kernels
  * among them) it sums in f32 on c_attn's f32 output (autocast's rounding
- * is then the composed path's alone). Forward decides (m->fused);
+ * is then the composed path's alone). Forward decides (m->fused), and
+ * composes where the backend's kernel does not take the shape
+ * (CH_ERR_UNSUPPORTED: a head size past 256 on CUDA and OpenCL);
  * backward follows it. */
 static int attn_fused(const ch_module *m)
 {
@@ -242,7 +243,8 @@ static int attn_fused(const ch_module *m)
         return 0;
     ch_device_info info;
     return ch_device_get_info(m->dev, &info) == CH_OK &&
-           (strcmp(info.backend, "host") == 0 || strcmp(info.backend, "cuda") == 0);
+           (strcmp(info.backend, "host") == 0 || strcmp(info.backend, "cuda") == 0 ||
+            strcmp(info.backend, "opencl") == 0);
 }
 
 static ch_status attn_join(ch_module *m, const attn_dims *a)
@@ -301,9 +303,13 @@ static ch_status attn_forward(ch_module *m, const ch_tensor *x)
         int64_t oy[3] = {a.b, a.t, a.d}, rows[3] = {a.b, a.h, a.t};
         TRY(ensure(m, AT_OY, 3, oy));
         TRY(ensure(m, AT_LSE, 3, rows));
-        TRY(ch_attention_packed_mixed(m->tmp[AT_OY], m->tmp[AT_LSE], c_attn->y, (int)a.h,
-                                      attn_scale(&a), m->precision));
-    } else {
+        ch_status st = ch_attention_packed_mixed(m->tmp[AT_OY], m->tmp[AT_LSE], c_attn->y, (int)a.h,
+                                                 attn_scale(&a), m->precision);
+        if (st != CH_ERR_UNSUPPORTED)
+            TRY(st);
+        m->fused = st == CH_OK;
+    }
+    if (!m->fused) {
         int64_t qkv5[5] = {3, a.b, a.h, a.t, a.hd}, bt3hd[5] = {a.b, a.t, 3, a.h, a.hd};
         static const int split[5] = {2, 0, 3, 1, 4};
         TRY(ensure(m, AT_QKV, 5, qkv5));
