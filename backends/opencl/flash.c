@@ -172,7 +172,7 @@ ch_status chcl_attention_backward(void *stream, int64_t b, int64_t heads, int64_
     size_t bytes = (size_t)rows * sizeof(cl_float);
     cl_mem d = NULL;
     if (st == CH_OK)
-        st = chcl_scratch_new(s->dev, "attention_backward", bytes, &d);
+        st = chcl_scratch_acquire(s, "attention_backward", bytes, &d);
     if (st != CH_OK)
         return st;
     chcl_ref D = {d, 0}, G = chcl_ref_of(dout), O = chcl_ref_of(o), L = chcl_ref_of(lse),
@@ -192,6 +192,6 @@ ch_status chcl_attention_backward(void *stream, int64_t b, int64_t heads, int64_
                            CHCL_REF(G),  CHCL_REF(L),  CHCL_REF(D), FLASH_GEOM_ARGS(g)};
         st = flash_run(s, CHCL_K_FLASH_DKV_16, &g, b * heads, args, CHCL_COUNT_OF(args), 4);
     }
-    chcl_scratch_free(s->dev, d, bytes);
+    chcl_scratch_release(s);
     return st;
 }
