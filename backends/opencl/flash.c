@@ -47,8 +47,8 @@ typedef struct flash_plan {
     int local;
 } flash_plan;
 
-/* The geometry every kernel takes (flash.cl's flash_geom), then the rows
- * of its tiles. */
+/* The geometry every kernel takes (flash.cl's flash_geom); flash_run
+ * passes the rows of its tiles after it. */
 typedef struct flash_geom {
     cl_int t, heads, hd, ld, ldo;
     cl_float scale;
