@@ -1074,8 +1074,8 @@ static void test_label_range_device(const op_args *o, ch_device *other)
     snprintf(what, sizeof what, "%s: label 7 of 4 classes", ch_device_id(other));
     if (!tap_status_ok(ch_tensor_upload(o->l4, labels, sizeof labels), "upload labels"))
         return;
-    EXPECT(tap_settled(ch_softmax_xent(o->f1, o->f4, o->g4, o->l4), o->f1),
-           CH_ERR_INVALID_ARGUMENT, "ch_softmax_xent", "labels", what);
+    EXPECT(tap_settled(ch_softmax_xent(o->f1, o->f4, o->g4, o->l4), o->f1), CH_ERR_INVALID_ARGUMENT,
+           "ch_softmax_xent", "labels", what);
     EXPECT(tap_settled(ch_softmax_xent_backward(o->f4, o->g4, o->l4, 1.0f), o->f4),
            CH_ERR_INVALID_ARGUMENT, "ch_softmax_xent_backward", "labels", what);
     labels[2] = 3;
