@@ -258,7 +258,7 @@ static void test_opencl_cpu(void)
 static void test_bad_arguments(void)
 {
     machine m = {.n = 0};
-    chi_disc_result r = {NULL, 0, NULL, 0};
+    chi_disc_result r = {0};
     add_host(&m);
     add(&m, "cuda", 0, CH_DEVICE_GPU, "A", "");
     add(&m, "cuda", 0, CH_DEVICE_GPU, "B", "");
