@@ -77,6 +77,15 @@ ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bme
 
 /* ---- activations ------------------------------------------------------------ */
 
+/* The floats a parallel GELU's work-item takes: the vector loops run in
+ * target functions of their own, called a span at a time from a parallel
+ * loop outside them, because clang outlines an OpenMP loop's body into a
+ * function that does not inherit its function's target attribute (AVX
+ * there is an error); a multiple of 16, so every span but the last is
+ * whole vectors, and each lane's arithmetic is the same wherever the
+ * span starts. */
+#define GELU_SPAN 1024
+
 #ifdef HAVE_LIBMVEC
 /* lib/kernels/act.h's GELU on glibc's vector erfcf and expf (libmvec,
  * x86-64) where the CPU has AVX2 but not AVX-512: the same
@@ -93,15 +102,13 @@ __attribute__((target("avx2"))) v8f _ZGVdN8v_expf(v8f x);
     ((v8f)_mm256_min_ps(_mm256_max_ps((__m256)(v), _mm256_set1_ps(-64.0f)),          \
                         _mm256_set1_ps(64.0f)))
 
-/* gelu8(y, dy, x, n): dy NULL, the forward y = gelu(x); otherwise y = dy
- * gelu'(x), eight floats at a time; the tail of fewer than 8 goes through
- * the float versions. */
-__attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, const float *x,
-                                                  int64_t n)
+/* gelu8_span(y, dy, x, lo, hi): dy NULL, the forward y = gelu(x);
+ * otherwise y = dy gelu'(x), eight floats at a time over [lo, hi), a
+ * multiple of 8 long. */
+__attribute__((target("avx2"))) static void gelu8_span(float *y, const float *dy, const float *x,
+                                                       int64_t lo, int64_t hi)
 {
-    int64_t body = n / 8 * 8;
-    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
-    for (int64_t i = 0; i < body; i += 8) {
+    for (int64_t i = lo; i < hi; i += 8) {
         v8f v, d, e, gauss, out;
         memcpy(&v, x + i, sizeof v);
         v8f xc = CLAMP8(v);
@@ -114,6 +121,16 @@ __attribute__((target("avx2"))) static void gelu8(float *y, const float *dy, con
         }
         memcpy(y + i, &out, sizeof out);
     }
+}
+
+/* gelu8_span over the multiple of 8 below n, in spans of GELU_SPAN
+ * floats; the tail of fewer than 8 goes through the float versions. */
+static void gelu8(float *y, const float *dy, const float *x, int64_t n)
+{
+    int64_t body = n / 8 * 8;
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+    for (int64_t lo = 0; lo < body; lo += GELU_SPAN)
+        gelu8_span(y, dy, x, lo, lo + GELU_SPAN < body ? lo + GELU_SPAN : body);
     for (int64_t i = body; i < n; i++)
         y[i] = dy ? dy[i] * chk_gelu_grad(x[i]) : chk_gelu(x[i]);
 }
@@ -167,18 +184,16 @@ GELU16_FN void gelu16_pieces(__m512 x, __m512 *e, __m512 *g)
     *e = _mm512_mask_sub_ps(tail, above, _mm512_set1_ps(2.0f), tail);
 }
 
-/* gelu16(y, dy, x, n): dy NULL, the forward y = gelu(x); otherwise y = dy
- * gelu'(x). The last vector's missing lanes are masked off. x and dy are
- * asked for ahead (chi_host_ahead): they are read cold (the backward
- * reads the forward's input), faster than the prefetchers follow. */
-__attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy, const float *x,
-                                                      int64_t n)
+/* gelu16_span(y, dy, x, lo, hi): dy NULL, the forward y = gelu(x);
+ * otherwise y = dy gelu'(x), over [lo, hi). The last vector's missing
+ * lanes are masked off. x and dy are asked for ahead (chi_host_ahead):
+ * they are read cold (the backward reads the forward's input), faster
+ * than the prefetchers follow. */
+__attribute__((target("avx512f"))) static void gelu16_span(float *y, const float *dy,
+                                                           const float *x, int64_t lo, int64_t hi)
 {
-    int64_t vectors = (n + 15) / 16;
-    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
-    for (int64_t b = 0; b < vectors; b++) {
-        int64_t i = b * 16;
-        __mmask16 k = CHI_LANES16(n - i);
+    for (int64_t i = lo; i < hi; i += 16) {
+        __mmask16 k = CHI_LANES16(hi - i);
         chi_host_ahead(x + i);
         if (dy)
             chi_host_ahead(dy + i);
@@ -191,6 +206,14 @@ __attribute__((target("avx512f"))) static void gelu16(float *y, const float *dy,
             out = CHK_GELU_OF(v, e);
         _mm512_mask_storeu_ps(y + i, k, out);
     }
+}
+
+/* gelu16_span over n floats in spans of GELU_SPAN. */
+static void gelu16(float *y, const float *dy, const float *x, int64_t n)
+{
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+    for (int64_t lo = 0; lo < n; lo += GELU_SPAN)
+        gelu16_span(y, dy, x, lo, lo + GELU_SPAN < n ? lo + GELU_SPAN : n);
 }
 #endif
 
@@ -361,11 +384,16 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
  * bits. The threads take a contiguous share each, so the built loop runs
  * inside the parallel region (an OpenMP region's body is outlined before
  * the clones are made, and would run the baseline's). FAST, where not
- * NULL, is a loop that gives the same bits faster on this CPU. */
-#define HOST_CONVERT(name, to_t, from_t, fn, FAST)                                                 \
+ * NULL, is a loop that gives the same bits faster on this CPU. LOOP is
+ * CONVERT_SIMD, or CONVERT_SCALAR for a conversion that does not
+ * vectorise (f16 to f32: its subnormals are normalised in a loop, and
+ * clang warns where omp simd asks for what it cannot do). */
+#define CONVERT_SIMD() CHI_OMP(omp simd)
+#define CONVERT_SCALAR()
+#define HOST_CONVERT(name, to_t, from_t, fn, FAST, LOOP)                                           \
     CHI_CLONES_WIDE static void name##_run(to_t *py, const from_t *px, int64_t n)                  \
     {                                                                                              \
-        CHI_OMP(omp simd)                                                                          \
+        LOOP()                                                                                     \
         for (int64_t i = 0; i < n; i++)                                                            \
             py[i] = fn(px[i]);                                                                     \
     }                                                                                              \
@@ -391,10 +419,11 @@ ch_status chi_host_rand(void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,
     }
 
 HOST_CONVERT(chi_host_f32_to_bf16, uint16_t, uint32_t, chk_f32_to_bf16,
-             chi_host_round_loop(CH_BF16))
-HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chk_bf16_to_f32, NULL)
-HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chk_f32_to_f16, chi_host_round_loop(CH_F16))
-HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chk_f16_to_f32, NULL)
+             chi_host_round_loop(CH_BF16), CONVERT_SIMD)
+HOST_CONVERT(chi_host_bf16_to_f32, uint32_t, uint16_t, chk_bf16_to_f32, NULL, CONVERT_SIMD)
+HOST_CONVERT(chi_host_f32_to_f16, uint16_t, uint32_t, chk_f32_to_f16, chi_host_round_loop(CH_F16),
+             CONVERT_SIMD)
+HOST_CONVERT(chi_host_f16_to_f32, uint32_t, uint16_t, chk_f16_to_f32, NULL, CONVERT_SCALAR)
 
 /* The one choice of the narrowing loops, for the slots above and for
  * Adam's rounding (optim.c). */
