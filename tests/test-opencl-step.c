@@ -292,7 +292,7 @@ static const char *difference(ch_status st, const char *error, long at)
 {
     static char buf[320];
     if (st != CH_OK)
-        snprintf(buf, sizeof buf, "%s", error);
+        snprintf(buf, sizeof buf, "%.300s", error);
     else if (at < 0)
         snprintf(buf, sizeof buf, "identical");
     else
