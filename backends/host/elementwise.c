@@ -86,6 +86,18 @@ ch_status chi_host_axpby(void *stream, int64_t n, ch_bmem y, float alpha, ch_bme
  * span starts. */
 #define GELU_SPAN 1024
 
+#if defined(HAVE_LIBMVEC) || defined(CHI_HAVE_AVX512)
+/* span(y, dy, x, lo, hi) over [0, n) a span of GELU_SPAN at a time, the
+ * spans shared among the threads. */
+static void gelu_spans(void (*span)(float *, const float *, const float *, int64_t, int64_t),
+                       float *y, const float *dy, const float *x, int64_t n)
+{
+    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
+    for (int64_t lo = 0; lo < n; lo += GELU_SPAN)
+        span(y, dy, x, lo, lo + GELU_SPAN < n ? lo + GELU_SPAN : n);
+}
+#endif
+
 #ifdef HAVE_LIBMVEC
 /* lib/kernels/act.h's GELU on glibc's vector erfcf and expf (libmvec,
  * x86-64) where the CPU has AVX2 but not AVX-512: the same
@@ -123,14 +135,12 @@ __attribute__((target("avx2"))) static void gelu8_span(float *y, const float *dy
     }
 }
 
-/* gelu8_span over the multiple of 8 below n, in spans of GELU_SPAN
- * floats; the tail of fewer than 8 goes through the float versions. */
+/* gelu8_span over the multiple of 8 below n; the tail of fewer than 8
+ * goes through the float versions. */
 static void gelu8(float *y, const float *dy, const float *x, int64_t n)
 {
     int64_t body = n / 8 * 8;
-    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
-    for (int64_t lo = 0; lo < body; lo += GELU_SPAN)
-        gelu8_span(y, dy, x, lo, lo + GELU_SPAN < body ? lo + GELU_SPAN : body);
+    gelu_spans(gelu8_span, y, dy, x, body);
     for (int64_t i = body; i < n; i++)
         y[i] = dy ? dy[i] * chk_gelu_grad(x[i]) : chk_gelu(x[i]);
 }
@@ -208,13 +218,6 @@ __attribute__((target("avx512f"))) static void gelu16_span(float *y, const float
     }
 }
 
-/* gelu16_span over n floats in spans of GELU_SPAN. */
-static void gelu16(float *y, const float *dy, const float *x, int64_t n)
-{
-    CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))
-    for (int64_t lo = 0; lo < n; lo += GELU_SPAN)
-        gelu16_span(y, dy, x, lo, lo + GELU_SPAN < n ? lo + GELU_SPAN : n);
-}
 #endif
 
 /* 1 when the GELU went eight or sixteen at a time. */
@@ -222,7 +225,7 @@ static int gelu_vector(float *y, const float *dy, const float *x, int64_t n)
 {
 #ifdef CHI_HAVE_AVX512
     if (__builtin_cpu_supports("avx512f")) {
-        gelu16(y, dy, x, n);
+        gelu_spans(gelu16_span, y, dy, x, n);
         return 1;
     }
 #endif
