@@ -45,8 +45,7 @@ static void plain_step(plain *p, const ch_batch *b)
     BENCH_CHECK(ch_tensor_upload_async(p->labels, b->labels, 0));
     BENCH_CHECK(ch_module_zero_grad(p->m));
     BENCH_CHECK(ch_module_forward(p->m, &y, p->x));
-    BENCH_CHECK(ch_loss_forward(p->loss, &lv, y, p->labels));
-    BENCH_CHECK(ch_loss_backward(p->loss, &dy, 1.0f));
+    BENCH_CHECK(ch_loss_forward_backward(p->loss, &lv, &dy, y, p->labels, 1.0f));
     BENCH_CHECK(ch_module_backward(p->m, NULL, dy));
     BENCH_CHECK(ch_optimizer_step(p->opt, 1e-3f));
     BENCH_CHECK(ch_tensor_download(lv, &l, sizeof l));

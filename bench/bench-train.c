@@ -132,8 +132,10 @@ static double trainer_step(trainer *t, ch_device *dev, const ch_tensor *x, const
     double t0 = ch_clock_seconds();
     BENCH_CHECK(ch_module_zero_grad(t->m));
     BENCH_CHECK(ch_module_forward(t->m, &y, x));
-    BENCH_CHECK(ch_loss_forward(t->loss, &lv, y, labels));
-    BENCH_CHECK(ch_loss_backward(t->loss, &dy, 1.0f));
+    /* The loss's gradient in the logits' place (every model here ends in
+     * a Linear or the GPT's output layer, whose backward does not read
+     * its output), as ch_dp does. */
+    BENCH_CHECK(ch_loss_forward_backward(t->loss, &lv, &dy, y, labels, 1.0f));
     BENCH_CHECK(ch_module_backward(t->m, NULL, dy));
     BENCH_CHECK(ch_optimizer_step(t->opt, 1e-3f));
     BENCH_CHECK(ch_device_sync(dev));

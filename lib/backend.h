@@ -42,9 +42,9 @@ extern "C" {
  * itself, chi_workspace_reserve; 13: the attention slots; 14: their
  * layout arguments, ch_attention_packed; 15: their products' format,
  * ch_attention_packed_mixed, and gemm_half's bias, ch_gemm_bias; 16:
- * adam_step_half; 17: chi_math_flags, which modules call): a module of
- * another version is refused at load. */
-#define CH_BACKEND_ABI_VERSION 17
+ * adam_step_half; 17: chi_math_flags, which modules call; 18:
+ * softmax_xent_fused): a module of another version is refused at load. */
+#define CH_BACKEND_ABI_VERSION 18
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
 typedef struct ch_bmem {
@@ -207,6 +207,12 @@ typedef struct ch_conv_geom {
         ch_bmem probs, ch_bmem logits, ch_bmem labels))                                            \
     X(OP, OP, ch_status, softmax_xent_backward, (void *stream, int64_t n, int64_t c,               \
         ch_bmem dlogits, ch_bmem probs, ch_bmem labels, float scale))                              \
+    /* ch_softmax_xent_fused: loss (f32 [1]) = the mean over the n rows of                         \
+     * -log softmax(logits)[label], and logits [n, c] (`dt`: CH_F32, CH_BF16                       \
+     * or CH_F16) overwritten by scale * (softmax - onehot) / n in their own                       \
+     * format, in one pass over each row; labels checked as softmax_xent's */                      \
+    X(OP, OP, ch_status, softmax_xent_fused, (void *stream, int64_t n, int64_t c, ch_dtype dt,    \
+        float scale, ch_bmem loss, ch_bmem logits, ch_bmem labels))                                \
     /* [a, b, inner] -> [b, a, inner]; dtype size 4 */                                             \
     X(OP, OP, ch_status, transpose01, (void *stream, int64_t a, int64_t b, int64_t inner,          \
         ch_bmem y, ch_bmem x))                                                                     \

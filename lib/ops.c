@@ -493,6 +493,33 @@ ch_status ch_softmax_xent_backward(ch_tensor *dlogits, const ch_tensor *probs,
                                               chi_mem(probs), chi_mem(labels), scale);
 }
 
+ch_status ch_softmax_xent_fused(ch_tensor *loss, ch_tensor *logits, const ch_tensor *labels,
+                                float scale)
+{
+    static const char fn[] = "ch_softmax_xent_fused";
+    arg args[] = {
+        {"loss", loss, CH_F32, 0}, {"logits", logits, ANY, 0}, {"labels", labels, CH_I32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    ch_dtype dt = logits->dtype;
+    if (dt != CH_F32 && dt != CH_BF16 && dt != CH_F16)
+        return chi_error(CH_ERR_DTYPE, "%s: logits is %s, expected f32, bf16 or f16", fn,
+                         ch_dtype_name(dt));
+    int64_t n = 0, c = 0;
+    TRY(check_xent(fn, "logits", logits, labels, &n, &c));
+    if (loss->numel != 1)
+        return chi_error(CH_ERR_SHAPE, "%s: loss has %lld elements, expected 1", fn,
+                         (long long)loss->numel);
+    TRY(check_finite(fn, "scale", scale));
+    TRY(no_alias(fn, "loss", loss, "logits", logits));
+    TRY(no_alias(fn, "loss", loss, "labels", labels));
+    TRY(no_alias(fn, "logits", logits, "labels", labels));
+    SLOT_OR_HOST(fn, loss, softmax_xent_fused,
+                 ch_softmax_xent_fused(on_host[0], on_host[1], on_host[2], scale), FB_OUT(loss),
+                 FB_IO(logits), FB_IN(labels));
+    return BE(loss)->softmax_xent_fused(STREAM(loss), n, c, dt, scale, chi_mem(loss),
+                                        chi_mem(logits), chi_mem(labels));
+}
+
 /* ---- Reductions ------------------------------------------------------------ */
 
 static ch_status reduction(const char *fn, ch_tensor *y, const ch_tensor *x, int axis,

@@ -107,10 +107,17 @@ static ch_status pass(replica *r, int first, int rows, float *loss)
     TRY(ch_module_forward(r->model, &y, r->x));
     dp_mark_here(r, PH_FORWARD, 1, 0);
     dp_mark_here(r, PH_LOSS, 0, 0);
-    TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
     /* Each pass's mean loss weighted by its share of the batch: the
-     * gradients add up to the gradient of the whole batch's mean. */
-    TRY(ch_loss_backward(r->loss, &dy, dp->call.loss_scale * (float)rows / (float)b->count));
+     * gradients add up to the gradient of the whole batch's mean. Where
+     * the model's backward does not read its output, the gradient takes
+     * its place (one [N, C] tensor instead of three). */
+    float scale = dp->call.loss_scale * (float)rows / (float)b->count;
+    if (nn_output_spare(r->model)) {
+        TRY(ch_loss_forward_backward(r->loss, &lv, &dy, y, r->labels, scale));
+    } else {
+        TRY(ch_loss_forward(r->loss, &lv, y, r->labels));
+        TRY(ch_loss_backward(r->loss, &dy, scale));
+    }
     dp_mark_here(r, PH_LOSS, 1, 0);
     dp_mark_here(r, PH_BACKWARD, 0, 0);
     TRY(dp_lose_here(r->dev, DP_AT_BACKWARD, dp->tr.step + 1));

@@ -869,3 +869,17 @@ ch_status ch_module_zero_grad(ch_module *m)
         TRY(ch_module_zero_grad(m->child[i]));
     return CH_OK;
 }
+
+int nn_output_spare(const ch_module *m)
+{
+    static const char *const spare[] = {"Linear", "Conv2d", "GPT"};
+    /* A module recomputed in backward would write its output again. */
+    while (m->ops == &nn_seq_ops && m->nchild > 0 && !m->recompute)
+        m = m->child[m->nchild - 1];
+    if (m->recompute)
+        return 0;
+    for (size_t i = 0; i < sizeof spare / sizeof spare[0]; i++)
+        if (strcmp(m->ops->kind, spare[i]) == 0)
+            return 1;
+    return 0;
+}

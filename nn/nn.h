@@ -218,6 +218,11 @@ ch_status nn_half_weight(ch_tensor **slot, const ch_module *m, nn_param *p, cons
 nn_param *nn_param_at(const ch_module *m, int index);
 /* A reshaped view, freed by the caller. */
 ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape);
+/* 1 when m's output (ch_module_forward's y) may be overwritten between
+ * its forward and its backward, which then never reads it: the output of
+ * a Linear, a Conv2d or a GPT, or of a Sequential whose last child's is
+ * (ch_loss_forward_backward writes the loss's gradient there). */
+int nn_output_spare(const ch_module *m);
 
 #ifdef CHI_TEST_HOOKS
 /* Only in the copy of nn/ built for tests (tests/Makefile.mk), never in

@@ -114,6 +114,36 @@ ch_status ch_loss_backward(ch_loss *loss, ch_tensor **dpred, float scale)
     return CH_OK;
 }
 
+ch_status ch_loss_forward_backward(ch_loss *loss, ch_tensor **value, ch_tensor **dpred,
+                                   ch_tensor *pred, const ch_tensor *target, float scale)
+{
+    if (!loss || !value || !dpred || !pred || !target)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_loss_forward_backward: %s is NULL",
+                         !loss    ? "loss"
+                         : !value ? "value"
+                         : !dpred ? "dpred"
+                         : !pred  ? "pred"
+                                  : "target");
+    *value = *dpred = NULL;
+    if (loss->kind == CH_LOSS_MSE) {
+        TRY(ch_loss_forward(loss, value, pred, target));
+        return ch_loss_backward(loss, dpred, scale);
+    }
+    if (ch_tensor_ndim(pred) != 2)
+        return chi_error(CH_ERR_SHAPE,
+                         "ch_loss_forward_backward: pred has %d dimensions, "
+                         "expected 2 ([N, C])",
+                         ch_tensor_ndim(pred));
+    int64_t one[1] = {1};
+    TRY(nn_ensure(&loss->value, ch_tensor_device(pred), CH_F32, 1, one));
+    /* Nothing of an earlier forward is left for a backward to read. */
+    loss->target = NULL;
+    TRY(ch_softmax_xent_fused(loss->value, pred, target, scale));
+    *value = loss->value;
+    *dpred = pred;
+    return CH_OK;
+}
+
 /* ---- Optimizers ------------------------------------------------------------------ */
 
 struct ch_optimizer {

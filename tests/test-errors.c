@@ -734,6 +734,33 @@ static void test_loss_args(const op_args *a)
            "ch_softmax_xent_backward", "dlogits", "dlogits [3,4] for probs [4,4]");
     EXPECT(ch_softmax_xent_backward(a->f4, a->g4, a->l4, NAN), CH_ERR_INVALID_ARGUMENT,
            "ch_softmax_xent_backward", "scale", "scale NaN");
+    EXPECT(ch_softmax_xent_fused(NULL, a->f4, a->l4, 1.0f), CH_ERR_INVALID_ARGUMENT,
+           "ch_softmax_xent_fused", "loss", "loss NULL");
+    EXPECT(ch_softmax_xent_fused(a->f1, NULL, a->l4, 1.0f), CH_ERR_INVALID_ARGUMENT,
+           "ch_softmax_xent_fused", "logits", "logits NULL");
+    EXPECT(ch_softmax_xent_fused(a->f1, a->f4, NULL, 1.0f), CH_ERR_INVALID_ARGUMENT,
+           "ch_softmax_xent_fused", "labels", "labels NULL");
+    EXPECT(ch_softmax_xent_fused(a->f1, a->i4, a->l4, 1.0f), CH_ERR_DTYPE, "ch_softmax_xent_fused",
+           "logits", "i32 logits");
+    EXPECT(ch_softmax_xent_fused(a->f1, a->f4, a->v4, 1.0f), CH_ERR_DTYPE, "ch_softmax_xent_fused",
+           "labels", "f32 labels");
+    EXPECT(ch_softmax_xent_fused(a->f1, a->f4, a->l3, 1.0f), CH_ERR_SHAPE, "ch_softmax_xent_fused",
+           "labels", "3 labels for 4 rows");
+    EXPECT(ch_softmax_xent_fused(a->f1, a->v4, a->l4, 1.0f), CH_ERR_SHAPE, "ch_softmax_xent_fused",
+           "logits", "1-D logits");
+    EXPECT(ch_softmax_xent_fused(a->v4, a->f4, a->l4, 1.0f), CH_ERR_SHAPE, "ch_softmax_xent_fused",
+           "loss", "loss of 4 elements");
+    EXPECT(ch_softmax_xent_fused(a->f1, a->f4, a->l4, INFINITY), CH_ERR_INVALID_ARGUMENT,
+           "ch_softmax_xent_fused", "scale", "scale infinite");
+    /* The loss in the logits' memory: one element of them. */
+    ch_tensor *flat = NULL, *one = NULL;
+    int64_t n16 = 16;
+    if (tap_status_ok(ch_tensor_reshape(&flat, a->f4, 1, &n16), "f4 as 16 elements") &&
+        tap_status_ok(ch_tensor_view(&one, flat, 5, 1), "its sixth element"))
+        EXPECT(ch_softmax_xent_fused(one, a->f4, a->l4, 1.0f), CH_ERR_INVALID_ARGUMENT,
+               "ch_softmax_xent_fused", "overlaps", "loss inside the logits");
+    ch_tensor_free(one);
+    ch_tensor_free(flat);
 }
 
 /* A label out of range is an error, named in the message (test-ops checks

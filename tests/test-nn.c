@@ -789,6 +789,76 @@ static void test_checkpoint(void)
     ch_module_free(b);
 }
 
+/* Cross-entropy forward and backward at once (ch_loss_forward_backward)
+ * against the two calls: the same loss and gradient to TOL 1e-6 relative
+ * (one pass or two over each row), the gradient in pred's place, and no
+ * state left for a later backward. */
+static void test_xent_at_once(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    enum {
+        N = 37,
+        C = 301
+    };
+    int64_t shape[2] = {N, C}, nshape[1] = {N};
+    float *x = malloc(sizeof(float) * N * C), *ga = NULL, *gb = NULL;
+    int32_t lab[N];
+    /* Its own numbers: the shared stream stays as the later tests expect. */
+    tap_rng own = {777};
+    for (int i = 0; i < N * C; i++)
+        x[i] = tap_rng_uniform(&own, -6, 6);
+    for (int i = 0; i < N; i++)
+        lab[i] = (int32_t)(tap_rng_next(&own) % C);
+    ch_tensor *pa = tensor_from(dev, 2, shape, x), *pb = tensor_from(dev, 2, shape, x);
+    ch_tensor *labels = NULL, *va = NULL, *vb = NULL, *da = NULL, *db = NULL;
+    ch_loss *la = NULL, *lb = NULL;
+    ch_status st = ch_tensor_new(&labels, dev, CH_I32, 1, nshape);
+    if (st == CH_OK)
+        st = ch_tensor_upload(labels, lab, sizeof lab);
+    if (st == CH_OK)
+        st = ch_loss_new(&la, CH_LOSS_CROSS_ENTROPY);
+    if (st == CH_OK)
+        st = ch_loss_new(&lb, CH_LOSS_CROSS_ENTROPY);
+    if (st == CH_OK)
+        st = ch_loss_forward(la, &va, pa, labels);
+    if (st == CH_OK)
+        st = ch_loss_backward(la, &da, 0.5f);
+    if (st == CH_OK)
+        st = ch_loss_forward_backward(lb, &vb, &db, pb, labels, 0.5f);
+    float lossa = 0, lossb = 0;
+    double err = 0.0;
+    if (st == CH_OK) {
+        ch_tensor_download(va, &lossa, sizeof lossa);
+        ch_tensor_download(vb, &lossb, sizeof lossb);
+        ga = download(da);
+        gb = download(db);
+        err = fabs((double)lossa - lossb) / fabs((double)lossa);
+        for (int i = 0; i < N * C; i++)
+            err = fmax(err, fabs((double)ga[i] - gb[i]) / (0.5 / N));
+    }
+    tap_ok(st == CH_OK && db == pb && err <= 1e-6,
+           "%s: cross-entropy forward_backward: loss %.7g (apart %.7g), gradient in pred's "
+           "place, differences %.2g of 0.5/N (want <= 1e-6) (%s)",
+           id, lossb, lossa, err, st == CH_OK ? "ok" : ch_last_error());
+    ch_tensor *g = NULL;
+    tap_status_is(ch_loss_backward(lb, &g, 1.0f), CH_ERR_STATE, "no forward pass",
+                  "%s: no backward after forward_backward", id);
+    tap_status_is(ch_loss_forward_backward(lb, &vb, &db, labels, labels, 1.0f), CH_ERR_SHAPE,
+                  "2 ([N, C])", "%s: forward_backward with 1-D predictions", id);
+    tap_status_is(ch_loss_forward_backward(lb, &vb, NULL, pb, labels, 1.0f),
+                  CH_ERR_INVALID_ARGUMENT, "dpred", "%s: forward_backward without dpred", id);
+    tap_status_is(ch_loss_forward_backward(NULL, &vb, &db, pb, labels, 1.0f),
+                  CH_ERR_INVALID_ARGUMENT, "loss", "%s: forward_backward without a loss", id);
+    free(x);
+    free(ga);
+    free(gb);
+    ch_loss_free(la);
+    ch_loss_free(lb);
+    ch_tensor_free(pa);
+    ch_tensor_free(pb);
+    ch_tensor_free(labels);
+}
+
 /* MSE against a hand computation, and its gradient; clipping by global norm. */
 static void test_mse_and_clip(ch_device *dev)
 {
@@ -813,6 +883,21 @@ static void test_mse_and_clip(ch_device *dev)
         ok = ok && fabsf(grad[i] - 2.0f * (p[i] - t[i]) / 6.0f) < 1e-6f;
     tap_ok(ok, "MSE gradient on %s is 2 (p - t) / n (got %g %g %g ...)", id, grad[0], grad[1],
            grad[2]);
+    /* Forward and backward at once: MSE's the same, pred left as it was. */
+    ch_tensor *v2 = NULL, *g2 = NULL;
+    float got2 = 0, grad2[6] = {0}, pred_after[6] = {0};
+    tap_status_ok(ch_loss_forward_backward(loss, &v2, &g2, pt, tt, 1.0f),
+                  "MSE forward_backward on %s", id);
+    if (v2 && g2 && g2 != pt) {
+        ch_tensor_download(v2, &got2, sizeof got2);
+        ch_tensor_download(g2, grad2, sizeof grad2);
+    }
+    ch_tensor_download(pt, pred_after, sizeof pred_after);
+    tap_ok(got2 == got && memcmp(grad2, grad, sizeof grad) == 0 &&
+               memcmp(pred_after, p, sizeof p) == 0,
+           "MSE forward_backward on %s: the same loss and gradient as forward then backward, "
+           "pred untouched",
+           id);
     ch_loss_free(loss);
     ch_tensor_free(pt);
     ch_tensor_free(tt);
@@ -996,6 +1081,7 @@ int main(void)
         test_zero_grad(devs[i]);
         test_dropout(devs[i]);
         test_mse_and_clip(devs[i]);
+        test_xent_at_once(devs[i]);
         test_training(devs[i], CH_OPT_SGD);
         test_training(devs[i], CH_OPT_ADAMW);
     }

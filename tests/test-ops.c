@@ -546,6 +546,61 @@ static void test_softmax_backward(ch_device *dev, int64_t n, int64_t classes, fl
     tc_end_err(&c, ref_err(got, want, NULL, n * classes), TOL_ROUND);
 }
 
+/* ch_softmax_xent_fused on logits in `dt`: the loss, and the gradient it
+ * leaves in their place, against the double reference on the logits as
+ * rounded to dt. Each gradient element's error scale is k (p_mag + onehot),
+ * p_mag the probability's (ref_softmax_xent_mag); a half format adds its
+ * one rounding, 2^-8 (bf16) or 2^-11 (f16) of the element (f16 an absolute
+ * 2^-25 below its normal range). */
+static void test_softmax_xent_fused(ch_device *dev, ch_dtype dt, int64_t n, int64_t classes,
+                                    float lo, float hi, float scale)
+{
+    tcase c;
+    tc_begin(&c, dev,
+             "softmax_xent_fused %s n %" PRId64 " c %" PRId64 " logits in [%g, %g)"
+             " scale %g",
+             ch_dtype_name(dt), n, classes, lo, hi, scale);
+    int64_t nc = n * classes;
+    float *logits = tc_random(&c, nc, lo, hi);
+    int32_t *labels = tc_ints(&c, n);
+    random_labels(&c, labels, n, classes);
+    ch_tensor *tf = tc_tensor(&c, CH_F32, SHAPE(n, classes), logits);
+    ch_tensor *tlab = tc_tensor(&c, CH_I32, SHAPE(n), labels);
+    ch_tensor *tloss = tc_tensor(&c, CH_F32, SHAPE(1), NULL);
+    ch_tensor *tx = tf;
+    if (dt != CH_F32) {
+        tx = tc_tensor(&c, dt, SHAPE(n, classes), NULL);
+        TC(&c, ch_cast(tx, tf));
+        TC(&c, ch_cast(tf, tx));
+        logits = tc_fetch(&c, tf, nc); /* as rounded */
+    }
+    TC(&c, ch_softmax_xent_fused(tloss, tx, tlab, scale));
+    if (dt != CH_F32)
+        TC(&c, ch_cast(tf, tx));
+    float *got = tc_floats(&c, nc + 1);
+    memcpy(got, tc_fetch(&c, tf, nc), (size_t)nc * sizeof *got);
+    memcpy(got + nc, tc_fetch(&c, tloss, 1), sizeof *got);
+    double *want = tc_doubles(&c, nc + 1), *mag = tc_doubles(&c, nc + 1);
+    want[nc] = ref_softmax_xent(want, n, classes, logits, labels);
+    mag[nc] = ref_softmax_xent_mag(mag, n, classes, logits, labels);
+    double k = fabs((double)scale) / (double)n;
+    double tol = dt == CH_BF16 ? 0x1p-8 + TOL_SUM : dt == CH_F16 ? 0x1p-11 + TOL_SUM : TOL_SUM;
+    /* f16's subnormals: an error of up to half its smallest, 2^-25, on
+     * any element, whatever its size. */
+    double floor = dt == CH_F16 ? 0x1p-25 / tol : 0.0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < classes; j++) {
+            double onehot = j == labels[r], *w = want + r * classes + j;
+            *w = scale * (*w - onehot) / (double)n;
+            mag[r * classes + j] = k * (mag[r * classes + j] + onehot) + floor;
+        }
+    double e_loss = ref_err(got + nc, want + nc, mag + nc, 1);
+    double e_grad = ref_err(got, want, mag, nc);
+    tc_append(&c, " (loss got %.7g want %.7g, gradient err %.3g)", got[nc], want[nc], e_grad);
+    /* The loss is held to TOL_SUM: both sides start from the rounded logits. */
+    tc_end_err(&c, fmax(e_loss / TOL_SUM * tol, e_grad), tol);
+}
+
 static void test_softmax(ch_device *dev)
 {
     test_softmax_xent(dev, 1, 1, -1, 1);
@@ -557,6 +612,17 @@ static void test_softmax(ch_device *dev)
     test_softmax_backward(dev, 1, 1, 1.0f);
     test_softmax_backward(dev, 13, 10, 1.0f);
     test_softmax_backward(dev, 33, 129, 0.5f);
+    static const ch_dtype fused[] = {CH_F32, CH_BF16, CH_F16};
+    for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) {
+        ch_dtype dt = fused[i];
+        test_softmax_xent_fused(dev, dt, 1, 1, -1, 1, 1.0f);
+        test_softmax_xent_fused(dev, dt, 13, 10, -5, 5, 1.0f);
+        test_softmax_xent_fused(dev, dt, 33, 129, -8, 8, 0.5f);
+        test_softmax_xent_fused(dev, dt, 5, 17, 70, 90, 2.0f);
+        /* Rows longer than a work-group or a CUDA block: each item or
+         * thread takes several columns. */
+        test_softmax_xent_fused(dev, dt, 7, tc_small() ? 2049 : 50257, -10, 10, 1.0f);
+    }
 }
 
 /* ---- Labels out of range: an error on every backend (ops.h) -------------- */
@@ -575,7 +641,7 @@ static int names_label(ch_status st, int64_t row, int32_t label, char *detail, s
 }
 
 /* labels[row] = bad (and labels[row2] = bad2 after it when row2 >= 0): the
- * forward and the backward each refuse them, naming the first, from the
+ * forward, the backward and the fused op each refuse them, naming the first, from the
  * call or the stream's next wait (tap_settled); a good call on the same
  * tensors then succeeds, and so does the wait after it (the error is told
  * once). */
@@ -584,9 +650,10 @@ static void test_bad_label(ch_device *dev, int64_t n, int64_t classes, int64_t r
 {
     char detail[1024] = "";
     tcase c;
-    tc_begin(&c, dev, "softmax_xent and its backward, %" PRId64 " rows of %" PRId64
-             " classes, labels[%" PRId64 "] = %d%s", n, classes, row, (int)bad,
-             row2 >= 0 ? " and a later one" : "");
+    tc_begin(&c, dev,
+             "softmax_xent, its backward and fused, %" PRId64 " rows of %" PRId64
+             " classes, labels[%" PRId64 "] = %d%s",
+             n, classes, row, (int)bad, row2 >= 0 ? " and a later one" : "");
     float *logits = tc_random(&c, n * classes, -3, 3);
     int32_t *labels = tc_ints(&c, n);
     random_labels(&c, labels, n, classes);
@@ -611,8 +678,15 @@ static void test_bad_label(ch_device *dev, int64_t n, int64_t classes, int64_t r
                          detail, sizeof detail))
             failed = "backward";
     }
+    if (c.st == CH_OK && !failed) {
+        ch_clear_error();
+        if (!names_label(tap_settled(ch_softmax_xent_fused(tloss, td, tlab, 1.0f), td), row, bad,
+                         detail, sizeof detail))
+            failed = "fused";
+    }
     random_labels(&c, labels, n, classes);
     tc_upload(&c, tlab, labels);
+    TC(&c, ch_softmax_xent_fused(tloss, td, tlab, 1.0f));
     TC(&c, ch_softmax_xent(tloss, tp, tl, tlab));
     TC(&c, ch_softmax_xent_backward(td, tp, tlab, 1.0f));
     /* Nothing left to report: a deferred error is told once. */
@@ -620,7 +694,7 @@ static void test_bad_label(ch_device *dev, int64_t n, int64_t classes, int64_t r
     if (failed)
         tc_append(&c, " (the %s)", failed);
     else
-        snprintf(detail, sizeof detail, "both refused, naming it; then good labels pass");
+        snprintf(detail, sizeof detail, "all three refused, naming it; then good labels pass");
     tc_end_exact(&c, !failed, detail);
 }
 

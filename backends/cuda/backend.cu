@@ -226,6 +226,7 @@ static const ch_backend_i chcu_table = {
     .bias_grad = chcu_bias_grad,
     .softmax_xent = chcu_softmax_xent,
     .softmax_xent_backward = chcu_softmax_xent_backward,
+    .softmax_xent_fused = chcu_softmax_xent_fused,
     .transpose01 = chcu_transpose01,
     .im2col = chcu_im2col,
     .col2im = chcu_col2im,

@@ -1,5 +1,6 @@
-/* Fused softmax + cross-entropy, forward (mean loss) and backward, and the
- * deferred checks of labels and embedding indices.
+/* Fused softmax + cross-entropy, forward (mean loss) and backward, both in
+ * one pass in place (softmax_xent_fused), and the deferred checks of
+ * labels and embedding indices.
  *
  * Labels out of range: both kernels lower a check word to the first row
  * whose label is outside [0, c) and that label (atomicMin: the same row
@@ -12,6 +13,7 @@
  * same way (attention.cu). */
 #include <math.h>
 #include "common.cuh"
+#include "kernels/half_bits.h"
 #include "kernels/xent.h"
 
 /* ---- deferred label and index checks ---- */
@@ -224,4 +226,128 @@ ch_status chcu_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
         chcu_at<float>(dlogits), chcu_at<float>(probs), chcu_at<int32_t>(labels), n, c, scale, bad);
     return chcu_check_end(s, chcu_launched("softmax_xent_backward_kernel"),
                           "ch_softmax_xent_backward", 0, c);
+}
+
+/* ---- softmax_xent_fused: a block per row, the row read twice, written once ---- */
+
+/* A logit widened to f32, and a gradient rounded to the tensor's format. */
+__device__ static inline float fused_load(const float *x, int64_t j, int)
+{
+    return x[j];
+}
+__device__ static inline float fused_load(const uint16_t *x, int64_t j, int bf16)
+{
+    return chk_bits_f32(bf16 ? chk_bf16_to_f32(x[j]) : chk_f16_to_f32(x[j]));
+}
+__device__ static inline void fused_store(float *x, int64_t j, float v, int)
+{
+    x[j] = v;
+}
+__device__ static inline void fused_store(uint16_t *x, int64_t j, float v, int bf16)
+{
+    x[j] = bf16 ? chk_f32_to_bf16(chk_f32_bits(v)) : chk_f32_to_f16(chk_f32_bits(v));
+}
+
+/* (max, sum of exp(x - max)) of two parts of a row, as one. */
+__device__ static inline void fused_merge(float *m, float *s, float m2, float s2)
+{
+    float mx = fmaxf(*m, m2);
+    if (mx == -INFINITY)
+        return;
+    *s = *s * expf(*m - mx) + s2 * expf(m2 - mx);
+    *m = mx;
+}
+
+/* Rows [blockIdx.x, n) by gridDim.x: each thread's share of the row read
+ * once for its running max and sum (online softmax), the block's merged
+ * through the warps and shared memory; then each element read again and
+ * overwritten by its gradient, chk_xent_grad of expf(x - max) / sum. */
+template <typename T>
+__global__ void softmax_xent_fused_kernel(T *logits, float *rowloss, const int32_t *labels,
+                                          int64_t n, int64_t c, float scale, int bf16,
+                                          unsigned long long *bad)
+{
+    __shared__ float sm[32], ss[32];
+    const int lane = threadIdx.x % CHCU_WARP, warp = threadIdx.x / CHCU_WARP;
+    const int warps = blockDim.x / CHCU_WARP;
+    chk_acc k = chk_xent_scale(scale, (chk_acc)n);
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+        T *x = logits + r * c;
+        float m = -INFINITY, s = 0.0f;
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+            float v = fused_load(x, j, bf16);
+            if (v > m) {
+                s = s * expf(m - v) + 1.0f;
+                m = v;
+            } else if (m != -INFINITY) { /* -inf after -inf adds nothing */
+                s += expf(v - m);
+            }
+        }
+        for (int o = CHCU_WARP / 2; o > 0; o /= 2) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            fused_merge(&m, &s, m2, s2);
+        }
+        if (lane == 0) {
+            sm[warp] = m;
+            ss[warp] = s;
+        }
+        __syncthreads();
+        m = sm[0];
+        s = ss[0];
+        for (int w = 1; w < warps; w++)
+            fused_merge(&m, &s, sm[w], ss[w]);
+        int32_t l = labels[r];
+        int good = l >= 0 && l < c;
+        if (threadIdx.x == 0) {
+            if (good) {
+                rowloss[r] = logf(s) - (fused_load(x, l, bf16) - m);
+            } else {
+                rowloss[r] = NAN;
+                atomicMin(bad, chcu_check_word(r, l));
+            }
+        }
+        /* The label's logit is read above before any thread writes it. */
+        __syncthreads();
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            fused_store(x, j, chk_xent_grad(expf(fused_load(x, j, bf16) - m) / s, j == l, k), bf16);
+    }
+}
+
+ch_status chcu_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dtype dt, float scale,
+                                  ch_bmem loss, ch_bmem logits, ch_bmem labels)
+{
+    if (dt != CH_F32 && dt != CH_BF16 && dt != CH_F16)
+        return chi_error(CH_ERR_UNSUPPORTED, "cuda softmax_xent_fused: dtype %d", (int)dt);
+    chcu_stream *s = (chcu_stream *)stream;
+    ch_status st = chcu_enter(s->dev);
+    if (st)
+        return st;
+    size_t rows_bytes = ((size_t)n * sizeof(float) + 7) / 8 * 8;
+    void *work;
+    st = chcu_scratch_acquire(s, rows_bytes + chcu_sum_into_work(1, n, 1), &work);
+    if (st)
+        return st;
+    float *rowloss = (float *)work;
+    unsigned long long *bad = NULL;
+    st = chcu_check_begin(s, n, &bad);
+    if (!st) {
+        /* A warp for short rows, 512 threads (at most 32 warps: sm, ss)
+         * for a vocabulary. */
+        int threads = c <= 1024 ? CHCU_WARP : 512;
+        unsigned grid = (unsigned)(n < 65535 * 16 ? n : 65535 * 16);
+        if (dt == CH_F32)
+            softmax_xent_fused_kernel<float><<<grid, threads, 0, s->s>>>(
+                chcu_at<float>(logits), rowloss, chcu_at<int32_t>(labels), n, c, scale, 0, bad);
+        else
+            softmax_xent_fused_kernel<uint16_t><<<grid, threads, 0, s->s>>>(
+                chcu_at<uint16_t>(logits), rowloss, chcu_at<int32_t>(labels), n, c, scale,
+                dt == CH_BF16, bad);
+        st = chcu_check_end(s, chcu_launched("softmax_xent_fused_kernel"), "ch_softmax_xent_fused",
+                            0, c);
+    }
+    if (!st)
+        st = chcu_sum_into(s, chcu_at<float>(loss), rowloss, 1, n, 1, (double)n, 0.0f,
+                           (char *)work + rows_bytes);
+    chcu_scratch_release(s);
+    return st;
 }

@@ -347,6 +347,7 @@ static const ch_backend_i host_iface = {
     .bias_grad = chi_host_bias_grad,
     .softmax_xent = chi_host_softmax_xent,
     .softmax_xent_backward = chi_host_softmax_xent_backward,
+    .softmax_xent_fused = chi_host_softmax_xent_fused,
     .transpose01 = chi_host_transpose01,
     .im2col = chi_host_im2col,
     .col2im = chi_host_col2im,

@@ -1,5 +1,6 @@
 /* The host's softmax ops: ch_softmax (rows, with the causal mask) and its
- * backward, and the fused softmax-cross-entropy, forward and backward.
+ * backward, and the fused softmax-cross-entropy: forward and backward,
+ * and both in one pass in place.
  * Each row is one thread's (the exponentials vectorised in float, their
  * sum and the loss in double), so the result is the same bits whatever
  * the thread count. */
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "host.h"
+#include "kernels/half_bits.h"
 #include "kernels/xent.h"
 #include "vec.h"
 
@@ -183,5 +185,68 @@ ch_status chi_host_softmax_xent_backward(void *stream, int64_t n, int64_t c,
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < c; j++)
             pd[i * c + j] = chk_xent_grad(pp[i * c + j], j == pl[i], k);
+    return CH_OK;
+}
+
+/* One row of softmax_xent_fused, f32 in w: softmax_row in place, then
+ * the gradient over it; returns the row's loss. */
+static double xent_fused_row(float *w, int64_t c, int32_t label, double k)
+{
+    float max, at_label = w[label];
+    double sum = softmax_row(w, w, c, c, &max);
+    for (int64_t j = 0; j < c; j++)
+        w[j] = chk_xent_grad(w[j], j == label, k);
+    return log(sum) - ((double)at_label - max);
+}
+
+/* A half row widened into w, worked on there, and the gradient narrowed
+ * back into it. */
+static double xent_fused_half_row(uint16_t *h, float *w, int64_t c, int32_t label, double k,
+                                  int bf16)
+{
+    for (int64_t j = 0; j < c; j++)
+        w[j] = chk_bits_f32(bf16 ? chk_bf16_to_f32(h[j]) : chk_f16_to_f32(h[j]));
+    double loss = xent_fused_row(w, c, label, k);
+    for (int64_t j = 0; j < c; j++)
+        h[j] = bf16 ? chk_f32_to_bf16(chk_f32_bits(w[j])) : chk_f32_to_f16(chk_f32_bits(w[j]));
+    return loss;
+}
+
+ch_status chi_host_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dtype dt, float scale,
+                                      ch_bmem loss, ch_bmem logits, ch_bmem labels)
+{
+    static const char fn[] = "ch_softmax_xent_fused";
+    if (dt != CH_F32 && dt != CH_BF16 && dt != CH_F16)
+        return chi_error(CH_ERR_UNSUPPORTED, "host softmax_xent_fused: dtype %d", (int)dt);
+    const int32_t *pl = chi_host_i32(labels);
+    ch_status st = check_labels(fn, pl, n, c);
+    if (st != CH_OK)
+        return st;
+    /* The row losses, then (half formats) a row of f32 per thread. */
+    int threads = dt == CH_F32 ? 0 : chi_omp_max_threads();
+    chi_host_scratch sc;
+    st = chi_host_scratch_take(stream, ((size_t)n + (size_t)threads * (size_t)c) * sizeof(double),
+                               &sc);
+    if (st != CH_OK)
+        return st;
+    double *row_loss = sc.mem, k = chk_xent_scale(scale, (double)n);
+    float *rows = (float *)(row_loss + n);
+    char *x = (char *)logits.ptr + logits.off;
+    int par = n * c > CHI_HOST_PAR_MIN / 16;
+    if (dt == CH_F32) {
+        CHI_OMP(omp parallel for if (par))
+        for (int64_t i = 0; i < n; i++)
+            row_loss[i] = xent_fused_row((float *)x + i * c, c, pl[i], k);
+    } else {
+        CHI_OMP(omp parallel for if (par))
+        for (int64_t i = 0; i < n; i++)
+            row_loss[i] = xent_fused_half_row((uint16_t *)x + i * c, rows + chi_omp_thread() * c, c,
+                                              pl[i], k, dt == CH_BF16);
+    }
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        total += row_loss[i];
+    chi_host_scratch_give(&sc);
+    chi_host_f32(loss)[0] = (float)(total / (double)n);
     return CH_OK;
 }

@@ -564,6 +564,7 @@ static const ch_backend_i table = {
     .bias_grad = chcl_bias_grad,
     .softmax_xent = chcl_softmax_xent,
     .softmax_xent_backward = chcl_softmax_xent_backward,
+    .softmax_xent_fused = chcl_softmax_xent_fused,
     .transpose01 = chcl_transpose01,
     .im2col = chcl_im2col,
     .col2im = chcl_col2im,

@@ -291,6 +291,46 @@ ch_status chcl_softmax_xent_backward(void *stream, int64_t n, int64_t c, ch_bmem
     return chcl_check_end(s, st, bad, labels, "ch_softmax_xent_backward", 0, c);
 }
 
+ch_status chcl_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dtype dt, float scale,
+                                  ch_bmem loss, ch_bmem logits, ch_bmem labels)
+{
+    static const char fn[] = "ch_softmax_xent_fused";
+    if (dt != CH_F32 && dt != CH_BF16 && dt != CH_F16)
+        return chi_error(CH_ERR_UNSUPPORTED, "opencl softmax_xent_fused: dtype %d", (int)dt);
+    chcl_stream *s = stream;
+    int k = dt == CH_F32 ? CHCL_K_XENT_FUSED : CHCL_K_XENT_FUSED_HALF;
+    size_t group;
+    cl_mem rows = NULL;
+    chcl_ref bad;
+    ch_status st = check_3d("softmax_xent_fused", n, c, 1);
+    if (st == CH_OK)
+        st = chcl_reduce_group(s, k, c, sizeof(cl_float), &group);
+    if (st == CH_OK)
+        st = chcl_scratch_acquire(s, "softmax_xent_fused", (size_t)n * sizeof(cl_float), &rows);
+    if (st != CH_OK)
+        return st;
+    st = chcl_check_begin(s, &bad);
+    if (st == CH_OK) {
+        /* The offset in elements of the logits' own size. */
+        size_t size = dt == CH_F32 ? sizeof(cl_float) : sizeof(cl_ushort);
+        chcl_ref X = {chcl_buf(logits), (cl_ulong)(logits.off / size)};
+        chcl_ref LB = chcl_ref_of(labels);
+        cl_int cc = (cl_int)c, bf16 = dt == CH_BF16;
+        cl_float nrows = (cl_float)n;
+        chcl_arg args[] = {
+            CHCL_REF(X),     CHCL_ARG(rows),  CHCL_REF(LB),  CHCL_ARG(cc),
+            CHCL_ARG(scale), CHCL_ARG(nrows), CHCL_REF(bad), CHCL_LOCAL(group * sizeof(cl_float)),
+            CHCL_ARG(bf16)};
+        int nargs = CHCL_COUNT_OF(args) - (dt == CH_F32);
+        ch_status ran = chcl_launch_groups(s, k, nargs, args, n, group);
+        if (ran == CH_OK)
+            ran = loss_mean(s, loss, rows, n);
+        st = chcl_check_end(s, ran, bad, labels, fn, 0, c);
+    }
+    chcl_scratch_release(s);
+    return st;
+}
+
 ch_status chcl_transpose01(void *stream, int64_t a, int64_t b, int64_t inner, ch_bmem y,
                            ch_bmem x)
 {

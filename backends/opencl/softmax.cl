@@ -63,6 +63,62 @@ __kernel void softmax_backward(__global float *dl, ulong dlo, __global const flo
     dl[dlo + i] = chk_xent_grad(probs[po + i], lab == i % c, chk_xent_scale(scale, rows));
 }
 
+/* softmax_xent_fused, in place: one work-group per row of x [rows, c],
+ * read for its max, then its sum of exponentials, then once more to be
+ * overwritten by the gradient (xent.h's chk_xent_grad); rowloss and the
+ * check word as softmax_rows'. LOAD(j) is element j of the row widened to
+ * float, STORE(j, v) rounds v into it. */
+#define XENT_FUSED_ROW(LOAD, STORE)                                                        \
+    int r = get_group_id(0), t = get_local_id(0), step = get_local_size(0);                \
+    float m = -INFINITY;                                                                   \
+    for (int j = t; j < c; j += step)                                                      \
+        m = fmax(m, LOAD(j));                                                              \
+    tmp[t] = m;                                                                            \
+    tree_max(tmp);                                                                         \
+    m = tmp[0];                                                                            \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                          \
+    float s = 0.0f;                                                                        \
+    for (int j = t; j < c; j += step)                                                      \
+        s += exp(LOAD(j) - m);                                                             \
+    tmp[t] = s;                                                                            \
+    tree_sum(tmp);                                                                         \
+    s = tmp[0];                                                                            \
+    int lab = labels[lbo + r];                                                             \
+    if (t == 0) {                                                                          \
+        if (lab >= 0 && lab < c) {                                                         \
+            rowloss[r] = log(s) - (LOAD(lab) - m);                                         \
+        } else {                                                                           \
+            rowloss[r] = NAN;                                                              \
+            atomic_min(bad + bo, (uint)r);                                                 \
+        }                                                                                  \
+    }                                                                                      \
+    /* the label's logit is read before any work-item writes it */                         \
+    barrier(CLK_GLOBAL_MEM_FENCE);                                                         \
+    for (int j = t; j < c; j += step)                                                      \
+        STORE(j, chk_xent_grad(exp(LOAD(j) - m) / s, lab == j, chk_xent_scale(scale, rows)));
+
+__kernel void xent_fused(__global float *logits, ulong xo, __global float *rowloss,
+                         __global const int *labels, ulong lbo, int c, float scale, float rows,
+                         __global uint *bad, ulong bo, __local float *tmp)
+{
+    __global float *x = logits + xo + (long)get_group_id(0) * c;
+#define LOAD_F32(j) x[j]
+#define STORE_F32(j, v) x[j] = (v)
+    XENT_FUSED_ROW(LOAD_F32, STORE_F32)
+}
+
+/* The same over bf16 (bf16 1) or f16 (0) logits. */
+__kernel void xent_fused_half(__global ushort *logits, ulong xo, __global float *rowloss,
+                              __global const int *labels, ulong lbo, int c, float scale,
+                              float rows, __global uint *bad, ulong bo, __local float *tmp,
+                              int bf16)
+{
+    __global ushort *x = logits + xo + (long)get_group_id(0) * c;
+#define LOAD_HALF(j) as_float(bf16 ? chk_bf16_to_f32(x[j]) : chk_f16_to_f32(x[j]))
+#define STORE_HALF(j, v) x[j] = bf16 ? chk_f32_to_bf16(as_uint(v)) : chk_f32_to_f16(as_uint(v))
+    XENT_FUSED_ROW(LOAD_HALF, STORE_HALF)
+}
+
 /* One work-item, queued right after a kernel that checks: the value at
  * the position its word names, into the word after it (stream.c), while
  * the values are still the ones the kernel read. */

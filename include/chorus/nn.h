@@ -234,6 +234,16 @@ CH_API void ch_loss_free(ch_loss *loss);
 CH_API ch_status ch_loss_forward(ch_loss *loss, ch_tensor **value, const ch_tensor *pred,
                                  const ch_tensor *target);
 CH_API ch_status ch_loss_backward(ch_loss *loss, ch_tensor **dpred, float scale);
+/* Forward and backward at once, for a training step that needs pred only
+ * for the loss. Cross-entropy overwrites pred (f32, bf16 or f16) with
+ * its gradient, *dpred = pred, in one pass (ch_softmax_xent_fused): one
+ * [N, C] tensor where forward and backward keep three; the loss keeps no
+ * state for a later ch_loss_backward. MSE runs forward then backward and
+ * leaves pred as it was. A module's output may be passed where its
+ * backward does not read it: that of a Linear, a Conv2d or a GPT (ch_dp
+ * does this by itself). *value as forward's. */
+CH_API ch_status ch_loss_forward_backward(ch_loss *loss, ch_tensor **value, ch_tensor **dpred,
+                                          ch_tensor *pred, const ch_tensor *target, float scale);
 
 /* ---- Optimizers ---------------------------------------------------------------- */
 

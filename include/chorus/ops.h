@@ -139,6 +139,19 @@ CH_API ch_status ch_softmax_xent(ch_tensor *loss, ch_tensor *probs,
 CH_API ch_status ch_softmax_xent_backward(ch_tensor *dlogits, const ch_tensor *probs,
                                           const ch_tensor *labels, float scale);
 
+/* Both of the above in one pass over each row, in place, without the
+ * probabilities: loss [1] (f32) = the mean over rows of -log
+ * softmax(logits)[label], and logits [N, C] overwritten by the gradient of
+ * scale * mean loss, scale * (softmax(logits) - onehot(labels)) / N, in
+ * logits' own dtype: f32, bf16 or f16 (the half formats read widened to
+ * f32, the gradient rounded once). The softmax and the loss are computed
+ * in f32 or better whatever the format. For a training step whose logits
+ * are not needed after the loss: one [N, C] tensor where the two ops above
+ * keep three (logits, probs, dlogits). Labels are checked, and reported,
+ * as ch_softmax_xent's; a bad label leaves logits unspecified. */
+CH_API ch_status ch_softmax_xent_fused(ch_tensor *loss, ch_tensor *logits, const ch_tensor *labels,
+                                       float scale);
+
 /* ---- Convolution and pooling -------------------------------------------- */
 
 typedef struct ch_window2d {
