@@ -43,7 +43,8 @@ extern "C" {
  * layout arguments, ch_attention_packed; 15: their products' format,
  * ch_attention_packed_mixed, and gemm_half's bias, ch_gemm_bias; 16:
  * adam_step_half; 17: chi_math_flags, which modules call; 18:
- * softmax_xent_fused): a module of another version is refused at load. */
+ * softmax_xent_fused, adam_step_multi): a module of another version is
+ * refused at load. */
 #define CH_BACKEND_ABI_VERSION 18
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
@@ -92,6 +93,14 @@ typedef enum ch_axis_op {
     CH_AXIS_MEAN = 1,
     CH_AXIS_COUNT
 } ch_axis_op;
+
+/* One parameter of adam_step_multi: its n elements in p, m, v and g, and
+ * (half CH_BF16 or CH_F16) the rounded copy ph, or (half CH_F32) none. */
+typedef struct ch_adam_segment {
+    int64_t n;
+    ch_bmem p, m, v, g, ph;
+    ch_dtype half;
+} ch_adam_segment;
 
 /* Convolution geometry for im2col/col2im/maxpool, resolved by the core. */
 typedef struct ch_conv_geom {
@@ -241,6 +250,13 @@ typedef struct ch_conv_geom {
      * adam_step and the forward rounds the weight. */                                             \
     X(OP, OPTIONAL, ch_status, adam_step_half, (void *stream, int64_t n, ch_bmem p, ch_bmem m,     \
         ch_bmem v, ch_bmem g, const ch_adam_params *params, int half, ch_bmem ph))                 \
+    /* optional: adam_step_half over `count` parameters of one device in one                       \
+     * launch or a few (segs[i]: n elements; ph.ptr NULL where half is CH_F32,                     \
+     * no rounded copy), each element's step the same bits as adam_step's;                         \
+     * no two segments share memory but their g. Without it the core steps                        \
+     * them one by one. */                                                                         \
+    X(OP, OPTIONAL, ch_status, adam_step_multi, (void *stream, int count,                          \
+        const ch_adam_segment *segs, const ch_adam_params *params))                                \
     /* a, b: (lo, hi), (mean, std) or (p, unused) */                                               \
     X(OP, OP, ch_status, rand, (void *stream, ch_rand_kind kind, int64_t n, ch_bmem y,             \
         uint64_t seed, uint64_t offset, float a, float b))                                         \

@@ -3,6 +3,8 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "opcheck.h"
@@ -724,6 +726,98 @@ ch_status chi_adam_step_half(ch_tensor *p, ch_tensor *m, ch_tensor *v, const ch_
     TRY(no_alias(fn, "ph", ph, "g", g));
     return BE(p)->adam_step_half(STREAM(p), p->numel, chi_mem(p), chi_mem(m), chi_mem(v),
                                  chi_mem(g), params, ph->dtype, chi_mem(ph));
+}
+
+/* A range of memory that one of chi_adam_step_multi's parameters uses:
+ * t[i]'s `what` (0 p, 1 m, 2 v, 3 g, 4 ph). */
+typedef struct adam_range {
+    const void *buf;
+    size_t lo, hi;
+    int i, what;
+} adam_range;
+
+static int adam_range_cmp(const void *a, const void *b)
+{
+    const adam_range *x = a, *y = b;
+    if (x->buf != y->buf)
+        return (uintptr_t)x->buf < (uintptr_t)y->buf ? -1 : 1;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* No memory two parameters share, but where both only read (gradients):
+ * the ranges sorted, each against those that start before it ends. */
+static ch_status adam_apart(const char *fn, int count, const chi_adam_tensors *t)
+{
+    static const char *const names[] = {"p", "m", "v", "g", "ph"};
+    adam_range *r = malloc((size_t)count * 5 * sizeof *r);
+    if (!r)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    size_t n = 0;
+    for (int i = 0; i < count; i++) {
+        const ch_tensor *ts[5] = {t[i].p, t[i].m, t[i].v, t[i].g, t[i].ph};
+        for (int w = 0; w < 5; w++)
+            if (ts[w])
+                r[n++] = (adam_range){ts[w]->buf, ts[w]->off, ts[w]->off + ch_tensor_nbytes(ts[w]),
+                                      i, w};
+    }
+    qsort(r, n, sizeof *r, adam_range_cmp);
+    ch_status st = CH_OK;
+    for (size_t a = 0; a < n && st == CH_OK; a++)
+        for (size_t b = a + 1; b < n && r[b].buf == r[a].buf && r[b].lo < r[a].hi; b++)
+            if (r[a].i != r[b].i && !(r[a].what == 3 && r[b].what == 3)) {
+                st = chi_error(CH_ERR_INVALID_ARGUMENT,
+                               "%s: parameter %d's %s overlaps parameter %d's %s in memory", fn,
+                               r[a].i, names[r[a].what], r[b].i, names[r[b].what]);
+                break;
+            }
+    free(r);
+    return st;
+}
+
+ch_status chi_adam_step_multi(int count, const chi_adam_tensors *t, const ch_adam_params *params)
+{
+    static const char fn[] = "chi_adam_step_multi";
+    if (count < 0 || (count > 0 && !t))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: count %d, t %s", fn, count,
+                         t ? "given" : "NULL");
+    for (int i = 0; i < count; i++) {
+        TRY(adam_checks(fn, t[i].p, t[i].m, t[i].v, t[i].g, params));
+        if (t[i].p->dev != t[0].p->dev)
+            return chi_error(CH_ERR_DEVICE_MISMATCH, "%s: parameter %d is on %s, parameter 0 on "
+                             "%s", fn, i, t[i].p->dev->id, t[0].p->dev->id);
+        if (t[i].ph) {
+            TRY(no_alias(fn, "ph", t[i].ph, "p", t[i].p));
+            TRY(no_alias(fn, "ph", t[i].ph, "m", t[i].m));
+            TRY(no_alias(fn, "ph", t[i].ph, "v", t[i].v));
+            TRY(no_alias(fn, "ph", t[i].ph, "g", t[i].g));
+        }
+    }
+    if (count == 0)
+        return CH_OK;
+    TRY(adam_apart(fn, count, t));
+    if (!BE(t[0].p)->adam_step_multi) {
+        for (int i = 0; i < count; i++)
+            TRY(chi_adam_half_fused(t[i].p, t[i].ph)
+                    ? chi_adam_step_half(t[i].p, t[i].m, t[i].v, t[i].g, params, t[i].ph)
+                    : ch_adam_step(t[i].p, t[i].m, t[i].v, t[i].g, params));
+        return CH_OK;
+    }
+    ch_adam_segment *segs = malloc((size_t)count * sizeof *segs);
+    if (!segs)
+        return chi_error(CH_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (int i = 0; i < count; i++) {
+        int half = chi_adam_half_fused(t[i].p, t[i].ph);
+        segs[i] = (ch_adam_segment){t[i].p->numel,
+                                    chi_mem(t[i].p),
+                                    chi_mem(t[i].m),
+                                    chi_mem(t[i].v),
+                                    chi_mem(t[i].g),
+                                    half ? chi_mem(t[i].ph) : (ch_bmem){NULL, 0},
+                                    half ? t[i].ph->dtype : CH_F32};
+    }
+    ch_status st = BE(t[0].p)->adam_step_multi(STREAM(t[0].p), count, segs, params);
+    free(segs);
+    return st;
 }
 
 /* ---- Random numbers --------------------------------------------------------- */

@@ -30,4 +30,21 @@ CHI_TEST_API ch_status chi_adam_step_half(ch_tensor *p, ch_tensor *m, ch_tensor 
                                           const ch_tensor *g, const ch_adam_params *params,
                                           ch_tensor *ph);
 
+/* One parameter of chi_adam_step_multi: ph NULL, or its rounded copy
+ * (written where chi_adam_half_fused(p, ph), as chi_adam_step_half
+ * writes it; left alone elsewhere). */
+typedef struct chi_adam_tensors {
+    ch_tensor *p, *m, *v;
+    const ch_tensor *g;
+    ch_tensor *ph;
+} chi_adam_tensors;
+
+/* The Adam step of `count` parameters of one device (each checked as
+ * ch_adam_step checks its own), in one launch or a few where the backend
+ * has adam_step_multi, else one by one: the same bits either way. No two
+ * parameters may share memory but their gradients (CH_ERR_INVALID_ARGUMENT
+ * naming both); all on one device (CH_ERR_DEVICE_MISMATCH). */
+CHI_TEST_API ch_status chi_adam_step_multi(int count, const chi_adam_tensors *t,
+                                           const ch_adam_params *params);
+
 #endif

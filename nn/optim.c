@@ -346,35 +346,67 @@ static ch_status sgd_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g,
     return ch_sgd_step(p, opt->m[i], g, &sp, opt->o.momentum != 0.0f && opt->fresh[i]);
 }
 
-/* With `np` (the whole parameter, not a range of it) whose module keeps
- * the weight rounded to a half format (nn_half_weight), the step rounds
- * into that copy as it writes p, where the backend can, and notes the
- * stamps that tell the next forward the copy is current. */
-static ch_status adam_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g, float lr,
-                            nn_param *np)
+/* Every parameter's Adam step, those of one device (in a row, in the
+ * model's order) in one chi_adam_step_multi: one launch or a few on a
+ * backend that has the slot, instead of one per parameter (GPT-2 has 148). */
+static ch_status adam_all(ch_optimizer *opt, float lr)
 {
     ch_adam_params ap = {lr, opt->o.beta1, opt->o.beta2, opt->o.eps, opt->o.weight_decay,
                          opt->o.kind == CH_OPT_ADAMW, opt->steps + 1};
-    ch_tensor *ph = np && np->half ? *np->half : NULL;
-    if (!chi_adam_half_fused(p, ph))
-        return ch_adam_step(p, opt->m[i], opt->v[i], g, &ap);
-    TRY(chi_adam_step_half(p, opt->m[i], opt->v[i], g, &ap, ph));
-    np->half_stamps[0] = chi_tensor_stamp(p);
-    np->half_stamps[1] = chi_tensor_stamp(ph);
-    return CH_OK;
+    int n = opt->nparams, used = 0;
+    chi_adam_tensors *t = calloc((size_t)n + 1, sizeof *t);
+    nn_param **np = calloc((size_t)n + 1, sizeof *np);
+    ch_tensor **views = calloc(2 * (size_t)n + 1, sizeof *views);
+    ch_status st = t && np && views ? CH_OK
+                                    : chi_error(CH_ERR_OUT_OF_MEMORY,
+                                                "ch_optimizer_step: out of memory");
+    for (int i = 0; i < n && st == CH_OK; i++) {
+        nn_param *q = nn_param_at(opt->model, i);
+        st = nn_grad_settle(q); /* as ch_module_param hands it out */
+        int64_t first, count;
+        int ranged = nn_optimizer_part(opt, i, &first, &count);
+        if (st != CH_OK || count == 0)
+            continue;
+        /* A ranged optimizer updates its elements only, through views;
+         * the rounded copy is the whole weight's, so it is left out. */
+        chi_adam_tensors *e = &t[used];
+        *e = (chi_adam_tensors){q->value, opt->m[i], opt->v[i], q->grad, NULL};
+        if (ranged) {
+            st = nn_flat_view(&views[2 * used], q->value, first, count);
+            if (st == CH_OK)
+                st = nn_flat_view(&views[2 * used + 1], q->grad, first, count);
+            e->p = views[2 * used];
+            e->g = views[2 * used + 1];
+        } else {
+            e->ph = q->half ? *q->half : NULL;
+            np[used] = q;
+        }
+        used++;
+    }
+    for (int a = 0, b; st == CH_OK && a < used; a = b) {
+        for (b = a + 1; b < used && ch_tensor_device(t[b].p) == ch_tensor_device(t[a].p);)
+            b++;
+        st = chi_adam_step_multi(b - a, t + a, &ap);
+    }
+    /* The copies rounded in the step are current for the next forward. */
+    for (int i = 0; st == CH_OK && i < used; i++)
+        if (np[i] && chi_adam_half_fused(t[i].p, t[i].ph)) {
+            np[i]->half_stamps[0] = chi_tensor_stamp(t[i].p);
+            np[i]->half_stamps[1] = chi_tensor_stamp(t[i].ph);
+        }
+    for (int i = 0; views && i < 2 * used; i++)
+        ch_tensor_free(views[i]);
+    free(t);
+    free(np);
+    free(views);
+    return st;
 }
 
-ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
+/* Every parameter's SGD step, one by one. */
+static ch_status sgd_all(ch_optimizer *opt, float lr)
 {
-    if (!opt)
-        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_optimizer_step: opt is NULL");
-    if (ch_module_param_count(opt->model) != opt->nparams)
-        return chi_error(CH_ERR_STATE, "ch_optimizer_step: the model has %d parameters, it had "
-                         "%d when the optimizer was made", ch_module_param_count(opt->model),
-                         opt->nparams);
-    TRY(nn_optimizer_prepare(opt));
     for (int i = 0; i < opt->nparams; i++) {
-        nn_param *np = nn_param_at(opt->model, i); /* in range: counted above */
+        nn_param *np = nn_param_at(opt->model, i); /* in range: counted by the caller */
         TRY(nn_grad_settle(np));                   /* as ch_module_param hands it out */
         ch_tensor *p = np->value, *g = np->grad;
         int64_t first, count;
@@ -389,14 +421,25 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
             if (st == CH_OK)
                 st = nn_flat_view(&gv, g, first, count);
         }
-        if (st == CH_OK && opt->o.kind == CH_OPT_SGD)
+        if (st == CH_OK)
             st = sgd_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr);
-        else if (st == CH_OK)
-            st = adam_param(opt, i, ranged ? pv : p, ranged ? gv : g, lr, ranged ? NULL : np);
         ch_tensor_free(pv);
         ch_tensor_free(gv);
         TRY(st);
     }
+    return CH_OK;
+}
+
+ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
+{
+    if (!opt)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_optimizer_step: opt is NULL");
+    if (ch_module_param_count(opt->model) != opt->nparams)
+        return chi_error(CH_ERR_STATE, "ch_optimizer_step: the model has %d parameters, it had "
+                         "%d when the optimizer was made", ch_module_param_count(opt->model),
+                         opt->nparams);
+    TRY(nn_optimizer_prepare(opt));
+    TRY(opt->o.kind == CH_OPT_SGD ? sgd_all(opt, lr) : adam_all(opt, lr));
     memset(opt->fresh, 0, (size_t)opt->nparams);
     opt->steps++;
     return CH_OK;

@@ -1331,6 +1331,149 @@ out:
     ch_tensor_free(odd);
 }
 
+/* A tensor of n elements holding `data` (NULL: unset) that the caller
+ * frees: a case holds fewer tensors than test_adam_multi makes. */
+static ch_tensor *own_tensor(tcase *c, ch_tensor **list, int *count, ch_dtype dt, int64_t n,
+                             const float *data)
+{
+    ch_tensor *t = NULL;
+    if (c->st != CH_OK)
+        return NULL;
+    TC(c, ch_tensor_new(&t, c->dev, dt, 1, &n));
+    if (t)
+        list[(*count)++] = t;
+    if (t && data)
+        TC(c, ch_tensor_upload(t, data, (size_t)n * sizeof *data));
+    return t;
+}
+
+/* chi_adam_step_multi over `count` parameters of sizes from `sizes`
+ * (cycled), every third with a bf16 copy and every third after it an f16
+ * one: p, m, v and the copies the same bits as ch_adam_step on each and
+ * ch_cast of the result (the copies only where the backend fuses them). */
+static void test_adam_multi(ch_device *dev, int count, const int64_t *sizes, int nsizes)
+{
+    enum { MAXP = 60 };
+    tcase c;
+    tc_begin(&c, dev, "chi_adam_step_multi over %d parameters", count);
+    ch_adam_params prm = {.lr = 0.02f,
+                          .beta1 = 0.9f,
+                          .beta2 = 0.95f,
+                          .eps = 1e-8f,
+                          .weight_decay = 0.1f,
+                          .decoupled = 1,
+                          .step = 2};
+    chi_adam_tensors a[MAXP], b[MAXP];
+    ch_tensor *hc[MAXP], *own[MAXP * 11];
+    int64_t n[MAXP], most = 0;
+    int nown = 0;
+    count = count < MAXP ? count : MAXP;
+    for (int i = 0; i < nsizes; i++)
+        most = sizes[i] > most ? sizes[i] : most;
+    /* Each parameter's values start its own stretch of these. */
+    float *p0 = tc_random(&c, most + count, -2, 2), *g = tc_random(&c, most + count, -1, 1);
+    float *m0 = tc_random(&c, most + count, -0.5f, 0.5f), *v0 = tc_random(&c, most + count, 0, 0.5f);
+    for (int i = 0; i < count; i++) {
+        n[i] = sizes[i % nsizes];
+        ch_dtype half = i % 3 == 1 ? CH_BF16 : i % 3 == 2 ? CH_F16 : CH_F32;
+        chi_adam_tensors *t[2] = {&a[i], &b[i]};
+        for (int k = 0; k < 2; k++) {
+            t[k]->p = own_tensor(&c, own, &nown, CH_F32, n[i], p0 + i);
+            t[k]->m = own_tensor(&c, own, &nown, CH_F32, n[i], m0 + i);
+            t[k]->v = own_tensor(&c, own, &nown, CH_F32, n[i], v0 + i);
+            t[k]->g = own_tensor(&c, own, &nown, CH_F32, n[i], g + i);
+            t[k]->ph = half == CH_F32 ? NULL : own_tensor(&c, own, &nown, half, n[i], NULL);
+        }
+        hc[i] = half == CH_F32 ? NULL : own_tensor(&c, own, &nown, half, n[i], NULL);
+    }
+    for (int i = 0; i < count; i++) {
+        TC(&c, ch_adam_step(a[i].p, a[i].m, a[i].v, a[i].g, &prm));
+        if (hc[i])
+            TC(&c, ch_cast(hc[i], a[i].p));
+    }
+    TC(&c, chi_adam_step_multi(count, b, &prm));
+    int64_t bad = 0, hbad = 0, fused = 0;
+    float *x = tc_floats(&c, most), *y = tc_floats(&c, most);
+    uint16_t *u = tc_alloc(&c, (size_t)most * 2), *w = tc_alloc(&c, (size_t)most * 2);
+    for (int i = 0; i < count && c.st == CH_OK; i++) {
+        ch_tensor *ta[3] = {a[i].p, a[i].m, a[i].v}, *tb[3] = {b[i].p, b[i].m, b[i].v};
+        for (int k = 0; k < 3; k++) {
+            tc_download(&c, ta[k], x, n[i]);
+            tc_download(&c, tb[k], y, n[i]);
+            bad += memcmp(x, y, (size_t)n[i] * 4) != 0;
+        }
+        if (hc[i] && chi_adam_half_fused(b[i].p, b[i].ph)) {
+            TC(&c, ch_tensor_download(hc[i], u, (size_t)n[i] * 2));
+            TC(&c, ch_tensor_download(b[i].ph, w, (size_t)n[i] * 2));
+            hbad += memcmp(u, w, (size_t)n[i] * 2) != 0;
+            fused++;
+        }
+    }
+    for (int i = 0; i < nown; i++)
+        ch_tensor_free(own[i]);
+    char detail[160];
+    snprintf(detail, sizeof detail,
+             "p, m, v: %" PRId64 " of %d tensors differ from ch_adam_step's; %" PRId64
+             " of %" PRId64 " rounded copies from ch_cast's",
+             bad, 3 * count, hbad, fused);
+    tc_end_exact(&c, bad == 0 && hbad == 0, detail);
+}
+
+/* Its refusals: parameters sharing memory, on two devices, a bad step. */
+static void test_adam_multi_errors(ch_device *dev, ch_device *other)
+{
+    const char *id = ch_device_id(dev);
+    int64_t n[1] = {64};
+    ch_tensor *t[9] = {NULL};
+    ch_status st = CH_OK;
+    for (int k = 0; k < 8 && st == CH_OK; k++)
+        st = ch_tensor_new(&t[k], dev, CH_F32, 1, n);
+    for (int k = 0; k < 8 && st == CH_OK; k++)
+        st = ch_fill(t[k], 0.25);
+    if (st == CH_OK && other)
+        st = ch_tensor_new(&t[8], other, CH_F32, 1, n);
+    if (!tap_status_ok(st, "%s: tensors for chi_adam_step_multi's refusals", id))
+        goto out;
+    ch_adam_params prm = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 1};
+    chi_adam_tensors two[2] = {{t[0], t[1], t[2], t[3], NULL}, {t[4], t[5], t[1], t[7], NULL}};
+    tap_status_is(chi_adam_step_multi(2, two, &prm), CH_ERR_INVALID_ARGUMENT,
+                  "parameter 0's m overlaps parameter 1's v",
+                  "%s: chi_adam_step_multi refuses two parameters sharing a state", id);
+    two[1].v = t[6];
+    two[1].g = t[3];
+    tap_status_ok(chi_adam_step_multi(2, two, &prm),
+                  "%s: chi_adam_step_multi takes one gradient read by two parameters", id);
+    two[1].g = t[0];
+    tap_status_is(chi_adam_step_multi(2, two, &prm), CH_ERR_INVALID_ARGUMENT, "overlaps",
+                  "%s: chi_adam_step_multi refuses a gradient that is another's parameter", id);
+    two[1].g = t[7];
+    prm.step = 0;
+    tap_status_is(chi_adam_step_multi(2, two, &prm), CH_ERR_INVALID_ARGUMENT, "step",
+                  "%s: chi_adam_step_multi checks each parameter as ch_adam_step does", id);
+    prm.step = 1;
+    tap_status_is(chi_adam_step_multi(1, NULL, &prm), CH_ERR_INVALID_ARGUMENT, "NULL",
+                  "%s: chi_adam_step_multi refuses a NULL table", id);
+    tap_status_ok(chi_adam_step_multi(0, NULL, &prm), "%s: chi_adam_step_multi of nothing", id);
+    if (t[8]) {
+        ch_tensor *m2 = NULL, *v2 = NULL, *g2 = NULL;
+        st = ch_tensor_new(&m2, other, CH_F32, 1, n);
+        if (st == CH_OK)
+            st = ch_tensor_new(&v2, other, CH_F32, 1, n);
+        if (st == CH_OK)
+            st = ch_tensor_new(&g2, other, CH_F32, 1, n);
+        chi_adam_tensors mixed[2] = {two[0], {t[8], m2, v2, g2, NULL}};
+        if (tap_status_ok(st, "%s: a parameter on %s", id, ch_device_id(other)))
+            tap_status_is(chi_adam_step_multi(2, mixed, &prm), CH_ERR_DEVICE_MISMATCH,
+                          "parameter 1", "%s: chi_adam_step_multi refuses two devices", id);
+        ch_tensor_free(m2);
+        ch_tensor_free(v2);
+        ch_tensor_free(g2);
+    }
+out:
+    for (int k = 0; k < 9; k++)
+        ch_tensor_free(t[k]);
+}
+
 static void test_optimizers(ch_device *dev)
 {
     test_sgd(dev, &(ch_sgd_params){.lr = 0.1f}, 0);
@@ -1350,6 +1493,11 @@ static void test_optimizers(ch_device *dev)
         for (int64_t n = 1031; n <= 200003; n += 198972)
             test_adam_half(dev, h ? CH_F16 : CH_BF16, n);
     test_adam_half_errors(dev);
+    /* Chunks of 4096 (CUDA) cut inside and at the edges of parameters;
+     * more than the 48 of one CUDA launch. */
+    static const int64_t sizes[] = {1, 4095, 4096, 4097, 30001, 768, 3};
+    test_adam_multi(dev, 7, sizes, 7);
+    test_adam_multi(dev, 53, sizes, 7);
 }
 
 /* ---- Random numbers ------------------------------------------------------ */
@@ -1841,6 +1989,8 @@ int main(void)
                 test_random_vs_host(devs[i], host);
                 test_shared_vs_host(devs[i], host);
             }
+        for (int i = 0; i < ndev; i++)
+            test_adam_multi_errors(devs[i], devs[i] != host ? host : ndev > 1 ? devs[1] : NULL);
     }
     ch_shutdown();
     return tap_done();

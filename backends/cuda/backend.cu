@@ -237,6 +237,7 @@ static const ch_backend_i chcu_table = {
     .sgd_step = chcu_sgd_step,
     .adam_step = chcu_adam_step,
     .adam_step_half = chcu_adam_step_half,
+    .adam_step_multi = chcu_adam_step_multi,
     .rand = chcu_rand,
     .gemm_batched = chcu_gemm_batched,
     .permute = chcu_permute,

@@ -361,6 +361,7 @@ static const ch_backend_i host_iface = {
     .sgd_step = chi_host_sgd_step,
     .adam_step = chi_host_adam_step,
     .adam_step_half = chi_host_adam_step_half,
+    .adam_step_multi = chi_host_adam_step_multi,
     .rand = chi_host_rand,
     .gemm_batched = chi_host_gemm_batched,
     .permute = chi_host_permute,
