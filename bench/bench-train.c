@@ -145,8 +145,36 @@ static double trainer_step(trainer *t, ch_device *dev, const ch_tensor *x, const
 /* Median of `steps` timed training steps of `model` on `dev` after warm-up:
  * samples per second; *peak: the device's peak bytes in use meanwhile;
  * *params: the model's parameter count (a tied tensor once). */
+/* Where the device counts its work (ch_device_counters: CUDA): what one
+ * step launches, and the share of three steps' time inside their GEMMs,
+ * each between two events (timed apart from the rate). -1 elsewhere. */
+typedef struct step_counts {
+    double launches, gemms, gemm_share;
+} step_counts;
+
+static void count_step(trainer *t, ch_device *dev, const ch_tensor *x, const ch_tensor *labels,
+                       step_counts *c)
+{
+    *c = (step_counts){-1, -1, -1};
+    if (ch_device_counters_start(dev, 0) != CH_OK) {
+        ch_clear_error(); /* the device does not count */
+        return;
+    }
+    ch_device_counters k;
+    trainer_step(t, dev, x, labels);
+    BENCH_CHECK(ch_device_counters_read(dev, &k));
+    c->launches = (double)k.launches;
+    c->gemms = (double)k.gemms;
+    BENCH_CHECK(ch_device_counters_start(dev, 1));
+    double wall = 0;
+    for (int i = 0; i < 3; i++)
+        wall += trainer_step(t, dev, x, labels);
+    BENCH_CHECK(ch_device_counters_read(dev, &k));
+    c->gemm_share = k.gemm_seconds >= 0 ? k.gemm_seconds / wall : -1;
+}
+
 static double train_rate(const char *model, const shapes *sh, ch_device *dev, int batch, int steps,
-                         uint64_t *peak, int64_t *params)
+                         uint64_t *peak, int64_t *params, step_counts *counts)
 {
     BENCH_CHECK(ch_device_sync(dev));
     BENCH_CHECK(ch_device_reset_peak(dev));
@@ -170,6 +198,7 @@ static double train_rate(const char *model, const shapes *sh, ch_device *dev, in
     ch_memory_stats ms;
     BENCH_CHECK(ch_device_memory_stats(dev, &ms));
     *peak = ms.peak_bytes;
+    count_step(&t, dev, x, labels, counts);
     ch_tensor_free(x);
     ch_tensor_free(labels);
     trainer_free(&t);
@@ -828,7 +857,9 @@ int main(int argc, char **argv)
             }
             uint64_t peak = 0;
             int64_t params = 0;
-            double rate = train_rate(models[mi], &sh, devs[d], batch, steps, &peak, &params);
+            step_counts counts;
+            double rate =
+                train_rate(models[mi], &sh, devs[d], batch, steps, &peak, &params, &counts);
             double peak_mib = (double)peak / (1024.0 * 1024.0);
             /* The process's peak resident memory so far (Linux: KiB), read
              * before the GEMM share's own operands are made: what the
@@ -886,6 +917,11 @@ int main(int argc, char **argv)
                     printf(",\"gemm_bound_samples_per_s\":%.1f,\"gemm_share\":%.3f", bound, share);
                 if (precision != CH_F32)
                     printf(",\"precision\":\"%s\"", ch_dtype_name(precision));
+                if (counts.launches >= 0)
+                    printf(",\"launches_per_step\":%.0f,\"gemms_per_step\":%.0f",
+                           counts.launches, counts.gemms);
+                if (counts.gemm_share >= 0)
+                    printf(",\"gemm_time_share\":%.4f", counts.gemm_share);
                 printf(",\"peak_bytes\":%llu", (unsigned long long)peak);
                 if (rss_mib >= 0)
                     printf(",\"max_rss_mib\":%.1f", rss_mib);
@@ -912,6 +948,11 @@ int main(int argc, char **argv)
                 if (strcmp(info.backend, "host") != 0)
                     printf("%-10s %-6s %6d  ops run on the host for %s so far: %d%s%s\n", id,
                            models[mi], batch, id, fb, fb ? " " : "", ops);
+                if (counts.launches >= 0)
+                    printf("%-10s %-6s %6d  a step launches %.0f (%.0f GEMMs); their time: %.1f%% "
+                           "of the step (device events)\n",
+                           id, models[mi], batch, counts.launches, counts.gemms,
+                           100.0 * counts.gemm_share);
                 if (share >= 0)
                     printf("%-10s %-6s %6d %14.1f  GEMM-bound rate at " REF_GEMM_LIB " speed%s; "
                            "GEMM share %.3f\n",

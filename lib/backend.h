@@ -43,8 +43,8 @@ extern "C" {
  * layout arguments, ch_attention_packed; 15: their products' format,
  * ch_attention_packed_mixed, and gemm_half's bias, ch_gemm_bias; 16:
  * adam_step_half; 17: chi_math_flags, which modules call; 18:
- * softmax_xent_fused, adam_step_multi): a module of another version is
- * refused at load. */
+ * softmax_xent_fused, adam_step_multi, counters): a module of another
+ * version is refused at load. */
 #define CH_BACKEND_ABI_VERSION 18
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
@@ -137,6 +137,11 @@ typedef struct ch_conv_geom {
      * without it) */                                                                              \
     X(DEVICE, OPTIONAL, ch_status, mem_info, (void *dev, uint64_t *free_bytes,                     \
         uint64_t *total_bytes))                                                                    \
+    /* optional: ch_device_counters. start 1: from zero (time_gemms: time                           \
+     * every GEMM from now); start 0: the counts since (gemm_seconds < 0                           \
+     * where not timed). Without it the core answers CH_ERR_UNSUPPORTED. */                        \
+    X(DEVICE, OPTIONAL, ch_status, counters, (void *dev, int start, int time_gemms,               \
+        uint64_t *launches, uint64_t *gemms, double *gemm_seconds))                                \
     /* CH_ERR_DEVICE_OUT_OF_MEMORY when the device is full (the core then                          \
      * empties its cache and tries once more), CH_ERR_LIMIT when `bytes` is                        \
      * beyond what the device can allocate at once. */                                             \

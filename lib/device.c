@@ -675,6 +675,35 @@ ch_status ch_device_reset_peak(ch_device *dev)
     return CH_OK;
 }
 
+/* The checked device's counters slot: start, or read into out. */
+static ch_status counters(const char *fn, ch_device *dev, int start, int time_gemms,
+                          ch_device_counters *out)
+{
+    if (!start && !out)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    if (!dev->be->iface->counters)
+        return chi_error(CH_ERR_UNSUPPORTED, "%s: %s's backend does not count its launches", fn,
+                         dev->id);
+    ch_device_counters c = {0, 0, -1.0};
+    TRY(dev->be->iface->counters(dev->dev, start, time_gemms != 0, &c.launches, &c.gemms,
+                                 &c.gemm_seconds));
+    if (out)
+        *out = c;
+    return CH_OK;
+}
+
+ch_status ch_device_counters_start(ch_device *dev, int time_gemms)
+{
+    CHECK_DEVICE("ch_device_counters_start", dev);
+    return counters("ch_device_counters_start", dev, 1, time_gemms, NULL);
+}
+
+ch_status ch_device_counters_read(ch_device *dev, ch_device_counters *out)
+{
+    CHECK_DEVICE("ch_device_counters_read", dev);
+    return counters("ch_device_counters_read", dev, 0, 0, out);
+}
+
 ch_status ch_device_set_memory_limit(ch_device *dev, uint64_t bytes)
 {
     CHECK_DEVICE("ch_device_set_memory_limit", dev);

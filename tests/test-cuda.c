@@ -792,6 +792,41 @@ static void test_peer(ch_device *src, ch_device *dst)
 
 /* ---- main ------------------------------------------------------------------ */
 
+/* ch_device_counters: three GEMMs and two fills since the start count 3
+ * GEMMs and at least 5 launches; timed, their seconds are > 0; untimed,
+ * < 0; a new start counts from zero again. */
+static void test_counters(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    int64_t s[2] = {256, 256};
+    ch_tensor *a = NULL, *b = NULL, *c = NULL;
+    ch_status st = ch_tensor_new(&a, dev, CH_F32, 2, s);
+    if (st == CH_OK)
+        st = ch_tensor_new(&b, dev, CH_F32, 2, s);
+    if (st == CH_OK)
+        st = ch_tensor_new(&c, dev, CH_F32, 2, s);
+    for (int timed = 1; timed >= 0 && st == CH_OK; timed--) {
+        ch_device_counters k = {0};
+        st = ch_device_counters_start(dev, timed);
+        if (st == CH_OK)
+            st = ch_fill(a, 1.0);
+        if (st == CH_OK)
+            st = ch_fill(b, 0.5);
+        for (int i = 0; i < 3 && st == CH_OK; i++)
+            st = ch_gemm(c, 0, 0, 1.0f, a, b, 0.0f);
+        if (st == CH_OK)
+            st = ch_device_counters_read(dev, &k);
+        tap_ok(st == CH_OK && k.gemms == 3 && k.launches >= 5 &&
+                   (timed ? k.gemm_seconds > 0.0 : k.gemm_seconds < 0.0),
+               "%s: counters%s: %llu launches, %llu GEMMs, %g s in them (%s)", id,
+               timed ? " with GEMM times" : "", (unsigned long long)k.launches,
+               (unsigned long long)k.gemms, k.gemm_seconds, st == CH_OK ? "ok" : ch_last_error());
+    }
+    ch_tensor_free(a);
+    ch_tensor_free(b);
+    ch_tensor_free(c);
+}
+
 static void test_device(ch_device *dev)
 {
     test_info(dev);
@@ -807,6 +842,7 @@ static void test_device(ch_device *dev)
     test_softmax_rows(dev, 20011, 10);
     test_gemm_streams(dev, 1024, 1024, 1024);
     test_gemm_streams(dev, 64, 65536, 64);
+    test_counters(dev);
     test_oom(dev);
 }
 

@@ -122,6 +122,7 @@ static void chcu_device_close(void *dev)
         return;
     chcu_clock_release(d);
     chcu_events_release(d);
+    chcu_counters_release(d);
     pthread_mutex_destroy(&d->event_lock);
     pthread_mutex_destroy(&d->clock_lock);
     pthread_mutex_destroy(&d->lock);
@@ -198,6 +199,7 @@ static const ch_backend_i chcu_table = {
     .device_open = chcu_device_open,
     .device_close = chcu_device_close,
     .mem_info = chcu_mem_info,
+    .counters = chcu_counters,
     .alloc = chcu_alloc,
     .free = chcu_free,
     .host_alloc = chcu_host_alloc,

@@ -43,8 +43,18 @@ ch_status chcu_blas_check(cublasStatus_t st, const char *call)
                      cublasGetStatusString(st));
 }
 
+unsigned long long chcu_launch_counts[CHCU_MAX_DEVICES];
+
+void chcu_count_launch(void)
+{
+    int d = -1;
+    if (cudaGetDevice(&d) == cudaSuccess && d >= 0 && d < CHCU_MAX_DEVICES)
+        __atomic_fetch_add(&chcu_launch_counts[d], 1ull, __ATOMIC_RELAXED);
+}
+
 ch_status chcu_launched(const char *kernel)
 {
+    chcu_count_launch();
     return chcu_check(cudaGetLastError(), kernel);
 }
 

@@ -52,8 +52,105 @@ static ch_status chcu_blas_math(chcu_stream *s)
     return st;
 }
 
+/* ---- ch_device_counters: GEMM calls, and their time where asked ---- */
+
+/* With time_gemms, an event recorded on s now, kept for the next read:
+ * before a GEMM (end 0) and after it (end 1). A failure to make or record
+ * one stops the timing (gemm_seconds then reads < 0), never the GEMM. */
+static void gemm_mark(chcu_stream *s, int end)
+{
+    chcu_device *d = s->dev;
+    pthread_mutex_lock(&d->lock);
+    if (end)
+        d->gemms++;
+    if (d->time_gemms && d->ngemm_events == d->gemm_events_cap) {
+        int cap = d->gemm_events_cap ? 2 * d->gemm_events_cap : 256;
+        cudaEvent_t *grown =
+            (cudaEvent_t *)realloc(d->gemm_events, (size_t)cap * sizeof *grown);
+        if (grown) {
+            d->gemm_events = grown;
+            d->gemm_events_cap = cap;
+        } else {
+            d->time_gemms = 0;
+        }
+    }
+    /* Pairs only: an end with no start is not kept. */
+    if (d->time_gemms && (d->ngemm_events % 2 == 1) == (end == 1)) {
+        cudaEvent_t e;
+        if (cudaEventCreate(&e) == cudaSuccess) {
+            if (cudaEventRecord(e, s->s) == cudaSuccess)
+                d->gemm_events[d->ngemm_events++] = e;
+            else
+                (void)cudaEventDestroy(e);
+        }
+        if (d->ngemm_events % 2 == 1 && end) /* the end failed: drop its start */
+            (void)cudaEventDestroy(d->gemm_events[--d->ngemm_events]);
+        (void)cudaGetLastError();
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* The events' times into gemm_seconds, the events destroyed (lock held). */
+static ch_status gemm_events_sum(chcu_device *d)
+{
+    ch_status st = CH_OK;
+    int n = d->ngemm_events - d->ngemm_events % 2;
+    for (int i = 0; i < n; i += 2) {
+        float ms = 0.0f;
+        if (!st)
+            st = chcu_check(cudaEventSynchronize(d->gemm_events[i + 1]), "cudaEventSynchronize");
+        if (!st)
+            st = chcu_check(cudaEventElapsedTime(&ms, d->gemm_events[i], d->gemm_events[i + 1]),
+                            "cudaEventElapsedTime");
+        if (!st)
+            d->gemm_seconds += ms / 1000.0;
+    }
+    for (int i = 0; i < d->ngemm_events; i++)
+        (void)cudaEventDestroy(d->gemm_events[i]);
+    d->ngemm_events = 0;
+    return st;
+}
+
+void chcu_counters_release(chcu_device *d)
+{
+    if (chcu_enter(d) == CH_OK) {
+        for (int i = 0; i < d->ngemm_events; i++)
+            (void)cudaEventDestroy(d->gemm_events[i]);
+    }
+    free(d->gemm_events);
+    d->gemm_events = NULL;
+    d->ngemm_events = d->gemm_events_cap = 0;
+}
+
+ch_status chcu_counters(void *dev, int start, int time_gemms, uint64_t *launches,
+                        uint64_t *gemms, double *gemm_seconds)
+{
+    chcu_device *d = (chcu_device *)dev;
+    ch_status st = chcu_enter(d);
+    if (st)
+        return st;
+    pthread_mutex_lock(&d->lock);
+    if (start) {
+        for (int i = 0; i < d->ngemm_events; i++)
+            (void)cudaEventDestroy(d->gemm_events[i]);
+        d->ngemm_events = 0;
+        d->gemms = 0;
+        d->gemm_seconds = 0.0;
+        d->time_gemms = time_gemms;
+        __atomic_store_n(&chcu_launch_counts[d->index], 0ull, __ATOMIC_RELAXED);
+    } else {
+        if (d->time_gemms)
+            st = gemm_events_sum(d);
+        *launches = __atomic_load_n(&chcu_launch_counts[d->index], __ATOMIC_RELAXED);
+        *gemms = d->gemms;
+        *gemm_seconds = d->time_gemms ? d->gemm_seconds : -1.0;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
 /* The stream's device made current, its BLAS lock taken and its handle
- * made; on failure the lock is not held. */
+ * made, a GEMM's start marked; on failure the lock is not held. */
 static ch_status chcu_blas_begin(chcu_stream *s)
 {
     ch_status st = chcu_enter(s->dev);
@@ -65,7 +162,17 @@ static ch_status chcu_blas_begin(chcu_stream *s)
         st = chcu_blas_math(s);
     if (st)
         pthread_mutex_unlock(&s->blas_lock);
+    else
+        gemm_mark(s, 0);
     return st;
+}
+
+/* After the cuBLAS call: counted, its end marked, the lock let go. */
+static void chcu_blas_end(chcu_stream *s)
+{
+    chcu_count_launch();
+    gemm_mark(s, 1);
+    pthread_mutex_unlock(&s->blas_lock);
 }
 
 ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
@@ -86,7 +193,7 @@ ch_status chcu_gemm(void *stream, int trans_a, int trans_b, int64_t m, int64_t n
                                      &alpha, chcu_at<float>(b), (int)ldb, chcu_at<float>(a),
                                      (int)lda, &beta, chcu_at<float>(c), (int)ldc),
                          "cublasSgemm");
-    pthread_mutex_unlock(&s->blas_lock);
+    chcu_blas_end(s);
     return st;
 }
 
@@ -114,7 +221,7 @@ ch_status chcu_gemm_batched(void *stream, int trans_a, int trans_b, int64_t coun
                                   chcu_at<float>(a), (int)lda, (long long)stride_a, &beta,
                                   chcu_at<float>(c), (int)ldc, (long long)stride_c, (int)count),
         "cublasSgemmStridedBatched");
-    pthread_mutex_unlock(&s->blas_lock);
+    chcu_blas_end(s);
     return st;
 }
 
@@ -155,7 +262,7 @@ ch_status chcu_gemm_half(void *stream, int ab, int cd, int trans_a, int trans_b,
                                          &beta, chcu_at<void>(c), out, (int)ldc,
                                          (long long)stride_c, (int)count, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT);
-    pthread_mutex_unlock(&s->blas_lock);
+    chcu_blas_end(s);
     const char *call = count == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx";
     /* A GPU or a cuBLAS without these types: CH_ERR_UNSUPPORTED, and the
      * core widens the inputs to f32 instead. */

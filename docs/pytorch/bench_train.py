@@ -445,7 +445,8 @@ def side_summary(rows, device):
     out = {"rate": median_or_none([rate_of(r) for r in rows], 6),
            "rates": [float(f"{rate_of(r):.6g}") for r in rows],
            "peak_mib": median_or_none([memory_mib(r, device) for r in rows], 6)}
-    for k in ("tflops", "mfu", "forward_ms", "backward_ms", "step_ms", "gemm_share"):
+    for k in ("tflops", "mfu", "forward_ms", "backward_ms", "step_ms", "gemm_share",
+              "launches_per_step", "gemms_per_step", "gemm_time_share"):
         if k in last:
             out[k] = median_or_none([r.get(k) for r in rows])
     for k in ("peak_tflops", "peak_of", "params", "flop_per_token", "optimizer", "math",

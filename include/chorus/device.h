@@ -199,6 +199,26 @@ CH_API ch_status ch_device_memory_stats(const ch_device *dev, ch_memory_stats *s
  * peak_reserved_bytes in_use_bytes + cached_bytes. */
 CH_API ch_status ch_device_reset_peak(ch_device *dev);
 
+/* The device's work as its backend counts it, for benchmarks: what a
+ * training step launches and how much of it is GEMM. CUDA counts every
+ * kernel launch and cuBLAS call (a cuBLAS call counted once, however many
+ * kernels it runs); the host and OpenCL do not count (CH_ERR_UNSUPPORTED
+ * from both calls). */
+typedef struct ch_device_counters {
+    uint64_t launches;   /* kernels and library calls queued since the start */
+    uint64_t gemms;      /* of those, the GEMM calls */
+    double gemm_seconds; /* the device's time inside them, where the start
+                            asked for it (an event pair around each); < 0
+                            otherwise */
+} ch_device_counters;
+
+/* Start counting from zero; time_gemms 1 also times every GEMM, at a cost
+ * of two events each (leave it 0 where the step's own time matters). */
+CH_API ch_status ch_device_counters_start(ch_device *dev, int time_gemms);
+/* What was counted since the start (it goes on counting). With GEMM
+ * times, waits for the GEMMs queued so far to finish. */
+CH_API ch_status ch_device_counters_read(ch_device *dev, ch_device_counters *out);
+
 /* Hold the device's memory to `bytes` (0: no limit, the default): an
  * allocation is refused when in_use_bytes + cached_bytes + its size would
  * go beyond it. The cache is emptied first (as when the driver runs out

@@ -278,7 +278,7 @@ def cmd_train(args):
 def print_train(results, device):
     print(f"{'case':<16} {'ours':>10} {'PyTorch':>10} {'ratio':>7} {'compile':>10} "
           f"{'MFU ours':>9} {'MFU PyT':>8} {'peak':>12} {'MiB ours':>9} {'MiB PyT':>8} "
-          f"{'on host':>7}")
+          f"{'on host':>7} {'launches':>8} {'GEMM time':>9}")
     for r in results:
         if "ours" not in r:
             print(f"{r['case']:<16} {r.get('error', '')}")
@@ -291,7 +291,9 @@ def print_train(results, device):
               f"{pct(a.get('mfu')):>9} {pct(b.get('mfu')):>8} "
               f"{(str(a.get('peak_tflops')) + ' TF') if a.get('peak_tflops') else '-':>12} "
               f"{mib(a.get('peak_mib')):>9} {mib(b.get('peak_mib')):>8} "
-              f"{a.get('fallbacks', '-'):>7}")
+              f"{a.get('fallbacks', '-'):>7} "
+              f"{fmt_rate(a.get('launches_per_step')) if 'launches_per_step' in a else '-':>8} "
+              f"{pct(a.get('gemm_time_share')):>9}")
         for n in r.get("notes", []):
             print(f"  note: {n}")
         if r.get("error"):
