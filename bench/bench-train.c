@@ -96,6 +96,10 @@ static ch_dtype precision = CH_F32;
 /* --optimizer: Adam (the default) or AdamW (weight decay 0.01, PyTorch's
  * default). */
 static ch_optimizer_kind optimizer = CH_OPT_ADAM;
+/* --unfused: the step as it ran before its fusions, for before-and-after
+ * rows in one run: the loss's forward and backward apart (probabilities
+ * and gradient in tensors of their own), Adam a call per parameter. */
+static int unfused = 0;
 
 /* A model on dev with its loss and Adam. */
 typedef struct trainer {
@@ -116,6 +120,7 @@ static void trainer_new(trainer *t, const char *model, const shapes *sh, ch_devi
     BENCH_CHECK(ch_loss_new(&t->loss, CH_LOSS_CROSS_ENTROPY));
     ch_optimizer_options oo = ch_optimizer_defaults(optimizer, 1e-3f);
     BENCH_CHECK(ch_optimizer_new(&t->opt, t->m, &oo));
+    BENCH_CHECK(ch_optimizer_set_one_by_one(t->opt, unfused));
 }
 
 static void trainer_free(trainer *t)
@@ -135,7 +140,12 @@ static double trainer_step(trainer *t, ch_device *dev, const ch_tensor *x, const
     /* The loss's gradient in the logits' place (every model here ends in
      * a Linear or the GPT's output layer, whose backward does not read
      * its output), as ch_dp does. */
-    BENCH_CHECK(ch_loss_forward_backward(t->loss, &lv, &dy, y, labels, 1.0f));
+    if (unfused) {
+        BENCH_CHECK(ch_loss_forward(t->loss, &lv, y, labels));
+        BENCH_CHECK(ch_loss_backward(t->loss, &dy, 1.0f));
+    } else {
+        BENCH_CHECK(ch_loss_forward_backward(t->loss, &lv, &dy, y, labels, 1.0f));
+    }
     BENCH_CHECK(ch_module_backward(t->m, NULL, dy));
     BENCH_CHECK(ch_optimizer_step(t->opt, 1e-3f));
     BENCH_CHECK(ch_device_sync(dev));
@@ -728,6 +738,7 @@ int main(int argc, char **argv)
                                           {"tf32", no_argument, 0, 'F'},
                                           {"optimizer", required_argument, 0, 'O'},
                                           {"attention-only", no_argument, 0, 'A'},
+                                          {"unfused", no_argument, 0, 'U'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     int c;
@@ -741,6 +752,7 @@ int main(int argc, char **argv)
         case 'R': recompute = 1; break;
         case 'F': tf32 = 1; break;
         case 'A': attention_only = 1; break;
+        case 'U': unfused = 1; break;
         case 'O':
             if (strcmp(optarg, "adam") == 0)
                 optimizer = CH_OPT_ADAM;
@@ -774,7 +786,7 @@ int main(int argc, char **argv)
                    "[--model mlp|cnn|resnet|gpt] [--batch N] "
                    "[--steps N] [--depth N] [--layers N] [--heads N] [--dim N] [--context N] "
                    "[--vocab N] [--precision f32|bf16|fp16] [--tf32] [--optimizer adam|adamw] "
-                   "[--recompute] [--attention-only] [--json]\n"
+                   "[--recompute] [--attention-only] [--unfused] [--json]\n"
                    "without --model: the mlp and the cnn; --precision: mixed precision "
                    "(ch_module_set_precision), no loss scaling; --tf32: f32 GEMMs on TF32 "
                    "(ch_math_set(CH_MATH_TF32); without it CH_MATH_DEFAULT, whatever "
@@ -783,7 +795,9 @@ int main(int argc, char **argv)
                    "without and with recomputed activations (ch_module_set_recompute), "
                    "interleaved, with the peak memory of each; --attention-only: the fused "
                    "causal attention alone (ch_attention_packed_mixed and its backward, "
-                   "products in --precision) on qkv [batch, context, 3 dim], --heads heads\n"
+                   "products in --precision) on qkv [batch, context, 3 dim], --heads heads; "
+                   "--unfused: the loss's forward and backward apart and Adam a call per "
+                   "parameter (ch_optimizer_set_one_by_one), the step before its fusions\n"
                    "the gpt's rows give its model TFLOP/s and MFU (6N + 6LCT FLOP a token, "
                    "llm.c's count) against the device's listed peak, every row the ops that "
                    "ran on the host for its device\n");
@@ -917,6 +931,8 @@ int main(int argc, char **argv)
                     printf(",\"gemm_bound_samples_per_s\":%.1f,\"gemm_share\":%.3f", bound, share);
                 if (precision != CH_F32)
                     printf(",\"precision\":\"%s\"", ch_dtype_name(precision));
+                if (unfused)
+                    printf(",\"unfused\":true");
                 if (counts.launches >= 0)
                     printf(",\"launches_per_step\":%.0f,\"gemms_per_step\":%.0f",
                            counts.launches, counts.gemms);

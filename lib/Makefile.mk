@@ -82,8 +82,8 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # ch_trace_stop and ch_trace_running; 10:0:1: ch_attention and
 # ch_attention_backward; 11:0:2: ch_attention_packed and its backward;
 # 12:0:3: ch_attention_packed_mixed and its backward; 13:0:4:
-# ch_softmax_xent_fused, ch_loss_forward_backward and ch_device_counters_start
-# and _read).
+# ch_softmax_xent_fused, ch_loss_forward_backward, ch_device_counters_start
+# and _read, ch_optimizer_set_one_by_one).
 chorus_lt_version = 13:0:4
 # What the installed library exports: the public API (ch_*) and the
 # services the backend modules link against (lib/backend.h, lib/error.h,

@@ -162,6 +162,7 @@ struct ch_optimizer {
     int ranged;
     int64_t lo, hi;
     int64_t *off; /* [nparams + 1]: each parameter's first element */
+    int one_by_one; /* ch_optimizer_set_one_by_one */
 };
 
 ch_optimizer_options ch_optimizer_defaults(ch_optimizer_kind kind, float lr)
@@ -346,7 +347,7 @@ static ch_status sgd_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g,
     return ch_sgd_step(p, opt->m[i], g, &sp, opt->o.momentum != 0.0f && opt->fresh[i]);
 }
 
-/* Every parameter's Adam step, those of one device (in a row, in the
+/* Every parameter's Adam step (one_by_one: a call each, as before), those of one device (in a row, in the
  * model's order) in one chi_adam_step_multi: one launch or a few on a
  * backend that has the slot, instead of one per parameter (GPT-2 has 148). */
 static ch_status adam_all(ch_optimizer *opt, float lr)
@@ -383,7 +384,11 @@ static ch_status adam_all(ch_optimizer *opt, float lr)
         }
         used++;
     }
-    for (int a = 0, b; st == CH_OK && a < used; a = b) {
+    for (int i = 0; opt->one_by_one && st == CH_OK && i < used; i++)
+        st = chi_adam_half_fused(t[i].p, t[i].ph)
+                 ? chi_adam_step_half(t[i].p, t[i].m, t[i].v, t[i].g, &ap, t[i].ph)
+                 : ch_adam_step(t[i].p, t[i].m, t[i].v, t[i].g, &ap);
+    for (int a = 0, b; !opt->one_by_one && st == CH_OK && a < used; a = b) {
         for (b = a + 1; b < used && ch_tensor_device(t[b].p) == ch_tensor_device(t[a].p);)
             b++;
         st = chi_adam_step_multi(b - a, t + a, &ap);
@@ -442,6 +447,14 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
     TRY(opt->o.kind == CH_OPT_SGD ? sgd_all(opt, lr) : adam_all(opt, lr));
     memset(opt->fresh, 0, (size_t)opt->nparams);
     opt->steps++;
+    return CH_OK;
+}
+
+ch_status ch_optimizer_set_one_by_one(ch_optimizer *opt, int on)
+{
+    if (!opt)
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_optimizer_set_one_by_one: opt is NULL");
+    opt->one_by_one = on != 0;
     return CH_OK;
 }
 

@@ -269,6 +269,11 @@ CH_API ch_status ch_optimizer_new(ch_optimizer **out, ch_module *model,
 CH_API void ch_optimizer_free(ch_optimizer *opt);
 /* One update of every parameter from its gradient, at learning rate `lr`. */
 CH_API ch_status ch_optimizer_step(ch_optimizer *opt, float lr);
+/* on 1: step each parameter with a call of its own, as PyTorch's
+ * foreach=False does, for comparisons; 0 (the default): an Adam step
+ * takes every parameter of a device at once (on CUDA one launch for up to
+ * 48 tensors). The same numbers either way. */
+CH_API ch_status ch_optimizer_set_one_by_one(ch_optimizer *opt, int on);
 CH_API int64_t ch_optimizer_steps(const ch_optimizer *opt);
 /* State tensors for checkpoints: for each parameter, "momentum" (SGD) or
  * "exp_avg", "exp_avg_sq" (Adam); NULL when the state does not exist yet.
