@@ -37,27 +37,31 @@ ch_status chcu_sgd_step(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem g
     return chcu_launched("sgd_kernel");
 }
 
-/* The step, and where ph is not NULL the new p rounded to the half format
- * (bf16 when bf16, f16 otherwise) as the conversion slots round it: the
+/* Element i's step, and with `half` (1 bf16, 2 f16; 0 none) the new p
+ * rounded to that format into ph as the conversion slots round it: the
  * copy of the weight the next forward's half products read, in the same
  * pass (adam_step_half). */
+__device__ static inline void adam_at(float *p, float *m, float *v, const float *g, uint16_t *ph,
+                                      int half, chk_adam_consts k, int64_t i)
+{
+    chk_adam_state s = {p[i], m[i], v[i]};
+    s = chk_adam_step(k, s, g[i]);
+    p[i] = s.p;
+    m[i] = s.m;
+    v[i] = s.v;
+    if (half)
+        ph[i] = half == 1 ? chk_f32_to_bf16(chk_f32_bits(s.p)) : chk_f32_to_f16(chk_f32_bits(s.p));
+}
+
 __global__ void adam_kernel(float *p, float *m, float *v, const float *g, int64_t n,
-                            chk_adam_consts k, int bf16, uint16_t *ph)
+                            chk_adam_consts k, int half, uint16_t *ph)
 {
     CHCU_FOR_EACH(i, n)
-    {
-        chk_adam_state s = {p[i], m[i], v[i]};
-        s = chk_adam_step(k, s, g[i]);
-        p[i] = s.p;
-        m[i] = s.m;
-        v[i] = s.v;
-        if (ph)
-            ph[i] = bf16 ? chk_f32_to_bf16(chk_f32_bits(s.p)) : chk_f32_to_f16(chk_f32_bits(s.p));
-    }
+    adam_at(p, m, v, g, ph, half, k, i);
 }
 
 static ch_status adam_launch(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_bmem v, ch_bmem g,
-                             const ch_adam_params *params, int bf16, uint16_t *ph)
+                             const ch_adam_params *params, int half, uint16_t *ph)
 {
     chcu_stream *s = (chcu_stream *)stream;
     ch_status st = chcu_enter(s->dev);
@@ -65,7 +69,7 @@ static ch_status adam_launch(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_b
         return st;
     adam_kernel<<<chcu_grid(s->dev, n), CHCU_THREADS, 0, s->s>>>(
         chcu_at<float>(p), chcu_at<float>(m), chcu_at<float>(v), chcu_at<float>(g), n,
-        chi_adam_consts_of(params), bf16, ph);
+        chi_adam_consts_of(params), half, ph);
     return chcu_launched("adam_kernel");
 }
 
@@ -80,7 +84,8 @@ ch_status chcu_adam_step_half(void *stream, int64_t n, ch_bmem p, ch_bmem m, ch_
 {
     if (half != CH_BF16 && half != CH_F16)
         return chi_error(CH_ERR_UNSUPPORTED, "cuda adam_step_half: format %d", half);
-    return adam_launch(stream, n, p, m, v, g, params, half == CH_BF16, chcu_at<uint16_t>(ph));
+    return adam_launch(stream, n, p, m, v, g, params, half == CH_BF16 ? 1 : 2,
+                       chcu_at<uint16_t>(ph));
 }
 
 /* ---- adam_step_multi: up to ADAM_MULTI segments a launch ----
@@ -113,20 +118,8 @@ __global__ void adam_multi_kernel(adam_multi_args a, chk_adam_consts k)
         int64_t end = (c - a.first[s] + 1) * ADAM_CHUNK;
         if (end > a.n[s])
             end = a.n[s];
-        float *p = a.p[s], *m = a.m[s], *v = a.v[s];
-        const float *g = a.g[s];
-        uint16_t *ph = a.ph[s];
-        int half = a.half[s];
-        for (int64_t i = (c - a.first[s]) * ADAM_CHUNK + threadIdx.x; i < end; i += blockDim.x) {
-            chk_adam_state st = {p[i], m[i], v[i]};
-            st = chk_adam_step(k, st, g[i]);
-            p[i] = st.p;
-            m[i] = st.m;
-            v[i] = st.v;
-            if (half)
-                ph[i] = half == 1 ? chk_f32_to_bf16(chk_f32_bits(st.p))
-                                  : chk_f32_to_f16(chk_f32_bits(st.p));
-        }
+        for (int64_t i = (c - a.first[s]) * ADAM_CHUNK + threadIdx.x; i < end; i += blockDim.x)
+            adam_at(a.p[s], a.m[s], a.v[s], a.g[s], a.ph[s], a.half[s], k, i);
     }
 }
 

@@ -163,15 +163,17 @@ __global__ void softmax_xent_kernel(float *probs, float *rowloss, const float *l
     }
 }
 
-ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch_bmem probs,
-                            ch_bmem logits, ch_bmem labels)
+/* What both forward slots share: scratch for the row losses (rounded up
+ * to 8 bytes, to keep the sum's doubles aligned) and the sum's workspace,
+ * the label check around launch(rowloss, bad), which queues the kernel
+ * writing the row losses, then their mean into loss. */
+template <typename Launch>
+static ch_status xent_rows(chcu_stream *s, int64_t n, int64_t c, ch_bmem loss, const char *op,
+                           const char *kernel, Launch launch)
 {
-    chcu_stream *s = (chcu_stream *)stream;
     ch_status st = chcu_enter(s->dev);
     if (st)
         return st;
-    /* Scratch: the row losses (rounded up to 8 bytes, to keep the sum's
-     * doubles aligned), the sum's workspace. */
     size_t rows_bytes = ((size_t)n * sizeof(float) + 7) / 8 * 8;
     void *work;
     st = chcu_scratch_acquire(s, rows_bytes + chcu_sum_into_work(1, n, 1), &work);
@@ -181,16 +183,27 @@ ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch
     unsigned long long *bad = NULL;
     st = chcu_check_begin(s, n, &bad);
     if (!st) {
-        softmax_xent_kernel<<<chcu_grid(s->dev, n * CHCU_WARP), CHCU_THREADS, 0, s->s>>>(
-            chcu_at<float>(probs), rowloss, chcu_at<float>(logits), chcu_at<int32_t>(labels), n, c,
-            bad);
-        st = chcu_check_end(s, chcu_launched("softmax_xent_kernel"), "ch_softmax_xent", 0, c);
+        launch(rowloss, bad);
+        st = chcu_check_end(s, chcu_launched(kernel), op, 0, c);
     }
     if (!st)
         st = chcu_sum_into(s, chcu_at<float>(loss), rowloss, 1, n, 1, (double)n, 0.0f,
                            (char *)work + rows_bytes);
     chcu_scratch_release(s);
     return st;
+}
+
+ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch_bmem probs,
+                            ch_bmem logits, ch_bmem labels)
+{
+    chcu_stream *s = (chcu_stream *)stream;
+    return xent_rows(s, n, c, loss, "ch_softmax_xent", "softmax_xent_kernel",
+                     [&](float *rowloss, unsigned long long *bad) {
+                         softmax_xent_kernel<<<chcu_grid(s->dev, n * CHCU_WARP), CHCU_THREADS, 0,
+                                               s->s>>>(chcu_at<float>(probs), rowloss,
+                                                       chcu_at<float>(logits),
+                                                       chcu_at<int32_t>(labels), n, c, bad);
+                     });
 }
 
 /* dlogits[r, j] = (probs[r, j] - (j == label[r])) * scale / n; the threads
@@ -319,35 +332,19 @@ ch_status chcu_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dtype d
     if (dt != CH_F32 && dt != CH_BF16 && dt != CH_F16)
         return chi_error(CH_ERR_UNSUPPORTED, "cuda softmax_xent_fused: dtype %d", (int)dt);
     chcu_stream *s = (chcu_stream *)stream;
-    ch_status st = chcu_enter(s->dev);
-    if (st)
-        return st;
-    size_t rows_bytes = ((size_t)n * sizeof(float) + 7) / 8 * 8;
-    void *work;
-    st = chcu_scratch_acquire(s, rows_bytes + chcu_sum_into_work(1, n, 1), &work);
-    if (st)
-        return st;
-    float *rowloss = (float *)work;
-    unsigned long long *bad = NULL;
-    st = chcu_check_begin(s, n, &bad);
-    if (!st) {
-        /* A warp for short rows, 512 threads (at most 32 warps: sm, ss)
-         * for a vocabulary. */
-        int threads = c <= 1024 ? CHCU_WARP : 512;
-        unsigned grid = (unsigned)(n < 65535 * 16 ? n : 65535 * 16);
-        if (dt == CH_F32)
-            softmax_xent_fused_kernel<float><<<grid, threads, 0, s->s>>>(
-                chcu_at<float>(logits), rowloss, chcu_at<int32_t>(labels), n, c, scale, 0, bad);
-        else
-            softmax_xent_fused_kernel<uint16_t><<<grid, threads, 0, s->s>>>(
-                chcu_at<uint16_t>(logits), rowloss, chcu_at<int32_t>(labels), n, c, scale,
-                dt == CH_BF16, bad);
-        st = chcu_check_end(s, chcu_launched("softmax_xent_fused_kernel"), "ch_softmax_xent_fused",
-                            0, c);
-    }
-    if (!st)
-        st = chcu_sum_into(s, chcu_at<float>(loss), rowloss, 1, n, 1, (double)n, 0.0f,
-                           (char *)work + rows_bytes);
-    chcu_scratch_release(s);
-    return st;
+    /* A warp for short rows, 512 threads (at most 32 warps: sm, ss) for a
+     * vocabulary. */
+    int threads = c <= 1024 ? CHCU_WARP : 512;
+    unsigned grid = (unsigned)(n < 65535 * 16 ? n : 65535 * 16);
+    return xent_rows(s, n, c, loss, "ch_softmax_xent_fused", "softmax_xent_fused_kernel",
+                     [&](float *rowloss, unsigned long long *bad) {
+                         if (dt == CH_F32)
+                             softmax_xent_fused_kernel<float><<<grid, threads, 0, s->s>>>(
+                                 chcu_at<float>(logits), rowloss, chcu_at<int32_t>(labels), n, c,
+                                 scale, 0, bad);
+                         else
+                             softmax_xent_fused_kernel<uint16_t><<<grid, threads, 0, s->s>>>(
+                                 chcu_at<uint16_t>(logits), rowloss, chcu_at<int32_t>(labels), n,
+                                 c, scale, dt == CH_BF16, bad);
+                     });
 }
