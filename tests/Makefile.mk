@@ -142,6 +142,10 @@ check_PROGRAMS += tests/test-kernel-index
 tests_test_kernel_index_SOURCES = tests/test-kernel-index.c
 tests_test_kernel_index_LDADD = $(TEST_LIBS)
 
+check_PROGRAMS += tests/test-xent-online
+tests_test_xent_online_SOURCES = tests/test-xent-online.c
+tests_test_xent_online_LDADD = $(TEST_LIBS)
+
 # The allocation-failure walk and the checkpoint's failing writes: only in
 # a build configured --enable-fault-injection (CI's sanitizer build). The
 # data-parallel walks, half of the time, in a program of their own, so

@@ -261,18 +261,8 @@ __device__ static inline void fused_store(uint16_t *x, int64_t j, float v, int b
     x[j] = bf16 ? chk_f32_to_bf16(chk_f32_bits(v)) : chk_f32_to_f16(chk_f32_bits(v));
 }
 
-/* (max, sum of exp(x - max)) of two parts of a row, as one. */
-__device__ static inline void fused_merge(float *m, float *s, float m2, float s2)
-{
-    float mx = fmaxf(*m, m2);
-    if (mx == -INFINITY)
-        return;
-    *s = *s * expf(*m - mx) + s2 * expf(m2 - mx);
-    *m = mx;
-}
-
 /* Rows [blockIdx.x, n) by gridDim.x: each thread's share of the row read
- * once for its running max and sum (online softmax), the block's merged
+ * once for its running max and sum (xent.h's online softmax), the block's merged
  * through the warps and shared memory; then each element read again and
  * overwritten by its gradient, chk_xent_grad of expf(x - max) / sum. */
 template <typename T>
@@ -287,18 +277,11 @@ __global__ void softmax_xent_fused_kernel(T *logits, float *rowloss, const int32
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         T *x = logits + r * c;
         float m = -INFINITY, s = 0.0f;
-        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-            float v = fused_load(x, j, bf16);
-            if (v > m) {
-                s = s * expf(m - v) + 1.0f;
-                m = v;
-            } else if (m != -INFINITY) { /* -inf after -inf adds nothing */
-                s += expf(v - m);
-            }
-        }
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+            chk_xent_online_add(&m, &s, fused_load(x, j, bf16));
         for (int o = CHCU_WARP / 2; o > 0; o /= 2) {
             float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-            fused_merge(&m, &s, m2, s2);
+            chk_xent_online_merge(&m, &s, m2, s2);
         }
         if (lane == 0) {
             sm[warp] = m;
@@ -308,7 +291,7 @@ __global__ void softmax_xent_fused_kernel(T *logits, float *rowloss, const int32
         m = sm[0];
         s = ss[0];
         for (int w = 1; w < warps; w++)
-            fused_merge(&m, &s, sm[w], ss[w]);
+            chk_xent_online_merge(&m, &s, sm[w], ss[w]);
         int32_t l = labels[r];
         int good = l >= 0 && l < c;
         if (threadIdx.x == 0) {
