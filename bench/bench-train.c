@@ -934,8 +934,8 @@ int main(int argc, char **argv)
                 if (unfused)
                     printf(",\"unfused\":true");
                 if (counts.launches >= 0)
-                    printf(",\"launches_per_step\":%.0f,\"gemms_per_step\":%.0f",
-                           counts.launches, counts.gemms);
+                    printf(",\"launches_per_step\":%.0f,\"gemms_per_step\":%.0f", counts.launches,
+                           counts.gemms);
                 if (counts.gemm_share >= 0)
                     printf(",\"gemm_time_share\":%.4f", counts.gemm_share);
                 printf(",\"peak_bytes\":%llu", (unsigned long long)peak);

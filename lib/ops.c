@@ -783,8 +783,8 @@ ch_status chi_adam_step_multi(int count, const chi_adam_tensors *t, const ch_ada
     for (int i = 0; i < count; i++) {
         TRY(adam_checks(fn, t[i].p, t[i].m, t[i].v, t[i].g, params));
         if (t[i].p->dev != t[0].p->dev)
-            return chi_error(CH_ERR_DEVICE_MISMATCH, "%s: parameter %d is on %s, parameter 0 on "
-                             "%s", fn, i, t[i].p->dev->id, t[0].p->dev->id);
+            return chi_error(CH_ERR_DEVICE_MISMATCH, "%s: parameter %d is on %s, parameter 0 on %s",
+                             fn, i, t[i].p->dev->id, t[0].p->dev->id);
         if (t[i].ph) {
             TRY(no_alias(fn, "ph", t[i].ph, "p", t[i].p));
             TRY(no_alias(fn, "ph", t[i].ph, "m", t[i].m));

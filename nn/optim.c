@@ -358,9 +358,9 @@ static ch_status adam_all(ch_optimizer *opt, float lr)
     chi_adam_tensors *t = calloc((size_t)n + 1, sizeof *t);
     nn_param **np = calloc((size_t)n + 1, sizeof *np);
     ch_tensor **views = calloc(2 * (size_t)n + 1, sizeof *views);
-    ch_status st = t && np && views ? CH_OK
-                                    : chi_error(CH_ERR_OUT_OF_MEMORY,
-                                                "ch_optimizer_step: out of memory");
+    ch_status st = t && np && views
+                       ? CH_OK
+                       : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_optimizer_step: out of memory");
     for (int i = 0; i < n && st == CH_OK; i++) {
         nn_param *q = nn_param_at(opt->model, i);
         st = nn_grad_settle(q); /* as ch_module_param hands it out */
@@ -440,9 +440,10 @@ ch_status ch_optimizer_step(ch_optimizer *opt, float lr)
     if (!opt)
         return chi_error(CH_ERR_INVALID_ARGUMENT, "ch_optimizer_step: opt is NULL");
     if (ch_module_param_count(opt->model) != opt->nparams)
-        return chi_error(CH_ERR_STATE, "ch_optimizer_step: the model has %d parameters, it had "
-                         "%d when the optimizer was made", ch_module_param_count(opt->model),
-                         opt->nparams);
+        return chi_error(CH_ERR_STATE,
+                         "ch_optimizer_step: the model has %d parameters, it had %d when the "
+                         "optimizer was made",
+                         ch_module_param_count(opt->model), opt->nparams);
     TRY(nn_optimizer_prepare(opt));
     TRY(opt->o.kind == CH_OPT_SGD ? sgd_all(opt, lr) : adam_all(opt, lr));
     memset(opt->fresh, 0, (size_t)opt->nparams);

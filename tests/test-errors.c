@@ -91,10 +91,10 @@ static void test_before_init(void)
     EXPECT(ch_device_reset_peak(NULL), CH_ERR_STATE, "ch_device_reset_peak", "ch_init",
            "before ch_init");
     ch_device_counters dc;
-    EXPECT(ch_device_counters_start(NULL, 0), CH_ERR_STATE, "ch_device_counters_start",
-           "ch_init", "before ch_init");
-    EXPECT(ch_device_counters_read(NULL, &dc), CH_ERR_STATE, "ch_device_counters_read",
-           "ch_init", "before ch_init");
+    EXPECT(ch_device_counters_start(NULL, 0), CH_ERR_STATE, "ch_device_counters_start", "ch_init",
+           "before ch_init");
+    EXPECT(ch_device_counters_read(NULL, &dc), CH_ERR_STATE, "ch_device_counters_read", "ch_init",
+           "before ch_init");
     EXPECT(ch_device_set_memory_limit(NULL, 1 << 20), CH_ERR_STATE, "ch_device_set_memory_limit",
            "ch_init", "before ch_init");
     ch_transfer_stats ts;
@@ -272,12 +272,12 @@ static void test_device_queries(ch_device *host)
     EXPECT(ch_device_reset_peak(NULL), CH_ERR_INVALID_ARGUMENT, "ch_device_reset_peak", "dev",
            "dev NULL");
     ch_device_counters dc;
-    EXPECT(ch_device_counters_start(NULL, 1), CH_ERR_INVALID_ARGUMENT,
-           "ch_device_counters_start", "dev", "dev NULL");
-    EXPECT(ch_device_counters_read(NULL, &dc), CH_ERR_INVALID_ARGUMENT,
-           "ch_device_counters_read", "dev", "dev NULL");
-    EXPECT(ch_device_counters_read(host, NULL), CH_ERR_INVALID_ARGUMENT,
-           "ch_device_counters_read", "out", "out NULL");
+    EXPECT(ch_device_counters_start(NULL, 1), CH_ERR_INVALID_ARGUMENT, "ch_device_counters_start",
+           "dev", "dev NULL");
+    EXPECT(ch_device_counters_read(NULL, &dc), CH_ERR_INVALID_ARGUMENT, "ch_device_counters_read",
+           "dev", "dev NULL");
+    EXPECT(ch_device_counters_read(host, NULL), CH_ERR_INVALID_ARGUMENT, "ch_device_counters_read",
+           "out", "out NULL");
     /* The host counts nothing: said, not zeros. */
     EXPECT(ch_device_counters_start(host, 0), CH_ERR_UNSUPPORTED, "ch_device_counters_start",
            "does not count", "on the host");

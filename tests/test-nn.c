@@ -928,7 +928,8 @@ static void test_adam_grouped(ch_device *dev)
     }
     tap_ok(st == CH_OK && n > 0 && differ == 0,
            "%s: a bf16 GPT's three AdamW steps, grouped and one by one: %d of %d parameters "
-           "differ (%s)", id, differ, n, st == CH_OK ? "ok" : ch_last_error());
+           "differ (%s)",
+           id, differ, n, st == CH_OK ? "ok" : ch_last_error());
     tap_status_is(ch_optimizer_set_one_by_one(NULL, 1), CH_ERR_INVALID_ARGUMENT, "opt",
                   "%s: ch_optimizer_set_one_by_one without an optimizer", id);
     for (int k = 0; k < 2; k++) {

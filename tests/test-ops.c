@@ -1353,7 +1353,9 @@ static ch_tensor *own_tensor(tcase *c, ch_tensor **list, int *count, ch_dtype dt
  * ch_cast of the result (the copies only where the backend fuses them). */
 static void test_adam_multi(ch_device *dev, int count, const int64_t *sizes, int nsizes)
 {
-    enum { MAXP = 60 };
+    enum {
+        MAXP = 60
+    };
     tcase c;
     tc_begin(&c, dev, "chi_adam_step_multi over %d parameters", count);
     ch_adam_params prm = {.lr = 0.02f,
@@ -1372,7 +1374,8 @@ static void test_adam_multi(ch_device *dev, int count, const int64_t *sizes, int
         most = sizes[i] > most ? sizes[i] : most;
     /* Each parameter's values start its own stretch of these. */
     float *p0 = tc_random(&c, most + count, -2, 2), *g = tc_random(&c, most + count, -1, 1);
-    float *m0 = tc_random(&c, most + count, -0.5f, 0.5f), *v0 = tc_random(&c, most + count, 0, 0.5f);
+    float *m0 = tc_random(&c, most + count, -0.5f, 0.5f),
+          *v0 = tc_random(&c, most + count, 0, 0.5f);
     for (int i = 0; i < count; i++) {
         n[i] = sizes[i % nsizes];
         ch_dtype half = i % 3 == 1 ? CH_BF16 : i % 3 == 2 ? CH_F16 : CH_F32;

@@ -65,7 +65,9 @@ static void check(const char *what, const float *x, int64_t n, double tol)
 
 int main(void)
 {
-    enum { N = 50257 };
+    enum {
+        N = 50257
+    };
     float *x = malloc(sizeof *x * N);
     if (!x) {
         tap_ok(0, "memory for a row");

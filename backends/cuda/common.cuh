@@ -85,8 +85,8 @@ void chcu_count_launch(void);
 /* Its GEMM events, destroyed (device_close). */
 void chcu_counters_release(chcu_device *d);
 /* The counters slot (gemm.cu). */
-ch_status chcu_counters(void *dev, int start, int time_gemms, uint64_t *launches,
-                        uint64_t *gemms, double *gemm_seconds);
+ch_status chcu_counters(void *dev, int start, int time_gemms, uint64_t *launches, uint64_t *gemms,
+                        double *gemm_seconds);
 
 #define CHCU_SPARE_EVENTS 4096
 

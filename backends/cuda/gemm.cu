@@ -65,8 +65,7 @@ static void gemm_mark(chcu_stream *s, int end)
         d->gemms++;
     if (d->time_gemms && d->ngemm_events == d->gemm_events_cap) {
         int cap = d->gemm_events_cap ? 2 * d->gemm_events_cap : 256;
-        cudaEvent_t *grown =
-            (cudaEvent_t *)realloc(d->gemm_events, (size_t)cap * sizeof *grown);
+        cudaEvent_t *grown = (cudaEvent_t *)realloc(d->gemm_events, (size_t)cap * sizeof *grown);
         if (grown) {
             d->gemm_events = grown;
             d->gemm_events_cap = cap;
@@ -122,8 +121,8 @@ void chcu_counters_release(chcu_device *d)
     d->ngemm_events = d->gemm_events_cap = 0;
 }
 
-ch_status chcu_counters(void *dev, int start, int time_gemms, uint64_t *launches,
-                        uint64_t *gemms, double *gemm_seconds)
+ch_status chcu_counters(void *dev, int start, int time_gemms, uint64_t *launches, uint64_t *gemms,
+                        double *gemm_seconds)
 {
     chcu_device *d = (chcu_device *)dev;
     ch_status st = chcu_enter(d);

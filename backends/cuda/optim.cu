@@ -101,7 +101,7 @@ struct adam_multi_args {
     const float *g[ADAM_MULTI];
     uint16_t *ph[ADAM_MULTI];
     int64_t n[ADAM_MULTI];
-    int64_t first[ADAM_MULTI + 1]; /* each segment's first chunk; [count]: the total */
+    int64_t first[ADAM_MULTI + 1];  /* each segment's first chunk; [count]: the total */
     unsigned char half[ADAM_MULTI]; /* 0 none, 1 bf16, 2 f16 */
     int count;
 };

@@ -197,13 +197,13 @@ ch_status chcu_softmax_xent(void *stream, int64_t n, int64_t c, ch_bmem loss, ch
                             ch_bmem logits, ch_bmem labels)
 {
     chcu_stream *s = (chcu_stream *)stream;
-    return xent_rows(s, n, c, loss, "ch_softmax_xent", "softmax_xent_kernel",
-                     [&](float *rowloss, unsigned long long *bad) {
-                         softmax_xent_kernel<<<chcu_grid(s->dev, n * CHCU_WARP), CHCU_THREADS, 0,
-                                               s->s>>>(chcu_at<float>(probs), rowloss,
-                                                       chcu_at<float>(logits),
-                                                       chcu_at<int32_t>(labels), n, c, bad);
-                     });
+    return xent_rows(
+        s, n, c, loss, "ch_softmax_xent", "softmax_xent_kernel",
+        [&](float *rowloss, unsigned long long *bad) {
+            softmax_xent_kernel<<<chcu_grid(s->dev, n * CHCU_WARP), CHCU_THREADS, 0, s->s>>>(
+                chcu_at<float>(probs), rowloss, chcu_at<float>(logits), chcu_at<int32_t>(labels), n,
+                c, bad);
+        });
 }
 
 /* dlogits[r, j] = (probs[r, j] - (j == label[r])) * scale / n; the threads
@@ -327,7 +327,7 @@ ch_status chcu_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dtype d
                                  scale, 0, bad);
                          else
                              softmax_xent_fused_kernel<uint16_t><<<grid, threads, 0, s->s>>>(
-                                 chcu_at<uint16_t>(logits), rowloss, chcu_at<int32_t>(labels), n,
-                                 c, scale, dt == CH_BF16, bad);
+                                 chcu_at<uint16_t>(logits), rowloss, chcu_at<int32_t>(labels), n, c,
+                                 scale, dt == CH_BF16, bad);
                      });
 }

@@ -210,8 +210,7 @@ ch_status chi_host_adam_step_multi(void *stream, int count, const ch_adam_segmen
     for (int i = 0; i < count; i++) {
         const ch_adam_segment *g = &segs[i];
         if (g->half != CH_F32 && g->half != CH_BF16 && g->half != CH_F16)
-            return chi_error(CH_ERR_UNSUPPORTED, "host adam_step_multi: format %d",
-                             (int)g->half);
+            return chi_error(CH_ERR_UNSUPPORTED, "host adam_step_multi: format %d", (int)g->half);
         int half = g->half != CH_F32;
         adam_blocks(g->n, g->p, g->m, g->v, g->g, params,
                     half ? chi_host_round_loop(g->half) : NULL,
