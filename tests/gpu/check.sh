@@ -792,10 +792,10 @@ run_benches() {
     # fusions (--unfused: the loss's forward and backward apart, Adam a
     # launch per tensor): launches a step and the GEMMs' share before and
     # after, on the same GPU in the same call.
-    gpu gpt-gpt2s-bf16-unfused plain "$OUTDIR/bench.log" 120 bench-train --devices cuda:0 \
+    gpu gpt-gpt2s-unfused plain "$OUTDIR/bench.log" 120 bench-train --devices cuda:0 \
         --model gpt --batch 16 --steps 20 --precision bf16 --layers 12 --heads 12 --dim 768 \
         --context 256 --unfused &&
-        bench_block gpt-gpt2s-bf16-unfused \
+        bench_block gpt-gpt2s-unfused \
             "bench-train --devices cuda:0 --model gpt --batch 16 (GPT-2 small's shape) --precision bf16 --unfused"
     gpu bench-ops plain "$OUTDIR/bench.log" 60 bench-ops --devices cuda:0 --sizes 1024,4096 &&
         bench_block bench-ops "bench-ops --devices cuda:0"
