@@ -304,7 +304,7 @@ ch_status chcl_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dtype d
     chcl_ref bad;
     ch_status st = check_3d("softmax_xent_fused", n, c, 1);
     if (st == CH_OK)
-        st = chcl_reduce_group(s, k, c, sizeof(cl_float), &group);
+        st = chcl_reduce_group(s, k, c, 2 * sizeof(cl_float), &group);
     if (st == CH_OK)
         st = chcl_scratch_acquire(s, "softmax_xent_fused", (size_t)n * sizeof(cl_float), &rows);
     if (st != CH_OK)
@@ -319,7 +319,7 @@ ch_status chcl_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dtype d
         cl_float nrows = (cl_float)n;
         chcl_arg args[] = {
             CHCL_REF(X),     CHCL_ARG(rows),  CHCL_REF(LB),  CHCL_ARG(cc),
-            CHCL_ARG(scale), CHCL_ARG(nrows), CHCL_REF(bad), CHCL_LOCAL(group * sizeof(cl_float)),
+            CHCL_ARG(scale), CHCL_ARG(nrows), CHCL_REF(bad), CHCL_LOCAL(2 * group * sizeof(cl_float)),
             CHCL_ARG(bf16)};
         int nargs = CHCL_COUNT_OF(args) - (dt == CH_F32);
         ch_status ran = chcl_launch_groups(s, k, nargs, args, n, group);

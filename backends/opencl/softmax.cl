@@ -64,25 +64,30 @@ __kernel void softmax_backward(__global float *dl, ulong dlo, __global const flo
 }
 
 /* softmax_xent_fused, in place: one work-group per row of x [rows, c],
- * read for its max, then its sum of exponentials, then once more to be
- * overwritten by the gradient (xent.h's chk_xent_grad); rowloss and the
- * check word as softmax_rows'. LOAD(j) is element j of the row widened to
- * float, STORE(j, v) rounds v into it. */
+ * read once for its max and sum (xent.h's online softmax: each work-item
+ * its strided part, the parts merged in a tree in tmp, 2 floats an item),
+ * then once more to be overwritten by the gradient (chk_xent_grad);
+ * rowloss and the check word as softmax_rows'. LOAD(j) is element j of
+ * the row widened to float, STORE(j, v) rounds v into it. */
 #define XENT_FUSED_ROW(LOAD, STORE)                                                        \
     int r = get_group_id(0), t = get_local_id(0), step = get_local_size(0);                \
-    float m = -INFINITY;                                                                   \
+    __local float *tm = tmp, *ts = tmp + step;                                             \
+    float m = -INFINITY, s = 0.0f;                                                         \
     for (int j = t; j < c; j += step)                                                      \
-        m = fmax(m, LOAD(j));                                                              \
-    tmp[t] = m;                                                                            \
-    tree_max(tmp);                                                                         \
-    m = tmp[0];                                                                            \
+        chk_xent_online_add(&m, &s, LOAD(j));                                              \
+    tm[t] = m;                                                                             \
+    ts[t] = s;                                                                             \
     barrier(CLK_LOCAL_MEM_FENCE);                                                          \
-    float s = 0.0f;                                                                        \
-    for (int j = t; j < c; j += step)                                                      \
-        s += exp(LOAD(j) - m);                                                             \
-    tmp[t] = s;                                                                            \
-    tree_sum(tmp);                                                                         \
-    s = tmp[0];                                                                            \
+    for (int h = step / 2; h > 0; h >>= 1) {                                               \
+        if (t < h) {                                                                       \
+            chk_xent_online_merge(&m, &s, tm[t + h], ts[t + h]);                           \
+            tm[t] = m;                                                                     \
+            ts[t] = s;                                                                     \
+        }                                                                                  \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                      \
+    }                                                                                      \
+    m = tm[0];                                                                             \
+    s = ts[0];                                                                             \
     int lab = labels[lbo + r];                                                             \
     if (t == 0) {                                                                          \
         if (lab >= 0 && lab < c) {                                                         \
