@@ -774,6 +774,13 @@ static ch_status adam_apart(const char *fn, int count, const chi_adam_tensors *t
     return st;
 }
 
+ch_status chi_adam_step_one(const chi_adam_tensors *t, const ch_adam_params *params)
+{
+    return chi_adam_half_fused(t->p, t->ph)
+               ? chi_adam_step_half(t->p, t->m, t->v, t->g, params, t->ph)
+               : ch_adam_step(t->p, t->m, t->v, t->g, params);
+}
+
 ch_status chi_adam_step_multi(int count, const chi_adam_tensors *t, const ch_adam_params *params)
 {
     static const char fn[] = "chi_adam_step_multi";
@@ -797,9 +804,7 @@ ch_status chi_adam_step_multi(int count, const chi_adam_tensors *t, const ch_ada
     TRY(adam_apart(fn, count, t));
     if (!BE(t[0].p)->adam_step_multi) {
         for (int i = 0; i < count; i++)
-            TRY(chi_adam_half_fused(t[i].p, t[i].ph)
-                    ? chi_adam_step_half(t[i].p, t[i].m, t[i].v, t[i].g, params, t[i].ph)
-                    : ch_adam_step(t[i].p, t[i].m, t[i].v, t[i].g, params));
+            TRY(chi_adam_step_one(&t[i], params));
         return CH_OK;
     }
     ch_adam_segment *segs = malloc((size_t)count * sizeof *segs);

@@ -39,6 +39,10 @@ typedef struct chi_adam_tensors {
     ch_tensor *ph;
 } chi_adam_tensors;
 
+/* One parameter's step: chi_adam_step_half where chi_adam_half_fused(p,
+ * ph), ch_adam_step otherwise (ph then left alone). */
+CHI_TEST_API ch_status chi_adam_step_one(const chi_adam_tensors *t, const ch_adam_params *params);
+
 /* The Adam step of `count` parameters of one device (each checked as
  * ch_adam_step checks its own), in one launch or a few where the backend
  * has adam_step_multi, else one by one: the same bits either way. No two

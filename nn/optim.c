@@ -163,6 +163,11 @@ struct ch_optimizer {
     int64_t lo, hi;
     int64_t *off; /* [nparams + 1]: each parameter's first element */
     int one_by_one; /* ch_optimizer_set_one_by_one */
+    /* adam_all's tables, [nparams + 1] each (views: 2 nparams + 1), made
+     * with the optimizer so that a step allocates nothing. */
+    chi_adam_tensors *adam_t;
+    nn_param **adam_np;
+    ch_tensor **adam_views;
 };
 
 ch_optimizer_options ch_optimizer_defaults(ch_optimizer_kind kind, float lr)
@@ -190,8 +195,12 @@ ch_status ch_optimizer_new(ch_optimizer **out, ch_module *model,
         opt->m = calloc((size_t)n + 1, sizeof *opt->m);
         opt->v = calloc((size_t)n + 1, sizeof *opt->v);
         opt->fresh = calloc((size_t)n + 1, 1);
+        opt->adam_t = calloc((size_t)n + 1, sizeof *opt->adam_t);
+        opt->adam_np = calloc((size_t)n + 1, sizeof *opt->adam_np);
+        opt->adam_views = calloc(2 * (size_t)n + 1, sizeof *opt->adam_views);
     }
-    if (!opt || !opt->m || !opt->v || !opt->fresh) {
+    if (!opt || !opt->m || !opt->v || !opt->fresh || !opt->adam_t || !opt->adam_np ||
+        !opt->adam_views) {
         ch_optimizer_free(opt);
         return chi_error(CH_ERR_OUT_OF_MEMORY, "ch_optimizer_new: out of memory");
     }
@@ -213,6 +222,9 @@ void ch_optimizer_free(ch_optimizer *opt)
     free(opt->m);
     free(opt->v);
     free(opt->fresh);
+    free(opt->adam_t);
+    free(opt->adam_np);
+    free(opt->adam_views);
     free(opt->off);
     free(opt);
 }
@@ -347,20 +359,19 @@ static ch_status sgd_param(ch_optimizer *opt, int i, ch_tensor *p, ch_tensor *g,
     return ch_sgd_step(p, opt->m[i], g, &sp, opt->o.momentum != 0.0f && opt->fresh[i]);
 }
 
-/* Every parameter's Adam step (one_by_one: a call each, as before), those of one device (in a row, in the
- * model's order) in one chi_adam_step_multi: one launch or a few on a
- * backend that has the slot, instead of one per parameter (GPT-2 has 148). */
+/* Every parameter's Adam step: those of one device (in a row, in the
+ * model's order) in one chi_adam_step_multi, one launch or a few on a
+ * backend that has the slot instead of one per parameter (GPT-2 has 148);
+ * with one_by_one a call each, as before. */
 static ch_status adam_all(ch_optimizer *opt, float lr)
 {
     ch_adam_params ap = {lr, opt->o.beta1, opt->o.beta2, opt->o.eps, opt->o.weight_decay,
                          opt->o.kind == CH_OPT_ADAMW, opt->steps + 1};
     int n = opt->nparams, used = 0;
-    chi_adam_tensors *t = calloc((size_t)n + 1, sizeof *t);
-    nn_param **np = calloc((size_t)n + 1, sizeof *np);
-    ch_tensor **views = calloc(2 * (size_t)n + 1, sizeof *views);
-    ch_status st = t && np && views
-                       ? CH_OK
-                       : chi_error(CH_ERR_OUT_OF_MEMORY, "ch_optimizer_step: out of memory");
+    chi_adam_tensors *t = opt->adam_t;
+    nn_param **np = opt->adam_np;
+    ch_tensor **views = opt->adam_views;
+    ch_status st = CH_OK;
     for (int i = 0; i < n && st == CH_OK; i++) {
         nn_param *q = nn_param_at(opt->model, i);
         st = nn_grad_settle(q); /* as ch_module_param hands it out */
@@ -372,6 +383,7 @@ static ch_status adam_all(ch_optimizer *opt, float lr)
          * the rounded copy is the whole weight's, so it is left out. */
         chi_adam_tensors *e = &t[used];
         *e = (chi_adam_tensors){q->value, opt->m[i], opt->v[i], q->grad, NULL};
+        np[used] = NULL;
         if (ranged) {
             st = nn_flat_view(&views[2 * used], q->value, first, count);
             if (st == CH_OK)
@@ -385,9 +397,7 @@ static ch_status adam_all(ch_optimizer *opt, float lr)
         used++;
     }
     for (int i = 0; opt->one_by_one && st == CH_OK && i < used; i++)
-        st = chi_adam_half_fused(t[i].p, t[i].ph)
-                 ? chi_adam_step_half(t[i].p, t[i].m, t[i].v, t[i].g, &ap, t[i].ph)
-                 : ch_adam_step(t[i].p, t[i].m, t[i].v, t[i].g, &ap);
+        st = chi_adam_step_one(&t[i], &ap);
     for (int a = 0, b; !opt->one_by_one && st == CH_OK && a < used; a = b) {
         for (b = a + 1; b < used && ch_tensor_device(t[b].p) == ch_tensor_device(t[a].p);)
             b++;
@@ -399,11 +409,10 @@ static ch_status adam_all(ch_optimizer *opt, float lr)
             np[i]->half_stamps[0] = chi_tensor_stamp(t[i].p);
             np[i]->half_stamps[1] = chi_tensor_stamp(t[i].ph);
         }
-    for (int i = 0; views && i < 2 * used; i++)
+    for (int i = 0; i < 2 * used; i++) { /* the ranged ones' views; NULL elsewhere */
         ch_tensor_free(views[i]);
-    free(t);
-    free(np);
-    free(views);
+        views[i] = NULL;
+    }
     return st;
 }
 

@@ -1450,6 +1450,16 @@ static void test_adam_multi_errors(ch_device *dev, ch_device *other)
     tap_status_is(chi_adam_step_multi(2, two, &prm), CH_ERR_INVALID_ARGUMENT, "overlaps",
                   "%s: chi_adam_step_multi refuses a gradient that is another's parameter", id);
     two[1].g = t[7];
+    /* One rounded copy for two parameters: each would write it. */
+    ch_tensor *hb = NULL;
+    if (tap_status_ok(ch_tensor_new(&hb, dev, CH_BF16, 1, n), "%s: a bf16 copy", id)) {
+        two[0].ph = two[1].ph = hb;
+        tap_status_is(chi_adam_step_multi(2, two, &prm), CH_ERR_INVALID_ARGUMENT,
+                      "parameter 0's ph overlaps parameter 1's ph",
+                      "%s: chi_adam_step_multi refuses one rounded copy for two parameters", id);
+        two[0].ph = two[1].ph = NULL;
+    }
+    ch_tensor_free(hb);
     prm.step = 0;
     tap_status_is(chi_adam_step_multi(2, two, &prm), CH_ERR_INVALID_ARGUMENT, "step",
                   "%s: chi_adam_step_multi checks each parameter as ch_adam_step does", id);

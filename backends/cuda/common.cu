@@ -45,16 +45,20 @@ ch_status chcu_blas_check(cublasStatus_t st, const char *call)
 
 unsigned long long chcu_launch_counts[CHCU_MAX_DEVICES];
 
-void chcu_count_launch(void)
+/* The device this thread last entered (chcu_enter): every slot enters its
+ * device before it launches, so a launch is counted for it without
+ * asking the runtime again. */
+static __thread int entered = -1;
+
+void chcu_count_launch(int index)
 {
-    int d = -1;
-    if (cudaGetDevice(&d) == cudaSuccess && d >= 0 && d < CHCU_MAX_DEVICES)
-        __atomic_fetch_add(&chcu_launch_counts[d], 1ull, __ATOMIC_RELAXED);
+    if (index >= 0 && index < CHCU_MAX_DEVICES)
+        __atomic_fetch_add(&chcu_launch_counts[index], 1ull, __ATOMIC_RELAXED);
 }
 
 ch_status chcu_launched(const char *kernel)
 {
-    chcu_count_launch();
+    chcu_count_launch(entered);
     return chcu_check(cudaGetLastError(), kernel);
 }
 
@@ -64,6 +68,7 @@ ch_status chcu_enter(const chcu_device *dev)
      * more, and every slot enters its device. The current device is asked
      * each time, not remembered here: code of the caller's may switch it. */
     int current = -1;
+    entered = dev->index;
     if (cudaGetDevice(&current) == cudaSuccess && current == dev->index)
         return CH_OK;
     return chcu_check(cudaSetDevice(dev->index), "cudaSetDevice");

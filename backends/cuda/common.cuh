@@ -66,10 +66,10 @@ typedef struct chcu_device {
     pthread_mutex_t event_lock;
     struct chcu_event *spare;
     int nspare;
-    /* ch_device_counters (gemm.cu), under `lock`: GEMM calls since the
-     * start and, with time_gemms, an event pair around each (gemm_events,
-     * 2 a GEMM), summed into gemm_seconds at the next read. Launches are
-     * counted by CUDA index, chcu_launch_counts. */
+    /* ch_device_counters (gemm.cu): GEMM calls since the start (atomic)
+     * and, with time_gemms, under `lock`, an event pair around each
+     * (gemm_events, 2 a GEMM), summed into gemm_seconds at the next read.
+     * Launches are counted by CUDA index, chcu_launch_counts. */
     unsigned long long gemms;
     int time_gemms;
     cudaEvent_t *gemm_events;
@@ -80,8 +80,8 @@ typedef struct chcu_device {
 /* Kernel launches and cuBLAS calls per CUDA device index, counted by
  * chcu_launched and the GEMM slots (common.cu). */
 extern unsigned long long chcu_launch_counts[CHCU_MAX_DEVICES];
-/* The counts of the current device, one more. */
-void chcu_count_launch(void);
+/* The counts of the device of CUDA index `index`, one more. */
+void chcu_count_launch(int index);
 /* Its GEMM events, destroyed (device_close). */
 void chcu_counters_release(chcu_device *d);
 /* The counters slot (gemm.cu). */

@@ -60,21 +60,24 @@ static ch_status chcu_blas_math(chcu_stream *s)
 static void gemm_mark(chcu_stream *s, int end)
 {
     chcu_device *d = s->dev;
-    pthread_mutex_lock(&d->lock);
     if (end)
-        d->gemms++;
-    if (d->time_gemms && d->ngemm_events == d->gemm_events_cap) {
+        __atomic_fetch_add(&d->gemms, 1ull, __ATOMIC_RELAXED);
+    /* Untimed, a GEMM takes no lock here. */
+    if (!__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&d->lock);
+    if (__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED) && d->ngemm_events == d->gemm_events_cap) {
         int cap = d->gemm_events_cap ? 2 * d->gemm_events_cap : 256;
         cudaEvent_t *grown = (cudaEvent_t *)realloc(d->gemm_events, (size_t)cap * sizeof *grown);
         if (grown) {
             d->gemm_events = grown;
             d->gemm_events_cap = cap;
         } else {
-            d->time_gemms = 0;
+            __atomic_store_n(&d->time_gemms, 0, __ATOMIC_RELAXED);
         }
     }
     /* Pairs only: an end with no start is not kept. */
-    if (d->time_gemms && (d->ngemm_events % 2 == 1) == (end == 1)) {
+    if (__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED) && (d->ngemm_events % 2 == 1) == (end == 1)) {
         cudaEvent_t e;
         if (cudaEventCreate(&e) == cudaSuccess) {
             if (cudaEventRecord(e, s->s) == cudaSuccess)
@@ -133,16 +136,16 @@ ch_status chcu_counters(void *dev, int start, int time_gemms, uint64_t *launches
         for (int i = 0; i < d->ngemm_events; i++)
             (void)cudaEventDestroy(d->gemm_events[i]);
         d->ngemm_events = 0;
-        d->gemms = 0;
+        __atomic_store_n(&d->gemms, 0ull, __ATOMIC_RELAXED);
         d->gemm_seconds = 0.0;
-        d->time_gemms = time_gemms;
+        __atomic_store_n(&d->time_gemms, time_gemms, __ATOMIC_RELAXED);
         __atomic_store_n(&chcu_launch_counts[d->index], 0ull, __ATOMIC_RELAXED);
     } else {
-        if (d->time_gemms)
+        if (__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED))
             st = gemm_events_sum(d);
         *launches = __atomic_load_n(&chcu_launch_counts[d->index], __ATOMIC_RELAXED);
-        *gemms = d->gemms;
-        *gemm_seconds = d->time_gemms ? d->gemm_seconds : -1.0;
+        *gemms = __atomic_load_n(&d->gemms, __ATOMIC_RELAXED);
+        *gemm_seconds = __atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED) ? d->gemm_seconds : -1.0;
     }
     pthread_mutex_unlock(&d->lock);
     return st;
@@ -169,7 +172,7 @@ static ch_status chcu_blas_begin(chcu_stream *s)
 /* After the cuBLAS call: counted, its end marked, the lock let go. */
 static void chcu_blas_end(chcu_stream *s)
 {
-    chcu_count_launch();
+    chcu_count_launch(s->dev->index);
     gemm_mark(s, 1);
     pthread_mutex_unlock(&s->blas_lock);
 }
