@@ -66,7 +66,8 @@ static void gemm_mark(chcu_stream *s, int end)
     if (!__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED))
         return;
     pthread_mutex_lock(&d->lock);
-    if (__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED) && d->ngemm_events == d->gemm_events_cap) {
+    if (__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED) &&
+        d->ngemm_events == d->gemm_events_cap) {
         int cap = d->gemm_events_cap ? 2 * d->gemm_events_cap : 256;
         cudaEvent_t *grown = (cudaEvent_t *)realloc(d->gemm_events, (size_t)cap * sizeof *grown);
         if (grown) {
@@ -77,7 +78,8 @@ static void gemm_mark(chcu_stream *s, int end)
         }
     }
     /* Pairs only: an end with no start is not kept. */
-    if (__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED) && (d->ngemm_events % 2 == 1) == (end == 1)) {
+    if (__atomic_load_n(&d->time_gemms, __ATOMIC_RELAXED) &&
+        (d->ngemm_events % 2 == 1) == (end == 1)) {
         cudaEvent_t e;
         if (cudaEventCreate(&e) == cudaSuccess) {
             if (cudaEventRecord(e, s->s) == cudaSuccess)

@@ -225,10 +225,8 @@ ch_status chi_host_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dty
     /* The row losses, then (half formats) a row of f32 per thread. */
     int threads = dt == CH_F32 ? 0 : chi_omp_max_threads();
     chi_host_scratch sc;
-    st = chi_host_scratch_take(stream,
-                               (size_t)n * sizeof(double) +
-                                   (size_t)threads * (size_t)c * sizeof(float),
-                               &sc);
+    st = chi_host_scratch_take(
+        stream, (size_t)n * sizeof(double) + (size_t)threads * (size_t)c * sizeof(float), &sc);
     if (st != CH_OK)
         return st;
     double *row_loss = sc.mem, k = chk_xent_scale(scale, (double)n);

@@ -317,10 +317,11 @@ ch_status chcl_softmax_xent_fused(void *stream, int64_t n, int64_t c, ch_dtype d
         chcl_ref LB = chcl_ref_of(labels);
         cl_int cc = (cl_int)c, bf16 = dt == CH_BF16;
         cl_float nrows = (cl_float)n;
-        chcl_arg args[] = {
-            CHCL_REF(X),     CHCL_ARG(rows),  CHCL_REF(LB),  CHCL_ARG(cc),
-            CHCL_ARG(scale), CHCL_ARG(nrows), CHCL_REF(bad), CHCL_LOCAL(2 * group * sizeof(cl_float)),
-            CHCL_ARG(bf16)};
+        chcl_arg args[] = {CHCL_REF(X),     CHCL_ARG(rows),
+                           CHCL_REF(LB),    CHCL_ARG(cc),
+                           CHCL_ARG(scale), CHCL_ARG(nrows),
+                           CHCL_REF(bad),   CHCL_LOCAL(2 * group * sizeof(cl_float)),
+                           CHCL_ARG(bf16)};
         int nargs = CHCL_COUNT_OF(args) - (dt == CH_F32);
         ch_status ran = chcl_launch_groups(s, k, nargs, args, n, group);
         if (ran == CH_OK)
