@@ -83,7 +83,8 @@ libchorus_la_LIBADD = $(ONEDNN_LIBS) $(BLAS_LIBS) $(MVEC_LIBS) $(HWLOC_LIBS) $(Z
 # ch_attention_backward; 11:0:2: ch_attention_packed and its backward;
 # 12:0:3: ch_attention_packed_mixed and its backward; 13:0:4:
 # ch_softmax_xent_fused, ch_loss_forward_backward, ch_device_counters_start
-# and _read, ch_optimizer_set_one_by_one).
+# and _read, ch_optimizer_set_one_by_one, ch_gemm_bias_act, ch_add_layernorm,
+# ch_layernorm_backward_add and CH_ACT_GELU_TANH).
 chorus_lt_version = 13:0:4
 # What the installed library exports: the public API (ch_*) and the
 # services the backend modules link against (lib/backend.h, lib/error.h,

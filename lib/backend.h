@@ -43,8 +43,9 @@ extern "C" {
  * layout arguments, ch_attention_packed; 15: their products' format,
  * ch_attention_packed_mixed, and gemm_half's bias, ch_gemm_bias; 16:
  * adam_step_half; 17: chi_math_flags, which modules call; 18:
- * softmax_xent_fused, adam_step_multi, counters): a module of another
- * version is refused at load. */
+ * softmax_xent_fused, adam_step_multi, counters, gemm_bias_act,
+ * CH_ACT_GELU_TANH, add_layernorm and layernorm_backward_add): a module
+ * of another version is refused at load. */
 #define CH_BACKEND_ABI_VERSION 18
 #define CH_BACKEND_ENTRY_SYMBOL "chorus_backend_entry"
 
@@ -308,6 +309,24 @@ typedef struct ch_conv_geom {
     X(OP, OP, ch_status, layernorm_backward, (void *stream, int64_t rows, int64_t d, ch_bmem dx,   \
         ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x, ch_bmem mean, ch_bmem rstd,          \
         ch_bmem gamma))                                                                            \
+    /* optional: ch_add_layernorm in one pass: sum = a + b (each in its                            \
+     * ch_dtype, *_dt: CH_F32, CH_BF16 or CH_F16; a + b in f32, rounded to                         \
+     * sum_dt), then layernorm's y (in y_dt), mean and rstd of the sum as                          \
+     * stored; sum may be a or b (the same memory and format, in place).                           \
+     * CH_ERR_UNSUPPORTED (a format it does not take): the core runs ch_add                        \
+     * and ch_layernorm. Without it the core does the same. */                                     \
+    X(OP, OPTIONAL, ch_status, add_layernorm, (void *stream, int64_t rows, int64_t d, float eps,   \
+        ch_dtype sum_dt, ch_dtype y_dt, ch_dtype a_dt, ch_dtype b_dt, ch_bmem sum, ch_bmem y,      \
+        ch_bmem mean, ch_bmem rstd, ch_bmem a, ch_bmem b, ch_bmem gamma, ch_bmem beta))            \
+    /* optional: ch_layernorm_backward_add: layernorm_backward's dgamma and                        \
+     * dbeta, and dx (dx_dt) = its dx as f32 + dres (dres_dt; ptr NULL: none)                      \
+     * in f32, rounded once; dy in dy_dt, x in x_dt. dres may be dx (the same                      \
+     * memory and format). CH_ERR_UNSUPPORTED, or a NULL slot: the core runs                       \
+     * layernorm_backward into an f32 temporary and ch_add (or ch_cast). */                        \
+    X(OP, OPTIONAL, ch_status, layernorm_backward_add, (void *stream, int64_t rows, int64_t d,     \
+        ch_dtype dx_dt, ch_dtype dy_dt, ch_dtype dres_dt, ch_dtype x_dt, ch_bmem dx,               \
+        ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem dres, ch_bmem x, ch_bmem mean,          \
+        ch_bmem rstd, ch_bmem gamma))                                                              \
     /* a, b seen as [outer, c, inner]; sums [2c + 1]; a centre's ptr NULL: 0 */                    \
     X(OP, OP, ch_status, channel_sums, (void *stream, int64_t outer, int64_t c, int64_t inner,     \
         ch_bmem sums, ch_bmem a, ch_bmem a_center, ch_bmem b, ch_bmem b_center))                   \
@@ -358,13 +377,23 @@ typedef struct ch_conv_geom {
      * returns CH_ERR_UNSUPPORTED: the core then widens A and B to f32 (the                        \
      * conversion slots above) and runs gemm or gemm_batched, so every backend                     \
      * multiplies half tensors, this slot only faster. bias (ptr NULL: none;                      \
-     * count 1, beta 0, C f32): f32 [n] added to every row of C                                    \
-     * (ch_gemm_bias); CH_ERR_UNSUPPORTED where the backend does not fuse it                       \
-     * and the core adds it apart. */                                                              \
+     * count 1, beta 0, C f32 or ab): f32 [n] added to every row of C before                       \
+     * a half C is rounded (ch_gemm_bias); CH_ERR_UNSUPPORTED where the                            \
+     * backend does not fuse it and the core adds it apart. */                                     \
     X(OP, OPTIONAL, ch_status, gemm_half, (void *stream, int ab, int cd, int trans_a, int trans_b, \
         int64_t count, int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a, int64_t lda,       \
         int64_t stride_a, ch_bmem b, int64_t ldb, int64_t stride_b, float beta, ch_bmem c,         \
         int64_t ldc, int64_t stride_c, ch_bmem bias))                                              \
+    /* optional: C = act(alpha op(A) op(B) + bias) of one product                                  \
+     * (ch_gemm_bias_act), A and B in `ab` (CH_F32, CH_BF16 or CH_F16), C in                       \
+     * `cd` (CH_F32 or ab), bias f32 [n]; pre (ptr NULL: not wanted) gets                          \
+     * alpha op(A) op(B) + bias in cd, row stride ldc like C's. No two of C,                       \
+     * pre and the inputs overlap. CH_ERR_UNSUPPORTED for what the backend                         \
+     * does not fuse: the core then runs ch_gemm_bias into pre (or C) and                          \
+     * ch_activation_forward into C. */                                                            \
+    X(OP, OPTIONAL, ch_status, gemm_bias_act, (void *stream, int ab, int cd, ch_activation act,    \
+        int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, ch_bmem a,         \
+        int64_t lda, ch_bmem b, int64_t ldb, ch_bmem c, int64_t ldc, ch_bmem pre, ch_bmem bias))   \
     /* optional: the three convolution slots above with their inputs in `dt`                       \
      * (CH_BF16 or CH_F16): forward x and w; backward dy, x and w. The outputs                     \
      * (y; dx, dw) stay f32 and the products are summed in f32. When the                           \

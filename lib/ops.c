@@ -202,28 +202,88 @@ ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_
     return gemm_run(fn, c, trans_a, trans_b, alpha, a, b, beta, m, n, k);
 }
 
+/* ch_gemm_bias's checks past gemm_check's: bias f32 [n], on c's device,
+ * apart from c (c's dtype: gemm_check's, f32 or a's). */
+static ch_status gemm_bias_check(const char *fn, const ch_tensor *c, const ch_tensor *bias,
+                                 int64_t n)
+{
+    arg args[] = {{"c", c, ANY, 0}, {"bias", bias, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    if (bias->ndim != 1 || bias->shape[0] != n)
+        return chi_error(CH_ERR_SHAPE, "%s: bias has %d dimensions (%lld, ...), expected [%lld]",
+                         fn, bias->ndim, (long long)bias->shape[0], (long long)n);
+    return no_alias(fn, "c", c, "bias", bias);
+}
+
 ch_status ch_gemm_bias(ch_tensor *c, int trans_a, int trans_b, float alpha, const ch_tensor *a,
                        const ch_tensor *b, const ch_tensor *bias)
 {
     static const char fn[] = "ch_gemm_bias";
     int64_t m, n, k;
     TRY(gemm_check(fn, c, trans_a, trans_b, alpha, a, b, &m, &n, &k));
-    arg args[] = {{"c", c, CH_F32, 0}, {"bias", bias, CH_F32, 0}};
-    TRY(check_args(fn, args, NARGS(args)));
-    if (bias->ndim != 1 || bias->shape[0] != n)
-        return chi_error(CH_ERR_SHAPE, "%s: bias has %d dimensions (%lld, ...), expected [%lld]",
-                         fn, bias->ndim, (long long)bias->shape[0], (long long)n);
-    TRY(no_alias(fn, "c", c, "bias", bias));
+    TRY(gemm_bias_check(fn, c, bias, n));
     const ch_backend_i *be = BE(c);
-    if (a->dtype != CH_F32 && c->dtype == CH_F32 && be->gemm_half) {
+    /* c f32 or, by gemm_check, a's half dtype */
+    if (a->dtype != CH_F32 && be->gemm_half) {
         ch_status st = be->gemm_half(STREAM(c), a->dtype, c->dtype, trans_a != 0, trans_b != 0, 1,
                                      m, n, k, alpha, chi_mem(a), a->shape[1], 0, chi_mem(b),
                                      b->shape[1], 0, 0.0f, chi_mem(c), n, 0, chi_mem(bias));
         if (st != CH_ERR_UNSUPPORTED)
             return st;
     }
-    TRY(gemm_run(fn, c, trans_a, trans_b, alpha, a, b, 0.0f, m, n, k));
-    return ch_bias_add(c, c, bias, 1);
+    if (c->dtype == CH_F32) {
+        TRY(gemm_run(fn, c, trans_a, trans_b, alpha, a, b, 0.0f, m, n, k));
+        return ch_bias_add(c, c, bias, 1);
+    }
+    /* A half c apart: the product in f32 on the device, then the bias
+     * added and the sum rounded into c once, as the fused pass rounds it
+     * (the product rounded first, then its sum with the bias, would round
+     * twice). */
+    ch_tensor *wide = NULL;
+    TRY(ch_tensor_new(&wide, c->dev, CH_F32, c->ndim, c->shape));
+    ch_status st = gemm_run(fn, wide, trans_a, trans_b, alpha, a, b, 0.0f, m, n, k);
+    if (st == CH_OK)
+        st = ch_bias_add(c, wide, bias, 1);
+    ch_tensor_free(wide);
+    return st;
+}
+
+/* act's check (ch_activation_forward's, below). */
+static ch_status check_act(const char *fn, ch_activation act);
+
+ch_status ch_gemm_bias_act(ch_tensor *c, ch_tensor *pre, int trans_a, int trans_b, float alpha,
+                           const ch_tensor *a, const ch_tensor *b, const ch_tensor *bias,
+                           ch_activation act)
+{
+    static const char fn[] = "ch_gemm_bias_act";
+    int64_t m, n, k;
+    TRY(gemm_check(fn, c, trans_a, trans_b, alpha, a, b, &m, &n, &k));
+    TRY(gemm_bias_check(fn, c, bias, n));
+    TRY(check_act(fn, act));
+    if (pre) {
+        arg args[] = {{"c", c, ANY, 0}, {"pre", pre, c->dtype, 0}};
+        TRY(check_args(fn, args, NARGS(args)));
+        TRY(same_shape(fn, "pre", pre, "c", c));
+        TRY(no_alias(fn, "pre", pre, "c", c));
+        TRY(no_alias(fn, "pre", pre, "a", a));
+        TRY(no_alias(fn, "pre", pre, "b", b));
+        TRY(no_alias(fn, "pre", pre, "bias", bias));
+    }
+    const ch_backend_i *be = BE(c);
+    if (be->gemm_bias_act) {
+        ch_bmem none = {NULL, 0};
+        ch_status st =
+            be->gemm_bias_act(STREAM(c), a->dtype, c->dtype, act, trans_a != 0, trans_b != 0, m, n,
+                              k, alpha, chi_mem(a), a->shape[1], chi_mem(b), b->shape[1],
+                              chi_mem(c), n, pre ? chi_mem(pre) : none, chi_mem(bias));
+        if (st != CH_ERR_UNSUPPORTED)
+            return st;
+    }
+    /* Composed: the product and bias into pre (or c), then the activation
+     * from there into c. */
+    ch_tensor *z = pre ? pre : c;
+    TRY(ch_gemm_bias(z, trans_a, trans_b, alpha, a, b, bias));
+    return ch_activation_forward(c, z, act);
 }
 
 /* ---- Elementwise ------------------------------------------------------------ */
@@ -355,7 +415,7 @@ ch_status ch_activation_backward(ch_tensor *dx, const ch_tensor *dy, const ch_te
     CHI_HALF_ENTRY(roles, act_backward_f32, &act, dx, CHI_T(dy), CHI_T(x), CHI_T(y));
     static const char fn[] = "ch_activation_backward";
     TRY(check_act(fn, act));
-    int reads_x = act == CH_ACT_RELU || act == CH_ACT_GELU;
+    int reads_x = act == CH_ACT_RELU || act == CH_ACT_GELU || act == CH_ACT_GELU_TANH;
     arg args[] = {{"dx", dx, CH_F32, 0},
                   {"dy", dy, CH_F32, 0},
                   {"x", x, CH_F32, !reads_x},

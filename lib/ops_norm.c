@@ -1,7 +1,9 @@
 /* Dispatch of the normalisation ops (LayerNorm, BatchNorm in its steps):
  * every argument checked here, as lib/ops.c does for the others. Outputs
  * never share memory with another argument, except where ops.h allows in
- * place (ch_batchnorm_forward's y over x), so that no slot depends on the
+ * place (ch_batchnorm_forward's y over x, ch_add_layernorm's sum over a or
+ * b, ch_layernorm_backward_add's dx over dres: the same elements in the
+ * same dtype, read before written), so that no slot depends on the
  * order in which it reads and writes. Each op lists its arguments once,
  * outputs first: a[0..nouts) are the outputs, the rest the inputs. */
 #include "config.h"
@@ -130,6 +132,127 @@ ch_status ch_layernorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbe
                                           chi_mem(dgamma), chi_mem(dbeta), chi_mem(dy),
                                           chi_mem(x), chi_mem(mean), chi_mem(rstd),
                                           chi_mem(gamma));
+}
+
+/* ---- The residual stream's add beside LayerNorm ------------------------- */
+
+/* The half-capable tensors a[i], i in `which` (ending with -1), when
+ * present: f32, bf16 or f16. */
+static ch_status float_formats(const char *fn, const arg *a, const int *which)
+{
+    for (const int *i = which; *i >= 0; i++) {
+        const ch_tensor *t = a[*i].t;
+        if (t && t->dtype != CH_F32 && t->dtype != CH_BF16 && t->dtype != CH_F16)
+            return chi_error(CH_ERR_DTYPE, "%s: %s is %s, expected f32, bf16 or f16", fn,
+                             a[*i].name, ch_dtype_name(t->dtype));
+    }
+    return CH_OK;
+}
+
+/* An output that may be the input x itself (in place: the same elements
+ * in the same dtype), or apart from it, but nothing between. */
+static ch_status in_place_or_apart(const char *fn, const char *yn, const ch_tensor *y,
+                                   const char *xn, const ch_tensor *x)
+{
+    if (x && overlaps(y, x) && !(y->off == x->off && y->numel == x->numel && y->dtype == x->dtype))
+        return chi_error(CH_ERR_INVALID_ARGUMENT, "%s: %s partly overlaps %s in memory", fn, yn,
+                         xn);
+    return CH_OK;
+}
+
+ch_status ch_add_layernorm(ch_tensor *sum, ch_tensor *y, ch_tensor *mean, ch_tensor *rstd,
+                           const ch_tensor *a, const ch_tensor *b, const ch_tensor *gamma,
+                           const ch_tensor *beta, float eps)
+{
+    static const char fn[] = "ch_add_layernorm";
+    arg args[] = {{"sum", sum, ANY, 0},        {"y", y, ANY, 0},         {"mean", mean, CH_F32, 0},
+                  {"rstd", rstd, CH_F32, 0},   {"a", a, ANY, 0},         {"b", b, ANY, 0},
+                  {"gamma", gamma, CH_F32, 0}, {"beta", beta, CH_F32, 0}};
+    TRY(check_args(fn, args, NARGS(args)));
+    TRY(float_formats(fn, args, (const int[]){0, 1, 4, 5, -1}));
+    TRY(check_eps(fn, eps));
+    TRY(same_numel(fn, "sum", sum, "a", a));
+    TRY(same_numel(fn, "sum", sum, "b", b));
+    TRY(same_numel(fn, "y", y, "sum", sum));
+    int64_t rows, d;
+    TRY(layernorm_shapes(fn, sum, args, (const int[]){2, 3, -1}, (const int[]){6, 7, -1}, &rows,
+                         &d));
+    /* sum apart from everything but a and b, which it may be; the other
+     * outputs apart from everything. */
+    for (int j = 1; j < NARGS(args); j++)
+        if (j != 4 && j != 5)
+            TRY(no_alias(fn, "sum", sum, args[j].name, args[j].t));
+    TRY(in_place_or_apart(fn, "sum", sum, "a", a));
+    TRY(in_place_or_apart(fn, "sum", sum, "b", b));
+    TRY(outputs_apart(fn, args + 1, NARGS(args) - 1, 3, -1));
+    const ch_backend_i *be = BE(sum);
+    if (be->add_layernorm) {
+        ch_status st =
+            be->add_layernorm(STREAM(sum), rows, d, eps, sum->dtype, y->dtype, a->dtype, b->dtype,
+                              chi_mem(sum), chi_mem(y), chi_mem(mean), chi_mem(rstd), chi_mem(a),
+                              chi_mem(b), chi_mem(gamma), chi_mem(beta));
+        if (st != CH_ERR_UNSUPPORTED)
+            return st;
+    }
+    /* The composed op, every backend's. */
+    TRY(ch_add(sum, a, b));
+    return ch_layernorm(y, mean, rstd, sum, gamma, beta, eps);
+}
+
+/* ch_layernorm_backward_add composed: LayerNorm's dx in f32 (into dx
+ * itself where that is f32 and dres is not read from it), then dres
+ * added (or the f32 dx rounded into dx). */
+static ch_status layernorm_backward_add_composed(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
+                                                 const ch_tensor *dy, const ch_tensor *dres,
+                                                 const ch_tensor *x, const ch_tensor *mean,
+                                                 const ch_tensor *rstd, const ch_tensor *gamma)
+{
+    if (dx->dtype == CH_F32 && (!dres || !overlaps(dx, dres))) {
+        TRY(ch_layernorm_backward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma));
+        return dres ? ch_add(dx, dx, dres) : CH_OK;
+    }
+    ch_tensor *tmp = NULL;
+    TRY(ch_tensor_new(&tmp, dx->dev, CH_F32, x->ndim, x->shape));
+    ch_status st = ch_layernorm_backward(tmp, dgamma, dbeta, dy, x, mean, rstd, gamma);
+    if (st == CH_OK)
+        st = dres ? ch_add(dx, tmp, dres) : ch_cast(dx, tmp);
+    ch_tensor_free(tmp);
+    return st;
+}
+
+ch_status ch_layernorm_backward_add(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
+                                    const ch_tensor *dy, const ch_tensor *dres, const ch_tensor *x,
+                                    const ch_tensor *mean, const ch_tensor *rstd,
+                                    const ch_tensor *gamma)
+{
+    static const char fn[] = "ch_layernorm_backward_add";
+    arg a[] = {
+        {"dx", dx, ANY, 0},        {"dgamma", dgamma, CH_F32, 0}, {"dbeta", dbeta, CH_F32, 0},
+        {"dy", dy, ANY, 0},        {"dres", dres, ANY, 1},        {"x", x, ANY, 0},
+        {"mean", mean, CH_F32, 0}, {"rstd", rstd, CH_F32, 0},     {"gamma", gamma, CH_F32, 0}};
+    TRY(check_args(fn, a, NARGS(a)));
+    TRY(float_formats(fn, a, (const int[]){0, 3, 4, 5, -1}));
+    TRY(same_numel(fn, "dy", dy, "x", x));
+    TRY(same_numel(fn, "dx", dx, "x", x));
+    if (dres)
+        TRY(same_numel(fn, "dres", dres, "x", x));
+    int64_t rows, d;
+    TRY(layernorm_shapes(fn, x, a, (const int[]){6, 7, -1}, (const int[]){1, 2, 8, -1}, &rows, &d));
+    /* dx may be dres; no other output shares memory with anything. */
+    TRY(outputs_apart(fn, a, NARGS(a), 3, 4));
+    TRY(in_place_or_apart(fn, "dx", dx, "dres", dres));
+    TRY(no_alias(fn, "dgamma", dgamma, "dres", dres));
+    TRY(no_alias(fn, "dbeta", dbeta, "dres", dres));
+    const ch_backend_i *be = BE(dx);
+    if (be->layernorm_backward_add) {
+        ch_status st = be->layernorm_backward_add(
+            STREAM(dx), rows, d, dx->dtype, dy->dtype, dres ? dres->dtype : CH_F32, x->dtype,
+            chi_mem(dx), chi_mem(dgamma), chi_mem(dbeta), chi_mem(dy), mem_or_none(dres),
+            chi_mem(x), chi_mem(mean), chi_mem(rstd), chi_mem(gamma));
+        if (st != CH_ERR_UNSUPPORTED)
+            return st;
+    }
+    return layernorm_backward_add_composed(dx, dgamma, dbeta, dy, dres, x, mean, rstd, gamma);
 }
 
 /* ---- BatchNorm ---------------------------------------------------------- */

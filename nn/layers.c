@@ -292,6 +292,8 @@ static const nn_ops relu_ops = {"ReLU", act_forward, act_backward, CH_F32, 0, NU
 static const nn_ops gelu_ops = {"GELU", act_forward, act_backward, CH_F32, 0, NULL};
 static const nn_ops tanh_ops = {"Tanh", act_forward, act_backward, CH_F32, 0, NULL};
 static const nn_ops sigmoid_ops = {"Sigmoid", act_forward, act_backward, CH_F32, 0, NULL};
+/* PyTorch's GELU(approximate='tanh'): the same class, so the same kind */
+static const nn_ops gelu_tanh_ops = {"GELU", act_forward, act_backward, CH_F32, 0, NULL};
 static const nn_ops pool_ops = {"MaxPool2d", pool_forward, pool_backward, CH_F32, 0, NULL};
 static const nn_ops avgpool_ops = {"AdaptiveAvgPool2d", avgpool_forward, avgpool_backward,
                                    CH_F32, 0, NULL};
@@ -357,7 +359,8 @@ ch_status ch_nn_conv2d_nobias(ch_module **out, int64_t in_channels, int64_t out_
 
 ch_status ch_nn_activation(ch_module **out, ch_activation act)
 {
-    static const nn_ops *const by_act[] = {&relu_ops, &gelu_ops, &tanh_ops, &sigmoid_ops};
+    static const nn_ops *const by_act[] = {&relu_ops, &gelu_ops, &tanh_ops, &sigmoid_ops,
+                                           &gelu_tanh_ops};
     _Static_assert(sizeof by_act / sizeof *by_act == CH_ACT_COUNT,
                    "a module for every ch_activation");
     if ((int)act < 0 || act >= CH_ACT_COUNT) {

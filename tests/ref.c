@@ -77,6 +77,19 @@ void ref_axpby(double *y, int64_t n, double alpha, const float *x, double beta,
         y[i] = alpha * x[i] + (beta != 0.0 ? beta * y0[i] : 0.0);
 }
 
+/* GELU's tanh approximation as x s(2u), s the logistic function: the
+ * same as x (1 + tanh(u)) / 2, whose 1 + tanh(u) cancels in double too
+ * for x below -4 (1e-8 of the result at x = -6). */
+static double gelu_tanh_u(double x)
+{
+    return sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+}
+
+static double logistic(double z)
+{
+    return 1.0 / (1.0 + exp(-z));
+}
+
 double ref_act(ch_activation act, double x)
 {
     switch (act) {
@@ -84,6 +97,7 @@ double ref_act(ch_activation act, double x)
     case CH_ACT_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
     case CH_ACT_TANH: return tanh(x);
     case CH_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case CH_ACT_GELU_TANH: return x * logistic(2.0 * gelu_tanh_u(x));
     case CH_ACT_COUNT: break;
     }
     return NAN;
@@ -96,6 +110,7 @@ const char *ref_act_name(ch_activation act)
     case CH_ACT_GELU: return "gelu";
     case CH_ACT_TANH: return "tanh";
     case CH_ACT_SIGMOID: return "sigmoid";
+    case CH_ACT_GELU_TANH: return "gelu_tanh";
     case CH_ACT_COUNT: break;
     }
     return "unknown";
@@ -103,7 +118,7 @@ const char *ref_act_name(ch_activation act)
 
 int ref_act_reads_x(ch_activation act)
 {
-    return act == CH_ACT_RELU || act == CH_ACT_GELU;
+    return act == CH_ACT_RELU || act == CH_ACT_GELU || act == CH_ACT_GELU_TANH;
 }
 
 void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x)
@@ -123,6 +138,14 @@ static double gelu_pdf_x(double x)
     return x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
 }
 
+/* gelu_tanh's derivative is s(2u) plus this, x s(2u) s(-2u) 2u'. */
+static double gelu_tanh_slope_x(double x)
+{
+    double du = 2.0 * sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
+    double u = gelu_tanh_u(x);
+    return x * logistic(2.0 * u) * logistic(-2.0 * u) * du;
+}
+
 static double act_derivative(ch_activation act, double x, double y)
 {
     switch (act) {
@@ -130,6 +153,7 @@ static double act_derivative(ch_activation act, double x, double y)
     case CH_ACT_GELU: return gelu_cdf(x) + gelu_pdf_x(x);
     case CH_ACT_TANH: return 1.0 - y * y;
     case CH_ACT_SIGMOID: return y * (1.0 - y);
+    case CH_ACT_GELU_TANH: return logistic(2.0 * gelu_tanh_u(x)) + gelu_tanh_slope_x(x);
     case CH_ACT_COUNT: break;
     }
     return NAN;
@@ -147,9 +171,11 @@ void ref_act_backward_mag(double *mag, ch_activation act, int64_t n, const float
 {
     ref_act_backward(mag, act, n, dy, x, y);
     for (int64_t i = 0; i < n; i++)
-        mag[i] = act == CH_ACT_GELU
-                     ? fabs(dy[i]) * (fabs(gelu_cdf(x[i])) + fabs(gelu_pdf_x(x[i])))
-                     : fabs(mag[i]);
+        mag[i] =
+            act == CH_ACT_GELU ? fabs(dy[i]) * (fabs(gelu_cdf(x[i])) + fabs(gelu_pdf_x(x[i])))
+            : act == CH_ACT_GELU_TANH
+                ? fabs(dy[i]) * (logistic(2.0 * gelu_tanh_u(x[i])) + fabs(gelu_tanh_slope_x(x[i])))
+                : fabs(mag[i]);
 }
 
 void ref_bias_add(double *y, int64_t outer, int64_t c, int64_t inner, const float *x,

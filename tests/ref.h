@@ -43,8 +43,9 @@ void ref_act_forward(double *y, ch_activation act, int64_t n, const float *x);
 void ref_act_backward(double *dx, ch_activation act, int64_t n, const float *dy,
                       const float *x, const float *y);
 /* The size of the terms dx is made of (see ref_err): |dy| (|Phi(x)| +
- * |x phi(x)|) for gelu, whose derivative crosses zero near x = -0.75;
- * |dx| for the others. */
+ * |x phi(x)|) for gelu, whose derivative crosses zero near x = -0.75,
+ * and likewise |dy| (s(2u) + |x s(2u) s(-2u) 2u'|) for gelu_tanh; |dx|
+ * for the others. */
 void ref_act_backward_mag(double *mag, ch_activation act, int64_t n, const float *dy,
                           const float *x, const float *y);
 

@@ -118,6 +118,15 @@ static void test_values(const char *name, const ch_backend_i *be, void *s, ch_bm
         ch_clear_error();
         expect_unknown(name, be->act_backward(s, act, N, z, y, x, y), "act_backward",
                        "ch_activation", act);
+        if (be->gemm_bias_act) {
+            /* a 1 x 1 x 1 product, refused before anything is read */
+            ch_bmem none = {NULL, 0};
+            ch_clear_error();
+            expect_unknown(name,
+                           be->gemm_bias_act(s, CH_BF16, CH_F32, act, 0, 0, 1, 1, 1, 1.0f, x, 1, y,
+                                             1, z, 1, none, x),
+                           "gemm_bias_act", "ch_activation", act);
+        }
         ch_clear_error();
         expect_unknown(name, be->binary(s, bin, N, z, x, y), "binary", "ch_binary_op", bin);
         ch_clear_error();

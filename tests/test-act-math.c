@@ -5,9 +5,9 @@
  * OpenCL device without fp64 runs (here with glibc's tanhf and expf, so
  * this checks the formula, and the device's functions add their own
  * error); tanh and sigmoid through chk_act are the double formula of every
- * other device. Errors are relative, in units of 2^-23 (ulp), the
- * derivative's relative to the size of its terms, as tests/ref.c
- * measures. */
+ * other device, and so is GELU's tanh approximation. Errors are relative,
+ * in units of 2^-23 (ulp), the derivative's relative to the size of its
+ * terms, as tests/ref.c measures. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -81,6 +81,32 @@ static double sigmoid_err(float x)
     return rel(chk_act(CH_ACT_SIGMOID, x), want, want);
 }
 
+/* GELU's tanh approximation against its logistic form in long double,
+ * x s(2u) (1 + tanh(u) cancels below x = -5); the derivative s(2u) + x
+ * s(2u) s(-2u) 2u' relative to s(2u) + |x s(2u) s(-2u) 2u'|. */
+static long double gelu_tanh_u(float x)
+{
+    long double y = x;
+    return sqrtl(2.0L / 3.14159265358979323846264338327950288L) * (y + 0.044715L * y * y * y);
+}
+
+static double gelu_tanh_err(float x)
+{
+    long double want = x / (1.0L + expl(-2.0L * gelu_tanh_u(x)));
+    return rel(chk_act(CH_ACT_GELU_TANH, x), (double)want, (double)want);
+}
+
+static double gelu_tanh_grad_err(float x)
+{
+    long double y = x, u = gelu_tanh_u(x);
+    long double s = 1.0L / (1.0L + expl(-2.0L * u)), sn = 1.0L / (1.0L + expl(2.0L * u));
+    long double du = 2.0L * sqrtl(2.0L / 3.14159265358979323846264338327950288L) *
+                     (1.0L + 3.0L * 0.044715L * y * y);
+    long double slope = y * s * sn * du;
+    return rel(chk_act_grad(CH_ACT_GELU_TANH, 1.0f, x, 0.0f), (double)(s + slope),
+               (double)(s + fabsl(slope)));
+}
+
 static void check(const char *name, err_fn f, double bound)
 {
     float at = 0.0f;
@@ -94,6 +120,8 @@ int main(void)
     check("chk_gelu_grad (float, corrected)", gelu_grad_err, 2.5);
     check("chk_act tanh (double)", tanh_err, 1.0);
     check("chk_act sigmoid (double)", sigmoid_err, 1.0);
+    check("chk_act gelu_tanh (double)", gelu_tanh_err, 1.0);
+    check("chk_act_grad gelu_tanh (double)", gelu_tanh_grad_err, 1.0);
     check("chk_tanh_f32 (OpenCL without fp64, glibc's tanhf)", tanh_f32_err, 5.0);
     check("chk_sigmoid_f32 (OpenCL without fp64, glibc's expf)", sigmoid_f32_err, 6.0);
     return tap_done();

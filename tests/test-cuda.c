@@ -827,6 +827,103 @@ static void test_counters(ch_device *dev)
     ch_tensor_free(c);
 }
 
+/* The fused products: cuBLASLt's epilogues run each as one library call
+ * (one launch, one GEMM in the counters), where the composition would
+ * add a bias and an activation kernel. ch_gemm_bias with half inputs
+ * into an f32 or half c, and ch_gemm_bias_act with CH_ACT_GELU_TANH (pre
+ * kept or not) are fused; CH_ACT_GELU, exact, never is (cuBLASLt's GELU
+ * is the tanh form), nor a kept pre whose rows are not a multiple of 8
+ * elements. Their values are test-ops' (every device against a double
+ * reference); this says which path ran. */
+static void test_fused(ch_device *dev, ch_dtype half)
+{
+    const char *id = ch_device_id(dev), *hn = ch_dtype_name(half);
+    int64_t sx[2] = {64, 48}, sw[2] = {256, 48}, sy[2] = {64, 256}, sb[1] = {256};
+    int64_t sw7[2] = {252, 48}, sy7[2] = {64, 252}, sb7[1] = {252};
+    ch_tensor *x32 = NULL, *w32 = NULL, *x = NULL, *w = NULL, *w7 = NULL, *w7_32 = NULL,
+              *bias = NULL, *bias7 = NULL, *y32 = NULL, *yh = NULL, *pre = NULL, *y7 = NULL,
+              *pre7 = NULL;
+    ch_status st = ch_tensor_new(&x32, dev, CH_F32, 2, sx);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w32, dev, CH_F32, 2, sw);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w7_32, dev, CH_F32, 2, sw7);
+    if (st == CH_OK)
+        st = ch_tensor_new(&x, dev, half, 2, sx);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w, dev, half, 2, sw);
+    if (st == CH_OK)
+        st = ch_tensor_new(&w7, dev, half, 2, sw7);
+    if (st == CH_OK)
+        st = ch_tensor_new(&bias, dev, CH_F32, 1, sb);
+    if (st == CH_OK)
+        st = ch_tensor_new(&bias7, dev, CH_F32, 1, sb7);
+    if (st == CH_OK)
+        st = ch_tensor_new(&y32, dev, CH_F32, 2, sy);
+    if (st == CH_OK)
+        st = ch_tensor_new(&yh, dev, half, 2, sy);
+    if (st == CH_OK)
+        st = ch_tensor_new(&pre, dev, half, 2, sy);
+    if (st == CH_OK)
+        st = ch_tensor_new(&y7, dev, half, 2, sy7);
+    if (st == CH_OK)
+        st = ch_tensor_new(&pre7, dev, half, 2, sy7);
+    if (st == CH_OK)
+        st = ch_rand_uniform(x32, 1, 0, -1.0f, 1.0f);
+    if (st == CH_OK)
+        st = ch_rand_uniform(w32, 2, 0, -1.0f, 1.0f);
+    if (st == CH_OK)
+        st = ch_rand_uniform(w7_32, 3, 0, -1.0f, 1.0f);
+    if (st == CH_OK)
+        st = ch_rand_uniform(bias, 4, 0, -1.0f, 1.0f);
+    if (st == CH_OK)
+        st = ch_rand_uniform(bias7, 5, 0, -1.0f, 1.0f);
+    if (st == CH_OK)
+        st = ch_cast(x, x32);
+    if (st == CH_OK)
+        st = ch_cast(w, w32);
+    if (st == CH_OK)
+        st = ch_cast(w7, w7_32);
+    if (st == CH_OK)
+        st = ch_device_sync(dev);
+    if (!tap_status_ok(st, "%s: %s tensors for the fused products", id, hn))
+        goto out;
+    for (int k = 0; k < 6; k++) {
+        static const char *what[] = {"ch_gemm_bias into f32",
+                                     "ch_gemm_bias into the inputs' format",
+                                     "ch_gemm_bias_act gelu_tanh, pre kept",
+                                     "ch_gemm_bias_act gelu_tanh into f32",
+                                     "ch_gemm_bias_act gelu (exact: not cuBLASLt's)",
+                                     "ch_gemm_bias_act gelu_tanh, pre kept, rows of 252 elements"};
+        ch_device_counters c = {0};
+        st = ch_device_counters_start(dev, 0);
+        /* twice: the second from the stream's kept heuristic answer */
+        for (int rep = 0; rep < 2 && st == CH_OK; rep++)
+            st = k == 0   ? ch_gemm_bias(y32, 0, 1, 1.0f, x, w, bias)
+                 : k == 1 ? ch_gemm_bias(yh, 0, 1, 1.0f, x, w, bias)
+                 : k == 2 ? ch_gemm_bias_act(yh, pre, 0, 1, 1.0f, x, w, bias, CH_ACT_GELU_TANH)
+                 : k == 3 ? ch_gemm_bias_act(y32, NULL, 0, 1, 0.5f, x, w, bias, CH_ACT_GELU_TANH)
+                 : k == 4 ? ch_gemm_bias_act(yh, pre, 0, 1, 1.0f, x, w, bias, CH_ACT_GELU)
+                          : ch_gemm_bias_act(y7, pre7, 0, 1, 1.0f, x, w7, bias7, CH_ACT_GELU_TANH);
+        if (st == CH_OK)
+            st = ch_device_sync(dev);
+        if (st == CH_OK)
+            st = ch_device_counters_read(dev, &c);
+        /* composed: the product (its bias fused) and the activation's
+         * launches */
+        int fused = k < 4;
+        tap_ok(st == CH_OK && c.gemms == 2 && (fused ? c.launches == 2 : c.launches >= 4),
+               "%s: %s with %s inputs, twice: %s (%llu launches, %llu GEMMs; %s)", id, what[k], hn,
+               fused ? "one cuBLASLt call each" : "composed", (unsigned long long)c.launches,
+               (unsigned long long)c.gemms, st == CH_OK ? "ok" : ch_last_error());
+    }
+out:
+    ch_tensor_free(x32), ch_tensor_free(w32), ch_tensor_free(w7_32), ch_tensor_free(x);
+    ch_tensor_free(w), ch_tensor_free(w7), ch_tensor_free(bias), ch_tensor_free(bias7);
+    ch_tensor_free(y32), ch_tensor_free(yh), ch_tensor_free(pre), ch_tensor_free(y7);
+    ch_tensor_free(pre7);
+}
+
 static void test_device(ch_device *dev)
 {
     test_info(dev);
@@ -843,6 +940,8 @@ static void test_device(ch_device *dev)
     test_gemm_streams(dev, 1024, 1024, 1024);
     test_gemm_streams(dev, 64, 65536, 64);
     test_counters(dev);
+    test_fused(dev, CH_BF16);
+    test_fused(dev, CH_F16);
     test_oom(dev);
 }
 

@@ -106,6 +106,10 @@ static void test_before_init(void)
            "before ch_init");
     EXPECT(ch_rand_uniform(NULL, 1, 0, 0.0f, 1.0f), CH_ERR_STATE, "ch_rand_uniform", "ch_init",
            "before ch_init");
+    EXPECT(ch_add_layernorm(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1e-5f), CH_ERR_STATE,
+           "ch_add_layernorm", "ch_init", "before ch_init");
+    EXPECT(ch_layernorm_backward_add(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+           CH_ERR_STATE, "ch_layernorm_backward_add", "ch_init", "before ch_init");
 }
 
 /* ---- Status strings, the thread-local message, the version --------------- */
@@ -632,6 +636,55 @@ static void test_gemm_args(const op_args *a)
     ch_tensor_free(flat);
 }
 
+/* ch_gemm_bias_act: ch_gemm_bias's checks, then act's, then pre's. */
+static void test_gemm_bias_act_args(const op_args *a)
+{
+    EXPECT(ch_gemm_bias_act(NULL, NULL, 0, 0, 1.0f, a->f4, a->g4, a->v4, CH_ACT_GELU_TANH),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "c", "ch_gemm_bias_act: c NULL");
+    EXPECT(ch_gemm_bias_act(a->f4, NULL, 0, 0, 1.0f, a->g4, a->h4, NULL, CH_ACT_RELU),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "bias", "ch_gemm_bias_act: bias NULL");
+    EXPECT(ch_gemm_bias_act(a->f4, NULL, 0, 0, 1.0f, a->g4, a->h4, a->l4, CH_ACT_RELU),
+           CH_ERR_DTYPE, "ch_gemm_bias_act", "bias", "ch_gemm_bias_act: i32 bias");
+    EXPECT(ch_gemm_bias_act(a->f4, NULL, 0, 0, 1.0f, a->g4, a->h4, a->f1, CH_ACT_RELU),
+           CH_ERR_SHAPE, "ch_gemm_bias_act", "bias", "ch_gemm_bias_act: bias [1] for 4 columns");
+    EXPECT(ch_gemm_bias_act(a->f34, NULL, 0, 0, 1.0f, a->f4, a->g4, a->v4, CH_ACT_RELU),
+           CH_ERR_SHAPE, "ch_gemm_bias_act", "c", "ch_gemm_bias_act: c [3,4] for [4,4] @ [4,4]");
+    EXPECT(ch_gemm_bias_act(a->f4, NULL, 0, 0, NAN, a->g4, a->h4, a->v4, CH_ACT_RELU),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "alpha", "ch_gemm_bias_act: alpha NaN");
+    EXPECT(ch_gemm_bias_act(a->f4, NULL, 0, 0, 1.0f, a->f4, a->h4, a->v4, CH_ACT_RELU),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "overlaps", "ch_gemm_bias_act: c is a");
+    EXPECT(ch_gemm_bias_act(a->f4, NULL, 0, 0, 1.0f, a->g4, a->h4, a->v4, CH_ACT_COUNT),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "act",
+           "ch_gemm_bias_act: act CH_ACT_COUNT");
+    EXPECT(ch_gemm_bias_act(a->f4, NULL, 0, 0, 1.0f, a->g4, a->h4, a->v4, (ch_activation)-1),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "act", "ch_gemm_bias_act: act -1");
+    EXPECT(ch_gemm_bias_act(a->f4, a->f34, 0, 0, 1.0f, a->g4, a->h4, a->v4, CH_ACT_RELU),
+           CH_ERR_SHAPE, "ch_gemm_bias_act", "pre", "ch_gemm_bias_act: pre [3,4] for c [4,4]");
+    EXPECT(ch_gemm_bias_act(a->f4, a->i4, 0, 0, 1.0f, a->g4, a->h4, a->v4, CH_ACT_RELU),
+           CH_ERR_DTYPE, "ch_gemm_bias_act", "pre", "ch_gemm_bias_act: i32 pre for f32 c");
+    EXPECT(ch_gemm_bias_act(a->f4, a->f4, 0, 0, 1.0f, a->g4, a->h4, a->v4, CH_ACT_GELU),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "pre overlaps c",
+           "ch_gemm_bias_act: pre is c");
+    EXPECT(ch_gemm_bias_act(a->f4, a->g4, 0, 0, 1.0f, a->g4, a->h4, a->v4, CH_ACT_GELU),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "pre overlaps a",
+           "ch_gemm_bias_act: pre is a");
+    EXPECT(ch_gemm_bias_act(a->f4, a->h4, 0, 0, 1.0f, a->g4, a->h4, a->v4, CH_ACT_GELU),
+           CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "pre overlaps b",
+           "ch_gemm_bias_act: pre is b");
+    /* a bias in pre's memory: the first 4 of k4's 16 floats */
+    int64_t all = 16;
+    ch_tensor *flat = NULL, *head = NULL;
+    ch_status st = ch_tensor_reshape(&flat, a->k4, 1, &all);
+    if (st == CH_OK)
+        st = ch_tensor_view(&head, flat, 0, 4);
+    if (tap_status_ok(st, "a 1-D view of k4's first row"))
+        EXPECT(ch_gemm_bias_act(a->f4, a->k4, 0, 0, 1.0f, a->g4, a->h4, head, CH_ACT_TANH),
+               CH_ERR_INVALID_ARGUMENT, "ch_gemm_bias_act", "pre overlaps bias",
+               "ch_gemm_bias_act: bias in pre's memory");
+    ch_tensor_free(head);
+    ch_tensor_free(flat);
+}
+
 static void test_elementwise_args(const op_args *a)
 {
     static const char *names[] = {"ch_add", "ch_sub", "ch_mul"};
@@ -952,6 +1005,146 @@ static void test_reduction_args(const op_args *a)
     EXPECT(ch_argmax(a->v4, a->f4, 1), CH_ERR_DTYPE, "ch_argmax", "y", "f32 y");
 }
 
+/* The residual stream's add beside LayerNorm, rows 4 of D 4: the [4, 4]
+ * tensors as sum, y, a, b (forward) and dx, dy, dres, x (backward), four
+ * more of [4] (mean, rstd, gamma, beta; dgamma, dbeta) and one bf16. */
+static void test_residual_norm_args(const op_args *a)
+{
+    static const char fw[] = "ch_add_layernorm", bw[] = "ch_layernorm_backward_add";
+    ch_device *dev = ch_tensor_device(a->f4);
+    /* v: five [4]; w: [3] twice and [3, 4] (rows 3, for a->row0 and
+     * row1); head: f4's first 4 elements as [4] */
+    ch_tensor *v[5] = {NULL}, *w[3] = {NULL}, *half = NULL, *flat = NULL, *head = NULL;
+    int64_t three[] = {3}, all = 16;
+    ch_status st = CH_OK;
+    for (int i = 0; i < 5 && st == CH_OK; i++)
+        st = new_tensor(&v[i], dev, CH_F32, 1, s1);
+    for (int i = 0; i < 2 && st == CH_OK; i++)
+        st = new_tensor(&w[i], dev, CH_F32, 1, three);
+    if (st == CH_OK)
+        st = new_tensor(&w[2], dev, CH_F32, 2, s3);
+    if (st == CH_OK)
+        st = new_tensor(&half, dev, CH_BF16, 1, s1);
+    if (st == CH_OK)
+        st = ch_tensor_reshape(&flat, a->f4, 1, &all);
+    if (st == CH_OK)
+        st = ch_tensor_view(&head, flat, 0, 4);
+    ch_tensor *owned[] = {v[0], v[1], v[2], v[3], v[4], w[0], w[1], w[2], half, head, flat};
+    if (!tap_status_ok(st, "tensors for the residual LayerNorm checks")) {
+        for (size_t i = 0; i < ARRAY_LEN(owned); i++)
+            ch_tensor_free(owned[i]);
+        return;
+    }
+    ch_tensor *m3 = w[0], *r3 = w[1], *y34 = w[2];
+    ch_tensor *sum = a->f4, *y = a->g4, *x1 = a->h4, *x2 = a->k4;
+    ch_tensor *m = v[0], *r = v[1], *g = v[2], *b = v[3], *g2 = v[4];
+    const float eps = 1e-5f;
+    /* ch_add_layernorm(sum, y, mean, rstd, a, b, gamma, beta, eps) */
+    ch_tensor *const fargs[] = {sum, y, m, r, x1, x2, g, b};
+    static const char *const fnames[] = {"sum", "y", "mean", "rstd", "a", "b", "gamma", "beta"};
+    for (int i = 0; i < 8; i++) {
+        ch_tensor *t[8];
+        char what[32];
+        memcpy(t, fargs, sizeof t);
+        t[i] = NULL;
+        snprintf(what, sizeof what, "%s NULL", fnames[i]);
+        EXPECT(ch_add_layernorm(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], eps),
+               CH_ERR_INVALID_ARGUMENT, fw, fnames[i], what);
+    }
+    EXPECT(ch_add_layernorm(sum, y, m, r, a->i4, x2, g, b, eps), CH_ERR_DTYPE, fw, "a", "i32 a");
+    EXPECT(ch_add_layernorm(a->i4, y, m, r, x1, x2, g, b, eps), CH_ERR_DTYPE, fw, "sum", "i32 sum");
+    EXPECT(ch_add_layernorm(sum, y, m, r, x1, x2, half, b, eps), CH_ERR_DTYPE, fw, "gamma",
+           "bf16 gamma (f32 only)");
+    EXPECT(ch_add_layernorm(sum, y, a->l4, r, x1, x2, g, b, eps), CH_ERR_DTYPE, fw, "mean",
+           "i32 mean");
+    EXPECT(ch_add_layernorm(sum, y, m, r, x1, x2, g, b, -1.0f), CH_ERR_INVALID_ARGUMENT, fw, "eps",
+           "eps -1");
+    EXPECT(ch_add_layernorm(sum, y, m, r, x1, x2, g, b, NAN), CH_ERR_INVALID_ARGUMENT, fw, "eps",
+           "eps NaN");
+    EXPECT(ch_add_layernorm(sum, y, m, r, a->f34, x2, g, b, eps), CH_ERR_SHAPE, fw, "a",
+           "a of 12 elements, sum of 16");
+    EXPECT(ch_add_layernorm(sum, y, m, r, x1, a->f34, g, b, eps), CH_ERR_SHAPE, fw, "b",
+           "b of 12 elements, sum of 16");
+    EXPECT(ch_add_layernorm(sum, a->f34, m, r, x1, x2, g, b, eps), CH_ERR_SHAPE, fw, "y",
+           "y of 12 elements, sum of 16");
+    EXPECT(ch_add_layernorm(sum, y, a->f1, r, x1, x2, g, b, eps), CH_ERR_SHAPE, fw, "mean",
+           "mean of 1 for 4 rows");
+    EXPECT(ch_add_layernorm(sum, y, m, r, x1, x2, g, a->f1, eps), CH_ERR_SHAPE, fw, "beta",
+           "beta of 1 for D 4");
+    EXPECT(ch_add_layernorm(a->row1, y34, m3, r3, a->row0, a->f34, g, b, eps),
+           CH_ERR_INVALID_ARGUMENT, fw, "partly", "sum partly over a");
+    EXPECT(ch_add_layernorm(a->row0, y34, m3, r3, a->f34, a->row1, g, b, eps),
+           CH_ERR_INVALID_ARGUMENT, fw, "partly", "sum partly over b");
+    EXPECT(ch_add_layernorm(sum, sum, m, r, x1, x2, g, b, eps), CH_ERR_INVALID_ARGUMENT, fw,
+           "overlaps", "y is sum");
+    EXPECT(ch_add_layernorm(sum, y, m, r, x1, x2, head, b, eps), CH_ERR_INVALID_ARGUMENT, fw,
+           "gamma", "gamma in sum's memory");
+    EXPECT(ch_add_layernorm(sum, x1, m, r, x1, x2, g, b, eps), CH_ERR_INVALID_ARGUMENT, fw,
+           "overlaps", "y is a");
+    EXPECT(ch_add_layernorm(sum, y, m, m, x1, x2, g, b, eps), CH_ERR_INVALID_ARGUMENT, fw,
+           "overlaps", "mean is rstd");
+    EXPECT(ch_add_layernorm(sum, y, m, r, x1, x2, g, m, eps), CH_ERR_INVALID_ARGUMENT, fw,
+           "overlaps", "mean is beta");
+    tap_status_ok(ch_add_layernorm(x1, y, m, r, x1, x2, g, b, eps),
+                  "%s: sum is a (in place) is allowed", fw);
+    tap_status_ok(ch_add_layernorm(x2, y, m, r, x1, x2, g, b, eps),
+                  "%s: sum is b (in place) is allowed", fw);
+    tap_status_ok(ch_add_layernorm(sum, y, m, r, x1, x1, g, g, eps),
+                  "%s: a is b and gamma is beta (inputs may share)", fw);
+    /* ch_layernorm_backward_add(dx, dgamma, dbeta, dy, dres, x, mean, rstd, gamma) */
+    ch_tensor *dx = a->f4, *dy = a->g4, *dres = a->h4, *x = a->k4, *dg = g2, *db = b;
+    ch_tensor *const bargs[] = {dx, dg, db, dy, dres, x, m, r, g};
+    static const char *const bnames[] = {"dx", "dgamma", "dbeta", "dy",   "dres",
+                                         "x",  "mean",   "rstd",  "gamma"};
+    for (int i = 0; i < 9; i++) {
+        ch_tensor *t[9];
+        char what[32];
+        if (i == 4)
+            continue; /* dres NULL: none, below */
+        memcpy(t, bargs, sizeof t);
+        t[i] = NULL;
+        snprintf(what, sizeof what, "%s NULL", bnames[i]);
+        EXPECT(ch_layernorm_backward_add(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]),
+               CH_ERR_INVALID_ARGUMENT, bw, bnames[i], what);
+    }
+    EXPECT(ch_layernorm_backward_add(a->i4, dg, db, dy, dres, x, m, r, g), CH_ERR_DTYPE, bw, "dx",
+           "i32 dx");
+    EXPECT(ch_layernorm_backward_add(dx, dg, db, dy, a->i4, x, m, r, g), CH_ERR_DTYPE, bw, "dres",
+           "i32 dres");
+    EXPECT(ch_layernorm_backward_add(dx, half, db, dy, dres, x, m, r, g), CH_ERR_DTYPE, bw,
+           "dgamma", "bf16 dgamma (f32 only)");
+    EXPECT(ch_layernorm_backward_add(dx, dg, db, a->f34, dres, x, m, r, g), CH_ERR_SHAPE, bw, "dy",
+           "dy of 12 elements, x of 16");
+    EXPECT(ch_layernorm_backward_add(a->f34, dg, db, dy, dres, x, m, r, g), CH_ERR_SHAPE, bw, "dx",
+           "dx of 12 elements, x of 16");
+    EXPECT(ch_layernorm_backward_add(dx, dg, db, dy, a->f34, x, m, r, g), CH_ERR_SHAPE, bw, "dres",
+           "dres of 12 elements, x of 16");
+    EXPECT(ch_layernorm_backward_add(dx, dg, db, dy, dres, x, m, a->f1, g), CH_ERR_SHAPE, bw,
+           "rstd", "rstd of 1 for 4 rows");
+    EXPECT(ch_layernorm_backward_add(dx, a->f1, db, dy, dres, x, m, r, g), CH_ERR_SHAPE, bw,
+           "dgamma", "dgamma of 1 for D 4");
+    EXPECT(ch_layernorm_backward_add(a->row1, dg, db, a->f34, a->row0, y34, m3, r3, g),
+           CH_ERR_INVALID_ARGUMENT, bw, "partly", "dx partly over dres");
+    EXPECT(ch_layernorm_backward_add(x1, head, db, dy, a->f4, x, m, r, g), CH_ERR_INVALID_ARGUMENT,
+           bw, "dres", "dgamma in dres's memory");
+    EXPECT(ch_layernorm_backward_add(x1, dg, head, dy, a->f4, x, m, r, g), CH_ERR_INVALID_ARGUMENT,
+           bw, "dres", "dbeta in dres's memory");
+    EXPECT(ch_layernorm_backward_add(dy, dg, db, dy, dres, x, m, r, g), CH_ERR_INVALID_ARGUMENT, bw,
+           "overlaps", "dx is dy");
+    EXPECT(ch_layernorm_backward_add(dx, dg, db, dy, dres, dx, m, r, g), CH_ERR_INVALID_ARGUMENT,
+           bw, "overlaps", "dx is x");
+    EXPECT(ch_layernorm_backward_add(dx, dg, dg, dy, dres, x, m, r, g), CH_ERR_INVALID_ARGUMENT, bw,
+           "overlaps", "dgamma is dbeta");
+    EXPECT(ch_layernorm_backward_add(dx, dg, db, dy, dres, x, m, r, dg), CH_ERR_INVALID_ARGUMENT,
+           bw, "overlaps", "dgamma is gamma");
+    tap_status_ok(ch_layernorm_backward_add(dx, dg, db, dy, NULL, x, m, r, g),
+                  "%s: dres NULL is allowed", bw);
+    tap_status_ok(ch_layernorm_backward_add(dres, dg, db, dy, dres, x, m, r, g),
+                  "%s: dres is dx (in place) is allowed", bw);
+    for (size_t i = 0; i < ARRAY_LEN(owned); i++)
+        ch_tensor_free(owned[i]);
+}
+
 static void test_optimizer_args(const op_args *a)
 {
     ch_sgd_params sgd = {.lr = 0.1f, .momentum = 0.9f};
@@ -1054,6 +1247,59 @@ static void test_random_args(const op_args *a)
     EXPECT(ch_dropout_mask(a->l4, 1, 0, 0.5f), CH_ERR_DTYPE, "ch_dropout_mask", "y", "i32 y");
 }
 
+/* ch_gemm_bias and ch_gemm_bias_act with half inputs (t, [4, 4] in dt):
+ * c f32 or dt, pre of c's dtype, bias f32; the other half format for c,
+ * pre or bias is refused. */
+static void test_gemm_bias_half(ch_device *host, ch_dtype dt, ch_tensor *t, const op_args *a)
+{
+    ch_dtype other = dt == CH_BF16 ? CH_F16 : CH_BF16;
+    const char *name = ch_dtype_name(dt), *oname = ch_dtype_name(other);
+    ch_tensor *b = NULL, *c = NULL, *pre = NULL, *co = NULL, *bo = NULL;
+    ch_status st = ch_tensor_new(&b, host, dt, 2, s2);
+    if (st == CH_OK)
+        st = ch_tensor_new(&c, host, dt, 2, s2);
+    if (st == CH_OK)
+        st = ch_tensor_new(&pre, host, dt, 2, s2);
+    if (st == CH_OK)
+        st = ch_tensor_new(&co, host, other, 2, s2);
+    if (st == CH_OK)
+        st = ch_tensor_new(&bo, host, other, 1, s1);
+    /* zeros: the same bits in either format */
+    if (st == CH_OK)
+        st = ch_cast(t, a->g4);
+    if (st == CH_OK)
+        st = ch_cast(b, a->g4);
+    char c_other[64], bias_other[64], pre_other[64];
+    snprintf(c_other, sizeof c_other, "c %s for %s inputs", oname, name);
+    snprintf(bias_other, sizeof bias_other, "bias %s", oname);
+    snprintf(pre_other, sizeof pre_other, "pre %s for a %s c", oname, name);
+    if (tap_status_ok(st, "%s tensors for ch_gemm_bias's and ch_gemm_bias_act's checks", name)) {
+        EXPECT(ch_gemm_bias(co, 0, 0, 1.0f, t, b, a->v4), CH_ERR_DTYPE, "ch_gemm_bias", "c",
+               c_other);
+        EXPECT(ch_gemm_bias(c, 0, 0, 1.0f, t, b, bo), CH_ERR_DTYPE, "ch_gemm_bias", "bias",
+               bias_other);
+        EXPECT(ch_gemm_bias_act(co, NULL, 0, 0, 1.0f, t, b, a->v4, CH_ACT_GELU_TANH), CH_ERR_DTYPE,
+               "ch_gemm_bias_act", "c", c_other);
+        EXPECT(ch_gemm_bias_act(c, NULL, 0, 0, 1.0f, t, b, bo, CH_ACT_GELU_TANH), CH_ERR_DTYPE,
+               "ch_gemm_bias_act", "bias", bias_other);
+        EXPECT(ch_gemm_bias_act(c, co, 0, 0, 1.0f, t, b, a->v4, CH_ACT_GELU_TANH), CH_ERR_DTYPE,
+               "ch_gemm_bias_act", "pre", pre_other);
+        EXPECT(ch_gemm_bias_act(c, a->f4, 0, 0, 1.0f, t, b, a->v4, CH_ACT_GELU_TANH), CH_ERR_DTYPE,
+               "ch_gemm_bias_act", "pre", "f32 pre for a half c");
+        tap_status_ok(ch_gemm_bias(c, 0, 0, 1.0f, t, b, a->v4),
+                      "ch_gemm_bias takes a %s c with %s inputs and an f32 bias", name, name);
+        tap_status_ok(ch_gemm_bias_act(c, pre, 0, 0, 1.0f, t, b, a->v4, CH_ACT_GELU_TANH),
+                      "ch_gemm_bias_act takes %s c and pre with %s inputs", name, name);
+        tap_status_ok(ch_gemm_bias_act(a->f4, a->k4, 0, 0, 1.0f, t, b, a->v4, CH_ACT_GELU),
+                      "ch_gemm_bias_act takes f32 c and pre with %s inputs", name);
+    }
+    ch_tensor_free(b);
+    ch_tensor_free(c);
+    ch_tensor_free(pre);
+    ch_tensor_free(co);
+    ch_tensor_free(bo);
+}
+
 /* bf16 and f16 go where they are accepted (the float ops, ch_gemm with
  * both inputs alike: test-half checks their values) and nowhere else: the
  * fills, random numbers, argmax, copies across dtypes and mixed GEMM
@@ -1074,6 +1320,7 @@ static void test_half_dtype(ch_device *host, ch_dtype dt, const op_args *a)
     tap_status_ok(ch_add(a->f4, t, a->g4), "ch_add takes a %s a beside f32 y and b", name);
     tap_status_ok(ch_activation_forward(t, t, CH_ACT_RELU),
                   "ch_activation_forward takes %s in place", name);
+    test_gemm_bias_half(host, dt, t, a);
     ch_tensor_free(t);
 }
 
@@ -1090,6 +1337,8 @@ static void test_device_mismatch(const op_args *h, const op_args *o, ch_device *
     EXPECT(ch_mul(o->f4, h->f4, h->g4), CH_ERR_DEVICE_MISMATCH, "ch_mul", id, "y on the other");
     EXPECT(ch_gemm(h->f4, 0, 0, 1.0f, h->g4, o->g4, 0.0f), CH_ERR_DEVICE_MISMATCH, "ch_gemm", id,
            "b on the other");
+    EXPECT(ch_gemm_bias_act(h->f4, o->k4, 0, 0, 1.0f, h->g4, h->h4, h->v4, CH_ACT_RELU),
+           CH_ERR_DEVICE_MISMATCH, "ch_gemm_bias_act", id, "pre on the other");
     EXPECT(ch_axpy(h->f4, 1.0f, o->g4), CH_ERR_DEVICE_MISMATCH, "ch_axpy", id,
            "x on the other");
     EXPECT(ch_bias_add(h->f4, h->g4, o->v4, 1), CH_ERR_DEVICE_MISMATCH, "ch_bias_add", id,
@@ -1101,6 +1350,10 @@ static void test_device_mismatch(const op_args *h, const op_args *o, ch_device *
     EXPECT(ch_sgd_step(h->f4, NULL, o->g4, &sgd, 0), CH_ERR_DEVICE_MISMATCH, "ch_sgd_step", id,
            "g on the other");
     EXPECT(ch_sum(o->v4, h->f4, 0), CH_ERR_DEVICE_MISMATCH, "ch_sum", id, "y on the other");
+    EXPECT(ch_add_layernorm(h->f4, h->g4, h->v4, h->v4, h->h4, o->k4, h->v4, h->v4, 1e-5f),
+           CH_ERR_DEVICE_MISMATCH, "ch_add_layernorm", id, "b on the other");
+    EXPECT(ch_layernorm_backward_add(h->f4, h->v4, h->v4, h->g4, o->h4, h->k4, h->v4, h->v4, h->v4),
+           CH_ERR_DEVICE_MISMATCH, "ch_layernorm_backward_add", id, "dres on the other");
     tap_status_ok(ch_copy(o->f4, h->g4), "ch_copy from host to %s is allowed", id);
     if (ch_device_default_stream(&s, other) == CH_OK &&
         ch_event_new(&e, ch_tensor_device(h->f4)) == CH_OK)
@@ -1148,6 +1401,7 @@ static void test_ops(ch_device *host)
         return;
     test_data_ops(&a);
     test_gemm_args(&a);
+    test_gemm_bias_act_args(&a);
     test_elementwise_args(&a);
     test_activation_args(&a);
     test_bias_args(&a);
@@ -1156,6 +1410,7 @@ static void test_ops(ch_device *host)
     test_conv_args(&a);
     test_conv2d_args(&a);
     test_reduction_args(&a);
+    test_residual_norm_args(&a);
     test_optimizer_args(&a);
     test_random_args(&a);
     test_half_dtype(host, CH_BF16, &a);

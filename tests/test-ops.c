@@ -195,6 +195,121 @@ static void test_gemms(ch_device *dev)
         }
 }
 
+/* ---- GEMM, bias and activation (ch_gemm_bias_act) -------------------------- */
+
+/* The largest |act'| anywhere: how much an error of the activation's input
+ * can move its output. */
+static double act_lipschitz(ch_activation act)
+{
+    if (act == CH_ACT_GELU || act == CH_ACT_GELU_TANH)
+        return 1.13; /* 1.129 at x = 1.5 */
+    return act == CH_ACT_SIGMOID ? 0.25 : 1.0;
+}
+
+/* x (n floats) in `dt` on the case's device: an f32 tensor holding x, then
+ * for a half dt, x rounded to it (the tensor returned) and the exact
+ * values of the rounded x written back into x. */
+static ch_tensor *half_input(tcase *c, ch_dtype dt, int ndim, const int64_t *shape, float *x,
+                             int64_t n)
+{
+    ch_tensor *t32 = tc_tensor(c, CH_F32, ndim, shape, x);
+    if (dt == CH_F32)
+        return t32;
+    ch_tensor *t = tc_tensor(c, dt, ndim, shape, NULL);
+    TC(c, ch_cast(t, t32));
+    TC(c, ch_cast(t32, t));
+    tc_download(c, t32, x, n);
+    return t;
+}
+
+/* t's n values as f32 (widened on the device where t is half). */
+static float *values_f32(tcase *c, ch_tensor *t, int ndim, const int64_t *shape, int64_t n)
+{
+    if (!t || ch_tensor_dtype(t) == CH_F32)
+        return tc_fetch(c, t, n);
+    ch_tensor *w = tc_tensor(c, CH_F32, ndim, shape, NULL);
+    TC(c, ch_cast(w, t));
+    return tc_fetch(c, w, n);
+}
+
+/* ch_gemm_bias_act into c of `cd` (pre too, when asked for) with a and b
+ * in `ab`, against a double reference on the same (rounded) inputs: z =
+ * alpha op(a) op(b) + bias, want = act(z). pre must be within e_z = u
+ * (|z| + |z - bias|) + TOL_SUM sum|terms| of z (the composition rounds a
+ * half pre twice: the product, then its sum with the bias; fused, once),
+ * and c within u |want| + ACT_TOL |want| + L e_z of want, u half an ulp of
+ * the output's format (0 for f32), L act's largest slope: pre's error
+ * carried through the activation, then the activation's own error and
+ * c's rounding (on CUDA, cuBLASLt's GELU's own error besides: below).
+ * The line reports the largest error in units of that bound. */
+static void test_gemm_bias_act(ch_device *dev, ch_dtype ab, ch_dtype cd, ch_activation act,
+                               int want_pre, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                               float alpha)
+{
+    tcase c;
+    tc_begin(&c, dev,
+             "gemm_bias_act %s %s x %s -> %s%s %c%c m %" PRId64 " n %" PRId64 " k %" PRId64
+             " alpha %g (error / bound)",
+             ref_act_name(act), ch_dtype_name(ab), ch_dtype_name(ab), ch_dtype_name(cd),
+             want_pre ? " and pre" : "", ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha);
+    float *a = tc_random(&c, m * k, -1, 1), *b = tc_random(&c, k * n, -1, 1);
+    float *bias = tc_random(&c, n, -1, 1);
+    int64_t sa[2] = {ta ? k : m, ta ? m : k}, sb[2] = {tb ? n : k, tb ? k : n}, sc[2] = {m, n};
+    ch_tensor *tA = half_input(&c, ab, 2, sa, a, m * k);
+    ch_tensor *tB = half_input(&c, ab, 2, sb, b, k * n);
+    ch_tensor *tbias = tc_tensor(&c, CH_F32, SHAPE(n), bias);
+    ch_tensor *tcc = tc_tensor(&c, cd, 2, sc, NULL);
+    ch_tensor *tpre = want_pre ? tc_tensor(&c, cd, 2, sc, NULL) : NULL;
+    TC(&c, ch_gemm_bias_act(tcc, tpre, ta, tb, alpha, tA, tB, tbias, act));
+    float *got = values_f32(&c, tcc, 2, sc, m * n);
+    float *got_pre = want_pre ? values_f32(&c, tpre, 2, sc, m * n) : NULL;
+    double *z = tc_doubles(&c, m * n), *mag = tc_doubles(&c, m * n);
+    ref_gemm(z, ta, tb, m, n, k, alpha, a, b, 0.0, NULL);
+    ref_gemm(mag, ta, tb, m, n, k, fabsf(alpha), tc_abs(&c, a, m * k), tc_abs(&c, b, k * n), 0.0,
+             NULL);
+    int mant = cd == CH_BF16 ? 7 : 10;
+    double u = cd == CH_F32 ? 0.0 : ldexp(1.0, -(mant + 1)), L = act_lipschitz(act), worst = 0.0;
+    /* CUDA's fused gelu_tanh is cuBLASLt's GELU epilogue, of a precision
+     * NVIDIA does not state: allowed an approximate tanh's (PTX's
+     * tanh.approx.f32, 2^-10.7 relative), times |z| / 2. */
+    double lt =
+        strncmp(ch_device_id(dev), "cuda", 4) == 0 && act == CH_ACT_GELU_TANH && ab != CH_F32
+            ? ldexp(1.0, -11)
+            : 0.0;
+    for (int64_t i = 0; c.st == CH_OK && i < m * n; i++) {
+        z[i] += bias[i % n];
+        mag[i] += fabs(bias[i % n]);
+        double want = ref_act(act, z[i]);
+        /* pre's rounding: once fused, twice composed (ch_gemm_bias into
+         * a half tensor rounds the product, then its sum with the bias) */
+        double ez = u * (fabs(z[i]) + fabs(z[i] - bias[i % n])) + TOL_SUM * mag[i] + REF_TINY;
+        double bound = u * fabs(want) + ACT_TOL * fabs(want) + L * ez + lt * fabs(z[i]);
+        double r = fabs(got[i] - want) / bound;
+        if (!(r <= worst))
+            worst = r;
+        if (want_pre && !(fabs(got_pre[i] - z[i]) / ez <= worst))
+            worst = fabs(got_pre[i] - z[i]) / ez;
+    }
+    tc_end_err(&c, worst, 1.0);
+}
+
+static void test_gemm_bias_acts(ch_device *dev)
+{
+    static const ch_dtype fmts[] = {CH_F32, CH_BF16, CH_F16};
+    for (int act = 0; act < CH_ACT_COUNT; act++)
+        for (int f = 0; f < 3; f++) {
+            /* x W^T + b, a Linear's forward, n a multiple of 8 (what
+             * cuBLASLt's epilogue needs to keep pre), f32 c then c in the
+             * inputs' format, pre or not */
+            test_gemm_bias_act(dev, fmts[f], CH_F32, act, 1, 0, 1, 33, 64, 40, 1.0f);
+            test_gemm_bias_act(dev, fmts[f], fmts[f], act, 0, 0, 1, 33, 64, 40, 1.0f);
+            test_gemm_bias_act(dev, fmts[f], fmts[f], act, 1, 0, 1, 17, 48, 72, 0.5f);
+            /* odd sizes, the other layouts */
+            test_gemm_bias_act(dev, fmts[f], fmts[f], act, 1, 1, 0, 19, 29, 31, -1.25f);
+            test_gemm_bias_act(dev, fmts[f], CH_F32, act, 0, 1, 1, 7, 13, 5, 2.0f);
+        }
+}
+
 /* ---- Elementwise --------------------------------------------------------- */
 
 typedef enum alias_mode { SEPARATE, Y_IS_A, Y_IS_B, A_IS_B } alias_mode;
@@ -1959,6 +2074,7 @@ static void test_device(ch_device *dev)
     double t0 = ch_clock_seconds();
     test_data_movement(dev);
     test_gemms(dev);
+    test_gemm_bias_acts(dev);
     test_elementwise(dev);
     test_activations(dev);
     test_bias(dev);

@@ -56,12 +56,13 @@ CUDA_NVCCFLAGS = $(CUDA_GENCODE) --threads=0 -std=c++20 -O3 --fmad=false \
 if HAVE_CUDA
 backend_LTLIBRARIES += backends/cuda/chorus-cuda.la
 backends_cuda_chorus_cuda_la_SOURCES = $(cuda_module_sources) $(cuda_module_headers)
-# Static cudart: the module needs only the driver at run time. cuBLAS and
-# NCCL stay shared; the rpath finds them in the toolkit, and where they are
-# missing dlopen fails with the loader's message, which the core reports.
+# Static cudart: the module needs only the driver at run time. cuBLAS (and
+# cuBLASLt, for the fused epilogues) and NCCL stay shared; the rpath finds
+# them in the toolkit, and where they are missing dlopen fails with the
+# loader's message, which the core reports.
 backends_cuda_chorus_cuda_la_LDFLAGS = $(AM_LDFLAGS) -module -avoid-version -shared \
 	-L$(CUDA_DIR)/lib64 -Wl,-rpath,$(CUDA_DIR)/lib64
-backends_cuda_chorus_cuda_la_LIBADD = libchorus.la -lcublas $(cuda_nccl_libs) \
+backends_cuda_chorus_cuda_la_LIBADD = libchorus.la -lcublasLt -lcublas $(cuda_nccl_libs) \
 	-lcudart_static -ldl -lrt -lpthread -lstdc++
 
 $(cuda_module_sources:.cu=.lo): $(cuda_module_headers) lib/backend.h lib/error.h lib/trace.h lib/philox.h \

@@ -252,6 +252,8 @@ static const ch_backend_i chcu_table = {
     .embedding_backward = chcu_embedding_backward,
     .layernorm = chcu_layernorm,
     .layernorm_backward = chcu_layernorm_backward,
+    .add_layernorm = chcu_add_layernorm,
+    .layernorm_backward_add = chcu_layernorm_backward_add,
     .channel_sums = chcu_channel_sums,
     .batchnorm_stats = chcu_batchnorm_stats,
     .batchnorm_forward = chcu_batchnorm_forward,
@@ -266,6 +268,8 @@ static const ch_backend_i chcu_table = {
     .conv2d_forward = nullptr,
     .conv2d_backward = nullptr,
     .gemm_half = chcu_gemm_half,
+    /* cuBLASLt's GELU epilogues, for CH_ACT_GELU_TANH (gemm.cu). */
+    .gemm_bias_act = chcu_gemm_bias_act,
     /* No half convolution of its own either: the core widens the inputs
      * and composes the f32 one (cuDNN's would fill these). */
     .conv2d_half_workspace = nullptr,

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include "backend.h"
 #include "kernels/index.h"
 
@@ -102,6 +103,28 @@ typedef struct chcu_pending_check {
 /* Their words' bytes, on the device and pinned on the host. */
 #define CHCU_CHECK_BYTES (CHCU_CHECKS * sizeof(unsigned long long))
 
+/* One answer of cuBLASLt's heuristic (gemm.cu), for the product its key
+ * names: the problem and every alignment the heuristic was told or read
+ * from the descriptor's pointers (the key is zeroed first: compared whole
+ * with memcmp). found 0: it had none, and the core composes the op. */
+typedef struct chcu_lt_key {
+    int64_t m, n, k, lda, ldb, ldc, ldaux;
+    int trans_a, trans_b, ab, cd;
+    unsigned epilogue;
+    unsigned align_a, align_b, align_c, align_bias, align_aux;
+} chcu_lt_key;
+
+typedef struct chcu_lt_plan {
+    chcu_lt_key key;
+    int found;
+    cublasStatus_t why; /* found 0: the status that said so, or SUCCESS */
+    cublasLtMatmulAlgo_t algo;
+} chcu_lt_plan;
+
+/* Heuristic answers a stream keeps (a model's fused products: a few
+ * shapes per layer kind); the oldest goes first. */
+#define CHCU_LT_PLANS 32
+
 typedef struct chcu_stream {
     chcu_device *dev;
     cudaStream_t s;
@@ -113,6 +136,17 @@ typedef struct chcu_stream {
     pthread_mutex_t blas_lock;
     cublasHandle_t blas;
     int blas_tf32; /* the handle's math mode: 1 TF32, 0 FP32, -1 not set yet */
+    /* cuBLASLt, for the fused epilogues (gemm.cu), under blas_lock too:
+     * its handle, made at the first fused product with the workspace the
+     * products use (lt_ws_bytes, the device's workspace, counted with
+     * chi_workspace_reserve; none, 0 bytes, where the device had no room
+     * for it), and the heuristic's answers for the last CHCU_LT_PLANS
+     * products (lt_nplans of them; lt_next the one replaced next). */
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    size_t lt_ws_bytes;
+    chcu_lt_plan lt_plans[CHCU_LT_PLANS];
+    int lt_nplans, lt_next;
     /* Device scratch for ops that need temporaries (row losses, partial
      * sums). Held from acquire until the work using it is queued; work
      * queued later on the same stream runs after, so it may then reuse it. */
@@ -171,6 +205,12 @@ void chcu_scratch_release(chcu_stream *s);
 /* Frees the scratch (the stream is going, or it grows), with its device
  * current; it leaves the workspace even when cudaFree fails. */
 ch_status chcu_scratch_free(chcu_stream *s);
+
+/* ---- cuBLASLt (gemm.cu) ---- */
+/* The stream's cuBLASLt handle and workspace go (the stream is being
+ * destroyed; its device current): the workspace leaves the device's
+ * workspace even when cudaFree fails. */
+void chcu_lt_free(chcu_stream *s);
 
 /* ---- launch shapes ---- */
 

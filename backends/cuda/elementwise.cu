@@ -142,7 +142,8 @@ template <ch_activation A> __global__ void act_forward_kernel(float *y, const fl
     y[i] = chk_act(A, x[i]);
 }
 
-/* relu and gelu read x, tanh and sigmoid read y (the other may be NULL). */
+/* relu and the gelus read x, tanh and sigmoid read y (the other may be
+ * NULL). */
 template <ch_activation A>
 __global__ void act_backward_kernel(float *dx, const float *dy, const float *x, const float *y,
                                     int64_t n)
@@ -183,6 +184,7 @@ static ch_status act_run(void *stream, ch_activation act, int backward, int64_t 
     case CH_ACT_SIGMOID:
         act_launch<CH_ACT_SIGMOID>(s, backward, n, out, dy, x, y);
         break;
+    case CH_ACT_GELU_TANH: act_launch<CH_ACT_GELU_TANH>(s, backward, n, out, dy, x, y); break;
     default:
         return chi_unknown_enum("cuda", backward ? "act_backward" : "act_forward",
                                 "ch_activation", (int)act, CH_ACT_COUNT);

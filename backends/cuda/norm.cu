@@ -99,11 +99,22 @@ __global__ void layernorm_dx_kernel(float *dx, const float *dy, const float *x,
     }
 }
 
+/* Element i of a tensor in format fmt (lib/kernels/normalize.h's
+ * CHK_FMT_*) as f32: f32 as it is, a half format widened. */
+__device__ static inline float fmt_load1(const void *p, int fmt, int64_t i)
+{
+    if (fmt == CHK_FMT_F32)
+        return ((const float *)p)[i];
+    return chk_fmt_widen(((const chk_u16 *)p)[i], fmt);
+}
+
 /* Item (k, j) of chunks x d: part[k, 0, j] = the sum of dy xhat and
- * part[k, 1, j] of dy over the rows of chunk k, in row order. */
-__global__ void layernorm_param_part_kernel(chk_acc *part, const float *dy, const float *x,
-                                            const float *mean, const float *rstd, int64_t rows,
-                                            int64_t d, int64_t chunks)
+ * part[k, 1, j] of dy over the rows of chunk k, in row order. dy and x in
+ * formats dyf and xf (ch_layernorm_backward's f32, ch_layernorm_backward_add's
+ * any). */
+__global__ void layernorm_param_part_kernel(chk_acc *part, const void *dy, int dyf, const void *x,
+                                            int xf, const float *mean, const float *rstd,
+                                            int64_t rows, int64_t d, int64_t chunks)
 {
     CHCU_FOR_EACH(i, chunks * d)
     {
@@ -111,8 +122,8 @@ __global__ void layernorm_param_part_kernel(chk_acc *part, const float *dy, cons
         int64_t end = (k + 1) * LN_CHUNK_ROWS < rows ? (k + 1) * LN_CHUNK_ROWS : rows;
         chk_acc g = 0.0, b = 0.0;
         for (int64_t r = k * LN_CHUNK_ROWS; r < end; r++) {
-            chk_acc v = dy[r * d + j];
-            g += v * chk_norm_xhat(x[r * d + j], mean[r], rstd[r]);
+            chk_acc v = fmt_load1(dy, dyf, r * d + j);
+            g += v * chk_norm_xhat(fmt_load1(x, xf, r * d + j), mean[r], rstd[r]);
             b += v;
         }
         part[k * 2 * d + j] = g;
@@ -136,7 +147,7 @@ __global__ void layernorm_param_sum_kernel(float *dgamma, float *dbeta, const ch
 }
 
 static ch_status layernorm_params(chcu_stream *s, int64_t rows, int64_t d, float *dgamma,
-                                  float *dbeta, const float *dy, const float *x,
+                                  float *dbeta, const void *dy, int dyf, const void *x, int xf,
                                   const float *mean, const float *rstd)
 {
     int64_t chunks = (rows + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
@@ -146,7 +157,7 @@ static ch_status layernorm_params(chcu_stream *s, int64_t rows, int64_t d, float
         return st;
     chk_acc *part = (chk_acc *)work;
     layernorm_param_part_kernel<<<chcu_grid(s->dev, chunks * d), CHCU_THREADS, 0, s->s>>>(
-        part, dy, x, mean, rstd, rows, d, chunks);
+        part, dy, dyf, x, xf, mean, rstd, rows, d, chunks);
     st = chcu_launched("layernorm_param_part_kernel");
     if (!st) {
         layernorm_param_sum_kernel<<<chcu_grid(s->dev, d), CHCU_THREADS, 0, s->s>>>(
@@ -174,8 +185,294 @@ ch_status chcu_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem
             return st;
     }
     return layernorm_params(s, rows, d, chcu_at<float>(dgamma), chcu_at<float>(dbeta),
-                            chcu_at<float>(dy), chcu_at<float>(x), chcu_at<float>(mean),
-                            chcu_at<float>(rstd));
+                            chcu_at<float>(dy), CHK_FMT_F32, chcu_at<float>(x), CHK_FMT_F32,
+                            chcu_at<float>(mean), chcu_at<float>(rstd));
+}
+
+/* ---- The residual stream's add beside LayerNorm ---------------------------
+ * ch_add_layernorm and ch_layernorm_backward_add: a block per row, as
+ * above, each thread taking V consecutive elements at a time: V = 8
+ * (128-bit loads: one of eight half elements, two of eight f32) where
+ * d % 8 == 0 and every row tensor starts 16-byte aligned, V = 4 (one
+ * 128-bit load) where moreover every row tensor is f32 and d % 4 == 0,
+ * V = 1 (a scalar path) otherwise. Tensors are in normalize.h's formats.
+ * A thread sums its elements in its order, then the block in block_sum's:
+ * not the unfused kernels' order (theirs stride by element), so the
+ * results are theirs within a rounding of each f32 result, not to the
+ * bit. Each thread reads back only elements it wrote itself (the sum, dx
+ * over dres), so in place each element is read before it is written. */
+
+/* The formats of a dtype the core passed; -1 for one this module does
+ * not know. */
+static int fmt_of(ch_dtype dt)
+{
+    return dt == CH_F32    ? CHK_FMT_F32
+           : dt == CH_BF16 ? CHK_FMT_BF16
+           : dt == CH_F16  ? CHK_FMT_F16
+                           : -1;
+}
+
+/* V elements of format fmt from element i (a multiple of V; for V > 1
+ * the address is 16-byte aligned) into v, as f32. */
+template <int V> __device__ static inline void fmt_load(const void *p, int fmt, int64_t i, float *v)
+{
+    if (fmt == CHK_FMT_F32) {
+        const float *f = (const float *)p + i;
+        if constexpr (V == 1) {
+            v[0] = f[0];
+        } else {
+#pragma unroll
+            for (int k = 0; k < V; k += 4) {
+                float4 q = *(const float4 *)(f + k);
+                v[k] = q.x;
+                v[k + 1] = q.y;
+                v[k + 2] = q.z;
+                v[k + 3] = q.w;
+            }
+        }
+        return;
+    }
+    const chk_u16 *h = (const chk_u16 *)p + i;
+    if constexpr (V == 1) {
+        v[0] = chk_fmt_widen(h[0], fmt);
+    } else {
+        /* V / 2 words of two elements each, the first in the low half */
+        unsigned w[V / 2];
+        if constexpr (V == 8) {
+            uint4 q = *(const uint4 *)h;
+            w[0] = q.x;
+            w[1] = q.y;
+            w[2] = q.z;
+            w[3] = q.w;
+        } else {
+            uint2 q = *(const uint2 *)h;
+            w[0] = q.x;
+            w[1] = q.y;
+        }
+#pragma unroll
+        for (int k = 0; k < V / 2; k++) {
+            v[2 * k] = chk_fmt_widen((chk_u16)(w[k] & 0xffffu), fmt);
+            v[2 * k + 1] = chk_fmt_widen((chk_u16)(w[k] >> 16), fmt);
+        }
+    }
+}
+
+/* V f32 values stored from element i in format fmt, rounded once where
+ * it is half. */
+template <int V>
+__device__ static inline void fmt_store(void *p, int fmt, int64_t i, const float *v)
+{
+    if (fmt == CHK_FMT_F32) {
+        float *f = (float *)p + i;
+        if constexpr (V == 1) {
+            f[0] = v[0];
+        } else {
+#pragma unroll
+            for (int k = 0; k < V; k += 4)
+                *(float4 *)(f + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+        }
+        return;
+    }
+    chk_u16 *h = (chk_u16 *)p + i;
+    if constexpr (V == 1) {
+        h[0] = chk_fmt_narrow(v[0], fmt);
+    } else {
+        unsigned w[V / 2];
+#pragma unroll
+        for (int k = 0; k < V / 2; k++)
+            w[k] = (unsigned)chk_fmt_narrow(v[2 * k], fmt) |
+                   (unsigned)chk_fmt_narrow(v[2 * k + 1], fmt) << 16;
+        if constexpr (V == 8)
+            *(uint4 *)h = make_uint4(w[0], w[1], w[2], w[3]);
+        else
+            *(uint2 *)h = make_uint2(w[0], w[1]);
+    }
+}
+
+/* The formats of add_layernorm's row tensors. */
+struct ln_add_fmts {
+    int sum, y, a, b;
+};
+
+template <int V>
+__global__ void add_layernorm_kernel(void *sum, void *y, float *mean, float *rstd, const void *a,
+                                     const void *b, const float *gamma, const float *beta,
+                                     ln_add_fmts f, int64_t rows, int64_t d, float eps)
+{
+    __shared__ chk_acc sh[CHCU_THREADS];
+    const int64_t step = (int64_t)blockDim.x * V;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t at = r * d;
+        chk_acc s = 0.0;
+        for (int64_t j = threadIdx.x * (int64_t)V; j < d; j += step) {
+            float va[V], vb[V];
+            fmt_load<V>(a, f.a, at + j, va);
+            fmt_load<V>(b, f.b, at + j, vb);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                va[k] = chk_res_sum(va[k], vb[k]);
+            fmt_store<V>(sum, f.sum, at + j, va);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                s += chk_fmt_round(va[k], f.sum);
+        }
+        chk_acc m = block_sum(s, sh) / (chk_acc)d, var = 0.0;
+        for (int64_t j = threadIdx.x * (int64_t)V; j < d; j += step) {
+            float x[V];
+            fmt_load<V>(sum, f.sum, at + j, x);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                var += ((chk_acc)x[k] - m) * ((chk_acc)x[k] - m);
+        }
+        chk_acc rs = chk_norm_rstd(block_sum(var, sh) / (chk_acc)d, eps);
+        for (int64_t j = threadIdx.x * (int64_t)V; j < d; j += step) {
+            float x[V], g[V], be[V];
+            fmt_load<V>(sum, f.sum, at + j, x);
+            fmt_load<V>(gamma, CHK_FMT_F32, j, g);
+            fmt_load<V>(beta, CHK_FMT_F32, j, be);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                x[k] = chk_norm_affine(x[k], m, rs, g[k], be[k]);
+            fmt_store<V>(y, f.y, at + j, x);
+        }
+        if (threadIdx.x == 0) {
+            mean[r] = (float)m;
+            rstd[r] = (float)rs;
+        }
+    }
+}
+
+/* The widest V (8, 4, 1) the row tensors allow: rows of d elements in
+ * the formats fmts[i] at ptrs[i] (16-byte aligned rows for V > 1). */
+static int ln_width(int64_t d, int n, const void *const *ptrs, const int *fmts)
+{
+    int aligned = 1, all_f32 = 1;
+    for (int i = 0; i < n; i++) {
+        aligned &= (uintptr_t)ptrs[i] % 16 == 0;
+        all_f32 &= fmts[i] == CHK_FMT_F32;
+    }
+    if (aligned && d % 8 == 0)
+        return 8;
+    if (aligned && all_f32 && d % 4 == 0)
+        return 4;
+    return 1;
+}
+
+/* kernel<V><<<launch>>>(args) for the V chosen at run time. */
+#define LN_LAUNCH_WIDTH(v, kernel, launch, ...)                                                    \
+    do {                                                                                           \
+        if ((v) == 8)                                                                              \
+            kernel<8><<<CHCU_CFG launch>>>(__VA_ARGS__);                                           \
+        else if ((v) == 4)                                                                         \
+            kernel<4><<<CHCU_CFG launch>>>(__VA_ARGS__);                                           \
+        else                                                                                       \
+            kernel<1><<<CHCU_CFG launch>>>(__VA_ARGS__);                                           \
+    } while (0)
+
+ch_status chcu_add_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_dtype sum_dt,
+                             ch_dtype y_dt, ch_dtype a_dt, ch_dtype b_dt, ch_bmem sum, ch_bmem y,
+                             ch_bmem mean, ch_bmem rstd, ch_bmem a, ch_bmem b, ch_bmem gamma,
+                             ch_bmem beta)
+{
+    ln_add_fmts f = {fmt_of(sum_dt), fmt_of(y_dt), fmt_of(a_dt), fmt_of(b_dt)};
+    if (f.sum < 0 || f.y < 0 || f.a < 0 || f.b < 0)
+        return chi_error(CH_ERR_UNSUPPORTED, "cuda add_layernorm: dtypes %d, %d, %d, %d",
+                         (int)sum_dt, (int)y_dt, (int)a_dt, (int)b_dt);
+    chcu_stream *s = (chcu_stream *)stream;
+    ch_status st = chcu_enter(s->dev);
+    if (st)
+        return st;
+    void *ps = chcu_at<char>(sum), *py = chcu_at<char>(y);
+    const void *pa = chcu_at<char>(a), *pb = chcu_at<char>(b);
+    const float *pg = chcu_at<float>(gamma), *pbe = chcu_at<float>(beta);
+    const void *ptrs[] = {ps, py, pa, pb, pg, pbe};
+    const int fmts[] = {f.sum, f.y, f.a, f.b, CHK_FMT_F32, CHK_FMT_F32};
+    LN_LAUNCH_WIDTH(ln_width(d, 6, ptrs, fmts), add_layernorm_kernel,
+                    (row_blocks(s->dev, rows), CHCU_THREADS, 0, s->s), ps, py, chcu_at<float>(mean),
+                    chcu_at<float>(rstd), pa, pb, pg, pbe, f, rows, d, eps);
+    return chcu_launched("add_layernorm_kernel");
+}
+
+/* The formats of layernorm_backward_add's row tensors (res: dres's, any
+ * when there is none). */
+struct ln_back_fmts {
+    int dx, dy, res, x;
+};
+
+/* layernorm_dx_kernel's row, plus dres (NULL: none), stored in dx's
+ * format. */
+template <int V>
+__global__ void layernorm_dx_add_kernel(void *dx, const void *dy, const void *dres, const void *x,
+                                        const float *mean, const float *rstd, const float *gamma,
+                                        ln_back_fmts f, int64_t rows, int64_t d)
+{
+    __shared__ chk_acc sh[CHCU_THREADS];
+    const int64_t step = (int64_t)blockDim.x * V;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t at = r * d;
+        chk_acc m = mean[r], rs = rstd[r], s1 = 0.0, s2 = 0.0;
+        for (int64_t j = threadIdx.x * (int64_t)V; j < d; j += step) {
+            float vdy[V], vx[V], g[V];
+            fmt_load<V>(dy, f.dy, at + j, vdy);
+            fmt_load<V>(x, f.x, at + j, vx);
+            fmt_load<V>(gamma, CHK_FMT_F32, j, g);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                chk_acc gk = chk_ln_g(vdy[k], g[k]);
+                s1 += gk;
+                s2 += gk * chk_norm_xhat(vx[k], m, rs);
+            }
+        }
+        chk_acc k1 = block_sum(s1, sh) / (chk_acc)d, k2 = block_sum(s2, sh) / (chk_acc)d;
+        for (int64_t j = threadIdx.x * (int64_t)V; j < d; j += step) {
+            float vdy[V], vx[V], g[V], out[V];
+            fmt_load<V>(dy, f.dy, at + j, vdy);
+            fmt_load<V>(x, f.x, at + j, vx);
+            fmt_load<V>(gamma, CHK_FMT_F32, j, g);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                out[k] = chk_ln_dx(vdy[k], g[k], vx[k], m, rs, k1, k2);
+            if (dres) {
+                float vr[V];
+                fmt_load<V>(dres, f.res, at + j, vr);
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    out[k] = chk_ln_dx_res(out[k], vr[k]);
+            }
+            fmt_store<V>(dx, f.dx, at + j, out);
+        }
+    }
+}
+
+ch_status chcu_layernorm_backward_add(void *stream, int64_t rows, int64_t d, ch_dtype dx_dt,
+                                      ch_dtype dy_dt, ch_dtype dres_dt, ch_dtype x_dt, ch_bmem dx,
+                                      ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem dres,
+                                      ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma)
+{
+    ln_back_fmts f = {fmt_of(dx_dt), fmt_of(dy_dt), dres.ptr ? fmt_of(dres_dt) : CHK_FMT_F32,
+                      fmt_of(x_dt)};
+    if (f.dx < 0 || f.dy < 0 || f.res < 0 || f.x < 0)
+        return chi_error(CH_ERR_UNSUPPORTED, "cuda layernorm_backward_add: dtypes %d, %d, %d, %d",
+                         (int)dx_dt, (int)dy_dt, (int)dres_dt, (int)x_dt);
+    chcu_stream *s = (chcu_stream *)stream;
+    ch_status st = chcu_enter(s->dev);
+    if (st)
+        return st;
+    void *pdx = chcu_at<char>(dx);
+    const void *pdy = chcu_at<char>(dy), *px = chcu_at<char>(x);
+    const void *pres = dres.ptr ? (const void *)chcu_at<char>(dres) : NULL;
+    const float *pg = chcu_at<float>(gamma);
+    /* an absent dres: dx stands in for the alignment, never read */
+    const void *ptrs[] = {pdx, pdy, pres ? pres : pdx, px, pg};
+    const int fmts[] = {f.dx, f.dy, f.res, f.x, CHK_FMT_F32};
+    LN_LAUNCH_WIDTH(ln_width(d, 5, ptrs, fmts), layernorm_dx_add_kernel,
+                    (row_blocks(s->dev, rows), CHCU_THREADS, 0, s->s), pdx, pdy, pres, px,
+                    chcu_at<float>(mean), chcu_at<float>(rstd), pg, f, rows, d);
+    st = chcu_launched("layernorm_dx_add_kernel");
+    if (st)
+        return st;
+    return layernorm_params(s, rows, d, chcu_at<float>(dgamma), chcu_at<float>(dbeta), pdy, f.dy,
+                            px, f.x, chcu_at<float>(mean), chcu_at<float>(rstd));
 }
 
 /* ---- BatchNorm ------------------------------------------------------------ */

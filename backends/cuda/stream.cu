@@ -57,6 +57,7 @@ void chcu_stream_free(void *stream)
         /* The handle first: it is bound to the stream. */
         if (s->blas)
             (void)chcu_blas_check(cublasDestroy(s->blas), "cublasDestroy");
+        chcu_lt_free(s);
         (void)chcu_check(cudaStreamDestroy(s->s), "cudaStreamDestroy");
         (void)chcu_scratch_free(s);
         /* Checks not read yet are dropped with the stream. */
@@ -65,6 +66,8 @@ void chcu_stream_free(void *stream)
     /* Not freed (the device would not be entered): no longer counted. */
     if (s->scratch)
         chi_workspace_release(s->dev, s->scratch_bytes);
+    if (s->lt_ws)
+        chi_workspace_release(s->dev, s->lt_ws_bytes);
     if (s->check_dev) {
         chi_workspace_release(s->dev, CHCU_CHECK_BYTES);
         chi_staging_remove(s->dev, CHCU_CHECK_BYTES);

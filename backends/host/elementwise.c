@@ -284,7 +284,7 @@ ch_status chi_host_act_backward(void *stream, ch_activation act, int64_t n, ch_b
     }
     if (act == CH_ACT_GELU && gelu_vector(pdx, pdy, px, n))
         return CH_OK;
-    /* x is read by relu and gelu, y by tanh and sigmoid (the other may be
+    /* x is read by relu and the gelus, y by tanh and sigmoid (the other may be
      * absent). */
     int reads_x = chk_act_reads_x((int)act);
     CHI_OMP(omp parallel for if (n > CHI_HOST_PAR_MIN / 16))

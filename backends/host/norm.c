@@ -186,6 +186,22 @@ __attribute__((target("avx512f"))) static void layernorm_rows512(int64_t nr, flo
 }
 #endif
 
+/* nr rows (at most LN_ROWS) in the build ln_wide chose. */
+static void layernorm_group(int wide, int64_t nr, float *y, float *mean, float *rstd,
+                            const float *x, const float *gamma, const float *beta, int64_t d,
+                            float eps)
+{
+#ifdef CHI_HAVE_AVX512
+    if (wide) {
+        layernorm_rows512(nr, y, mean, rstd, x, gamma, beta, d, eps);
+        return;
+    }
+#else
+    (void)wide;
+#endif
+    layernorm_rows(nr, y, mean, rstd, x, gamma, beta, d, eps);
+}
+
 ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_bmem y,
                              ch_bmem mean, ch_bmem rstd, ch_bmem x, ch_bmem gamma,
                              ch_bmem beta)
@@ -198,13 +214,7 @@ ch_status chi_host_layernorm(void *stream, int64_t rows, int64_t d, float eps, c
     CHI_OMP(omp parallel for if (rows * d > CHI_HOST_PAR_MIN))
     for (int64_t k = 0; k < groups; k++) {
         int64_t r = k * LN_ROWS, nr = rows - r < LN_ROWS ? rows - r : LN_ROWS;
-#ifdef CHI_HAVE_AVX512
-        if (wide) {
-            layernorm_rows512(nr, py + r * d, pm + r, pr + r, px + r * d, pg, pb, d, eps);
-            continue;
-        }
-#endif
-        layernorm_rows(nr, py + r * d, pm + r, pr + r, px + r * d, pg, pb, d, eps);
+        layernorm_group(wide, nr, py + r * d, pm + r, pr + r, px + r * d, pg, pb, d, eps);
     }
     return CH_OK;
 }
@@ -306,44 +316,42 @@ __attribute__((target("avx512f"))) static void layernorm_backward_rows512(
 }
 #endif
 
-ch_status chi_host_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
-                                      ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
-                                      ch_bmem mean, ch_bmem rstd, ch_bmem gamma)
+/* nr rows of a chunk in the build ln_wide chose. */
+static void layernorm_backward_chunk(int wide, int64_t nr, float *dx, double *pg, double *pb,
+                                     const float *dy, const float *x, const float *mean,
+                                     const float *rstd, const float *gamma, int64_t d)
 {
-    int64_t chunks = (rows + LN_CHUNK - 1) / LN_CHUNK;
-    /* part[k] holds chunk k's sums: d of dy * xhat, then d of dy; in the
-     * stream's scratch (an allocation per call, 400 KB at [1024, 768],
-     * went to mmap and its page faults every time), zeroed by each chunk's
-     * thread. */
-    if ((uint64_t)chunks * 2 * (uint64_t)d > SIZE_MAX / sizeof(double))
-        return chi_error(CH_ERR_OUT_OF_MEMORY,
-                         "host layernorm_backward: %lld chunks of 2 x %lld "
-                         "doubles exceed the address space",
-                         (long long)chunks, (long long)d);
-    chi_host_scratch sc;
-    TRY(chi_host_scratch_take(stream, (size_t)(chunks * 2 * d) * sizeof(double), &sc));
-    double *part = sc.mem;
-    int wide = ln_wide();
-    float *pdx = dx.ptr ? chi_host_f32(dx) : NULL;
-    const float *pdy = chi_host_f32(dy), *px = chi_host_f32(x), *pm = chi_host_f32(mean),
-                *pr = chi_host_f32(rstd), *pgam = chi_host_f32(gamma);
-    CHI_OMP(omp parallel for if (rows * d > CHI_HOST_PAR_MIN))
-    for (int64_t k = 0; k < chunks; k++) {
-        double *pg = part + k * 2 * d, *pb = pg + d;
-        memset(pg, 0, (size_t)(2 * d) * sizeof *pg);
-        int64_t r = k * LN_CHUNK, end = r + LN_CHUNK < rows ? r + LN_CHUNK : rows;
 #ifdef CHI_HAVE_AVX512
-        if (wide) {
-            layernorm_backward_rows512(end - r, pdx ? pdx + r * d : NULL, pg, pb, pdy + r * d,
-                                       px + r * d, pm + r, pr + r, pgam, d);
-            continue;
-        }
-#endif
-        layernorm_backward_rows(end - r, pdx ? pdx + r * d : NULL, pg, pb, pdy + r * d, px + r * d,
-                                pm + r, pr + r, pgam, d);
+    if (wide) {
+        layernorm_backward_rows512(nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
+        return;
     }
-    /* The chunks in order into chunk 0's sums (0 + the first, then each
-     * next: the order of one sum per column), then into the gradients. */
+#else
+    (void)wide;
+#endif
+    layernorm_backward_rows(nr, dx, pg, pb, dy, x, mean, rstd, gamma, d);
+}
+
+/* The scratch of the backward: part[k], chunk k's sums (d of dy * xhat,
+ * then d of dy) for each of `chunks`, then `extra` bytes; in the stream's
+ * scratch (an allocation per call, 400 KB at [1024, 768], went to mmap
+ * and its page faults every time), each chunk's sums zeroed by its
+ * thread. */
+static ch_status layernorm_backward_scratch(const char *slot, void *stream, int64_t chunks,
+                                            int64_t d, uint64_t extra, chi_host_scratch *sc)
+{
+    if ((uint64_t)chunks * 2 * (uint64_t)d > (SIZE_MAX - extra) / sizeof(double))
+        return chi_error(CH_ERR_OUT_OF_MEMORY,
+                         "host %s: %lld chunks of 2 x %lld doubles exceed the address space", slot,
+                         (long long)chunks, (long long)d);
+    return chi_host_scratch_take(stream, (size_t)(chunks * 2 * d) * sizeof(double) + extra, sc);
+}
+
+/* The chunks' sums in order into chunk 0's (0 + the first, then each
+ * next: the order of one sum per column), then into the gradients. */
+static void layernorm_params_finish(double *part, int64_t chunks, int64_t d, ch_bmem dgamma,
+                                    ch_bmem dbeta)
+{
     for (int64_t j = 0; j < 2 * d; j++)
         part[j] = 0.0 + part[j];
     for (int64_t k = 1; k < chunks; k++) {
@@ -357,6 +365,191 @@ ch_status chi_host_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_
         pdg[j] = (float)(pdg[j] + part[j]);
         pdb[j] = (float)(pdb[j] + part[d + j]);
     }
+}
+
+ch_status chi_host_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem dx,
+                                      ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem x,
+                                      ch_bmem mean, ch_bmem rstd, ch_bmem gamma)
+{
+    int64_t chunks = (rows + LN_CHUNK - 1) / LN_CHUNK;
+    chi_host_scratch sc;
+    TRY(layernorm_backward_scratch("layernorm_backward", stream, chunks, d, 0, &sc));
+    double *part = sc.mem;
+    int wide = ln_wide();
+    float *pdx = dx.ptr ? chi_host_f32(dx) : NULL;
+    const float *pdy = chi_host_f32(dy), *px = chi_host_f32(x), *pm = chi_host_f32(mean),
+                *pr = chi_host_f32(rstd), *pgam = chi_host_f32(gamma);
+    CHI_OMP(omp parallel for if (rows * d > CHI_HOST_PAR_MIN))
+    for (int64_t k = 0; k < chunks; k++) {
+        double *pg = part + k * 2 * d, *pb = pg + d;
+        memset(pg, 0, (size_t)(2 * d) * sizeof *pg);
+        int64_t r = k * LN_CHUNK, end = r + LN_CHUNK < rows ? r + LN_CHUNK : rows;
+        layernorm_backward_chunk(wide, end - r, pdx ? pdx + r * d : NULL, pg, pb, pdy + r * d,
+                                 px + r * d, pm + r, pr + r, pgam, d);
+    }
+    layernorm_params_finish(part, chunks, d, dgamma, dbeta);
+    chi_host_scratch_give(&sc);
+    return CH_OK;
+}
+
+/* ---- The residual stream's add beside LayerNorm -------------------------
+ * The same row functions as above on f32 rows: the half tensors widened
+ * (and the rounded sum widened back, the values the LayerNorm reads) into
+ * a few rows of f32 per thread, the half outputs rounded from there. So
+ * every f32 result is the unfused ops' to the bit. */
+
+/* lib/kernels/normalize.h's format of a dtype the core passed; -1 for one
+ * this module does not know. */
+static int ln_fmt(ch_dtype dt)
+{
+    return dt == CH_F32    ? CHK_FMT_F32
+           : dt == CH_BF16 ? CHK_FMT_BF16
+           : dt == CH_F16  ? CHK_FMT_F16
+                           : -1;
+}
+
+/* The address of element `at` of a tensor of format fmt. */
+static void *ln_at(ch_bmem m, int fmt, int64_t at)
+{
+    return (char *)m.ptr + m.off + (size_t)at * (fmt == CHK_FMT_F32 ? 4 : 2);
+}
+
+/* n elements of format fmt at p as f32: p itself where f32, else widened
+ * into w. */
+static const float *ln_widened(const void *p, int fmt, int64_t n, float *w)
+{
+    if (fmt == CHK_FMT_F32)
+        return p;
+    const uint16_t *h = p;
+    for (int64_t i = 0; i < n; i++)
+        w[i] = chk_fmt_widen(h[i], fmt);
+    return w;
+}
+
+/* n f32 values v stored at p in format fmt, a half one rounded (the
+ * conversion slots' bits: half_bits.h's steps, a loop the compiler
+ * vectorises for bf16). */
+static void ln_stored(void *p, int fmt, const float *v, int64_t n)
+{
+    uint16_t *h = p;
+    if (fmt == CHK_FMT_BF16) {
+        for (int64_t i = 0; i < n; i++)
+            h[i] = chk_f32_to_bf16(chk_f32_bits(v[i]));
+    } else if (fmt == CHK_FMT_F16) {
+        for (int64_t i = 0; i < n; i++)
+            h[i] = chk_f32_to_f16(chk_f32_bits(v[i]));
+    } else if (p != v) {
+        memcpy(p, v, (size_t)n * sizeof *v);
+    }
+}
+
+/* The f32 rows a thread works in: `count` arrays of LN_ROWS rows, for
+ * each of `threads`; *per its floats per thread. */
+static ch_status ln_rows_bytes(const char *slot, int64_t d, int count, int threads, int64_t *per,
+                               uint64_t *bytes)
+{
+    *per = (int64_t)count * LN_ROWS * d;
+    *bytes = (uint64_t)*per * (uint64_t)threads * sizeof(float);
+    if ((uint64_t)*per > SIZE_MAX / sizeof(float) / (uint64_t)threads / 2)
+        return chi_error(CH_ERR_OUT_OF_MEMORY,
+                         "host %s: %d threads' rows of %lld floats exceed the address space", slot,
+                         threads, (long long)d);
+    return CH_OK;
+}
+
+ch_status chi_host_add_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_dtype sum_dt,
+                                 ch_dtype y_dt, ch_dtype a_dt, ch_dtype b_dt, ch_bmem sum,
+                                 ch_bmem y, ch_bmem mean, ch_bmem rstd, ch_bmem a, ch_bmem b,
+                                 ch_bmem gamma, ch_bmem beta)
+{
+    int fs = ln_fmt(sum_dt), fy = ln_fmt(y_dt), fa = ln_fmt(a_dt), fb = ln_fmt(b_dt);
+    if (fs < 0 || fy < 0 || fa < 0 || fb < 0)
+        return chi_error(CH_ERR_UNSUPPORTED, "host add_layernorm: dtypes %d, %d, %d, %d",
+                         (int)sum_dt, (int)y_dt, (int)a_dt, (int)b_dt);
+    /* Per thread: LN_ROWS rows of a, of b (widened), of the sum as the
+     * LayerNorm reads it and of y before it is rounded. */
+    int threads = chi_omp_max_threads();
+    int64_t per;
+    uint64_t bytes;
+    TRY(ln_rows_bytes("add_layernorm", d, 4, threads, &per, &bytes));
+    chi_host_scratch sc;
+    TRY(chi_host_scratch_take(stream, (size_t)bytes, &sc));
+    float *work = sc.mem, *pm = chi_host_f32(mean), *pr = chi_host_f32(rstd);
+    const float *pg = chi_host_f32(gamma), *pb = chi_host_f32(beta);
+    int64_t groups = (rows + LN_ROWS - 1) / LN_ROWS, lr = LN_ROWS * d;
+    int wide = ln_wide();
+    CHI_OMP(omp parallel for if (rows * d > CHI_HOST_PAR_MIN))
+    for (int64_t k = 0; k < groups; k++) {
+        int64_t r = k * LN_ROWS, nr = rows - r < LN_ROWS ? rows - r : LN_ROWS, n = nr * d;
+        int64_t at = r * d;
+        float *w = work + chi_omp_thread() * per;
+        const float *xa = ln_widened(ln_at(a, fa, at), fa, n, w);
+        const float *xb = ln_widened(ln_at(b, fb, at), fb, n, w + lr);
+        /* In place (sum is a or b) each element is read before it is
+         * written, or was widened before. */
+        float *xs = fs == CHK_FMT_F32 ? ln_at(sum, fs, at) : w + 2 * lr;
+        for (int64_t i = 0; i < n; i++)
+            xs[i] = chk_res_sum(xa[i], xb[i]);
+        if (fs != CHK_FMT_F32) {
+            ln_stored(ln_at(sum, fs, at), fs, xs, n);
+            ln_widened(ln_at(sum, fs, at), fs, n, xs);
+        }
+        float *yo = fy == CHK_FMT_F32 ? ln_at(y, fy, at) : w + 3 * lr;
+        layernorm_group(wide, nr, yo, pm + r, pr + r, xs, pg, pb, d, eps);
+        if (fy != CHK_FMT_F32)
+            ln_stored(ln_at(y, fy, at), fy, yo, n);
+    }
+    chi_host_scratch_give(&sc);
+    return CH_OK;
+}
+
+ch_status chi_host_layernorm_backward_add(void *stream, int64_t rows, int64_t d, ch_dtype dx_dt,
+                                          ch_dtype dy_dt, ch_dtype dres_dt, ch_dtype x_dt,
+                                          ch_bmem dx, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
+                                          ch_bmem dres, ch_bmem x, ch_bmem mean, ch_bmem rstd,
+                                          ch_bmem gamma)
+{
+    int fdx = ln_fmt(dx_dt), fdy = ln_fmt(dy_dt), fx = ln_fmt(x_dt);
+    int fres = dres.ptr ? ln_fmt(dres_dt) : CHK_FMT_F32;
+    if (fdx < 0 || fdy < 0 || fx < 0 || fres < 0)
+        return chi_error(CH_ERR_UNSUPPORTED, "host layernorm_backward_add: dtypes %d, %d, %d, %d",
+                         (int)dx_dt, (int)dy_dt, (int)dres_dt, (int)x_dt);
+    /* The chunks' sums as layernorm_backward's, then per thread LN_ROWS
+     * rows of dy and x (widened), of LayerNorm's dx and of dres. */
+    int64_t chunks = (rows + LN_CHUNK - 1) / LN_CHUNK, per;
+    int threads = chi_omp_max_threads();
+    uint64_t bytes;
+    TRY(ln_rows_bytes("layernorm_backward_add", d, 4, threads, &per, &bytes));
+    chi_host_scratch sc;
+    TRY(layernorm_backward_scratch("layernorm_backward_add", stream, chunks, d, bytes, &sc));
+    double *part = sc.mem;
+    float *work = (float *)(part + chunks * 2 * d);
+    const float *pm = chi_host_f32(mean), *pr = chi_host_f32(rstd), *pgam = chi_host_f32(gamma);
+    int64_t lr = LN_ROWS * d;
+    int wide = ln_wide();
+    CHI_OMP(omp parallel for if (rows * d > CHI_HOST_PAR_MIN))
+    for (int64_t k = 0; k < chunks; k++) {
+        double *pg = part + k * 2 * d, *pb = pg + d;
+        memset(pg, 0, (size_t)(2 * d) * sizeof *pg);
+        float *w = work + chi_omp_thread() * per, *wdx = w + 2 * lr;
+        int64_t end = (k + 1) * LN_CHUNK < rows ? (k + 1) * LN_CHUNK : rows;
+        /* The chunk's rows in order, LN_ROWS at a time: the sums pg and pb
+         * take them in layernorm_backward's order. */
+        for (int64_t r = k * LN_CHUNK; r < end; r += LN_ROWS) {
+            int64_t nr = end - r < LN_ROWS ? end - r : LN_ROWS, n = nr * d, at = r * d;
+            const float *xdy = ln_widened(ln_at(dy, fdy, at), fdy, n, w);
+            const float *xx = ln_widened(ln_at(x, fx, at), fx, n, w + lr);
+            layernorm_backward_chunk(wide, nr, wdx, pg, pb, xdy, xx, pm + r, pr + r, pgam, d);
+            if (dres.ptr) {
+                /* dres may be dx: each element read before it is written */
+                const float *xres = ln_widened(ln_at(dres, fres, at), fres, n, w + 3 * lr);
+                for (int64_t i = 0; i < n; i++)
+                    wdx[i] = chk_ln_dx_res(wdx[i], xres[i]);
+            }
+            ln_stored(ln_at(dx, fdx, at), fdx, wdx, n);
+        }
+    }
+    layernorm_params_finish(part, chunks, d, dgamma, dbeta);
     chi_host_scratch_give(&sc);
     return CH_OK;
 }

@@ -50,7 +50,7 @@ __kernel void act_forward(__global float *y, ulong yo, __global const float *x,
         y[yo + i] = chk_act(act, x[xo + i]);
 }
 
-/* relu and gelu read the forward input x, tanh and sigmoid its output y;
+/* relu and the gelus read the forward input x, tanh and sigmoid its output y;
  * the other buffer is a placeholder then, never read. */
 __kernel void act_backward(__global float *dx, ulong dxo, __global const float *dy,
                            ulong dyo, __global const float *x, ulong xo,

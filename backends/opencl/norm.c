@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include "opencl.h"
+#include "kernels/normalize.h"
 
 /* LayerNorm's parameter gradients: rows per partial sum. */
 #define LN_CHUNK_ROWS 32
@@ -52,18 +53,26 @@ static ch_status layernorm_dx(chcl_stream *s, int64_t rows, int64_t d, ch_bmem d
     return chcl_launch_groups(s, CHCL_K_LAYERNORM_DX, CHCL_COUNT_OF(args), args, rows, group);
 }
 
-/* dgamma and dbeta += the sums over the rows, through `part` [chunks, 2, d]. */
+/* A tensor in one of lib/kernels/normalize.h's formats as norm.cl's
+ * kernels take it: its buffer and its offset in elements of its own size. */
+static chcl_ref ref_fmt(ch_bmem m, int fmt)
+{
+    return (chcl_ref){chcl_buf(m), (cl_ulong)(m.off / (fmt == CHK_FMT_F32 ? 4 : 2))};
+}
+
+/* dgamma and dbeta += the sums over the rows, through `part` [chunks, 2,
+ * d]; dy and x in formats dyf and xf. */
 static ch_status layernorm_params(chcl_stream *s, int64_t rows, int64_t d, int64_t chunks,
                                   cl_mem part, ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy,
-                                  ch_bmem x, ch_bmem mean, ch_bmem rstd)
+                                  cl_int dyf, ch_bmem x, cl_int xf, ch_bmem mean, ch_bmem rstd)
 {
-    chcl_ref DY = chcl_ref_of(dy), X = chcl_ref_of(x), M = chcl_ref_of(mean),
+    chcl_ref DY = ref_fmt(dy, dyf), X = ref_fmt(x, xf), M = chcl_ref_of(mean),
              R = chcl_ref_of(rstd), DG = chcl_ref_of(dgamma), DB = chcl_ref_of(dbeta);
     cl_int nrows = (cl_int)rows, dd = (cl_int)d, chunk_rows = LN_CHUNK_ROWS,
            items = (cl_int)(chunks * d), nchunks = (cl_int)chunks;
-    chcl_arg pargs[] = {CHCL_ARG(part),      CHCL_REF(DY),       CHCL_REF(X),
-                        CHCL_REF(M),         CHCL_REF(R),        CHCL_ARG(nrows),
-                        CHCL_ARG(dd),        CHCL_ARG(chunk_rows), CHCL_ARG(items)};
+    chcl_arg pargs[] = {CHCL_ARG(part),  CHCL_REF(DY),    CHCL_REF(X),  CHCL_REF(M),
+                        CHCL_REF(R),     CHCL_ARG(nrows), CHCL_ARG(dd), CHCL_ARG(chunk_rows),
+                        CHCL_ARG(items), CHCL_ARG(dyf),   CHCL_ARG(xf)};
     ch_status st = chcl_launch1(s, CHCL_K_LAYERNORM_PARAM_PART, CHCL_COUNT_OF(pargs), pargs,
                                 items);
     if (st != CH_OK)
@@ -90,7 +99,91 @@ ch_status chcl_layernorm_backward(void *stream, int64_t rows, int64_t d, ch_bmem
                                   (size_t)(chunks * 2 * d) * sizeof(cl_double), &part);
     if (st != CH_OK)
         return st;
-    st = layernorm_params(s, rows, d, chunks, part, dgamma, dbeta, dy, x, mean, rstd);
+    st = layernorm_params(s, rows, d, chunks, part, dgamma, dbeta, dy, CHK_FMT_F32, x, CHK_FMT_F32,
+                          mean, rstd);
+    chcl_scratch_release(s);
+    return st;
+}
+
+/* ---- The residual stream's add beside LayerNorm ------------------------- */
+
+/* lib/kernels/normalize.h's format of a dtype the core passed; -1 for one
+ * this module does not know. */
+static cl_int fmt_of(ch_dtype dt)
+{
+    return dt == CH_F32    ? CHK_FMT_F32
+           : dt == CH_BF16 ? CHK_FMT_BF16
+           : dt == CH_F16  ? CHK_FMT_F16
+                           : -1;
+}
+
+ch_status chcl_add_layernorm(void *stream, int64_t rows, int64_t d, float eps, ch_dtype sum_dt,
+                             ch_dtype y_dt, ch_dtype a_dt, ch_dtype b_dt, ch_bmem sum, ch_bmem y,
+                             ch_bmem mean, ch_bmem rstd, ch_bmem a, ch_bmem b, ch_bmem gamma,
+                             ch_bmem beta)
+{
+    cl_int sf = fmt_of(sum_dt), yf = fmt_of(y_dt), af = fmt_of(a_dt), bf = fmt_of(b_dt);
+    if (sf < 0 || yf < 0 || af < 0 || bf < 0)
+        return chi_error(CH_ERR_UNSUPPORTED, "opencl add_layernorm: dtypes %d, %d, %d, %d",
+                         (int)sum_dt, (int)y_dt, (int)a_dt, (int)b_dt);
+    size_t group = 0;
+    ch_status st = chcl_check_count("add_layernorm", rows * d);
+    if (st == CH_OK)
+        st = chcl_reduce_group(stream, CHCL_K_ADD_LAYERNORM, d, sizeof(cl_double), &group);
+    if (st != CH_OK)
+        return st;
+    chcl_ref S = ref_fmt(sum, sf), Y = ref_fmt(y, yf), M = chcl_ref_of(mean), R = chcl_ref_of(rstd),
+             A = ref_fmt(a, af), B = ref_fmt(b, bf), G = chcl_ref_of(gamma), BE = chcl_ref_of(beta);
+    cl_int dd = (cl_int)d;
+    chcl_arg args[] = {CHCL_REF(S),  CHCL_REF(Y),   CHCL_REF(M),
+                       CHCL_REF(R),  CHCL_REF(A),   CHCL_REF(B),
+                       CHCL_REF(G),  CHCL_REF(BE),  CHCL_ARG(sf),
+                       CHCL_ARG(yf), CHCL_ARG(af),  CHCL_ARG(bf),
+                       CHCL_ARG(dd), CHCL_ARG(eps), CHCL_LOCAL(group * sizeof(cl_double))};
+    return chcl_launch_groups(stream, CHCL_K_ADD_LAYERNORM, CHCL_COUNT_OF(args), args, rows, group);
+}
+
+ch_status chcl_layernorm_backward_add(void *stream, int64_t rows, int64_t d, ch_dtype dx_dt,
+                                      ch_dtype dy_dt, ch_dtype dres_dt, ch_dtype x_dt, ch_bmem dx,
+                                      ch_bmem dgamma, ch_bmem dbeta, ch_bmem dy, ch_bmem dres,
+                                      ch_bmem x, ch_bmem mean, ch_bmem rstd, ch_bmem gamma)
+{
+    chcl_stream *s = stream;
+    cl_int has_res = dres.ptr != NULL;
+    cl_int dxf = fmt_of(dx_dt), dyf = fmt_of(dy_dt), xf = fmt_of(x_dt);
+    cl_int rf = has_res ? fmt_of(dres_dt) : CHK_FMT_F32;
+    if (dxf < 0 || dyf < 0 || rf < 0 || xf < 0)
+        return chi_error(CH_ERR_UNSUPPORTED, "opencl layernorm_backward_add: dtypes %d, %d, %d, %d",
+                         (int)dx_dt, (int)dy_dt, (int)dres_dt, (int)x_dt);
+    int64_t chunks = (rows + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
+    size_t group = 0;
+    ch_status st = chcl_check_count("layernorm_backward_add", rows * d);
+    if (st == CH_OK)
+        st = chcl_check_count("layernorm_backward_add", chunks * 2 * d);
+    if (st == CH_OK)
+        st = chcl_reduce_group(s, CHCL_K_LAYERNORM_DX_ADD, d, 2 * sizeof(cl_double), &group);
+    if (st != CH_OK)
+        return st;
+    /* An absent dres: dx stands in, never read. */
+    chcl_ref DX = ref_fmt(dx, dxf), DY = ref_fmt(dy, dyf), X = ref_fmt(x, xf),
+             DR = has_res ? ref_fmt(dres, rf) : DX, M = chcl_ref_of(mean), R = chcl_ref_of(rstd),
+             G = chcl_ref_of(gamma);
+    cl_int dd = (cl_int)d;
+    chcl_arg args[] = {CHCL_REF(DX),  CHCL_REF(DY),
+                       CHCL_REF(DR),  CHCL_REF(X),
+                       CHCL_REF(M),   CHCL_REF(R),
+                       CHCL_REF(G),   CHCL_ARG(dxf),
+                       CHCL_ARG(dyf), CHCL_ARG(rf),
+                       CHCL_ARG(xf),  CHCL_ARG(has_res),
+                       CHCL_ARG(dd),  CHCL_LOCAL(2 * group * sizeof(cl_double))};
+    st = chcl_launch_groups(s, CHCL_K_LAYERNORM_DX_ADD, CHCL_COUNT_OF(args), args, rows, group);
+    cl_mem part = NULL;
+    if (st == CH_OK)
+        st = chcl_scratch_acquire(s, "layernorm_backward_add",
+                                  (size_t)(chunks * 2 * d) * sizeof(cl_double), &part);
+    if (st != CH_OK)
+        return st;
+    st = layernorm_params(s, rows, d, chunks, part, dgamma, dbeta, dy, dyf, x, xf, mean, rstd);
     chcl_scratch_release(s);
     return st;
 }

@@ -73,13 +73,34 @@ __kernel void layernorm_dx(__global float *dx, ulong dxo, __global const float *
                                      k2);
 }
 
+/* Element i (offset included) of a tensor in format fmt
+ * (lib/kernels/normalize.h's CHK_FMT_*), passed as bytes with its offset
+ * in elements of its own size: f32 as it is, a half format widened. */
+float fmt_load(__global const uchar *p, ulong i, int fmt)
+{
+    if (fmt == CHK_FMT_F32)
+        return ((__global const float *)p)[i];
+    return chk_fmt_widen(((__global const ushort *)p)[i], fmt);
+}
+
+/* v stored there, rounded once where the format is half. */
+void fmt_store(__global uchar *p, ulong i, int fmt, float v)
+{
+    if (fmt == CHK_FMT_F32)
+        ((__global float *)p)[i] = v;
+    else
+        ((__global ushort *)p)[i] = chk_fmt_narrow(v, fmt);
+}
+
 /* Work-item (k, j) of chunks x d: part[k, 0, j] = the sum of dy xhat and
- * part[k, 1, j] the sum of dy over the rows of chunk k, in row order. */
-__kernel void layernorm_param_part(__global chk_acc *part, __global const float *dy, ulong dyo,
-                                   __global const float *x, ulong xo,
+ * part[k, 1, j] the sum of dy over the rows of chunk k, in row order. dy
+ * and x in formats dyf and xf (ch_layernorm_backward's f32;
+ * ch_layernorm_backward_add's any). */
+__kernel void layernorm_param_part(__global chk_acc *part, __global const uchar *dy, ulong dyo,
+                                   __global const uchar *x, ulong xo,
                                    __global const float *mean, ulong mo,
                                    __global const float *rstd, ulong ro, int rows, int d,
-                                   int chunk_rows, int items)
+                                   int chunk_rows, int items, int dyf, int xf)
 {
     int i = get_global_id(0);
     if (i >= items)
@@ -89,8 +110,8 @@ __kernel void layernorm_param_part(__global chk_acc *part, __global const float 
     chk_acc g = 0, b = 0;
     for (int r = k * chunk_rows; r < end; r++) {
         long at = (long)r * d + j;
-        float v = dy[dyo + at];
-        g += v * chk_norm_xhat(x[xo + at], mean[mo + r], rstd[ro + r]);
+        float v = fmt_load(dy, dyo + at, dyf);
+        g += v * chk_norm_xhat(fmt_load(x, xo + at, xf), mean[mo + r], rstd[ro + r]);
         b += v;
     }
     part[(long)k * 2 * d + j] = g;
@@ -111,6 +132,87 @@ __kernel void layernorm_param_sum(__global float *dgamma, ulong dgo, __global fl
     }
     dgamma[dgo + j] = (float)(dgamma[dgo + j] + g);
     dbeta[dbo + j] = (float)(dbeta[dbo + j] + b);
+}
+
+/* ---- The residual stream's add beside LayerNorm ---------------------------
+ * ch_add_layernorm and ch_layernorm_backward_add: the kernels above with
+ * their tensors in formats (fmt_load, fmt_store) and the residual's add;
+ * the sums in the same order as theirs, so the results are the unfused
+ * ops' where the work-groups are of one size. */
+
+/* One work-group per row: sum = a + b rounded to its format (each
+ * work-item reads back only the elements it wrote, so in place, sum over
+ * a or b, each is read before it is written), then layernorm's statistics
+ * and y of the sum as stored. */
+__kernel void add_layernorm(__global uchar *sum, ulong so, __global uchar *y, ulong yo,
+                            __global float *mean, ulong mo, __global float *rstd, ulong ro,
+                            __global const uchar *a, ulong ao, __global const uchar *b, ulong bo,
+                            __global const float *gamma, ulong go, __global const float *beta,
+                            ulong beo, int sf, int yf, int af, int bf, int d, float eps,
+                            __local chk_acc *tmp)
+{
+    int r = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
+    ulong at = (ulong)r * (ulong)d;
+    chk_acc s = 0;
+    for (int j = t; j < d; j += step) {
+        float v = chk_res_sum(fmt_load(a, ao + at + j, af), fmt_load(b, bo + at + j, bf));
+        fmt_store(sum, so + at + j, sf, v);
+        s += chk_fmt_round(v, sf);
+    }
+    tmp[t] = s;
+    acc_tree_sum(tmp);
+    chk_acc m = tmp[0] / (chk_acc)d;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    chk_acc v = 0;
+    for (int j = t; j < d; j += step) {
+        chk_acc u = (chk_acc)fmt_load(sum, so + at + j, sf) - m;
+        v += u * u;
+    }
+    tmp[t] = v;
+    acc_tree_sum(tmp);
+    chk_acc rs = chk_norm_rstd(tmp[0] / (chk_acc)d, eps);
+    for (int j = t; j < d; j += step)
+        fmt_store(y, yo + at + j, yf,
+                  chk_norm_affine(fmt_load(sum, so + at + j, sf), m, rs, gamma[go + j],
+                                  beta[beo + j]));
+    if (t == 0) {
+        mean[mo + r] = (float)m;
+        rstd[ro + r] = (float)rs;
+    }
+}
+
+/* layernorm_dx's row, plus dres (has_res 0: none; it may be dx, each
+ * element read before the same work-item writes it), stored in dx's
+ * format. tmp holds two sums per work-item. */
+__kernel void layernorm_dx_add(__global uchar *dx, ulong dxo, __global const uchar *dy, ulong dyo,
+                               __global const uchar *dres, ulong dro, __global const uchar *x,
+                               ulong xo, __global const float *mean, ulong mo,
+                               __global const float *rstd, ulong ro, __global const float *gamma,
+                               ulong go, int dxf, int dyf, int rf, int xf, int has_res, int d,
+                               __local chk_acc *tmp)
+{
+    int r = get_group_id(0), t = get_local_id(0), step = get_local_size(0);
+    ulong at = (ulong)r * (ulong)d;
+    chk_acc m = mean[mo + r], rs = rstd[ro + r];
+    chk_acc s1 = 0, s2 = 0;
+    for (int j = t; j < d; j += step) {
+        chk_acc g = chk_ln_g(fmt_load(dy, dyo + at + j, dyf), gamma[go + j]);
+        s1 += g;
+        s2 += g * chk_norm_xhat(fmt_load(x, xo + at + j, xf), m, rs);
+    }
+    __local chk_acc *tmp2 = tmp + step;
+    tmp[t] = s1;
+    tmp2[t] = s2;
+    acc_tree_sum(tmp);
+    acc_tree_sum(tmp2);
+    chk_acc k1 = tmp[0] / (chk_acc)d, k2 = tmp2[0] / (chk_acc)d;
+    for (int j = t; j < d; j += step) {
+        float v = chk_ln_dx(fmt_load(dy, dyo + at + j, dyf), gamma[go + j],
+                            fmt_load(x, xo + at + j, xf), m, rs, k1, k2);
+        if (has_res)
+            v = chk_ln_dx_res(v, fmt_load(dres, dro + at + j, rf));
+        fmt_store(dx, dxo + at + j, dxf, v);
+    }
 }
 
 /* ---- BatchNorm ------------------------------------------------------------ */

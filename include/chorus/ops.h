@@ -43,10 +43,13 @@ CH_API ch_status ch_transpose01(ch_tensor *y, const ch_tensor *x);
 CH_API ch_status ch_gemm(ch_tensor *c, int trans_a, int trans_b, float alpha,
                          const ch_tensor *a, const ch_tensor *b, float beta);
 /* c = alpha * op(a) @ op(b) + bias, bias f32 [N] added to every row of c
- * (a linear layer's forward): ch_gemm with beta 0 then ch_bias_add on
- * axis 1, the same values; in one pass where the backend fuses them (the
- * host's oneDNN matmul with half inputs and an f32 c). bias may not
- * overlap c. */
+ * (a linear layer's forward), c f32 or a's dtype as for ch_gemm: ch_gemm
+ * with beta 0 then ch_bias_add on axis 1, the same values; in one pass
+ * where the backend fuses them (the host's oneDNN matmul with half inputs
+ * and an f32 c; CUDA's cuBLASLt bias epilogue with half inputs and an f32
+ * or half c). A half c gets the product plus the bias rounded to its
+ * format once, fused or not (apart, the product is summed into an f32
+ * buffer of the device first). bias may not overlap c. */
 CH_API ch_status ch_gemm_bias(ch_tensor *c, int trans_a, int trans_b, float alpha,
                               const ch_tensor *a, const ch_tensor *b, const ch_tensor *bias);
 
@@ -91,17 +94,36 @@ typedef enum ch_activation {
     CH_ACT_GELU = 1,   /* exact: x Phi(x) = x erfc(-x / sqrt 2) / 2 */
     CH_ACT_TANH = 2,
     CH_ACT_SIGMOID = 3,
+    /* GELU's tanh approximation, GPT-2's (Hugging Face's "gelu_new"):
+     * x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2 */
+    CH_ACT_GELU_TANH = 4,
     CH_ACT_COUNT       /* not an activation: how many there are */
 } ch_activation;
 
 /* y = act(x); an act outside [0, CH_ACT_COUNT) is CH_ERR_INVALID_ARGUMENT. */
 CH_API ch_status ch_activation_forward(ch_tensor *y, const ch_tensor *x,
                                        ch_activation act);
-/* dx = dy * act'(x). `x` is the forward input and `y` its output; relu and
- * gelu read x, tanh and sigmoid read y (the other may be NULL). */
+/* dx = dy * act'(x). `x` is the forward input and `y` its output; relu,
+ * gelu and gelu_tanh read x, tanh and sigmoid read y (the other may be
+ * NULL). */
 CH_API ch_status ch_activation_backward(ch_tensor *dx, const ch_tensor *dy,
                                         const ch_tensor *x, const ch_tensor *y,
                                         ch_activation act);
+
+/* c = act(alpha * op(a) @ op(b) + bias): ch_gemm_bias's product and bias
+ * (its shapes and dtypes: c f32 or a's dtype, bias f32 [N]) and the
+ * activation, a linear layer and its activation's forward. pre, when not
+ * NULL, receives alpha * op(a) @ op(b) + bias (what the activation's
+ * backward reads as x), same shape and dtype as c. Neither c nor pre may
+ * overlap anything else. The same values as ch_gemm_bias into pre (or c)
+ * then ch_activation_forward into c, which is how it runs where the
+ * backend has no fused pass: CUDA fuses CH_ACT_GELU_TANH with half inputs
+ * (cuBLASLt's GELU epilogue, which rounds the sum into a half c or pre
+ * once and computes c from the unrounded sum; its GELU is the tanh
+ * approximation, never used for CH_ACT_GELU). */
+CH_API ch_status ch_gemm_bias_act(ch_tensor *c, ch_tensor *pre, int trans_a, int trans_b,
+                                  float alpha, const ch_tensor *a, const ch_tensor *b,
+                                  const ch_tensor *bias, ch_activation act);
 
 /* ---- Bias --------------------------------------------------------------- */
 
@@ -346,6 +368,32 @@ CH_API ch_status ch_layernorm_backward(ch_tensor *dx, ch_tensor *dgamma, ch_tens
                                        const ch_tensor *dy, const ch_tensor *x,
                                        const ch_tensor *mean, const ch_tensor *rstd,
                                        const ch_tensor *gamma);
+/* The residual stream's add and the next block's LayerNorm in one pass:
+ * sum = a + b (as ch_add: in f32, rounded once into sum's dtype), then y,
+ * mean and rstd = ch_layernorm of sum as stored (a bf16 sum normalised as
+ * its bf16 values, as the two calls would), over sum's last dimension D.
+ * The values of ch_add then ch_layernorm: to the bit on the host, within
+ * a rounding of each f32 result where a device's kernel sums a row in
+ * another order. a, b, sum and y: f32, bf16 or f16 each, of one element
+ * count; mean and rstd [rows], gamma and beta [D]: f32. sum may be a or b
+ * (the same tensor: in place, the residual stream updated); no other
+ * output may overlap an argument. */
+CH_API ch_status ch_add_layernorm(ch_tensor *sum, ch_tensor *y, ch_tensor *mean, ch_tensor *rstd,
+                                  const ch_tensor *a, const ch_tensor *b, const ch_tensor *gamma,
+                                  const ch_tensor *beta, float eps);
+/* Its backward, where the residual's gradient joins: dx = dres + the
+ * input gradient of ch_layernorm_backward from dy, added in f32 and
+ * rounded once into dx's dtype (dres NULL: 0); dgamma and dbeta
+ * accumulate as ch_layernorm_backward's. x is the forward's sum, mean and
+ * rstd its outputs. The values of ch_layernorm_backward into an f32
+ * tensor, then ch_add into dx (to the bit on the host, as above
+ * elsewhere). dx, dy, dres and x: f32, bf16 or f16 each; the rest f32.
+ * dres may be dx (in place: the residual gradient accumulated); no other
+ * output may overlap an argument. */
+CH_API ch_status ch_layernorm_backward_add(ch_tensor *dx, ch_tensor *dgamma, ch_tensor *dbeta,
+                                           const ch_tensor *dy, const ch_tensor *dres,
+                                           const ch_tensor *x, const ch_tensor *mean,
+                                           const ch_tensor *rstd, const ch_tensor *gamma);
 
 /* BatchNorm over the channels (dimension 1) of x [N, C, ...], in steps, so
  * that data parallelism can all-reduce the per-channel sums between them

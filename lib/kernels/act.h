@@ -26,6 +26,12 @@
  *   AVX-512 computes GELU by a faster formula of its own, one exponential
  *   and a polynomial (backends/host/elementwise.c), 3.8 ulp over a sweep
  *   of [-12.5, 12.5] (tests/test-ops.c).
+ * - gelu_tanh (GELU's tanh approximation) and its derivative: computed in
+ *   chk_acc from exp alone (below): where that is double, 1 ulp at most,
+ *   like tanh. On an OpenCL device without fp64, the float formula: exp's
+ *   3 ulp, plus, for x < 0, the rounding of u magnified 2|u| times by
+ *   exp(-2|u|) (about 25 times at x = -6, where the result is 1e-11 of
+ *   x), so tens of ulp there; such a device is not among those tested.
  * ulp here: the error relative to the result in units of 2^-23. */
 #ifndef CHORUS_LIB_KERNELS_ACT_H
 #define CHORUS_LIB_KERNELS_ACT_H
@@ -106,6 +112,61 @@ CHK_FN float chk_gelu_grad(float x)
     return CHK_GELU_GRAD_OF(x, r.e, r.gauss);
 }
 
+/* A constant of chk_acc's precision: double where chk_acc is, float
+ * otherwise (an OpenCL device without fp64 refuses a double literal). */
+#if CHK_ACC_IS_DOUBLE
+#define CHK_ACC_LIT(x) x
+#else
+#define CHK_ACC_LIT(x) x##f
+#endif
+
+/* GELU's tanh approximation, x (1 + tanh(u)) / 2 with u = sqrt(2 / pi)
+ * (x + 0.044715 x^3) (GPT-2's; cuBLASLt's GELU epilogues compute it), as
+ * x s(2u), s the logistic function (1 + tanh(u) = 2 s(2u)), and its
+ * derivative s(2u) + x s(2u) s(-2u) 2u' with u' = sqrt(2 / pi) (1 + 3
+ * 0.044715 x^2). Both from t = exp(-2|u|), which is at most 1 and never
+ * overflows: s(2|u|) = 1 / (1 + t) and s(-2|u|) = t / (1 + t), so nothing
+ * cancels (1 + tanh(u) in float is 0 from x = -5.2 down, where the result
+ * is still 1e-8 of x, with only a few bits right well above that). In
+ * chk_acc; u from x clamped to [-64, 64], beyond which t is 0 in float
+ * and in double, so the results are x or -0 and the derivative 1 or 0
+ * (and the derivative's x u' stays finite). */
+#define CHK_SQRT_2_OVER_PI CHK_ACC_LIT(0.79788456080286535588)
+#define CHK_GELU_TANH_C CHK_ACC_LIT(0.044715)
+
+typedef struct chk_gelu_tanh_parts {
+    chk_acc xc; /* x clamped */
+    chk_acc s;  /* s(2u) */
+    chk_acc sn; /* s(-2u) = 1 - s(2u) */
+} chk_gelu_tanh_parts;
+
+CHK_FN chk_gelu_tanh_parts chk_gelu_tanh_parts_of(float x)
+{
+    chk_gelu_tanh_parts r;
+    r.xc = (chk_acc)chk_gelu_clamp(x);
+    chk_acc u = CHK_SQRT_2_OVER_PI * (r.xc + CHK_GELU_TANH_C * (r.xc * r.xc * r.xc));
+    chk_acc t = CHK_EXP((chk_acc)-2 * (u < (chk_acc)0 ? -u : u));
+    chk_acc big = (chk_acc)1 / ((chk_acc)1 + t), small = t * big;
+    /* u NaN: both NaN (t is) */
+    r.s = u < (chk_acc)0 ? small : big;
+    r.sn = u < (chk_acc)0 ? big : small;
+    return r;
+}
+
+CHK_FN float chk_gelu_tanh(float x)
+{
+    return (float)((chk_acc)x * chk_gelu_tanh_parts_of(x).s);
+}
+
+/* dy gelu_tanh'(x), rounded once. */
+CHK_FN float chk_gelu_tanh_grad(float dy, float x)
+{
+    chk_gelu_tanh_parts r = chk_gelu_tanh_parts_of(x);
+    chk_acc du = (chk_acc)2 * CHK_SQRT_2_OVER_PI *
+                 ((chk_acc)1 + (chk_acc)3 * CHK_GELU_TANH_C * (r.xc * r.xc));
+    return (float)((chk_acc)dy * (r.s + r.xc * du * (r.s * r.sn)));
+}
+
 /* tanh and sigmoid in float alone: what chk_act uses where chk_acc is
  * float (bounds above), and what tests/test-half.c measures in C. */
 CHK_FN float chk_tanh_f32(float x)
@@ -126,6 +187,8 @@ CHK_FN float chk_act(int act, float x)
         return x > 0.0f ? x : 0.0f;
     if (act == CH_ACT_GELU)
         return chk_gelu(x);
+    if (act == CH_ACT_GELU_TANH)
+        return chk_gelu_tanh(x);
 #if CHK_ACC_IS_DOUBLE
     if (act == CH_ACT_TANH)
         return (float)CHK_TANH((chk_acc)x);
@@ -144,7 +207,7 @@ CHK_FN float chk_act(int act, float x)
  * output y: the other may be absent, and must not be read. */
 CHK_FN int chk_act_reads_x(int act)
 {
-    return act == CH_ACT_RELU || act == CH_ACT_GELU;
+    return act == CH_ACT_RELU || act == CH_ACT_GELU || act == CH_ACT_GELU_TANH;
 }
 
 /* dx = dy act'(x), with x or y as chk_act_reads_x says (the other is
@@ -156,6 +219,8 @@ CHK_FN float chk_act_grad(int act, float dy, float x, float y)
         return x > 0.0f ? dy : 0.0f;
     if (act == CH_ACT_GELU)
         return dy * chk_gelu_grad(x);
+    if (act == CH_ACT_GELU_TANH)
+        return chk_gelu_tanh_grad(dy, x);
     chk_acc d = (chk_acc)dy, t = (chk_acc)y;
     if (act == CH_ACT_TANH)
         return (float)(d * (((chk_acc)1 - t) * ((chk_acc)1 + t)));

@@ -17,6 +17,7 @@
 
 #ifndef __OPENCL_VERSION__
 #include "kernels/prelude.h"
+#include "kernels/half_bits.h"
 #endif
 
 /* ---- both ------------------------------------------------------------------ */
@@ -60,6 +61,54 @@ CHK_FN chk_acc chk_ln_g(float dy, float gamma)
 CHK_FN float chk_ln_dx(float dy, float gamma, float x, chk_acc m, chk_acc r, chk_acc k1, chk_acc k2)
 {
     return (float)CHK_LN_DX_OF(chk_ln_g(dy, gamma), chk_norm_xhat(x, m, r), r, k1, k2);
+}
+
+/* ---- The residual stream's add beside LayerNorm ------------------------------
+ * ch_add_layernorm and ch_layernorm_backward_add: their half-capable
+ * tensors are each in a format (CHK_FMT_*, the backends' codes for f32,
+ * bf16 and f16, whatever the core's ch_dtype values), read widened to f32
+ * (exactly) and written rounded once to nearest even (half_bits.h's
+ * steps, which OpenCL programs list before this file). */
+#define CHK_FMT_F32 0
+#define CHK_FMT_BF16 1
+#define CHK_FMT_F16 2
+
+/* A half element's value (fmt CHK_FMT_BF16 or CHK_FMT_F16). */
+CHK_FN float chk_fmt_widen(chk_u16 h, int fmt)
+{
+    return CHK_BITS_F32(fmt == CHK_FMT_BF16 ? chk_bf16_to_f32(h) : chk_f16_to_f32(h));
+}
+
+/* v rounded to a half format: the bits to store. */
+CHK_FN chk_u16 chk_fmt_narrow(float v, int fmt)
+{
+    chk_u32 u = CHK_F32_BITS(v);
+    return fmt == CHK_FMT_BF16 ? chk_f32_to_bf16(u) : chk_f32_to_f16(u);
+}
+
+/* What an element of format fmt holds once v is stored in it: v itself
+ * in f32, v rounded in a half format. */
+CHK_FN float chk_fmt_round(float v, int fmt)
+{
+    return fmt == CHK_FMT_F32 ? v : chk_fmt_widen(chk_fmt_narrow(v, fmt), fmt);
+}
+
+/* The forward's sum a + b, as ch_add forms it: in f32, then rounded to the
+ * sum's format (chk_fmt_narrow), the value the LayerNorm then reads
+ * (chk_fmt_round). For a and b of the sum's format, f32's rounding first
+ * changes nothing: rounding a sum twice gives the exact sum rounded once
+ * where the first format has at least 2p + 2 bits for the second's p, and
+ * f32's 24 are that for bf16 (8) and f16 (11). */
+CHK_FN float chk_res_sum(float a, float b)
+{
+    return a + b;
+}
+
+/* The backward's dx before it is stored: LayerNorm's dx (chk_ln_dx, an
+ * f32) plus the residual's gradient dres, in f32 as ch_add adds them. */
+CHK_FN float chk_ln_dx_res(float dx, float dres)
+{
+    return dx + dres;
 }
 
 /* ---- BatchNorm --------------------------------------------------------------

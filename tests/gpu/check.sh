@@ -111,7 +111,7 @@ note() { NOTES+=("$*"); }
 
 NVCC="" CUDA_HOME="" GPU="" GPU_ARCH="" NVDIRS=() TORCH=""
 GPU_NAME="" DRIVER="" DRIVER_CUDA="" TOOLKIT=""
-CUBLAS_SO="" NCCL_SO="" CUDART="" CUBLAS_INC="" NCCL_INC="" SANITIZER=""
+CUBLAS_SO="" CUBLASLT_SO="" NCCL_SO="" CUDART="" CUBLAS_INC="" NCCL_INC="" SANITIZER=""
 LIBDIRS=()
 NV_OPENCL="" NV_OPENCL_WHY=
 
@@ -226,6 +226,7 @@ probe() {
     probe_opencl
     probe_python
     CUBLAS_SO=$(find_lib 'libcublas.so.[0-9]*')
+    CUBLASLT_SO=$(find_lib 'libcublasLt.so.[0-9]*')
     CUBLAS_INC=$(find_inc cublas_v2.h)
     NCCL_SO=$(find_lib 'libnccl.so.[0-9]*')
     NCCL_INC=$(find_inc nccl.h)
@@ -247,6 +248,7 @@ probe() {
     log "== chosen"
     log "nvcc      ${NVCC:-none} (arch: $CUDA_ARCH)"
     log "cuBLAS    ${CUBLAS_SO:-none}, cublas_v2.h in ${CUBLAS_INC:-none}"
+    log "cuBLASLt  ${CUBLASLT_SO:-none}"
     log "NCCL      ${NCCL_SO:-none}, nccl.h in ${NCCL_INC:-none}"
     log "cudart    ${CUDART:-none}"
     log "sanitizer ${SANITIZER:-none}"
@@ -447,9 +449,9 @@ build_module() {
     local rp=() d
     for d in "${LIBDIRS[@]}"; do rp+=("-Wl,-rpath,$d" "-Wl,-rpath-link,$d"); done
     log "g++ -shared -o $B/mod/chorus-cuda.so (NCCL: ${nccl_lib[*]:-no})"
-    g++ -shared -o "$B/mod/chorus-cuda.so" "$B"/cuda/*.o -L"$B" -lchorus ${LINK_RP[@]+"${LINK_RP[@]}"} "$CUBLAS_SO" \
-        ${nccl_lib[@]+"${nccl_lib[@]}"} "$CUDART" ${rp[@]+"${rp[@]}"} -ldl -lrt -lpthread \
-        -lstdc++ || return 1
+    g++ -shared -o "$B/mod/chorus-cuda.so" "$B"/cuda/*.o -L"$B" -lchorus ${LINK_RP[@]+"${LINK_RP[@]}"} \
+        ${CUBLASLT_SO:+"$CUBLASLT_SO"} "$CUBLAS_SO" ${nccl_lib[@]+"${nccl_lib[@]}"} "$CUDART" \
+        ${rp[@]+"${rp[@]}"} -ldl -lrt -lpthread -lstdc++ || return 1
     nm -D --defined-only "$B/mod/chorus-cuda.so" | grep -q ' chorus_backend_entry$' ||
         { log "chorus-cuda.so does not export chorus_backend_entry"; return 1; }
 }
@@ -1126,7 +1128,7 @@ main() {
     t0=$(date +%s)
     local state rc lim
     state=$(mktemp) || return 1
-    declare -p SRC B CARRY NVCC CUDA_HOME CUDA_ARCH CUBLAS_SO CUBLAS_INC NCCL_SO NCCL_INC CUDART \
+    declare -p SRC B CARRY NVCC CUDA_HOME CUDA_ARCH CUBLAS_SO CUBLASLT_SO CUBLAS_INC NCCL_SO NCCL_INC CUDART \
         LIBDIRS ZINC JINC ZLIB JLIB CLINC CLLIB CLBLAST_INC CLBLAST_LIB >"$state"
     lim=$(limit $((BUDGET * 3 / 5)))
     timeout -k 5 "$lim" bash "$SELF" --build "$state" >"$OUTDIR/build.log" 2>&1
