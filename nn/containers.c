@@ -94,7 +94,13 @@ static ch_status residual_forward(ch_module *m, const ch_tensor *x)
                          (long long)ch_tensor_numel(main_->y), (long long)ch_tensor_numel(s));
     int64_t shape[CH_MAX_DIMS];
     nn_shape(main_->y, shape);
-    TRY(nn_ensure(&m->y, ch_tensor_device(x), CH_F32, ch_tensor_ndim(main_->y), shape));
+    /* The sum in f32 where either term is (a GPT's residual stream, with
+     * a branch's half output under mixed precision), else in the terms'
+     * format. */
+    ch_dtype dt = ch_tensor_dtype(main_->y);
+    if (ch_tensor_dtype(s) != dt)
+        dt = CH_F32;
+    TRY(nn_ensure(&m->y, ch_tensor_device(x), dt, ch_tensor_ndim(main_->y), shape));
     return ch_add(m->y, main_->y, s);
 }
 
@@ -109,16 +115,17 @@ static ch_status residual_backward(ch_module *m, const ch_tensor *dy, int want_d
         return CH_OK;
     int64_t shape[CH_MAX_DIMS];
     nn_shape(m->x, shape);
-    TRY(nn_ensure(&m->dx, ch_tensor_device(m->x), CH_F32, ch_tensor_ndim(m->x), shape));
+    TRY(nn_ensure(&m->dx, ch_tensor_device(m->x), ch_tensor_dtype(m->x), ch_tensor_ndim(m->x),
+                  shape));
     TRY(ch_add(m->dx, m->child[0]->dx, m->nchild > 1 ? m->child[1]->dx : dy));
     for (int i = 0; i < m->nchild; i++)
         nn_release(&m->child[i]->dx);
     return CH_OK;
 }
 
-const nn_ops nn_seq_ops = {"Sequential", seq_forward, seq_backward, CH_F32, 1, NULL};
-static const nn_ops residual_ops = {"Residual", residual_forward, residual_backward, CH_F32, 1,
-                                    NULL};
+const nn_ops nn_seq_ops = {"Sequential", seq_forward, seq_backward, CH_F32, 1, NULL, 1};
+static const nn_ops residual_ops = {
+    "Residual", residual_forward, residual_backward, CH_F32, 1, NULL, 1};
 
 ch_status ch_nn_sequential(ch_module **out)
 {

@@ -432,6 +432,7 @@ void dp_destroy(ch_dp *dp)
         ch_tensor_free(r->x);
         ch_tensor_free(r->labels);
         ch_tensor_free(r->pred);
+        ch_tensor_free(r->wide);
         ch_tensor_free(r->fp16.finite);
         free(r->fp16.finite_host);
         free(r->pred_host);

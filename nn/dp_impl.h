@@ -89,6 +89,7 @@ typedef struct replica {
     ch_loss *loss;
     ch_optimizer *opt;
     ch_tensor *x, *labels, *pred;
+    ch_tensor *wide;    /* evaluation: half outputs widened for argmax */
     int32_t *pred_host; /* evaluation: the predictions, downloaded */
     int64_t pred_cap;
     pthread_t thread;

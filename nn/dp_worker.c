@@ -498,7 +498,8 @@ static ch_status infer_rows(replica *r, int first, int rows, float *loss)
     if (!evaluate) {
         ch_tensor *out = NULL;
         TRY(ch_tensor_view(&out, dp->call.out, r->start + first, rows));
-        st = ch_copy(out, y);
+        /* A mixed-precision model's half output widened to out's f32. */
+        st = ch_tensor_dtype(y) == ch_tensor_dtype(out) ? ch_copy(out, y) : ch_cast(out, y);
         ch_tensor_free(out);
         /* A peer copy runs on the other device's stream, but this one
          * waits for it (lib/tensor.c): run_call drains this one only. */
@@ -509,6 +510,13 @@ static ch_status infer_rows(replica *r, int first, int rows, float *loss)
     TRY(ch_tensor_download(lv, loss, sizeof *loss));
     int64_t per = dp_labels_per_sample(dp), n = (int64_t)rows * per;
     TRY(nn_ensure(&r->pred, r->dev, CH_I32, 1, &n));
+    if (ch_tensor_dtype(y) != CH_F32) { /* half logits: argmax on them widened */
+        int64_t shape[CH_MAX_DIMS];
+        nn_shape(y, shape);
+        TRY(nn_ensure(&r->wide, r->dev, CH_F32, ch_tensor_ndim(y), shape));
+        TRY(ch_cast(r->wide, y));
+        y = r->wide;
+    }
     TRY(ch_argmax(r->pred, y, 1));
     if (n > r->pred_cap) {
         int32_t *grown = realloc(r->pred_host, (size_t)n * sizeof *grown);

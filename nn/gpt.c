@@ -369,7 +369,7 @@ static ch_status attn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     ch_module *c_attn = m->child[0], *c_proj = m->child[1];
     if (dropping(m)) {
         int64_t shape[3] = {a.b, a.t, a.d};
-        TRY(ensure(m, AT_DPROJ, 3, shape));
+        TRY(nn_ensure(&m->tmp[AT_DPROJ], m->dev, ch_tensor_dtype(dy), 3, shape));
         TRY(ch_mul(m->tmp[AT_DPROJ], dy, m->tmp[AT_RMASK]));
         dy = m->tmp[AT_DPROJ];
     }
@@ -421,9 +421,11 @@ static ch_status gpt_forward(ch_module *m, const ch_tensor *idx)
     TRY(nn_forward(tr, idx));
     nn_param *w = tied_weight(m);
     int64_t shape[2] = {ch_tensor_numel(idx), ch_tensor_dim(w->value, 0)};
-    TRY(nn_ensure(&m->y, m->dev, CH_F32, 2, shape));
     /* Mixed precision: the hidden states and the tied weight rounded to
-     * the half format (tmp[1], kept for backward, and tmp[2]). */
+     * the half format (tmp[1], kept for backward, and tmp[2]), and the
+     * logits in it too (as autocast's): [B*T, vocabulary] at half the
+     * bytes, which the fused cross-entropy reads as they are. */
+    TRY(nn_ensure(&m->y, m->dev, nn_gemm_out(m), 2, shape));
     const ch_tensor *hh, *wh;
     TRY(nn_half(&m->tmp[1], m, tr->y, &hh));
     TRY(nn_half(&m->tmp[2], m, w->value, &wh));
@@ -462,13 +464,13 @@ static ch_status gpt_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     return CH_OK;
 }
 
-static const nn_ops embedding_ops = {"Embedding", embedding_forward, embedding_backward, CH_I32,
-                                     0, embedding_init};
-static const nn_ops gpt_embed_ops = {"GPTEmbedding", gpt_embed_forward, gpt_embed_backward,
-                                     CH_I32, 0, embedding_init};
-static const nn_ops attn_ops = {"CausalSelfAttention", attn_forward, attn_backward, CH_F32, 1,
-                                NULL};
-static const nn_ops gpt_ops = {"GPT", gpt_forward, gpt_backward, CH_I32, 0, NULL};
+static const nn_ops embedding_ops = {
+    "Embedding", embedding_forward, embedding_backward, CH_I32, 0, embedding_init, 0};
+static const nn_ops gpt_embed_ops = {
+    "GPTEmbedding", gpt_embed_forward, gpt_embed_backward, CH_I32, 0, embedding_init, 0};
+static const nn_ops attn_ops = {
+    "CausalSelfAttention", attn_forward, attn_backward, CH_F32, 1, NULL, 1};
+static const nn_ops gpt_ops = {"GPT", gpt_forward, gpt_backward, CH_I32, 0, NULL, 0};
 
 ch_status ch_nn_embedding(ch_module **out, int64_t num, int64_t dim)
 {
@@ -546,44 +548,95 @@ static ch_status mlp(ch_module **out, int64_t dim, float dropout)
     return nn_made(out, st);
 }
 
-/* Residual(Sequential(norm named `ln`, body named `name`)). */
-static ch_status pre_norm(ch_module **out, int64_t dim, const char *ln, const char *name,
-                          ch_module *body)
+/* ---- A block: x + attn(ln_1(x)) = r, then r + mlp(ln_2(r)) ---------------------------
+ * Its children ln_1, attn, ln_2 and mlp, so its parameters' names and
+ * order are those of nanoGPT's Block (h.N.ln_1.weight, ..., h.N.mlp.c_proj.bias).
+ * The first residual add and ln_2 run as one pass (ch_add_layernorm:
+ * ln_2 is given the residual, r kept in its aux), and in backward each
+ * LayerNorm's input gradient joins the residual's in one pass
+ * (ch_layernorm_backward_add): dr = dy + ln_2's, dx = dr + ln_1's. */
+
+enum {
+    BL_LN1,
+    BL_ATTN,
+    BL_LN2,
+    BL_MLP
+};
+
+static ch_status block_forward(ch_module *m, const ch_tensor *x)
 {
-    ch_module *seq = NULL, *norm = NULL;
-    ch_status st = ch_nn_sequential(&seq);
-    if (st == CH_OK)
-        st = ch_nn_layernorm(&norm, dim, 1e-5f);
-    if (st == CH_OK)
-        st = ch_nn_sequential_add_named(seq, ln, norm);
-    if (st == CH_OK) {
-        st = ch_nn_sequential_add_named(seq, name, body);
-        body = NULL;
-    }
-    ch_module_free(body);
-    if (st == CH_OK)
-        return ch_nn_residual(out, seq, NULL);
-    ch_module_free(seq);
-    return st;
+    ch_module *ln1 = m->child[BL_LN1], *attn = m->child[BL_ATTN], *ln2 = m->child[BL_LN2],
+              *mlp = m->child[BL_MLP];
+    TRY(nn_forward(ln1, x));
+    TRY(nn_forward(attn, ln1->y));
+    ln2->res = x;
+    ch_status st = nn_forward(ln2, attn->y);
+    ln2->res = NULL;
+    TRY(st);
+    const ch_tensor *r = ln2->aux;
+    TRY(nn_forward(mlp, ln2->y));
+    if (ch_tensor_numel(mlp->y) != ch_tensor_numel(r))
+        return chi_error(CH_ERR_SHAPE,
+                         "ch_module_forward: a GPT block's mlp gives %lld "
+                         "elements, the residual has %lld",
+                         (long long)ch_tensor_numel(mlp->y), (long long)ch_tensor_numel(r));
+    int64_t shape[CH_MAX_DIMS];
+    nn_shape(r, shape);
+    TRY(nn_ensure(&m->y, ch_tensor_device(x), CH_F32, ch_tensor_ndim(r), shape));
+    return ch_add(m->y, r, mlp->y);
 }
+
+static ch_status block_backward(ch_module *m, const ch_tensor *dy, int want_dx)
+{
+    ch_module *ln1 = m->child[BL_LN1], *attn = m->child[BL_ATTN], *ln2 = m->child[BL_LN2],
+              *mlp = m->child[BL_MLP];
+    TRY(nn_backward(mlp, dy, 1));
+    ln2->dres = dy; /* dr = dy + ln_2's input gradient */
+    ch_status st = nn_backward(ln2, mlp->dx, 1);
+    ln2->dres = NULL;
+    TRY(st);
+    nn_release(&mlp->dx);
+    TRY(nn_backward(attn, ln2->dx, 1));
+    ln1->dres = ln2->dx; /* dx = dr + ln_1's */
+    st = nn_backward(ln1, attn->dx, 1);
+    ln1->dres = NULL;
+    TRY(st);
+    nn_release(&attn->dx);
+    nn_release(&ln2->dx);
+    if (!want_dx) {
+        nn_release(&ln1->dx);
+        return CH_OK;
+    }
+    TRY(nn_view_of(&m->dx, ln1->dx));
+    nn_release(&ln1->dx);
+    return CH_OK;
+}
+
+static const nn_ops block_ops = {"Block", block_forward, block_backward, CH_F32, 1, NULL, 1};
 
 static ch_status block(ch_module **out, const ch_gpt_config *c)
 {
-    ch_module *attn = NULL, *ff = NULL, *r = NULL;
-    TRY(ch_nn_sequential(out));
-    ch_status st = ch_nn_causal_self_attention(&attn, c->dim, c->heads, c->dropout);
+    ch_module *ch = NULL;
+    TRY(nn_module_new(out, &block_ops));
+    ch_module *m = *out;
+    m->in = m->out = c->dim;
+    ch_status st = ch_nn_layernorm(&ch, c->dim, 1e-5f);
     if (st == CH_OK)
-        st = pre_norm(&r, c->dim, "ln_1", "attn", attn);
+        st = nn_add_child(m, ch, "ln_1");
     if (st == CH_OK)
-        st = ch_nn_sequential_add_named(*out, "", r);
+        st = ch_nn_causal_self_attention(&ch, c->dim, c->heads, c->dropout);
     if (st == CH_OK)
-        st = mlp(&ff, c->dim, c->dropout);
+        st = nn_add_child(m, ch, "attn");
     if (st == CH_OK)
-        st = pre_norm(&r, c->dim, "ln_2", "mlp", ff);
+        st = ch_nn_layernorm(&ch, c->dim, 1e-5f);
     if (st == CH_OK)
-        st = ch_nn_sequential_add_named(*out, "", r);
+        st = nn_add_child(m, ch, "ln_2");
     if (st == CH_OK)
-        (*out)->segment = 1; /* what ch_module_set_recompute recomputes */
+        st = mlp(&ch, c->dim, c->dropout);
+    if (st == CH_OK)
+        st = nn_add_child(m, ch, "mlp");
+    if (st == CH_OK)
+        m->segment = 1; /* what ch_module_set_recompute recomputes */
     return nn_made(out, st);
 }
 
@@ -643,6 +696,7 @@ ch_status ch_nn_gpt(ch_module **out, const ch_gpt_config *config)
                          c->dropout);
     TRY(nn_module_new(out, &gpt_ops));
     ch_module *tr = NULL;
+    (*out)->half_out = 1; /* the logits */
     ch_status st = transformer(&tr, c);
     if (st == CH_OK)
         st = nn_add_child(*out, tr, "transformer");

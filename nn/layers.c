@@ -39,9 +39,10 @@ static ch_status linear_forward(ch_module *m, const ch_tensor *x)
     int64_t shape[CH_MAX_DIMS];
     nn_shape(x, shape);
     shape[nd - 1] = m->out;
-    TRY(nn_ensure(&m->y, m->dev, CH_F32, nd, shape));
-    /* Mixed precision: x and the weight rounded to the half format
-     * (tmp[0], kept for backward, and tmp[1]). */
+    /* Mixed precision: x (unless the module before wrote it so) and the
+     * weight rounded to the half format (tmp[0], kept for backward, and
+     * tmp[1]); y in f32 (nn_gemm_out). */
+    TRY(nn_ensure(&m->y, m->dev, nn_gemm_out(m), nd, shape));
     const ch_tensor *xh, *wh;
     TRY(nn_half(&m->tmp[0], m, x, &xh));
     TRY(nn_half_weight(&m->tmp[1], m, &m->params[0], &wh));
@@ -60,8 +61,12 @@ static ch_status linear_forward(ch_module *m, const ch_tensor *x)
 static ch_status linear_backward(ch_module *m, const ch_tensor *dy, int want_dx)
 {
     /* Mixed precision: the GEMMs take forward's rounded x and weight and
-     * dy rounded (tmp[2]); the bias gradient sums dy in f32. */
-    const ch_tensor *xh = m->precision == CH_F32 ? m->x : m->tmp[0],
+     * dy rounded (tmp[2]: unless it came in the half format, as it does
+     * for a half output); the bias gradient sums dy in f32. dx in x's
+     * format. */
+    const ch_tensor *xh = m->precision == CH_F32 || ch_tensor_dtype(m->x) == m->precision
+                              ? m->x
+                              : m->tmp[0],
                     *wh = m->precision == CH_F32 ? m->params[0].value : m->tmp[1], *dyh;
     TRY(nn_half(&m->tmp[2], m, dy, &dyh));
     ch_tensor *x2 = NULL, *dy2 = NULL, *dyh2 = NULL, *dx2 = NULL;
@@ -77,7 +82,7 @@ static ch_status linear_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     if (st == CH_OK && want_dx) {
         int64_t shape[CH_MAX_DIMS];
         nn_shape(m->x, shape);
-        st = nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(m->x), shape);
+        st = nn_ensure(&m->dx, m->dev, ch_tensor_dtype(m->x), ch_tensor_ndim(m->x), shape);
         if (st == CH_OK)
             st = rows_view(&dx2, m->dx, m->in);
         if (st == CH_OK)
@@ -134,15 +139,16 @@ static ch_status conv_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     if (want_dx) {
         int64_t x_shape[4];
         nn_shape(m->x, x_shape);
-        TRY(nn_ensure(&m->dx, m->dev, CH_F32, 4, x_shape));
+        TRY(nn_ensure(&m->dx, m->dev, CH_F32, 4, x_shape)); /* the convolution's */
     }
     ch_window2d win = conv_window(m);
     int half = m->precision != CH_F32;
+    const ch_tensor *xh = !half || ch_tensor_dtype(m->x) == m->precision ? m->x : m->tmp[0];
     const ch_tensor *dyh;
     TRY(nn_half(&m->tmp[2], m, dy, &dyh));
-    ch_status st = ch_conv2d_backward(
-        want_dx ? m->dx : NULL, m->params[0].grad, dyh, half ? m->tmp[0] : m->x,
-        half ? m->tmp[1] : m->params[0].value, &win, nn_grad_beta(&m->params[0]));
+    ch_status st = ch_conv2d_backward(want_dx ? m->dx : NULL, m->params[0].grad, dyh, xh,
+                                      half ? m->tmp[1] : m->params[0].value, &win,
+                                      nn_grad_beta(&m->params[0]));
     nn_release(&m->tmp[2]); /* dy rounded: read */
     return st;
 }
@@ -153,7 +159,8 @@ static ch_status act_forward(ch_module *m, const ch_tensor *x)
 {
     int64_t shape[CH_MAX_DIMS];
     nn_shape(x, shape);
-    TRY(nn_ensure(&m->y, m->dev, CH_F32, ch_tensor_ndim(x), shape));
+    /* y, and dx, in x's format (autocast's activations keep theirs) */
+    TRY(nn_ensure(&m->y, m->dev, ch_tensor_dtype(x), ch_tensor_ndim(x), shape));
     return ch_activation_forward(m->y, x, m->act);
 }
 
@@ -163,7 +170,7 @@ static ch_status act_backward(ch_module *m, const ch_tensor *dy, int want_dx)
         return CH_OK;
     int64_t shape[CH_MAX_DIMS];
     nn_shape(dy, shape);
-    TRY(nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(dy), shape));
+    TRY(nn_ensure(&m->dx, m->dev, ch_tensor_dtype(m->x), ch_tensor_ndim(dy), shape));
     return ch_activation_backward(m->dx, dy, m->x, m->y, m->act);
 }
 
@@ -242,7 +249,7 @@ static ch_status dropout_forward(ch_module *m, const ch_tensor *x)
     m->passed = pass;
     if (pass)
         return nn_view(&m->y, x, ndim, shape);
-    TRY(nn_ensure(&m->y, m->dev, CH_F32, ndim, shape));
+    TRY(nn_ensure(&m->y, m->dev, ch_tensor_dtype(x), ndim, shape)); /* x's format */
     int64_t per_sample = ch_tensor_numel(x) / shape[0];
     TRY(nn_ensure(&m->aux, m->dev, CH_F32, ndim, shape));
     TRY(ch_dropout_mask(m->aux, nn_dropout_key(m, 0), (uint64_t)(m->first_sample * per_sample), m->p));
@@ -259,7 +266,7 @@ static ch_status dropout_backward(ch_module *m, const ch_tensor *dy, int want_dx
         nn_release(&m->dx);
         return nn_view(&m->dx, dy, ch_tensor_ndim(dy), shape);
     }
-    TRY(nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(dy), shape));
+    TRY(nn_ensure(&m->dx, m->dev, ch_tensor_dtype(m->x), ch_tensor_ndim(dy), shape));
     return ch_mul(m->dx, dy, m->aux);
 }
 
@@ -286,19 +293,21 @@ static ch_status avgpool_backward(ch_module *m, const ch_tensor *dy, int want_dx
 
 /* ---- Construction ---------------------------------------------------------- */
 
-static const nn_ops linear_ops = {"Linear", linear_forward, linear_backward, CH_F32, 0, NULL};
-static const nn_ops conv_ops = {"Conv2d", conv_forward, conv_backward, CH_F32, 0, NULL};
-static const nn_ops relu_ops = {"ReLU", act_forward, act_backward, CH_F32, 0, NULL};
-static const nn_ops gelu_ops = {"GELU", act_forward, act_backward, CH_F32, 0, NULL};
-static const nn_ops tanh_ops = {"Tanh", act_forward, act_backward, CH_F32, 0, NULL};
-static const nn_ops sigmoid_ops = {"Sigmoid", act_forward, act_backward, CH_F32, 0, NULL};
+static const nn_ops linear_ops = {"Linear", linear_forward, linear_backward, CH_F32, 0, NULL, 1};
+static const nn_ops conv_ops = {"Conv2d", conv_forward, conv_backward, CH_F32, 0, NULL, 1};
+static const nn_ops relu_ops = {"ReLU", act_forward, act_backward, CH_F32, 0, NULL, 1};
+static const nn_ops gelu_ops = {"GELU", act_forward, act_backward, CH_F32, 0, NULL, 1};
+static const nn_ops tanh_ops = {"Tanh", act_forward, act_backward, CH_F32, 0, NULL, 1};
+static const nn_ops sigmoid_ops = {"Sigmoid", act_forward, act_backward, CH_F32, 0, NULL, 1};
 /* PyTorch's GELU(approximate='tanh'): the same class, so the same kind */
-static const nn_ops gelu_tanh_ops = {"GELU", act_forward, act_backward, CH_F32, 0, NULL};
-static const nn_ops pool_ops = {"MaxPool2d", pool_forward, pool_backward, CH_F32, 0, NULL};
-static const nn_ops avgpool_ops = {"AdaptiveAvgPool2d", avgpool_forward, avgpool_backward,
-                                   CH_F32, 0, NULL};
-static const nn_ops flatten_ops = {"Flatten", flatten_forward, flatten_backward, CH_F32, 0, NULL};
-static const nn_ops dropout_ops = {"Dropout", dropout_forward, dropout_backward, CH_F32, 0, NULL};
+static const nn_ops gelu_tanh_ops = {"GELU", act_forward, act_backward, CH_F32, 0, NULL, 1};
+static const nn_ops pool_ops = {"MaxPool2d", pool_forward, pool_backward, CH_F32, 0, NULL, 0};
+static const nn_ops avgpool_ops = {
+    "AdaptiveAvgPool2d", avgpool_forward, avgpool_backward, CH_F32, 0, NULL, 0};
+static const nn_ops flatten_ops = {"Flatten", flatten_forward, flatten_backward, CH_F32, 0, NULL,
+                                   1};
+static const nn_ops dropout_ops = {"Dropout", dropout_forward, dropout_backward, CH_F32, 0, NULL,
+                                   1};
 
 ch_status ch_nn_linear(ch_module **out, int64_t in_features, int64_t out_features)
 {

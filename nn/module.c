@@ -237,7 +237,7 @@ const char *ch_module_name(const ch_module *m) { return m ? m->cname : "(null)";
  * intermediate tensors) freed, but for the tmp[] slots in `keep`. */
 static void release_state(ch_module *m, unsigned keep)
 {
-    ch_tensor **ts[] = {&m->y, &m->dx, &m->aux, &m->aux2};
+    ch_tensor **ts[] = {&m->y, &m->dx, &m->aux, &m->aux2, &m->dy_cast};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         nn_release(ts[i]);
     for (int i = 0; i < NN_TEMPS; i++)
@@ -308,9 +308,11 @@ ch_status nn_forward(ch_module *m, const ch_tensor *x)
     if (ch_tensor_device(x) != m->dev && m->ops != &nn_seq_ops)
         return chi_error(CH_ERR_DEVICE_MISMATCH, "ch_module_forward: %s is on %s but x is on %s",
                          m->ops->kind, ch_device_id(m->dev), ch_device_id(ch_tensor_device(x)));
-    if (!m->ops->container && ch_tensor_dtype(x) != m->ops->input)
-        return chi_error(CH_ERR_DTYPE, "ch_module_forward: %s takes %s, x is %s", m->ops->kind,
-                         ch_dtype_name(m->ops->input), ch_dtype_name(ch_tensor_dtype(x)));
+    ch_dtype xt = ch_tensor_dtype(x);
+    if (!m->ops->container && xt != m->ops->input && !(m->ops->half_in && nn_is_half(xt)))
+        return chi_error(CH_ERR_DTYPE, "ch_module_forward: %s takes %s%s, x is %s", m->ops->kind,
+                         ch_dtype_name(m->ops->input), m->ops->half_in ? ", bf16 or f16" : "",
+                         ch_dtype_name(xt));
     m->x = x;
     ch_status st;
     if (!m->pass) {
@@ -332,22 +334,49 @@ ch_status nn_backward(ch_module *m, const ch_tensor *dy, int want_dx)
     if (!m->x || !m->y)
         return chi_error(CH_ERR_STATE, "ch_module_backward: %s has no forward pass to go back "
                          "through", m->ops->kind);
-    if (ch_tensor_numel(dy) != ch_tensor_numel(m->y) || ch_tensor_dtype(dy) != CH_F32)
+    if (ch_tensor_numel(dy) != ch_tensor_numel(m->y))
         return chi_error(CH_ERR_SHAPE, "ch_module_backward: dy has %lld elements, the output "
                          "had %lld", (long long)ch_tensor_numel(dy),
                          (long long)ch_tensor_numel(m->y));
+    ch_dtype dt = ch_tensor_dtype(dy), yt = ch_tensor_dtype(m->y);
+    if (dt != CH_F32 && !nn_is_half(dt))
+        return chi_error(CH_ERR_DTYPE,
+                         "ch_module_backward: dy is %s, expected f32 or the "
+                         "output's %s",
+                         ch_dtype_name(dt), ch_dtype_name(yt));
     if (ch_tensor_device(dy) != ch_tensor_device(m->y))
         return chi_error(CH_ERR_DEVICE_MISMATCH, "ch_module_backward: dy is on %s but the "
                          "output is on %s", ch_device_id(ch_tensor_device(dy)),
                          ch_device_id(ch_tensor_device(m->y)));
+    /* A gradient in another format than the output's (f32 from a loss for
+     * half logits, f32 from a residual sum for a half branch): rounded or
+     * widened to it, as autocast's backward casts it, so that each
+     * backward reads dy in its output's format. */
+    if (dt != yt) {
+        int64_t shape[CH_MAX_DIMS];
+        nn_shape(m->y, shape);
+        if (dt != CH_F32 && yt != CH_F32)
+            return chi_error(CH_ERR_DTYPE,
+                             "ch_module_backward: dy is %s, expected f32 or the "
+                             "output's %s",
+                             ch_dtype_name(dt), ch_dtype_name(yt));
+        TRY(nn_ensure(&m->dy_cast, ch_tensor_device(dy), yt, ch_tensor_ndim(m->y), shape));
+        ch_tensor *flat = NULL;
+        TRY(nn_view(&flat, dy, ch_tensor_ndim(m->y), shape));
+        ch_status st = ch_cast(m->dy_cast, flat);
+        ch_tensor_free(flat);
+        TRY(st);
+        dy = m->dy_cast;
+    }
     /* Inputs without a gradient (token indices) are never asked for one. */
-    if (ch_tensor_dtype(m->x) != CH_F32)
+    if (ch_tensor_dtype(m->x) != CH_F32 && !nn_is_half(ch_tensor_dtype(m->x)))
         want_dx = 0;
     if (m->pass)
         m->pass(m->pass_user, m, 1, 0);
     ch_status st = m->dropped ? replay(m) : CH_OK;
     if (st == CH_OK)
         st = m->ops->backward(m, dy, want_dx);
+    nn_release(&m->dy_cast); /* read */
     if (st == CH_OK && m->hook && m->nparams > 0)
         st = m->hook(m->hook_user, m->pfirst, m->nparams);
     if (m->recompute) { /* its input stays: another backward can run it again */
@@ -637,7 +666,8 @@ static ch_status clone_into(ch_module **out, const ch_module *m, ch_device *dev)
     c->nchild = 0;
     c->moved = c->moved_grad = NULL;
     c->x = NULL;
-    c->y = c->dx = c->aux = c->aux2 = NULL;
+    c->y = c->dx = c->aux = c->aux2 = c->dy_cast = NULL;
+    c->res = c->dres = NULL;
     memset(c->tmp, 0, sizeof c->tmp);
     c->hook = NULL;
     c->sync = NULL;
@@ -742,7 +772,7 @@ int ch_module_recompute(const ch_module *m)
 ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
                   const ch_tensor **out)
 {
-    if (m->precision == CH_F32) {
+    if (m->precision == CH_F32 || ch_tensor_dtype(t) == m->precision) {
         *out = t;
         return CH_OK;
     }
@@ -752,6 +782,16 @@ ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
     TRY(ch_cast(*slot, t));
     *out = *slot;
     return CH_OK;
+}
+
+int nn_is_half(ch_dtype dt)
+{
+    return dt == CH_BF16 || dt == CH_F16;
+}
+
+ch_dtype nn_gemm_out(const ch_module *m)
+{
+    return m->half_out ? m->precision : CH_F32;
 }
 
 ch_status nn_half_weight(ch_tensor **slot, const ch_module *m, nn_param *p, const ch_tensor **out)

@@ -67,6 +67,9 @@ typedef struct nn_ops {
     /* Draws the module's own parameters from (seed, *offset), advancing
      * *offset by each one's numel; NULL: the Linear/Conv2d rule of m->init. */
     ch_status (*init)(ch_module *m, uint64_t seed, uint64_t *offset);
+    /* 1: forward takes x in CH_BF16 or CH_F16 as well as in `input` f32
+     * (a half format's output of the module before it, mixed precision) */
+    int half_in;
 } nn_ops;
 
 /* How ch_module_init draws a module's parameters. */
@@ -107,6 +110,18 @@ struct ch_module {
     int heads;               /* attention */
     int fused;               /* attention: its last forward ran ch_attention */
     int passed;              /* dropout: its last forward passed x through (y a view of it) */
+    /* Its GEMM's output in the half format under mixed precision (the
+     * GPT's logits, which the fused cross-entropy reads so); 0: f32, as
+     * a Linear's stays until the backends' elementwise kernels read and
+     * write half storage themselves (today the core widens it for them,
+     * lib/ops_half.c, which costs more than the half output saves) */
+    int half_out;
+    /* LayerNorm inside a GPT block (nn/gpt.c), set by the block for one
+     * pass: forward normalises res + x, the sum written in aux (and kept
+     * as the input backward reads; ch_add_layernorm); backward's dx is
+     * dres + its own input gradient (ch_layernorm_backward_add), the
+     * gradient of the sum. NULL otherwise. */
+    const ch_tensor *res, *dres;
     int64_t positions;       /* GPT embedding: the context length */
     nn_init init;
     float init_std;
@@ -133,6 +148,7 @@ struct ch_module {
     ch_tensor *aux;          /* im2col columns, pooling indices, dropout mask */
     ch_tensor *aux2;         /* conv: [O, N*P] GEMM output / input gradient */
     ch_tensor *tmp[NN_TEMPS];/* the other layers' intermediate tensors */
+    ch_tensor *dy_cast;      /* dy in the output's format, where it came in another */
     ch_tensor **moved;       /* Sequential: activations moved to a child's device */
     ch_tensor **moved_grad;  /* Sequential: gradients moved back */
 
@@ -205,8 +221,9 @@ void nn_release(ch_tensor **t);
 /* (Re)allocate *t unless it already has this device, dtype and shape. */
 ch_status nn_ensure(ch_tensor **t, ch_device *dev, ch_dtype dtype, int ndim,
                     const int64_t *shape);
-/* Mixed precision: t itself when m computes in f32, else t rounded to m's
- * half format in *slot (made or reused), in *out. */
+/* Mixed precision: t itself when m computes in f32 or t is already in
+ * m's half format, else t rounded to it in *slot (made or reused), in
+ * *out. */
 ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
                   const ch_tensor **out);
 /* nn_half of a weight, p's value, into *slot, which p remembers, so that
@@ -216,6 +233,11 @@ ch_status nn_half(ch_tensor **slot, const ch_module *m, const ch_tensor *t,
 ch_status nn_half_weight(ch_tensor **slot, const ch_module *m, nn_param *p, const ch_tensor **out);
 /* The parameter of m's index (ch_module_param's order), NULL out of range. */
 nn_param *nn_param_at(const ch_module *m, int index);
+/* The format of a GEMM's output: m's half format where m->half_out (the
+ * GPT's logits) under mixed precision, as autocast gives them; else f32. */
+ch_dtype nn_gemm_out(const ch_module *m);
+/* 1 for CH_BF16 and CH_F16. */
+int nn_is_half(ch_dtype dt);
 /* A reshaped view, freed by the caller. */
 ch_status nn_view(ch_tensor **out, const ch_tensor *t, int ndim, const int64_t *shape);
 /* 1 when m's output (ch_module_forward's y) may be overwritten between

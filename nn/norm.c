@@ -123,25 +123,45 @@ static ch_status ln_forward(ch_module *m, const ch_tensor *x)
     TRY(nn_ensure(&m->y, m->dev, CH_F32, nd, shape));
     TRY(channels(&m->tmp[0], m, rows));
     TRY(channels(&m->tmp[1], m, rows));
+    if (m->res) { /* a GPT block's: the residual's add first, in one pass */
+        if (ch_tensor_numel(m->res) != ch_tensor_numel(x))
+            return chi_error(CH_ERR_SHAPE,
+                             "ch_module_forward: LayerNorm(%lld): the residual "
+                             "has %lld elements, x %lld",
+                             (long long)m->in, (long long)ch_tensor_numel(m->res),
+                             (long long)ch_tensor_numel(x));
+        TRY(nn_ensure(&m->aux, m->dev, CH_F32, nd, shape));
+        return ch_add_layernorm(m->aux, m->y, m->tmp[0], m->tmp[1], m->res, x, m->params[0].value,
+                                m->params[1].value, m->eps);
+    }
+    nn_release(&m->aux);
     return ch_layernorm(m->y, m->tmp[0], m->tmp[1], x, m->params[0].value, m->params[1].value,
                         m->eps);
 }
 
 static ch_status ln_backward(ch_module *m, const ch_tensor *dy, int want_dx)
 {
-    if (want_dx) {
+    /* The input forward normalised: x, or the sum it made (aux). dx in
+     * its format; with dres, the sum's gradient: dres + the norm's. */
+    const ch_tensor *in = m->aux ? m->aux : m->x;
+    if (want_dx || m->dres) {
         int64_t shape[CH_MAX_DIMS];
-        nn_shape(m->x, shape);
-        TRY(nn_ensure(&m->dx, m->dev, CH_F32, ch_tensor_ndim(m->x), shape));
+        nn_shape(in, shape);
+        TRY(nn_ensure(&m->dx, m->dev, ch_tensor_dtype(in), ch_tensor_ndim(in), shape));
     }
     TRY(nn_grad_settle(&m->params[0])); /* accumulated into */
     TRY(nn_grad_settle(&m->params[1]));
-    return ch_layernorm_backward(want_dx ? m->dx : NULL, m->params[0].grad, m->params[1].grad,
-                                 dy, m->x, m->tmp[0], m->tmp[1], m->params[0].value);
+    if (m->dres)
+        return ch_layernorm_backward_add(m->dx, m->params[0].grad, m->params[1].grad, dy, m->dres,
+                                         in, m->tmp[0], m->tmp[1], m->params[0].value);
+    return ch_layernorm_backward(want_dx ? m->dx : NULL, m->params[0].grad, m->params[1].grad, dy,
+                                 in, m->tmp[0], m->tmp[1], m->params[0].value);
 }
 
-static const nn_ops bn_ops = {"BatchNorm2d", bn_forward, bn_backward, CH_F32, 0, norm_init};
-static const nn_ops ln_ops = {"LayerNorm", ln_forward, ln_backward, CH_F32, 0, norm_init};
+static const nn_ops bn_ops = {"BatchNorm2d", bn_forward, bn_backward, CH_F32, 0, norm_init, 0};
+/* LayerNorm takes x in a half format too (its y stays f32, as autocast's
+ * layer_norm gives it; dx in x's format). */
+static const nn_ops ln_ops = {"LayerNorm", ln_forward, ln_backward, CH_F32, 0, norm_init, 1};
 
 static ch_status check_norm(const char *fn, ch_module **out, int64_t n, float eps)
 {

@@ -16,6 +16,7 @@ struct ch_loss {
     ch_tensor *work;      /* probabilities (CE) or pred - target (MSE) */
     ch_tensor *sq;        /* MSE: squared differences */
     ch_tensor *grad;
+    ch_tensor *wide; /* CE: half logits widened to f32 */
     const ch_tensor *target;
     int64_t n;
 };
@@ -43,6 +44,7 @@ void ch_loss_free(ch_loss *loss)
     ch_tensor_free(loss->work);
     ch_tensor_free(loss->sq);
     ch_tensor_free(loss->grad);
+    ch_tensor_free(loss->wide);
     free(loss);
 }
 
@@ -88,6 +90,13 @@ ch_status ch_loss_forward(ch_loss *loss, ch_tensor **value, const ch_tensor *pre
             return chi_error(CH_ERR_SHAPE, "ch_loss_forward: pred has %d dimensions, expected "
                              "2 ([N, C])", ch_tensor_ndim(pred));
         TRY(nn_ensure(&loss->work, ch_tensor_device(pred), CH_F32, 2, shape));
+        if (ch_tensor_dtype(pred) != CH_F32) {
+            /* Half logits (mixed precision), widened: the loss in f32, as
+             * autocast's cross_entropy computes it. */
+            TRY(nn_ensure(&loss->wide, ch_tensor_device(pred), CH_F32, 2, shape));
+            TRY(ch_cast(loss->wide, pred));
+            pred = loss->wide;
+        }
         TRY(ch_softmax_xent(loss->value, loss->work, pred, target));
     }
     loss->target = target;

@@ -182,6 +182,23 @@ ch_status tap_settled(ch_status st, const ch_tensor *t)
     return st != CH_OK ? st : ch_device_sync(ch_tensor_device(t));
 }
 
+ch_status tap_download_floats(const ch_tensor *t, float *out, size_t bytes)
+{
+    if (ch_tensor_dtype(t) == CH_F32)
+        return ch_tensor_download(t, out, bytes);
+    int64_t shape[CH_MAX_DIMS];
+    for (int i = 0; i < ch_tensor_ndim(t); i++)
+        shape[i] = ch_tensor_dim(t, i);
+    ch_tensor *wide = NULL;
+    ch_status st = ch_tensor_new(&wide, ch_tensor_device(t), CH_F32, ch_tensor_ndim(t), shape);
+    if (st == CH_OK)
+        st = ch_cast(wide, t);
+    if (st == CH_OK)
+        st = ch_tensor_download(wide, out, bytes);
+    ch_tensor_free(wide);
+    return st;
+}
+
 int tap_env_devices(ch_device **out, int capacity)
 {
     const char *list = getenv("CHORUS_TEST_DEVICES");

@@ -63,6 +63,10 @@ int tap_env_devices(ch_device **out, int capacity);
  * host, and from the stream's next wait on CUDA and OpenCL, which defer
  * the check there (ops.h); this takes them from wherever they come. */
 ch_status tap_settled(ch_status st, const ch_tensor *t);
+/* t's values as floats into out (bytes: the room there, as
+ * ch_tensor_download's): t itself when it is f32, else (a mixed-precision
+ * module's half output) t widened on its device first (ch_cast). */
+ch_status tap_download_floats(const ch_tensor *t, float *out, size_t bytes);
 /* The bits of a float and back. */
 uint32_t tap_bits_of(float f);
 float tap_float_of(uint32_t u);

@@ -647,7 +647,7 @@ static ch_status attention_run(ch_device *dev, ch_dtype precision, const float *
     if (st == CH_OK)
         st = ch_module_forward(m, &ty, tx);
     if (st == CH_OK)
-        st = ch_tensor_download(ty, y, sizeof(float) * AB * AT * AD);
+        st = tap_download_floats(ty, y, sizeof(float) * AB * AT * AD);
     if (st == CH_OK)
         st = ch_module_backward(m, &tdx, tdy);
     if (st == CH_OK)
@@ -822,7 +822,7 @@ static ch_status kw_fresh_output(ch_device *dev, ch_dtype precision, const float
     if (st == CH_OK)
         st = ch_module_forward(m, &ty, tx);
     if (st == CH_OK)
-        st = ch_tensor_download(ty, y, sizeof(float) * KW_ROWS * KW_OUT);
+        st = tap_download_floats(ty, y, sizeof(float) * KW_ROWS * KW_OUT);
     ch_tensor_free(tx);
     ch_module_free(m);
     return st;
@@ -856,7 +856,7 @@ static ch_status kw_clone_run(ch_device *dev, ch_dtype precision, const float *x
     if (st == CH_OK)
         st = ch_module_forward(c, &ty, tx);
     if (st == CH_OK)
-        st = ch_tensor_download(ty, y, sizeof(float) * KW_ROWS * KW_OUT);
+        st = tap_download_floats(ty, y, sizeof(float) * KW_ROWS * KW_OUT);
     if (st == CH_OK)
         st = kw_params(c, vals, 0);
     ch_optimizer_free(opt);
@@ -887,7 +887,7 @@ static ch_status kept_weights_run(ch_device *dev, ch_dtype precision, int downlo
         st = ch_module_forward(m, &ty, tx);
         out->untouched += s > 0 && chi_tensor_stamp(w0) == before;
         if (st == CH_OK && overwrite && s == 2)
-            st = ch_tensor_download(ty, out->y_uploaded, sizeof out->y_uploaded);
+            st = tap_download_floats(ty, out->y_uploaded, sizeof out->y_uploaded);
         if (st != CH_OK || s == KW_STEPS)
             break;
         st = ch_module_zero_grad(m);
@@ -909,7 +909,7 @@ static ch_status kept_weights_run(ch_device *dev, ch_dtype precision, int downlo
         }
     }
     if (st == CH_OK)
-        st = ch_tensor_download(ty, out->y, sizeof out->y);
+        st = tap_download_floats(ty, out->y, sizeof out->y);
     if (st == CH_OK)
         st = kw_params(m, out->params, 0);
     ch_tensor_free(tx);

@@ -941,6 +941,204 @@ static void test_adam_grouped(ch_device *dev)
     ch_tensor_free(labels);
 }
 
+/* Mixed precision's half logits, as autocast gives them (a Linear's
+ * output stays f32 until the backends read and write half storage in
+ * their elementwise kernels: ch_module_set_precision). On a GPT in bf16
+ * and in f16: the logits' dtype; ch_loss_forward on them equal to the
+ * loss on their f32 widening (the same values); backward from the loss's
+ * f32 gradient and from that gradient already rounded to the logits'
+ * format: the same bits in every parameter's gradient (ch_module_backward
+ * rounds it so). On an MLP (Linear, GELU, Linear) in bf16: its output in
+ * f32, within bf16's rounding of the f32 MLP's, and its input gradient
+ * in f32 (its input's) from a bf16 dy. The dtype refusals. */
+static void test_half_outputs(ch_device *dev)
+{
+    const char *id = ch_device_id(dev);
+    static const ch_dtype fmts[] = {CH_BF16, CH_F16};
+    ch_gpt_config cfg = {.layers = 1, .heads = 2, .dim = 32, .context = 8, .vocab = 37};
+    tap_rng own = {9191};
+    int32_t tok[16], lab[16];
+    for (int i = 0; i < 16; i++) {
+        tok[i] = (int32_t)(tap_rng_next(&own) % 37);
+        lab[i] = (int32_t)(tap_rng_next(&own) % 37);
+    }
+    int64_t is[2] = {2, 8}, ls[1] = {16}, ys[2] = {16, 37};
+    for (int f = 0; f < 2; f++) {
+        const char *fname = ch_dtype_name(fmts[f]);
+        ch_module *m = NULL;
+        ch_loss *loss = NULL;
+        ch_tensor *idx = NULL, *labels = NULL, *wide = NULL, *dyh = NULL, *y = NULL, *lv = NULL,
+                  *dy = NULL;
+        float l_half = 0, l_wide = 0;
+        ch_status st = ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY);
+        if (st == CH_OK)
+            st = ch_tensor_new(&idx, dev, CH_I32, 2, is);
+        if (st == CH_OK)
+            st = ch_tensor_upload(idx, tok, sizeof tok);
+        if (st == CH_OK)
+            st = ch_tensor_new(&labels, dev, CH_I32, 1, ls);
+        if (st == CH_OK)
+            st = ch_tensor_upload(labels, lab, sizeof lab);
+        if (st == CH_OK)
+            st = ch_nn_gpt(&m, &cfg);
+        if (st == CH_OK)
+            st = ch_module_init(m, 3);
+        if (st == CH_OK)
+            st = ch_module_set_precision(m, fmts[f]);
+        if (st == CH_OK)
+            st = ch_module_to(m, dev);
+        if (st == CH_OK)
+            st = ch_module_forward(m, &y, idx);
+        if (!tap_status_ok(st, "%s %s: a GPT's forward", id, fname))
+            goto next;
+        tap_ok(ch_tensor_dtype(y) == fmts[f], "%s %s: the GPT's logits are %s", id, fname,
+               ch_dtype_name(ch_tensor_dtype(y)));
+        st = ch_tensor_new(&wide, dev, CH_F32, 2, ys);
+        if (st == CH_OK)
+            st = ch_cast(wide, y);
+        if (st == CH_OK)
+            st = ch_loss_forward(loss, &lv, wide, labels);
+        if (st == CH_OK)
+            st = ch_tensor_download(lv, &l_wide, sizeof l_wide);
+        if (st == CH_OK)
+            st = ch_loss_forward(loss, &lv, y, labels);
+        if (st == CH_OK)
+            st = ch_tensor_download(lv, &l_half, sizeof l_half);
+        if (!tap_status_ok(st, "%s %s: the loss on half logits", id, fname))
+            goto next;
+        tap_ok(l_half == l_wide && isfinite(l_half),
+               "%s %s: the loss on the half logits (%.7f) is the loss on them widened (%.7f)", id,
+               fname, l_half, l_wide);
+        /* The gradients from dy in f32, then from dy rounded: the same. */
+        float *g[2] = {NULL, NULL};
+        int n = ch_module_param_count(m);
+        size_t total = 0;
+        for (int i = 0; i < n; i++) {
+            ch_tensor *p = NULL;
+            ch_module_param(m, i, NULL, &p, NULL);
+            total += p ? (size_t)ch_tensor_numel(p) : 0;
+        }
+        st = ch_loss_backward(loss, &dy, 1.0f);
+        if (st == CH_OK)
+            st = ch_tensor_new(&dyh, dev, fmts[f], 2, ys);
+        if (st == CH_OK)
+            st = ch_cast(dyh, dy);
+        for (int k = 0; k < 2 && st == CH_OK; k++) {
+            g[k] = calloc(total ? total : 1, sizeof(float));
+            st = g[k] ? ch_module_zero_grad(m) : CH_ERR_OUT_OF_MEMORY;
+            if (st == CH_OK)
+                st = ch_module_forward(m, &y, idx);
+            if (st == CH_OK)
+                st = ch_module_backward(m, NULL, k == 0 ? dy : dyh);
+            size_t at = 0;
+            for (int i = 0; i < n && st == CH_OK; i++) {
+                ch_tensor *gr = NULL;
+                st = ch_module_param(m, i, NULL, NULL, &gr);
+                if (st == CH_OK)
+                    st = ch_tensor_download(gr, g[k] + at, ch_tensor_nbytes(gr));
+                at += st == CH_OK ? (size_t)ch_tensor_numel(gr) : 0;
+            }
+        }
+        if (tap_status_ok(st, "%s %s: backward from an f32 and from a %s dy", id, fname, fname)) {
+            int nonzero = 0;
+            for (size_t i = 0; i < total; i++)
+                nonzero += g[0][i] != 0.0f;
+            tap_ok(memcmp(g[0], g[1], total * sizeof(float)) == 0 && nonzero > 0,
+                   "%s %s: the same gradients (%zu values, %d not 0) from dy in f32 and in %s", id,
+                   fname, total, nonzero, fname);
+        }
+        for (int w = 0; w < 2 && st == CH_OK; w++) { /* i32, the other half format */
+            ch_tensor *other = NULL;
+            st = ch_tensor_new(&other, dev, w ? fmts[1 - f] : CH_I32, 2, ys);
+            if (st == CH_OK)
+                tap_status_is(ch_module_backward(m, NULL, other), CH_ERR_DTYPE,
+                              w ? "expected f32 or the output's" : "dy is i32",
+                              "%s %s: backward from a dy in %s is refused", id, fname,
+                              ch_dtype_name(ch_tensor_dtype(other)));
+            ch_tensor_free(other);
+        }
+        free(g[0]);
+        free(g[1]);
+    next:
+        ch_module_free(m);
+        ch_loss_free(loss);
+        ch_tensor_free(idx);
+        ch_tensor_free(labels);
+        ch_tensor_free(wide);
+        ch_tensor_free(dyh);
+    }
+
+    /* The MLP in bf16 against f32. */
+    enum {
+        R = 5,
+        I = 8,
+        H = 16,
+        O = 4
+    };
+    float x[R * I], y32[R * O], y16[R * O];
+    for (int i = 0; i < R * I; i++)
+        x[i] = tap_rng_uniform(&own, -1.0f, 1.0f);
+    int64_t xs[2] = {R, I};
+    ch_dtype ydt = CH_I32, dxdt = CH_I32;
+    ch_status st = CH_OK;
+    for (int k = 0; k < 2 && st == CH_OK; k++) {
+        ch_module *c[3] = {NULL, NULL, NULL};
+        ch_nn_linear(&c[0], I, H);
+        ch_nn_activation(&c[1], CH_ACT_GELU);
+        ch_nn_linear(&c[2], H, O);
+        ch_module *mlp = tap_sequential(3, c);
+        ch_tensor *tx = tensor_from(dev, 2, xs, x), *ty = NULL, *dx = NULL;
+        st = mlp && tx ? ch_module_init(mlp, 5) : CH_ERR_OUT_OF_MEMORY;
+        if (st == CH_OK && k == 1)
+            st = ch_module_set_precision(mlp, CH_BF16);
+        if (st == CH_OK)
+            st = ch_module_to(mlp, dev);
+        if (st == CH_OK)
+            st = ch_module_forward(mlp, &ty, tx);
+        if (st == CH_OK)
+            st = tap_download_floats(ty, k ? y16 : y32, sizeof y32);
+        if (st == CH_OK && k == 1) {
+            ydt = ch_tensor_dtype(ty);
+            ch_tensor *dyh = NULL; /* dy: y rounded to bf16 */
+            st = ch_tensor_new(&dyh, dev, CH_BF16, 2, (int64_t[]){R, O});
+            if (st == CH_OK)
+                st = ch_cast(dyh, ty);
+            if (st == CH_OK)
+                st = ch_module_backward(mlp, &dx, dyh);
+            ch_tensor_free(dyh);
+            if (st == CH_OK)
+                dxdt = ch_tensor_dtype(dx);
+        }
+        ch_tensor_free(tx);
+        ch_module_free(mlp);
+    }
+    if (tap_status_ok(st, "%s: an MLP in f32 and in bf16", id)) {
+        double err = 0, scale = 0;
+        for (int i = 0; i < R * O; i++) {
+            err = fmax(err, fabs((double)y16[i] - y32[i]));
+            scale = fmax(scale, fabs((double)y32[i]));
+        }
+        tap_ok(ydt == CH_F32 && dxdt == CH_F32 && err <= 2e-2 * scale && err > 0,
+               "%s: the bf16 MLP's output is %s (its input gradient %s), within %.2e of the f32 "
+               "one's (largest %.2e)",
+               id, ch_dtype_name(ydt), ch_dtype_name(dxdt), err, scale);
+    }
+    /* A max-pool takes f32 alone. */
+    ch_module *pool = NULL;
+    ch_tensor *hx = NULL, *py = NULL;
+    int64_t ps[4] = {1, 1, 2, 2};
+    st = ch_nn_maxpool2d(&pool, 2, 2);
+    if (st == CH_OK)
+        st = ch_tensor_new(&hx, dev, CH_BF16, 4, ps);
+    if (st == CH_OK)
+        tap_status_is(ch_module_forward(pool, &py, hx), CH_ERR_DTYPE, "MaxPool2d takes f32",
+                      "%s: a bf16 input to a MaxPool2d is refused", id);
+    else
+        tap_status_ok(st, "%s: a MaxPool2d and a bf16 input", id);
+    ch_tensor_free(hx);
+    ch_module_free(pool);
+}
+
 /* MSE against a hand computation, and its gradient; clipping by global norm. */
 static void test_mse_and_clip(ch_device *dev)
 {
@@ -1165,6 +1363,7 @@ int main(void)
         test_mse_and_clip(devs[i]);
         test_xent_at_once(devs[i]);
         test_adam_grouped(devs[i]);
+        test_half_outputs(devs[i]);
         test_training(devs[i], CH_OPT_SGD);
         test_training(devs[i], CH_OPT_ADAMW);
     }

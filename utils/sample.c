@@ -59,7 +59,7 @@ static ch_status next_logits(ch_module *m, const ch_gpt_config *gpt, const int32
 {
     int64_t ctx = gpt->context, len = n < ctx ? n : ctx;
     int64_t shape[2] = {1, len}, vocab = gpt->vocab;
-    ch_tensor *x = NULL, *row = NULL, *y = NULL;
+    ch_tensor *x = NULL, *row = NULL, *y = NULL, *wide = NULL;
     ch_status st = ch_tensor_new(&x, ch_module_device(m), CH_I32, 2, shape);
     if (st == CH_OK)
         st = ch_tensor_upload(x, text + n - len, (size_t)len * sizeof(int32_t));
@@ -67,8 +67,16 @@ static ch_status next_logits(ch_module *m, const ch_gpt_config *gpt, const int32
         st = ch_module_forward(m, &y, x);
     if (st == CH_OK)
         st = ch_tensor_view(&row, y, len - 1, 1);
+    /* Mixed precision's logits are half: widened to f32 on the device. */
+    if (st == CH_OK && ch_tensor_dtype(row) != CH_F32) {
+        int64_t one[2] = {1, vocab};
+        st = ch_tensor_new(&wide, ch_tensor_device(row), CH_F32, 2, one);
+        if (st == CH_OK)
+            st = ch_cast(wide, row);
+    }
     if (st == CH_OK)
-        st = ch_tensor_download(row, logits, (size_t)vocab * sizeof(float));
+        st = ch_tensor_download(wide ? wide : row, logits, (size_t)vocab * sizeof(float));
+    ch_tensor_free(wide);
     ch_tensor_free(row);
     ch_tensor_free(x);
     return st;

@@ -141,10 +141,20 @@ CH_API void ch_module_train(ch_module *m, int training);
  * ch_gemm_batched with half inputs: tensor cores on CUDA), and every
  * Conv2d convolves inputs, weights and gradients rounded to it, also
  * summing in f32 (ch_conv2d with half inputs: oneDNN's bf16 convolution
- * on the host where it has one). The parameters, their gradients and the optimizer's
- * state stay f32 (master weights), and so do the activations between
- * layers, normalisations, attention's scores and softmax, and the loss.
- * The half copy of a weight is the rounding of the weight as it stands
+ * on the host where it has one). The GPT's logits are in the half format
+ * (rounded once from the f32 sums, as autocast's), so its
+ * ch_module_forward's y is bf16 or f16, which the losses take (computing
+ * in f32) and the fused cross-entropy reads and overwrites as they are.
+ * The other outputs stay f32: the activations between layers (a Linear's
+ * too, until the backends' elementwise kernels read and write half
+ * storage themselves), normalisations, attention's scores and softmax.
+ * Modules take a half input where a module before gives one (an
+ * activation's and a dropout's output is in its input's format).
+ * ch_module_backward takes dy in f32 or in y's format (an f32 gradient is
+ * rounded to y's format first, as autocast's backward casts it); each
+ * input gradient is in its input's format. The parameters, their
+ * gradients and the optimizer's state stay f32 (master weights). The half
+ * copy of a weight is the rounding of the weight as it stands
  * (where the optimizer's Adam step makes it, the next forward reuses it
  * unless the weight was used or written since). CH_F32 (the default)
  * turns it off. Applies to m and every module below it (clones
@@ -220,6 +230,9 @@ CH_API ch_status ch_module_buffer(const ch_module *m, int index, const char **na
  *   keeps the probabilities for backward;
  * - CH_LOSS_MSE: squared error of a prediction of any shape against an f32
  *   target with as many elements, averaged over the elements.
+ * The prediction may be f32, bf16 or f16 (a mixed-precision model's
+ * output); the loss is computed in f32 either way, and backward's dpred is
+ * f32 (ch_module_backward takes it for a half output).
  * Forward gives the loss (1 element on the prediction's device); backward
  * gives dL/dpred scaled by `scale` (1 for the mean loss): [N, C] for
  * cross-entropy, flat ([1, elements]) for MSE. */
