@@ -859,6 +859,23 @@ static void test_xent_at_once(ch_device *dev)
     ch_tensor_free(labels);
 }
 
+/* A cross-entropy loss, and tokens [2, 8] and labels [16] on dev. */
+static ch_status gpt_batch(ch_device *dev, const int32_t *tok, const int32_t *lab, ch_loss **loss,
+                           ch_tensor **idx, ch_tensor **labels)
+{
+    int64_t is[2] = {2, 8}, ls[1] = {16};
+    ch_status st = ch_loss_new(loss, CH_LOSS_CROSS_ENTROPY);
+    if (st == CH_OK)
+        st = ch_tensor_new(idx, dev, CH_I32, 2, is);
+    if (st == CH_OK)
+        st = ch_tensor_upload(*idx, tok, 16 * sizeof *tok);
+    if (st == CH_OK)
+        st = ch_tensor_new(labels, dev, CH_I32, 1, ls);
+    if (st == CH_OK)
+        st = ch_tensor_upload(*labels, lab, 16 * sizeof *lab);
+    return st;
+}
+
 /* Three AdamW steps of a small GPT in bf16 mixed precision (weights kept
  * rounded by the step), once with each device's parameters in one call
  * and once a call each (ch_optimizer_set_one_by_one): the same bits in
@@ -877,17 +894,8 @@ static void test_adam_grouped(ch_device *dev)
         tok[i] = (int32_t)(tap_rng_next(&own) % 37);
         lab[i] = (int32_t)(tap_rng_next(&own) % 37);
     }
-    int64_t is[2] = {2, 8}, ls[1] = {16};
     ch_optimizer_options oo = ch_optimizer_defaults(CH_OPT_ADAMW, 1e-2f);
-    ch_status st = ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY);
-    if (st == CH_OK)
-        st = ch_tensor_new(&idx, dev, CH_I32, 2, is);
-    if (st == CH_OK)
-        st = ch_tensor_upload(idx, tok, sizeof tok);
-    if (st == CH_OK)
-        st = ch_tensor_new(&labels, dev, CH_I32, 1, ls);
-    if (st == CH_OK)
-        st = ch_tensor_upload(labels, lab, sizeof lab);
+    ch_status st = gpt_batch(dev, tok, lab, &loss, &idx, &labels);
     for (int k = 0; k < 2 && st == CH_OK; k++) {
         st = ch_nn_gpt(&m[k], &cfg);
         if (st == CH_OK)
@@ -962,7 +970,7 @@ static void test_half_outputs(ch_device *dev)
         tok[i] = (int32_t)(tap_rng_next(&own) % 37);
         lab[i] = (int32_t)(tap_rng_next(&own) % 37);
     }
-    int64_t is[2] = {2, 8}, ls[1] = {16}, ys[2] = {16, 37};
+    int64_t ys[2] = {16, 37};
     for (int f = 0; f < 2; f++) {
         const char *fname = ch_dtype_name(fmts[f]);
         ch_module *m = NULL;
@@ -970,15 +978,7 @@ static void test_half_outputs(ch_device *dev)
         ch_tensor *idx = NULL, *labels = NULL, *wide = NULL, *dyh = NULL, *y = NULL, *lv = NULL,
                   *dy = NULL;
         float l_half = 0, l_wide = 0;
-        ch_status st = ch_loss_new(&loss, CH_LOSS_CROSS_ENTROPY);
-        if (st == CH_OK)
-            st = ch_tensor_new(&idx, dev, CH_I32, 2, is);
-        if (st == CH_OK)
-            st = ch_tensor_upload(idx, tok, sizeof tok);
-        if (st == CH_OK)
-            st = ch_tensor_new(&labels, dev, CH_I32, 1, ls);
-        if (st == CH_OK)
-            st = ch_tensor_upload(labels, lab, sizeof lab);
+        ch_status st = gpt_batch(dev, tok, lab, &loss, &idx, &labels);
         if (st == CH_OK)
             st = ch_nn_gpt(&m, &cfg);
         if (st == CH_OK)
